@@ -1,0 +1,291 @@
+"""Frontiers: antichains of times, and counted times that report frontier changes.
+
+An :class:`Antichain` is a set of mutually incomparable times. As an *upper*
+it is exclusive: it "contains" (is ``<=``) a time ``t`` when some element ``f``
+has ``f <= t`` -- every time it contains is still to come. The empty antichain
+contains nothing: the stream is complete. Antichains are ordered by the sets of
+times they contain (their up-sets): ``A <= B`` when everything ``B`` contains,
+``A`` contains too, i.e. ``B`` is further along. Under that order
+
+* ``A.join(B)`` (least upper bound) is the frontier that has passed both:
+  the minimal pairwise joins of elements;
+* ``A.meet(B)`` (greatest lower bound) is the frontier behind both:
+  the minimal elements of the union.
+
+:class:`ChangeBatch` accumulates ``(time, diff)`` updates and consolidates them.
+:class:`MutableAntichain` counts times and tracks the frontier of the times
+with positive count, reporting each *discrete* change of that frontier as
+``(time, +1)`` (entered) or ``(time, -1)`` (left), like timely dataflow's
+progress tracking (``seeds/001``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any, Generic
+
+from reclock.errors import InvalidTimeError
+from reclock.time import T, time_type
+
+
+def _minimal(elements: Iterable[T]) -> tuple[T, ...]:
+    """The minimal elements of ``elements``, deduplicated, in canonical order."""
+    ordered = sorted(set(elements), key=lambda e: e.sort_key())
+    result: list[T] = []
+    # After sorting by a linear extension, an element can only be dominated by
+    # an element that comes earlier.
+    for e in ordered:
+        if not any(r.less_equal(e) for r in result):
+            result.append(e)
+    return tuple(result)
+
+
+class Antichain(Generic[T]):
+    """An immutable set of mutually incomparable times (a frontier)."""
+
+    __slots__ = ("_elements", "_hash")
+
+    _elements: tuple[T, ...]
+    _hash: int | None
+
+    def __init__(self, elements: Iterable[T] = ()) -> None:
+        object.__setattr__(self, "_elements", _minimal(elements))
+        object.__setattr__(self, "_hash", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Antichain is immutable")
+
+    # -- construction -----------------------------------------------------
+    @classmethod
+    def from_elem(cls, element: T) -> Antichain[T]:
+        return cls((element,))
+
+    @classmethod
+    def empty(cls) -> Antichain[T]:
+        """The empty frontier: complete, contains no time."""
+        return cls(())
+
+    # -- inspection -------------------------------------------------------
+    @property
+    def elements(self) -> tuple[T, ...]:
+        """The elements in canonical (sort-key) order."""
+        return self._elements
+
+    def is_empty(self) -> bool:
+        return not self._elements
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self._elements)
+
+    def __len__(self) -> int:
+        return len(self._elements)
+
+    def __bool__(self) -> bool:
+        return bool(self._elements)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Antichain) and self._elements == other._elements
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h is None:
+            h = hash(self._elements)
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(repr(e) for e in self._elements) + "}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Antichain, (self._elements,))
+
+    def as_option(self) -> T | None:
+        """For totally ordered times: the single element, or ``None`` if empty."""
+        if len(self._elements) > 1:
+            raise ValueError(f"antichain {self!r} has more than one element")
+        return self._elements[0] if self._elements else None
+
+    # -- order --------------------------------------------------------------
+    def less_equal_time(self, time: T) -> bool:
+        """True when the frontier contains ``time`` (some element ``<= time``):
+        ``time`` is not yet complete."""
+        return any(e.less_equal(time) for e in self._elements)
+
+    def less_than_time(self, time: T) -> bool:
+        """True when some element is strictly less than ``time``."""
+        return any(e.less_equal(time) and e != time for e in self._elements)
+
+    def less_equal(self, other: Antichain[T]) -> bool:
+        """``self <= other``: every element of ``other`` is contained in ``self``."""
+        return all(self.less_equal_time(o) for o in other._elements)
+
+    def less_than(self, other: Antichain[T]) -> bool:
+        return self.less_equal(other) and self != other
+
+    # -- lattice ------------------------------------------------------------
+    def join(self, other: Antichain[T]) -> Antichain[T]:
+        """Least upper bound: the frontier that has passed both."""
+        joins = []
+        for a in self._elements:
+            for b in other._elements:
+                j = a.join(b)
+                if j is not None:
+                    joins.append(j)
+        return Antichain(joins)
+
+    def meet(self, other: Antichain[T]) -> Antichain[T]:
+        """Greatest lower bound: the frontier behind both."""
+        return Antichain(self._elements + other._elements)
+
+    # -- encoding -------------------------------------------------------------
+    def encode(self) -> list[Any]:
+        return [e.encode() for e in self._elements]
+
+    def encode_json(self) -> str:
+        """Canonical JSON text: equal antichains give equal text."""
+        return json.dumps(self.encode(), separators=(",", ":"))
+
+    @staticmethod
+    def decode(kind: str, value: Any) -> Antichain[Any]:
+        """Decode an antichain of the time kind ``kind`` from :meth:`encode`'s form."""
+        ty = time_type(kind)
+        if not isinstance(value, list):
+            raise InvalidTimeError(f"cannot decode a {kind} antichain from {value!r}")
+        return Antichain(ty.decode(v) for v in value)
+
+    @staticmethod
+    def decode_json(kind: str, text: str) -> Antichain[Any]:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidTimeError(f"not JSON: {text[:80]!r}: {exc}") from None
+        return Antichain.decode(kind, value)
+
+
+class ChangeBatch(Generic[T]):
+    """A consolidating collection of ``(time, diff)`` updates."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self, updates: Iterable[tuple[T, int]] = ()) -> None:
+        self._counts: dict[T, int] = {}
+        self.extend(updates)
+
+    def update(self, time: T, diff: int) -> None:
+        if diff == 0:
+            return
+        n = self._counts.get(time, 0) + diff
+        if n == 0:
+            del self._counts[time]
+        else:
+            self._counts[time] = n
+
+    def extend(self, updates: Iterable[tuple[T, int]]) -> None:
+        for t, d in updates:
+            self.update(t, d)
+
+    def is_empty(self) -> bool:
+        return not self._counts
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def get(self, time: T) -> int:
+        return self._counts.get(time, 0)
+
+    def items(self) -> list[tuple[T, int]]:
+        """The consolidated updates, non-zero diffs only, in canonical order."""
+        return sorted(self._counts.items(), key=lambda kv: kv[0].sort_key())
+
+    def drain(self) -> list[tuple[T, int]]:
+        out = self.items()
+        self._counts.clear()
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ChangeBatch) and self._counts == other._counts
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ChangeBatch({self.items()!r})"
+
+
+class MutableAntichain(Generic[T]):
+    """Counts per time, and the frontier of the times whose count is positive.
+
+    Counts may go negative transiently (updates arriving out of order), but
+    only positive counts hold the frontier back. :meth:`update_iter` applies
+    updates and returns the discrete changes of the frontier.
+    """
+
+    __slots__ = ("_counts", "_frontier")
+
+    def __init__(self, initial: Iterable[tuple[T, int]] = ()) -> None:
+        self._counts: ChangeBatch[T] = ChangeBatch(initial)
+        self._frontier: Antichain[T] = self._rebuild()
+
+    @classmethod
+    def new_bottom(cls, bottom: T) -> MutableAntichain[T]:
+        """Starts with count 1 at ``bottom`` (a source's minimum capability)."""
+        return cls([(bottom, 1)])
+
+    def _rebuild(self) -> Antichain[T]:
+        return Antichain(t for t, c in self._counts.items() if c > 0)
+
+    def frontier(self) -> Antichain[T]:
+        return self._frontier
+
+    def less_equal(self, time: T) -> bool:
+        """True when the frontier contains ``time``."""
+        return self._frontier.less_equal_time(time)
+
+    def less_than(self, time: T) -> bool:
+        return self._frontier.less_than_time(time)
+
+    def count_for(self, time: T) -> int:
+        return self._counts.get(time)
+
+    def is_empty(self) -> bool:
+        return self._frontier.is_empty()
+
+    def counts(self) -> list[tuple[T, int]]:
+        return self._counts.items()
+
+    def update_iter(self, updates: Iterable[tuple[T, int]]) -> list[tuple[T, int]]:
+        """Apply ``updates``; return the frontier's changes, consolidated.
+
+        The frontier is recomputed only when an update could move it: a
+        positive count at a time not already beyond the frontier, or a
+        decrement at a time on the frontier.
+        """
+        rebuild = False
+        for t, d in updates:
+            if d == 0:
+                continue
+            before = self._counts.get(t)
+            self._counts.update(t, d)
+            after = before + d
+            if (before > 0) != (after > 0):
+                if after > 0:
+                    # A newly positive time moves the frontier unless a time
+                    # already on the frontier is <= it.
+                    if not self._frontier.less_equal_time(t):
+                        rebuild = True
+                elif t in self._frontier.elements:
+                    rebuild = True
+        if not rebuild:
+            return []
+        old = self._frontier
+        new = self._rebuild()
+        self._frontier = new
+        changes: ChangeBatch[T] = ChangeBatch()
+        for t in old:
+            changes.update(t, -1)
+        for t in new:
+            changes.update(t, 1)
+        return changes.items()
+
+    def __repr__(self) -> str:
+        return f"MutableAntichain(frontier={self._frontier!r}, counts={self._counts.items()!r})"

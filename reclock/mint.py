@@ -1,0 +1,143 @@
+"""Minting: the remap operator, driver side.
+
+Every ``timestamp_interval`` the driver probes a source's *upstream* frontier
+(Kafka high watermarks, Postgres flush LSN, the generator's counter) and hands
+it to :meth:`RemapOperator.mint`, which appends ``t -> frontier`` to the remap
+store with ``t = now`` rounded down to the interval::
+
+    probe --frontier--> mint --compare_and_append--> store --read back--> bindings
+
+Rules:
+
+1. The first binding maps the source's initial frontier (its configured start
+   position, fixed at construction) to ``as_of``, so the collection is never
+   empty.
+2. Never mint ahead of the clock: ``t <= now``, and nothing is minted at a time
+   the store already decided (``t < upper``).
+3. When behind, one binding covers everything available (no catch-up series).
+4. An unchanged frontier only advances the upper (no new binding); a finished
+   source binds the empty frontier and closes the shard (empty upper).
+5. A frontier that went backwards is a definite error
+   (:class:`~reclock.errors.FrontierRegression`); nothing is appended.
+6. Only bindings read back from the store are used: after every append,
+   successful or not, the operator re-reads the store from its last known
+   upper. A lost race (:class:`~reclock.errors.UpperMismatch`) is absorbed:
+   the winner's bindings are read back and the next tick carries on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic
+
+from reclock.bindings import Binding, Bindings
+from reclock.clock import Clock
+from reclock.errors import FrontierRegression, UpperMismatch
+from reclock.frontier import Antichain
+from reclock.time import IntoTime, T
+from remap_store.base import RemapStore
+
+
+class RemapOperator(Generic[T]):
+    """Mints bindings for one source into one remap store shard."""
+
+    def __init__(
+        self,
+        store: RemapStore,
+        shard: str,
+        kind: str,
+        *,
+        initial_frontier: Antichain[T],
+        clock: Clock,
+        timestamp_interval_ms: int = 1000,
+        as_of: int | None = None,
+    ) -> None:
+        if timestamp_interval_ms <= 0:
+            raise ValueError(f"timestamp_interval must be positive, got {timestamp_interval_ms} ms")
+        self.store = store
+        self.shard = shard
+        self.kind = kind
+        self.clock = clock
+        self.interval = timestamp_interval_ms
+        self.initial_frontier = initial_frontier
+        self.as_of = as_of
+        self.lost_races = 0
+        store.create_shard(shard, kind)
+        self._bindings: Bindings[T] = store.read(shard)
+
+    # -- reading back ---------------------------------------------------------
+    @property
+    def bindings(self) -> Bindings[T]:
+        """The bindings read back from the store (never ones held only in memory)."""
+        return self._bindings
+
+    def sync(self) -> Bindings[T]:
+        """Re-read what was appended to the store since our last known upper."""
+        cur = self._bindings
+        u = cur.upper.as_option()
+        if u is None:
+            return cur
+        new, upper = self.store.read_from(self.shard, int(u))
+        if upper != cur.upper or new:
+            since = self.store.since(self.shard)
+            if int(since) > int(cur.since):
+                self._bindings = self.store.read(self.shard)
+            else:
+                self._bindings = cur.extended(new, upper)
+        return self._bindings
+
+    def _append(
+        self, new: list[Binding[T]], expected: Antichain[IntoTime], new_upper: Antichain[IntoTime]
+    ) -> bool:
+        try:
+            self.store.compare_and_append(self.shard, new, expected, new_upper)
+            ok = True
+        except UpperMismatch:
+            self.lost_races += 1
+            ok = False
+        self.sync()
+        return ok
+
+    # -- minting --------------------------------------------------------------
+    def binding_time(self) -> int:
+        """``now`` rounded down to the timestamp interval."""
+        now = self.clock.now()
+        return now - now % self.interval
+
+    def mint(self, probed: Antichain[T]) -> Bindings[T]:
+        """One tick: bind ``probed`` (the upstream frontier) at the current time.
+
+        Returns the bindings as read back from the store.
+        """
+        b = self.sync()
+        if b.is_closed:
+            return b
+        t = self.binding_time()
+        if not b.bindings:
+            as_of = t if self.as_of is None else self.as_of
+            upper = int(b.upper.elements[0])
+            as_of = max(as_of, upper)
+            self._append(
+                [Binding(IntoTime(as_of), self.initial_frontier)],
+                b.upper,
+                Antichain.from_elem(IntoTime(as_of + 1)),
+            )
+            b = self._bindings
+            if b.is_closed:
+                return b
+        upper = int(b.upper.elements[0])
+        if t < upper:
+            return b  # already decided up to here; never mint ahead of the clock
+        last = b.bindings[-1].frontier if b.bindings else self.initial_frontier
+        if not last.less_equal(probed):
+            raise FrontierRegression(
+                f"source {self.shard!r}: probed frontier {probed!r} is behind the last "
+                f"binding {last!r}",
+                hint="the upstream went backwards (a recreated topic or restored database?); "
+                "recreate the source to start over",
+            )
+        new: list[Binding[Any]] = [] if probed == last else [Binding(IntoTime(t), probed)]
+        new_upper: Antichain[IntoTime] = (
+            Antichain.empty() if probed.is_empty() else Antichain.from_elem(IntoTime(t + 1))
+        )
+        self._append(new, b.upper, new_upper)
+        return self._bindings

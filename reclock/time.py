@@ -1,0 +1,309 @@
+"""Timestamp types: the two clocks of reclock.
+
+* **IntoTime** -- system time, milliseconds since the epoch, a total order. The
+  only clock outputs expose.
+* **FromTime** -- a source's own notion of progress:
+
+  - :class:`Lsn` -- a Postgres WAL position (total order; a transaction is
+    stamped at its commit LSN).
+  - :class:`Counter` -- a generator's counter (total order).
+  - :class:`Partitioned` -- Kafka's partitioned offsets, a *partial* order.
+    An element is an interval of partition ids together with an offset.
+    ``(p..p, o)`` is a point (partition ``p`` at offset ``o``);
+    ``(lo.., 0)`` stands for every partition ``>= lo`` at offset 0. ``a <= b``
+    when ``a``'s interval contains ``b``'s and ``a.offset <= b.offset``. A
+    Kafka frontier holds one point per known partition plus ``(max+1.., 0)``,
+    so that a partition appearing later is covered from offset 0.
+
+Every type is an immutable value with ``less_equal``, ``join`` (least upper
+bound, ``None`` when the two have no common upper bound), ``meet`` (greatest
+lower bound), a ``sort_key`` for canonical ordering, and a stable
+``encode``/``decode`` pair (JSON-compatible values) for stores and files.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, Self, TypeVar
+
+from reclock.errors import InvalidTimeError
+
+JSON = Any
+
+_U64 = (1 << 64) - 1
+
+
+class Timestamp(Protocol):
+    """What every time type offers; ``Antichain`` is generic over it."""
+
+    KIND: ClassVar[str]
+
+    def less_equal(self, other: Self) -> bool:
+        """True when ``self <= other`` in the (partial) order."""
+        ...
+
+    def join(self, other: Self) -> Self | None:
+        """Least upper bound, or ``None`` when there is no common upper bound."""
+        ...
+
+    def meet(self, other: Self) -> Self:
+        """Greatest lower bound."""
+        ...
+
+    def sort_key(self) -> tuple[int, ...]:
+        """A total order consistent with ``less_equal``, for canonical listings."""
+        ...
+
+    def encode(self) -> JSON:
+        """A stable JSON-compatible form; ``decode(encode(t)) == t``."""
+        ...
+
+    @classmethod
+    def decode(cls, value: JSON) -> Self:
+        """Inverse of :meth:`encode`; raises :class:`InvalidTimeError`."""
+        ...
+
+    @classmethod
+    def minimum(cls) -> Self:
+        """The least time: every other time is ``>=`` it."""
+        ...
+
+
+T = TypeVar("T", bound=Timestamp)
+
+
+class _TotalTime(int):
+    """Base of the totally ordered times: an immutable non-negative int."""
+
+    KIND: ClassVar[str] = "total"
+    __slots__ = ()
+
+    def __new__(cls, value: int = 0) -> Self:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidTimeError(f"{cls.__name__} must be an integer, got {value!r}")
+        if value < 0 or value > _U64:
+            raise InvalidTimeError(f"{cls.__name__} out of range: {value}")
+        return super().__new__(cls, value)
+
+    def less_equal(self, other: Self) -> bool:
+        return int(self) <= int(other)
+
+    def join(self, other: Self) -> Self:
+        return self if int(self) >= int(other) else other
+
+    def meet(self, other: Self) -> Self:
+        return self if int(self) <= int(other) else other
+
+    def sort_key(self) -> tuple[int, ...]:
+        return (int(self),)
+
+    def encode(self) -> JSON:
+        return int(self)
+
+    @classmethod
+    def decode(cls, value: JSON) -> Self:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidTimeError(f"cannot decode {cls.__name__} from {value!r}")
+        return cls(value)
+
+    @classmethod
+    def minimum(cls) -> Self:
+        return cls(0)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({int(self)})"
+
+
+class IntoTime(_TotalTime):
+    """System time in milliseconds since the Unix epoch."""
+
+    KIND = "into"
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return str(int(self))
+
+
+class Counter(_TotalTime):
+    """A generator's counter: record ``n`` is at time ``n``."""
+
+    KIND = "counter"
+    __slots__ = ()
+
+
+_LSN_RE = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
+
+
+class Lsn(_TotalTime):
+    """A Postgres WAL log sequence number; encodes as Postgres's ``X/Y`` text."""
+
+    KIND = "lsn"
+    __slots__ = ()
+
+    def encode(self) -> JSON:
+        return f"{int(self) >> 32:X}/{int(self) & 0xFFFFFFFF:X}"
+
+    @classmethod
+    def decode(cls, value: JSON) -> Self:
+        if isinstance(value, str):
+            m = _LSN_RE.match(value)
+            if not m:
+                raise InvalidTimeError(f"not a Postgres LSN (expected 'X/Y' hex): {value!r}")
+            return cls((int(m.group(1), 16) << 32) | int(m.group(2), 16))
+        return super().decode(value)
+
+    @classmethod
+    def parse(cls, text: str) -> Lsn:
+        """Parse Postgres's ``X/Y`` text form."""
+        return cls.decode(text)
+
+    def __str__(self) -> str:
+        return str(self.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class Partitioned:
+    """Kafka time: an interval of partitions ``[lo, hi]`` (``hi=None``: no upper
+    bound) at an ``offset``.
+
+    Points ``Partitioned.point(p, o)`` are the times of records; intervals
+    appear in frontiers, where ``Partitioned.above(n)`` covers every partition
+    ``>= n`` from offset 0.
+    """
+
+    lo: int
+    hi: int | None
+    offset: int
+
+    KIND: ClassVar[str] = "kafka"
+
+    def __post_init__(self) -> None:
+        for name, v in (("lo", self.lo), ("offset", self.offset)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InvalidTimeError(f"Partitioned.{name} must be an int >= 0, got {v!r}")
+        if self.hi is not None and (
+            isinstance(self.hi, bool) or not isinstance(self.hi, int) or self.hi < self.lo
+        ):
+            raise InvalidTimeError(
+                f"Partitioned.hi must be None or an int >= lo={self.lo}, got {self.hi!r}"
+            )
+
+    @classmethod
+    def point(cls, partition: int, offset: int) -> Partitioned:
+        return cls(partition, partition, offset)
+
+    @classmethod
+    def above(cls, partition: int) -> Partitioned:
+        """Every partition ``>= partition``, at offset 0."""
+        return cls(partition, None, 0)
+
+    @property
+    def is_point(self) -> bool:
+        return self.hi == self.lo
+
+    def covers(self, partition: int) -> bool:
+        return self.lo <= partition and (self.hi is None or partition <= self.hi)
+
+    def less_equal(self, other: Partitioned) -> bool:
+        if self.offset > other.offset or self.lo > other.lo:
+            return False
+        if self.hi is None:
+            return True
+        return other.hi is not None and other.hi <= self.hi
+
+    def join(self, other: Partitioned) -> Partitioned | None:
+        lo = max(self.lo, other.lo)
+        if self.hi is None:
+            hi = other.hi
+        elif other.hi is None:
+            hi = self.hi
+        else:
+            hi = min(self.hi, other.hi)
+        if hi is not None and hi < lo:
+            return None
+        return Partitioned(lo, hi, max(self.offset, other.offset))
+
+    def meet(self, other: Partitioned) -> Partitioned:
+        hi = None if self.hi is None or other.hi is None else max(self.hi, other.hi)
+        return Partitioned(min(self.lo, other.lo), hi, min(self.offset, other.offset))
+
+    def sort_key(self) -> tuple[int, ...]:
+        return (self.lo, _U64 if self.hi is None else self.hi, self.offset)
+
+    def encode(self) -> JSON:
+        return [self.lo, self.hi, self.offset]
+
+    @classmethod
+    def decode(cls, value: JSON) -> Partitioned:
+        if not (isinstance(value, list | tuple) and len(value) == 3):
+            raise InvalidTimeError(f"cannot decode Partitioned from {value!r}")
+        lo, hi, offset = value
+        return cls(lo, hi, offset)
+
+    @classmethod
+    def minimum(cls) -> Partitioned:
+        return cls(0, None, 0)
+
+    def __repr__(self) -> str:
+        if self.hi is None:
+            return f"P({self.lo}..:{self.offset})"
+        if self.is_point:
+            return f"P({self.lo}:{self.offset})"
+        return f"P({self.lo}..{self.hi}:{self.offset})"
+
+
+TIME_KINDS: dict[str, type[Any]] = {
+    IntoTime.KIND: IntoTime,
+    Counter.KIND: Counter,
+    Lsn.KIND: Lsn,
+    Partitioned.KIND: Partitioned,
+}
+
+
+def time_type(kind: str) -> type[Any]:
+    """The time type registered under ``kind`` (``into``, ``counter``, ``lsn``, ``kafka``)."""
+    try:
+        return TIME_KINDS[kind]
+    except KeyError:
+        raise InvalidTimeError(
+            f"unknown time kind {kind!r}; expected one of {sorted(TIME_KINDS)}"
+        ) from None
+
+
+def kafka_frontier(offsets: dict[int, int] | None = None, *, partitions: int | None = None) -> Any:
+    """The Kafka frontier for next offsets ``{partition: offset}``.
+
+    One point per known partition plus "every partition above the highest known
+    one, at offset 0". ``partitions`` declares partitions ``0..partitions-1``
+    known (missing ones at offset 0). Returns ``Antichain[Partitioned]``.
+    """
+    from reclock.frontier import Antichain
+
+    known = dict(offsets or {})
+    n = max([*known.keys(), -1]) + 1
+    if partitions is not None:
+        n = max(n, partitions)
+    elems = [Partitioned.point(p, known.get(p, 0)) for p in range(n)]
+    elems.append(Partitioned.above(n))
+    return Antichain(elems)
+
+
+def kafka_offsets(frontier: Any) -> tuple[dict[int, int], int | None]:
+    """The per-partition next offsets of a Kafka frontier, and the first
+    partition covered by the open-ended "above" element (``None`` if absent).
+
+    Only points and the "above" element are resolved; an interval element
+    covering a finite range (which only appears after ``meet``) is expanded.
+    """
+    offsets: dict[int, int] = {}
+    above: int | None = None
+    for e in frontier:
+        if e.hi is None:
+            above = e.lo if above is None else min(above, e.lo)
+            continue
+        for p in range(e.lo, e.hi + 1):
+            offsets[p] = min(offsets.get(p, e.offset), e.offset)
+    if above is not None:
+        offsets = {p: o for p, o in offsets.items() if p < above}
+    return offsets, above

@@ -1,0 +1,117 @@
+"""The remap store contract: durable, append-only binding shards.
+
+A store holds one *shard* per source: the source's remap collection, with a
+``since`` (history below it is consolidated) and an ``upper`` (bindings at all
+times below it are final; the empty upper means the source finished)::
+
+    since <= binding times < upper          [since, upper) is half-open
+
+Writers only ever append with :meth:`RemapStore.compare_and_append`: "append
+these bindings and move the upper from ``expected_upper`` to ``new_upper``
+only if the upper is still ``expected_upper``". Two writers racing on a shard
+therefore serialize: the loser gets :class:`~reclock.errors.UpperMismatch`
+carrying the actual upper, re-reads what the winner appended, and carries on.
+Nothing that reaches readers is ever rewritten, except by compaction below
+``since``, which preserves ``R(t)`` for every ``t >= since``.
+
+Readers (the driver's remap operator, ``reclock bindings``) use
+:meth:`RemapStore.read` for a snapshot and :meth:`RemapStore.listen` to wait
+for the upper to move. Executors never talk to the store: they get a
+:class:`~reclock.bindings.Bindings` snapshot.
+
+A store must never block indefinitely: every call either completes or raises
+(:class:`~reclock.errors.TransientError` for a store that is unreachable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from reclock.bindings import Binding, Bindings
+from reclock.frontier import Antichain
+from reclock.time import IntoTime
+
+
+class RemapStore(Protocol):
+    """Durable binding shards, one per source."""
+
+    url: str
+
+    def create_shard(self, shard: str, kind: str) -> None:
+        """Create ``shard`` for FromTime ``kind`` with ``since = upper = 0`` if absent.
+
+        Idempotent; raises :class:`~reclock.errors.BindingError` when the shard
+        exists with a different kind."""
+        ...
+
+    def shards(self) -> list[str]:
+        """Names of the shards in the store."""
+        ...
+
+    def kind(self, shard: str) -> str:
+        """The FromTime kind of ``shard``."""
+        ...
+
+    def upper(self, shard: str) -> Antichain[IntoTime]:
+        """The shard's upper (empty: closed)."""
+        ...
+
+    def since(self, shard: str) -> IntoTime:
+        """The shard's since."""
+        ...
+
+    def read(self, shard: str, as_of: int | None = None) -> Bindings[Any]:
+        """A snapshot of the shard.
+
+        With ``as_of``, only bindings at times ``<= as_of`` and the upper
+        ``as_of + 1`` (if that is below the shard's upper): the collection as
+        it was known at IntoTime ``as_of``. Raises
+        :class:`~reclock.errors.SinceViolation` for ``as_of < since``.
+        """
+        ...
+
+    def read_from(self, shard: str, lower: int) -> tuple[list[Binding[Any]], Antichain[IntoTime]]:
+        """Bindings at times ``>= lower`` and the current upper (incremental sync)."""
+        ...
+
+    def compare_and_append(
+        self,
+        shard: str,
+        bindings: Sequence[Binding[Any]],
+        expected_upper: Antichain[IntoTime],
+        new_upper: Antichain[IntoTime],
+    ) -> None:
+        """Atomically append ``bindings`` and move the upper ``expected -> new``.
+
+        Requires the binding times to lie in ``[expected_upper, new_upper)``,
+        increase, and keep the frontiers monotone after the last stored
+        binding (:class:`~reclock.errors.BindingError` otherwise). Raises
+        :class:`~reclock.errors.UpperMismatch` with the actual upper when the
+        shard's upper is not ``expected_upper``; nothing is written then.
+        """
+        ...
+
+    def listen(
+        self, shard: str, upper: Antichain[IntoTime], timeout: float
+    ) -> tuple[list[Binding[Any]], Antichain[IntoTime]]:
+        """Wait up to ``timeout`` seconds for the upper to move past ``upper``;
+        return the bindings appended since and the new upper (no bindings and
+        the same upper on timeout)."""
+        ...
+
+    def compact(self, shard: str, new_since: int) -> None:
+        """Advance ``since`` to ``new_since`` and consolidate history below it.
+
+        ``new_since`` must be below the upper; moving since backwards is a
+        no-op. Callers pass at most the resumption frontier minus one step.
+        """
+        ...
+
+    def drop_shard(self, shard: str) -> None:
+        """Remove the shard and its bindings (``reclock drop`` with cleanup)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,371 @@
+"""The remap store on SQLAlchemy 2: SQLite (a file: the embedded default) and
+PostgreSQL (psycopg 3), chosen by URL.
+
+Two tables::
+
+    remap_shards    shard (PK) | kind | since | upper (NULL: closed) | updated_at
+    remap_bindings  shard, into_time (PK) | frontier (canonical JSON)
+
+``compare_and_append`` is one transaction whose first statement is the
+conditional ``UPDATE remap_shards SET upper = :new WHERE shard = :s AND upper
+IS NOT DISTINCT FROM :expected``. That row update is the fence: in PostgreSQL
+a concurrent writer blocks on the row lock and then finds its predicate false;
+in SQLite the transaction starts with ``BEGIN IMMEDIATE`` and writers
+serialize on the database lock. Zero rows updated means someone else moved
+the upper: roll back and raise :class:`~reclock.errors.UpperMismatch`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from reclock.bindings import Binding, Bindings, check_appendable, compact_bindings
+from reclock.errors import (
+    BindingError,
+    ShardNotFound,
+    SinceViolation,
+    TransientError,
+    UpperMismatch,
+)
+from reclock.frontier import Antichain
+from reclock.time import IntoTime, time_type
+
+R = TypeVar("R")
+
+metadata = sa.MetaData()
+
+shards_table = sa.Table(
+    "remap_shards",
+    metadata,
+    sa.Column("shard", sa.String(255), primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("since", sa.BigInteger, nullable=False),
+    sa.Column("upper", sa.BigInteger, nullable=True),
+    sa.Column("updated_at", sa.BigInteger, nullable=False),
+)
+
+bindings_table = sa.Table(
+    "remap_bindings",
+    metadata,
+    sa.Column("shard", sa.String(255), primary_key=True),
+    sa.Column("into_time", sa.BigInteger, primary_key=True),
+    sa.Column("frontier", sa.Text, nullable=False),
+)
+
+
+def normalize_url(url: str) -> str:
+    """``postgres://`` and ``postgresql://`` use psycopg 3; a bare path is SQLite."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        return "postgresql+psycopg://" + url[len("postgresql://") :]
+    if "://" not in url:
+        return f"sqlite:///{Path(url).expanduser().resolve()}"
+    return url
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, for logs and errors."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable url>"
+
+
+def _upper_col(upper: Antichain[IntoTime]) -> int | None:
+    u = upper.as_option()
+    return None if u is None else int(u)
+
+
+def _upper_ac(value: int | None) -> Antichain[IntoTime]:
+    return Antichain.empty() if value is None else Antichain.from_elem(IntoTime(value))
+
+
+class SqlRemapStore:
+    """:class:`~remap_store.base.RemapStore` on SQLite or PostgreSQL."""
+
+    def __init__(self, url: str, *, poll_interval: float = 0.05, echo: bool = False) -> None:
+        self.url = normalize_url(url)
+        self._poll = poll_interval
+        parsed = sa.engine.make_url(self.url)
+        self.dialect = parsed.get_backend_name()
+        if self.dialect == "sqlite":
+            db = parsed.database
+            if db and db != ":memory:":
+                Path(db).parent.mkdir(parents=True, exist_ok=True)
+            self.engine: Engine = sa.create_engine(
+                self.url, echo=echo, connect_args={"timeout": 30, "check_same_thread": False}
+            )
+            _sqlite_immediate_transactions(self.engine)
+        elif self.dialect == "postgresql":
+            self.engine = sa.create_engine(
+                self.url, echo=echo, pool_pre_ping=True,
+                connect_args={"connect_timeout": 10, "application_name": "reclock-remap"},
+            )
+        else:
+            raise BindingError(
+                f"unsupported remap store URL {redact_url(self.url)!r}: "
+                "use sqlite:///PATH or postgresql://USER@HOST/DB"
+            )
+        self._retry(lambda: metadata.create_all(self.engine))
+
+    def __repr__(self) -> str:
+        return f"SqlRemapStore({redact_url(self.url)!r})"
+
+    # -- plumbing -------------------------------------------------------------
+    def _retry(self, fn: Callable[[], R]) -> R:
+        try:
+            return fn()
+        except OperationalError as exc:
+            raise TransientError(
+                f"remap store {redact_url(self.url)} unavailable: {exc.orig}",
+                hint="check that the database is up; reclock retries with backoff",
+            ) from exc
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except OperationalError as exc:
+            raise TransientError(
+                f"remap store {redact_url(self.url)} unavailable: {exc.orig}",
+                hint="check that the database is up; reclock retries with backoff",
+            ) from exc
+        except DBAPIError as exc:
+            if getattr(exc, "connection_invalidated", False):
+                raise TransientError(
+                    f"remap store {redact_url(self.url)} connection lost: {exc.orig}"
+                ) from exc
+            raise
+
+    def _shard_row(self, conn: Connection, shard: str) -> sa.Row[Any]:
+        row = conn.execute(
+            sa.select(shards_table).where(shards_table.c.shard == shard)
+        ).first()
+        if row is None:
+            raise ShardNotFound(
+                f"remap store {redact_url(self.url)} has no shard {shard!r}",
+                hint="the source has not minted any binding yet, or was dropped",
+            )
+        return row
+
+    # -- the contract -----------------------------------------------------------
+    def create_shard(self, shard: str, kind: str) -> None:
+        time_type(kind)
+        with self._tx() as conn:
+            row = conn.execute(
+                sa.select(shards_table.c.kind).where(shards_table.c.shard == shard)
+            ).first()
+            if row is None:
+                if self.dialect == "postgresql":
+                    from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+                    stmt: Any = pg_insert(shards_table).on_conflict_do_nothing()
+                else:
+                    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+                    stmt = sqlite_insert(shards_table).on_conflict_do_nothing()
+                conn.execute(stmt, {"shard": shard, "kind": kind, "since": 0, "upper": 0,
+                                    "updated_at": int(time.time() * 1000)})
+                row = conn.execute(
+                    sa.select(shards_table.c.kind).where(shards_table.c.shard == shard)
+                ).first()
+            assert row is not None
+            if row.kind != kind:
+                raise BindingError(
+                    f"remap shard {shard!r} holds {row.kind} times, not {kind}",
+                    hint="a source's kind cannot change; use a new source name",
+                )
+
+    def shards(self) -> list[str]:
+        with self._tx() as conn:
+            return list(conn.execute(sa.select(shards_table.c.shard).order_by("shard")).scalars())
+
+    def kind(self, shard: str) -> str:
+        with self._tx() as conn:
+            return str(self._shard_row(conn, shard).kind)
+
+    def upper(self, shard: str) -> Antichain[IntoTime]:
+        with self._tx() as conn:
+            return _upper_ac(self._shard_row(conn, shard).upper)
+
+    def since(self, shard: str) -> IntoTime:
+        with self._tx() as conn:
+            return IntoTime(self._shard_row(conn, shard).since)
+
+    def _bindings(
+        self, conn: Connection, shard: str, kind: str, lower: int, upto: int | None = None
+    ) -> list[Binding[Any]]:
+        q = (
+            sa.select(bindings_table.c.into_time, bindings_table.c.frontier)
+            .where(bindings_table.c.shard == shard, bindings_table.c.into_time >= lower)
+            .order_by(bindings_table.c.into_time)
+        )
+        if upto is not None:
+            q = q.where(bindings_table.c.into_time <= upto)
+        return [
+            Binding(IntoTime(t), Antichain.decode_json(kind, f)) for t, f in conn.execute(q)
+        ]
+
+    def read(self, shard: str, as_of: int | None = None) -> Bindings[Any]:
+        with self._tx() as conn:
+            row = self._shard_row(conn, shard)
+            upper = _upper_ac(row.upper)
+            if as_of is not None:
+                if as_of < row.since:
+                    raise SinceViolation(
+                        f"remap shard {shard!r}: as_of {as_of} is below since {row.since}",
+                        hint="history before since was compacted",
+                    )
+                if row.upper is None or as_of + 1 < row.upper:
+                    upper = _upper_ac(as_of + 1)
+            bs = self._bindings(conn, shard, row.kind, 0, as_of)
+            return Bindings(row.kind, bs, since=row.since, upper=upper)
+
+    def read_from(self, shard: str, lower: int) -> tuple[list[Binding[Any]], Antichain[IntoTime]]:
+        with self._tx() as conn:
+            row = self._shard_row(conn, shard)
+            return self._bindings(conn, shard, row.kind, lower), _upper_ac(row.upper)
+
+    def compare_and_append(
+        self,
+        shard: str,
+        bindings: Sequence[Binding[Any]],
+        expected_upper: Antichain[IntoTime],
+        new_upper: Antichain[IntoTime],
+    ) -> None:
+        expected = _upper_col(expected_upper)
+        new = _upper_col(new_upper)
+        if expected is None:
+            raise BindingError(f"remap shard {shard!r}: cannot append after the empty upper")
+        if new is not None and new <= expected:
+            raise BindingError(
+                f"remap shard {shard!r}: the upper must advance, got {expected} -> {new}"
+            )
+        with self._tx() as conn:
+            res = conn.execute(
+                sa.update(shards_table)
+                .where(
+                    shards_table.c.shard == shard,
+                    shards_table.c.upper.is_not_distinct_from(expected),
+                )
+                .values(upper=new, updated_at=int(time.time() * 1000))
+            )
+            if res.rowcount != 1:
+                row = self._shard_row(conn, shard)
+                raise UpperMismatch(shard, expected_upper, _upper_ac(row.upper))
+            row = self._shard_row(conn, shard)
+            last = conn.execute(
+                sa.select(bindings_table.c.into_time, bindings_table.c.frontier)
+                .where(bindings_table.c.shard == shard)
+                .order_by(bindings_table.c.into_time.desc())
+                .limit(1)
+            ).first()
+            tail = (
+                [Binding(IntoTime(last.into_time), Antichain.decode_json(row.kind, last.frontier))]
+                if last is not None
+                else []
+            )
+            since = min([row.since, *(int(b.time) for b in tail)])
+            # Validates kinds, time range, order and monotonicity; raising
+            # here rolls the upper move back too.
+            check_appendable(
+                Bindings(row.kind, tail, since=since, upper=expected_upper), bindings, new_upper
+            )
+            if bindings:
+                conn.execute(
+                    sa.insert(bindings_table),
+                    [
+                        {"shard": shard, "into_time": int(b.time),
+                         "frontier": b.frontier.encode_json()}
+                        for b in bindings
+                    ],
+                )
+
+    def listen(
+        self, shard: str, upper: Antichain[IntoTime], timeout: float
+    ) -> tuple[list[Binding[Any]], Antichain[IntoTime]]:
+        deadline = time.monotonic() + timeout
+        lower = _upper_col(upper)
+        delay = self._poll
+        while True:
+            if lower is None:
+                return [], upper
+            new, current = self.read_from(shard, lower)
+            if current != upper:
+                return new, current
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return [], upper
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 1.0)
+
+    def compact(self, shard: str, new_since: int) -> None:
+        with self._tx() as conn:
+            row = self._shard_row(conn, shard)
+            if new_since <= row.since:
+                return
+            if row.upper is not None and new_since >= row.upper:
+                raise SinceViolation(
+                    f"remap shard {shard!r}: since {new_since} must stay below the upper "
+                    f"{row.upper}"
+                )
+            res = conn.execute(
+                sa.update(shards_table)
+                .where(shards_table.c.shard == shard, shards_table.c.since == row.since)
+                .values(since=new_since)
+            )
+            if res.rowcount != 1:
+                return  # a concurrent compaction got there first
+            head = self._bindings(conn, shard, row.kind, 0, new_since)
+            compacted = compact_bindings(head, new_since)
+            conn.execute(
+                sa.delete(bindings_table).where(
+                    bindings_table.c.shard == shard, bindings_table.c.into_time <= new_since
+                )
+            )
+            if compacted:
+                first = compacted[0]
+                conn.execute(
+                    sa.insert(bindings_table),
+                    [{"shard": shard, "into_time": int(first.time),
+                      "frontier": first.frontier.encode_json()}],
+                )
+
+    def drop_shard(self, shard: str) -> None:
+        with self._tx() as conn:
+            conn.execute(sa.delete(bindings_table).where(bindings_table.c.shard == shard))
+            conn.execute(sa.delete(shards_table).where(shards_table.c.shard == shard))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_immediate_transactions(engine: Engine) -> None:
+    """Let SQLAlchemy, not pysqlite, begin transactions, and begin them with
+    ``BEGIN IMMEDIATE`` so that writers take the write lock up front instead
+    of failing to upgrade a read lock mid-transaction; WAL lets readers go on."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+

@@ -1,0 +1,1 @@
+"""Persist sinks: make an output durable, data and upper in one atomic step."""

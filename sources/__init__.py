@@ -1,0 +1,1 @@
+"""Source connectors: readers that emit data in their native time (FromTime)."""
