@@ -86,8 +86,9 @@ class Bindings(Generic[T]):
         bs = tuple(bindings)
         if upper is None:
             upper_ac: Antichain[IntoTime] = (
-                Antichain.from_elem(IntoTime(int(bs[-1].time) + 1)) if bs else
-                Antichain.from_elem(IntoTime(since))
+                Antichain.from_elem(IntoTime(int(bs[-1].time) + 1))
+                if bs
+                else Antichain.from_elem(IntoTime(since))
             )
         elif isinstance(upper, Antichain):
             upper_ac = upper
@@ -135,12 +136,11 @@ class Bindings(Generic[T]):
         )
 
     # -- derived snapshots ----------------------------------------------------
-    def extended(
-        self, new: Sequence[Binding[T]], new_upper: Antichain[IntoTime]
-    ) -> Bindings[T]:
+    def extended(self, new: Sequence[Binding[T]], new_upper: Antichain[IntoTime]) -> Bindings[T]:
         """This snapshot plus bindings appended after it, with the new upper."""
-        return Bindings(self.kind, self.bindings + tuple(new), since=int(self.since),
-                        upper=new_upper)
+        return Bindings(
+            self.kind, self.bindings + tuple(new), since=int(self.since), upper=new_upper
+        )
 
     def compacted(self, new_since: int) -> Bindings[T]:
         """History before ``new_since`` consolidated into one binding at ``new_since``.
@@ -153,8 +153,9 @@ class Bindings(Generic[T]):
         u = _upper_value(self.upper)
         if u is not None and new_since >= u:
             raise SinceViolation(f"since {new_since} must stay below the upper {u}")
-        return Bindings(self.kind, compact_bindings(self.bindings, new_since),
-                        since=new_since, upper=self.upper)
+        return Bindings(
+            self.kind, compact_bindings(self.bindings, new_since), since=new_since, upper=self.upper
+        )
 
     # -- the frontier as of a time ---------------------------------------------
     @property
@@ -284,7 +285,8 @@ class Bindings(Generic[T]):
         if c.flat is not None:
             keys = pc * c.stride + np.minimum(o, c.clip)
             flat_idx: npt.NDArray[np.int64] = np.searchsorted(c.flat, keys, side="right")
-            return c.times_ext[flat_idx - pc * c.nb]
+            res: npt.NDArray[np.int64] = c.times_ext[flat_idx - pc * c.nb]
+            return res
         out = np.empty(p.shape, dtype=np.int64)
         for part in np.unique(pc):
             mask = pc == part
@@ -300,8 +302,12 @@ class Bindings(Generic[T]):
         """
         import pyarrow as pa
 
-        arrays = [np.asarray(c.to_numpy(zero_copy_only=False)) if hasattr(c, "to_numpy")
-                  else np.asarray(c) for c in columns]
+        arrays = [
+            np.asarray(c.to_numpy(zero_copy_only=False))
+            if hasattr(c, "to_numpy")
+            else np.asarray(c)
+            for c in columns
+        ]
         if self.kind == Partitioned.KIND:
             if len(arrays) != 2:
                 raise TypeError("kafka reclock_arrow takes (partitions, offsets)")
@@ -362,9 +368,7 @@ def _validate(
                     f"binding times must increase: {int(prev.time)} then {int(b.time)}"
                 )
             if not prev.frontier.less_equal(b.frontier):
-                raise BindingError(
-                    f"bindings must be monotone: {prev!r} is not <= {b!r}"
-                )
+                raise BindingError(f"bindings must be monotone: {prev!r} is not <= {b!r}")
         prev = b
 
 

@@ -73,7 +73,9 @@ def _apply(state: StreamState[T], index: int, ev: Event) -> None:
     if isinstance(ev, Message):
         if not caps.less_equal(ev.time):
             raise InvalidEventStream(
-                index, ev, "message-in-advance",
+                index,
+                ev,
+                "message-in-advance",
                 f"no held capability <= {ev.time!r} (frontier {caps.frontier()!r})",
             )
         for rec in ev.batch:
@@ -82,7 +84,9 @@ def _apply(state: StreamState[T], index: int, ev: Event) -> None:
         for t, d in ev.updates:
             if d > 0 and not caps.less_equal(t):
                 raise InvalidEventStream(
-                    index, ev, "progress-in-advance",
+                    index,
+                    ev,
+                    "progress-in-advance",
                     f"adds {d} at {t!r}, not in advance of a held capability "
                     f"(frontier {caps.frontier()!r})",
                 )
@@ -90,7 +94,9 @@ def _apply(state: StreamState[T], index: int, ev: Event) -> None:
         for t, d in ev.updates:
             if d < 0 and caps.count_for(t) < 0:
                 raise InvalidEventStream(
-                    index, ev, "release-held",
+                    index,
+                    ev,
+                    "release-held",
                     f"releases {-d} at {t!r} but only held {caps.count_for(t) - d}",
                 )
     else:
@@ -128,7 +134,9 @@ class Capture(Generic[T]):
     def send(self, time: T, batch: Sequence[Any]) -> None:
         if not self._caps.less_equal(time):
             raise InvalidEventStream(
-                len(self.events), Message(time, tuple(batch)), "message-in-advance",
+                len(self.events),
+                Message(time, tuple(batch)),
+                "message-in-advance",
                 f"writer no longer holds a capability <= {time!r}",
             )
         if batch:
@@ -137,7 +145,9 @@ class Capture(Generic[T]):
     def downgrade(self, frontier: Antichain[T]) -> None:
         if not self._caps.frontier().less_equal(frontier):
             raise InvalidEventStream(
-                len(self.events), frontier, "progress-in-advance",
+                len(self.events),
+                frontier,
+                "progress-in-advance",
                 f"cannot move the frontier back from {self._caps.frontier()!r}",
             )
         updates: ChangeBatch[T] = ChangeBatch()
@@ -154,8 +164,9 @@ class Capture(Generic[T]):
         self.downgrade(Antichain.empty())
 
 
-def interleave(streams: Sequence[Sequence[Event]], minimum: T, seed: int | None = None
-               ) -> list[Event]:
+def interleave(
+    streams: Sequence[Sequence[Event]], minimum: T, seed: int | None = None
+) -> list[Event]:
     """One valid stream from ``streams``: a random interleaving (each stream's
     own order kept), preceded by the ``N - 1`` extra counts at the minimum that
     N writers' initial capabilities add up to."""
@@ -187,8 +198,9 @@ def split(streams: Sequence[Sequence[Event]], readers: int) -> list[list[Sequenc
     return out
 
 
-def replay(streams: Sequence[Sequence[Event]], minimum: T, seed: int | None = None
-           ) -> StreamState[T]:
+def replay(
+    streams: Sequence[Sequence[Event]], minimum: T, seed: int | None = None
+) -> StreamState[T]:
     """Replay ``streams`` on one reader: validate their interleaving and return
     the collection ``{(record, time): count}`` and the capability counts."""
     return validate(interleave(streams, minimum, seed), minimum)

@@ -27,6 +27,7 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Generic
 
 from reclock.bindings import Binding, Bindings
@@ -103,10 +104,13 @@ class RemapOperator(Generic[T]):
         now = self.clock.now()
         return now - now % self.interval
 
-    def mint(self, probed: Antichain[T]) -> Bindings[T]:
-        """One tick: bind ``probed`` (the upstream frontier) at the current time.
+    def mint(self, probe: Callable[[], Antichain[T]] | Antichain[T]) -> Bindings[T]:
+        """One tick: bind the upstream frontier at the current time.
 
-        Returns the bindings as read back from the store.
+        ``probe`` is called *after* re-syncing with the store, so a frontier
+        behind the last binding means the upstream really went backwards, not
+        that another writer got ahead. Returns the bindings as read back from
+        the store.
         """
         b = self.sync()
         if b.is_closed:
@@ -127,6 +131,7 @@ class RemapOperator(Generic[T]):
         upper = int(b.upper.elements[0])
         if t < upper:
             return b  # already decided up to here; never mint ahead of the clock
+        probed = probe() if callable(probe) else probe
         last = b.bindings[-1].frontier if b.bindings else self.initial_frontier
         if not last.less_equal(probed):
             raise FrontierRegression(

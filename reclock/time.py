@@ -52,7 +52,9 @@ class Timestamp(Protocol):
         ...
 
     def sort_key(self) -> tuple[int, ...]:
-        """A total order consistent with ``less_equal``, for canonical listings."""
+        """A linear extension of the order (``a <= b`` implies
+        ``a.sort_key() <= b.sort_key()``): canonical listings, and finding the
+        minimal elements of a set in one pass."""
         ...
 
     def encode(self) -> JSON:
@@ -229,7 +231,9 @@ class Partitioned:
         return Partitioned(min(self.lo, other.lo), hi, min(self.offset, other.offset))
 
     def sort_key(self) -> tuple[int, ...]:
-        return (self.lo, _U64 if self.hi is None else self.hi, self.offset)
+        # Offset first, then lower bound, then the widest interval first: if
+        # a <= b, each component of a's key is <= b's in turn.
+        return (self.offset, self.lo, -(_U64 if self.hi is None else self.hi))
 
     def encode(self) -> JSON:
         return [self.lo, self.hi, self.offset]

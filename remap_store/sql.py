@@ -108,7 +108,9 @@ class SqlRemapStore:
             _sqlite_immediate_transactions(self.engine)
         elif self.dialect == "postgresql":
             self.engine = sa.create_engine(
-                self.url, echo=echo, pool_pre_ping=True,
+                self.url,
+                echo=echo,
+                pool_pre_ping=True,
                 connect_args={"connect_timeout": 10, "application_name": "reclock-remap"},
             )
         else:
@@ -132,10 +134,21 @@ class SqlRemapStore:
             ) from exc
 
     @contextmanager
-    def _tx(self) -> Iterator[Connection]:
+    def _tx(self, readonly: bool = False) -> Iterator[Connection]:
+        """A transaction. Read-only ones see one consistent snapshot: REPEATABLE
+        READ in PostgreSQL, a deferred transaction in SQLite (WAL snapshot)."""
         try:
-            with self.engine.begin() as conn:
-                yield conn
+            with self.engine.connect() as conn:
+                if readonly:
+                    conn = (
+                        conn.execution_options(
+                            isolation_level="REPEATABLE READ", reclock_readonly=True
+                        )
+                        if self.dialect == "postgresql"
+                        else conn.execution_options(reclock_readonly=True)
+                    )
+                with conn.begin():
+                    yield conn
         except OperationalError as exc:
             raise TransientError(
                 f"remap store {redact_url(self.url)} unavailable: {exc.orig}",
@@ -149,9 +162,7 @@ class SqlRemapStore:
             raise
 
     def _shard_row(self, conn: Connection, shard: str) -> sa.Row[Any]:
-        row = conn.execute(
-            sa.select(shards_table).where(shards_table.c.shard == shard)
-        ).first()
+        row = conn.execute(sa.select(shards_table).where(shards_table.c.shard == shard)).first()
         if row is None:
             raise ShardNotFound(
                 f"remap store {redact_url(self.url)} has no shard {shard!r}",
@@ -175,8 +186,16 @@ class SqlRemapStore:
                     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
                     stmt = sqlite_insert(shards_table).on_conflict_do_nothing()
-                conn.execute(stmt, {"shard": shard, "kind": kind, "since": 0, "upper": 0,
-                                    "updated_at": int(time.time() * 1000)})
+                conn.execute(
+                    stmt,
+                    {
+                        "shard": shard,
+                        "kind": kind,
+                        "since": 0,
+                        "upper": 0,
+                        "updated_at": int(time.time() * 1000),
+                    },
+                )
                 row = conn.execute(
                     sa.select(shards_table.c.kind).where(shards_table.c.shard == shard)
                 ).first()
@@ -188,24 +207,35 @@ class SqlRemapStore:
                 )
 
     def shards(self) -> list[str]:
-        with self._tx() as conn:
+        with self._tx(readonly=True) as conn:
             return list(conn.execute(sa.select(shards_table.c.shard).order_by("shard")).scalars())
 
     def kind(self, shard: str) -> str:
-        with self._tx() as conn:
+        with self._tx(readonly=True) as conn:
             return str(self._shard_row(conn, shard).kind)
 
     def upper(self, shard: str) -> Antichain[IntoTime]:
-        with self._tx() as conn:
+        with self._tx(readonly=True) as conn:
             return _upper_ac(self._shard_row(conn, shard).upper)
 
     def since(self, shard: str) -> IntoTime:
-        with self._tx() as conn:
+        with self._tx(readonly=True) as conn:
             return IntoTime(self._shard_row(conn, shard).since)
 
     def _bindings(
-        self, conn: Connection, shard: str, kind: str, lower: int, upto: int | None = None
+        self,
+        conn: Connection,
+        shard: str,
+        kind: str,
+        lower: int,
+        upto: int | None = None,
+        below: int | None = None,
     ) -> list[Binding[Any]]:
+        """Bindings with ``lower <= time``, ``time <= upto`` and ``time < below``.
+
+        Readers pass the upper they read as ``below``: under READ COMMITTED a
+        later statement may see bindings a concurrent writer committed after
+        the shard row was read, and those must wait for the next read."""
         q = (
             sa.select(bindings_table.c.into_time, bindings_table.c.frontier)
             .where(bindings_table.c.shard == shard, bindings_table.c.into_time >= lower)
@@ -213,12 +243,12 @@ class SqlRemapStore:
         )
         if upto is not None:
             q = q.where(bindings_table.c.into_time <= upto)
-        return [
-            Binding(IntoTime(t), Antichain.decode_json(kind, f)) for t, f in conn.execute(q)
-        ]
+        if below is not None:
+            q = q.where(bindings_table.c.into_time < below)
+        return [Binding(IntoTime(t), Antichain.decode_json(kind, f)) for t, f in conn.execute(q)]
 
     def read(self, shard: str, as_of: int | None = None) -> Bindings[Any]:
-        with self._tx() as conn:
+        with self._tx(readonly=True) as conn:
             row = self._shard_row(conn, shard)
             upper = _upper_ac(row.upper)
             if as_of is not None:
@@ -229,13 +259,16 @@ class SqlRemapStore:
                     )
                 if row.upper is None or as_of + 1 < row.upper:
                     upper = _upper_ac(as_of + 1)
-            bs = self._bindings(conn, shard, row.kind, 0, as_of)
+            bs = self._bindings(conn, shard, row.kind, 0, as_of, row.upper)
             return Bindings(row.kind, bs, since=row.since, upper=upper)
 
     def read_from(self, shard: str, lower: int) -> tuple[list[Binding[Any]], Antichain[IntoTime]]:
-        with self._tx() as conn:
+        with self._tx(readonly=True) as conn:
             row = self._shard_row(conn, shard)
-            return self._bindings(conn, shard, row.kind, lower), _upper_ac(row.upper)
+            return (
+                self._bindings(conn, shard, row.kind, lower, below=row.upper),
+                _upper_ac(row.upper),
+            )
 
     def compare_and_append(
         self,
@@ -286,8 +319,11 @@ class SqlRemapStore:
                 conn.execute(
                     sa.insert(bindings_table),
                     [
-                        {"shard": shard, "into_time": int(b.time),
-                         "frontier": b.frontier.encode_json()}
+                        {
+                            "shard": shard,
+                            "into_time": int(b.time),
+                            "frontier": b.frontier.encode_json(),
+                        }
                         for b in bindings
                     ],
                 )
@@ -338,8 +374,13 @@ class SqlRemapStore:
                 first = compacted[0]
                 conn.execute(
                     sa.insert(bindings_table),
-                    [{"shard": shard, "into_time": int(first.time),
-                      "frontier": first.frontier.encode_json()}],
+                    [
+                        {
+                            "shard": shard,
+                            "into_time": int(first.time),
+                            "frontier": first.frontier.encode_json(),
+                        }
+                    ],
                 )
 
     def drop_shard(self, shard: str) -> None:
@@ -367,5 +408,5 @@ def _sqlite_immediate_transactions(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
+        readonly = conn.get_execution_options().get("reclock_readonly", False)
+        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")

@@ -1,0 +1,63 @@
+"""Shared fixtures: real peers only.
+
+* ``pg_url`` -- a fresh database on the local PostgreSQL (``RECLOCK_TEST_PG``,
+  default ``postgresql://postgres@127.0.0.1:5432/postgres`` as the admin
+  connection), dropped at the end of the run.
+* ``sqlite_url`` -- a SQLite file in a temporary directory.
+* ``store_url`` -- parametrized over both.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=60, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+ADMIN_URL = os.environ.get("RECLOCK_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url() -> str:
+    try:
+        with psycopg.connect(ADMIN_URL, connect_timeout=5) as conn:
+            conn.execute("select 1")
+    except psycopg.OperationalError as exc:  # pragma: no cover - environment
+        pytest.fail(f"PostgreSQL at {ADMIN_URL} is required for the tests: {exc}")
+    return ADMIN_URL
+
+
+@pytest.fixture
+def pg_url(pg_admin_url: str) -> Iterator[str]:
+    """A fresh, empty database for one test."""
+    name = f"reclock_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = pg_admin_url.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'remap.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    return str(request.getfixturevalue("pg_url"))

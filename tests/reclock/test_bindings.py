@@ -1,0 +1,168 @@
+"""Bindings and reclocking: DESIGN.md's worked example, partition discovery,
+resumption, compaction, and the vectorized forms against the scalar rule."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reclock.bindings import UNBOUND, Binding, Bindings
+from reclock.errors import BindingError, SinceViolation
+from reclock.frontier import Antichain
+from reclock.time import IntoTime, Lsn, Partitioned, kafka_frontier
+from tests.strategies import kafka_bindings, total_bindings
+
+
+def kb(*pairs: tuple[int, dict[int, int]], upper: int | None = None) -> Bindings[Partitioned]:
+    return Bindings(
+        "kafka", [Binding(IntoTime(t), kafka_frontier(o)) for t, o in pairs], upper=upper
+    )
+
+
+def test_design_worked_example() -> None:
+    """1000 -> {offset 4}, 2000 -> {offset 9}: 0..3 get 1000, 4..8 get 2000, 9 waits."""
+    b = kb((1000, {0: 4}), (2000, {0: 9}))
+    got = [b.reclock(Partitioned.point(0, o)) for o in range(12)]
+    assert got == [1000] * 4 + [2000] * 5 + [None] * 3
+    vec = b.reclock_offsets(np.zeros(12, dtype=np.int64), np.arange(12))
+    assert vec.tolist() == [1000] * 4 + [2000] * 5 + [UNBOUND] * 3
+    arr = b.reclock_arrow(pa.array([0] * 12), pa.array(range(12)))
+    assert arr.to_pylist() == [1000] * 4 + [2000] * 5 + [None] * 3
+
+
+def test_partition_discovery_covers_new_partition_from_offset_zero() -> None:
+    # Partition 2 unknown at 1000; it appears (with 7 records) before 2000.
+    b = kb((1000, {0: 5, 1: 3}), (2000, {0: 5, 1: 3, 2: 7}))
+    assert b.reclock(Partitioned.point(2, 0)) == 2000
+    assert b.reclock(Partitioned.point(2, 6)) == 2000
+    assert b.reclock(Partitioned.point(2, 7)) is None
+    assert b.reclock(Partitioned.point(3, 0)) is None  # still unknown: waits
+    assert b.reclock_offsets([2, 2, 3], [0, 6, 0]).tolist() == [2000, 2000, UNBOUND]
+
+
+def test_reclock_frontier_element_by_element() -> None:
+    b = kb((1000, {0: 4, 1: 2}), (2000, {0: 9, 1: 2}), upper=2500)
+    # source upper {p0: 6, p1: 2}: future data of p0 is at >= 2000, of p1 waits (upper)
+    f = kafka_frontier({0: 6, 1: 2})
+    assert b.reclock_frontier(f) == Antichain.from_elem(IntoTime(2000))
+    assert b.reclock_frontier(kafka_frontier({0: 9, 1: 2})) == Antichain.from_elem(IntoTime(2500))
+    assert b.reclock_frontier(Antichain.empty()) == Antichain.empty()
+
+
+def test_source_upper_at() -> None:
+    b = kb((1000, {0: 4}), (2000, {0: 9}), upper=3000)
+    assert b.source_upper_at(2000) == kafka_frontier({0: 4})
+    assert b.source_upper_at(2001) == kafka_frontier({0: 9})
+    assert b.source_upper_at(3000) == kafka_frontier({0: 9})
+    # before any binding: the initial frontier (the as_of binding)
+    assert b.source_upper_at(500) == kafka_frontier({0: 4})
+    assert b.source_upper_at(1000) == kafka_frontier({0: 4})
+    with pytest.raises(BindingError, match="beyond the remap upper"):
+        b.source_upper_at(3001)
+    with pytest.raises(BindingError, match="closed"):
+        b.source_upper_at(Antichain.empty())
+
+
+def test_frontier_at_and_compaction() -> None:
+    b = kb((1000, {0: 4}), (2000, {0: 9}), (3000, {0: 12}), upper=3500)
+    assert b.frontier_at(999) is None
+    assert b.frontier_at(2999) == kafka_frontier({0: 9})
+    c = b.compacted(2999)
+    assert [int(x.time) for x in c.bindings] == [2999, 3000]
+    # R(t) unchanged for t >= since; earlier records map to since
+    for t in (2999, 3000, 3499):
+        assert c.frontier_at(t) == b.frontier_at(t)
+    assert c.reclock(Partitioned.point(0, 2)) == 2999
+    assert c.reclock(Partitioned.point(0, 10)) == b.reclock(Partitioned.point(0, 10)) == 3000
+    with pytest.raises(SinceViolation):
+        c.frontier_at(2000)
+    with pytest.raises(SinceViolation):
+        c.compacted(1000)
+
+
+def test_bindings_reject_broken_histories() -> None:
+    with pytest.raises(BindingError, match="monotone"):
+        kb((1000, {0: 9}), (2000, {0: 4}))
+    with pytest.raises(BindingError, match="increase"):
+        kb((2000, {0: 4}), (1000, {0: 9}), upper=3000)
+    with pytest.raises(BindingError, match="not below the upper"):
+        kb((1000, {0: 4}), upper=1000)
+    with pytest.raises(BindingError, match="not a kafka time"):
+        Bindings("kafka", [Binding(IntoTime(1), Antichain.from_elem(Lsn(3)))])
+
+
+def test_closed_source() -> None:
+    b = Bindings(
+        "lsn",
+        [
+            Binding(IntoTime(1000), Antichain.from_elem(Lsn(10))),
+            Binding(IntoTime(2000), Antichain.empty()),
+        ],
+        upper=Antichain.empty(),
+    )
+    assert b.is_closed
+    assert b.reclock(Lsn(10**9)) == 2000
+    assert b.reclock_values([5, 10, 10**12]).tolist() == [1000, 2000, 2000]
+    assert b.source_upper_at(Antichain.empty()) == Antichain.empty()
+
+
+@given(b=kafka_bindings(), data=st.data())
+def test_vectorized_equals_scalar_kafka(b: Bindings[Partitioned], data: st.DataObject) -> None:
+    recs = data.draw(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 60)), max_size=60))
+    parts = np.array([p for p, _ in recs], dtype=np.int64)
+    offs = np.array([o for _, o in recs], dtype=np.int64)
+    scalar = [b.reclock(Partitioned.point(p, o)) for p, o in recs]
+    vec = b.reclock_offsets(parts, offs).tolist()
+    assert vec == [UNBOUND if s is None else int(s) for s in scalar]
+
+
+@given(b=total_bindings(), values=st.lists(st.integers(0, 100), max_size=40))
+def test_vectorized_equals_scalar_lsn(b: Bindings[Any], values: list[int]) -> None:
+    scalar = [b.reclock(Lsn(v)) for v in values]
+    assert b.reclock_values(values).tolist() == [UNBOUND if s is None else s for s in scalar]
+
+
+@given(b=kafka_bindings(), data=st.data())
+def test_reclock_is_independent_of_order_batching_and_pickling(
+    b: Bindings[Partitioned], data: st.DataObject
+) -> None:
+    recs = data.draw(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 60)), max_size=50))
+    seed = data.draw(st.integers(0, 2**32))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(recs)), max_size=4)))
+    truth = {r: b.reclock(Partitioned.point(*r)) for r in recs}
+
+    shuffled = list(recs)
+    random.Random(seed).shuffle(shuffled)
+    remote = pickle.loads(pickle.dumps(b))  # what an executor gets
+    got: list[tuple[tuple[int, int], int]] = []
+    for lo, hi in zip([0, *cuts], [*cuts, len(shuffled)], strict=True):
+        chunk = shuffled[lo:hi]
+        out = remote.reclock_offsets([p for p, _ in chunk], [o for _, o in chunk])
+        got.extend(zip(chunk, out.tolist(), strict=True))
+    assert sorted(got) == sorted(
+        (r, UNBOUND if truth[r] is None else int(truth[r]))  # type: ignore[arg-type]
+        for r in recs
+    )
+
+
+def test_compiled_bindings_travel_with_the_pickle() -> None:
+    b = kb((1000, {0: 4, 1: 1}), (2000, {0: 9, 1: 3}))
+    b.reclock_offsets([0], [1])  # compiles
+    remote = pickle.loads(pickle.dumps(b))
+    assert "_compiled" in remote.__dict__
+    assert remote == b
+    assert remote.reclock_offsets([0, 1, 1], [5, 0, 3]).tolist() == [2000, 1000, UNBOUND]
+
+
+def test_large_offsets_fall_back_without_overflow() -> None:
+    big = 2**62
+    b = kb((1000, {0: big, 1: 5}), (2000, {0: big + 10, 1: 6}))
+    out = b.reclock_offsets([0, 0, 1, 1, 0], [big - 1, big + 3, 5, 6, big + 10])
+    assert out.tolist() == [1000, 2000, 2000, UNBOUND, UNBOUND]
