@@ -216,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ko_p, ko_o = kafka_order(rng, per_part, args.chunk)
     perm = rng.permutation(n)
     ro_p, ro_o = pm_p[perm], pm_o[perm]
-    bounds = np.concatenate(([0], np.cumsum(per_part)))
-    slices = [(int(bounds[i]), int(bounds[i + 1])) for i in range(args.partitions)]
+    edges = np.concatenate(([0], np.cumsum(per_part)))
+    slices = [(int(edges[i]), int(edges[i + 1])) for i in range(args.partitions)]
     log(f"generated {n:,} records x 3 layouts in {time.perf_counter() - t0:.1f}s")
 
     # 3. Timings.
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         log("FAIL: random-order results differ from partition-major results")
         ok = False
     # Kafka order: map each record back to its (partition, offset) position.
-    ko_pos = bounds[:-1][ko_p] + ko_o
+    ko_pos = edges[:-1][ko_p] + ko_o
     if not np.array_equal(b.reclock_offsets(ko_p, ko_o), ref[ko_pos]):
         log("FAIL: kafka-order results differ from partition-major results")
         ok = False
