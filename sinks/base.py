@@ -1,0 +1,132 @@
+"""The persist sink contract: make one output durable, exactly once.
+
+A sink keeps, durably and atomically with its data, a :class:`SinkState`:
+
+* ``upper`` -- IntoTime upper: every update at a time ``< upper`` is durable.
+  ``None`` is the empty frontier (the output is complete).
+* ``progress`` -- the FromTime frontier (canonical JSON of an antichain): every
+  source record at a position *not* contained in it has been written. It is
+  finer than ``upper``: it lets a binding's data be written in several
+  bounded jobs while the upper stays at that binding's time until all of it is
+  durable.
+
+The commit path, per output (driver side)::
+
+    1. Stager.stage(batch_id, part, table)   executors: write data, not visible
+    2. PersistSink.commit(staged, expected, new)   driver: data + new state, one
+                                                     atomic step; fenced on expected
+    3. (driver) resumption recomputed from every output's upper
+    4. (driver) upstream acknowledged
+
+Rules every implementation keeps:
+
+* ``commit`` is atomic: after a crash either all of the staged data and the
+  new state are visible, or none of it.
+* ``commit`` is fenced: if the durable state is not ``expected`` it raises
+  :class:`SinkFenced` and writes nothing (a zombie pipeline or a lost race).
+* Uppers and progress only move forward (asserted by the driver).
+* Staging is idempotent: staging the same ``(batch_id, part)`` again replaces
+  the earlier attempt; staged data never becomes visible without a commit.
+* Retried data is dropped, not rewritten: the data plane filters out records
+  whose position is not in ``progress`` before staging.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from reclock.errors import DefiniteError, TransientError
+
+INTO_TIME = "_into_time"
+DIFF = "_diff"
+ERROR = "_error"
+RAW_KEY = "_raw_key"
+RAW_VALUE = "_raw_value"
+
+#: Columns every output row carries after the user's columns.
+META_FIELDS = [
+    pa.field(INTO_TIME, pa.int64(), nullable=False),
+    pa.field(DIFF, pa.int64(), nullable=False),
+    pa.field("_src_part", pa.int32(), nullable=False),
+    pa.field("_src_offset", pa.int64(), nullable=False),
+    pa.field("_src_seq", pa.int32(), nullable=False),
+    pa.field("_src_ts", pa.int64()),
+    pa.field(ERROR, pa.string()),
+    pa.field(RAW_KEY, pa.binary()),
+    pa.field(RAW_VALUE, pa.binary()),
+]
+META_NAMES = [f.name for f in META_FIELDS]
+
+
+def output_schema(user: pa.Schema) -> pa.Schema:
+    """The stored schema of an output: user columns (nullable, since error rows
+    carry none), then :data:`META_FIELDS`."""
+    clash = [f.name for f in user if f.name in META_NAMES]
+    if clash:
+        raise DefiniteError(f"output columns {clash} clash with reclock's own columns")
+    return pa.schema([f.with_nullable(True) for f in user] + META_FIELDS)
+
+
+@dataclass(frozen=True)
+class SinkState:
+    """Durable progress of one output (see module docstring)."""
+
+    upper: int | None = 0
+    progress: str | None = None
+
+    def less_equal(self, other: SinkState) -> bool:
+        """Uppers only move forward."""
+        if other.upper is None:
+            return True
+        return self.upper is not None and self.upper <= other.upper
+
+
+class SinkFenced(TransientError):
+    """The sink's durable state is not what the committer expected."""
+
+
+class SinkError(DefiniteError):
+    """A sink cannot write (permissions, disk full, schema clash): nothing was
+    committed, nothing already accepted is lost."""
+
+
+class Stager(Protocol):
+    """Executor side of a sink: picklable, no connection held between tasks."""
+
+    def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:
+        """Write ``table`` (rows of :func:`output_schema`) so that a later commit
+        can make it visible; return JSON-able descriptors of what was staged."""
+        ...
+
+
+class PersistSink(Protocol):
+    """Driver side of a sink."""
+
+    name: str
+
+    def ensure(self, user_schema: pa.Schema) -> None:
+        """Create the output if absent; check an existing one is compatible."""
+        ...
+
+    def state(self) -> SinkState:
+        """The durable state (``SinkState()`` for an output never written)."""
+        ...
+
+    def stager(self) -> Stager:
+        ...
+
+    def commit(
+        self, staged: list[dict[str, Any]], expected: SinkState, new: SinkState
+    ) -> None:
+        """Make ``staged`` visible and move the state ``expected -> new`` atomically."""
+        ...
+
+    def read_updates(self, as_of: int | None = None) -> pa.Table:
+        """The raw update log (all columns) with ``_into_time <= as_of``."""
+        ...
+
+    def close(self) -> None:
+        ...

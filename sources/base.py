@@ -1,0 +1,143 @@
+"""The source contract: what a connector provides to the driver and the data plane.
+
+A source has two halves::
+
+    driver (control plane)                        executors (data plane)
+    ----------------------                        ----------------------
+    Source.open(resume, bound)   once at start
+    Source.probe()        -> upstream frontier   (minting)
+    Source.plan(lo, hi)   -> [ReadTask]  ------>  SourceReader.read(task)
+    Source.acknowledge(f)   after durability       -> (output, RecordBatch)*
+
+* ``probe`` returns the *upstream* frontier (Kafka high watermarks, Postgres
+  flush LSN, the generator's counter). It must not block for long and never
+  goes backwards for a healthy upstream; a transient fault raises
+  :class:`~reclock.errors.TransientError` (the driver stalls and retries), a
+  definite one :class:`~reclock.errors.DefiniteError`.
+* ``plan(lower, upper)`` splits the FromTime interval ``[lower, upper)`` into
+  picklable read tasks of at most ``max_records`` records each (one Kafka
+  partition range per task). Half-open, always.
+* ``SourceReader.read(task)`` runs in a Spark task. It must be deterministic:
+  the same task yields the same records on every retry, on any executor. It
+  keeps no state that is not derived from the task.
+* ``acknowledge(frontier)`` is called only with the resumption frontier (data
+  before it is durable in every output); it is the only thing that may release
+  upstream resources (Kafka offsets committed, Postgres ``confirmed_flush_lsn``).
+* The initial frontier (the configured start position) is fixed when the
+  source is constructed, not patched afterwards.
+
+Record batches carry the position columns below plus, per output, either raw
+``key``/``value`` bytes (decoded later by the output's format) or typed
+columns (``typed=True`` outputs, e.g. generator tables and Postgres rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol
+
+import pyarrow as pa
+
+from reclock.frontier import Antichain
+from reclock.time import T
+
+#: Position columns every raw batch carries (the record's FromTime coordinates).
+SRC_PART = "_src_part"  # int32: Kafka partition, 0 otherwise
+SRC_OFFSET = "_src_offset"  # int64: Kafka offset, Postgres commit LSN, counter
+SRC_SEQ = "_src_seq"  # int32: position among records sharing part+offset
+SRC_TS = "_src_ts"  # int64 ms: upstream timestamp (for freshness), may be null
+
+POSITION_FIELDS = [
+    pa.field(SRC_PART, pa.int32(), nullable=False),
+    pa.field(SRC_OFFSET, pa.int64(), nullable=False),
+    pa.field(SRC_SEQ, pa.int32(), nullable=False),
+    pa.field(SRC_TS, pa.int64()),
+]
+
+#: The raw (undecoded) record schema: positions + key/value bytes.
+RAW_SCHEMA = pa.schema([*POSITION_FIELDS, pa.field("key", pa.binary()),
+                        pa.field("value", pa.binary())])
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One output of a source, as the source declares it.
+
+    ``typed`` outputs carry ready columns described by ``schema`` (without the
+    position columns); others carry raw ``key``/``value`` bytes.
+    """
+
+    name: str
+    typed: bool = False
+    schema: pa.Schema | None = None
+    key: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """A picklable unit of reading: ``[lower, upper)`` of one source, in the
+    source's own encoding (``spec``), with an estimated record count."""
+
+    source: str
+    index: int
+    spec: Any
+    records: int
+
+
+class SourceReader(Protocol):
+    """Executor side: picklable, stateless between tasks."""
+
+    def read(self, task: ReadTask) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """Yield ``(output_index, batch)`` for every record in the task's range."""
+        ...
+
+
+class Source(Protocol, Generic[T]):
+    """Driver side of a connector."""
+
+    name: str
+    kind: str  # FromTime kind: "counter", "kafka", "lsn"
+
+    def outputs(self) -> list[OutputSpec]:
+        """The outputs this source feeds; index 0 is the main one."""
+        ...
+
+    def initial_frontier(self) -> Antichain[T]:
+        """The configured start position (bound at ``as_of`` by the first binding)."""
+        ...
+
+    def open(self, resume: Antichain[T], bound: Antichain[T]) -> None:
+        """Called once before the first probe with the resumption frontier and
+        the last bound frontier (both read back from durable state)."""
+        ...
+
+    def probe(self) -> Antichain[T]:
+        """The upstream frontier now."""
+        ...
+
+    def plan(self, lower: Antichain[T], upper: Antichain[T], max_records: int) -> list[ReadTask]:
+        """Read tasks covering ``[lower, upper)``, each at most ``max_records``."""
+        ...
+
+    def reader(self) -> SourceReader:
+        """The picklable executor-side reader."""
+        ...
+
+    def acknowledge(self, frontier: Antichain[T]) -> None:
+        """Release upstream resources before ``frontier`` (durable everywhere)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections; must not raise on an already-closed source."""
+        ...
+
+
+def take_position_columns(batch: pa.RecordBatch) -> dict[str, pa.Array]:
+    """The position columns of a batch, by name."""
+    return {f.name: batch.column(f.name) for f in POSITION_FIELDS}
+
+
+def frontier_lower_bound(frontier: Antichain[Any]) -> Any:
+    """The single element of a totally ordered frontier (``None`` when empty)."""
+    return frontier.as_option()
