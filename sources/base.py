@@ -14,9 +14,10 @@ A source has two halves::
   goes backwards for a healthy upstream; a transient fault raises
   :class:`~reclock.errors.TransientError` (the driver stalls and retries), a
   definite one :class:`~reclock.errors.DefiniteError`.
-* ``plan(lower, upper)`` splits the FromTime interval ``[lower, upper)`` into
-  picklable read tasks of at most ``max_records`` records each (one Kafka
-  partition range per task). Half-open, always.
+* ``plan(lower, upper, max_task, max_job)`` splits the FromTime interval
+  ``[lower, upper)`` into picklable read tasks of at most ``max_task`` records
+  each (one Kafka partition range per task), stopping at ``max_job`` records
+  in all; it returns the tasks and the frontier they reach. Half-open, always.
 * ``SourceReader.read(task)`` runs in a Spark task. It must be deterministic:
   the same task yields the same records on every retry, on any executor. It
   keeps no state that is not derived from the task.
@@ -116,8 +117,13 @@ class Source(Protocol, Generic[T]):
         """The upstream frontier now."""
         ...
 
-    def plan(self, lower: Antichain[T], upper: Antichain[T], max_records: int) -> list[ReadTask]:
-        """Read tasks covering ``[lower, upper)``, each at most ``max_records``."""
+    def plan(
+        self, lower: Antichain[T], upper: Antichain[T], max_task: int, max_job: int
+    ) -> tuple[list[ReadTask], Antichain[T]]:
+        """Read tasks covering ``[lower, reached)`` for some ``reached <= upper``:
+        each task at most ``max_task`` records, all of them at most ``max_job``
+        (a bounded job when far behind). ``reached == upper`` when everything
+        fits; the driver continues from ``reached`` in the next job."""
         ...
 
     def reader(self) -> SourceReader:

@@ -1,0 +1,254 @@
+"""The data plane: what runs inside Spark tasks.
+
+One job per source per tick (or several bounded jobs when far behind). Each
+task reads one range of the source and pushes Arrow batches through::
+
+    SourceReader.read(task) -> (output, batch)
+        -> drop positions already durable in that output   (sink progress)
+        -> reclock: _into_time from the broadcast Bindings   (pure, vectorized)
+        -> decode key/value (raw outputs) | typed rows as is
+        -> envelope (none: diff +1)
+        -> Stager.stage(...)   parquet/COPY, invisible until the driver commits
+
+Everything a task needs travels in one broadcast :class:`JobContext`:
+bindings, decoders, stagers, and each output's progress. Executors never talk
+to the remap store, and nothing here depends on files local to the driver.
+Tasks are deterministic: a retried task stages the same data under the same
+names. Data moves as Arrow batches, never row by row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reclock.bindings import UNBOUND, Binding, Bindings
+from reclock.errors import DefiniteError
+from reclock.frontier import Antichain
+from reclock.time import IntoTime, Partitioned
+from sinks.base import Stager, output_schema
+from sources.base import ReadTask, SourceReader
+
+POS_COLUMNS = ["_src_part", "_src_offset", "_src_seq", "_src_ts"]
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    """How one output's rows are made and staged in this job."""
+
+    index: int
+    name: str
+    typed: bool
+    user_schema: pa.Schema
+    key_decoder: Any | None
+    value_decoder: Any | None
+    progress: Antichain[Any] | None  # positions not in it are durable already
+    stager: Stager
+    envelope: str = "none"
+
+    @property
+    def schema(self) -> pa.Schema:
+        return output_schema(self.user_schema)
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """Everything a task needs; broadcast once per job."""
+
+    source: str
+    kind: str
+    batch_id: str
+    bindings: Bindings[Any]
+    reader: SourceReader
+    outputs: tuple[OutputPlan, ...]
+    flush_rows: int = 500_000
+
+
+@dataclass
+class TaskResult:
+    """What a task reports back to the driver (small: no data)."""
+
+    task: int
+    staged: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    rows: dict[int, int] = field(default_factory=dict)
+    errors: dict[int, int] = field(default_factory=dict)
+    records: int = 0
+    dropped: int = 0
+    max_src_ts: int | None = None
+    seconds: float = 0.0
+
+
+def _contained(
+    kind: str, progress: Antichain[Any], part: npt.NDArray[np.int64], off: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bool_]:
+    """Which positions the frontier ``progress`` still contains (not yet durable).
+
+    Uses the reclocking rule with one binding ``0 -> progress``: a position
+    maps to 0 exactly when the frontier does not contain it.
+    """
+    probe: Bindings[Any] = Bindings(kind, [Binding(IntoTime(0), progress)], upper=1)
+    t = probe.reclock_offsets(part, off) if kind == Partitioned.KIND else probe.reclock_values(off)
+    return np.asarray(t == UNBOUND)
+
+
+def _reclock(ctx: JobContext, part: npt.NDArray[np.int64], off: npt.NDArray[np.int64]
+             ) -> npt.NDArray[np.int64]:
+    b = ctx.bindings
+    t = b.reclock_offsets(part, off) if ctx.kind == Partitioned.KIND else b.reclock_values(off)
+    if (t == UNBOUND).any():
+        i = int(np.argmax(t == UNBOUND))
+        raise DefiniteError(
+            f"source {ctx.source!r}: record at partition {int(part[i])} offset {int(off[i])} "
+            "has no binding; the driver planned beyond the bound frontier"
+        )
+    return t
+
+
+def _null_columns(schema: pa.Schema, n: int) -> list[pa.Array]:
+    return [pa.nulls(n, f.type) for f in schema]
+
+
+def _meta(
+    pos: pa.RecordBatch, into: npt.NDArray[np.int64], idx: npt.NDArray[np.int64] | None
+) -> list[pa.Array]:
+    cols = [pos.column(c) for c in POS_COLUMNS]
+    t = into
+    if idx is not None:
+        cols = [c.take(pa.array(idx)) for c in cols]
+        t = into[idx]
+    n = len(t)
+    return [pa.array(t, pa.int64()), pa.array(np.ones(n, dtype=np.int64)), *cols]
+
+
+def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
+                      ) -> tuple[pa.Table, int]:
+    """Decode/shape one output's batch into stored rows; returns (rows, errors)."""
+    schema = plan.schema
+    user = plan.user_schema
+    n = batch.num_rows
+    err_type = pa.string()
+    if plan.typed:
+        cols = [batch.column(f.name).cast(f.type) for f in user]
+        arrays = [*cols, *_meta(batch, into, None), pa.nulls(n, err_type),
+                  pa.nulls(n, pa.binary()), pa.nulls(n, pa.binary())]
+        return pa.Table.from_arrays(arrays, schema=schema), 0
+    from reclock.decode import decode_key_value
+
+    key = batch.column("key")
+    value = batch.column("value")
+    res = decode_key_value(plan.key_decoder, plan.value_decoder, key, value)
+    ok_idx = np.asarray(res.ok, dtype=np.int64)
+    parts = []
+    if len(ok_idx):
+        cols = [res.table.column(f.name).cast(f.type) for f in user]
+        k = len(ok_idx)
+        parts.append(pa.Table.from_arrays(
+            [*cols, *_meta(batch, into, ok_idx), pa.nulls(k, err_type), pa.nulls(k, pa.binary()),
+             pa.nulls(k, pa.binary())], schema=schema))
+    err_idx = np.asarray(res.errors, dtype=np.int64)
+    if len(err_idx):
+        k = len(err_idx)
+        take = pa.array(err_idx)
+        parts.append(pa.Table.from_arrays(
+            [*_null_columns(user, k), *_meta(batch, into, err_idx),
+             pa.array(list(res.reasons), err_type), key.take(take).cast(pa.binary()),
+             value.take(take).cast(pa.binary())], schema=schema))
+    if not parts:
+        return schema.empty_table(), 0
+    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    return table, len(err_idx)
+
+
+def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
+    """Read, reclock, decode and stage one task's range."""
+    started = time.perf_counter()
+    res = TaskResult(task.index)
+    pending: dict[int, list[pa.Table]] = {}
+    pending_rows: dict[int, int] = {}
+    flushes: dict[int, int] = {}
+
+    def flush(i: int) -> None:
+        tables = pending.pop(i, [])
+        pending_rows.pop(i, None)
+        if not tables:
+            return
+        table = pa.concat_tables(tables)
+        k = flushes.get(i, 0)
+        flushes[i] = k + 1
+        staged = ctx.outputs[i].stager.stage(ctx.batch_id, task.index * 10_000 + k, table)
+        res.staged.setdefault(i, []).extend(staged)
+
+    for i, batch in ctx.reader.read(task):
+        n = batch.num_rows
+        if n == 0:
+            continue
+        res.records += n
+        plan = ctx.outputs[i]
+        part = batch.column("_src_part").to_numpy(zero_copy_only=False).astype(np.int64)
+        off = batch.column("_src_offset").to_numpy(zero_copy_only=False).astype(np.int64)
+        if plan.progress is not None:
+            keep = _contained(ctx.kind, plan.progress, part, off)
+            if not keep.all():
+                res.dropped += int((~keep).sum())
+                batch = batch.filter(pa.array(keep))
+                if batch.num_rows == 0:
+                    continue
+                part, off = part[keep], off[keep]
+        into = _reclock(ctx, part, off)
+        ts = batch.column("_src_ts")
+        if ts.null_count < len(ts):
+            mx = pc.max(ts).as_py()
+            if mx is not None:
+                res.max_src_ts = mx if res.max_src_ts is None else max(res.max_src_ts, mx)
+        rows, nerr = build_output_rows(plan, batch, into)
+        res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
+        res.errors[i] = res.errors.get(i, 0) + nerr
+        pending.setdefault(i, []).append(rows)
+        pending_rows[i] = pending_rows.get(i, 0) + rows.num_rows
+        if pending_rows[i] >= ctx.flush_rows:
+            flush(i)
+    for i in list(pending):
+        flush(i)
+    res.seconds = time.perf_counter() - started
+    return res
+
+
+def _run_partition(bc: Any, tasks: Iterable[ReadTask]) -> Iterator[TaskResult]:
+    ctx: JobContext = bc.value
+    for task in tasks:
+        yield run_task(ctx, task)
+
+
+def run_job(
+    spark: Any, ctx: JobContext, tasks: Sequence[ReadTask], *, pool: str, group: str
+) -> list[TaskResult]:
+    """Run ``tasks`` as one Spark job in the FAIR pool ``pool``; one task per
+    Spark partition. Cancellable with ``sc.cancelJobGroup(group)``."""
+    if not tasks:
+        return []
+    sc = spark.sparkContext
+    sc.setLocalProperty("spark.scheduler.pool", pool)
+    sc.setJobGroup(group, f"reclock {ctx.source} {ctx.batch_id}", True)
+    bc = sc.broadcast(ctx)
+    try:
+        rdd = sc.parallelize(list(tasks), len(tasks))
+        results: list[TaskResult] = rdd.mapPartitions(partial(_run_partition, bc)).collect()
+    finally:
+        try:
+            bc.destroy()
+        except Exception:  # pragma: no cover - best effort on shutdown
+            pass
+    return sorted(results, key=lambda r: r.task)
+
+
+def run_local(ctx: JobContext, tasks: Sequence[ReadTask]) -> list[TaskResult]:
+    """The same tasks in this process (tests of the task logic, `reclock verify`)."""
+    return [run_task(ctx, t) for t in tasks]

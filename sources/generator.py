@@ -1,0 +1,277 @@
+"""Deterministic load generators: FromTime is a counter.
+
+Record ``n`` is a pure function of ``(kind, seed, n)``, so a generator restarts
+from any resume upper with identical data, on any executor. The *probe* is
+rate-limited: at start the generator anchors on the last bound counter value
+and the clock, and from then on ``rate`` records per second become available::
+
+    available(now) = anchor_value + rate * (now - anchor_time)   (capped by max_records)
+
+Kinds:
+
+* ``counter`` -- one output of raw bytes in ``value_format`` (json, text, csv,
+  bytes), key = the counter in ASCII. With ``bad_every = k`` every k-th record
+  is malformed for its format, to exercise the error collection.
+* ``orders`` -- two typed outputs from one counter: ``customers`` (every fifth
+  record) and ``orders`` (the rest, each referencing an existing customer).
+
+A finite generator (``max_records``) binds the empty frontier once everything
+is available: the source finishes and its outputs close.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reclock.clock import Clock
+from reclock.errors import DefiniteError
+from reclock.frontier import Antichain
+from reclock.time import Counter
+from sources.base import OutputSpec, ReadTask
+
+CHUNK = 65_536
+_CITIES = ["Amsterdam", "Berlin", "Lisbon", "Oslo", "Prague", "Rome", "Vienna", "Zurich"]
+_STATUS = ["new", "paid", "shipped", "delivered"]
+
+CUSTOMERS_SCHEMA = pa.schema(
+    [
+        pa.field("customer_id", pa.int64()),
+        pa.field("name", pa.string()),
+        pa.field("city", pa.string()),
+    ]
+)
+ORDERS_SCHEMA = pa.schema(
+    [
+        pa.field("order_id", pa.int64()),
+        pa.field("customer_id", pa.int64()),
+        pa.field("amount", pa.float64()),
+        pa.field("status", pa.string()),
+    ]
+)
+
+
+def splitmix64(x: npt.NDArray[np.uint64], seed: int) -> npt.NDArray[np.uint64]:
+    """A fast, well-mixed 64-bit hash of each value (vectorized)."""
+    with np.errstate(over="ignore"):
+        z = x + np.uint64((0x9E3779B97F4A7C15 * (seed + 1)) & 0xFFFFFFFFFFFFFFFF)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+@dataclass(frozen=True)
+class GeneratorSpec:
+    """What defines the data (and nothing that varies between runs)."""
+
+    kind: str = "counter"
+    seed: int = 0
+    value_format: str = "json"
+    bad_every: int = 0
+
+
+@dataclass(frozen=True)
+class GeneratorReader:
+    """Executor side: turns ``[lo, hi)`` of the counter into record batches."""
+
+    spec: GeneratorSpec
+
+    def read(self, task: ReadTask) -> Iterator[tuple[int, pa.RecordBatch]]:
+        lo, hi, anchor_value, anchor_time, rate = task.spec
+        for start in range(lo, hi, CHUNK):
+            n = np.arange(start, min(hi, start + CHUNK), dtype=np.int64)
+            ts = (anchor_time + np.maximum(n - anchor_value, 0) * 1000.0 / rate).astype(np.int64)
+            if self.spec.kind == "counter":
+                yield 0, self._counter(n, ts)
+            else:
+                yield from self._orders(n, ts)
+
+    # -- counter ---------------------------------------------------------------
+    def _positions(self, n: npt.NDArray[np.int64], ts: npt.NDArray[np.int64]) -> list[pa.Array]:
+        return [
+            pa.array(np.zeros(len(n), dtype=np.int32)),
+            pa.array(n),
+            pa.array(np.zeros(len(n), dtype=np.int32)),
+            pa.array(ts),
+        ]
+
+    def _counter(self, n: npt.NDArray[np.int64], ts: npt.NDArray[np.int64]) -> pa.RecordBatch:
+        h = splitmix64(n.astype(np.uint64), self.spec.seed)
+        nstr = pc.cast(pa.array(n), pa.string())
+        payload = pc.utf8_lower(pc.cast(pa.array(h), pa.string()))
+        fmt = self.spec.value_format
+        if fmt == "json":
+            value = pc.binary_join_element_wise(
+                '{"n":', nstr, ',"payload":"p', payload, '","even":',
+                pc.if_else(pc.equal(pc.bit_wise_and(pa.array(n), 1), 0), "true", "false"), "}",
+                "",
+            )
+        elif fmt == "csv":
+            value = pc.binary_join_element_wise(nstr, ",p", payload, "")
+        elif fmt == "text":
+            value = pc.binary_join_element_wise("record ", nstr, " p", payload, "")
+        elif fmt == "bytes":
+            value = pc.cast(pa.array(h.view(np.int64)), pa.string())
+        else:
+            raise DefiniteError(f"unknown generator value_format {fmt!r}")
+        value = pc.cast(value, pa.binary())
+        if self.spec.bad_every > 0 and fmt != "bytes":
+            bad = (n % self.spec.bad_every) == (self.spec.bad_every - 1)
+            if bad.any():
+                broken = {"json": b'{"n": oops', "csv": b"lonely", "text": b"\xff\xfe bad utf-8"}[fmt]
+                value = pc.if_else(pa.array(bad), pa.scalar(broken, pa.binary()), value)
+        key = pc.cast(nstr, pa.binary())
+        return pa.RecordBatch.from_arrays(
+            [*self._positions(n, ts), key, value],
+            names=["_src_part", "_src_offset", "_src_seq", "_src_ts", "key", "value"],
+        )
+
+    # -- orders ----------------------------------------------------------------
+    def _orders(
+        self, n: npt.NDArray[np.int64], ts: npt.NDArray[np.int64]
+    ) -> Iterator[tuple[int, pa.RecordBatch]]:
+        h = splitmix64(n.astype(np.uint64), self.spec.seed)
+        is_customer = n % 5 == 0
+        c = n[is_customer]
+        if len(c):
+            hc = h[is_customer]
+            cid = c // 5
+            yield 0, pa.RecordBatch.from_arrays(
+                [
+                    *self._positions(c, ts[is_customer]),
+                    pa.array(cid),
+                    pc.binary_join_element_wise("customer-", pc.cast(pa.array(cid), pa.string()),
+                                                ""),
+                    pa.array(np.array(_CITIES, dtype=object)[(hc % len(_CITIES)).astype(np.int64)],
+                             pa.string()),
+                ],
+                names=["_src_part", "_src_offset", "_src_seq", "_src_ts", "customer_id", "name",
+                       "city"],
+            )
+        o = n[~is_customer]
+        if len(o):
+            ho = h[~is_customer]
+            # a customer that already exists: ids 0 .. o // 5
+            cust = (ho % (o // 5 + 1).astype(np.uint64)).astype(np.int64)
+            amount = ((ho >> np.uint64(20)) % np.uint64(100_000)).astype(np.float64) / 100.0
+            status = np.array(_STATUS, dtype=object)[((ho >> np.uint64(40)) % 4).astype(np.int64)]
+            yield 1, pa.RecordBatch.from_arrays(
+                [*self._positions(o, ts[~is_customer]), pa.array(o), pa.array(cust),
+                 pa.array(amount), pa.array(status, pa.string())],
+                names=["_src_part", "_src_offset", "_src_seq", "_src_ts", "order_id",
+                       "customer_id", "amount", "status"],
+            )
+
+
+class GeneratorSource:
+    """Driver side of a generator (see the module docstring)."""
+
+    kind = Counter.KIND
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        clock: Clock,
+        kind: str = "counter",
+        rate: float = 1000.0,
+        max_records: int | None = None,
+        start: int = 0,
+        seed: int = 0,
+        value_format: str = "json",
+        bad_every: int = 0,
+        output_names: list[str] | None = None,
+    ) -> None:
+        if kind not in ("counter", "orders"):
+            raise DefiniteError(f"source {name!r}: unknown generator kind {kind!r}")
+        if rate <= 0:
+            raise DefiniteError(f"source {name!r}: rate must be positive, got {rate}")
+        self.name = name
+        self.clock = clock
+        self.spec = GeneratorSpec(kind, seed, value_format, bad_every)
+        self.rate = rate
+        self.start = start
+        self.end = None if max_records is None else start + max_records
+        self._anchor: tuple[int, int] | None = None
+        natural = ["customers", "orders"] if kind == "orders" else ["value"]
+        names = output_names or natural
+        if kind == "orders" and sorted(names) != sorted(natural):
+            raise DefiniteError(
+                f"source {name!r}: an orders generator has outputs 'customers' and 'orders', "
+                f"got {names}"
+            )
+        if kind == "counter" and len(names) != 1:
+            raise DefiniteError(
+                f"source {name!r}: a counter generator has exactly one output, got {names}"
+            )
+        self._names = natural if kind == "orders" else names
+
+    def outputs(self) -> list[OutputSpec]:
+        if self.spec.kind == "orders":
+            return [
+                OutputSpec("customers", typed=True, schema=CUSTOMERS_SCHEMA, key=("customer_id",)),
+                OutputSpec("orders", typed=True, schema=ORDERS_SCHEMA, key=("order_id",)),
+            ]
+        return [OutputSpec(self._names[0], typed=False)]
+
+    def initial_frontier(self) -> Antichain[Counter]:
+        return Antichain.from_elem(Counter(self.start))
+
+    def open(self, resume: Antichain[Counter], bound: Antichain[Counter]) -> None:
+        b = bound.as_option()
+        value = self.start if b is None else max(int(b), self.start)
+        self._anchor = (value, self.clock.now())
+
+    def _available(self) -> int:
+        if self._anchor is None:
+            raise DefiniteError(f"source {self.name!r}: probe before open")
+        value, at = self._anchor
+        n = value + int((self.clock.now() - at) * self.rate / 1000.0)
+        return n if self.end is None else min(n, self.end)
+
+    def probe(self) -> Antichain[Counter]:
+        n = self._available()
+        if self.end is not None and n >= self.end:
+            return Antichain.empty()
+        return Antichain.from_elem(Counter(n))
+
+    def plan(
+        self, lower: Antichain[Counter], upper: Antichain[Counter], max_task: int, max_job: int
+    ) -> tuple[list[ReadTask], Antichain[Counter]]:
+        lo_t = lower.as_option()
+        if lo_t is None:
+            return [], lower
+        lo = int(lo_t)
+        up_t = upper.as_option()
+        hi = self.end if up_t is None else int(up_t)
+        if hi is None:
+            raise DefiniteError(f"source {self.name!r}: cannot read to the empty frontier")
+        stop = min(hi, lo + max_job)
+        anchor_value, anchor_time = self._anchor or (self.start, self.clock.now())
+        tasks = [
+            ReadTask(self.name, i, (a, min(stop, a + max_task), anchor_value, anchor_time,
+                                    self.rate), min(stop, a + max_task) - a)
+            for i, a in enumerate(range(lo, stop, max_task))
+        ]
+        reached: Antichain[Counter] = (
+            Antichain.empty() if up_t is None and stop == hi else Antichain.from_elem(Counter(stop))
+        )
+        return tasks, reached
+
+    def reader(self) -> GeneratorReader:
+        return GeneratorReader(self.spec)
+
+    def acknowledge(self, frontier: Antichain[Any]) -> None:
+        """A generator holds no upstream resources."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    # -- for verification --------------------------------------------------------
+    replayable = True
