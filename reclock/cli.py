@@ -1,0 +1,400 @@
+"""The ``reclock`` command line.
+
+    reclock run FILE                      run the pipeline (Ctrl-C / SIGTERM stop cleanly)
+    reclock status FILE [--json]          health, frontiers, uppers and lag per source/output
+    reclock bindings FILE SOURCE [--at T] the bindings IntoTime -> frontier (or R(T))
+    reclock read FILE OUTPUT... [--as-of T]   consolidated contents as of one IntoTime
+    reclock drop FILE SOURCE              stop a source promptly, keep its outputs
+    reclock verify FILE                   audit every output against the bindings
+
+Errors are one line on stderr (no traceback) and exit code 2; ``verify``
+exits 1 when it finds a breach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from reclock.errors import ReclockError
+
+log = logging.getLogger("reclock")
+
+
+def parse_time(text: str) -> int:
+    """IntoTime from milliseconds or an ISO-8601 timestamp (UTC if naive)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        t = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ReclockError(
+            f"not a time: {text!r} (expected milliseconds since the epoch or ISO-8601)"
+        ) from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)
+    return int(t.timestamp() * 1000)
+
+
+def fmt_time(ms: int | None) -> str:
+    if ms is None:
+        return "closed"
+    iso = dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+    return f"{ms} ({iso.replace('+00:00', 'Z')})"
+
+
+def fmt_frontier(kind: str, encoded: Any) -> str:
+    """A human form: Kafka as {partition: offset, ...; >=N: 0}, totals as a value."""
+    if encoded is None:
+        return "-"
+    if not encoded:
+        return "{} (complete)"
+    if kind == "kafka":
+        parts = []
+        for lo, hi, off in sorted(encoded, key=lambda e: (e[0], e[2])):
+            if hi is None:
+                parts.append(f">={lo}:{off}")
+            elif lo == hi:
+                parts.append(f"{lo}:{off}")
+            else:
+                parts.append(f"{lo}-{hi}:{off}")
+        return "{" + ", ".join(parts) + "}"
+    return "{" + ", ".join(str(e) for e in encoded) + "}"
+
+
+def _load(path: str) -> Any:
+    from reclock.config import load_config
+
+    return load_config(path)
+
+
+# -- commands ----------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from reclock.pipeline import run
+
+    cfg = _load(args.file)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    sys.stderr.write(f"reclock: running {len(cfg.sources)} source(s); state in {cfg.state_dir}\n")
+    runners = run(cfg, duration=args.duration)
+    for r in runners:
+        from reclock.pipeline import progress_line
+
+        sys.stderr.write(progress_line(r.status()) + "\n")
+    sys.stderr.write("reclock: stopped\n")
+    return 0
+
+
+def _driver_status(state_dir: Path) -> dict[str, Any] | None:
+    p = state_dir / "status.json"
+    try:
+        doc: dict[str, Any] = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    pid = doc.get("pid")
+    try:
+        if pid:
+            os.kill(int(pid), 0)
+    except OSError:
+        doc["stale"] = True
+    return doc
+
+
+def collect_status(file: str, history: int = 0) -> dict[str, Any]:
+    from reclock.pipeline import Pipeline
+    from reclock.progress_log import tail
+
+    cfg = _load(file)
+    pipe = Pipeline(cfg)
+    live = _driver_status(pipe.state_dir)
+    live_by = {s["source"]: s for s in (live or {}).get("sources", [])} if live else {}
+    running = bool(live) and not live.get("stale") if live else False
+    out: dict[str, Any] = {"state_dir": str(pipe.state_dir), "driver_running": running,
+                           "sources": []}
+    now = pipe.clock.now()
+    try:
+        shards = set(pipe.store.shards())
+        for src in cfg.sources:
+            built = pipe.build_source(src)
+            kind = built.source.kind
+            entry: dict[str, Any] = {"source": src.name, "kind": kind}
+            if pipe.is_dropped(src.name):
+                entry["health"] = {"status": "dropped"}
+            elif running and src.name in live_by:
+                entry["health"] = live_by[src.name]["health"]
+                entry["records_per_s"] = live_by[src.name].get("records_per_s")
+            else:
+                entry["health"] = {"status": "not running"}
+            b = pipe.store.read(src.name) if src.name in shards else None
+            entry["bindings"] = 0 if b is None else len(b)
+            entry["remap_upper"] = None if b is None else b.upper.as_option()
+            entry["from_upper"] = (None if b is None or not b.bindings
+                                   else b.bindings[-1].frontier.encode())
+            outs = []
+            uppers = []
+            for o in built.outputs:
+                st = o.sink.state()
+                uppers.append(st.upper)
+                outs.append({"output": o.name, "sink_upper": st.upper,
+                             "lag_ms": None if st.upper is None else max(0, now - st.upper),
+                             "health": (live_by.get(src.name, {}).get("outputs") or [{}])[o.index]
+                             .get("health") if running and src.name in live_by else None})
+            entry["outputs"] = outs
+            finite = [u for u in uppers if u is not None]
+            resume_into = min(finite) if finite else None
+            entry["resume_into"] = resume_into
+            if b is not None and b.bindings:
+                from reclock.frontier import Antichain
+                from reclock.time import IntoTime
+
+                ri = (Antichain.empty() if resume_into is None
+                      else Antichain.from_elem(IntoTime(resume_into)))
+                try:
+                    entry["resume_upper"] = b.source_upper_at(ri).encode()
+                except ReclockError as exc:
+                    entry["resume_upper"] = f"unavailable: {exc}"
+            else:
+                entry["resume_upper"] = built.source.initial_frontier().encode()
+            if history:
+                entry["history"] = tail(pipe.state_dir / "progress.jsonl", history, src.name)
+            out["sources"].append(entry)
+    finally:
+        pipe.close()
+    return out
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    doc = collect_status(args.file, args.history)
+    if args.json:
+        print(json.dumps(doc, indent=2, default=str))
+        return 0
+    print(f"state: {doc['state_dir']}  driver: {'running' if doc['driver_running'] else 'stopped'}")
+    for s in doc["sources"]:
+        h = s["health"]
+        err = f" -- {h['error']}" if h.get("error") else ""
+        hint = f" (hint: {h['hint']})" if h.get("hint") else ""
+        print(f"source {s['source']} [{s['kind']}]: {h['status']}{err}{hint}")
+        print(f"  from upper:   {fmt_frontier(s['kind'], s['from_upper'])}")
+        print(f"  resume upper: {fmt_frontier(s['kind'], s['resume_upper'])}"
+              f"  (IntoTime {fmt_time(s['resume_into'])})")
+        print(f"  bindings: {s['bindings']}, remap upper {fmt_time(s['remap_upper'])}")
+        for o in s["outputs"]:
+            print(f"  output {o['output']}: sink upper {fmt_time(o['sink_upper'])}, "
+                  f"lag {o['lag_ms'] if o['lag_ms'] is not None else '-'} ms")
+        for ev in s.get("history", []):
+            print(f"    {fmt_time(ev['ts'])} {ev['kind']} "
+                  + " ".join(f"{k}={v}" for k, v in ev.items()
+                             if k not in ("ts", "kind", "source")))
+    return 0
+
+
+def cmd_bindings(args: argparse.Namespace) -> int:
+    from reclock.pipeline import Pipeline
+
+    pipe = Pipeline(_load(args.file))
+    try:
+        pipe.source_config(args.source)
+        b = pipe.store.read(args.source)
+    finally:
+        pipe.close()
+    if args.at is not None:
+        t = parse_time(args.at)
+        f = b.frontier_at(t)
+        enc = None if f is None else f.encode()
+        if args.json:
+            print(json.dumps({"at": t, "frontier": enc}))
+        else:
+            shown = fmt_frontier(b.kind, enc) if f is not None else "before the first binding"
+            print(f"at {fmt_time(t)}: {shown}")
+        return 0
+    if args.json:
+        print(json.dumps({
+            "source": args.source, "kind": b.kind, "since": int(b.since),
+            "upper": b.upper.as_option(),
+            "bindings": [{"time": int(x.time), "frontier": x.frontier.encode()}
+                         for x in b.bindings],
+        }, default=int))
+        return 0
+    print(f"source {args.source} [{b.kind}] since {fmt_time(int(b.since))}, "
+          f"upper {fmt_time(b.upper.as_option())}, {len(b)} bindings")
+    for x in b.bindings:
+        print(f"  {fmt_time(int(x.time))} -> {fmt_frontier(b.kind, x.frontier.encode())}")
+    return 0
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    from sinks.consolidate import consolidate, errors
+
+    from reclock.pipeline import Pipeline
+
+    cfg = _load(args.file)
+    pipe = Pipeline(cfg)
+    try:
+        targets = []
+        for name in args.outputs:
+            targets.append(_find_output(pipe, name))
+        states = [o.sink.state() for _, o in targets]
+        if args.as_of is not None:
+            as_of = parse_time(args.as_of)
+            for (src, o), st in zip(targets, states, strict=True):
+                if st.upper is not None and as_of >= st.upper:
+                    raise ReclockError(
+                        f"output {src}.{o.name} is durable only below {st.upper}; "
+                        f"as of {as_of} is not complete yet"
+                    )
+        else:
+            finite = [s.upper for s in states if s.upper is not None]
+            as_of = (min(finite) - 1) if finite else None
+            if as_of is not None and as_of < 0:
+                as_of = -1
+        for (src, o), _st in zip(targets, states, strict=True):
+            updates = o.sink.read_updates(as_of)
+            user_cols = [f.name for f in o.user_schema]
+            table = errors(updates, as_of) if args.errors else consolidate(updates, as_of,
+                                                                           user_cols)
+            _print_table(f"{src}.{o.name}", as_of, table, args)
+    finally:
+        pipe.close()
+    return 0
+
+
+def _find_output(pipe: Any, name: str) -> tuple[str, Any]:
+    matches = []
+    for src in pipe.cfg.sources:
+        for o in src.outputs:
+            if name in (o.name, f"{src.name}.{o.name}"):
+                matches.append(src)
+    if not matches:
+        raise ReclockError(f"no output named {name!r} (use SOURCE.OUTPUT)")
+    if len(matches) > 1:
+        raise ReclockError(f"output name {name!r} is ambiguous; use SOURCE.OUTPUT")
+    src = matches[0]
+    built = pipe.build_source(src)
+    oname = name.split(".", 1)[1] if name.startswith(src.name + ".") else name
+    return src.name, next(o for o in built.outputs if o.name == oname)
+
+
+def _print_table(label: str, as_of: int | None, table: pa.Table, args: argparse.Namespace) -> None:
+    rows = table.slice(0, args.limit).to_pylist() if args.limit else table.to_pylist()
+    if args.json:
+        for r in rows:
+            print(json.dumps({"output": label, "as_of": as_of, **r}, default=str))
+        return
+    if args.csv:
+        w = csv.writer(sys.stdout)
+        w.writerow(table.column_names)
+        for r in rows:
+            w.writerow([r[c] for c in table.column_names])
+        return
+    print(f"# {label} as of {fmt_time(as_of) if as_of is not None else 'the end'}: "
+          f"{table.num_rows} rows")
+    for r in rows:
+        print("  " + ", ".join(f"{k}={v}" for k, v in r.items()))
+
+
+def cmd_drop(args: argparse.Namespace) -> int:
+    from reclock.pipeline import Pipeline
+
+    pipe = Pipeline(_load(args.file))
+    try:
+        pipe.request_drop(args.source)
+    finally:
+        pipe.close()
+    print(f"source {args.source} dropped: a running driver stops it within a second; "
+          "its outputs are kept")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from reclock.verify import verify_pipeline
+
+    reports = verify_pipeline(_load(args.file))
+    bad = 0
+    for r in reports:
+        if args.json:
+            continue
+        print(f"source {r.source}: {'OK' if r.ok else 'BREACH'}"
+              f" ({r.complete_checked} source records re-read)")
+        for n in r.notes:
+            print(f"  note: {n}")
+        for o in r.outputs:
+            status = ", ".join(f"{k}={v}" for k, v in o.breaches.items()) or "ok"
+            print(f"  output {o.output}: {o.rows} rows ({o.errors} errors), {o.checked} checked "
+                  f"against bindings, {o.compacted} below since: {status}")
+            for k, sample in o.samples.items():
+                print(f"    {k}: e.g. {sample}")
+    bad = sum(0 if r.ok else 1 for r in reports)
+    if args.json:
+        print(json.dumps([{
+            "source": r.source, "ok": r.ok, "complete_checked": r.complete_checked,
+            "notes": r.notes,
+            "outputs": [{"output": o.output, "rows": o.rows, "errors": o.errors,
+                         "checked": o.checked, "compacted": o.compacted,
+                         "breaches": o.breaches, "samples": o.samples} for o in r.outputs],
+        } for r in reports], default=str))
+    return 1 if bad else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="reclock", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run the pipeline")
+    r.add_argument("file")
+    r.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    r.set_defaults(fn=cmd_run)
+    s = sub.add_parser("status", help="health, frontiers, uppers and lag")
+    s.add_argument("file")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--history", type=int, default=0, help="show the last N progress events")
+    s.set_defaults(fn=cmd_status)
+    b = sub.add_parser("bindings", help="a source's bindings IntoTime -> frontier")
+    b.add_argument("file")
+    b.add_argument("source")
+    b.add_argument("--json", action="store_true")
+    b.add_argument("--at", default=None, help="the source frontier as of this IntoTime")
+    b.set_defaults(fn=cmd_bindings)
+    rd = sub.add_parser("read", help="consolidated outputs as of one IntoTime")
+    rd.add_argument("file")
+    rd.add_argument("outputs", nargs="+")
+    rd.add_argument("--as-of", default=None)
+    rd.add_argument("--errors", action="store_true", help="show the error collection")
+    rd.add_argument("--limit", type=int, default=0)
+    g = rd.add_mutually_exclusive_group()
+    g.add_argument("--json", action="store_true")
+    g.add_argument("--csv", action="store_true")
+    rd.set_defaults(fn=cmd_read)
+    d = sub.add_parser("drop", help="stop a source promptly; keep its outputs")
+    d.add_argument("file")
+    d.add_argument("source")
+    d.set_defaults(fn=cmd_drop)
+    v = sub.add_parser("verify", help="audit outputs against the bindings")
+    v.add_argument("file")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(fn=cmd_verify)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        rc: int = args.fn(args)
+        return rc
+    except ReclockError as exc:
+        sys.stderr.write(f"reclock: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

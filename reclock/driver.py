@@ -1,0 +1,426 @@
+"""The driver: one control loop per source, the data plane on Spark.
+
+Each source runs in its own thread (sources are independent: one stuck or
+failing source does not stall the others) and its Spark jobs in its own FAIR
+pool. One tick of a source:
+
+1. **mint** -- probe the upstream frontier, append a binding through the remap
+   store (compare-and-append), read the bindings back;
+2. **read** -- plan the newly bound FromTime range ``[read_from, bound)`` into
+   tasks (bounded jobs when far behind) and run them on Spark: read, reclock
+   with the broadcast bindings, decode, envelope, stage;
+3. **commit** -- per output, data and the new (upper, progress) in one atomic
+   sink commit, fenced on the state we last saw; uppers only move forward;
+4. **resume** -- the resumption frontier (min over the outputs' uppers) is
+   converted through the bindings into FromTime;
+5. **acknowledge** -- only that frontier is acknowledged upstream;
+6. **compact** -- the remap store's since follows the resumption frontier,
+   keeping ``remap_retention`` of history for ``reclock verify``.
+
+Faults: a :class:`~reclock.errors.TransientError` stalls the source (health
+``stalled`` with the error) and retries with exponential backoff; a
+:class:`~reclock.errors.DefiniteError` also stalls it, with the hint, and
+retries slowly (the operator fixes the cause). Neither closes a frontier.
+Shutdown and drop stop a source between steps or cancel its Spark job; a job
+that finishes after its source was dropped is discarded, never committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from reclock import faults
+from reclock.bindings import Bindings
+from reclock.clock import Clock
+from reclock.dataplane import JobContext, OutputPlan, TaskResult, run_job, run_local
+from reclock.errors import DefiniteError, ReclockError
+from reclock.frontier import Antichain
+from reclock.mint import RemapOperator
+from reclock.progress_log import ProgressLog
+from reclock.time import IntoTime
+from remap_store.base import RemapStore
+from sinks.base import PersistSink, SinkFenced, SinkState
+from sources.base import OutputSpec, Source
+
+log = logging.getLogger("reclock.driver")
+
+STARTING, RUNNING, STALLED, DROPPED, FINISHED, STOPPED = (
+    "starting", "running", "stalled", "dropped", "finished", "stopped",
+)
+
+
+@dataclass
+class Health:
+    status: str = STARTING
+    error: str | None = None
+    hint: str | None = None
+    since_ms: int = 0
+    definite: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "error": self.error, "hint": self.hint,
+                "since_ms": self.since_ms, "definite": self.definite}
+
+
+@dataclass
+class OutputRuntime:
+    """One output of a running source."""
+
+    index: int
+    name: str
+    spec: OutputSpec
+    sink: PersistSink
+    user_schema: Any
+    key_decoder: Any | None = None
+    value_decoder: Any | None = None
+    envelope: str = "none"
+    state: SinkState = field(default_factory=SinkState)
+    rows: int = 0
+    errors: int = 0
+    health: Health = field(default_factory=Health)
+
+
+@dataclass
+class Settings:
+    timestamp_interval_ms: int = 1000
+    max_records_per_job: int = 1_000_000
+    max_records_per_task: int = 200_000
+    remap_retention_ms: int = 24 * 3600 * 1000
+    compact_every_ticks: int = 60
+    max_backoff_s: float = 30.0
+    job_time_budget_s: float = 10.0
+
+
+def _upper_value(upper: Antichain[IntoTime]) -> int | None:
+    u = upper.as_option()
+    return None if u is None else int(u)
+
+
+def _min_upper(states: list[SinkState]) -> int | None:
+    """The meet of the outputs' uppers; ``None`` (the empty upper: complete) is
+    the top, so complete outputs never hold the others back."""
+    ups = [s.upper for s in states if s.upper is not None]
+    return min(ups) if ups else None
+
+
+class SourceRunner:
+    """The control loop of one source (see the module docstring)."""
+
+    def __init__(
+        self,
+        source: Source[Any],
+        outputs: list[OutputRuntime],
+        store: RemapStore,
+        spark: Any | None,
+        clock: Clock,
+        settings: Settings,
+        events: ProgressLog,
+        *,
+        as_of: int | None = None,
+    ) -> None:
+        self.source = source
+        self.name = source.name
+        self.outputs = outputs
+        self.store = store
+        self.spark = spark
+        self.clock = clock
+        self.settings = settings
+        self.events = events
+        self.as_of = as_of
+        self.health = Health(since_ms=clock.now())
+        self._stop = threading.Event()
+        self._dropped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.operator: RemapOperator[Any] | None = None
+        self.read_from: Antichain[Any] | None = None
+        self.resume: Antichain[Any] | None = None
+        self.acknowledged: Antichain[Any] | None = None
+        self.ticks = 0
+        self.records = 0
+        self.rate = 0.0  # records/s, smoothed
+        self.last_probe: Antichain[Any] | None = None
+        self.job_group = f"reclock-{self.name}-{uuid.uuid4().hex[:8]}"
+        self._opened = False
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name=f"source-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def drop(self) -> None:
+        """Stop promptly: cancel the running job, discard its results."""
+        self._dropped.set()
+        self._stop.set()
+        if self.spark is not None:
+            try:
+                self.spark.sparkContext.cancelJobGroup(self.job_group)
+            except Exception:  # the context may already be down
+                log.debug("cancelJobGroup failed", exc_info=True)
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _set_health(self, status: str, error: str | None = None, hint: str | None = None,
+                    definite: bool = False) -> None:
+        h = self.health
+        if (h.status, h.error) != (status, error):
+            self.health = Health(status, error, hint, self.clock.now(), definite)
+            self.events.log(self.name, "health", status=status, error=error, hint=hint)
+
+    def run(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                if not self._opened:
+                    self.open()
+                done = self.tick()
+                if self._dropped.is_set():
+                    break
+                self._set_health(FINISHED if done else RUNNING)
+                backoff = 0.5
+                if done:
+                    break
+                wait = self.settings.timestamp_interval_ms / 1000.0 - (time.monotonic() - started)
+                self._stop.wait(max(0.0, wait))
+            except Exception as exc:
+                if self._stop.is_set():
+                    break  # shutting down: a cancelled job or closed channel is expected
+                definite = isinstance(exc, DefiniteError)
+                hint = exc.hint if isinstance(exc, ReclockError) else None
+                if not isinstance(exc, ReclockError):
+                    log.error("source %s: unexpected error\n%s", self.name, traceback.format_exc())
+                if isinstance(exc, SinkFenced):
+                    self._opened = False  # re-read every output's durable state
+                self._set_health(STALLED, f"{type(exc).__name__}: {exc}", hint, definite)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self.settings.max_backoff_s)
+        if self._dropped.is_set():
+            self._set_health(DROPPED)
+        elif self.health.status != FINISHED:
+            self._set_health(STOPPED)
+        try:
+            self.source.close()
+        except Exception:
+            log.debug("close failed", exc_info=True)
+
+    # -- steps -------------------------------------------------------------------
+    def open(self) -> None:
+        """Read durable state: bindings, every output's state; resume the source."""
+        self.operator = RemapOperator(
+            self.store, self.name, self.source.kind,
+            initial_frontier=self.source.initial_frontier(), clock=self.clock,
+            timestamp_interval_ms=self.settings.timestamp_interval_ms, as_of=self.as_of,
+        )
+        for out in self.outputs:
+            out.sink.ensure(out.user_schema)
+            out.state = out.sink.state()
+        b = self.operator.sync()
+        initial = self.source.initial_frontier()
+        if b.bindings:
+            self.resume = b.source_upper_at(self._resume_into())
+            bound = b.bindings[-1].frontier
+        else:
+            self.resume = initial
+            bound = initial
+        self.read_from = self._read_start(b, self.resume)
+        self.source.open(self.resume, bound)
+        self._opened = True
+        self.events.log(self.name, "open", resume=self.resume.encode(),
+                        read_from=self.read_from.encode(), bound=bound.encode())
+
+    def _resume_into(self) -> Antichain[IntoTime]:
+        u = _min_upper([o.state for o in self.outputs])
+        return Antichain.empty() if u is None else Antichain.from_elem(IntoTime(u))
+
+    def _read_start(self, b: Bindings[Any], resume: Antichain[Any]) -> Antichain[Any]:
+        """Where the data plane continues: the meet of the outputs' progress
+        (each output drops what it already holds), never before ``resume``."""
+        start: Antichain[Any] | None = None
+        for out in self.outputs:
+            if out.state.progress is None:
+                p = resume
+            else:
+                p = Antichain.decode_json(self.source.kind, out.state.progress)
+            start = p if start is None else start.meet(p)
+        return resume if start is None else start
+
+    def tick(self) -> bool:
+        """One round of mint -> read -> commit -> resume -> acknowledge.
+
+        Returns True when the source has finished and every output is complete.
+        """
+        assert self.operator is not None and self.read_from is not None
+        self.ticks += 1
+
+        def probe() -> Antichain[Any]:
+            f = self.source.probe()
+            self.last_probe = f
+            return f
+
+        before = self.operator.bindings
+        b = self.operator.mint(probe)  # 1. mint (read back from the store)
+        if b.upper != before.upper or len(b) != len(before):
+            last = b.bindings[-1] if b.bindings else None
+            self.events.log(
+                self.name, "binding", upper=_upper_value(b.upper),
+                time=int(last.time) if last else None,
+                frontier=last.frontier.encode() if last else None,
+            )
+        faults.crash_point("after_mint")
+        if not b.bindings:
+            return False
+        bound = b.bindings[-1].frontier
+        deadline = time.monotonic() + self.settings.job_time_budget_s
+        # 2.+3. read what is bound, in bounded jobs, and commit each
+        while self.read_from != bound and not self._stop.is_set():
+            tasks, reached = self.source.plan(
+                self.read_from, bound, self.settings.max_records_per_task,
+                self.settings.max_records_per_job,
+            )
+            if not self.read_from.less_equal(reached):
+                raise AssertionError(f"plan moved backwards: {self.read_from} -> {reached}")
+            results = self._run(b, tasks) if tasks else []
+            if self._dropped.is_set():
+                return False  # late results of a dropped source are discarded
+            faults.crash_point("after_stage")
+            self._commit(b, results, reached)
+            self.read_from = reached
+            self.events.log(self.name, "read", frontier=reached.encode(),
+                            records=sum(r.records for r in results))
+            if time.monotonic() > deadline:
+                break  # mint again before reading more
+        if self.read_from == bound:
+            # Nothing left to read: idle outputs still advance to the remap upper.
+            self._commit(b, [], bound, only_if_moves=True)
+        self._resume_and_acknowledge(b)  # 4.+5.
+        self._compact(b)  # 6.
+        return b.is_closed and all(o.state.upper is None for o in self.outputs)
+
+    def _run(self, b: Bindings[Any], tasks: list[Any]) -> list[TaskResult]:
+        batch_id = f"{self.clock.now()}-{uuid.uuid4().hex[:10]}"
+        plans = tuple(
+            OutputPlan(
+                index=o.index, name=o.name, typed=o.spec.typed, user_schema=o.user_schema,
+                key_decoder=o.key_decoder, value_decoder=o.value_decoder,
+                progress=(None if o.state.progress is None
+                          else Antichain.decode_json(self.source.kind, o.state.progress)),
+                stager=o.sink.stager(), envelope=o.envelope,
+            )
+            for o in self.outputs
+        )
+        ctx = JobContext(self.name, self.source.kind, batch_id, b, self.source.reader(), plans)
+        t0 = time.monotonic()
+        if self.spark is None:
+            results = run_local(ctx, tasks)
+        else:
+            results = run_job(self.spark, ctx, tasks, pool=self.name, group=self.job_group)
+        n = sum(r.records for r in results)
+        self.records += n
+        dt = max(time.monotonic() - t0, 1e-3)
+        self.rate = 0.7 * self.rate + 0.3 * (n / dt) if self.rate else n / dt
+        return results
+
+    def _commit(
+        self, b: Bindings[Any], results: list[TaskResult], reached: Antichain[Any],
+        only_if_moves: bool = False,
+    ) -> None:
+        """Per output: staged data + (upper, progress) in one atomic, fenced step."""
+        new_upper = _upper_value(b.reclock_frontier(reached))
+        progress = reached.encode_json()
+        for out in self.outputs:
+            new = SinkState(new_upper, progress)
+            cur = out.state
+            if only_if_moves and cur == new:
+                continue
+            if cur.progress is not None and cur.progress != progress and reached.less_equal(
+                Antichain.decode_json(self.source.kind, cur.progress)
+            ):
+                # This output is already past `reached` (it committed further
+                # before a crash); it dropped every record of this job.
+                if any(r.staged.get(out.index) for r in results):
+                    raise AssertionError(f"output {out.name!r}: staged data behind its progress")
+                continue
+            if not cur.less_equal(new):
+                raise AssertionError(
+                    f"output {out.name!r}: upper would move backwards {cur.upper} -> {new_upper}"
+                )
+            staged = [s for r in results for s in r.staged.get(out.index, [])]
+            if self._dropped.is_set():
+                return
+            out.sink.commit(staged, cur, new)
+            out.state = new
+            out.rows += sum(r.rows.get(out.index, 0) for r in results)
+            out.errors += sum(r.errors.get(out.index, 0) for r in results)
+            out.health = Health(RUNNING, since_ms=self.clock.now())
+            self.events.log(self.name, "sink_upper", output=out.name, upper=new_upper,
+                            progress=reached.encode(),
+                            rows=sum(r.rows.get(out.index, 0) for r in results),
+                            errors=sum(r.errors.get(out.index, 0) for r in results))
+            faults.crash_point("after_sink_commit")
+        faults.crash_point("after_upper_advance")
+
+    def _resume_and_acknowledge(self, b: Bindings[Any]) -> None:
+        resume = b.source_upper_at(self._resume_into())
+        if self.resume is not None and not self.resume.less_equal(resume):
+            raise AssertionError(f"resumption frontier moved backwards: {self.resume} -> {resume}")
+        if resume != self.acknowledged:
+            self.source.acknowledge(resume)
+            self.acknowledged = resume
+            self.events.log(self.name, "resume", frontier=resume.encode())
+            faults.crash_point("after_acknowledge")
+        self.resume = resume
+
+    def _compact(self, b: Bindings[Any]) -> None:
+        if self.ticks % self.settings.compact_every_ticks:
+            return
+        u = _min_upper([o.state for o in self.outputs])
+        if u is None or not b.bindings:
+            return
+        # At most the resumption frontier minus one step, and keep the
+        # retention window of history for `reclock verify`.
+        target = min(u - 1, self.clock.now() - self.settings.remap_retention_ms)
+        store_upper = _upper_value(b.upper)
+        if target > int(b.since) and (store_upper is None or target < store_upper):
+            self.store.compact(self.name, target)
+
+    # -- observation ---------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        b = self.operator.bindings if self.operator is not None else None
+        now = self.clock.now()
+        outs = []
+        for o in self.outputs:
+            outs.append({
+                "name": o.name, "upper": o.state.upper,
+                "lag_ms": None if o.state.upper is None else max(0, now - o.state.upper),
+                "rows": o.rows, "errors": o.errors, "health": o.health.as_dict(),
+            })
+        return {
+            "source": self.name,
+            "kind": self.source.kind,
+            "health": self.health.as_dict(),
+            "probe": None if self.last_probe is None else self.last_probe.encode(),
+            "bound": None if b is None or not b.bindings else b.bindings[-1].frontier.encode(),
+            "remap_upper": None if b is None else _upper_value(b.upper),
+            "bindings": 0 if b is None else len(b),
+            "read_from": None if self.read_from is None else self.read_from.encode(),
+            "resume": None if self.resume is None else self.resume.encode(),
+            "records": self.records,
+            "records_per_s": round(self.rate, 1),
+            "outputs": outs,
+        }
+

@@ -1,0 +1,272 @@
+"""Assembling a pipeline from its configuration, and running it.
+
+``Pipeline(cfg)`` turns the typed configuration into runtime objects: one
+:class:`~sources.base.Source` per source with its outputs' sinks and
+decoders, the remap store, and (when running) the Spark session.
+:func:`run` starts one :class:`~reclock.driver.SourceRunner` per source,
+writes ``state_dir/status.json`` every second, watches for drop requests, and
+stops cleanly on SIGINT/SIGTERM.
+
+State directory layout::
+
+    state_dir/
+      remap.db              bindings (default remap store)
+      outputs/<source>/<output>/   Delta tables (default file sinks)
+      console/<source>.<output>.json   console sinks' state
+      dropped/<source>      drop markers (``reclock drop``)
+      progress.jsonl        the progress log
+      status.json           the running driver's view, refreshed every second
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import pyarrow as pa
+
+from reclock.clock import Clock, SystemClock
+from reclock.config import OutputConfig, PipelineConfig, SourceConfig
+from reclock.driver import OutputRuntime, Settings, SourceRunner
+from reclock.errors import DefiniteError
+from reclock.progress_log import ProgressLog
+from remap_store import RemapStore, open_store
+from sinks.base import PersistSink
+from sources.base import Source
+
+log = logging.getLogger("reclock")
+
+
+@dataclass
+class BuiltSource:
+    config: SourceConfig
+    source: Source[Any]
+    outputs: list[OutputRuntime]
+
+
+class Pipeline:
+    """The runtime objects of one pipeline file."""
+
+    def __init__(self, cfg: PipelineConfig, clock: Clock | None = None) -> None:
+        self.cfg = cfg
+        self.clock = clock or SystemClock()
+        self.state_dir = Path(cfg.state_dir)
+        self._store: RemapStore | None = None
+
+    # -- pieces --------------------------------------------------------------------
+    @property
+    def store(self) -> RemapStore:
+        if self._store is None:
+            self._store = open_store(self.cfg.remap_store_url)
+        return self._store
+
+    def source_config(self, name: str) -> SourceConfig:
+        for s in self.cfg.sources:
+            if s.name == name:
+                return s
+        raise DefiniteError(
+            f"no source named {name!r}; the pipeline has {[s.name for s in self.cfg.sources]}"
+        )
+
+    def interval_ms(self, src: SourceConfig) -> int:
+        return int(src.timestamp_interval or self.cfg.timestamp_interval)
+
+    def build_source(self, src: SourceConfig) -> BuiltSource:
+        source = self._connector(src)
+        specs = source.outputs()
+        by_name = {o.name: o for o in src.outputs}
+        unknown = sorted(set(by_name) - {s.name for s in specs})
+        if unknown:
+            raise DefiniteError(
+                f"source {src.name!r}: outputs {unknown} are not produced by this source; "
+                f"it produces {[s.name for s in specs]}"
+            )
+        outputs = []
+        for i, spec in enumerate(specs):
+            ocfg = by_name.get(spec.name)
+            if ocfg is None:
+                raise DefiniteError(
+                    f"source {src.name!r}: output {spec.name!r} needs an entry under outputs "
+                    "(at least its sink)"
+                )
+            outputs.append(self._output(src, i, spec, ocfg))
+        return BuiltSource(src, source, outputs)
+
+    def _connector(self, src: SourceConfig) -> Source[Any]:
+        if src.generator is not None:
+            from sources.generator import GeneratorSource
+
+            g = src.generator
+            return GeneratorSource(
+                src.name, clock=self.clock, kind=g.kind, rate=g.rate, max_records=g.max_records,
+                start=g.start, seed=g.seed, value_format=g.value_format, bad_every=g.bad_every,
+                output_names=[o.name for o in src.outputs],
+            )
+        raise DefiniteError(f"source {src.name!r}: no connector configured")
+
+    def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig
+                ) -> OutputRuntime:
+        key_dec = value_dec = None
+        if spec.typed:
+            user_schema = spec.schema
+        else:
+            from reclock.decode import make_decoder
+
+            value_dec = make_decoder(ocfg.format.model_dump())
+            key_dec = make_decoder(ocfg.key_format.model_dump()) if ocfg.key_format else None
+            fields = list(key_dec.schema) if key_dec else []
+            user_schema = pa.schema(fields + list(value_dec.schema))
+        return OutputRuntime(
+            index=index, name=spec.name, spec=spec, sink=self.sink(src, ocfg),
+            user_schema=user_schema, key_decoder=key_dec, value_decoder=value_dec,
+            envelope=ocfg.envelope.type,
+        )
+
+    def sink(self, src: SourceConfig, ocfg: OutputConfig) -> PersistSink:
+        s = ocfg.sink
+        if s.type == "file":
+            from sinks.delta import DeltaSink
+
+            path = s.path or self.state_dir / "outputs" / src.name / ocfg.name
+            return DeltaSink(f"{src.name}.{ocfg.name}", path)
+        if s.type == "console":
+            from sinks.console import ConsoleSink
+
+            return ConsoleSink(
+                f"{src.name}.{ocfg.name}",
+                self.state_dir / "console" / f"{src.name}.{ocfg.name}.json",
+                max_rows=s.max_rows,
+            )
+        raise DefiniteError(f"source {src.name!r} output {ocfg.name!r}: unknown sink {s.type!r}")
+
+    # -- drop markers -----------------------------------------------------------------
+    def drop_marker(self, source: str) -> Path:
+        return self.state_dir / "dropped" / source
+
+    def is_dropped(self, source: str) -> bool:
+        return self.drop_marker(source).exists()
+
+    def request_drop(self, source: str) -> None:
+        self.source_config(source)  # must exist
+        m = self.drop_marker(source)
+        m.parent.mkdir(parents=True, exist_ok=True)
+        m.write_text(json.dumps({"dropped_ms": self.clock.now()}))
+
+    def settings(self, src: SourceConfig) -> Settings:
+        sp = self.cfg.spark
+        return Settings(
+            timestamp_interval_ms=self.interval_ms(src),
+            max_records_per_job=sp.max_records_per_job,
+            max_records_per_task=sp.max_records_per_task,
+        )
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+
+def write_status(path: Path, runners: list[SourceRunner], dropped: list[str], clock: Clock
+                 ) -> None:
+    doc = {
+        "pid": os.getpid(),
+        "updated_ms": clock.now(),
+        "sources": [r.status() for r in runners],
+        "dropped": dropped,
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, default=str))
+    os.replace(tmp, path)
+
+
+def run(
+    cfg: PipelineConfig,
+    *,
+    spark: Any | None = None,
+    duration: float | None = None,
+    stop: threading.Event | None = None,
+    out: TextIO | None = sys.stderr,
+    clock: Clock | None = None,
+    on_ready: Callable[[list[SourceRunner]], None] | None = None,
+    use_spark: bool = True,
+    install_signals: bool = True,
+) -> list[SourceRunner]:
+    """Run every source until stopped (Ctrl-C, SIGTERM, ``duration``, ``stop``)
+    or until every source finished. Returns the runners (for tests)."""
+    pipe = Pipeline(cfg, clock)
+    stop = stop or threading.Event()
+    if install_signals and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    pipe.state_dir.mkdir(parents=True, exist_ok=True)
+    events = ProgressLog(pipe.state_dir / "progress.jsonl" if cfg.progress_log else None,
+                         pipe.clock)
+    if use_spark and spark is None:
+        from reclock.spark import spark_session
+
+        spark = spark_session(cfg.spark.master, cfg.spark.app_name, cfg.spark.conf)
+    started = time.monotonic()
+    runners: list[SourceRunner] = []
+    dropped: list[str] = []
+    for src in cfg.sources:
+        if pipe.is_dropped(src.name):
+            dropped.append(src.name)
+            continue
+        built = pipe.build_source(src)
+        runners.append(SourceRunner(
+            built.source, built.outputs, pipe.store, spark if use_spark else None, pipe.clock,
+            pipe.settings(src), events,
+        ))
+    for r in runners:
+        r.start()
+    if on_ready is not None:
+        on_ready(runners)
+    status_path = pipe.state_dir / "status.json"
+    last_print = 0.0
+    try:
+        while not stop.is_set():
+            for r in runners:
+                if r.alive and pipe.is_dropped(r.name):
+                    r.drop()
+                    dropped.append(r.name)
+            write_status(status_path, runners, dropped, pipe.clock)
+            if out is not None and time.monotonic() - last_print >= 5:
+                last_print = time.monotonic()
+                for r in runners:
+                    out.write(progress_line(r.status()) + "\n")
+                out.flush()
+            if duration is not None and time.monotonic() - started >= duration:
+                break
+            if runners and not any(r.alive for r in runners):
+                break
+            stop.wait(1.0)
+    finally:
+        for r in runners:
+            r.stop()
+        for r in runners:
+            r.join(timeout=60)
+        write_status(status_path, runners, dropped, pipe.clock)
+        pipe.close()
+    return runners
+
+
+def progress_line(st: dict[str, Any]) -> str:
+    outs = st.get("outputs", [])
+    uppers = [o["upper"] for o in outs if o["upper"] is not None]
+    upper = min(uppers) if uppers else None
+    lags = [o["lag_ms"] for o in outs if o.get("lag_ms") is not None]
+    health = st["health"]["status"]
+    err = f" ({st['health']['error']})" if st["health"].get("error") else ""
+    return (
+        f"[{st['source']}] {health}{err} bound={st.get('bound')} "
+        f"into_upper={upper} records={st['records']} rate={st['records_per_s']}/s "
+        f"lag={max(lags) if lags else '-'}ms"
+    )
