@@ -1,0 +1,1306 @@
+"""Pipeline configuration: one YAML file, typed and checked at the edge.
+
+::
+
+    pipeline.yaml --(LineLoader: values + the line of every key and value,
+         |            duplicate keys)
+         v
+    plain data --(${VAR} / ${VAR:-default} substitution, $$ = literal $)
+         |
+         v
+    PipelineConfig.model_validate --(pydantic errors mapped back to key paths
+         |                           and lines; every problem reported at once)
+         v
+    PipelineConfig (frozen; paths absolute; file sink paths and per-source
+                    timestamp intervals filled in)
+
+Every problem becomes one line of a :class:`ConfigError`::
+
+    pipeline.yaml:12:5: sources[0].outputs[1].sink: unknown key 'pth' (expected one of: path, type)
+
+Secrets never appear in a message: messages are built from the error kind, the
+key path and what was expected, never from the offending value (so a
+:class:`~pydantic.SecretStr` field cannot leak), and URL passwords
+(``postgresql://u:pw@h/db``) are masked in anything that is printed.
+
+Adding a connector is one optional field on :class:`SourceConfig` typed with a
+:class:`ConnectorConfig` subclass; adding a sink or a format is one model and
+one more member of :data:`SinkConfig` / :data:`FormatConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeAlias, TypeVar, Union, get_args, get_origin
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from reclock.errors import DefiniteError
+
+_M = TypeVar("_M", bound=BaseModel)
+
+# A key path into the YAML document: mapping keys and sequence indexes.
+KeyPath: TypeAlias = tuple[str | int, ...]
+
+#: Names of sources and outputs.
+NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,62}$"
+#: Column type names accepted in ``schema`` / ``types`` mappings.
+COLUMN_TYPES = (
+    "int32", "int64", "float64", "bool", "string", "binary", "timestamp", "date",
+    "decimal(p,s)", "json",
+)
+DEFAULT_INTERVAL_MS = 1000
+
+
+# ---------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One problem in a configuration file.
+
+    ``line`` and ``column`` are 1-based (``None`` when the file could not be
+    read at all); ``path`` is the key path, e.g. ``sources[0].outputs[1].sink``
+    (``""`` for the top level, ``None`` when the file is not valid YAML).
+    """
+
+    line: int | None
+    column: int | None
+    path: str | None
+    message: str
+    file: str
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}:{self.column}"
+        if self.path is None:
+            return f"{where}: {self.message}"
+        return f"{where}: {self.path or '(top level)'}: {self.message}"
+
+
+class ConfigError(DefiniteError):
+    """A pipeline configuration is invalid: one line per problem, ordered by line.
+
+    ``issues`` holds the problems as :class:`ConfigIssue` values.
+    """
+
+    def __init__(self, issues: Sequence[ConfigIssue]) -> None:
+        self.issues = tuple(sorted(set(issues), key=_issue_order))
+        super().__init__("\n".join(str(i) for i in self.issues))
+
+
+def _issue_order(i: ConfigIssue) -> tuple[int, int, str, str]:
+    return (i.line or 0, i.column or 0, i.path or "", i.message)
+
+
+_URL_USERINFO = re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<pw>[^/\s]*)@")
+_SECRET_PARAM = re.compile(
+    r"(?P<pre>(?:^|[?&;\s])(?:password|passwd|pwd|sslpassword|secret|token|api_key)=)[^&;\s]*",
+    re.IGNORECASE,
+)
+_SECRET_CONF_KEY = re.compile(r"pass(word|wd)?|secret|token|credential|private|sasl\.jaas", re.I)
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with passwords in URLs (``scheme://user:***@host``) and in
+    ``password=...`` style parameters masked."""
+    text = _URL_USERINFO.sub(lambda m: f"{m['pre']}:***@", text)
+    return _SECRET_PARAM.sub(lambda m: f"{m['pre']}***", text)
+
+
+# ---------------------------------------------------------------------------
+# Shared validators and types
+# ---------------------------------------------------------------------------
+
+
+def _parse_duration(value: Any) -> int:
+    """``"1s"``, ``"500ms"``, ``"2m"``, ``"1h"`` or an int (milliseconds) -> int ms > 0."""
+    expected = (
+        "expected a positive duration such as '1s', '500ms', '2m' "
+        "or an integer number of milliseconds"
+    )
+    if isinstance(value, bool):
+        raise ValueError(expected)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        ms = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", value)
+        if not m:
+            raise ValueError(expected)
+        scale = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}[m[2] or "ms"]
+        exact = float(m[1]) * scale
+        if not exact.is_integer():
+            raise ValueError(f"{expected} (not a whole number of milliseconds)")
+        ms = int(exact)
+    else:
+        raise ValueError(expected)
+    if ms <= 0:
+        raise ValueError(expected)
+    return ms
+
+
+#: A duration in milliseconds; YAML may say ``1s``, ``500ms``, ``2m``, ``1h`` or an int (ms).
+DurationMs = Annotated[int, BeforeValidator(_parse_duration)]
+
+_DECIMAL = re.compile(r"decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)")
+
+
+def check_column_type(name: str) -> str:
+    """Validate a column type name (see :data:`COLUMN_TYPES`) and normalize it
+    (lower case, ``decimal(p,s)`` without spaces). ``1 <= p <= 38``, ``0 <= s <= p``."""
+    norm = name.strip().lower()
+    m = _DECIMAL.fullmatch(norm)
+    if m:
+        p, s = int(m[1]), int(m[2])
+        if not (1 <= p <= 38 and 0 <= s <= p):
+            raise ValueError("decimal(p,s) needs 1 <= p <= 38 and 0 <= s <= p")
+        return f"decimal({p},{s})"
+    if norm in COLUMN_TYPES and norm != "decimal(p,s)":
+        return norm
+    raise ValueError(f"unknown column type (expected one of: {', '.join(COLUMN_TYPES)})")
+
+
+ColumnType = Annotated[str, AfterValidator(check_column_type)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+def _tags(members: Sequence[type[BaseModel]]) -> list[str]:
+    """The ``type`` tags of a discriminated union's members, sorted."""
+    out: list[str] = []
+    for m in members:
+        out.extend(str(a) for a in get_args(m.model_fields["type"].annotation))
+    return sorted(out)
+
+
+def _shorthand(what: str, members: Sequence[type[BaseModel]]) -> Callable[[Any], Any]:
+    """A before-validator accepting ``"json"`` for ``{type: json}``."""
+    tags = ", ".join(_tags(members))
+
+    def expand(value: Any) -> Any:
+        if isinstance(value, str):
+            return {"type": value}
+        if isinstance(value, Mapping | BaseModel):
+            return value
+        raise ValueError(f"expected a {what} type ({tags}) or a mapping with key 'type'")
+
+    return expand
+
+
+def _get(item: Any, key: str) -> Any:
+    """``item[key]`` for raw mappings, ``item.key`` for models, else None."""
+    if isinstance(item, Mapping):
+        return item.get(key)
+    if isinstance(item, BaseModel):
+        return getattr(item, key, None)
+    return None
+
+
+def _problem(
+    loc: KeyPath, message: str, also: KeyPath | None = None, on_key: bool = False
+) -> InitErrorDetails:
+    """A cross-field problem found by :meth:`_Model._check`, at ``loc`` (relative
+    to the model being validated); ``also`` points at a second, related place;
+    ``on_key``: the problem is the key itself, not its value."""
+    ctx: dict[str, Any] = {"message": message, "at": loc, "on_key": on_key}
+    if also is not None:
+        ctx["also"] = also
+    return {
+        "type": PydanticCustomError("reclock_config", "{message}", ctx),
+        "loc": loc,
+        "input": None,
+    }
+
+
+def _duplicate_names(items: Any, where: str, what: str) -> list[InitErrorDetails]:
+    """One problem per repeated ``name`` in the sequence ``items``."""
+    if not isinstance(items, Sequence) or isinstance(items, str):
+        return []
+    first: dict[str, int] = {}
+    out: list[InitErrorDetails] = []
+    for i, item in enumerate(items):
+        name = _get(item, "name")
+        if not isinstance(name, str):
+            continue
+        if name in first:
+            out.append(_problem((where, i, "name"), f"duplicate {what} name {name!r}",
+                                also=(where, first[name], "name")))
+        else:
+            first[name] = i
+    return out
+
+
+class _Model(BaseModel):
+    """Base of every configuration model: unknown keys are errors, values are
+    frozen, field docstrings become descriptions (for the reference docs), and
+    ``model_dump()`` uses the YAML key names.
+
+    Cross-field checks live in :meth:`_check`, which sees the *raw* input, so
+    they are reported together with every field error instead of only once
+    all fields are valid.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+        serialize_by_alias=True,  # model_dump() speaks YAML: ``schema``, not ``schema_``
+    )
+
+    def __repr_args__(self) -> Any:
+        # repr() of a configuration is logged: mask secrets the way redacted_dump does.
+        for name, value in super().__repr_args__():
+            yield name, _redact_repr(value, name or "")
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        """Cross-field problems in the raw input ``data`` (override)."""
+        return []
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _cross_checks(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        problems = cls._check(data) if isinstance(data, Mapping) else []
+        if not problems:
+            return handler(data)
+        errors: list[InitErrorDetails] = []
+        try:
+            handler(data)
+        except ValidationError as exc:
+            for e in exc.errors():
+                err: InitErrorDetails = {"type": e["type"], "loc": e["loc"], "input": e["input"]}
+                if e["type"] == "reclock_config":
+                    err["type"] = PydanticCustomError("reclock_config", "{message}", e["ctx"])
+                elif "ctx" in e:
+                    err["ctx"] = e["ctx"]
+                errors.append(err)
+        raise ValidationError.from_exception_data(cls.__name__, errors + problems)
+
+
+# ---------------------------------------------------------------------------
+# Formats
+# ---------------------------------------------------------------------------
+
+
+class JsonFormat(_Model):
+    """Each record is one JSON object."""
+
+    type: Literal["json"] = "json"
+    """``json``."""
+    schema_: dict[str, ColumnType] | None = Field(default=None, alias="schema")
+    """Columns to extract, ``column: type`` (types: int32, int64, float64, bool,
+    string, binary, timestamp, date, decimal(p,s), json). Without a schema the
+    whole document is kept as one ``json`` column."""
+
+
+class TextFormat(_Model):
+    """Each record is one UTF-8 string (a ``text`` column)."""
+
+    type: Literal["text"] = "text"
+    """``text``."""
+
+
+class BytesFormat(_Model):
+    """Each record is kept as raw bytes (a ``data`` column)."""
+
+    type: Literal["bytes"] = "bytes"
+    """``bytes``."""
+
+
+class CsvFormat(_Model):
+    """Each record is one line of delimited text."""
+
+    type: Literal["csv"] = "csv"
+    """``csv``."""
+    columns: tuple[str, ...] = Field(min_length=1)
+    """Column names, in order (required)."""
+    types: dict[str, ColumnType] = Field(default_factory=dict)
+    """Types of some columns, ``column: type``; the others are ``string``."""
+    delimiter: str = Field(default=",", min_length=1, max_length=1)
+    """The field separator, one character."""
+    header: bool = False
+    """Whether a record equal to the header line is skipped."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        columns, types = data.get("columns"), data.get("types")
+        if not isinstance(columns, Sequence) or not isinstance(types, Mapping):
+            return []
+        out = [
+            _problem(("types", k), f"column {k!r} is not in 'columns'", on_key=True)
+            for k in types if k not in columns
+        ]
+        seen: set[Any] = set()
+        for i, c in enumerate(columns):
+            if c in seen:
+                out.append(_problem(("columns", i), f"duplicate column {c!r}"))
+            seen.add(c)
+        return out
+
+
+def _avro_schema(value: Any) -> Any:
+    """An inline Avro schema: a JSON string or a mapping, stored as JSON text."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return json.dumps(value, sort_keys=True)
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            raise ValueError("expected an Avro schema as a JSON string or a mapping") from None
+        return value
+    raise ValueError("expected an Avro schema as a JSON string or a mapping")
+
+
+class AvroFormat(_Model):
+    """Avro records; the writer schema is inline or comes from a schema registry
+    (exactly one of ``schema`` and ``registry_url``)."""
+
+    type: Literal["avro"] = "avro"
+    """``avro``."""
+    schema_: Annotated[str | None, BeforeValidator(_avro_schema)] = Field(
+        default=None, alias="schema"
+    )
+    """The Avro schema, inline: a JSON string or a YAML mapping (stored as JSON text)."""
+    registry_url: str | None = None
+    """A Confluent-compatible schema registry, e.g. ``http://registry:8081``
+    (credentials in the URL are never printed)."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        given = [k for k in ("schema", "registry_url") if data.get(k) is not None]
+        if len(given) != 1:
+            return [_problem((), "expected exactly one of: schema, registry_url")]
+        return []
+
+
+_FORMATS: tuple[type[_Model], ...] = (JsonFormat, TextFormat, BytesFormat, CsvFormat, AvroFormat)
+#: A record format, discriminated on ``type``; the string ``json`` is short for ``{type: json}``.
+FormatConfig = Annotated[
+    JsonFormat | TextFormat | BytesFormat | CsvFormat | AvroFormat,
+    Field(discriminator="type"),
+    BeforeValidator(_shorthand("format", _FORMATS)),
+]
+
+
+# ---------------------------------------------------------------------------
+# Envelopes
+# ---------------------------------------------------------------------------
+
+
+class NoneEnvelope(_Model):
+    """Append only: every record is an insert."""
+
+    type: Literal["none"] = "none"
+    """``none``."""
+
+
+class UpsertEnvelope(_Model):
+    """Upsert by key: a later value for a key replaces the earlier one; a null
+    value deletes the key."""
+
+    type: Literal["upsert"] = "upsert"
+    """``upsert``."""
+    key: tuple[str, ...] = Field(min_length=1)
+    """The key columns (at least one)."""
+
+
+class DebeziumEnvelope(_Model):
+    """Debezium change events: ``before`` / ``after`` images."""
+
+    type: Literal["debezium"] = "debezium"
+    """``debezium``."""
+
+
+_ENVELOPES: tuple[type[_Model], ...] = (NoneEnvelope, UpsertEnvelope, DebeziumEnvelope)
+#: How rows become updates, discriminated on ``type``; ``none`` / ``debezium`` strings allowed.
+EnvelopeConfig = Annotated[
+    NoneEnvelope | UpsertEnvelope | DebeziumEnvelope,
+    Field(discriminator="type"),
+    BeforeValidator(_shorthand("envelope", _ENVELOPES)),
+]
+
+
+# ---------------------------------------------------------------------------
+# Sinks
+# ---------------------------------------------------------------------------
+
+
+class FileSinkConfig(_Model):
+    """A durable table on the local filesystem (a Delta table: Parquet files and
+    a log); data and the output's upper are committed in one atomic step."""
+
+    type: Literal["file"] = "file"
+    """``file``."""
+    path: Path | None = None
+    """Directory of the output. Relative paths resolve against the YAML file's
+    directory; the default is ``<state_dir>/outputs/<source>/<output>`` (filled
+    in when the pipeline is loaded)."""
+
+
+class ConsoleSinkConfig(_Model):
+    """Prints committed updates, for trying a pipeline out (the output's upper
+    is kept; the rows are not)."""
+
+    type: Literal["console"] = "console"
+    """``console``."""
+    max_rows: int = Field(default=20, gt=0)
+    """Rows printed per batch at most (the rest are counted)."""
+
+
+_SINKS: tuple[type[_Model], ...] = (FileSinkConfig, ConsoleSinkConfig)
+#: Where an output goes, discriminated on ``type``; ``file`` / ``console`` strings allowed.
+SinkConfig = Annotated[
+    FileSinkConfig | ConsoleSinkConfig,
+    Field(discriminator="type"),
+    BeforeValidator(_shorthand("sink", _SINKS)),
+]
+
+
+# ---------------------------------------------------------------------------
+# Sources
+# ---------------------------------------------------------------------------
+
+
+class ConnectorConfig(_Model):
+    """Base of connector blocks. A :class:`SourceConfig` field typed
+    ``SomeConnector | None`` with ``SomeConnector`` a subclass is a connector
+    block, and exactly one of them must be given."""
+
+
+class GeneratorConfig(ConnectorConfig):
+    """A deterministic load generator; its FromTime is a counter."""
+
+    kind: Literal["counter", "orders"]
+    """``counter``: one output of raw bytes in ``value_format``. ``orders``: two
+    typed outputs, ``customers`` and ``orders``."""
+    rate: float = Field(default=1000.0, gt=0)
+    """Records per second that become available."""
+    max_records: int | None = Field(default=None, ge=0)
+    """Finite generator: after this many records the source finishes and its
+    outputs close. Unset: runs forever."""
+    start: int = Field(default=0, ge=0)
+    """The first counter value (the start position)."""
+    seed: int = 0
+    """Seed of the generated data (same seed, same data)."""
+    value_format: Literal["json", "text", "csv", "bytes"] = "json"
+    """``counter`` only: the encoding of the emitted value bytes."""
+    bad_every: int = Field(default=0, ge=0)
+    """``counter`` only: every Nth record is malformed for its format, to
+    exercise the error collection; 0 = never."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        if data.get("kind") != "orders":
+            return []
+        return [
+            _problem((k,), "only applies to kind 'counter'")
+            for k in ("value_format", "bad_every") if k in data
+        ]
+
+
+class OutputConfig(_Model):
+    """One output of a source: how its records decode and where they go."""
+
+    name: Name
+    """Output name, unique within the source (for ``orders`` generators:
+    ``customers`` or ``orders``)."""
+    format: FormatConfig = Field(default_factory=JsonFormat)
+    """How record values decode (``json``, ``text``, ``bytes``, ``csv``,
+    ``avro``); a type name or a mapping with ``type``. Ignored for sources that
+    emit typed rows (``orders`` generators)."""
+    key_format: FormatConfig | None = None
+    """How record keys decode, same forms as ``format``; unset: keys are kept
+    as raw bytes."""
+    envelope: EnvelopeConfig = Field(default_factory=NoneEnvelope)
+    """``none`` (append), ``{type: upsert, key: [cols]}`` or ``debezium``."""
+    sink: SinkConfig
+    """Where the output is made durable: ``file``, ``console`` or a mapping
+    with ``type`` (required)."""
+
+
+class SourceConfig(_Model):
+    """One upstream system and its outputs. Exactly one connector block."""
+
+    name: Name
+    """Source name, unique in the pipeline (letters, digits, ``_``, ``-``;
+    starts with a letter; at most 63 characters)."""
+    generator: GeneratorConfig | None = None
+    """Connector block: a load generator."""
+    timestamp_interval: DurationMs | None = None
+    """Overrides the pipeline's ``timestamp_interval`` for this source; after
+    loading it always holds the effective value."""
+    outputs: tuple[OutputConfig, ...] = Field(min_length=1)
+    """The source's outputs (at least one; names unique within the source)."""
+
+    @classmethod
+    def connector_keys(cls) -> tuple[str, ...]:
+        """The keys of the connector blocks, e.g. ``("generator",)``."""
+        return tuple(k for k, f in cls.model_fields.items() if _is_connector(f.annotation))
+
+    @property
+    def connector(self) -> tuple[str, ConnectorConfig]:
+        """``(key, block)`` of the one connector block, e.g. ``("generator", cfg)``."""
+        for key in self.connector_keys():
+            block = getattr(self, key)
+            if block is not None:
+                return key, block
+        raise AssertionError("a validated SourceConfig has one connector")
+
+    @property
+    def interval_ms(self) -> int:
+        """The effective timestamp interval in milliseconds."""
+        return self.timestamp_interval or DEFAULT_INTERVAL_MS
+
+    def output(self, name: str) -> OutputConfig:
+        """The output called ``name`` (KeyError if there is none)."""
+        for o in self.outputs:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        keys = cls.connector_keys()
+        given = [k for k in keys if data.get(k) is not None]
+        out = _duplicate_names(data.get("outputs"), "outputs", "output")
+        if not given:
+            expected = ", ".join(keys)
+            out.append(_problem((), f"missing connector block (expected one of: {expected})"))
+        elif len(given) > 1:
+            out.append(_problem((given[1],), f"only one connector block allowed, found: "
+                                             f"{', '.join(given)}"))
+        return out
+
+
+def _is_connector(annotation: Any) -> bool:
+    return any(isinstance(a, type) and issubclass(a, ConnectorConfig)
+               for a in get_args(annotation))
+
+
+# ---------------------------------------------------------------------------
+# Spark and the pipeline
+# ---------------------------------------------------------------------------
+
+
+def _conf_value(value: Any) -> Any:
+    """Spark settings are strings; YAML scalars are accepted (``true`` -> ``"true"``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+class SparkConfig(_Model):
+    """The Spark session that runs the data plane."""
+
+    master: str = "local[*]"
+    """Spark master URL: ``local[*]`` (embedded) or ``spark://host:7077``."""
+    app_name: str = "reclock"
+    """The Spark application name."""
+    conf: dict[str, Annotated[str, BeforeValidator(_conf_value)]] = Field(default_factory=dict)
+    """Extra Spark settings passed straight to ``SparkSession.builder.config``
+    (the escape hatch), e.g. ``spark.executor.memory: 2g``."""
+    max_records_per_job: int = Field(default=1_000_000, gt=0)
+    """Records read by one Spark job at most (a binding's data may take several)."""
+    max_records_per_task: int = Field(default=200_000, gt=0)
+    """Records read by one Spark task at most."""
+
+
+_REMAP_SCHEMES = ("sqlite", "postgresql", "postgres")
+
+
+class PipelineConfig(_Model):
+    """A pipeline: its sources, their outputs, and where reclock keeps state.
+
+    Any string value may use ``${VAR}`` or ``${VAR:-default}`` (``$$`` is a
+    literal ``$``). Top-level keys starting with ``x-`` are ignored, so they
+    can hold YAML anchors (``x-sink: &sink {type: file}``, then ``sink: *sink``).
+    """
+
+    state_dir: Path = Path("./state")
+    """Where reclock keeps its state (remap store, outputs, logs). Relative
+    paths resolve against the YAML file's directory."""
+    remap_store: str | None = None
+    """URL of the remap store that holds the bindings: ``sqlite:///path`` or
+    ``postgresql://user:password@host/db``. Default:
+    ``sqlite:///<state_dir>/remap.db``. The password is never printed."""
+    timestamp_interval: DurationMs = DEFAULT_INTERVAL_MS
+    """How often bindings are minted (``1s``, ``500ms``, ``2m`` or an int in ms)."""
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    """The Spark session settings."""
+    progress_log: bool = True
+    """Log every frontier change as JSON lines to ``<state_dir>/progress.jsonl``."""
+    sources: tuple[SourceConfig, ...] = Field(min_length=1)
+    """The sources (at least one; names unique)."""
+
+    @property
+    def remap_store_url(self) -> str:
+        """The remap store URL, with the default applied."""
+        return self.remap_store or f"sqlite:///{self.state_dir / 'remap.db'}"
+
+    @property
+    def progress_log_path(self) -> Path | None:
+        """Where the progress log goes, or None when it is off."""
+        return self.state_dir / "progress.jsonl" if self.progress_log else None
+
+    def source(self, name: str) -> SourceConfig:
+        """The source called ``name`` (KeyError if there is none)."""
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @field_validator("remap_store")
+    @classmethod
+    def _remap_scheme(cls, url: str | None) -> str | None:
+        if url is None or "://" not in url:
+            return url
+        scheme = url.split("://", 1)[0].split("+", 1)[0].lower()
+        if scheme not in _REMAP_SCHEMES:
+            raise ValueError(
+                f"unsupported remap store URL {redact_secrets(url)!r} "
+                "(expected sqlite:///path or postgresql://user@host/db)"
+            )
+        return url
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        return _duplicate_names(data.get("sources"), "sources", "source")
+
+    @model_validator(mode="after")
+    def _resolve(self, info: ValidationInfo) -> PipelineConfig:
+        """Make paths absolute (against the YAML file's directory, passed as
+        context ``base_dir``; else the working directory), fill in default file
+        sink paths and each source's effective timestamp interval."""
+        ctx = info.context if isinstance(info.context, Mapping) else {}
+        base = Path(ctx.get("base_dir") or Path.cwd())
+        state_dir = _absolute(self.state_dir, base)
+        sources = tuple(
+            s.model_copy(update={
+                "timestamp_interval": s.timestamp_interval or self.timestamp_interval,
+                "outputs": tuple(_resolve_output(o, s.name, state_dir, base) for o in s.outputs),
+            })
+            for s in self.sources
+        )
+        # The instance is being built by this very validation: setting fields
+        # here is initialisation, not mutation of a frozen value.
+        object.__setattr__(self, "state_dir", state_dir)
+        object.__setattr__(self, "sources", sources)
+        if self.remap_store is not None:
+            object.__setattr__(self, "remap_store", _resolve_sqlite(self.remap_store, base))
+        return self
+
+
+def _absolute(path: Path, base: Path) -> Path:
+    return Path(os.path.abspath(base / path.expanduser()))
+
+
+def _resolve_output(o: OutputConfig, source: str, state_dir: Path, base: Path) -> OutputConfig:
+    if not isinstance(o.sink, FileSinkConfig):
+        return o
+    path = state_dir / "outputs" / source / o.name if o.sink.path is None else o.sink.path
+    return o.model_copy(update={"sink": o.sink.model_copy(update={"path": _absolute(path, base)})})
+
+
+def _resolve_sqlite(url: str, base: Path) -> str:
+    """Bare paths and relative ``sqlite:///`` paths resolve against ``base``."""
+    if "://" not in url:
+        return f"sqlite:///{_absolute(Path(url), base)}"
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        rest = url[len("sqlite:///"):]
+        if rest and rest != ":memory:":
+            return f"sqlite:///{_absolute(Path(rest), base)}"
+    return url
+
+
+# ---------------------------------------------------------------------------
+# YAML with positions
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Pos:
+    line: int  # 1-based
+    column: int  # 1-based
+
+    @classmethod
+    def of(cls, mark: yaml.Mark | None) -> _Pos:
+        return cls(1, 1) if mark is None else cls(mark.line + 1, mark.column + 1)
+
+
+_CParser: type[yaml.CSafeLoader] | None = getattr(yaml, "CSafeLoader", None)
+_MAP_TAG = "tag:yaml.org,2002:map"
+_STR_TAG = "tag:yaml.org,2002:str"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class LineLoader(yaml.SafeLoader):
+    """A safe loader that remembers where every key and value starts.
+
+    :meth:`load_tracked` returns the plain data of the single document and
+    fills ``key_pos`` / ``value_pos`` (key path -> position); duplicate keys,
+    non-string keys and unsupported tags become ``problems`` (path, position,
+    message) instead of being silently accepted.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._text = stream
+        self.key_pos: dict[KeyPath, _Pos] = {}
+        self.value_pos: dict[KeyPath, _Pos] = {}
+        self.problems: list[tuple[KeyPath, _Pos, str]] = []
+        self.broken: set[KeyPath] = set()  # values replaced by None after a problem
+        self._active: set[int] = set()
+
+    def load_tracked(self) -> Any:
+        """Parse the one document (None if the stream is empty)."""
+        node = self._compose()
+        if node is None:
+            return None
+        return self._build(node, ())
+
+    def _compose(self) -> yaml.Node | None:
+        """The node tree: libyaml's parser when PyYAML has it (the same YAML,
+        with the same marks, about ten times faster), else this loader's own."""
+        if _CParser is None:
+            return self.get_single_node()
+        parser = _CParser(self._text)
+        try:
+            return parser.get_single_node()
+        finally:
+            parser.dispose()
+
+    def _build(self, node: yaml.Node, path: KeyPath) -> Any:
+        self.value_pos[path] = _Pos.of(node.start_mark)
+        if id(node) in self._active:
+            self.problems.append((path, _Pos.of(node.start_mark), "recursive alias"))
+            self.broken.add(path)
+            return None
+        if isinstance(node, yaml.MappingNode):
+            self._active.add(id(node))
+            try:
+                return self._mapping(node, path)
+            finally:
+                self._active.discard(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            if node.tag != _SEQ_TAG:
+                return self._bad_tag(node, path)
+            self._active.add(id(node))
+            try:
+                return [self._build(item, (*path, i)) for i, item in enumerate(node.value)]
+            finally:
+                self._active.discard(id(node))
+        try:
+            return self._scalar(node)
+        except yaml.constructor.ConstructorError:
+            return self._bad_tag(node, path)
+
+    def _scalar(self, node: yaml.Node) -> Any:
+        if node.tag == _STR_TAG:  # the common case, without the constructor's bookkeeping
+            return node.value
+        return self.construct_object(node, deep=True)
+
+    def _bad_tag(self, node: yaml.Node, path: KeyPath) -> None:
+        self.problems.append((path, _Pos.of(node.start_mark), f"unsupported YAML tag {node.tag}"))
+        self.broken.add(path)
+        return None
+
+    def _mapping(self, node: yaml.MappingNode, path: KeyPath) -> dict[str, Any]:
+        if node.tag != _MAP_TAG:
+            self._bad_tag(node, path)
+            return {}
+        first: dict[Any, _Pos] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = self._scalar(key_node)
+            pos = _Pos.of(key_node.start_mark)
+            if key in first:
+                prev = first[key]
+                self.problems.append((path, pos, f"duplicate key {key!r} (first at line "
+                                                  f"{prev.line}; YAML would keep only the last)"))
+            else:
+                first[key] = pos
+        try:
+            self.flatten_mapping(node)  # resolves `<<: *anchor` merge keys
+        except yaml.constructor.ConstructorError as exc:
+            self.problems.append((path, _Pos.of(exc.problem_mark), str(exc.problem)))
+            return {}
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            pos = _Pos.of(key_node.start_mark)
+            if not isinstance(key_node, yaml.ScalarNode):
+                self.problems.append((path, pos, "a key must be a plain string"))
+                continue
+            key = self._scalar(key_node)
+            if not isinstance(key, str):
+                self.problems.append((path, pos, f"key {key!r} must be a string (quote it)"))
+                continue
+            self.key_pos[(*path, key)] = pos
+            out[key] = self._build(value_node, (*path, key))
+        return out
+
+
+# ---------------------------------------------------------------------------
+# Environment variables
+# ---------------------------------------------------------------------------
+
+_VAR = re.compile(r"\$\$|\$\{([^}]*)\}|\$\{")
+_VAR_BODY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)
+
+
+def substitute_env(
+    data: Any, env: Mapping[str, str], path: KeyPath = ()
+) -> tuple[Any, list[tuple[KeyPath, str]]]:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string value of
+    ``data`` (keys are left alone); ``$$`` is a literal ``$``. Returns the new
+    data and ``(path, message)`` problems (undefined variables, bad syntax);
+    messages name the variable, never its value or default."""
+    problems: list[tuple[KeyPath, str]] = []
+    if isinstance(data, dict):
+        out_d: dict[str, Any] = {}
+        for k, v in data.items():
+            out_d[k], p = substitute_env(v, env, (*path, k))
+            problems += p
+        return out_d, problems
+    if isinstance(data, list):
+        out_l: list[Any] = []
+        for i, v in enumerate(data):
+            new, p = substitute_env(v, env, (*path, i))
+            out_l.append(new)
+            problems += p
+        return out_l, problems
+    if not isinstance(data, str) or "$" not in data:
+        return data, problems
+
+    def replace(m: re.Match[str]) -> str:
+        if m[0] == "$$":
+            return "$"
+        body = None if m[1] is None else _VAR_BODY.fullmatch(m[1])
+        if body is None:
+            problems.append((path, "malformed variable reference: use ${NAME} or "
+                                   "${NAME:-default} (write $$ for a literal $)"))
+            return ""
+        name, default = body[1], body[2]
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        problems.append((path, f"environment variable {name} is not set "
+                               f"(set it, or give a default: ${{{name}:-default}})"))
+        return ""
+
+    return _VAR.sub(replace, data), problems
+
+
+# ---------------------------------------------------------------------------
+# Mapping pydantic errors back to the YAML
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Located:
+    path: KeyPath  # the data path (union tags removed)
+    parent: type[BaseModel] | None  # the model holding the last key, if any
+    union: tuple[type[BaseModel], ...]  # members, if the type at ``path`` is a tagged union
+
+
+def _unwrap(tp: Any) -> Any:
+    """Strip ``Annotated`` and ``Optional``."""
+    while True:
+        if get_origin(tp) is Annotated:
+            tp = get_args(tp)[0]
+            continue
+        if get_origin(tp) in (Union, UnionType):
+            members = [a for a in get_args(tp) if a is not type(None)]
+            if len(members) == 1:
+                tp = members[0]
+                continue
+        return tp
+
+
+def _union_members(tp: Any) -> tuple[type[BaseModel], ...]:
+    if get_origin(tp) not in (Union, UnionType):
+        return ()
+    members = tuple(_unwrap(a) for a in get_args(tp) if a is not type(None))
+    if all(isinstance(m, type) and issubclass(m, BaseModel) and "type" in m.model_fields
+           for m in members):
+        return members
+    return ()
+
+
+def _locate(root: type[BaseModel], loc: tuple[str | int, ...]) -> _Located:
+    """Follow a pydantic error ``loc`` through the model types: keep the
+    segments that are keys or indexes, drop the tags pydantic inserts for
+    discriminated unions (``sink.file.path`` -> ``sink.path``)."""
+    tp: Any = root
+    path: list[str | int] = []
+    parent: type[BaseModel] | None = None
+    for seg in loc:
+        tp = _unwrap(tp)
+        members = _union_members(tp)
+        if members:
+            chosen = [m for m in members if str(seg) in _tags([m])]
+            tp = chosen[0] if chosen else Any
+            continue
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            parent = tp
+            field = next((f for n, f in tp.model_fields.items() if (f.alias or n) == seg), None)
+            tp = Any if field is None else field.annotation
+            path.append(seg)
+            continue
+        origin = get_origin(tp)
+        if origin in (list, tuple) and isinstance(seg, int):
+            tp = get_args(tp)[0]
+        elif origin is dict:
+            if seg == "[key]":
+                continue
+            tp = get_args(tp)[1]
+        else:
+            tp = Any
+        parent = None
+        path.append(seg)
+    tp = _unwrap(tp)
+    return _Located(tuple(path), parent, _union_members(tp))
+
+
+def format_path(path: KeyPath) -> str:
+    """``("sources", 0, "outputs")`` -> ``sources[0].outputs``; keys that are
+    not plain identifiers are quoted: ``conf['spark.executor.memory']``."""
+    out = ""
+    for seg in path:
+        if isinstance(seg, int):
+            out += f"[{seg}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", seg):
+            out += f".{seg}" if out else seg
+        else:
+            out += f"[{seg!r}]"
+    return out
+
+
+_EXPECTED = {
+    "int_type": "expected an integer",
+    "int_parsing": "expected an integer",
+    "int_from_float": "expected an integer",
+    "float_type": "expected a number",
+    "float_parsing": "expected a number",
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+    "string_type": "expected a string",
+    "list_type": "expected a list",
+    "tuple_type": "expected a list",
+    "dict_type": "expected a mapping",
+    "model_type": "expected a mapping",
+    "model_attributes_type": "expected a mapping",
+    "path_type": "expected a path (a string)",
+}
+
+
+def _describe(err: Mapping[str, Any], here: _Located) -> str:
+    """A message for one pydantic error, from its type and context only (the
+    input value is never echoed)."""
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    if kind in _EXPECTED:
+        return _EXPECTED[kind]
+    if kind == "reclock_config":
+        return str(ctx["message"])
+    if kind == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    if kind == "literal_error":
+        return f"expected {ctx['expected']}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        op = {"greater_than": ">", "greater_than_equal": ">=",
+              "less_than": "<", "less_than_equal": "<="}[kind]
+        bound = next(iter(ctx.values()))
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)
+        return f"expected a number {op} {bound}"
+    if kind == "too_short":
+        n = ctx.get("min_length", 1)
+        return f"expected at least {n} item{'s' if n != 1 else ''}"
+    if kind == "string_too_short":
+        return f"expected at least {ctx.get('min_length')} character(s)"
+    if kind == "string_too_long":
+        return f"expected at most {ctx.get('max_length')} character(s)"
+    if kind == "string_pattern_mismatch":
+        if ctx.get("pattern") == NAME_PATTERN:
+            return ("expected a name: a letter, then letters, digits, '_' or '-' "
+                    "(63 characters at most)")
+        return f"expected a string matching {ctx.get('pattern')}"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        tags = ", ".join(_tags(here.union))
+        if kind == "union_tag_not_found":
+            return f"missing required key 'type' (expected one of: {tags})"
+        return f"unknown type (expected one of: {tags})"
+    return str(err["msg"])
+
+
+def _lookup(data: Any, path: KeyPath) -> Any:
+    """The raw value at ``path`` in ``data``, or None."""
+    for seg in path:
+        if not isinstance(data, dict | list):
+            return None
+        try:
+            data = data[seg]  # type: ignore[index]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def _issues_from_validation(
+    exc: ValidationError,
+    root: type[BaseModel],
+    data: Any,
+    loader: LineLoader,
+    filename: str,
+) -> list[ConfigIssue]:
+    """One :class:`ConfigIssue` per pydantic error, located through ``loader``."""
+    issues: list[ConfigIssue] = []
+
+    def pos_of(path: KeyPath, table: Mapping[KeyPath, _Pos]) -> _Pos:
+        while path not in table and path:
+            path = path[:-1]
+            table = loader.value_pos
+        return table.get(path, _Pos(1, 1))
+
+    for err in exc.errors(include_url=False, include_input=False):
+        here = _locate(root, err["loc"])
+        kind = err["type"]
+        path = here.path
+        if path in loader.broken:
+            continue  # already reported by the loader
+        if kind == "too_short":
+            # pydantic counts only the items that validated: a list whose
+            # items have errors of their own is not too short.
+            raw = _lookup(data, path)
+            if isinstance(raw, list) and len(raw) >= (err.get("ctx") or {}).get("min_length", 1):
+                continue
+        if kind in ("missing", "extra_forbidden") and path:
+            key = path[-1]
+            parent_path = path[:-1]
+            expected = ", ".join(
+                sorted((f.alias or n) for n, f in here.parent.model_fields.items())
+            ) if here.parent else ""
+            if kind == "missing":
+                msg = f"missing required key {key!r}"
+                pos = pos_of(parent_path, loader.value_pos)
+            else:
+                msg = f"unknown key {key!r}" + (f" (expected one of: {expected})"
+                                                 if expected else "")
+                pos = pos_of(path, loader.key_pos)
+            path = parent_path
+        else:
+            msg = _describe(err, here)
+            if kind == "union_tag_invalid" and (*path, "type") in loader.value_pos:
+                path = (*path, "type")
+            ctx = err.get("ctx") or {}
+            if kind == "reclock_config" and "also" in ctx:
+                at, also = tuple(ctx["at"]), tuple(ctx["also"])
+                prefix = err["loc"][: len(err["loc"]) - len(at)]
+                other = _locate(root, (*prefix, *also)).path
+                line = loader.value_pos.get(other)
+                msg += f" (also at {format_path(other)}" + (
+                    f", line {line.line})" if line else ")")
+            on_key = kind == "reclock_config" and ctx.get("on_key")
+            pos = pos_of(path, loader.key_pos if on_key else loader.value_pos)
+        issues.append(ConfigIssue(pos.line, pos.column, format_path(path),
+                                  redact_secrets(msg), filename))
+    return issues
+
+
+# ---------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> PipelineConfig:
+    """Load and validate the pipeline file at ``path``. Relative paths in it
+    resolve against its directory. Raises :class:`ConfigError`."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError([ConfigIssue(None, None, None, f"cannot read file: {reason}",
+                                       str(path))]) from None
+    return parse_config(text, str(path), base_dir=Path(os.path.abspath(p.parent)), env=env)
+
+
+def parse_config(
+    text: str,
+    filename: str = "<string>",
+    base_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> PipelineConfig:
+    """Validate pipeline YAML ``text``; ``filename`` is used in messages and
+    relative paths resolve against ``base_dir`` (default: the working
+    directory). ``env`` defaults to ``os.environ``. Raises :class:`ConfigError`
+    listing every problem, ordered by line."""
+    return parse_model(PipelineConfig, text, filename, base_dir, env)
+
+
+def parse_model(
+    model: type[_M],
+    text: str,
+    filename: str = "<string>",
+    base_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> _M:
+    """Validate YAML ``text`` as ``model`` with the same loader, substitution
+    and error reporting as :func:`parse_config` (for any configuration model,
+    e.g. one connector block in a test)."""
+    loader = LineLoader(text)
+    try:
+        data = loader.load_tracked()
+    except yaml.MarkedYAMLError as exc:
+        pos = _Pos.of(exc.problem_mark or exc.context_mark)
+        what = str(exc.problem or "invalid YAML")
+        if exc.context:
+            ctx_line = f" at line {exc.context_mark.line + 1}" if exc.context_mark else ""
+            what += f" ({exc.context}{ctx_line})"
+        if _char_at(text, exc.problem_mark) == "\t":
+            what += "; indent with spaces, not tabs"
+        issue = ConfigIssue(pos.line, pos.column, None, redact_secrets(f"invalid YAML: {what}"),
+                            filename)
+        raise ConfigError([issue]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([ConfigIssue(1, 1, None, f"invalid YAML: {type(exc).__name__}",
+                                       filename)]) from None
+    finally:
+        loader.dispose()
+
+    issues = [ConfigIssue(pos.line, pos.column, format_path(path), redact_secrets(msg), filename)
+              for path, pos, msg in loader.problems]
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        pos = loader.value_pos.get((), _Pos(1, 1))
+        issues.append(ConfigIssue(pos.line, pos.column, "", "expected a mapping of settings",
+                                  filename))
+        raise ConfigError(issues)
+
+    # Top-level keys starting with "x-" are free for YAML anchors (`x-defaults: &d`).
+    data = {k: v for k, v in data.items() if not k.startswith("x-")}
+    data, env_problems = substitute_env(data, os.environ if env is None else env)
+    for path, msg in env_problems:
+        pos = loader.value_pos.get(path, _Pos(1, 1))
+        issues.append(ConfigIssue(pos.line, pos.column, format_path(path), msg, filename))
+
+    try:
+        cfg = model.model_validate(data, context={"base_dir": base_dir or Path.cwd()})
+    except ValidationError as exc:
+        issues += _issues_from_validation(exc, model, data, loader, filename)
+        raise ConfigError(issues) from None
+    if issues:
+        raise ConfigError(issues)
+    return cfg
+
+
+def _char_at(text: str, mark: yaml.Mark | None) -> str:
+    """The character at ``mark`` in ``text`` ("" when out of range)."""
+    if mark is None:
+        return ""
+    lines = text.splitlines()
+    line = lines[mark.line] if mark.line < len(lines) else ""
+    return line[mark.column : mark.column + 1]
+
+
+def redacted_dump(cfg: BaseModel) -> dict[str, Any]:
+    """``cfg`` as plain JSON-able data (keys as written in YAML) for display,
+    e.g. by ``reclock status``: :class:`~pydantic.SecretStr` values become
+    ``"***"``, passwords in URLs are masked, and values of Spark settings whose
+    name looks secret (password, secret, token, ...) become ``"***"``."""
+    out = _redact(cfg)
+    assert isinstance(out, dict)
+    return out
+
+
+def _redact_repr(value: Any, key: str) -> Any:
+    if isinstance(value, str):
+        return redact_secrets(value)
+    if key == "conf" and isinstance(value, Mapping):
+        return {k: "***" if _SECRET_CONF_KEY.search(str(k)) else v for k, v in value.items()}
+    return value
+
+
+def _redact(value: Any, key: str = "") -> Any:
+    if isinstance(value, BaseModel):
+        return {
+            (f.alias or name): _redact(getattr(value, name), name)
+            for name, f in type(value).model_fields.items()
+        }
+    if isinstance(value, SecretStr):
+        return "***"
+    if isinstance(value, Mapping):
+        return {str(k): ("***" if key == "conf" and _SECRET_CONF_KEY.search(str(k))
+                         else _redact(v)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redact(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, str):
+        return redact_secrets(value)
+    return value
+
+
+__all__ = [
+    "COLUMN_TYPES",
+    "NAME_PATTERN",
+    "AvroFormat",
+    "BytesFormat",
+    "ConfigError",
+    "ConfigIssue",
+    "ConnectorConfig",
+    "ConsoleSinkConfig",
+    "CsvFormat",
+    "DebeziumEnvelope",
+    "DurationMs",
+    "EnvelopeConfig",
+    "FileSinkConfig",
+    "FormatConfig",
+    "GeneratorConfig",
+    "JsonFormat",
+    "LineLoader",
+    "NoneEnvelope",
+    "OutputConfig",
+    "PipelineConfig",
+    "SinkConfig",
+    "SourceConfig",
+    "SparkConfig",
+    "TextFormat",
+    "UpsertEnvelope",
+    "check_column_type",
+    "format_path",
+    "load_config",
+    "parse_config",
+    "parse_model",
+    "redact_secrets",
+    "redacted_dump",
+]
