@@ -1,0 +1,123 @@
+"""Local-filesystem helpers shared by the file-backed sinks.
+
+* :func:`exclusive_lock` -- an ``fcntl.flock`` lock file, held across a sink's
+  "check state, then commit" step. ``flock`` locks belong to an open file
+  description, so two threads of one process that each open the lock file
+  exclude each other just as two processes do. It only works between
+  processes on one machine: on NFS and other network filesystems ``flock`` may
+  be emulated locally or not at all, so it must never be the *only* guard of
+  a commit (the Delta sink relies on Delta's own conflict detection first).
+* :func:`atomic_write` -- temp file in the same directory, ``fsync``,
+  ``os.replace``, ``fsync`` of the directory: readers see the old bytes or the
+  new ones, never a torn file, even after a power cut.
+* :func:`sink_os_error` -- turns an ``OSError`` into a :class:`SinkError`
+  whose message names the output, the path and the reason in plain words.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from reclock.errors import TransientError
+from sinks.base import SinkError
+
+_REASONS: dict[int, tuple[str, str]] = {
+    errno.ENOSPC: ("disk full", "free space on the volume, then retry"),
+    errno.EDQUOT: ("disk quota exceeded", "raise the quota or free space, then retry"),
+    errno.EACCES: ("permission denied", "give the pipeline's user write access to the path"),
+    errno.EPERM: ("permission denied", "give the pipeline's user write access to the path"),
+    errno.EROFS: ("read-only file system", "point the output at a writable volume"),
+    errno.ENOTDIR: (
+        "a parent of the path is not a directory",
+        "point the output at a directory path",
+    ),
+    errno.EEXIST: ("the path exists and is not a directory", "point the output elsewhere"),
+    errno.ENOENT: ("no such file or directory", "check that the path exists"),
+}
+
+
+def sink_os_error(output: str, path: str | Path, exc: OSError, doing: str = "write") -> SinkError:
+    """A :class:`SinkError` for ``exc``, naming the output and the path."""
+    reason, hint = _REASONS.get(exc.errno or -1, (exc.strerror or str(exc), ""))
+    err = SinkError(
+        f"output {output!r}: cannot {doing} {path}: {reason}", hint=hint or None
+    )
+    err.__cause__ = exc
+    return err
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write: Callable[[object], None] | bytes) -> int:
+    """Write ``path`` atomically; return its size in bytes.
+
+    ``write`` is the bytes, or a function given the open binary file. The temp
+    name starts with a dot so that nothing scanning the directory for data
+    files (Delta readers, :func:`os.scandir` filters) mistakes it for one.
+    """
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            if isinstance(write, bytes):
+                f.write(write)
+            else:
+                write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # Never leave a half-written temp file behind on a failure we saw.
+        with suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
+    return path.stat().st_size
+
+
+@contextmanager
+def exclusive_lock(path: Path, *, output: str, timeout: float = 60.0) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if absent).
+
+    Polls with a short backoff instead of blocking in the kernel so that a
+    stuck holder turns into a :class:`TransientError` after ``timeout``
+    seconds rather than a hang.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise sink_os_error(output, path, exc, "lock") from exc
+    try:
+        deadline = time.monotonic() + timeout
+        delay = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TransientError(
+                        f"output {output!r}: lock {path} still held after {timeout:g} s",
+                        hint="another committer of this output is running or hung",
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

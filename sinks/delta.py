@@ -1,0 +1,612 @@
+"""Delta Lake persist sink: one output is one Delta table on the local filesystem.
+
+Layout of an output at ``path``::
+
+    path/
+      _delta_log/00000000000000000007.json     the Delta log (written by delta-rs)
+      _reclock.lock                            flock held across check + commit
+      part-{batch}-{part:05d}-{n:03d}.parquet  data files (staged, then committed)
+
+The commit path (numbering of :mod:`sinks.base`)::
+
+    1. DeltaStager.stage   executors write Parquet files straight into ``path``
+                           under deterministic names; the Delta log does not
+                           mention them, so no reader sees them.
+    2. DeltaSink.commit    driver: load snapshot v, check its state equals
+                           ``expected``, then ONE Delta transaction from
+                           snapshot v adding every staged file together with
+                           the new state. Atomic: the log entry v+1 appears
+                           whole or not at all.
+
+Where the :class:`~sinks.base.SinkState` lives, inside the Delta log itself:
+
+* ``upper`` -- the Delta *application transaction* (``txn`` action) with
+  ``appId = "reclock:<name>"`` and ``version = upper`` (``2**63 - 1`` for the
+  empty frontier). Delta keeps the latest ``txn`` per appId in checkpoints, so
+  the upper survives log cleanup.
+* ``progress`` -- the ``commitInfo`` of the commit carrying that ``txn``
+  (custom keys ``reclock.upper``, ``reclock.progress``). It is found by reading
+  ``_delta_log/<v>.json`` backwards from the snapshot version, at most
+  :data:`PROGRESS_LOOKBACK` commits. ``DeltaTable.history()`` is not used for
+  this: on a snapshot that is not the newest, delta-rs 1.6.6 returns the newest
+  commits labelled with older version numbers, which would pair an upper from
+  one version with the progress of another.
+
+Fencing. ``commit`` reads the state from snapshot v and commits *from the same
+snapshot*. delta-rs's conflict checker rejects (``CommitFailedError:
+Concurrent transaction failed``) a commit when any commit after its read
+version carries a ``txn`` with the same appId, so check + commit is a
+compare-and-swap on the state even between machines, as far as the storage's
+put-if-absent is atomic (it is on a local filesystem). Other concurrent
+commits (a schema change, another output's writer) make delta-rs fail or
+retry; we reload and retry while our state is still ``expected``. On top of
+that an ``flock`` on ``_reclock.lock`` serializes committers and
+:meth:`DeltaSink.vacuum_orphans` on one machine, so a vacuum can never delete a
+file that a commit is about to reference. ``flock`` is local only (unreliable
+on NFS); it is not what makes the fence correct.
+
+Rules this sink relies on (and the data plane keeps): batch ids are unique per
+staging attempt (the driver uses ``<now>-<random>``), so restaging never
+overwrites a file that is already committed; and staged files are committed
+within ``vacuum_orphans``'s grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, Field, Schema
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import (
+    AddAction,
+    CommitProperties,
+    PostCommitHookProperties,
+    RemoveAction,
+    Transaction,
+)
+
+from sinks._fs import atomic_write, exclusive_lock, sink_os_error
+from sinks.base import (
+    INTO_TIME,
+    META_FIELDS,
+    META_NAMES,
+    SinkError,
+    SinkFenced,
+    SinkState,
+    output_schema,
+)
+
+log = logging.getLogger("reclock.sinks.delta")
+
+#: Transaction version standing for the empty frontier (a closed output).
+CLOSED = 2**63 - 1
+#: At most this many rows per Parquet file.
+ROWS_PER_FILE = 1_000_000
+#: Write a checkpoint when the log has grown this many versions past the last.
+CHECKPOINT_INTERVAL = 100
+#: Clean up expired log files after every this-many checkpoints.
+CLEANUP_EVERY_CHECKPOINTS = 10
+#: How many commits back ``state()`` looks for the commit carrying our txn.
+PROGRESS_LOOKBACK = 1000
+#: Attempts when unrelated commits race ours (ours unchanged each time).
+COMMIT_ATTEMPTS = 8
+#: Default age before an unreferenced staged file counts as an orphan.
+ORPHAN_GRACE_SECONDS = 6 * 3600.0
+
+LOCK_NAME = "_reclock.lock"
+KEY_UPPER = "reclock.upper"
+KEY_PROGRESS = "reclock.progress"
+KEY_OUTPUT = "reclock.output"
+
+# Batch ids become part of file names: keep them to characters that need no
+# escaping in a path or in the Delta log's URL-encoded paths.
+_BATCH_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_STAGED = re.compile(r"part-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet")
+_STAGED_TMP = re.compile(r"\.part-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet\.[0-9a-f]+\.tmp")
+_MAX_FILES_PER_PART = 1000  # the three digits of {n:03d}
+
+# We decide ourselves when to checkpoint (see ``_housekeep``): a failing
+# post-commit hook must not turn a durable commit into a raised error.
+_NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
+
+
+# -- executor side -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeltaStager:
+    """Writes staged Parquet files into the table directory (picklable).
+
+    ``schema`` is the table's stored schema as Arrow: every file is cast to it
+    so that what readers of the Delta table expect is what the files hold
+    (Delta stores e.g. only microsecond timestamps).
+    """
+
+    name: str
+    root: str
+    schema: pa.Schema
+    rows_per_file: int = ROWS_PER_FILE
+
+    def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:
+        """Write ``table`` as ``part-{batch_id}-{part:05d}-{n:03d}.parquet`` files.
+
+        Returns one descriptor per file: ``path`` (relative to the table),
+        ``size`` (bytes), ``rows`` and ``stats`` (Delta statistics JSON).
+        Restaging the same ``(batch_id, part)`` overwrites the same names; files
+        of an earlier, longer attempt are left for :meth:`DeltaSink.vacuum_orphans`
+        (deleting here could delete a committed file if a batch id were reused).
+        """
+        if not _BATCH_ID.fullmatch(batch_id):
+            raise ValueError(f"batch id {batch_id!r} must match {_BATCH_ID.pattern}")
+        if part < 0:
+            raise ValueError(f"part {part} must be >= 0")
+        if table.num_rows == 0:
+            return []
+        data = conform(self.name, table, self.schema)
+        nfiles = -(-data.num_rows // self.rows_per_file)
+        if nfiles > _MAX_FILES_PER_PART:
+            raise SinkError(
+                f"output {self.name!r}: {data.num_rows} rows in one stage call need "
+                f"{nfiles} files (at most {_MAX_FILES_PER_PART})",
+                hint="stage smaller parts",
+            )
+        root = Path(self.root)
+        staged = []
+        for n in range(nfiles):
+            chunk = data.slice(n * self.rows_per_file, self.rows_per_file)
+            target = root / f"part-{batch_id}-{part:05d}-{n:03d}.parquet"
+            try:
+                size = atomic_write(target, partial(_write_parquet, chunk))
+            except OSError as exc:
+                raise sink_os_error(self.name, target, exc) from exc
+            staged.append(
+                {"path": target.name, "size": size, "rows": chunk.num_rows, "stats": stats(chunk)}
+            )
+        return staged
+
+
+def _write_parquet(table: pa.Table, f: BinaryIO) -> None:
+    pq.write_table(table, f)
+
+
+def conform(output: str, table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``schema``'s columns, in order and types.
+
+    Stored columns the batch lacks are filled with nulls (an older writer, or
+    a column added by schema evolution); columns the table does not have are
+    an error, as are nulls in a NOT NULL column.
+    """
+    extra = [c for c in table.column_names if schema.get_field_index(c) < 0]
+    if extra:
+        raise SinkError(
+            f"output {output!r}: staged columns {extra} are not in the output's schema",
+            hint="call ensure() with the new schema before staging",
+        )
+    cols = []
+    for field in schema:
+        if field.name in table.column_names:
+            col = table.column(field.name)
+            if col.type != field.type:
+                try:
+                    col = col.cast(field.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                    raise SinkError(
+                        f"output {output!r}: column {field.name!r} of type {col.type} "
+                        f"cannot be stored as {field.type}: {exc}"
+                    ) from exc
+        elif field.nullable:
+            col = pa.chunked_array([pa.nulls(table.num_rows, field.type)])
+        else:
+            raise SinkError(f"output {output!r}: staged rows lack column {field.name!r}")
+        if not field.nullable and col.null_count:
+            raise SinkError(
+                f"output {output!r}: column {field.name!r} is NOT NULL but has "
+                f"{col.null_count} nulls"
+            )
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def stats(table: pa.Table) -> str:
+    """Delta per-file statistics (JSON): record count, min/max of the
+    IntoTime and source offset (what readers prune ``as of`` queries on) and
+    null counts of the flat columns. Readers trust these to skip files, so
+    they are computed from exactly the rows written."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    for name in (INTO_TIME, "_src_offset"):
+        mm = pc.min_max(table.column(name))
+        mins[name] = mm["min"].as_py()
+        maxs[name] = mm["max"].as_py()
+    nulls = {
+        f.name: table.column(f.name).null_count
+        for f in table.schema
+        if not pa.types.is_nested(f.type)
+    }
+    doc = {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+    return json.dumps(doc, separators=(",", ":"))
+
+
+# -- driver side --------------------------------------------------------------------------
+
+
+class DeltaSink:
+    """A :class:`~sinks.base.PersistSink` backed by a Delta table at ``path``.
+
+    ``lock=False`` drops the local ``flock`` and relies on delta-rs's conflict
+    detection alone (the tests use it to show that the fence holds without
+    it); keep it on in production so that :meth:`vacuum_orphans` cannot race a
+    commit. ``clock`` (seconds since the epoch) only decides file ages for
+    :meth:`vacuum_orphans`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        path: str | Path,
+        *,
+        lock: bool = True,
+        rows_per_file: int = ROWS_PER_FILE,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.name = name
+        self.path = Path(path).absolute()
+        self.app_id = f"reclock:{name}"
+        self._lock = lock
+        self._rows_per_file = rows_per_file
+        self._clock = clock
+        self._schema: pa.Schema | None = None  # cached stored schema, for stager()
+
+    def __repr__(self) -> str:
+        return f"DeltaSink({self.name!r}, {str(self.path)!r})"
+
+    # -- schema ----------------------------------------------------------------------------
+    def ensure(self, user_schema: pa.Schema) -> None:
+        """Create the table with ``output_schema(user_schema)``, or check the
+        existing one: the same columns, or a superset of them (extra nullable
+        columns are filled with nulls on write). New nullable user columns are
+        added by schema evolution; any other difference is a SinkError naming
+        the columns."""
+        want = Schema.from_arrow(output_schema(user_schema))
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise sink_os_error(self.name, self.path, exc, "create") from exc
+        with self._locked():
+            try:
+                if not DeltaTable.is_deltatable(str(self.path)):
+                    DeltaTable.create(str(self.path), want, mode="error")
+                else:
+                    dt = self._load()
+                    missing, clashes = _compare(dt.schema(), want)
+                    if clashes:
+                        raise SinkError(
+                            f"output {self.name!r} at {self.path}: the stored schema differs: "
+                            + "; ".join(clashes),
+                            hint="write to a new path, or migrate the table",
+                        )
+                    if missing:
+                        names = [f.name for f in missing]
+                        log.info("output %r: adding columns %s", self.name, names)
+                        dt.alter.add_columns(missing)
+            except OSError as exc:
+                raise sink_os_error(self.name, self.path, exc, "create") from exc
+            except DeltaError as exc:
+                raise _delta_error(self.name, self.path, exc, "create") from exc
+            self._schema = pa.schema(self._load().schema().to_arrow())
+
+    def stager(self) -> DeltaStager:
+        if self._schema is None:
+            self._schema = pa.schema(self._load().schema().to_arrow())
+        return DeltaStager(self.name, str(self.path), self._schema, self._rows_per_file)
+
+    # -- state -----------------------------------------------------------------------------
+    def state(self) -> SinkState:
+        """The committed state; ``SinkState()`` if the table does not exist."""
+        if not DeltaTable.is_deltatable(str(self.path)):
+            return SinkState()
+        return self._state_of(self._load())
+
+    def _state_of(self, dt: DeltaTable) -> SinkState:
+        """The state as of ``dt``'s snapshot (and only that snapshot)."""
+        txn = dt.transaction_version(self.app_id)
+        if txn is None:
+            return SinkState()
+        upper = None if txn == CLOSED else txn
+        return SinkState(upper, self._progress_at(dt.version(), txn))
+
+    def _progress_at(self, version: int, txn: int) -> str | None:
+        """``reclock.progress`` of the newest commit ``<= version`` carrying our
+        txn; ``None`` if it is out of reach (log cleaned up, or buried under
+        more than :data:`PROGRESS_LOOKBACK` foreign commits)."""
+        logdir = self.path / "_delta_log"
+        for v in range(version, max(-1, version - PROGRESS_LOOKBACK), -1):
+            try:
+                text = (logdir / f"{v:020d}.json").read_text(encoding="utf-8")
+            except FileNotFoundError:
+                break  # older entries were cleaned up; a checkpoint holds the txn only
+            info, ours = _scan_commit(text, self.app_id)
+            if ours is None:
+                continue
+            if ours != txn or info.get(KEY_UPPER) != _decode_txn(txn):
+                # The log disagrees with itself: do not pair this upper with
+                # another commit's progress.
+                log.warning(
+                    "output %r: commit %d carries txn %s / upper %r, snapshot says %s",
+                    self.name, v, ours, info.get(KEY_UPPER), txn,
+                )
+                return None
+            progress = info.get(KEY_PROGRESS)
+            return progress if isinstance(progress, str) else None
+        log.warning("output %r: no commit with progress within reach of v%d", self.name, version)
+        return None
+
+    # -- commit ----------------------------------------------------------------------------
+    def commit(self, staged: list[dict[str, Any]], expected: SinkState, new: SinkState) -> None:
+        """Make ``staged`` visible and move the state ``expected -> new``.
+
+        1. Check the request: ``new`` does not go backwards, descriptors name
+           plain files in the table directory.
+        2. Take the local lock (serializes committers and vacuum on this host).
+        3. Load snapshot v and check its state equals ``expected``, else
+           :class:`SinkFenced` (nothing written).
+        4. Check every staged file is still there with its staged size (a
+           vacuum or a second attempt did not touch it), else :class:`SinkError`.
+        5. One Delta transaction from snapshot v: an add action per file, the
+           txn ``(reclock:<name>, upper)``, the progress in commitInfo. delta-rs
+           rejects it if a commit after v carries our txn (lost race: step 3
+           again, which fences); an unrelated concurrent commit means retry
+           from step 3.
+        6. Housekeeping: checkpoint every :data:`CHECKPOINT_INTERVAL` versions,
+           log cleanup now and then. Best effort: the commit is already durable.
+        """
+        if not expected.less_equal(new):
+            raise ValueError(f"output {self.name!r}: upper would go backwards {expected} -> {new}")
+        version = _encode_txn(new.upper)
+        adds = [_check_descriptor(self.name, d) for d in staged]
+        props = CommitProperties(
+            app_transactions=[Transaction(self.app_id, version)],
+            custom_metadata={
+                KEY_OUTPUT: self.name,
+                KEY_UPPER: _decode_txn(version),
+                KEY_PROGRESS: new.progress,
+            },
+        )
+        with self._locked():
+            last: Exception | None = None
+            for _ in range(COMMIT_ATTEMPTS):
+                dt = self._load()
+                actual = self._state_of(dt)
+                if actual != expected:
+                    raise SinkFenced(
+                        f"output {self.name!r} at {self.path}: durable state is {actual}, "
+                        f"expected {expected}; nothing was written",
+                        hint="another pipeline committed this output; re-read its state",
+                    )
+                actions: list[AddAction | RemoveAction] = [self._add_action(d) for d in adds]
+                try:
+                    dt.create_write_transaction(
+                        actions, "append", dt.schema(),
+                        commit_properties=props, post_commithook_properties=_NO_HOOKS,
+                    )
+                except CommitFailedError as exc:
+                    last = exc  # someone committed after v: re-check from a new snapshot
+                    continue
+                except OSError as exc:
+                    raise sink_os_error(self.name, self.path, exc, "commit to") from exc
+                except DeltaError as exc:
+                    raise _delta_error(self.name, self.path, exc, "commit to") from exc
+                break
+            else:
+                raise SinkFenced(
+                    f"output {self.name!r} at {self.path}: {COMMIT_ATTEMPTS} commit attempts "
+                    f"lost to concurrent commits (last: {last})",
+                    hint="another writer is busy on this table; retry",
+                )
+        self._housekeep(dt)
+
+    def _add_action(self, d: dict[str, Any]) -> AddAction:
+        path = self.path / d["path"]
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            st = None
+        if st is None or st.st_size != d["size"]:
+            raise SinkError(
+                f"output {self.name!r}: staged file {path} is "
+                + ("gone" if st is None else f"{st.st_size} bytes, staged as {d['size']}"),
+                hint="restage the batch (was vacuum_orphans' grace period shorter than "
+                "the time from stage to commit, or was the batch id reused?)",
+            )
+        return AddAction(d["path"], d["size"], {}, st.st_mtime_ns // 1_000_000, True, d["stats"])
+
+    def _housekeep(self, dt: DeltaTable) -> None:
+        try:
+            dt.update_incremental()
+            version = dt.version()
+            if version - self._last_checkpoint() < CHECKPOINT_INTERVAL:
+                return
+            dt.create_checkpoint()
+            if (version // CHECKPOINT_INTERVAL) % CLEANUP_EVERY_CHECKPOINTS == 0:
+                # Removes only log files older than delta.logRetentionDuration
+                # (30 days) *before* the checkpoint: the newest commit, which
+                # holds our progress, stays.
+                dt.cleanup_metadata()
+        except Exception as exc:  # the commit is durable; a failed checkpoint only costs speed
+            log.warning("output %r: checkpoint/cleanup failed: %s", self.name, exc)
+
+    def _last_checkpoint(self) -> int:
+        try:
+            doc = json.loads((self.path / "_delta_log" / "_last_checkpoint").read_text())
+            return int(doc["version"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
+    # -- reading ---------------------------------------------------------------------------
+    def read_updates(self, as_of: int | None = None) -> pa.Table:
+        """Committed rows with ``_into_time <= as_of`` (all rows if ``None``).
+
+        Reads go through the Delta log, so staged-but-uncommitted files are
+        never seen. An output never created reads as an empty table of
+        reclock's own columns (its user columns are not known yet).
+        """
+        if not DeltaTable.is_deltatable(str(self.path)):
+            return pa.schema(META_FIELDS).empty_table()
+        dataset = self._load().to_pyarrow_dataset()
+        if as_of is None:
+            return dataset.to_table()
+        return dataset.to_table(filter=pc.field(INTO_TIME) <= as_of)
+
+    # -- maintenance -----------------------------------------------------------------------
+    def vacuum_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> list[str]:
+        """Delete staged files the table does not reference, older than
+        ``grace_seconds``; return their names.
+
+        Only files named like ours (and our temp files) are considered, so
+        files of other writers -- including ones an external OPTIMIZE removed
+        but older versions still reference -- are left alone. deltalake's own
+        ``vacuum`` is not used: it works in whole hours from the wall clock and
+        writes commits of its own. Under the commit lock, a file cannot be
+        deleted between a commit's existence check and its Delta commit.
+        """
+        if not DeltaTable.is_deltatable(str(self.path)):
+            return []
+        removed = []
+        with self._locked():
+            referenced = set(self._referenced(self._load()))
+            now = self._clock()
+            try:
+                for entry in os.scandir(self.path):
+                    if not (_STAGED.fullmatch(entry.name) or _STAGED_TMP.fullmatch(entry.name)):
+                        continue
+                    if entry.name in referenced or not entry.is_file(follow_symlinks=False):
+                        continue
+                    if now - entry.stat(follow_symlinks=False).st_mtime < grace_seconds:
+                        continue  # may belong to a job still running
+                    os.unlink(entry.path)
+                    removed.append(entry.name)
+            except OSError as exc:
+                raise sink_os_error(self.name, self.path, exc, "vacuum") from exc
+        if removed:
+            log.info("output %r: removed %d orphan files", self.name, len(removed))
+        return sorted(removed)
+
+    def _referenced(self, dt: DeltaTable) -> Iterator[str]:
+        paths = pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()
+        for p in paths:
+            yield os.path.basename(str(p))
+
+    def close(self) -> None:
+        """Nothing to release: every call opens what it needs."""
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _load(self) -> DeltaTable:
+        try:
+            return DeltaTable(str(self.path))
+        except TableNotFoundError as exc:
+            raise SinkError(
+                f"output {self.name!r}: no Delta table at {self.path}", hint="call ensure() first"
+            ) from exc
+
+    def _locked(self) -> AbstractContextManager[None]:
+        if not self._lock:
+            return nullcontext()
+        return exclusive_lock(self.path / LOCK_NAME, output=self.name)
+
+
+def _encode_txn(upper: int | None) -> int:
+    if upper is None:
+        return CLOSED
+    if not 0 <= upper < CLOSED:
+        raise ValueError(f"upper {upper} out of range [0, 2**63 - 1)")
+    return upper
+
+
+def _decode_txn(version: int) -> int | None:
+    return None if version == CLOSED else version
+
+
+def _check_descriptor(output: str, d: dict[str, Any]) -> dict[str, Any]:
+    path = d.get("path")
+    ok = (
+        isinstance(path, str)
+        and (_STAGED.fullmatch(path) is not None)
+        and isinstance(d.get("size"), int)
+        and isinstance(d.get("stats"), str)
+    )
+    if not ok:
+        raise ValueError(f"output {output!r}: not a Delta staging descriptor: {d!r}")
+    return d
+
+
+def _scan_commit(text: str, app_id: str) -> tuple[dict[str, Any], int | None]:
+    """(commitInfo, version of our txn or None) of one log entry. Only the
+    commitInfo and txn lines are parsed: add lines carry stats and may be many."""
+    info: dict[str, Any] = {}
+    ours: int | None = None
+    for line in text.splitlines():
+        head = line.lstrip()[:20]
+        if '"commitInfo"' in head:
+            info = json.loads(line)["commitInfo"]
+        elif '"txn"' in head:
+            txn = json.loads(line)["txn"]
+            if txn.get("appId") == app_id:
+                ours = int(txn["version"])
+    return info, ours
+
+
+def _type_of(field: Field) -> Any:
+    return json.loads(field.to_json())["type"]
+
+
+def _describe(field: Field) -> str:
+    t = _type_of(field)
+    return (t if isinstance(t, str) else json.dumps(t)) + ("" if field.nullable else " not null")
+
+
+def _compare(have: Schema, want: Schema) -> tuple[list[Field], list[str]]:
+    """(columns to add, human-readable clashes) going from ``have`` to ``want``."""
+    stored = {f.name: f for f in have.fields}
+    wanted = {f.name for f in want.fields}
+    missing: list[Field] = []
+    clashes: list[str] = []
+    for f in want.fields:
+        h = stored.get(f.name)
+        if h is None:
+            if f.nullable and f.name not in META_NAMES:
+                missing.append(f)
+            else:
+                clashes.append(f"column {f.name!r} ({_describe(f)}) is missing")
+        elif _type_of(h) != _type_of(f) or h.nullable != f.nullable:
+            clashes.append(f"column {f.name!r}: stored {_describe(h)}, wanted {_describe(f)}")
+    for h in have.fields:
+        if h.name not in wanted and not h.nullable:
+            clashes.append(f"column {h.name!r} ({_describe(h)}) is stored NOT NULL but not wanted")
+    return missing, clashes
+
+
+def _delta_error(output: str, path: Path, exc: DeltaError, doing: str) -> SinkError:
+    text = str(exc)
+    lower = text.lower()
+    if "no space left" in lower:
+        reason = "disk full"
+    elif "permission denied" in lower:
+        reason = "permission denied"
+    elif "read-only file system" in lower:
+        reason = "read-only file system"
+    else:
+        reason = text
+    return SinkError(f"output {output!r}: cannot {doing} {path}: {reason}")

@@ -1,0 +1,567 @@
+"""The Delta sink against real Delta tables in a temporary directory."""
+
+from __future__ import annotations
+
+import errno
+import json
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, Schema
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import CommitProperties, Transaction
+
+import sinks.delta as delta_mod
+from reclock.errors import DefiniteError
+from sinks.base import SinkError, SinkFenced, SinkState, output_schema
+from sinks.delta import CLOSED, DeltaSink, DeltaStager
+from tests.sinks.rows import SCHEMA, USER, race_commits, updates
+
+NAME = "orders.main"
+
+
+@pytest.fixture
+def sink(tmp_path: Path) -> DeltaSink:
+    s = DeltaSink(NAME, tmp_path / "out")
+    s.ensure(USER)
+    return s
+
+
+def keys(table: pa.Table) -> list[str]:
+    return sorted(table.column("k").to_pylist())
+
+
+def log_versions(path: Path) -> list[int]:
+    return sorted(int(p.name.split(".")[0]) for p in (path / "_delta_log").glob("*.json"))
+
+
+# -- ensure ------------------------------------------------------------------------------
+
+
+def test_ensure_creates_the_table_with_the_output_schema(tmp_path: Path) -> None:
+    s = DeltaSink(NAME, tmp_path / "a" / "b")
+    assert s.state() == SinkState()
+    s.ensure(USER)
+    dt = DeltaTable(str(tmp_path / "a" / "b"))
+    assert dt.schema() == Schema.from_arrow(output_schema(USER))
+    assert s.state() == SinkState()
+    assert s.read_updates().num_rows == 0
+    s.ensure(USER)  # idempotent: no new version
+    assert DeltaTable(str(tmp_path / "a" / "b")).version() == dt.version()
+
+
+def test_missing_table_reads_empty_and_has_the_initial_state(tmp_path: Path) -> None:
+    s = DeltaSink(NAME, tmp_path / "never")
+    assert s.state() == SinkState()
+    assert s.read_updates(5).num_rows == 0
+    assert s.vacuum_orphans() == []
+
+
+def test_ensure_rejects_a_changed_column_type_naming_output_path_and_column(
+    sink: DeltaSink,
+) -> None:
+    with pytest.raises(SinkError) as info:
+        sink.ensure(pa.schema([("k", pa.int64()), ("v", pa.int64())]))
+    msg = str(info.value)
+    assert NAME in msg and str(sink.path) in msg
+    assert "'k'" in msg and "string" in msg and "long" in msg
+
+
+def test_ensure_rejects_reclock_column_names(tmp_path: Path) -> None:
+    with pytest.raises(DefiniteError, match="_diff"):
+        DeltaSink(NAME, tmp_path / "t").ensure(pa.schema([("_diff", pa.int64())]))
+
+
+def test_ensure_adds_new_nullable_columns_and_old_rows_read_null(sink: DeltaSink) -> None:
+    sink.commit(sink.stager().stage("b1", 0, updates(["a"], 5)), SinkState(), SinkState(10))
+    wider = pa.schema([*USER, pa.field("note", pa.string())])
+    sink.ensure(wider)
+    rows = updates(["b"], 12).append_column("note", pa.array(["hi"]))
+    sink.commit(sink.stager().stage("b2", 0, rows), SinkState(10), SinkState(20))
+    got = sink.read_updates().sort_by("k")
+    assert got.column("note").to_pylist() == [None, "hi"]
+    assert sink.state() == SinkState(20)
+    sink.ensure(wider)  # now equal: nothing to add
+    sink.ensure(USER)  # a stored superset is compatible: the stager fills nulls
+    sink.commit(sink.stager().stage("b3", 0, updates(["c"], 25)), SinkState(20), SinkState(30))
+    assert sink.read_updates().sort_by("k").column("note").to_pylist() == [None, "hi", None]
+
+
+# -- stage + commit ----------------------------------------------------------------------
+
+
+def test_stage_commit_round_trip(sink: DeltaSink) -> None:
+    staged = sink.stager().stage("b1", 3, updates(["a", "b", "c"], 1000, offset=7))
+    assert [d["path"] for d in staged] == ["part-b1-00003-000.parquet"]
+    (d,) = staged
+    assert d["rows"] == 3 and d["size"] == (sink.path / d["path"]).stat().st_size
+    stats = json.loads(d["stats"])
+    assert stats["numRecords"] == 3
+    assert stats["minValues"] == {"_into_time": 1000, "_src_offset": 7}
+    assert stats["maxValues"] == {"_into_time": 1000, "_src_offset": 9}
+    assert stats["nullCount"]["_error"] == 3 and stats["nullCount"]["k"] == 0
+
+    assert sink.read_updates().num_rows == 0  # staged is not visible
+    sink.commit(staged, SinkState(), SinkState(2000, '[{"p":0,"o":10}]'))
+    assert sink.state() == SinkState(2000, '[{"p":0,"o":10}]')
+
+    got = sink.read_updates()
+    assert got.schema == SCHEMA
+    assert got.sort_by("k").to_pylist() == updates(["a", "b", "c"], 1000, offset=7).to_pylist()
+    assert sink.read_updates(999).num_rows == 0
+    assert sink.read_updates(1000).num_rows == 3
+
+    # The commit carries the state in its commitInfo, readable by any Delta client.
+    last = DeltaTable(str(sink.path)).history(1)[0]
+    assert last["reclock.upper"] == 2000
+    assert last["reclock.progress"] == '[{"p":0,"o":10}]'
+    assert DeltaTable(str(sink.path)).transaction_version(f"reclock:{NAME}") == 2000
+
+
+def test_as_of_reads_across_commits(sink: DeltaSink) -> None:
+    sink.commit(sink.stager().stage("b1", 0, updates(["a"], 100)), SinkState(), SinkState(200))
+    sink.commit(
+        sink.stager().stage("b2", 0, updates(["a"], 250, diff=-1)), SinkState(200), SinkState(300)
+    )
+    assert sink.read_updates(199).column("_diff").to_pylist() == [1]
+    assert sorted(sink.read_updates(300).column("_diff").to_pylist()) == [-1, 1]
+
+
+def test_timestamps_are_stored_as_delta_timestamps(tmp_path: Path) -> None:
+    user = pa.schema([("at", pa.timestamp("ms"))])
+    s = DeltaSink(NAME, tmp_path / "ts")
+    s.ensure(user)
+    base = updates(["x"], 5).drop_columns(["k", "v"])
+    rows = pa.table([pa.array([1_700_000_000_123], pa.timestamp("ms")), *base.columns],
+                    names=["at", *base.column_names])
+    s.commit(s.stager().stage("b", 0, rows), SinkState(), SinkState(6))
+    (got,) = s.read_updates().column("at").to_pylist()
+    assert got == rows.column("at")[0].as_py()
+
+
+def test_large_stage_is_split_into_files_of_bounded_rows(tmp_path: Path) -> None:
+    s = DeltaSink(NAME, tmp_path / "split", rows_per_file=3)
+    s.ensure(USER)
+    staged = s.stager().stage("big", 12, updates([f"k{i}" for i in range(7)], 1))
+    assert [(d["path"], d["rows"]) for d in staged] == [
+        ("part-big-00012-000.parquet", 3),
+        ("part-big-00012-001.parquet", 3),
+        ("part-big-00012-002.parquet", 1),
+    ]
+    s.commit(staged, SinkState(), SinkState(2))
+    assert s.read_updates().num_rows == 7
+
+
+def test_part_numbers_beyond_five_digits_keep_working(sink: DeltaSink) -> None:
+    # The data plane numbers parts task * 10_000 + flush.
+    staged = sink.stager().stage("b", 123_456, updates(["a"], 1))
+    assert staged[0]["path"] == "part-b-123456-000.parquet"
+    sink.commit(staged, SinkState(), SinkState(2))
+    assert sink.read_updates().num_rows == 1
+
+
+def test_restaging_overwrites_the_same_files(sink: DeltaSink) -> None:
+    stager = sink.stager()
+    first = stager.stage("b1", 0, updates(["a", "b"], 1))
+    second = stager.stage("b1", 0, updates(["c", "d"], 1))
+    assert [d["path"] for d in first] == [d["path"] for d in second]
+    assert len(list(sink.path.glob("*.parquet"))) == 1
+    assert not list(sink.path.glob(".*.tmp"))
+    sink.commit(second, SinkState(), SinkState(2))
+    assert keys(sink.read_updates()) == ["c", "d"]
+
+
+def test_empty_table_stages_nothing(sink: DeltaSink) -> None:
+    assert sink.stager().stage("b1", 0, updates([], 1)) == []
+    assert not list(sink.path.glob("*.parquet"))
+
+
+def test_commit_without_files_moves_the_upper(sink: DeltaSink) -> None:
+    sink.commit([], SinkState(), SinkState(5000, "[]"))
+    assert sink.state() == SinkState(5000, "[]")
+    sink.commit([], SinkState(5000, "[]"), SinkState(6000, "[]"))
+    assert sink.state() == SinkState(6000, "[]")
+    assert sink.read_updates().num_rows == 0
+
+
+def test_progress_moves_while_the_upper_stays(sink: DeltaSink) -> None:
+    sink.commit(sink.stager().stage("a", 0, updates(["a"], 0)), SinkState(), SinkState(0, "p1"))
+    assert sink.state() == SinkState(0, "p1")
+    sink.commit(sink.stager().stage("b", 0, updates(["b"], 0)), SinkState(0, "p1"),
+                SinkState(0, "p2"))
+    assert sink.state() == SinkState(0, "p2")
+
+
+def test_closed_upper(sink: DeltaSink) -> None:
+    sink.commit([], SinkState(), SinkState(100, "p"))
+    sink.commit([], SinkState(100, "p"), SinkState(None, "[]"))
+    assert sink.state() == SinkState(None, "[]")
+    assert DeltaTable(str(sink.path)).transaction_version(sink.app_id) == CLOSED
+    assert DeltaSink(NAME, sink.path).state() == SinkState(None, "[]")
+    sink.commit([], SinkState(None, "[]"), SinkState(None, "[]"))  # closed stays closed
+
+
+def test_upper_going_backwards_is_refused(sink: DeltaSink) -> None:
+    sink.commit([], SinkState(), SinkState(100))
+    with pytest.raises(ValueError, match="backwards"):
+        sink.commit([], SinkState(100), SinkState(50))
+    with pytest.raises(ValueError, match="backwards"):
+        sink.commit([], SinkState(None), SinkState(50))
+
+
+def test_two_outputs_in_one_table_keep_separate_states(tmp_path: Path) -> None:
+    a = DeltaSink("s.a", tmp_path / "t")
+    b = DeltaSink("s.b", tmp_path / "t")
+    a.ensure(USER)
+    a.commit([], SinkState(), SinkState(10, "pa"))
+    b.commit([], SinkState(), SinkState(20, "pb"))
+    a.commit([], SinkState(10, "pa"), SinkState(30, "pa2"))
+    assert a.state() == SinkState(30, "pa2")
+    assert b.state() == SinkState(20, "pb")
+
+
+# -- fencing -----------------------------------------------------------------------------
+
+
+def test_stale_expected_is_fenced_and_writes_nothing(sink: DeltaSink) -> None:
+    sink.commit([], SinkState(), SinkState(100, "p100"))
+    version = DeltaTable(str(sink.path)).version()
+    staged = sink.stager().stage("zombie", 0, updates(["z"], 50))
+    for stale in (SinkState(), SinkState(100, "other"), SinkState(100), SinkState(50, "p100")):
+        with pytest.raises(SinkFenced) as info:
+            sink.commit(staged, stale, SinkState(200, "p200"))
+        assert NAME in str(info.value)
+    assert DeltaTable(str(sink.path)).version() == version
+    assert sink.read_updates().num_rows == 0
+    assert sink.state() == SinkState(100, "p100")
+
+
+def test_delta_rs_rejects_a_stale_commit_of_the_same_app_id(tmp_path: Path) -> None:
+    """Pins the delta-rs behaviour the fence relies on (deltalake 1.6.6): a
+    commit built on snapshot v fails when a commit after v carries a txn of the
+    same appId, even with unrelated commits in between; other appIds pass."""
+    path = str(tmp_path / "t")
+    DeltaTable.create(path, Schema.from_arrow(SCHEMA))
+
+    def commit(dt: DeltaTable, app: str, version: int) -> None:
+        props = CommitProperties(app_transactions=[Transaction(app, version)])
+        dt.create_write_transaction([], "append", dt.schema(), commit_properties=props)
+
+    stale = DeltaTable(path)
+    commit(DeltaTable(path), "reclock:x", 1)  # another app: no conflict with ours
+    commit(DeltaTable(path), "reclock:o", 1)  # ours, from a fresh snapshot
+    commit(DeltaTable(path), "reclock:x", 2)
+    with pytest.raises(CommitFailedError, match="Concurrent transaction"):
+        commit(stale, "reclock:o", 1)
+    behind_other_only = DeltaTable(path)
+    commit(DeltaTable(path), "reclock:x", 3)
+    commit(behind_other_only, "reclock:o", 2)  # only foreign commits since: fine
+    assert DeltaTable(path).transaction_version("reclock:o") == 2
+
+
+def test_a_commit_between_our_check_and_our_commit_fences_us(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interleaving a lock cannot cover across machines, made
+    deterministic: A checks, B checks and commits, A commits. Without the
+    lock, delta-rs's conflict check must turn A's commit into SinkFenced."""
+    path = tmp_path / "t"
+    a = DeltaSink(NAME, path, lock=False)
+    b = DeltaSink(NAME, path, lock=False)
+    a.ensure(USER)
+    a_staged = a.stager().stage("a", 0, updates(["from-a"], 1))
+    b_staged = b.stager().stage("b", 0, updates(["from-b"], 1))
+    real_state_of = a._state_of
+    checks = []
+
+    def check_then_let_b_win(dt: DeltaTable) -> SinkState:
+        state = real_state_of(dt)
+        checks.append(state)
+        if len(checks) == 1:
+            b.commit(b_staged, SinkState(), SinkState(10, "b"))
+        return state
+
+    monkeypatch.setattr(a, "_state_of", check_then_let_b_win)
+    with pytest.raises(SinkFenced):
+        a.commit(a_staged, SinkState(), SinkState(10, "a"))
+    # A passed its check, lost in delta-rs, re-checked from a new snapshot.
+    assert checks == [SinkState(), SinkState(10, "b")]
+    assert b.state() == SinkState(10, "b")
+    assert keys(b.read_updates()) == ["from-b"]
+
+
+def _check_race(path: Path, results: list[tuple[int, int, str]], racers: int, rounds: int) -> None:
+    assert len(results) == racers * rounds
+    winners: dict[int, int] = {}
+    for r, who, outcome in results:
+        if outcome == "ok":
+            assert r not in winners, f"round {r}: racers {winners[r]} and {who} both committed"
+            winners[r] = who
+    assert sorted(winners) == list(range(rounds)), "every round has exactly one winner"
+    got = DeltaSink(NAME, path).read_updates()
+    assert keys(got) == sorted(f"w{w}r{r}" for r, w in winners.items())
+    last = rounds - 1
+    assert DeltaSink(NAME, path).state() == SinkState(rounds, f'"w{winners[last]}r{last}"')
+
+
+@pytest.mark.parametrize("lock", [True, False], ids=["flock", "delta-only"])
+def test_racing_threads_never_both_commit(tmp_path: Path, lock: bool) -> None:
+    racers, rounds = 4, 12
+    path = tmp_path / "race"
+    DeltaSink(NAME, path).ensure(USER)
+    barrier = threading.Barrier(racers)
+    results: queue.Queue[tuple[int, int, str]] = queue.Queue()
+    errors: list[BaseException] = []
+
+    def run(who: int) -> None:
+        try:
+            race_commits(str(path), NAME, lock, who, rounds, barrier, results)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(racers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    _check_race(path, [results.get_nowait() for _ in range(results.qsize())], racers, rounds)
+
+
+@pytest.mark.parametrize("lock", [True, False], ids=["flock", "delta-only"])
+def test_racing_processes_never_both_commit(tmp_path: Path, lock: bool) -> None:
+    racers, rounds = 4, 8
+    path = tmp_path / "race"
+    DeltaSink(NAME, path).ensure(USER)
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(racers, timeout=120)
+    results: Any = ctx.Queue()
+    procs = [
+        ctx.Process(target=race_commits, args=(str(path), NAME, lock, i, rounds, barrier, results))
+        for i in range(racers)
+    ]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=180) for _ in range(racers * rounds)]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    _check_race(path, got, racers, rounds)
+
+
+def test_an_unrelated_concurrent_commit_is_retried_not_fenced(
+    sink: DeltaSink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A schema change landing between our check and our commit makes delta-rs
+    fail the commit; the state is still ours, so the sink retries."""
+    real_load = sink._load
+    calls = {"n": 0}
+
+    def load_then_interfere() -> DeltaTable:
+        dt = real_load()
+        calls["n"] += 1
+        if calls["n"] == 1:
+            other = DeltaSink("someone.else", sink.path, lock=False)
+            other.ensure(pa.schema([*USER, pa.field("extra", pa.int32())]))
+        return dt
+
+    monkeypatch.setattr(sink, "_load", load_then_interfere)
+    sink.commit(sink.stager().stage("b", 0, updates(["a"], 1)), SinkState(), SinkState(2, "p"))
+    assert calls["n"] >= 2
+    assert sink.state() == SinkState(2, "p")
+    assert keys(sink.read_updates()) == ["a"]
+
+
+# -- durability of the state -------------------------------------------------------------
+
+
+def test_state_survives_checkpoints(sink: DeltaSink) -> None:
+    for i in range(120):
+        staged = sink.stager().stage(f"b{i}", 0, updates([f"k{i}"], i)) if i % 10 == 0 else []
+        sink.commit(staged, sink.state() if i == 0 else SinkState(i, f"p{i}"),
+                    SinkState(i + 1, f"p{i + 1}"))
+    last = json.loads((sink.path / "_delta_log" / "_last_checkpoint").read_text())
+    assert last["version"] >= 100
+    assert sink.state() == SinkState(120, "p120")
+    # What cleanup_metadata may delete once expired: every log entry before the
+    # checkpoint. The state does not need them.
+    for v in log_versions(sink.path):
+        if v < last["version"]:
+            (sink.path / "_delta_log" / f"{v:020d}.json").unlink()
+    fresh = DeltaSink(NAME, sink.path)
+    assert fresh.state() == SinkState(120, "p120")
+    assert fresh.read_updates().num_rows == 12
+
+
+def test_progress_is_none_when_its_commit_was_cleaned_up(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    DeltaTable.create(
+        str(path), Schema.from_arrow(SCHEMA),
+        configuration={"delta.logRetentionDuration": "interval 0 seconds"},
+    )
+    s = DeltaSink(NAME, path)
+    s.ensure(USER)
+    s.commit([], SinkState(), SinkState(10, "p10"))
+    for i in range(105):  # a foreign writer, whose commits checkpoint and clean up the log
+        dt = DeltaTable(str(path))
+        props = CommitProperties(app_transactions=[Transaction("someone", i)])
+        dt.create_write_transaction([], "append", dt.schema(), commit_properties=props)
+    dt = DeltaTable(str(path))
+    dt.create_checkpoint()
+    dt.cleanup_metadata()
+    assert min(log_versions(path)) > 1
+    assert s.state() == SinkState(10, None)
+
+
+def test_progress_found_behind_foreign_commits(sink: DeltaSink) -> None:
+    sink.commit([], SinkState(), SinkState(10, "p10"))
+    for i in range(5):
+        dt = DeltaTable(str(sink.path))
+        props = CommitProperties(app_transactions=[Transaction("someone", i)],
+                                 custom_metadata={"reclock.upper": 999})
+        dt.create_write_transaction([], "append", dt.schema(), commit_properties=props)
+    assert sink.state() == SinkState(10, "p10")
+    sink.commit([], SinkState(10, "p10"), SinkState(11, "p11"))
+    assert sink.state() == SinkState(11, "p11")
+
+
+# -- orphans -----------------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_orphans_are_invisible_and_vacuumed_after_the_grace_period(tmp_path: Path) -> None:
+    clock = FakeClock(os.path.getmtime(tmp_path) + 10)
+    s = DeltaSink(NAME, tmp_path / "t", clock=clock)
+    s.ensure(USER)
+    committed = s.stager().stage("ok", 0, updates(["a"], 1))
+    s.commit(committed, SinkState(), SinkState(2))
+    # A crash between stage and commit leaves these behind.
+    orphan = s.stager().stage("crashed", 0, updates(["x", "y"], 1))
+    (s.path / ".part-crashed-00001-000.parquet.0123abcd.tmp").write_bytes(b"half")
+    (s.path / "someone-elses.parquet").write_bytes(b"not ours")
+    assert keys(s.read_updates()) == ["a"]
+    assert keys(DeltaSink(NAME, s.path).read_updates()) == ["a"]
+
+    assert s.vacuum_orphans(grace_seconds=3600) == []  # too young: may be a running job
+    clock.now += 3601
+    removed = s.vacuum_orphans(grace_seconds=3600)
+    assert removed == sorted([orphan[0]["path"], ".part-crashed-00001-000.parquet.0123abcd.tmp"])
+    assert (s.path / committed[0]["path"]).exists()
+    assert (s.path / "someone-elses.parquet").exists()
+    assert keys(s.read_updates()) == ["a"]
+    assert s.state() == SinkState(2)
+
+
+def test_commit_of_a_vacuumed_file_fails_and_writes_nothing(tmp_path: Path) -> None:
+    clock = FakeClock(0.0)
+    s = DeltaSink(NAME, tmp_path / "t", clock=clock)
+    s.ensure(USER)
+    staged = s.stager().stage("slow", 0, updates(["a"], 1))
+    clock.now = os.path.getmtime(s.path / staged[0]["path"]) + 10
+    assert s.vacuum_orphans(grace_seconds=1) == [staged[0]["path"]]
+    with pytest.raises(SinkError, match="gone"):
+        s.commit(staged, SinkState(), SinkState(2))
+    assert s.state() == SinkState()
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def unwritable(tmp_path: Path) -> Iterator[Path]:
+    """A path nothing can be created under. Tests run as root, which ignores
+    permission bits, so then the parent is a regular file instead."""
+    if os.geteuid() == 0:
+        blocker = tmp_path / "blocker"
+        blocker.write_text("a regular file, not a directory")
+        yield blocker / "out"
+        return
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        yield ro / "out"
+    finally:
+        ro.chmod(0o700)
+
+
+def test_ensure_on_an_unwritable_path_names_the_path(unwritable: Path) -> None:
+    with pytest.raises(SinkError) as info:
+        DeltaSink(NAME, unwritable / "t").ensure(USER)
+    msg = str(info.value)
+    assert NAME in msg and str(unwritable) in msg
+    assert "permission denied" in msg or "not a directory" in msg
+
+
+def test_stage_on_an_unwritable_path_names_the_path(unwritable: Path) -> None:
+    stager = DeltaStager(NAME, str(unwritable), SCHEMA)
+    with pytest.raises(SinkError) as info:
+        stager.stage("b", 0, updates(["a"], 1))
+    msg = str(info.value)
+    assert NAME in msg and str(unwritable) in msg
+    assert "permission denied" in msg or "not a directory" in msg
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [(errno.ENOSPC, "disk full"), (errno.EACCES, "permission denied"),
+     (errno.EROFS, "read-only file system")],
+)
+def test_write_failures_become_sink_errors(
+    sink: DeltaSink, monkeypatch: pytest.MonkeyPatch, code: int, words: str
+) -> None:
+    def fail(table: pa.Table, f: Any) -> None:
+        f.write(b"partial")
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(delta_mod, "_write_parquet", fail)
+    with pytest.raises(SinkError) as info:
+        sink.stager().stage("b", 0, updates(["a"], 1))
+    msg = str(info.value)
+    assert words in msg and NAME in msg and "part-b-00000-000.parquet" in msg
+    assert not [p for p in os.listdir(sink.path) if p.endswith((".tmp", ".parquet"))]
+
+
+def test_staging_checks_the_stored_schema(sink: DeltaSink) -> None:
+    stager = sink.stager()
+    with pytest.raises(SinkError, match="surprise"):
+        stager.stage("b", 0, updates(["a"], 1).append_column("surprise", pa.array([1])))
+    bad = updates(["a"], 1).set_column(2, "_into_time", pa.array([None], pa.int64()))
+    with pytest.raises(SinkError, match="NOT NULL"):
+        stager.stage("b", 0, bad)
+    with pytest.raises(ValueError, match="batch id"):
+        stager.stage("../escape", 0, updates(["a"], 1))
+    # Missing nullable columns and other integer widths are fine.
+    loose = updates(["a"], 1).drop_columns(["v", "_raw_key"]).set_column(
+        0, "k", pa.array(["a"], pa.large_string())
+    )
+    sink.commit(stager.stage("b", 0, loose), SinkState(), SinkState(2))
+    assert sink.read_updates().column("v").to_pylist() == [None]
+
+
+def test_commit_before_ensure_is_a_sink_error(tmp_path: Path) -> None:
+    with pytest.raises(SinkError, match="ensure"):
+        DeltaSink(NAME, tmp_path / "nothing").commit([], SinkState(), SinkState(1))
+
+
+def test_stager_pickles(sink: DeltaSink) -> None:
+    stager = pickle.loads(pickle.dumps(sink.stager()))
+    staged = stager.stage("p", 0, updates(["a"], 1))
+    sink.commit(staged, SinkState(), SinkState(2))
+    assert keys(sink.read_updates()) == ["a"]
