@@ -231,9 +231,8 @@ def cmd_bindings(args: argparse.Namespace) -> int:
 
 
 def cmd_read(args: argparse.Namespace) -> int:
-    from sinks.consolidate import consolidate, errors
-
     from reclock.pipeline import Pipeline
+    from sinks.consolidate import consolidate, errors
 
     cfg = _load(args.file)
     pipe = Pipeline(cfg)
@@ -242,6 +241,7 @@ def cmd_read(args: argparse.Namespace) -> int:
         for name in args.outputs:
             targets.append(_find_output(pipe, name))
         states = [o.sink.state() for _, o in targets]
+        as_of: int | None
         if args.as_of is not None:
             as_of = parse_time(args.as_of)
             for (src, o), st in zip(targets, states, strict=True):

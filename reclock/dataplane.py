@@ -19,6 +19,7 @@ names. Data moves as Arrow batches, never row by row.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -144,6 +145,8 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
 
     key = batch.column("key")
     value = batch.column("value")
+    if plan.value_decoder is None:
+        raise DefiniteError(f"output {plan.name!r}: raw records need a value format")
     res = decode_key_value(plan.key_decoder, plan.value_decoder, key, value)
     ok_idx = np.asarray(res.ok, dtype=np.int64)
     parts = []
@@ -242,10 +245,8 @@ def run_job(
         rdd = sc.parallelize(list(tasks), len(tasks))
         results: list[TaskResult] = rdd.mapPartitions(partial(_run_partition, bc)).collect()
     finally:
-        try:
+        with contextlib.suppress(Exception):  # best effort, also on shutdown
             bc.destroy()
-        except Exception:  # pragma: no cover - best effort on shutdown
-            pass
     return sorted(results, key=lambda r: r.task)
 
 

@@ -124,7 +124,8 @@ class GeneratorReader:
         if self.spec.bad_every > 0 and fmt != "bytes":
             bad = (n % self.spec.bad_every) == (self.spec.bad_every - 1)
             if bad.any():
-                broken = {"json": b'{"n": oops', "csv": b"lonely", "text": b"\xff\xfe bad utf-8"}[fmt]
+                broken = {"json": b'{"n": oops', "csv": b"lonely",
+                          "text": b"\xff\xfe bad utf-8"}[fmt]
                 value = pc.if_else(pa.array(bad), pa.scalar(broken, pa.binary()), value)
         key = pc.cast(nstr, pa.binary())
         return pa.RecordBatch.from_arrays(

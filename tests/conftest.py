@@ -61,3 +61,13 @@ def store_url(request: pytest.FixtureRequest) -> str:
     if request.param == "sqlite":
         return str(request.getfixturevalue("sqlite_url"))
     return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One Spark session for the whole test run (local[2])."""
+    from reclock.spark import spark_session
+
+    session = spark_session("local[2]", "reclock-tests", {"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
