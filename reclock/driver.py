@@ -32,6 +32,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,7 @@ from reclock.errors import DefiniteError, ReclockError
 from reclock.frontier import Antichain
 from reclock.mint import RemapOperator
 from reclock.progress_log import ProgressLog
-from reclock.time import IntoTime
+from reclock.time import IntoTime, frontier_distance
 from remap_store.base import RemapStore
 from sinks.base import PersistSink, SinkFenced, SinkState
 from sources.base import OutputSpec, Source
@@ -143,8 +144,9 @@ class SourceRunner:
         self.acknowledged: Antichain[Any] | None = None
         self.ticks = 0
         self.records = 0
-        self.rate = 0.0  # records/s, smoothed
+        self._samples: deque[tuple[float, int]] = deque(maxlen=64)
         self.last_probe: Antichain[Any] | None = None
+        self.job_seconds = 0.0
         self.job_group = f"reclock-{self.name}-{uuid.uuid4().hex[:8]}"
         self._opened = False
 
@@ -329,11 +331,19 @@ class SourceRunner:
             results = run_local(ctx, tasks)
         else:
             results = run_job(self.spark, ctx, tasks, pool=self.name, group=self.job_group)
-        n = sum(r.records for r in results)
-        self.records += n
-        dt = max(time.monotonic() - t0, 1e-3)
-        self.rate = 0.7 * self.rate + 0.3 * (n / dt) if self.rate else n / dt
+        self.records += sum(r.records for r in results)
+        self.job_seconds += time.monotonic() - t0
         return results
+
+    @property
+    def rate(self) -> float:
+        """Records per second over the last ~10 s of wall time."""
+        now = time.monotonic()
+        self._samples.append((now, self.records))
+        while len(self._samples) > 2 and now - self._samples[0][0] > 10:
+            self._samples.popleft()
+        t0, r0 = self._samples[0]
+        return (self.records - r0) / (now - t0) if now - t0 > 0.5 else 0.0
 
     def _commit(
         self, b: Bindings[Any], results: list[TaskResult], reached: Antichain[Any],
@@ -406,7 +416,7 @@ class SourceRunner:
         for o in self.outputs:
             outs.append({
                 "name": o.name, "upper": o.state.upper,
-                "lag_ms": None if o.state.upper is None else max(0, now - o.state.upper),
+                "lag_ms": None if not o.state.upper else max(0, now - o.state.upper),
                 "rows": o.rows, "errors": o.errors, "health": o.health.as_dict(),
             })
         return {
@@ -421,6 +431,8 @@ class SourceRunner:
             "resume": None if self.resume is None else self.resume.encode(),
             "records": self.records,
             "records_per_s": round(self.rate, 1),
+            "lag_records": frontier_distance(self.source.kind, self.read_from, self.last_probe),
+            "job_seconds": round(self.job_seconds, 3),
             "outputs": outs,
         }
 

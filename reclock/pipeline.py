@@ -265,8 +265,13 @@ def progress_line(st: dict[str, Any]) -> str:
     lags = [o["lag_ms"] for o in outs if o.get("lag_ms") is not None]
     health = st["health"]["status"]
     err = f" ({st['health']['error']})" if st["health"].get("error") else ""
+    from reclock.cli import fmt_frontier
+
+    lag_ms = f"{max(lags)} ms" if lags else "-"
+    lag_rec = st.get("lag_records")
     return (
-        f"[{st['source']}] {health}{err} bound={st.get('bound')} "
-        f"into_upper={upper} records={st['records']} rate={st['records_per_s']}/s "
-        f"lag={max(lags) if lags else '-'}ms"
+        f"[{st['source']}] {health}{err}  bound {fmt_frontier(st['kind'], st.get('bound'))}  "
+        f"into upper {upper if upper is not None else '-'}  {st['records']} records  "
+        f"{st['records_per_s']:.0f}/s  lag {lag_ms}"
+        + (f", {lag_rec} records" if lag_rec is not None else "")
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 DEFAULTS: dict[str, str] = {
@@ -32,6 +33,7 @@ def spark_session(
     conf: Mapping[str, str] | None = None,
 ) -> Any:
     """Get or create the process's SparkSession with reclock's defaults."""
+    os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "conf"))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

@@ -311,3 +311,16 @@ def kafka_offsets(frontier: Any) -> tuple[dict[int, int], int | None]:
     if above is not None:
         offsets = {p: o for p, o in offsets.items() if p < above}
     return offsets, above
+
+
+def frontier_distance(kind: str, behind: Any, ahead: Any) -> int | None:
+    """How many positions lie between two frontiers of one source (``behind <=
+    ahead``): records for counters and Kafka offsets, bytes of WAL for LSNs.
+    ``None`` when either is empty or unknown."""
+    if behind is None or ahead is None or behind.is_empty() or ahead.is_empty():
+        return None
+    if kind == Partitioned.KIND:
+        lo, _ = kafka_offsets(behind)
+        hi, _ = kafka_offsets(ahead)
+        return sum(max(0, o - lo.get(p, 0)) for p, o in hi.items())
+    return max(0, int(ahead.as_option()) - int(behind.as_option()))
