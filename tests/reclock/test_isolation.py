@@ -1,0 +1,109 @@
+"""Sources are independent: a failing one stalls alone, a dropped one stops
+promptly and keeps its outputs, and late results of a dropped source are
+discarded."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from reclock.config import load_config
+from reclock.driver import SourceRunner
+from reclock.pipeline import Pipeline, run
+from reclock.verify import verify_pipeline
+
+
+def test_a_failing_sink_stalls_only_its_source(tmp_path: Path, spark: Any) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a regular file where a directory should be")
+    cfg_path = tmp_path / "p.yaml"
+    cfg_path.write_text(f"""
+timestamp_interval: 200ms
+sources:
+  - name: broken
+    generator: {{kind: counter, rate: 1000}}
+    outputs:
+      - {{name: value, format: json, sink: {{type: file, path: {blocker}/out}}}}
+  - name: healthy
+    generator: {{kind: counter, rate: 1000, max_records: 2000}}
+    outputs:
+      - {{name: value, format: json, sink: file}}
+""")
+    cfg = load_config(cfg_path)
+    runners: list[SourceRunner] = []
+    run(cfg, spark=spark, duration=20, out=None, install_signals=False,
+        on_ready=runners.extend)
+    by = {r.name: r for r in runners}
+    assert by["healthy"].health.status == "finished"
+    broken = by["broken"].health
+    assert broken.status == "stopped"  # it was stalled until the driver stopped
+    events = [e for e in by["broken"].events.recent if e["kind"] == "health"]
+    stalled = [e for e in events if e["status"] == "stalled"]
+    assert stalled and str(blocker) in stalled[0]["error"]
+    assert all(r.ok for r in verify_pipeline(cfg) if r.source == "healthy")
+
+
+def test_drop_stops_promptly_discards_late_results_and_keeps_outputs(
+    tmp_path: Path, spark: Any
+) -> None:
+    cfg_path = tmp_path / "p.yaml"
+    cfg_path.write_text("""
+timestamp_interval: 200ms
+spark: {max_records_per_job: 4000000, max_records_per_task: 4000000}
+sources:
+  - name: heavy
+    generator: {kind: counter, rate: 2000000}
+    outputs:
+      - {name: value, format: {type: json, schema: {n: int64}}, sink: file}
+  - name: light
+    generator: {kind: counter, rate: 500}
+    outputs:
+      - {name: value, format: json, sink: file}
+""")
+    cfg = load_config(cfg_path)
+    pipe = Pipeline(cfg)
+    stop = threading.Event()
+    runners: list[SourceRunner] = []
+    t = threading.Thread(target=run, kwargs=dict(
+        cfg=cfg, spark=spark, stop=stop, out=None, install_signals=False,
+        on_ready=runners.extend))
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if runners and all(r.records > 0 for r in runners):
+                break
+            time.sleep(0.1)
+        heavy = next(r for r in runners if r.name == "heavy")
+        light = next(r for r in runners if r.name == "light")
+        time.sleep(1.0)  # let a big heavy job get under way
+        upper_before = heavy.outputs[0].sink.state().upper
+        pipe.request_drop("heavy")
+        dropped_at = time.monotonic()
+        heavy.join(timeout=15)
+        assert not heavy.alive
+        assert time.monotonic() - dropped_at < 8  # no waiting for it to drain
+        assert heavy.health.status == "dropped"
+        # nothing was committed for it after the drop request: a job in flight
+        # was cancelled or its results discarded
+        drop_ms = heavy.clock.now() - int((time.monotonic() - dropped_at) * 1000)
+        late = [e for e in heavy.events.recent if e["source"] == "heavy"
+                and e["kind"] == "sink_upper" and e["ts"] > drop_ms + 1000]
+        assert late == []
+        assert upper_before is not None
+        light_records = light.records
+        time.sleep(1.5)
+        assert light.alive and light.records > light_records  # the other source goes on
+    finally:
+        stop.set()
+        t.join(timeout=60)
+    # outputs are kept and still consistent
+    reports = {r.source: r for r in verify_pipeline(cfg)}
+    assert reports["heavy"].ok and reports["heavy"].outputs[0].rows > 0
+    # a restart does not start the dropped source
+    runners2: list[SourceRunner] = []
+    run(cfg, spark=spark, duration=2, out=None, install_signals=False, on_ready=runners2.extend)
+    assert [r.name for r in runners2] == ["light"]
+    pipe.close()
