@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from reclock import faults
 from reclock.config import load_config
 from reclock.verify import verify_pipeline
@@ -65,6 +67,7 @@ def _wait_running(state: Path, proc: subprocess.Popen[bytes], timeout: float = 9
     raise AssertionError("driver did not come up")
 
 
+@pytest.mark.timeout(900)
 def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path) -> None:
     path = tmp_path / "pipeline.yaml"
     path.write_text(PIPELINE)
