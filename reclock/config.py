@@ -330,7 +330,8 @@ class BytesFormat(_Model):
 
 
 class CsvFormat(_Model):
-    """Each record is one line of delimited text."""
+    """Each record is one line of delimited text (no header line: every record
+    is data; a stray header record becomes an error row if it does not convert)."""
 
     type: Literal["csv"] = "csv"
     """``csv``."""
@@ -340,8 +341,6 @@ class CsvFormat(_Model):
     """Types of some columns, ``column: type``; the others are ``string``."""
     delimiter: str = Field(default=",", min_length=1, max_length=1)
     """The field separator, one character."""
-    header: bool = False
-    """Whether a record equal to the header line is skipped."""
 
     @classmethod
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:

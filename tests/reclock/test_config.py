@@ -108,7 +108,6 @@ def test_full_valid_example(tmp_path: Path) -> None:
                   columns: [n, payload]
                   types: {n: int64}
                   delimiter: ";"
-                  header: true
                 key_format: text
                 envelope: {type: upsert, key: [n]}
                 sink: {type: file, path: out/main}
@@ -149,7 +148,7 @@ def test_full_valid_example(tmp_path: Path) -> None:
     )
     main = counter.output("main")
     assert main.format == CsvFormat(columns=("n", "payload"), types={"n": "int64"},
-                                    delimiter=";", header=True)
+                                    delimiter=";")
     assert main.key_format == TextFormat()
     assert main.envelope == UpsertEnvelope(key=("n",))
     assert main.sink == FileSinkConfig(path=tmp_path / "out" / "main")
