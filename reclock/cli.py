@@ -343,6 +343,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_dev_kafka(args: argparse.Namespace) -> int:
+    from reclock.devkafka import serve
+
+    serve(args.brokers, args.topic, args.partitions)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reclock", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -379,6 +386,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("file")
     v.add_argument("--json", action="store_true")
     v.set_defaults(fn=cmd_verify)
+    dev = sub.add_parser("dev", help="development helpers")
+    dsub = dev.add_subparsers(dest="dev_command", required=True)
+    dk = dsub.add_parser("kafka", help="run a local Kafka-protocol mock broker in the foreground")
+    dk.add_argument("--brokers", type=int, default=1)
+    dk.add_argument("--topic", action="append", default=[], help="create this topic (repeatable)")
+    dk.add_argument("--partitions", type=int, default=4)
+    dk.set_defaults(fn=cmd_dev_kafka)
     return p
 
 

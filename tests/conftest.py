@@ -71,3 +71,13 @@ def spark() -> Iterator[object]:
     session = spark_session("local[2]", "reclock-tests", {"spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[object]:
+    """A Kafka-protocol broker (librdkafka's mock cluster) for the whole run."""
+    from reclock.devkafka import MockKafka
+
+    mock = MockKafka(brokers=1)
+    yield mock
+    mock.close()
