@@ -521,6 +521,62 @@ class GeneratorConfig(ConnectorConfig):
         ]
 
 
+class KafkaStartOffset(_Model):
+    """One partition's start position."""
+
+    partition: int = Field(ge=0)
+    """Partition id."""
+    offset: int = Field(ge=0)
+    """The first offset to ingest."""
+
+
+class KafkaConfig(ConnectorConfig):
+    """A Kafka topic; its FromTime is the partitioned offset (one coordinate per
+    partition; partitions that appear later are covered from offset 0)."""
+
+    bootstrap_servers: str = Field(min_length=1)
+    """``host:port[,host:port...]``."""
+    topic: str = Field(min_length=1, max_length=249)
+    """The topic to ingest."""
+    group_id: str | None = None
+    """Consumer group that the durable offsets are committed to (for monitoring
+    and retention only; reclock never resumes from it). Default
+    ``reclock-<source name>``."""
+    start: Literal["earliest", "latest", "offsets", "timestamp"] = "earliest"
+    """Where a new source starts (fixed when it first starts): ``earliest``,
+    ``latest``, ``offsets`` (see ``start_offsets``) or ``timestamp`` (see
+    ``start_timestamp``)."""
+    start_offsets: tuple[KafkaStartOffset, ...] = ()
+    """With ``start: offsets``: ``[{partition: 0, offset: 42}, ...]``; partitions
+    not listed start at their earliest available offset."""
+    start_timestamp: int | None = Field(default=None, ge=0)
+    """With ``start: timestamp``: milliseconds since the epoch; each partition
+    starts at its first record at or after it."""
+    properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    """Extra librdkafka settings passed straight to every client (for example
+    ``security.protocol``, ``sasl.username``, ``sasl.password``); values of
+    secret-looking keys are never printed."""
+    timeout: DurationMs = 10_000
+    """Timeout of metadata and offset requests, and of a read task waiting for
+    its range."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        start = data.get("start", "earliest")
+        out = []
+        if start == "offsets" and not data.get("start_offsets"):
+            out.append(_problem(("start_offsets",), "required with start: offsets"))
+        if start == "timestamp" and data.get("start_timestamp") is None:
+            out.append(_problem(("start_timestamp",), "required with start: timestamp"))
+        if data.get("start_offsets") and start != "offsets":
+            out.append(_problem(("start_offsets",), "only applies to start: offsets",
+                                on_key=True))
+        if data.get("start_timestamp") is not None and start != "timestamp":
+            out.append(_problem(("start_timestamp",), "only applies to start: timestamp",
+                                on_key=True))
+        return out
+
+
 class OutputConfig(_Model):
     """One output of a source: how its records decode and where they go."""
 
@@ -549,6 +605,8 @@ class SourceConfig(_Model):
     starts with a letter; at most 63 characters)."""
     generator: GeneratorConfig | None = None
     """Connector block: a load generator."""
+    kafka: KafkaConfig | None = None
+    """Connector block: a Kafka topic."""
     timestamp_interval: DurationMs | None = None
     """Overrides the pipeline's ``timestamp_interval`` for this source; after
     loading it always holds the effective value."""
@@ -1244,7 +1302,7 @@ def redacted_dump(cfg: BaseModel) -> dict[str, Any]:
 def _redact_repr(value: Any, key: str) -> Any:
     if isinstance(value, str):
         return redact_secrets(value)
-    if key == "conf" and isinstance(value, Mapping):
+    if key in ("conf", "properties") and isinstance(value, Mapping):
         return {k: "***" if _SECRET_CONF_KEY.search(str(k)) else v for k, v in value.items()}
     return value
 
@@ -1258,7 +1316,8 @@ def _redact(value: Any, key: str = "") -> Any:
     if isinstance(value, SecretStr):
         return "***"
     if isinstance(value, Mapping):
-        return {str(k): ("***" if key == "conf" and _SECRET_CONF_KEY.search(str(k))
+        return {str(k): ("***" if key in ("conf", "properties")
+                         and _SECRET_CONF_KEY.search(str(k))
                          else _redact(v)) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_redact(v) for v in value]

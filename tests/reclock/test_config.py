@@ -475,14 +475,14 @@ def test_several_errors_in_line_order(tmp_path: Path) -> None:
         f"{at(path, 11, 'files')}: sources[0].outputs[0].sink.type: unknown type "
         "(expected one of: console, file)",
         f"{at(path, 12, 'name')}: sources[0].outputs[1]: missing required key 'sink'",
-        f"{at(path, 13, 'name')}: sources[1]: missing connector block (expected one of: generator)",
+        f"{at(path, 13, 'name')}: sources[1]: missing connector block (expected one of: generator, kafka)",
         f"{at(path, 14, 'extra')}: sources[1].outputs[0]: unknown key 'extra' "
         "(expected one of: envelope, format, key_format, name, sink)",
     ]
 
 
 def test_connector_blocks(tmp_path: Path) -> None:
-    assert SourceConfig.connector_keys() == ("generator",)
+    assert SourceConfig.connector_keys() == ("generator", "kafka")
     path = write(tmp_path, """
         sources:
           - name: s
@@ -506,7 +506,7 @@ def test_adding_a_connector_is_one_field(tmp_path: Path) -> None:
 
         echo: EchoConfig | None = None
 
-    assert ExtendedSource.connector_keys() == ("generator", "echo")
+    assert ExtendedSource.connector_keys() == ("generator", "kafka", "echo")
     both = """
         name: s
         generator: {kind: counter}
