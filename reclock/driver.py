@@ -208,7 +208,8 @@ class SourceRunner:
                     log.error("source %s: unexpected error\n%s", self.name, traceback.format_exc())
                 if isinstance(exc, SinkFenced):
                     self._opened = False  # re-read every output's durable state
-                self._set_health(STALLED, f"{type(exc).__name__}: {exc}", hint, definite)
+                msg = exc.args[0] if isinstance(exc, ReclockError) and exc.args else str(exc)
+                self._set_health(STALLED, f"{type(exc).__name__}: {msg}", hint, definite)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.settings.max_backoff_s)
         if self._dropped.is_set():

@@ -111,6 +111,16 @@ class Pipeline:
                 start=g.start, seed=g.seed, value_format=g.value_format, bad_every=g.bad_every,
                 output_names=[o.name for o in src.outputs],
             )
+        if src.kafka is not None:
+            from sources.kafka import KafkaSource
+
+            k = src.kafka
+            return KafkaSource(
+                src.name, k.bootstrap_servers, k.topic, self.clock, group_id=k.group_id,
+                start=k.start, start_offsets={s.partition: s.offset for s in k.start_offsets},
+                start_timestamp=k.start_timestamp, properties=dict(k.properties),
+                timeout_s=k.timeout / 1000.0, output_names=[o.name for o in src.outputs],
+            )
         raise DefiniteError(f"source {src.name!r}: no connector configured")
 
     def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig

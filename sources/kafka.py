@@ -1,0 +1,390 @@
+"""Kafka source: FromTime is the partitioned offset.
+
+Driver side (:class:`KafkaSource`)::
+
+    probe()        metadata refreshed every tick (new partitions show up within
+                   one interval) + last stable offsets (read_committed) of every
+                   partition that has a leader -> kafka frontier
+    plan(lo, hi)   one task per partition range, split when large; ranges that
+                   retention already removed are a definite error
+    acknowledge(f) commit f's offsets to the consumer group (monitoring and
+                   retention only; reclock never resumes from them)
+
+Executor side (:class:`KafkaReader`): a task assigns its partition at the
+range's first offset and reads until the consumer's position reaches the
+range's end, with ``isolation.level=read_committed``; exactly the records in
+``[start, end)``, on every retry (offsets are immutable; transaction markers
+and aborted records leave gaps that every retry skips the same way).
+Consumers are cached per worker process and reused across tasks.
+
+The frontier holds one point per partition known so far, plus "every higher
+partition from offset 0": a partition that appears later is covered from its
+first record. A partition that temporarily has no leader keeps its last
+known offset. Frontiers never go backwards: offsets below the last bound ones
+mean the topic was deleted and recreated, a definite error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec
+
+from reclock.clock import Clock
+from reclock.errors import DefiniteError, FrontierRegression, TransientError
+from reclock.frontier import Antichain
+from reclock.time import Partitioned, kafka_frontier, kafka_offsets
+from sources.base import OutputSpec, ReadTask
+
+BATCH = 50_000
+
+_SECRET_KEYS = ("password", "secret", "token", "jaas", "key.password")
+
+
+def redact_properties(props: dict[str, Any]) -> dict[str, Any]:
+    return {k: ("***" if any(s in k.lower() for s in _SECRET_KEYS) else v)
+            for k, v in props.items()}
+
+
+def _client_conf(bootstrap: str, properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    # Connection errors surface as health statuses; keep librdkafka from
+    # printing every reconnect attempt (override with properties.log_level).
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 2}
+    conf.update({k: v for k, v in properties.items()})
+    conf.update(extra)
+    return conf
+
+
+def _spec(name: str, *args: Any) -> Any:
+    """An ``OffsetSpec`` (its constructors are untyped)."""
+    return getattr(OffsetSpec, name)(*args)
+
+
+def _transient(what: str, exc: BaseException) -> TransientError:
+    return TransientError(f"{what}: {exc}", hint="is the Kafka broker reachable? reclock retries")
+
+
+@dataclass(frozen=True)
+class KafkaReader:
+    """Executor side: reads one partition range per task."""
+
+    bootstrap: str
+    topic: str
+    properties: tuple[tuple[str, Any], ...]
+    timeout_s: float
+
+    def _consumer(self) -> Consumer:
+        key = (self.bootstrap, self.properties)
+        with _CACHE_LOCK:
+            c = _CONSUMERS.get(key)
+            if c is None:
+                c = Consumer(_client_conf(
+                    self.bootstrap, dict(self.properties),
+                    **{"group.id": "reclock-reader", "enable.auto.commit": False,
+                       "enable.auto.offset.store": False, "isolation.level": "read_committed",
+                       "auto.offset.reset": "error", "enable.partition.eof": False,
+                       "fetch.max.bytes": 52428800}))
+                _CONSUMERS[key] = c
+            return c
+
+    def read(self, task: ReadTask) -> Iterator[tuple[int, pa.RecordBatch]]:
+        partition, start, end = task.spec
+        if end <= start:
+            return
+        c = self._consumer()
+        tp = TopicPartition(self.topic, partition, start)
+        c.assign([tp])
+        try:
+            yield from self._read_range(c, partition, start, end)
+        finally:
+            with contextlib.suppress(KafkaException):
+                c.unassign()
+
+    def _read_range(self, c: Consumer, partition: int, start: int, end: int
+                    ) -> Iterator[tuple[int, pa.RecordBatch]]:
+        offsets: list[int] = []
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        stamps: list[int | None] = []
+        pos = start
+        idle_since = time.monotonic()
+        while pos < end:
+            msgs = c.consume(num_messages=min(10_000, end - pos), timeout=0.5)
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    if err.code() in (KafkaError.OFFSET_OUT_OF_RANGE,
+                                      KafkaError._AUTO_OFFSET_RESET):
+                        raise DefiniteError(
+                            f"topic {self.topic!r} partition {partition}: offsets from {pos} "
+                            "were removed (retention) before they were read",
+                            hint="raise the topic's retention or re-create the source")
+                    if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                      KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC):
+                        raise DefiniteError(f"topic {self.topic!r} partition {partition} "
+                                            "no longer exists", hint="was the topic deleted?")
+                    raise _transient(f"reading {self.topic}[{partition}]", KafkaException(err))
+                off = m.offset() or 0
+                if off >= end:
+                    pos = end
+                    break
+                if off < pos:
+                    continue
+                offsets.append(off)
+                keys.append(m.key())
+                values.append(m.value())
+                ts_type, ts = m.timestamp()
+                stamps.append(ts if ts_type else None)
+                pos = off + 1
+                if len(offsets) >= BATCH:
+                    yield 0, _batch(partition, offsets, keys, values, stamps)
+                    offsets, keys, values, stamps = [], [], [], []
+            if msgs:
+                idle_since = time.monotonic()
+            if pos < end:
+                # Transaction markers and aborted records are never delivered:
+                # the consumer's position tells how far the log was read.
+                p = c.position([TopicPartition(self.topic, partition)])[0].offset
+                if p >= 0:
+                    pos = max(pos, min(p, end))
+                if not msgs and time.monotonic() - idle_since > self.timeout_s:
+                    raise TransientError(
+                        f"topic {self.topic!r} partition {partition}: no records between "
+                        f"offsets {pos} and {end} after {self.timeout_s:.0f}s",
+                        hint="the broker may be unavailable; the task is retried")
+        if offsets:
+            yield 0, _batch(partition, offsets, keys, values, stamps)
+
+
+def _batch(partition: int, offsets: list[int], keys: list[bytes | None],
+           values: list[bytes | None], stamps: list[int | None]) -> pa.RecordBatch:
+    n = len(offsets)
+    return pa.RecordBatch.from_arrays(
+        [pa.array([partition] * n, pa.int32()), pa.array(offsets, pa.int64()),
+         pa.array([0] * n, pa.int32()), pa.array(stamps, pa.int64()),
+         pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
+        names=["_src_part", "_src_offset", "_src_seq", "_src_ts", "key", "value"],
+    )
+
+
+_CONSUMERS: dict[Any, Consumer] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+@dataclass
+class KafkaSource:
+    """Driver side of a Kafka topic (see the module docstring)."""
+
+    name: str
+    bootstrap: str
+    topic: str
+    clock: Clock
+    group_id: str | None = None
+    start: str = "earliest"
+    start_offsets: dict[int, int] = field(default_factory=dict)
+    start_timestamp: int | None = None
+    properties: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 10.0
+    output_names: list[str] = field(default_factory=list)
+
+    kind = Partitioned.KIND
+    replayable = True
+
+    def __post_init__(self) -> None:
+        self.group = self.group_id or f"reclock-{self.name}"
+        self._admin: AdminClient | None = None
+        self._consumer: Consumer | None = None
+        self._initial: Antichain[Partitioned] | None = None
+        self._known: dict[int, int] = {}  # last probed offsets: never go backwards
+        if len(self.output_names or ["x"]) != 1:
+            raise DefiniteError(
+                f"source {self.name!r}: a Kafka source has one output, got {self.output_names}")
+
+    def __repr__(self) -> str:
+        return (f"KafkaSource({self.name!r}, topic={self.topic!r}, "
+                f"properties={redact_properties(self.properties)})")
+
+    # -- clients ----------------------------------------------------------------------
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(_client_conf(self.bootstrap, self.properties))
+        return self._admin
+
+    @property
+    def consumer(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer(_client_conf(
+                self.bootstrap, self.properties,
+                **{"group.id": self.group, "enable.auto.commit": False,
+                   "isolation.level": "read_committed", "allow.auto.create.topics": False}))
+        return self._consumer
+
+    def outputs(self) -> list[OutputSpec]:
+        return [OutputSpec(self.output_names[0] if self.output_names else self.topic)]
+
+    # -- metadata and offsets -----------------------------------------------------------
+    def _partitions(self) -> tuple[list[int], list[int]]:
+        """All partition ids, and those with a leader (readable now)."""
+        try:
+            # The consumer never auto-creates the topic by asking about it.
+            md = self.consumer.list_topics(self.topic, timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise _transient(f"source {self.name!r}: metadata of topic {self.topic!r}", exc
+                             ) from None
+        t = md.topics.get(self.topic)
+        missing = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+        if t is None or (t.error is not None and t.error.code() in missing) or not t.partitions:
+            raise DefiniteError(
+                f"source {self.name!r}: topic {self.topic!r} does not exist (deleted?)",
+                hint="re-create the topic, or drop the source with `reclock drop`")
+        if t.error is not None:
+            raise _transient(f"source {self.name!r}: topic {self.topic!r}", KafkaException(t.error))
+        ids = sorted(t.partitions)
+        return ids, [p for p in ids if t.partitions[p].leader >= 0]
+
+    def _list_offsets(self, partitions: list[int], spec: Any) -> dict[int, int]:
+        if not partitions:
+            return {}
+        req = {TopicPartition(self.topic, p): spec for p in partitions}
+        try:
+            futs = self.admin.list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
+                                           request_timeout=self.timeout_s)
+            return {tp.partition: f.result().offset for tp, f in futs.items()}
+        except KafkaException as exc:
+            raise _transient(f"source {self.name!r}: offsets of topic {self.topic!r}", exc
+                             ) from None
+
+    def initial_frontier(self) -> Antichain[Partitioned]:
+        """The configured start, read once (at construction of the source's
+        first binding) and never patched afterwards."""
+        if self._initial is None:
+            ids, live = self._partitions()
+            if self.start == "latest":
+                offsets = self._list_offsets(live, _spec('latest'))
+            elif self.start == "timestamp":
+                assert self.start_timestamp is not None
+                found = self._list_offsets(live, _spec('for_timestamp', self.start_timestamp))
+                ends = self._list_offsets(live, _spec('latest'))
+                offsets = {p: (o if o >= 0 else ends[p]) for p, o in found.items()}
+            else:
+                offsets = self._list_offsets(live, _spec('earliest'))
+                if self.start == "offsets":
+                    offsets.update(self.start_offsets)
+            initial: Antichain[Partitioned] = kafka_frontier(offsets, partitions=len(ids))
+            self._initial = initial
+        return self._initial
+
+    def open(self, resume: Antichain[Partitioned], bound: Antichain[Partitioned]) -> None:
+        self._known, _ = kafka_offsets(bound)
+
+    def probe(self) -> Antichain[Partitioned]:
+        ids, live = self._partitions()
+        latest = self._list_offsets(live, _spec('latest'))
+        for p, o in latest.items():
+            prev = self._known.get(p)
+            if prev is not None and o < prev:
+                raise FrontierRegression(
+                    f"source {self.name!r}: topic {self.topic!r} partition {p} went back from "
+                    f"offset {prev} to {o}",
+                    hint="the topic was deleted and re-created; drop and re-create the source")
+        for p, o in latest.items():
+            self._known[p] = o
+        n = max([*ids, *self._known.keys(), -1]) + 1
+        probed: Antichain[Partitioned] = kafka_frontier(self._known, partitions=n)
+        return probed
+
+    # -- planning -----------------------------------------------------------------------
+    def plan(
+        self, lower: Antichain[Partitioned], upper: Antichain[Partitioned], max_task: int,
+        max_job: int,
+    ) -> tuple[list[ReadTask], Antichain[Partitioned]]:
+        lo, lo_above = kafka_offsets(lower)
+        hi, hi_above = kafka_offsets(upper)
+        ranges: dict[int, tuple[int, int]] = {}
+        for p, end in hi.items():
+            begin = lo.get(p, 0 if lo_above is not None and p >= lo_above else end)
+            if end > begin:
+                ranges[p] = (begin, end)
+        if ranges:
+            earliest = self._list_offsets(sorted(ranges), _spec('earliest'))
+            for p, (begin, _end) in ranges.items():
+                first = earliest.get(p, 0)
+                if first > begin:
+                    raise DefiniteError(
+                        f"source {self.name!r}: topic {self.topic!r} partition {p}: offsets "
+                        f"{begin}..{first - 1} were removed by retention before they were read",
+                        hint="raise the topic's retention (or the pipeline's throughput); "
+                        "re-create the source to skip the lost records")
+        # Chunks, taken round-robin across partitions until the job budget is spent.
+        reached = dict(lo)
+        cursor = {p: b for p, (b, _e) in ranges.items()}
+        tasks: list[ReadTask] = []
+        budget = max_job
+        progress = True
+        while budget > 0 and progress:
+            progress = False
+            for p in sorted(ranges):
+                b, e = cursor[p], ranges[p][1]
+                if b >= e or budget <= 0:
+                    continue
+                stop = min(e, b + max_task, b + budget)
+                tasks.append(ReadTask(self.name, len(tasks), (p, b, stop), stop - b))
+                budget -= stop - b
+                cursor[p] = stop
+                progress = True
+        for p, c in cursor.items():
+            reached[p] = c
+        if all(cursor[p] == ranges[p][1] for p in ranges):
+            return tasks, upper
+        parts = max([*hi.keys(), *reached.keys(), -1]) + 1
+        for p in hi:
+            reached.setdefault(p, hi[p] if p not in ranges else cursor[p])
+        del hi_above
+        return tasks, kafka_frontier(reached, partitions=parts)
+
+    def reader(self) -> KafkaReader:
+        return KafkaReader(self.bootstrap, self.topic, tuple(sorted(self.properties.items())),
+                           self.timeout_s)
+
+    # -- acknowledgement ----------------------------------------------------------------------
+    def acknowledge(self, frontier: Antichain[Partitioned]) -> None:
+        offsets, _ = kafka_offsets(frontier)
+        if not offsets:
+            return
+        tps = [TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())]
+        try:
+            self.consumer.commit(offsets=tps, asynchronous=False)
+        except KafkaException as exc:
+            raise _transient(f"source {self.name!r}: committing offsets to group "
+                             f"{self.group!r}", exc) from None
+
+    def committed(self) -> dict[int, int]:
+        """The consumer group's committed offsets (for status and tests)."""
+        ids, _ = self._partitions()
+        res = self.consumer.committed([TopicPartition(self.topic, p) for p in ids],
+                                      timeout=self.timeout_s)
+        return {tp.partition: tp.offset for tp in res if tp.offset >= 0}
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                self._consumer.close()
+            self._consumer = None
+        self._admin = None

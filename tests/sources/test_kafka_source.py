@@ -1,0 +1,213 @@
+"""The Kafka source against a real Kafka-protocol broker (librdkafka's mock
+cluster): partition discovery, start positions, malformed records, offsets
+acknowledged only when durable, and topic/broker faults."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+from confluent_kafka import Producer
+
+from reclock.config import load_config
+from reclock.driver import SourceRunner
+from reclock.pipeline import Pipeline, run
+from reclock.verify import verify_pipeline
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None, bytes | None]]
+            ) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for part, key, value in records:
+        p.produce(topic, key=key, value=value, partition=part)
+    assert p.flush(30) == 0
+
+
+def config(tmp_path: Path, bootstrap: str, topic: str, extra: str = "") -> Path:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+timestamp_interval: 200ms
+sources:
+  - name: events
+    kafka:
+      bootstrap_servers: "{bootstrap}"
+      topic: {topic}
+      timeout: 3s
+{extra}
+    outputs:
+      - name: events
+        format: {{type: json, schema: {{id: int64, body: string}}}}
+        sink: file
+""")
+    return path
+
+
+@contextmanager
+def running(cfg: Any, spark: Any) -> Iterator[list[SourceRunner]]:
+    stop = threading.Event()
+    runners: list[SourceRunner] = []
+    t = threading.Thread(target=run, kwargs=dict(
+        cfg=cfg, spark=spark, stop=stop, out=None, install_signals=False,
+        on_ready=runners.extend))
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not runners and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield runners
+    finally:
+        stop.set()
+        t.join(timeout=60)
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def rows(cfg: Any) -> Any:
+    pipe = Pipeline(cfg)
+    built = pipe.build_source(pipe.source_config("events"))
+    t = built.outputs[0].sink.read_updates()
+    pipe.close()
+    return t
+
+
+def recs(part: int, start: int, n: int) -> list[tuple[int, bytes | None, bytes | None]]:
+    return [(part, str(i).encode(), json.dumps({"id": i, "body": f"p{part}"}).encode())
+            for i in range(start, start + n)]
+
+
+def test_partitions_appearing_later_are_ingested_from_offset_zero(
+    tmp_path: Path, spark: Any, kafka: Any
+) -> None:
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 8)
+    kafka.hide_partitions(topic, [4, 5, 6, 7])  # not there yet
+    for p in range(4):
+        produce(kafka.bootstrap, topic, recs(p, p * 1000, 50))
+    cfg = load_config(config(tmp_path, kafka.bootstrap, topic))
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: r.records >= 200, what="first 200 records")
+        kafka.reveal_partitions(topic, [4, 5, 6, 7])  # "partitions added"
+        for p in range(8):
+            produce(kafka.bootstrap, topic, recs(p, p * 1000 + 100, 30))
+        wait_for(lambda: r.records >= 200 + 240, what="all 440 records")
+        wait_for(lambda: all(o.state.upper and o.state.upper > 0 for o in r.outputs))
+        committed = r.source.committed()  # type: ignore[attr-defined]
+    table = rows(cfg)
+    assert table.num_rows == 440
+    for p in range(4, 8):
+        offs = sorted(table.filter(pc.equal(table.column("_src_part"), p))
+                      .column("_src_offset").to_pylist())
+        assert offs == list(range(30)), (p, offs)  # from offset 0
+    reports = verify_pipeline(cfg)
+    assert all(rep.ok for rep in reports), [(o.breaches, o.samples) for o in reports[0].outputs]
+    assert reports[0].complete_checked == 440
+    # acknowledged offsets never exceed what the outputs hold
+    held: dict[int, int] = {}
+    for part, off in zip(table.column("_src_part").to_pylist(),
+                         table.column("_src_offset").to_pylist(), strict=True):
+        held[part] = max(held.get(part, 0), off + 1)
+    assert committed and all(o <= held.get(p, 0) for p, o in committed.items()), (committed, held)
+
+
+def test_malformed_records_land_in_the_error_collection(
+    tmp_path: Path, spark: Any, kafka: Any
+) -> None:
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    produce(kafka.bootstrap, topic,
+            [*recs(0, 0, 5), (0, b"k", b"{not json"), (1, None, None), *recs(1, 10, 5)])
+    cfg = load_config(config(tmp_path, kafka.bootstrap, topic))
+    with running(cfg, spark) as runners:
+        wait_for(lambda: runners[0].records >= 12)
+    table = rows(cfg)
+    errs = table.filter(pc.invert(pc.is_null(table.column("_error")))).to_pylist()
+    assert [(e["_src_part"], e["_src_offset"]) for e in errs] == [(0, 5), (1, 0)]
+    assert "json" in errs[0]["_error"] and errs[0]["_raw_value"] == b"{not json"
+    assert "null" in errs[1]["_error"]
+    assert all(r.ok for r in verify_pipeline(cfg))
+
+
+def test_start_latest_and_offsets_fixed_at_construction(
+    tmp_path: Path, spark: Any, kafka: Any
+) -> None:
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    produce(kafka.bootstrap, topic, recs(0, 0, 10) + recs(1, 100, 10))
+    cfg = load_config(config(tmp_path, kafka.bootstrap, topic, """      start: offsets
+      start_offsets: [{partition: 0, offset: 7}]"""))
+    with running(cfg, spark) as runners:
+        wait_for(lambda: runners[0].records >= 13)
+        time.sleep(0.5)
+        produce(kafka.bootstrap, topic, recs(0, 10, 2))
+        wait_for(lambda: runners[0].records >= 15)
+    table = rows(cfg)
+    got = sorted(zip(table.column("_src_part").to_pylist(),
+                     table.column("_src_offset").to_pylist(), strict=True))
+    assert got == [(0, o) for o in range(7, 12)] + [(1, o) for o in range(10)]
+    # latest: nothing that was there before the start
+    other = tmp_path / "latest"
+    other.mkdir()
+    cfg2 = load_config(config(other, kafka.bootstrap, topic, "      start: latest"))
+    with running(cfg2, spark) as runners:
+        wait_for(lambda: bool(runners[0].operator and runners[0].operator.bindings.bindings))
+        produce(kafka.bootstrap, topic, recs(1, 500, 3))
+        wait_for(lambda: runners[0].records >= 3)
+    t2 = rows(cfg2)
+    assert sorted(t2.column("id").to_pylist()) == [500, 501, 502]
+
+
+def test_topic_faults_give_health_with_hints(tmp_path: Path, spark: Any, kafka: Any) -> None:
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    produce(kafka.bootstrap, topic, recs(0, 0, 10))
+    cfg = load_config(config(tmp_path, kafka.bootstrap, topic))
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: r.records >= 10)
+        produce(kafka.bootstrap, topic, recs(0, 10, 20))
+        wait_for(lambda: r.records >= 30)
+        kafka.broker_down()
+        wait_for(lambda: r.health.status == "stalled", what="stall while the broker is down")
+        assert not r.health.definite and "broker" in (r.health.hint or "")
+        kafka.broker_up()
+        produce(kafka.bootstrap, topic, recs(0, 30, 5))
+        wait_for(lambda: r.health.status == "running" and r.records >= 35,
+                 what="recovery after the broker returns")
+        kafka.delete_topic(topic)
+        wait_for(lambda: r.health.status == "stalled" and r.health.definite,
+                 what="definite error for a deleted topic")
+        assert "does not exist" in (r.health.error or "") and r.health.hint
+        kafka.create_topic(topic, 1)  # re-created: the frontier would go backwards
+        produce(kafka.bootstrap, topic, recs(0, 0, 3))
+        wait_for(lambda: "went back" in (r.health.error or ""), what="re-created topic error")
+        assert r.health.hint and "re-create" in r.health.hint
+
+
+def test_retention_before_read_is_a_definite_error(tmp_path: Path, spark: Any, kafka: Any
+                                                   ) -> None:
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    produce(kafka.bootstrap, topic, recs(0, 0, 10))
+    kafka.delete_records(topic, 0, 4)  # gone before the source ever started
+    cfg = load_config(config(tmp_path, kafka.bootstrap, topic, """      start: offsets
+      start_offsets: [{partition: 0, offset: 0}]"""))
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: r.health.status == "stalled" and r.health.definite)
+        assert "removed by retention" in (r.health.error or "") and "retention" in (
+            r.health.hint or "")
