@@ -1,6 +1,8 @@
-"""kill -9 at random moments, and at every named crash point of the commit path:
-after restarts, every generated record is in its output exactly once, at the
-IntoTime its bindings give (``reclock verify``)."""
+"""kill -9 at random moments, and at every named crash point of the commit path,
+while producers keep writing to Kafka: after restarts, every generated and
+every produced record is in its output exactly once, at the IntoTime its
+bindings give (``reclock verify``), and the consumer group's committed offsets
+never exceed what the outputs hold."""
 
 from __future__ import annotations
 
@@ -10,10 +12,14 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from reclock import faults
 from reclock.config import load_config
@@ -21,7 +27,7 @@ from reclock.verify import verify_pipeline
 
 TOTAL = 60_000
 
-PIPELINE = f"""
+PIPELINE = """
 timestamp_interval: 250ms
 spark:
   master: local[2]
@@ -31,17 +37,75 @@ spark:
     spark.driver.extraJavaOptions: "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 sources:
   - name: counter
-    generator: {{kind: counter, rate: 4000, max_records: {TOTAL}, bad_every: 97}}
+    generator: {{kind: counter, rate: 4000, max_records: {total}, bad_every: 97}}
     outputs:
       - name: value
         format: {{type: json, schema: {{n: int64, payload: string}}}}
         sink: file
   - name: shop
-    generator: {{kind: orders, rate: 4000, max_records: {TOTAL}, seed: 7}}
+    generator: {{kind: orders, rate: 4000, max_records: {total}, seed: 7}}
     outputs:
       - {{name: customers, sink: file}}
       - {{name: orders, sink: file}}
+  - name: events
+    kafka: {{bootstrap_servers: "{bootstrap}", topic: {topic}, group_id: kill-test, timeout: 5s}}
+    outputs:
+      - name: events
+        format: {{type: json, schema: {{id: int64}}}}
+        sink: file
 """
+
+
+class Producing:
+    """Keeps producing JSON records to the topic until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: float = 800) -> None:
+        self.bootstrap, self.topic, self.rate = bootstrap, topic, rate
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        p = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
+        while not self._stop.is_set():
+            for _ in range(int(self.rate / 10)):
+                p.produce(self.topic, key=str(self.sent).encode(),
+                          value=json.dumps({"id": self.sent}).encode(), partition=self.sent % 4)
+                self.sent += 1
+            p.poll(0)
+            time.sleep(0.1)
+        assert p.flush(30) == 0
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.sent
+
+
+def _held_offsets(state: Path) -> dict[int, int]:
+    """Per partition: one past the highest offset the events output holds."""
+    from deltalake import DeltaTable
+
+    path = state / "outputs" / "events" / "events"
+    if not (path / "_delta_log").exists():
+        return {}
+    t = DeltaTable(str(path)).to_pyarrow_table(columns=["_src_part", "_src_offset"])
+    held: dict[int, int] = {}
+    for part, off in zip(t.column("_src_part").to_pylist(), t.column("_src_offset").to_pylist(),
+                         strict=True):
+        held[part] = max(held.get(part, 0), off + 1)
+    return held
+
+
+def _committed(bootstrap: str, topic: str) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "kill-test",
+                  "enable.auto.commit": False})
+    try:
+        res = c.committed([TopicPartition(topic, p) for p in range(4)], timeout=10)
+        return {tp.partition: tp.offset for tp in res if tp.offset >= 0}
+    finally:
+        c.close()
 
 
 def _start(path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -68,9 +132,13 @@ def _wait_running(state: Path, proc: subprocess.Popen[bytes], timeout: float = 9
 
 
 @pytest.mark.timeout(900)
-def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path) -> None:
+def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) -> None:
+    topic = f"kill-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 4)
     path = tmp_path / "pipeline.yaml"
-    path.write_text(PIPELINE)
+    path.write_text(PIPELINE.format(total=TOTAL, bootstrap=kafka.bootstrap, topic=topic))
+    producing = Producing(kafka.bootstrap, topic)
+    ack_checks = 0
     state = tmp_path / "state"
     rng = random.Random(20261121)
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -104,18 +172,43 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path) -> None:
         finally:
             if proc.stderr:
                 proc.stderr.close()
+        # nothing is acknowledged upstream before it is durable in the output
+        committed = _committed(kafka.bootstrap, topic)
+        held = _held_offsets(state)
+        assert all(o <= held.get(p, 0) for p, o in committed.items()), (committed, held)
+        ack_checks += bool(committed)
     assert kills + crash_exits >= 20, (kills, crash_exits)
-    # Run to completion without faults.
-    done = subprocess.run(
-        [sys.executable, "-m", "reclock.cli", "run", str(path)], env=base_env,
-        capture_output=True, timeout=300,
-    )
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    produced = producing.stop()
+    # Run without faults until the generators finish and Kafka is caught up.
+    proc = _start(path, base_env)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            held = _held_offsets(state)
+            gens = json.loads((state / "status.json").read_text()) if (
+                state / "status.json").exists() else {"sources": []}
+            finished = {s["source"] for s in gens["sources"]
+                        if s["health"]["status"] == "finished"}
+            if sum(held.values()) >= produced and {"counter", "shop"} <= finished:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"did not catch up: {sum(_held_offsets(state).values())} "
+                                 f"of {produced} Kafka records")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        if proc.stderr:
+            proc.stderr.close()
+    assert rc == 0 and "Traceback" not in err, err[-3000:]
     cfg = load_config(path)
     reports = verify_pipeline(cfg)
     for r in reports:
         assert r.ok, (r.source, [(o.output, o.breaches, o.samples) for o in r.outputs])
     counts = {r.source: r.complete_checked for r in reports}
-    assert counts == {"counter": TOTAL, "shop": TOTAL}
+    assert counts == {"counter": TOTAL, "shop": TOTAL, "events": produced}
+    assert ack_checks > 0
     print(f"kill test: {kills} SIGKILLs, {crash_exits} crash-point exits, "
-          f"{sum(counts.values())} records verified exactly once")
+          f"{sum(counts.values())} records verified exactly once "
+          f"({produced} from Kafka), {ack_checks} acknowledgement checks")
