@@ -475,7 +475,8 @@ def test_several_errors_in_line_order(tmp_path: Path) -> None:
         f"{at(path, 11, 'files')}: sources[0].outputs[0].sink.type: unknown type "
         "(expected one of: console, file)",
         f"{at(path, 12, 'name')}: sources[0].outputs[1]: missing required key 'sink'",
-        f"{at(path, 13, 'name')}: sources[1]: missing connector block (expected one of: generator, kafka)",
+        f"{at(path, 13, 'name')}: sources[1]: missing connector block "
+        "(expected one of: generator, kafka)",
         f"{at(path, 14, 'extra')}: sources[1].outputs[0]: unknown key 'extra' "
         "(expected one of: envelope, format, key_format, name, sink)",
     ]
