@@ -1,0 +1,1313 @@
+"""Kafka persist sink: one output is one Kafka topic, written with transactions.
+
+Topics of an output named ``name`` writing to ``topic``::
+
+    topic                       data rows: key = JSON of key_columns (or null),
+                                value = JSON of the user columns + _into_time,
+                                _diff, _src_part, _src_offset, _src_seq, _src_ts;
+                                headers reclock.batch=<batch>, reclock.output=<name>
+    topic.reclock-errors        error rows (``_error`` set): every column, raw
+                                bytes base64; key = the raw key; same headers
+    topic.reclock-progress      partition 0 only: one progress record per commit,
+                                key = name, value = {"batch", "prev", "upper",
+                                "progress", "records", "errors", "schema", ...}
+
+The commit path (numbering of :mod:`sinks.base`)::
+
+    1. KafkaStager.stage      executors: rows -> JSON key/value bytes, written to
+                              an Arrow IPC file under staging_dir/<name>/.
+                              Kafka transactions cannot span Spark tasks, so
+                              nothing touches Kafka here.
+    2. KafkaSink.commit       driver, ONE transaction of a transactional producer
+                              (init_transactions once per sink object):
+        a. fence: the chain head read back (below) must equal ``expected``
+        b. begin; produce every staged record tagged with a fresh batch id
+        c. flush: every data record is acknowledged before ...
+        d. ... the progress record {batch, prev=head's batch, upper, progress}
+           is produced to progress partition 0 and flushed
+        e. commit_transaction
+        f. read the progress chain back: our batch must be on it
+        g. delete the staged files
+
+Everything is staged before the transaction begins, so a transaction is open
+only for as long as it takes to produce and commit.
+
+Why the progress records form a chain. On Apache Kafka, a read_committed
+consumer never sees records of an aborted or unfinished transaction, and
+``init_transactions`` fences an older producer with the same
+``transactional.id``. The development broker (librdkafka 2.16's mock cluster,
+:mod:`reclock.devkafka`) does neither. Checked on 2.16.0 (see
+``tests/sinks/test_kafka_sink.py``): its Fetch response always reports the log
+end as the last stable offset and lists no aborted transactions, so a
+read_committed consumer receives records of aborted transactions, of open
+transactions, and of a producer SIGKILLed mid-transaction (whose transaction
+is never aborted at all). Its InitProducerId also hands every producer a fresh
+producer id, so a zombie with the same transactional.id keeps committing.
+So reclock does not rely on the broker to say what was committed. It works it
+out from the progress partition, which is a log with one total order:
+
+* Every progress record names its own ``batch`` (a fresh random id per commit
+  attempt, also carried by each of its data records in the ``reclock.batch``
+  header) and ``prev``, the batch of the state it replaced (``null`` for the
+  first commit).
+* The valid records are a chain, and the first record to claim a head wins:
+  starting from "nothing committed", a record is valid if its ``prev`` is the
+  batch of the current head, and then it becomes the head. Any later record
+  with the same ``prev`` lost a race (a zombie, a fenced writer) and is ignored,
+  along with its data.
+* A batch is *committed* when its progress record is readable (read_committed)
+  and valid. The data records are flushed before the progress record is
+  produced, so a readable progress record means every data record of its batch
+  is readable too.
+
+``state()`` is the head of the chain. ``read_updates()`` returns only the data
+and error records whose ``reclock.batch`` is a committed batch.
+
+What holds, precisely:
+
+* On Apache Kafka (aborted transactions hidden, zombies fenced): every
+  read_committed consumer, reclock or not, sees each committed row exactly
+  once, and the chain check never rejects anything. The exception is two
+  pipelines writing one output under *different* transactional ids: Kafka
+  fences neither, reclock's readers take the first, and other consumers see
+  both.
+* On a broker that shows aborted or unfinished transactions, such as the mock:
+  ``state()`` and ``read_updates()`` (and so ``reclock read`` / ``verify``)
+  still show each row exactly once, and a crash or retry never duplicates or
+  loses a row for them. An *external* read_committed consumer of ``topic``
+  does NOT get exactly-once there. It also sees the records of attempts that
+  never committed (a crash mid-transaction, a fenced zombie, a failed commit),
+  and their rows appear again when the attempt is retried. Such a consumer can
+  check the ``reclock.batch`` header against the progress topic itself.
+* One case differs between the two: a transaction whose progress record
+  reached the log but whose commit then failed (a crash or an error between
+  d. and e.). Kafka aborts it and the state stays ``expected``. The mock keeps
+  it readable and then it counts as committed, since all of its data is
+  readable too. Either way it is all or nothing. When ``commit`` sees this
+  outcome, it returns normally.
+
+Fencing. ``commit`` checks the head against ``expected`` after its producer's
+``init_transactions``: on Kafka, any older producer with the same
+transactional.id is fenced by then, so the check cannot race a zombie. On the
+mock, a writer that loses the race anyway finds its batch off the chain at
+step f and gets :class:`~sinks.base.SinkFenced`. Its records are left in the
+topic, ignored.
+
+Reading the chain. The sink keeps the head in memory and reads only new
+progress records on each call. A new sink object reads partition 0 backwards
+from its end in windows (:data:`PROGRESS_WINDOW` offsets, then larger). It
+stops at an *anchor*: a record that a later record names as ``prev``, which
+proves that a writer once found it to be the head. Valid records stay valid,
+so the chain continues forward from the anchor. Producers always write
+partition 0, so an auto-created progress topic with more partitions also works.
+
+Operations: reclock creates no topics (the brokers' auto-create, or an admin,
+does). Keep the progress topic's records at least as long as the data
+topic's. It holds one small record per commit. Do not compact it, and do not
+let time-based retention delete the last records of an idle output: a
+vanished chain means a lost state. ``properties`` are passed to librdkafka
+unchanged (security settings, timeouts); their values are never logged, and
+are masked in the messages of errors that quote them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from reclock.errors import ReclockError, TransientError
+from sinks._fs import atomic_write, sink_os_error
+from sinks.base import (
+    DIFF,
+    ERROR,
+    INTO_TIME,
+    META_FIELDS,
+    META_NAMES,
+    RAW_KEY,
+    SinkError,
+    SinkFenced,
+    SinkState,
+    output_schema,
+)
+
+log = logging.getLogger("reclock.sinks.kafka")
+#: librdkafka's own log lines (connection failures, warnings) go here.
+client_log = logging.getLogger("reclock.sinks.kafka.client")
+
+HEADER_BATCH = "reclock.batch"
+HEADER_OUTPUT = "reclock.output"
+#: Version of the progress record layout.
+PROGRESS_VERSION = 1
+#: Offsets of the progress partition a new sink object reads back first.
+PROGRESS_WINDOW = 1000
+#: Default bound on one blocking Kafka operation (seconds).
+DEFAULT_TIMEOUT_S = 30.0
+#: Columns a data record carries after the user's columns.
+DATA_META = (INTO_TIME, DIFF, "_src_part", "_src_offset", "_src_seq", "_src_ts")
+FORMATS = ("json",)
+
+#: One staged record: where it goes, its key and its value, already encoded.
+STAGED_SCHEMA = pa.schema(
+    [
+        pa.field("dest", pa.int8(), nullable=False),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary(), nullable=False),
+    ]
+)
+_DATA, _ERRORS = 0, 1
+
+_BATCH_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_STAGED = re.compile(r"[A-Za-z0-9_.-]+-\d{5,}\.arrow")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+# librdkafka properties that only a producer understands: kept out of the
+# consumer's configuration so that librdkafka does not warn about them.
+_PRODUCER_ONLY = frozenset(
+    {
+        "acks", "request.required.acks", "batch.num.messages", "batch.size",
+        "compression.codec", "compression.type", "delivery.timeout.ms",
+        "enable.idempotence", "linger.ms", "message.send.max.retries",
+        "message.timeout.ms", "partitioner", "queue.buffering.max.kbytes",
+        "queue.buffering.max.messages", "queue.buffering.max.ms", "request.timeout.ms",
+        "retries", "sticky.partitioning.linger.ms", "transaction.timeout.ms",
+        "transactional.id",
+    }
+)
+
+
+def _codes(*names: str) -> frozenset[int]:
+    return frozenset(int(getattr(KafkaError, n)) for n in names if hasattr(KafkaError, n))
+
+
+#: Another producer took over this transactional id.
+_FENCED_CODES = _codes("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
+#: Retrying cannot help: permissions, missing topics, bad records or settings.
+_DEFINITE_CODES = _codes(
+    "TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED", "SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION",
+    "_SSL", "MSG_SIZE_TOO_LARGE", "_MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE",
+    "INVALID_RECORD", "INVALID_TOPIC_EXCEPTION", "_INVALID_ARG", "INVALID_CONFIG",
+    "_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_PARTITION", "POLICY_VIOLATION",
+    "INVALID_TRANSACTION_TIMEOUT", "_UNSUPPORTED_FEATURE", "UNSUPPORTED_VERSION",
+    "UNSUPPORTED_FOR_MESSAGE_FORMAT", "INVALID_REQUIRED_ACKS",
+)
+_MISSING_TOPIC_CODES = _codes("_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_PARTITION")
+_EOF = int(KafkaError._PARTITION_EOF)
+
+
+# -- JSON encoding of Arrow values ---------------------------------------------------------
+#
+# A column is first cast to its "plain" type (temporal -> integer in its own
+# unit, decimal -> string, dictionary -> value type), which JSON holds exactly;
+# binary becomes base64 and non-finite floats the strings "NaN", "Infinity",
+# "-Infinity". Decoding parses back to the plain type and casts to the stored
+# type, so every value round-trips exactly.
+
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def plain_type(t: pa.DataType) -> pa.DataType:
+    """The type ``t`` is cast to before its values become JSON."""
+    if pa.types.is_dictionary(t):
+        return plain_type(t.value_type)
+    if pa.types.is_date32(t) or pa.types.is_time32(t):
+        return pa.int32()
+    if (
+        pa.types.is_timestamp(t) or pa.types.is_date64(t) or pa.types.is_time64(t)
+        or pa.types.is_duration(t)
+    ):
+        return pa.int64()
+    if pa.types.is_decimal(t):
+        return pa.string()
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(plain_type(t.value_type)), t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(plain_type(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(plain_type(t.value_type)))
+    if pa.types.is_map(t):
+        return pa.map_(
+            t.key_field.with_type(plain_type(t.key_type)),
+            t.item_field.with_type(plain_type(t.item_type)),
+        )
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(plain_type(t.field(i).type))
+                          for i in range(t.num_fields)])
+    return t
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+        or pa.types.is_binary_view(t)
+    )
+
+
+def _is_listlike(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+
+
+def _needs_walk(t: pa.DataType) -> bool:
+    """Whether values of (plain) type ``t`` need converting, not just copying."""
+    if _is_binary(t) or pa.types.is_floating(t) or pa.types.is_map(t):
+        return True
+    if _is_listlike(t):
+        return _needs_walk(t.value_type)
+    if pa.types.is_struct(t):
+        return any(_needs_walk(t.field(i).type) for i in range(t.num_fields))
+    return False
+
+
+def _to_json(v: Any, t: pa.DataType) -> Any:
+    if v is None:
+        return None
+    if _is_binary(t):
+        return base64.b64encode(v).decode("ascii")
+    if pa.types.is_floating(t):
+        f = float(v)
+        if math.isfinite(f):
+            return f
+        return "NaN" if math.isnan(f) else ("Infinity" if f > 0 else "-Infinity")
+    if _is_listlike(t):
+        return [_to_json(x, t.value_type) for x in v]
+    if pa.types.is_map(t):
+        return [[_to_json(k, t.key_type), _to_json(x, t.item_type)] for k, x in v]
+    if pa.types.is_struct(t):
+        return {
+            t.field(i).name: _to_json(v.get(t.field(i).name), t.field(i).type)
+            for i in range(t.num_fields)
+        }
+    return v
+
+
+def _from_json(v: Any, t: pa.DataType) -> Any:
+    if v is None:
+        return None
+    if _is_binary(t):
+        return base64.b64decode(v)
+    if pa.types.is_floating(t):
+        return _NONFINITE[v] if isinstance(v, str) else v
+    if _is_listlike(t):
+        return [_from_json(x, t.value_type) for x in v]
+    if pa.types.is_map(t):
+        return [(_from_json(k, t.key_type), _from_json(x, t.item_type)) for k, x in v]
+    if pa.types.is_struct(t):
+        return {
+            t.field(i).name: _from_json(v.get(t.field(i).name), t.field(i).type)
+            for i in range(t.num_fields)
+        }
+    return v
+
+
+def _dumps(doc: Any) -> bytes:
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def conform(output: str, table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``schema``'s columns, in order and types; absent
+    nullable columns are filled with nulls. Anything else is a SinkError."""
+    extra = [c for c in table.column_names if schema.get_field_index(c) < 0]
+    if extra:
+        raise SinkError(
+            f"output {output!r}: staged columns {extra} are not in the output's schema",
+            hint="call ensure() with the new schema before staging",
+        )
+    cols = []
+    for f in schema:
+        if f.name in table.column_names:
+            col = table.column(f.name)
+            if col.type != f.type:
+                try:
+                    col = col.cast(f.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                    raise SinkError(
+                        f"output {output!r}: column {f.name!r} of type {col.type} cannot be "
+                        f"stored as {f.type}: {exc}"
+                    ) from exc
+        elif f.nullable:
+            col = pa.chunked_array([pa.nulls(table.num_rows, f.type)])
+        else:
+            raise SinkError(f"output {output!r}: staged rows lack column {f.name!r}")
+        if not f.nullable and col.null_count:
+            raise SinkError(
+                f"output {output!r}: column {f.name!r} is NOT NULL but has {col.null_count} nulls"
+            )
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def encode_rows(
+    output: str, table: pa.Table, schema: pa.Schema, key_columns: Sequence[str] = ()
+) -> pa.Table:
+    """Rows of ``schema`` (an output schema) as staged records (:data:`STAGED_SCHEMA`)."""
+    data = conform(output, table, schema)
+    plain = pa.schema([f.with_type(plain_type(f.type)) for f in schema])
+    try:
+        data = data.cast(plain)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise SinkError(f"output {output!r}: rows cannot be encoded as JSON: {exc}") from exc
+    cols: dict[str, list[Any]] = {}
+    for f in plain:
+        values = data.column(f.name).to_pylist()
+        cols[f.name] = [_to_json(v, f.type) for v in values] if _needs_walk(f.type) else values
+    raw_keys = data.column(RAW_KEY).to_pylist()
+    is_error = data.column(ERROR).is_valid().to_pylist()
+    user = [f.name for f in schema if f.name not in META_NAMES]
+    data_names = user + list(DATA_META)
+    dest: list[int] = []
+    keys: list[bytes | None] = []
+    values_out: list[bytes] = []
+    for i, err in enumerate(is_error):
+        names = schema.names if err else data_names
+        values_out.append(_dumps({n: cols[n][i] for n in names}))
+        if err:
+            dest.append(_ERRORS)
+            keys.append(raw_keys[i])
+        else:
+            dest.append(_DATA)
+            keys.append(_dumps({c: cols[c][i] for c in key_columns}) if key_columns else None)
+    return pa.Table.from_arrays(
+        [pa.array(dest, pa.int8()), pa.array(keys, pa.binary()),
+         pa.array(values_out, pa.binary())],
+        schema=STAGED_SCHEMA,
+    )
+
+
+def decode_rows(output: str, docs: list[dict[str, Any]], schema: pa.Schema, where: str) -> pa.Table:
+    """Parsed record values back into a table of ``schema``."""
+    cols = []
+    for f in schema:
+        pt = plain_type(f.type)
+        raw = [d.get(f.name) for d in docs]
+        try:
+            if _needs_walk(pt):
+                raw = [_from_json(v, pt) for v in raw]
+            arr = pa.array(raw, type=pt)
+            if pt != f.type:
+                arr = arr.cast(f.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, KeyError,
+                TypeError, ValueError, AttributeError) as exc:
+            raise SinkError(
+                f"output {output!r}: column {f.name!r} in {where} does not decode as "
+                f"{f.type}: {exc}",
+                hint="was the output's schema changed incompatibly?",
+            ) from exc
+        if not f.nullable and arr.null_count:
+            raise SinkError(f"output {output!r}: records in {where} lack column {f.name!r}")
+        cols.append(arr)
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _encode_schema(user: pa.Schema) -> str:
+    return base64.b64encode(user.serialize().to_pybytes()).decode("ascii")
+
+
+def _decode_schema(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+# -- executor side ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KafkaStager:
+    """Encodes rows and writes them to a staging file (picklable; no connection).
+
+    ``root`` is this output's staging directory, which the driver must be able
+    to read; ``schema`` the output schema the rows are conformed to.
+    """
+
+    name: str
+    root: str
+    schema: pa.Schema
+    key_columns: tuple[str, ...] = ()
+
+    def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:
+        """Write ``table`` to ``<root>/<batch_id>-<part:05d>.arrow``.
+
+        Returns one descriptor: ``path`` (relative to the root), ``rows`` (data
+        records), ``errors`` (error records) and ``size`` (bytes). Restaging the
+        same ``(batch_id, part)`` replaces the file.
+        """
+        if not _BATCH_ID.fullmatch(batch_id):
+            raise ValueError(f"batch id {batch_id!r} must match {_BATCH_ID.pattern}")
+        if part < 0:
+            raise ValueError(f"part {part} must be >= 0")
+        if table.num_rows == 0:
+            return []
+        encoded = encode_rows(self.name, table, self.schema, self.key_columns)
+        root = Path(self.root)
+        target = root / f"{batch_id}-{part:05d}.arrow"
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            size = atomic_write(target, partial(_write_ipc, encoded))
+        except OSError as exc:
+            raise sink_os_error(self.name, target, exc) from exc
+        errors = int(pc.sum(pc.equal(encoded.column("dest"), _ERRORS)).as_py() or 0)
+        return [{"path": target.name, "rows": encoded.num_rows - errors, "errors": errors,
+                 "size": size}]
+
+
+def _write_ipc(table: pa.Table, f: BinaryIO) -> None:
+    with pa.ipc.new_file(f, table.schema) as writer:
+        writer.write_table(table)
+
+
+def staging_root(staging_dir: str | Path, name: str) -> Path:
+    """``staging_dir/<name>``, the name made safe for a path."""
+    if _SAFE_NAME.fullmatch(name):
+        sub = name
+    else:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+        sub = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80].lstrip(".") + "-" + digest
+    return Path(staging_dir).absolute() / sub
+
+
+# -- the progress chain -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    """One progress record read back from partition 0 of the progress topic."""
+
+    offset: int
+    batch: str
+    prev: str | None
+    state: SinkState
+    records: int = 0
+    errors: int = 0
+    schema: str | None = None  # base64 Arrow IPC of the user schema
+
+    def user_schema(self) -> pa.Schema | None:
+        return None if self.schema is None else _decode_schema(self.schema)
+
+
+def _progress_value(
+    name: str, batch: str, prev: str | None, new: SinkState, records: int, errors: int,
+    schema: str | None,
+) -> bytes:
+    return _dumps({
+        "v": PROGRESS_VERSION, "output": name, "batch": batch, "prev": prev,
+        "upper": new.upper, "progress": new.progress, "records": records, "errors": errors,
+        "schema": schema,
+    })
+
+
+def parse_progress(output: str, topic: str, offset: int, value: bytes | None) -> ProgressRecord:
+    """A progress record of ``output``; SinkError if it is not one."""
+    try:
+        doc = json.loads(value or b"")
+        if doc.get("v") != PROGRESS_VERSION:
+            raise ValueError(f"unknown version {doc.get('v')!r}")
+        batch, prev = doc["batch"], doc["prev"]
+        upper, progress = doc["upper"], doc["progress"]
+        records, errors, schema = doc.get("records", 0), doc.get("errors", 0), doc.get("schema")
+        ok = (
+            isinstance(batch, str) and (prev is None or isinstance(prev, str))
+            and (upper is None or (isinstance(upper, int) and not isinstance(upper, bool)))
+            and (progress is None or isinstance(progress, str))
+            and isinstance(records, int) and isinstance(errors, int)
+            and (schema is None or isinstance(schema, str))
+        )
+        if not ok:
+            raise TypeError("a field has the wrong type")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SinkError(
+            f"output {output!r}: progress record at {topic}[0]@{offset} is corrupt: {exc}",
+            hint="something other than reclock wrote this key to the progress topic",
+        ) from exc
+    return ProgressRecord(offset, batch, prev, SinkState(upper, progress), records, errors, schema)
+
+
+def _forward(
+    head: ProgressRecord | None, records: Sequence[ProgressRecord]
+) -> list[ProgressRecord]:
+    """The records that extend the chain from ``head`` (``None``: nothing committed)."""
+    out = []
+    cur = None if head is None else head.batch
+    for r in records:
+        if r.prev == cur:
+            out.append(r)
+            cur = r.batch
+    return out
+
+
+def resolve_chain(
+    records: Sequence[ProgressRecord], complete: bool
+) -> list[ProgressRecord] | None:
+    """The valid records among ``records`` (one output's, in offset order).
+
+    ``complete`` says ``records`` reach back to the start of the partition.
+    Returns ``None`` when the records read so far do not decide (read further
+    back). See the module docstring for the rule and the anchor.
+    """
+    named = {r.prev for r in records if r.prev is not None}
+    for i, anchor in enumerate(records):
+        if anchor.batch not in named:
+            continue
+        # Backwards from the anchor along prev: its ancestors, all valid.
+        by_batch: dict[str, ProgressRecord] = {}
+        for r in records[:i]:
+            by_batch.setdefault(r.batch, r)
+        before: list[ProgressRecord] = []
+        cur = anchor
+        while cur.prev is not None and cur.prev in by_batch:
+            p = by_batch[cur.prev]
+            if p.offset >= cur.offset:
+                break
+            before.append(p)
+            cur = p
+        before.reverse()
+        return [*before, anchor, *_forward(anchor, records[i + 1 :])]
+    if not complete:
+        return None
+    if not records:
+        return []
+    if records[0].prev is None:
+        return _forward(None, records)
+    # The oldest record left points at one that is gone (retention): trust it.
+    log.warning(
+        "progress record at offset %d follows batch %s, which is no longer in the topic; "
+        "trusting it as the start of the chain", records[0].offset, records[0].prev,
+    )
+    return [records[0], *_forward(records[0], records[1:])]
+
+
+@dataclass
+class _Chain:
+    """What this sink object knows of the chain: its head, how far it has read,
+    and the batches read lately (``seen``: all; ``recent``: the valid ones)."""
+
+    head: ProgressRecord | None
+    next: int
+    recent: deque[str] = field(default_factory=lambda: deque(maxlen=256))
+    seen: deque[str] = field(default_factory=lambda: deque(maxlen=256))
+
+    def extend(self, records: Sequence[ProgressRecord], upto: int) -> None:
+        self.seen.extend(r.batch for r in records)
+        for r in _forward(self.head, records):
+            self.head = r
+            self.recent.append(r.batch)
+        self.next = upto
+
+
+# -- driver side ----------------------------------------------------------------------------
+
+
+class _Failed(Exception):
+    """Internal: a step of the transaction failed; ``error`` is what to raise."""
+
+    def __init__(self, error: ReclockError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class KafkaSink:
+    """A :class:`~sinks.base.PersistSink` writing to a Kafka topic (see module doc).
+
+    ``staging_dir`` is a directory the executors write and the driver reads
+    (in local mode, the state directory). ``timeout_s`` bounds each blocking
+    Kafka call. ``clock`` (seconds since the epoch) only decides file ages for
+    :meth:`vacuum_orphans`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        bootstrap_servers: str,
+        topic: str,
+        staging_dir: str | Path,
+        progress_topic: str | None = None,
+        transactional_id: str | None = None,
+        format: str = "json",
+        key_columns: Sequence[str] = (),
+        properties: Mapping[str, Any] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if format not in FORMATS:
+            raise SinkError(f"output {name!r}: format {format!r} is not supported; one of "
+                            f"{list(FORMATS)}")
+        self.name = name
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.errors_topic = f"{topic}.reclock-errors"
+        self.progress_topic = progress_topic or f"{topic}.reclock-progress"
+        self.transactional_id = transactional_id or f"reclock-{name}"
+        self.format = format
+        self.key_columns = tuple(key_columns)
+        self.staging_root = staging_root(staging_dir, name)
+        self.timeout_s = timeout_s
+        self._properties = dict(properties or {})
+        self._clock = clock
+        self._key = name.encode()
+        self._user: pa.Schema | None = None  # from ensure()
+        self._producer: Any = None
+        self._consumer: Any = None
+        self._chain: _Chain | None = None
+
+    def _redact(self, text: str) -> str:
+        """``text`` without any value of ``properties`` (librdkafka quotes
+        invalid values in its messages; values may be credentials)."""
+        for value in self._properties.values():
+            v = str(value)
+            if len(v) >= 3:
+                text = text.replace(v, "***")
+        return text
+
+    def __repr__(self) -> str:
+        # Never the properties: they may hold credentials.
+        return (f"KafkaSink({self.name!r}, topic={self.topic!r}, "
+                f"bootstrap_servers={self.bootstrap_servers!r})")
+
+    # -- schema ----------------------------------------------------------------------------
+    def ensure(self, user_schema: pa.Schema) -> None:
+        """Check the schema (no clash with reclock's columns, key columns exist)
+        and that it agrees with the schema of the last commit, if any: columns
+        may be added or dropped, not change type. Creates no topics."""
+        output_schema(user_schema)
+        missing = [c for c in self.key_columns if user_schema.get_field_index(c) < 0]
+        if missing:
+            raise SinkError(
+                f"output {self.name!r}: key columns {missing} are not columns of the output",
+                hint=f"choose key columns among {user_schema.names}",
+            )
+        head = self._catch_up()
+        stored = head.user_schema() if head is not None else None
+        if stored is not None:
+            clashes = [
+                f"column {f.name!r}: stored {stored.field(f.name).type}, wanted {f.type}"
+                for f in user_schema
+                if stored.get_field_index(f.name) >= 0 and stored.field(f.name).type != f.type
+            ]
+            if clashes:
+                raise SinkError(
+                    f"output {self.name!r} on topic {self.topic!r}: the schema differs from "
+                    "the last commit's: " + "; ".join(clashes),
+                    hint="write to a new topic, or keep the column types",
+                )
+        self._user = user_schema
+
+    def _user_schema(self, head: ProgressRecord | None) -> pa.Schema | None:
+        if self._user is not None:
+            return self._user
+        return head.user_schema() if head is not None else None
+
+    def stager(self) -> KafkaStager:
+        user = self._user_schema(self._catch_up() if self._user is None else None)
+        if user is None:
+            raise SinkError(f"output {self.name!r}: schema unknown", hint="call ensure() first")
+        return KafkaStager(self.name, str(self.staging_root), output_schema(user),
+                           self.key_columns)
+
+    # -- state -----------------------------------------------------------------------------
+    def state(self) -> SinkState:
+        """The head of the progress chain; ``SinkState()`` if nothing was committed."""
+        head = self._catch_up()
+        return SinkState() if head is None else head.state
+
+    def _catch_up(self) -> ProgressRecord | None:
+        """Read the progress records appended since the last call; the chain's head."""
+        lo, hi = self._watermarks(self.progress_topic, 0)
+        ch = self._chain
+        if ch is not None and ch.next > hi:
+            # Never trust a shorter log than we have read: after a leader
+            # change the new leader's end can lag for a moment.
+            raise TransientError(
+                f"output {self.name!r}: progress topic {self.progress_topic!r} ends at offset "
+                f"{hi}, but offsets up to {ch.next} were read from it before",
+                hint="retried; if the topic was deleted or recreated, the output's state is "
+                "gone: restart the pipeline to start from what the topic holds",
+            )
+        if ch is None or ch.next < lo:
+            # New sink object, or retention removed records we had not read.
+            ch = self._chain = self._load_chain(lo, hi)
+        elif ch.next < hi:
+            ch.extend(self._read_progress(ch.next, hi), hi)
+        return ch.head
+
+    def _load_chain(self, lo: int, hi: int) -> _Chain:
+        """The chain from the end of the progress partition, read back in widening windows."""
+        span = PROGRESS_WINDOW
+        while True:
+            start = max(lo, hi - span)
+            records = self._read_progress(start, hi)
+            valid = resolve_chain(records, complete=start == lo)
+            if valid is not None:
+                break
+            span *= 8
+        if not valid and lo > 0:
+            log.warning("output %r: progress topic %r starts at offset %d and holds no record of "
+                        "this output; if it was ever committed, its state has expired",
+                        self.name, self.progress_topic, lo)
+        ch = _Chain(valid[-1] if valid else None, hi)
+        ch.recent.extend(r.batch for r in valid)
+        ch.seen.extend(r.batch for r in records)
+        return ch
+
+    def _read_progress(self, start: int, end: int) -> list[ProgressRecord]:
+        out = []
+        for msg in self._scan(self.progress_topic, {0: (start, end)}):
+            if msg.key() == self._key:
+                out.append(parse_progress(self.name, self.progress_topic, msg.offset(),
+                                          msg.value()))
+        return out
+
+    # -- commit ------------------------------------------------------------------------------
+    def commit(self, staged: list[dict[str, Any]], expected: SinkState, new: SinkState) -> None:
+        """Make ``staged`` visible and move the state ``expected -> new``.
+
+        1. Check the request: ``new`` does not go backwards; every descriptor
+           names a staged file that is still there with its staged size.
+        2. The transactional producer (``init_transactions`` on first use:
+           on Kafka this fences older producers with our transactional.id).
+        3. Fence: read the chain's head; unless its state is ``expected``,
+           :class:`SinkFenced` and nothing is written.
+        4. begin_transaction; produce every staged record with headers
+           ``reclock.batch`` (a fresh id) and ``reclock.output``; flush, and
+           check every record was acknowledged.
+        5. Produce the progress record (``prev`` = the head's batch) to
+           partition 0 of the progress topic; flush.
+        6. commit_transaction.
+        7. Read the chain back: our batch must be on it, else :class:`SinkFenced`
+           (a concurrent writer won; our records are ignored by reclock).
+        8. Delete the staged files.
+
+        A failure in 4.-6. aborts the transaction (best effort) and discards
+        the producer. Then, if the progress record may have reached the log,
+        the chain is consulted: a batch on it is committed (see the module
+        docstring) and ``commit`` returns normally. Otherwise the error is
+        raised: :class:`TransientError` when the broker may recover,
+        :class:`SinkError` when it will not (permissions, missing topics,
+        oversized records), :class:`SinkFenced` when another producer took
+        over the transactional id.
+        """
+        if not expected.less_equal(new):
+            raise ValueError(f"output {self.name!r}: upper would go backwards {expected} -> {new}")
+        files = [self._check_descriptor(d) for d in staged]
+        producer = self._transactional_producer()
+        head = self._catch_up()
+        actual = SinkState() if head is None else head.state
+        if actual != expected:
+            raise SinkFenced(
+                f"output {self.name!r}: durable state on {self.progress_topic!r} is {actual}, "
+                f"expected {expected}; nothing was written",
+                hint="another pipeline committed this output; re-read its state",
+            )
+        user = self._user_schema(head)
+        schema = None if user is None else _encode_schema(user)
+        self._step("checked")
+        batch = uuid.uuid4().hex
+        progress_sent = False
+        try:
+            try:
+                producer.begin_transaction()
+                rows, errors = self._produce_staged(producer, files, batch)
+                self._step("data_flushed")
+                progress_sent = True
+                value = _progress_value(self.name, batch, None if head is None else head.batch,
+                                        new, rows, errors, schema)
+                self._produce_flushed(producer, [(self.progress_topic, 0, self._key, value)],
+                                      batch, "the progress record")
+                self._step("progress_produced")
+                producer.commit_transaction(self.timeout_s)
+            except KafkaException as exc:
+                raise _Failed(self._error(exc.args[0], "commit a transaction to")) from exc
+        except _Failed as failed:
+            self._abandon_producer()
+            if not (progress_sent and self._committed_anyway(batch, failed.error)):
+                raise failed.error from failed.__cause__
+        except BaseException:
+            self._abandon_producer()
+            raise
+        self._step("committed")
+        self._verify_on_chain(batch)
+        self._remove_staged(files)
+
+    def _step(self, step: str, count: int = 0) -> None:
+        """Called at each step of :meth:`commit`: ``checked``, ``produced``
+        (after each staged record, with the count so far), ``data_flushed``,
+        ``progress_produced``, ``committed``. Does nothing; tests override it
+        to crash or to take the broker down at a precise point."""
+
+    def _check_descriptor(self, d: dict[str, Any]) -> Path:
+        name = d.get("path")
+        ok = (
+            isinstance(name, str) and _STAGED.fullmatch(name) is not None
+            and isinstance(d.get("size"), int) and isinstance(d.get("rows"), int)
+        )
+        if not ok:
+            raise ValueError(f"output {self.name!r}: not a Kafka staging descriptor: {d!r}")
+        path = self.staging_root / str(name)
+        try:
+            size: int | None = path.stat().st_size
+        except FileNotFoundError:
+            size = None
+        except OSError as exc:
+            raise sink_os_error(self.name, path, exc, "read") from exc
+        if size != d["size"]:
+            raise SinkError(
+                f"output {self.name!r}: staged file {path} is "
+                + ("gone" if size is None else f"{size} bytes, staged as {d['size']}"),
+                hint="restage the batch (was it committed already, or vacuumed?)",
+            )
+        return path
+
+    def _produce_staged(self, producer: Any, files: list[Path], batch: str) -> tuple[int, int]:
+        """Produce every staged record; flush; return (data records, error records)."""
+        failures: list[Any] = []
+
+        def delivered(err: Any, msg: Any) -> None:
+            if err is not None:
+                failures.append(err)
+
+        headers = [(HEADER_BATCH, batch.encode()), (HEADER_OUTPUT, self._key)]
+        counts = [0, 0]
+        produced = 0
+        for path in files:
+            if failures:
+                break  # the transaction is lost anyway; stop adding to it
+            try:
+                with pa.memory_map(str(path)) as source:
+                    table = pa.ipc.open_file(source).read_all()
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise SinkError(f"output {self.name!r}: cannot read staged file {path}: {exc}",
+                                hint="restage the batch") from exc
+            dests = table.column("dest").to_pylist()
+            keys = table.column("key").to_pylist()
+            values = table.column("value").to_pylist()
+            for dest, key, value in zip(dests, keys, values, strict=True):
+                topic = self.errors_topic if dest == _ERRORS else self.topic
+                self._produce(producer, topic, None, key, value, headers, delivered)
+                counts[dest] += 1
+                produced += 1
+                self._step("produced", produced)
+                if failures:
+                    break
+        self._flush(producer, failures, "data records")
+        return counts[_DATA], counts[_ERRORS]
+
+    def _produce_flushed(
+        self, producer: Any, records: list[tuple[str, int, bytes, bytes]], batch: str, what: str
+    ) -> None:
+        failures: list[Any] = []
+
+        def delivered(err: Any, msg: Any) -> None:
+            if err is not None:
+                failures.append(err)
+
+        headers = [(HEADER_BATCH, batch.encode()), (HEADER_OUTPUT, self._key)]
+        for topic, partition, key, value in records:
+            self._produce(producer, topic, partition, key, value, headers, delivered)
+        self._flush(producer, failures, what)
+
+    def _produce(
+        self, producer: Any, topic: str, partition: int | None, key: bytes | None, value: bytes,
+        headers: list[tuple[str, bytes]], on_delivery: Callable[[Any, Any], None],
+    ) -> None:
+        kwargs: dict[str, Any] = {"key": key, "headers": headers, "on_delivery": on_delivery}
+        if partition is not None:
+            kwargs["partition"] = partition
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                producer.produce(topic, value, **kwargs)
+                break
+            except BufferError:  # local queue full: let deliveries drain it
+                if time.monotonic() > deadline:
+                    raise _Failed(TransientError(
+                        f"output {self.name!r}: producer queue full for {self.timeout_s:g} s "
+                        f"writing to {topic!r}",
+                        hint="the brokers are slow or unreachable",
+                    )) from None
+                producer.poll(0.05)
+        producer.poll(0)
+
+    def _flush(self, producer: Any, failures: list[Any], what: str) -> None:
+        remaining = producer.flush(self.timeout_s)
+        if failures:
+            raise _Failed(self._error(failures[0], f"deliver {what} to"))
+        if remaining:
+            raise _Failed(TransientError(
+                f"output {self.name!r}: {remaining} {what} not acknowledged within "
+                f"{self.timeout_s:g} s by {self.bootstrap_servers}",
+                hint="the brokers are slow or unreachable; the commit will be retried",
+            ))
+
+    def _committed_anyway(self, batch: str, error: ReclockError) -> bool:
+        """After a failed commit whose progress record was produced: is the
+        batch on the chain? On Kafka, when the commit went through although
+        the call failed (a timeout); on a broker that shows aborted
+        transactions (the mock), also when it was aborted. See the module
+        docstring."""
+        try:
+            self._catch_up()
+        except ReclockError as exc:
+            log.info("output %r: cannot tell whether batch %s committed: %s", self.name, batch, exc)
+            return False
+        if self._chain is not None and batch in self._chain.recent:
+            log.warning(
+                "output %r: committing batch %s failed (%s), but its progress record is "
+                "readable and on the chain: it counts as committed", self.name, batch, error,
+            )
+            return True
+        return False
+
+    def _verify_on_chain(self, batch: str) -> None:
+        """Step 7: read back until our progress record is readable; it must be valid."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            self._catch_up()
+            ch = self._chain
+            if ch is not None and batch in ch.recent:
+                return
+            if ch is not None and batch in ch.seen:
+                raise SinkFenced(
+                    f"output {self.name!r}: batch {batch} was committed to Kafka, but another "
+                    f"writer's commit from the same state came first on "
+                    f"{self.progress_topic!r}; reclock ignores this batch's records",
+                    hint="two pipelines write this output; stop one of them",
+                )
+            if time.monotonic() > deadline:
+                # commit_transaction succeeded, so it is committed; the record
+                # is not readable yet (markers still being written): the next
+                # state() shows it.
+                log.warning("output %r: batch %s committed but not readable after %g s",
+                            self.name, batch, self.timeout_s)
+                return
+            time.sleep(0.02)
+
+    def _remove_staged(self, files: list[Path]) -> None:
+        for path in files:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # committed already; a leftover file only costs space
+                log.warning("output %r: cannot remove staged file %s: %s", self.name, path, exc)
+
+    # -- reading ---------------------------------------------------------------------------
+    def read_updates(self, as_of: int | None = None) -> pa.Table:
+        """Committed rows (data and error records of committed batches) with
+        ``_into_time <= as_of`` (all if ``None``), as :func:`output_schema`.
+
+        Reads the whole progress partition to learn the committed batches, then
+        the data and errors topics from their beginning to their end. Without
+        :meth:`ensure`, the user schema is the one the last commit recorded.
+        """
+        lo, hi = self._watermarks(self.progress_topic, 0)
+        valid = resolve_chain(self._read_progress(lo, hi), complete=True) or []
+        if lo > 0:
+            log.warning("output %r: progress topic %r starts at offset %d (retention): records "
+                        "of batches committed before it cannot be verified and are left out",
+                        self.name, self.progress_topic, lo)
+        user = self._user_schema(valid[-1] if valid else None)
+        schema = output_schema(user) if user is not None else pa.schema(META_FIELDS)
+        if not valid:
+            return schema.empty_table()
+        committed = {r.batch: r for r in valid}
+        tables = []
+        for topic, what in ((self.topic, "records"), (self.errors_topic, "errors")):
+            docs: list[dict[str, Any]] = []
+            seen: dict[str, int] = {}
+            for msg in self._scan_topic(topic):
+                batch = _header(msg, HEADER_BATCH)
+                if batch is None or batch not in committed:
+                    continue
+                seen[batch] = seen.get(batch, 0) + 1
+                try:
+                    doc = json.loads(msg.value())
+                    if not isinstance(doc, dict):
+                        raise TypeError("not a JSON object")
+                except (ValueError, TypeError) as exc:
+                    raise SinkError(
+                        f"output {self.name!r}: record {topic}[{msg.partition()}]@{msg.offset()} "
+                        f"is not a JSON object: {exc}"
+                    ) from exc
+                docs.append(doc)
+            for r in valid:
+                want = r.records if what == "records" else r.errors
+                if seen.get(r.batch, 0) != want:
+                    log.warning("output %r: batch %s has %d %s in %r, its progress record says %d",
+                                self.name, r.batch, seen.get(r.batch, 0), what, topic, want)
+            if docs:
+                tables.append(decode_rows(self.name, docs, schema, repr(topic)))
+        if not tables:
+            return schema.empty_table()
+        table = pa.concat_tables(tables)
+        if as_of is not None:
+            table = table.filter(pc.less_equal(table.column(INTO_TIME), as_of))
+        return table
+
+    def _scan_topic(self, topic: str) -> list[Any]:
+        """Every readable record of ``topic``, all partitions; [] if it does not exist."""
+        consumer = self._reader()
+        try:
+            md = consumer.list_topics(topic, timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise self._error(exc.args[0], "list partitions of", topic) from exc
+        tmd = md.topics.get(topic)
+        if tmd is None or (tmd.error is not None and tmd.error.code() in _MISSING_TOPIC_CODES):
+            return []
+        if tmd.error is not None:
+            raise self._error(tmd.error, "list partitions of", topic)
+        ranges = {p: self._watermarks(topic, p) for p in sorted(tmd.partitions)}
+        return self._scan(topic, ranges)
+
+    # -- Kafka plumbing -----------------------------------------------------------------------
+    def _client_conf(self, producer: bool) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "client.id": f"reclock-{self.name}",
+            "logger": client_log,
+        }
+        if producer:
+            conf["linger.ms"] = 5
+            conf.update(self._properties)
+            conf["transactional.id"] = self.transactional_id
+            conf["enable.idempotence"] = True
+        else:
+            # The reader stops at the end of a partition: no point in the
+            # broker holding an empty fetch open for long.
+            conf["fetch.wait.max.ms"] = 10
+            conf.update({k: v for k, v in self._properties.items() if k not in _PRODUCER_ONLY})
+            conf.update({
+                "group.id": f"reclock-{self.name}-reader",  # never joined nor committed
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+            })
+        return conf
+
+    def _transactional_producer(self) -> Any:
+        if self._producer is not None:
+            return self._producer
+        try:
+            producer = Producer(self._client_conf(producer=True))
+        except (KafkaException, ValueError, TypeError) as exc:
+            # confluent-kafka's messages name the property, never its value.
+            raise SinkError(f"output {self.name!r}: invalid Kafka producer settings: "
+                            f"{self._redact(_config_reason(exc))}") from None
+        try:
+            producer.init_transactions(self.timeout_s)
+        except KafkaException as exc:
+            with _quiet():
+                producer.purge()
+            raise self._error(exc.args[0], "initialize transactions on") from exc
+        self._producer = producer
+        return producer
+
+    def _abandon_producer(self) -> None:
+        """Abort the open transaction if the broker lets us, and drop the
+        producer: the next commit starts from a fresh one (on Kafka its
+        init_transactions aborts whatever this one left open)."""
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        with _quiet():
+            producer.abort_transaction(min(self.timeout_s, 5.0))
+        with _quiet():
+            producer.purge()
+            producer.flush(0)
+
+    def _reader(self) -> Any:
+        if self._consumer is None:
+            try:
+                self._consumer = Consumer(self._client_conf(producer=False))
+            except (KafkaException, ValueError, TypeError) as exc:
+                raise SinkError(f"output {self.name!r}: invalid Kafka consumer settings: "
+                                f"{self._redact(_config_reason(exc))}") from None
+        return self._consumer
+
+    def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        """(log start, end readable with read_committed); (0, 0) for a missing topic."""
+        tp = TopicPartition(topic, partition)
+        for attempt in (1, 2):
+            try:
+                lo, hi = self._reader().get_watermark_offsets(tp, timeout=self.timeout_s,
+                                                              cached=False)
+                return int(lo), int(hi)
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.code() not in _MISSING_TOPIC_CODES:
+                    raise self._error(err, "read offsets of", f"{topic}[{partition}]") from exc
+                # librdkafka also says "unknown partition" when it has no
+                # metadata yet (brokers down, or just back): only the brokers
+                # can say that a topic is missing. Asking them refreshes the
+                # metadata, so a topic that exists is worth one more try.
+                exists = self._topic_exists(topic)
+                if exists is False:
+                    return 0, 0
+                if exists is None or attempt == 2:
+                    raise self._error(err, "read offsets of", f"{topic}[{partition}]",
+                                      transient=True) from exc
+        raise AssertionError("unreachable")
+
+    def _topic_exists(self, topic: str) -> bool | None:
+        """Whether the brokers know ``topic``; ``None`` if they cannot be asked."""
+        try:
+            md = self._reader().list_topics(topic, timeout=self.timeout_s)
+        except KafkaException:
+            return None
+        tmd = md.topics.get(topic)
+        if tmd is None:
+            return None
+        if tmd.error is None:
+            return True
+        return False if tmd.error.code() in _MISSING_TOPIC_CODES else None
+
+    def _scan(self, topic: str, ranges: dict[int, tuple[int, int]]) -> list[Any]:
+        """Records of ``topic`` in ``[start, end)`` for each ``partition: (start, end)``.
+
+        Reads until every partition reached its end (an end-of-partition event
+        or a record at or past it: the last offsets may be transaction
+        markers, which the consumer skips). Fails with TransientError after
+        ``timeout_s`` without progress.
+        """
+        todo = {p: r for p, r in ranges.items() if r[0] < r[1]}
+        if not todo:
+            return []
+        consumer = self._reader()
+        out: list[Any] = []
+        try:
+            consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in todo.items()])
+            deadline = time.monotonic() + self.timeout_s
+            while todo:
+                # poll() returns at the first record; consume(.., 0) then takes
+                # what is already fetched without waiting for a full batch.
+                first = consumer.poll(0.2)
+                msgs = [] if first is None else [first, *consumer.consume(1000, 0)]
+                if msgs:
+                    deadline = time.monotonic() + self.timeout_s
+                for msg in msgs:
+                    p = msg.partition()
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == _EOF:
+                            if p in todo and msg.offset() >= todo[p][1]:
+                                del todo[p]
+                            continue
+                        raise self._error(err, "read", f"{topic}[{p}]")
+                    if p not in todo:
+                        continue
+                    end = todo[p][1]
+                    if msg.offset() < end:
+                        out.append(msg)
+                    if msg.offset() >= end - 1:
+                        del todo[p]
+                if todo and time.monotonic() > deadline:
+                    where = ", ".join(f"{topic}[{p}] up to {e}" for p, (_, e) in todo.items())
+                    raise TransientError(
+                        f"output {self.name!r}: no progress reading {where} for "
+                        f"{self.timeout_s:g} s from {self.bootstrap_servers}",
+                        hint="the brokers are slow or unreachable",
+                    )
+        except KafkaException as exc:
+            raise self._error(exc.args[0], "read", topic) from exc
+        finally:
+            with _quiet():
+                consumer.unassign()
+        return out
+
+    def _error(
+        self, err: Any, doing: str, where: str | None = None, transient: bool = False
+    ) -> ReclockError:
+        """A KafkaError as one of reclock's two tiers (see module docstring).
+        ``transient``: a missing topic or partition is not definite here."""
+        code = err.code() if hasattr(err, "code") else None
+        text = self._redact(err.str() if hasattr(err, "str") else str(err))
+        name = err.name() if hasattr(err, "name") else "?"
+        target = where or f"topic {self.topic!r}"
+        msg = f"output {self.name!r}: cannot {doing} {target}: {text} ({name})"
+        if code in _FENCED_CODES:
+            return SinkFenced(msg, hint=f"another producer with transactional.id "
+                                        f"{self.transactional_id!r} took over; re-read the state")
+        if code in _MISSING_TOPIC_CODES:
+            if transient:
+                return TransientError(msg + " (no metadata: are the brokers reachable?)",
+                                      hint="retried with backoff")
+            return SinkError(msg, hint="create the topic (reclock creates none), or let the "
+                                       "brokers auto-create topics")
+        if code in _DEFINITE_CODES:
+            return SinkError(msg, hint="check the topic, the record size and the client's "
+                                       "permissions and credentials")
+        if hasattr(err, "fatal") and err.fatal():
+            return SinkError(msg + " (fatal producer error)",
+                             hint="the producer cannot continue; see the broker's logs")
+        return TransientError(msg, hint="the brokers are unreachable or busy; retried with backoff")
+
+    # -- maintenance ---------------------------------------------------------------------------
+    def vacuum_orphans(self, grace_seconds: float = 6 * 3600.0) -> list[str]:
+        """Delete staged files older than ``grace_seconds`` (left by failed
+        commits and abandoned jobs); return their names."""
+        removed = []
+        now = self._clock()
+        try:
+            entries = list(os.scandir(self.staging_root))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise sink_os_error(self.name, self.staging_root, exc, "vacuum") from exc
+        for entry in entries:
+            if not (_STAGED.fullmatch(entry.name) or entry.name.endswith(".tmp")):
+                continue
+            try:
+                if now - entry.stat(follow_symlinks=False).st_mtime < grace_seconds:
+                    continue
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise sink_os_error(self.name, entry.path, exc, "vacuum") from exc
+            removed.append(entry.name)
+        return sorted(removed)
+
+    def close(self) -> None:
+        """Flush nothing (every commit is complete or abandoned); release clients."""
+        self._abandon_producer()
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with _quiet():
+                consumer.close()
+
+
+def _header(msg: Any, name: str) -> str | None:
+    for k, v in msg.headers() or ():
+        if k == name and v is not None:
+            return bytes(v).decode("utf-8", "replace")
+    return None
+
+
+def _config_reason(exc: BaseException) -> str:
+    err = exc.args[0] if exc.args else exc
+    return str(err.str() if hasattr(err, "str") else err)
+
+
+class _quiet:
+    """``with _quiet():`` -- ignore Kafka errors of best-effort clean-up calls."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: Any) -> bool:
+        return et is not None and issubclass(et, KafkaException | RuntimeError | BufferError)
