@@ -20,7 +20,9 @@ names. Data moves as Arrow batches, never row by row.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -230,14 +232,67 @@ def _run_partition(bc: Any, tasks: Iterable[ReadTask]) -> Iterator[TaskResult]:
         yield run_task(ctx, task)
 
 
+class JobGate:
+    """At most ``slots`` jobs in Spark at once, admitted in arrival order.
+
+    Spark's FAIR scheduler breaks ties between pools by pool name, so with
+    more sources than cores the sources whose names sort first would win
+    every free slot and the others would starve. Admitting jobs first come,
+    first served (one waiting ticket per source at a time) gives every source
+    its turn; within Spark, FAIR pools still share cores between the admitted
+    jobs, so a heavy job does not hold a light one back.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.slots = max(1, slots)
+        self._cond = threading.Condition()
+        self._queue: deque[object] = deque()
+        self._running = 0
+
+    def __enter__(self) -> JobGate:
+        me = object()
+        with self._cond:
+            self._queue.append(me)
+            while self._queue[0] is not me or self._running >= self.slots:
+                self._cond.wait()
+            self._queue.popleft()
+            self._running += 1
+            self._cond.notify_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
+
+
+_gates: dict[int, JobGate] = {}
+_gates_lock = threading.Lock()
+
+
+def _gate(sc: Any) -> JobGate:
+    with _gates_lock:
+        g = _gates.get(id(sc))
+        if g is None:
+            g = _gates[id(sc)] = JobGate(max(2, int(sc.defaultParallelism)))
+        return g
+
+
 def run_job(
     spark: Any, ctx: JobContext, tasks: Sequence[ReadTask], *, pool: str, group: str
 ) -> list[TaskResult]:
     """Run ``tasks`` as one Spark job in the FAIR pool ``pool``; one task per
-    Spark partition. Cancellable with ``sc.cancelJobGroup(group)``."""
+    Spark partition; admitted through the session's :class:`JobGate`.
+    Cancellable with ``sc.cancelJobGroup(group)``."""
     if not tasks:
         return []
     sc = spark.sparkContext
+    with _gate(sc):
+        return _run_job(sc, ctx, tasks, pool, group)
+
+
+def _run_job(sc: Any, ctx: JobContext, tasks: Sequence[ReadTask], pool: str, group: str
+             ) -> list[TaskResult]:
     sc.setLocalProperty("spark.scheduler.pool", pool)
     sc.setJobGroup(group, f"reclock {ctx.source} {ctx.batch_id}", True)
     bc = sc.broadcast(ctx)

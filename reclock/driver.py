@@ -232,7 +232,7 @@ class SourceRunner:
         for out in self.outputs:
             out.sink.ensure(out.user_schema)
             out.state = out.sink.state()
-        b = self.operator.sync()
+        b = self.operator.bindings  # just read back by the operator
         initial = self.source.initial_frontier()
         if b.bindings:
             self.resume = b.source_upper_at(self._resume_into())

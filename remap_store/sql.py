@@ -173,6 +173,17 @@ class SqlRemapStore:
     # -- the contract -----------------------------------------------------------
     def create_shard(self, shard: str, kind: str) -> None:
         time_type(kind)
+        with self._tx(readonly=True) as conn:
+            existing = conn.execute(
+                sa.select(shards_table.c.kind).where(shards_table.c.shard == shard)
+            ).first()
+        if existing is not None:  # the common case on restart: no write transaction
+            if existing.kind != kind:
+                raise BindingError(
+                    f"remap shard {shard!r} holds {existing.kind} times, not {kind}",
+                    hint="a source's kind cannot change; use a new source name",
+                )
+            return
         with self._tx() as conn:
             row = conn.execute(
                 sa.select(shards_table.c.kind).where(shards_table.c.shard == shard)

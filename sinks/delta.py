@@ -269,6 +269,7 @@ class DeltaSink:
         self._rows_per_file = rows_per_file
         self._clock = clock
         self._schema: pa.Schema | None = None  # cached stored schema, for stager()
+        self._fresh: DeltaTable | None = None  # snapshot loaded by ensure(), used once
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.name!r}, {str(self.path)!r})"
@@ -287,10 +288,11 @@ class DeltaSink:
             raise sink_os_error(self.name, self.path, exc, "create") from exc
         with self._locked():
             try:
-                if not DeltaTable.is_deltatable(str(self.path)):
-                    DeltaTable.create(str(self.path), want, mode="error")
+                try:
+                    dt = DeltaTable(str(self.path))
+                except TableNotFoundError:
+                    dt = DeltaTable.create(str(self.path), want, mode="error")
                 else:
-                    dt = self._load()
                     missing, clashes = _compare(dt.schema(), want)
                     if clashes:
                         raise SinkError(
@@ -302,11 +304,15 @@ class DeltaSink:
                         names = [f.name for f in missing]
                         log.info("output %r: adding columns %s", self.name, names)
                         dt.alter.add_columns(missing)
+                        dt = self._load()
             except OSError as exc:
                 raise sink_os_error(self.name, self.path, exc, "create") from exc
             except DeltaError as exc:
                 raise _delta_error(self.name, self.path, exc, "create") from exc
-            self._schema = pa.schema(self._load().schema().to_arrow())
+            self._schema = pa.schema(dt.schema().to_arrow())
+            # The first state() after ensure() (the driver's open) reuses this
+            # snapshot instead of loading the log again.
+            self._fresh = dt
 
     def stager(self) -> DeltaStager:
         if self._schema is None:
@@ -316,9 +322,15 @@ class DeltaSink:
     # -- state -----------------------------------------------------------------------------
     def state(self) -> SinkState:
         """The committed state; ``SinkState()`` if the table does not exist."""
-        if not DeltaTable.is_deltatable(str(self.path)):
-            return SinkState()
-        return self._state_of(self._load())
+        dt, self._fresh = self._fresh, None
+        if dt is not None:
+            dt.update_incremental()  # only the log entries since ensure()
+        else:
+            try:
+                dt = DeltaTable(str(self.path))
+            except TableNotFoundError:
+                return SinkState()
+        return self._state_of(dt)
 
     def _state_of(self, dt: DeltaTable) -> SinkState:
         """The state as of ``dt``'s snapshot (and only that snapshot)."""
