@@ -470,10 +470,33 @@ class ConsoleSinkConfig(_Model):
     """Rows printed per batch at most (the rest are counted)."""
 
 
-_SINKS: tuple[type[_Model], ...] = (FileSinkConfig, ConsoleSinkConfig)
+class KafkaSinkConfig(_Model):
+    """A Kafka topic written exactly once: each commit is one Kafka transaction
+    holding the rows and the output's progress record (on
+    ``<topic>.reclock-progress``). Error rows go to ``<topic>.reclock-errors``.
+    reclock creates no topics."""
+
+    type: Literal["kafka"] = "kafka"
+    """``kafka``."""
+    bootstrap_servers: str = Field(min_length=1)
+    """``host:port[,host:port...]``."""
+    topic: str = Field(min_length=1, max_length=249)
+    """The data topic."""
+    progress_topic: str | None = None
+    """Where commits record the output's progress (default
+    ``<topic>.reclock-progress``); must not be compacted away."""
+    transactional_id: str | None = None
+    """Default ``reclock-<source>.<output>``."""
+    key_columns: tuple[str, ...] = ()
+    """Columns whose JSON forms the record key (default: no key)."""
+    properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    """Extra librdkafka producer settings; secret-looking values are never printed."""
+
+
+_SINKS: tuple[type[_Model], ...] = (FileSinkConfig, ConsoleSinkConfig, KafkaSinkConfig)
 #: Where an output goes, discriminated on ``type``; ``file`` / ``console`` strings allowed.
 SinkConfig = Annotated[
-    FileSinkConfig | ConsoleSinkConfig,
+    FileSinkConfig | ConsoleSinkConfig | KafkaSinkConfig,
     Field(discriminator="type"),
     BeforeValidator(_shorthand("sink", _SINKS)),
 ]

@@ -156,6 +156,15 @@ class Pipeline:
                 self.state_dir / "console" / f"{src.name}.{ocfg.name}.json",
                 max_rows=s.max_rows,
             )
+        if s.type == "kafka":
+            from sinks.kafka import KafkaSink
+
+            return KafkaSink(
+                f"{src.name}.{ocfg.name}", bootstrap_servers=s.bootstrap_servers, topic=s.topic,
+                staging_dir=self.state_dir / "staging", progress_topic=s.progress_topic,
+                transactional_id=s.transactional_id, key_columns=s.key_columns,
+                properties=dict(s.properties),
+            )
         raise DefiniteError(f"source {src.name!r} output {ocfg.name!r}: unknown sink {s.type!r}")
 
     # -- drop markers -----------------------------------------------------------------
