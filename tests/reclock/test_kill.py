@@ -53,6 +53,12 @@ sources:
       - name: events
         format: {{type: json, schema: {{id: int64}}}}
         sink: file
+  - name: relay
+    kafka: {{bootstrap_servers: "{bootstrap}", topic: {topic}, group_id: relay, timeout: 5s}}
+    outputs:
+      - name: relay
+        format: {{type: json, schema: {{id: int64}}}}
+        sink: {{type: kafka, bootstrap_servers: "{bootstrap}", topic: {topic}-out}}
 """
 
 
@@ -135,6 +141,11 @@ def _wait_running(state: Path, proc: subprocess.Popen[bytes], timeout: float = 9
 def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) -> None:
     topic = f"kill-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 4)
+    # Kafka-to-Kafka (reclock creates no topics); 32 partitions keep the relayed
+    # data under the mock broker's ~5 MB per partition (it drops older data).
+    kafka.create_topic(f"{topic}-out", 32)
+    kafka.create_topic(f"{topic}-out.reclock-progress", 1)
+    kafka.create_topic(f"{topic}-out.reclock-errors", 1)
     path = tmp_path / "pipeline.yaml"
     path.write_text(PIPELINE.format(total=TOTAL, bootstrap=kafka.bootstrap, topic=topic))
     producing = Producing(kafka.bootstrap, topic)
@@ -189,7 +200,11 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
                 state / "status.json").exists() else {"sources": []}
             finished = {s["source"] for s in gens["sources"]
                         if s["health"]["status"] == "finished"}
-            if sum(held.values()) >= produced and {"counter", "shop"} <= finished:
+            relay = next((s for s in gens["sources"] if s["source"] == "relay"), None)
+            relayed = sum(o for _lo, _hi, o in (relay or {}).get("read_from") or []
+                          if _hi is not None)
+            if (sum(held.values()) >= produced and {"counter", "shop"} <= finished
+                    and relayed >= produced):
                 break
             time.sleep(0.5)
         else:
@@ -207,7 +222,7 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
     for r in reports:
         assert r.ok, (r.source, [(o.output, o.breaches, o.samples) for o in r.outputs])
     counts = {r.source: r.complete_checked for r in reports}
-    assert counts == {"counter": TOTAL, "shop": TOTAL, "events": produced}
+    assert counts == {"counter": TOTAL, "shop": TOTAL, "events": produced, "relay": produced}
     assert ack_checks > 0
     print(f"kill test: {kills} SIGKILLs, {crash_exits} crash-point exits, "
           f"{sum(counts.values())} records verified exactly once "
