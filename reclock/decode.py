@@ -479,6 +479,20 @@ def _hint(message: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _decode_slowly(
+    c: _Collector, data: pa.Array, which: npt.NDArray[np.bool_],
+    slow: Callable[[bytes], _SlowOut], allow_null: bool,
+) -> None:
+    """Decode the records ``which`` selects one by one (the fast path cannot
+    take them): nulls per ``allow_null``, the rest through ``slow``."""
+    rest = np.flatnonzero(which)
+    for i, raw in zip(rest.tolist(), data.take(pa.array(rest)).to_pylist(), strict=True):
+        if raw is None:
+            c.null(i, allow_null)
+        else:
+            c.add(i, slow(raw))
+
+
 def _chunks(starts: I64, ends: I64, limit: int) -> list[int]:
     """Boundaries splitting records into runs of at most ``limit`` bytes (at
     least one record each)."""
@@ -864,12 +878,7 @@ class JsonDecoder:
         _, cand = _screen(data, ord("{"), ord("}"), utf8=True)
         all_cand = bool(cand.all())
         if not all_cand:
-            rest = np.flatnonzero(~cand)
-            for i, raw in zip(rest.tolist(), data.take(pa.array(rest)).to_pylist(), strict=True):
-                if raw is None:
-                    c.null(i, self.allow_null)
-                else:
-                    c.add(i, self._slow(raw))
+            _decode_slowly(c, data, ~cand, self._slow, self.allow_null)
         gidx = np.flatnonzero(cand).astype(np.int64)
         if len(gidx):
             records = data if all_cand else data.filter(pa.array(cand))
@@ -1152,12 +1161,7 @@ class CsvDecoder:
             cand &= ~np.asarray(nl.to_numpy(zero_copy_only=False), dtype=bool)
         all_cand = bool(cand.all())
         if not all_cand:
-            rest = np.flatnonzero(~cand)
-            for i, raw in zip(rest.tolist(), data.take(pa.array(rest)).to_pylist(), strict=True):
-                if raw is None:
-                    c.null(i, self.allow_null)
-                else:
-                    c.add(i, self._slow(raw))
+            _decode_slowly(c, data, ~cand, self._slow, self.allow_null)
         gidx = np.flatnonzero(cand).astype(np.int64)
         if len(gidx):
             records = data if all_cand else data.filter(pa.array(cand))

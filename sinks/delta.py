@@ -86,6 +86,7 @@ from sinks.base import (
     SinkError,
     SinkFenced,
     SinkState,
+    conform,
     output_schema,
 )
 
@@ -180,44 +181,6 @@ class DeltaStager:
 
 def _write_parquet(table: pa.Table, f: BinaryIO) -> None:
     pq.write_table(table, f)
-
-
-def conform(output: str, table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table`` with exactly ``schema``'s columns, in order and types.
-
-    Stored columns the batch lacks are filled with nulls (an older writer, or
-    a column added by schema evolution); columns the table does not have are
-    an error, as are nulls in a NOT NULL column.
-    """
-    extra = [c for c in table.column_names if schema.get_field_index(c) < 0]
-    if extra:
-        raise SinkError(
-            f"output {output!r}: staged columns {extra} are not in the output's schema",
-            hint="call ensure() with the new schema before staging",
-        )
-    cols = []
-    for field in schema:
-        if field.name in table.column_names:
-            col = table.column(field.name)
-            if col.type != field.type:
-                try:
-                    col = col.cast(field.type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-                    raise SinkError(
-                        f"output {output!r}: column {field.name!r} of type {col.type} "
-                        f"cannot be stored as {field.type}: {exc}"
-                    ) from exc
-        elif field.nullable:
-            col = pa.chunked_array([pa.nulls(table.num_rows, field.type)])
-        else:
-            raise SinkError(f"output {output!r}: staged rows lack column {field.name!r}")
-        if not field.nullable and col.null_count:
-            raise SinkError(
-                f"output {output!r}: column {field.name!r} is NOT NULL but has "
-                f"{col.null_count} nulls"
-            )
-        cols.append(col)
-    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def stats(table: pa.Table) -> str:

@@ -144,6 +144,7 @@ from sinks.base import (
     SinkError,
     SinkFenced,
     SinkState,
+    conform,
     output_schema,
 )
 
@@ -318,39 +319,6 @@ def _from_json(v: Any, t: pa.DataType) -> Any:
 
 def _dumps(doc: Any) -> bytes:
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
-
-def conform(output: str, table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table`` with exactly ``schema``'s columns, in order and types; absent
-    nullable columns are filled with nulls. Anything else is a SinkError."""
-    extra = [c for c in table.column_names if schema.get_field_index(c) < 0]
-    if extra:
-        raise SinkError(
-            f"output {output!r}: staged columns {extra} are not in the output's schema",
-            hint="call ensure() with the new schema before staging",
-        )
-    cols = []
-    for f in schema:
-        if f.name in table.column_names:
-            col = table.column(f.name)
-            if col.type != f.type:
-                try:
-                    col = col.cast(f.type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-                    raise SinkError(
-                        f"output {output!r}: column {f.name!r} of type {col.type} cannot be "
-                        f"stored as {f.type}: {exc}"
-                    ) from exc
-        elif f.nullable:
-            col = pa.chunked_array([pa.nulls(table.num_rows, f.type)])
-        else:
-            raise SinkError(f"output {output!r}: staged rows lack column {f.name!r}")
-        if not f.nullable and col.null_count:
-            raise SinkError(
-                f"output {output!r}: column {f.name!r} is NOT NULL but has {col.null_count} nulls"
-            )
-        cols.append(col)
-    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def encode_rows(

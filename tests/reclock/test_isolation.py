@@ -4,7 +4,6 @@ discarded."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from reclock.config import load_config
 from reclock.driver import SourceRunner
 from reclock.pipeline import Pipeline, run
 from reclock.verify import verify_pipeline
+from tests.running import running, wait_for
 
 
 def test_a_failing_sink_stalls_only_its_source(tmp_path: Path, spark: Any) -> None:
@@ -64,18 +64,8 @@ sources:
 """)
     cfg = load_config(cfg_path)
     pipe = Pipeline(cfg)
-    stop = threading.Event()
-    runners: list[SourceRunner] = []
-    t = threading.Thread(target=run, kwargs=dict(
-        cfg=cfg, spark=spark, stop=stop, out=None, install_signals=False,
-        on_ready=runners.extend))
-    t.start()
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if runners and all(r.records > 0 for r in runners):
-                break
-            time.sleep(0.1)
+    with running(cfg, spark) as runners:
+        wait_for(lambda: all(r.records > 0 for r in runners), what="both sources to ingest")
         heavy = next(r for r in runners if r.name == "heavy")
         light = next(r for r in runners if r.name == "light")
         time.sleep(1.0)  # let a big heavy job get under way
@@ -96,9 +86,6 @@ sources:
         light_records = light.records
         time.sleep(1.5)
         assert light.alive and light.records > light_records  # the other source goes on
-    finally:
-        stop.set()
-        t.join(timeout=60)
     # outputs are kept and still consistent
     reports = {r.source: r for r in verify_pipeline(cfg)}
     assert reports["heavy"].ok and reports["heavy"].outputs[0].rows > 0

@@ -5,11 +5,8 @@ acknowledged only when durable, and topic/broker faults."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +14,9 @@ import pyarrow.compute as pc
 from confluent_kafka import Producer
 
 from reclock.config import load_config
-from reclock.driver import SourceRunner
-from reclock.pipeline import Pipeline, run
+from reclock.pipeline import Pipeline
 from reclock.verify import verify_pipeline
+from tests.running import running, wait_for
 
 
 def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None, bytes | None]]
@@ -47,33 +44,6 @@ sources:
         sink: file
 """)
     return path
-
-
-@contextmanager
-def running(cfg: Any, spark: Any) -> Iterator[list[SourceRunner]]:
-    stop = threading.Event()
-    runners: list[SourceRunner] = []
-    t = threading.Thread(target=run, kwargs=dict(
-        cfg=cfg, spark=spark, stop=stop, out=None, install_signals=False,
-        on_ready=runners.extend))
-    t.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not runners and time.monotonic() < deadline:
-            time.sleep(0.05)
-        yield runners
-    finally:
-        stop.set()
-        t.join(timeout=60)
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def rows(cfg: Any) -> Any:
