@@ -143,6 +143,8 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
         arrays = [*cols, *_meta(batch, into, None), pa.nulls(n, err_type),
                   pa.nulls(n, pa.binary()), pa.nulls(n, pa.binary())]
         return pa.Table.from_arrays(arrays, schema=schema), 0
+    if plan.envelope == "debezium":
+        return _debezium_rows(plan, batch, into)
     from reclock.decode import decode_key_value
 
     key = batch.column("key")
@@ -170,6 +172,54 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
         return schema.empty_table(), 0
     table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     return table, len(err_idx)
+
+
+def _debezium_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
+                   ) -> tuple[pa.Table, int]:
+    """Before images retracted, after images inserted. An event fails as a
+    whole: if it is malformed or either image does not decode, it becomes one
+    error row and neither image is written."""
+    from reclock.envelope import split_debezium
+
+    schema, user = plan.schema, plan.user_schema
+    value = batch.column("value")
+    split = split_debezium(value)
+    bad: dict[int, str] = dict(zip(split.errors.tolist(), split.reasons, strict=True))
+    decoded: list[tuple[int, npt.NDArray[np.int64], Any]] = []
+    for images, diff in ((split.before, -1), (split.after, 1)):
+        present = np.flatnonzero(~np.asarray(images.is_null().to_numpy(zero_copy_only=False)))
+        if not len(present):
+            continue
+        res = plan.value_decoder.decode(images.take(pa.array(present)))  # type: ignore[union-attr]
+        for j, why in zip(np.asarray(res.errors, dtype=np.int64).tolist(), res.reasons,
+                          strict=True):
+            bad.setdefault(int(present[j]), f"{'before' if diff < 0 else 'after'}: {why}")
+        decoded.append((diff, present[np.asarray(res.ok, dtype=np.int64)], res.table))
+    parts: list[pa.Table] = []
+    for diff, ok, table in decoded:
+        keep = np.array([int(i) not in bad for i in ok], dtype=bool)
+        rows_ok = ok[keep]
+        if not len(rows_ok):
+            continue
+        k = len(rows_ok)
+        meta = _meta(batch, into, rows_ok)
+        meta[1] = pa.array(np.full(k, diff, dtype=np.int64))
+        cols = [table.column(f.name).filter(pa.array(keep)).cast(f.type) for f in user]
+        parts.append(pa.Table.from_arrays(
+            [*cols, *meta, pa.nulls(k, pa.string()), pa.nulls(k, pa.binary()),
+             pa.nulls(k, pa.binary())], schema=schema))
+    if bad:
+        idx = np.array(sorted(bad), dtype=np.int64)
+        k = len(idx)
+        take = pa.array(idx)
+        parts.append(pa.Table.from_arrays(
+            [*_null_columns(user, k), *_meta(batch, into, idx),
+             pa.array([bad[i] for i in idx.tolist()], pa.string()),
+             batch.column("key").take(take).cast(pa.binary()),
+             value.take(take).cast(pa.binary())], schema=schema))
+    if not parts:
+        return schema.empty_table(), 0
+    return pa.concat_tables(parts), len(bad)
 
 
 def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:

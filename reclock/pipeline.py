@@ -135,6 +135,14 @@ class Pipeline:
             key_dec = make_decoder(ocfg.key_format.model_dump()) if ocfg.key_format else None
             fields = list(key_dec.schema) if key_dec else []
             user_schema = pa.schema(fields + list(value_dec.schema))
+        if ocfg.envelope.type == "upsert":
+            raise DefiniteError(
+                f"source {src.name!r} output {ocfg.name!r}: the upsert envelope is not "
+                "available yet", hint="use envelope none or debezium")
+        if ocfg.envelope.type == "debezium" and spec.typed:
+            raise DefiniteError(
+                f"source {src.name!r} output {ocfg.name!r}: debezium needs raw records "
+                "(a Kafka topic), not typed rows")
         return OutputRuntime(
             index=index, name=spec.name, spec=spec, sink=self.sink(src, ocfg),
             user_schema=user_schema, key_decoder=key_dec, value_decoder=value_dec,

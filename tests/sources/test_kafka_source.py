@@ -181,3 +181,51 @@ def test_retention_before_read_is_a_definite_error(tmp_path: Path, spark: Any, k
         wait_for(lambda: r.health.status == "stalled" and r.health.definite)
         assert "removed by retention" in (r.health.error or "") and "retention" in (
             r.health.hint or "")
+
+
+def test_debezium_envelope_reads_as_state_as_of_any_time(
+    tmp_path: Path, spark: Any, kafka: Any
+) -> None:
+    from sinks.consolidate import consolidate
+
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    path = config(tmp_path, kafka.bootstrap, topic)
+    path.write_text(path.read_text().replace(
+        "format: {type: json, schema: {id: int64, body: string}}",
+        "format: {type: json, schema: {id: int64, body: string}}\n        envelope: debezium"))
+    cfg = load_config(path)
+
+    def ev(before: Any, after: Any, wrap: bool = False) -> bytes:
+        body = {"before": before, "after": after, "op": "u"}
+        return json.dumps({"schema": {}, "payload": body} if wrap else body).encode()
+
+    produce(kafka.bootstrap, topic, [
+        (0, b"1", ev(None, {"id": 1, "body": "a"})),
+        (0, b"2", ev(None, {"id": 2, "body": "x"}, wrap=True)),
+    ])
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: r.records >= 2)
+        wait_for(lambda: r.outputs[0].state.upper is not None and r.outputs[0].state.progress
+                 is not None and "2" in r.outputs[0].state.progress)
+        first_upper = r.outputs[0].state.upper
+        produce(kafka.bootstrap, topic, [
+            (0, b"1", ev({"id": 1, "body": "a"}, {"id": 1, "body": "b"})),  # update
+            (0, b"2", ev({"id": 2, "body": "x"}, None)),                     # delete
+            (0, b"3", b'{"before": 5}'),                                     # malformed
+            (0, b"4", ev(None, {"id": "four"})),                             # bad after image
+        ])
+        wait_for(lambda: r.records >= 6)
+        wait_for(lambda: r.outputs[0].state.upper is not None
+                 and r.outputs[0].state.upper > (first_upper or 0) + 1)
+    table = rows(cfg)
+    now = consolidate(table, None, ["id", "body"]).to_pylist()
+    assert now == [{"id": 1, "body": "b", "_count": 1}]
+    assert first_upper is not None
+    then = consolidate(table, first_upper - 1, ["id", "body"]).to_pylist()
+    assert then == [{"id": 1, "body": "a", "_count": 1}, {"id": 2, "body": "x", "_count": 1}]
+    errs = table.filter(pc.invert(pc.is_null(table.column("_error")))).to_pylist()
+    assert [e["_src_offset"] for e in errs] == [4, 5]
+    assert "not a JSON object" in errs[0]["_error"] and "after" in errs[1]["_error"]
+    assert all(rep.ok for rep in verify_pipeline(cfg))
