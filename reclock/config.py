@@ -375,24 +375,33 @@ def _avro_schema(value: Any) -> Any:
 
 
 class AvroFormat(_Model):
-    """Avro records; the writer schema is inline or comes from a schema registry
-    (exactly one of ``schema`` and ``registry_url``)."""
+    """Avro records. Without ``registry_url`` each record is a bare Avro datum
+    written with ``schema``. With ``registry_url`` each record is in the
+    Confluent wire format (magic byte, schema id): the writer schema is fetched
+    by id, and the reader schema is ``schema`` or the latest version of
+    ``subject``."""
 
     type: Literal["avro"] = "avro"
     """``avro``."""
     schema_: Annotated[str | None, BeforeValidator(_avro_schema)] = Field(
         default=None, alias="schema"
     )
-    """The Avro schema, inline: a JSON string or a YAML mapping (stored as JSON text)."""
+    """The (reader) Avro schema, inline: a JSON string or a YAML mapping (stored
+    as JSON text)."""
     registry_url: str | None = None
     """A Confluent-compatible schema registry, e.g. ``http://registry:8081``
     (credentials in the URL are never printed)."""
+    subject: str | None = None
+    """With ``registry_url`` and no ``schema``: read with this subject's latest
+    schema (e.g. ``orders-value``)."""
 
     @classmethod
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
-        given = [k for k in ("schema", "registry_url") if data.get(k) is not None]
-        if len(given) != 1:
-            return [_problem((), "expected exactly one of: schema, registry_url")]
+        schema, url, subject = (data.get(k) for k in ("schema", "registry_url", "subject"))
+        if schema is None and (url is None or subject is None):
+            return [_problem((), "expected 'schema', or 'registry_url' with 'subject'")]
+        if subject is not None and url is None:
+            return [_problem(("subject",), "only applies with 'registry_url'", on_key=True)]
         return []
 
 

@@ -133,6 +133,16 @@ class Pipeline:
 
             value_dec = make_decoder(ocfg.format.model_dump())
             key_dec = make_decoder(ocfg.key_format.model_dump()) if ocfg.key_format else None
+            if key_dec is not None:
+                from reclock.decode import KeyValueDecoder
+
+                try:
+                    KeyValueDecoder(key_dec, value_dec)
+                except ValueError as exc:
+                    raise DefiniteError(
+                        f"source {src.name!r} output {ocfg.name!r}: {exc}",
+                        hint="give the key format a schema whose columns differ from the "
+                        "value's") from None
             fields = list(key_dec.schema) if key_dec else []
             user_schema = pa.schema(fields + list(value_dec.schema))
         if ocfg.envelope.type == "upsert":

@@ -120,7 +120,7 @@ def test_full_valid_example(tmp_path: Path) -> None:
                   schema: {customer_id: int64, name: string, balance: "decimal(12, 2)"}
                 sink: file
               - name: orders
-                format: {type: avro, registry_url: "http://registry:8081"}
+                format: {type: avro, registry_url: "http://registry:8081", subject: o-value}
                 envelope: debezium
                 sink: {type: console, max_rows: 5}
         """)
@@ -165,7 +165,7 @@ def test_full_valid_example(tmp_path: Path) -> None:
     assert customers.sink == FileSinkConfig(
         path=tmp_path / "var" / "state" / "outputs" / "shop" / "customers")
     orders = shop.output("orders")
-    assert orders.format == AvroFormat(registry_url="http://registry:8081")
+    assert orders.format == AvroFormat(registry_url="http://registry:8081", subject="o-value")
     assert orders.envelope == DebeziumEnvelope()
     assert orders.sink == ConsoleSinkConfig(max_rows=5)
 
@@ -544,8 +544,8 @@ def test_format_checks(tmp_path: Path) -> None:
         """)
     bad_schema, bad_decimal = at(path, 9, '"{not'), at(path, 12, '"decimal')
     assert errors_of(path) == [
-        f"{at(path, 6, '{type: avro}')}: sources[0].outputs[0].format: expected exactly one "
-        "of: schema, registry_url",
+        f"{at(path, 6, '{type: avro}')}: sources[0].outputs[0].format: expected 'schema', "
+        "or 'registry_url' with 'subject'",
         f"{bad_schema}: sources[0].outputs[1].format.schema: expected an Avro schema as a JSON "
         "string or a mapping",
         f"{at(path, 12, 'x', 2)}: sources[0].outputs[2].format.columns[2]: duplicate column 'x'",
@@ -678,7 +678,7 @@ def test_redacted_dump(tmp_path: Path) -> None:
             generator: {kind: counter}
             outputs:
               - name: main
-                format: {type: avro, registry_url: "https://u:pw4@registry/"}
+                format: {type: avro, registry_url: "https://u:pw4@registry/", subject: s}
                 sink: file
         """)
     cfg = load_config(path, env={})
@@ -687,7 +687,8 @@ def test_redacted_dump(tmp_path: Path) -> None:
     assert dumped["spark"]["conf"] == {"spark.hadoop.fs.s3a.secret.key": "***",
                                        "spark.executor.memory": "2g"}
     out = dumped["sources"][0]["outputs"][0]
-    assert out["format"] == {"type": "avro", "schema": None, "registry_url": "https://u:***@registry/"}
+    assert out["format"] == {"type": "avro", "schema": None,
+                             "registry_url": "https://u:***@registry/", "subject": "s"}
     assert out["sink"] == {"type": "file", "path": str(tmp_path / "state/outputs/counter/main")}
     assert dumped["timestamp_interval"] == 1000 and dumped["state_dir"] == str(tmp_path / "state")
     text = repr(dumped) + repr(cfg) + str(cfg)

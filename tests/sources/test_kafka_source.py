@@ -229,3 +229,44 @@ def test_debezium_envelope_reads_as_state_as_of_any_time(
     assert [e["_src_offset"] for e in errs] == [4, 5]
     assert "not a JSON object" in errs[0]["_error"] and "after" in errs[1]["_error"]
     assert all(rep.ok for rep in verify_pipeline(cfg))
+
+
+def test_avro_records_and_bad_avro_in_the_error_collection(
+    tmp_path: Path, spark: Any, kafka: Any
+) -> None:
+    import io
+
+    import fastavro
+
+    schema = {"type": "record", "name": "E", "fields": [
+        {"name": "id", "type": "long"}, {"name": "body", "type": ["null", "string"]}]}
+    parsed = fastavro.parse_schema(schema)
+
+    def enc(rec: dict[str, Any]) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, rec)
+        return buf.getvalue()
+
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    produce(kafka.bootstrap, topic, [
+        (0, None, enc({"id": 1, "body": "one"})),
+        (0, None, b"\x02"),  # truncated: not an Avro datum of this schema
+        (0, None, enc({"id": 3, "body": None})),
+    ])
+    path = config(tmp_path, kafka.bootstrap, topic)
+    path.write_text(path.read_text().replace(
+        "format: {type: json, schema: {id: int64, body: string}}",
+        "format: {type: avro, schema: '" + json.dumps(schema) + "'}"))
+    cfg = load_config(path)
+    with running(cfg, spark) as runners:
+        wait_for(lambda: runners[0].records >= 3)
+        wait_for(lambda: runners[0].outputs[0].state.progress is not None
+                 and "3" in runners[0].outputs[0].state.progress)
+    table = rows(cfg)
+    good = table.filter(pc.is_null(table.column("_error")))
+    assert sorted(zip(good.column("id").to_pylist(), good.column("body").to_pylist(),
+                      strict=True)) == [(1, "one"), (3, None)]
+    errs = table.filter(pc.invert(pc.is_null(table.column("_error")))).to_pylist()
+    assert [(e["_src_part"], e["_src_offset"]) for e in errs] == [(0, 1)]
+    assert "avro" in errs[0]["_error"].lower()
