@@ -87,6 +87,8 @@ class TaskResult:
     dropped: int = 0
     max_src_ts: int | None = None
     seconds: float = 0.0
+    #: upsert outputs: decoded intents, applied to the key state by the driver
+    intents: dict[int, pa.Table] = field(default_factory=dict)
 
 
 def _contained(
@@ -222,6 +224,19 @@ def _debezium_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np
     return pa.concat_tables(parts), len(bad)
 
 
+def _mark_tombstones(rows: pa.Table, batch: pa.RecordBatch, tomb: pa.Array) -> pa.Table:
+    """Set ``_diff`` to 0 on the intents of tombstone records (matched by position)."""
+    pos = {(p, o, q) for p, o, q, t in zip(
+        batch.column("_src_part").to_pylist(), batch.column("_src_offset").to_pylist(),
+        batch.column("_src_seq").to_pylist(), tomb.to_pylist(), strict=True) if t}
+    keys = zip(rows.column("_src_part").to_pylist(), rows.column("_src_offset").to_pylist(),
+               rows.column("_src_seq").to_pylist(), strict=True)
+    is_err = rows.column("_error").is_null().to_pylist()
+    diffs = [0 if (k in pos and ok) else 1 for k, ok in zip(keys, is_err, strict=True)]
+    i = rows.schema.get_field_index("_diff")
+    return rows.set_column(i, rows.schema.field(i), pa.array(diffs, pa.int64()))
+
+
 def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
     """Read, reclock, decode and stage one task's range."""
     started = time.perf_counter()
@@ -264,6 +279,18 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
             if mx is not None:
                 res.max_src_ts = mx if res.max_src_ts is None else max(res.max_src_ts, mx)
         rows, nerr = build_output_rows(plan, batch, into)
+        if plan.envelope == "upsert":
+            if not plan.typed:
+                # a null value is a tombstone: mark the intent with diff 0
+                tomb = pc.and_(pc.is_null(batch.column("value")),
+                               pc.invert(pc.is_null(batch.column("key"))))
+                if pc.any(tomb).as_py():
+                    rows = _mark_tombstones(rows, batch, tomb)
+            res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
+            res.errors[i] = res.errors.get(i, 0) + nerr
+            prev = res.intents.get(i)
+            res.intents[i] = rows if prev is None else pa.concat_tables([prev, rows])
+            continue
         res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
         res.errors[i] = res.errors.get(i, 0) + nerr
         pending.setdefault(i, []).append(rows)

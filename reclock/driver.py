@@ -36,17 +36,20 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from reclock import faults
 from reclock.bindings import Bindings
 from reclock.clock import Clock
 from reclock.dataplane import JobContext, OutputPlan, TaskResult, run_job, run_local
+from reclock.envelope import UpsertState
 from reclock.errors import DefiniteError, ReclockError
 from reclock.frontier import Antichain
 from reclock.mint import RemapOperator
 from reclock.progress_log import ProgressLog
 from reclock.time import IntoTime, frontier_distance
 from remap_store.base import RemapStore
-from sinks.base import PersistSink, SinkFenced, SinkState
+from sinks.base import PersistSink, SinkFenced, SinkState, output_schema
 from sources.base import OutputSpec, Source
 
 log = logging.getLogger("reclock.driver")
@@ -81,6 +84,8 @@ class OutputRuntime:
     key_decoder: Any | None = None
     value_decoder: Any | None = None
     envelope: str = "none"
+    upsert_key: tuple[str, ...] | None = None
+    upsert: UpsertState | None = None
     state: SinkState = field(default_factory=SinkState)
     rows: int = 0
     errors: int = 0
@@ -232,6 +237,10 @@ class SourceRunner:
         for out in self.outputs:
             out.sink.ensure(out.user_schema)
             out.state = out.sink.state()
+            if out.upsert_key is not None:
+                # the key state is exactly that of the committed output
+                out.upsert = UpsertState.rebuild(
+                    out.sink.read_updates(), [f.name for f in out.user_schema], out.upsert_key)
         b = self.operator.bindings  # just read back by the operator
         initial = self.source.initial_frontier()
         if b.bindings:
@@ -373,7 +382,20 @@ class SourceRunner:
             staged = [s for r in results for s in r.staged.get(out.index, [])]
             if self._dropped.is_set():
                 return
-            out.sink.commit(staged, cur, new)
+            undo: list[Any] = []
+            intents = [r.intents[out.index] for r in results if out.index in r.intents]
+            if intents and out.upsert is not None:
+                updates, undo = out.upsert.apply(pa.concat_tables(intents),
+                                                 output_schema(out.user_schema))
+                if updates.num_rows:
+                    staged += out.sink.stager().stage(
+                        f"{self.clock.now()}-upsert-{uuid.uuid4().hex[:10]}", 0, updates)
+            try:
+                out.sink.commit(staged, cur, new)
+            except BaseException:
+                if out.upsert is not None:
+                    out.upsert.rollback(undo)
+                raise
             out.state = new
             out.rows += sum(r.rows.get(out.index, 0) for r in results)
             out.errors += sum(r.errors.get(out.index, 0) for r in results)

@@ -7,10 +7,17 @@
   the record's IntoTime and with its source position. Creates have no before,
   deletes no after; an event with neither, or that is not a JSON object, is an
   error row.
-* ``upsert`` -- by key, the latest value wins and a null value deletes; it
-  needs the previous value per key (state) and is not available yet.
+* ``upsert`` -- by key, the latest value wins and a null value deletes. The
+  output holds retractions and insertions, so it reads as the current state
+  as of any IntoTime. Tasks decode records into *intents* (``_diff`` 1 for a
+  value, 0 for a tombstone); :class:`UpsertState` turns them into updates in
+  (IntoTime, position) order against the previous value per key. The state is
+  rebuilt from the output itself when a source opens, so it is always exactly
+  the state of the committed output; it lives in the driver (memory grows
+  with the number of live keys).
 
-Envelopes are pure functions of a batch, applied inside Spark tasks.
+``none`` and ``debezium`` are pure functions of a batch, applied inside Spark
+tasks.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from reclock.errors import DefiniteError
 
 
 @dataclass(frozen=True)
@@ -68,3 +78,96 @@ def split_debezium(values: pa.Array) -> DebeziumSplit:
         after.append(a)
     return DebeziumSplit(pa.array(before, pa.binary()), pa.array(after, pa.binary()),
                          np.array(errors, dtype=np.int64), reasons)
+
+
+class UpsertState:
+    """The current value per key of one upsert output (see module docstring)."""
+
+    def __init__(self, user_columns: list[str], key: tuple[str, ...]) -> None:
+        missing = [k for k in key if k not in user_columns]
+        if missing:
+            raise DefiniteError(f"upsert key columns {missing} are not among {user_columns}")
+        self.columns = user_columns
+        self.key = key
+        self._kidx = [user_columns.index(k) for k in key]
+        self.rows: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def _key_of(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(row[i] for i in self._kidx)
+
+    @classmethod
+    def rebuild(cls, updates: pa.Table, user_columns: list[str], key: tuple[str, ...]
+                ) -> UpsertState:
+        """The state of an output's committed update log."""
+        st = cls(user_columns, key)
+        if updates.num_rows == 0:
+            return st
+        ok = updates.filter(pc.is_null(updates.column("_error")))
+        diffs = ok.column("_diff").to_pylist()
+        cols = [ok.column(c).to_pylist() for c in user_columns]
+        net: dict[tuple[Any, ...], int] = {}
+        for i, d in enumerate(diffs):
+            row = tuple(c[i] for c in cols)
+            net[row] = net.get(row, 0) + int(d)
+        for row, n in net.items():
+            if n == 0:
+                continue
+            k = st._key_of(row)
+            if n != 1 or k in st.rows:
+                raise DefiniteError(
+                    f"upsert output holds key {k!r} {'more than once' if k in st.rows else n}"
+                    " times: it was not written by this envelope",
+                    hint="write the upsert output to a new path")
+            st.rows[k] = row
+        return st
+
+    def apply(self, intents: pa.Table, schema: pa.Schema) -> tuple[pa.Table, list[Any]]:
+        """Updates for ``intents`` (rows of ``schema`` with ``_diff`` 1 = value,
+        0 = tombstone); returns them and an undo log for :meth:`rollback`."""
+        order = pc.sort_indices(intents, sort_keys=[
+            ("_into_time", "ascending"), ("_src_part", "ascending"),
+            ("_src_offset", "ascending"), ("_src_seq", "ascending")])
+        t = intents.take(order)
+        names = schema.names
+        data = {n: t.column(n).to_pylist() for n in names}
+        ncols = len(self.columns)
+        meta_names = names[ncols:]
+        out: list[tuple[Any, ...]] = []
+        undo: list[tuple[tuple[Any, ...], tuple[Any, ...] | None]] = []
+        for i in range(t.num_rows):
+            meta = [data[n][i] for n in meta_names]
+            if data["_error"][i] is not None:
+                out.append(tuple(data[c][i] for c in self.columns) + tuple(meta))
+                continue
+            row = tuple(data[c][i] for c in self.columns)
+            k = self._key_of(row)
+            old = self.rows.get(k)
+            delete = data["_diff"][i] == 0
+            new = None if delete else row
+            if old == new:
+                continue
+            undo.append((k, old))
+            di = meta_names.index("_diff")
+            if old is not None:
+                m = list(meta)
+                m[di] = -1
+                out.append(old + tuple(m))
+                del self.rows[k]
+            if new is not None:
+                m = list(meta)
+                m[di] = 1
+                out.append(new + tuple(m))
+                self.rows[k] = new
+        cols: list[Any] = list(zip(*out, strict=True)) if out else [[] for _ in names]
+        table = pa.Table.from_arrays(
+            [pa.array(list(c), type=f.type) for c, f in zip(cols, schema, strict=True)],
+            schema=schema)
+        return table, undo
+
+    def rollback(self, undo: list[Any]) -> None:
+        """Undo an :meth:`apply` whose updates did not commit."""
+        for k, old in reversed(undo):
+            if old is None:
+                self.rows.pop(k, None)
+            else:
+                self.rows[k] = old

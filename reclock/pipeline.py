@@ -131,7 +131,9 @@ class Pipeline:
         else:
             from reclock.decode import make_decoder
 
-            value_dec = make_decoder(ocfg.format.model_dump())
+            # upsert: a null value is a tombstone, not an error
+            value_dec = make_decoder(ocfg.format.model_dump(),
+                                     allow_null=ocfg.envelope.type == "upsert")
             key_dec = make_decoder(ocfg.key_format.model_dump()) if ocfg.key_format else None
             if key_dec is not None:
                 from reclock.decode import KeyValueDecoder
@@ -145,10 +147,19 @@ class Pipeline:
                         "value's") from None
             fields = list(key_dec.schema) if key_dec else []
             user_schema = pa.schema(fields + list(value_dec.schema))
+        upsert_key: tuple[str, ...] | None = None
         if ocfg.envelope.type == "upsert":
-            raise DefiniteError(
-                f"source {src.name!r} output {ocfg.name!r}: the upsert envelope is not "
-                "available yet", hint="use envelope none or debezium")
+            upsert_key = tuple(ocfg.envelope.key)
+            keyed = [f.name for f in (user_schema if spec.typed else
+                                      (key_dec.schema if key_dec else []))]
+            missing = [k for k in upsert_key if k not in keyed]
+            if missing:
+                raise DefiniteError(
+                    f"source {src.name!r} output {ocfg.name!r}: upsert key columns {missing} "
+                    f"must come from {'the rows' if spec.typed else 'key_format'} "
+                    f"(it has {keyed})",
+                    hint="a tombstone has no value, so the key must be decoded from the "
+                    "record key: set key_format with a schema naming the key columns")
         if ocfg.envelope.type == "debezium" and spec.typed:
             raise DefiniteError(
                 f"source {src.name!r} output {ocfg.name!r}: debezium needs raw records "
@@ -156,7 +167,7 @@ class Pipeline:
         return OutputRuntime(
             index=index, name=spec.name, spec=spec, sink=self.sink(src, ocfg),
             user_schema=user_schema, key_decoder=key_dec, value_decoder=value_dec,
-            envelope=ocfg.envelope.type,
+            envelope=ocfg.envelope.type, upsert_key=upsert_key,
         )
 
     def sink(self, src: SourceConfig, ocfg: OutputConfig) -> PersistSink:

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from confluent_kafka import Producer
 
 from reclock.config import load_config
+from reclock.driver import SourceRunner
 from reclock.pipeline import Pipeline
 from reclock.verify import verify_pipeline
 from tests.running import running, wait_for
@@ -44,6 +45,15 @@ sources:
         sink: file
 """)
     return path
+
+
+def durable(r: SourceRunner) -> dict[int, int]:
+    """Per partition, the next offset the first output has made durable."""
+    from reclock.frontier import Antichain
+    from reclock.time import kafka_offsets
+
+    p = r.outputs[0].state.progress
+    return {} if p is None else kafka_offsets(Antichain.decode_json("kafka", p))[0]
 
 
 def rows(cfg: Any) -> Any:
@@ -207,8 +217,7 @@ def test_debezium_envelope_reads_as_state_as_of_any_time(
     with running(cfg, spark) as runners:
         r = runners[0]
         wait_for(lambda: r.records >= 2)
-        wait_for(lambda: r.outputs[0].state.upper is not None and r.outputs[0].state.progress
-                 is not None and "2" in r.outputs[0].state.progress)
+        wait_for(lambda: durable(r) == {0: 2}, what="the creates durable")
         first_upper = r.outputs[0].state.upper
         produce(kafka.bootstrap, topic, [
             (0, b"1", ev({"id": 1, "body": "a"}, {"id": 1, "body": "b"})),  # update
@@ -216,9 +225,7 @@ def test_debezium_envelope_reads_as_state_as_of_any_time(
             (0, b"3", b'{"before": 5}'),                                     # malformed
             (0, b"4", ev(None, {"id": "four"})),                             # bad after image
         ])
-        wait_for(lambda: r.records >= 6)
-        wait_for(lambda: r.outputs[0].state.upper is not None
-                 and r.outputs[0].state.upper > (first_upper or 0) + 1)
+        wait_for(lambda: durable(r) == {0: 6}, what="all events durable")
     table = rows(cfg)
     now = consolidate(table, None, ["id", "body"]).to_pylist()
     assert now == [{"id": 1, "body": "b", "_count": 1}]
@@ -261,8 +268,7 @@ def test_avro_records_and_bad_avro_in_the_error_collection(
     cfg = load_config(path)
     with running(cfg, spark) as runners:
         wait_for(lambda: runners[0].records >= 3)
-        wait_for(lambda: runners[0].outputs[0].state.progress is not None
-                 and "3" in runners[0].outputs[0].state.progress)
+        wait_for(lambda: durable(runners[0]) == {0: 3}, what="all records durable")
     table = rows(cfg)
     good = table.filter(pc.is_null(table.column("_error")))
     assert sorted(zip(good.column("id").to_pylist(), good.column("body").to_pylist(),
@@ -270,3 +276,54 @@ def test_avro_records_and_bad_avro_in_the_error_collection(
     errs = table.filter(pc.invert(pc.is_null(table.column("_error")))).to_pylist()
     assert [(e["_src_part"], e["_src_offset"]) for e in errs] == [(0, 1)]
     assert "avro" in errs[0]["_error"].lower()
+
+
+def test_upsert_envelope_as_of_latest_and_earlier_survives_restart(
+    tmp_path: Path, spark: Any, kafka: Any
+) -> None:
+    from sinks.consolidate import consolidate
+
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    path = config(tmp_path, kafka.bootstrap, topic)
+    path.write_text(path.read_text().replace(
+        "format: {type: json, schema: {id: int64, body: string}}",
+        "format: {type: json, schema: {body: string}}\n"
+        "        key_format: {type: json, schema: {id: int64}}\n"
+        "        envelope: {type: upsert, key: [id]}"))
+    cfg = load_config(path)
+
+    def rec(part: int, k: int, body: str | None) -> tuple[int, bytes | None, bytes | None]:
+        return (part, json.dumps({"id": k}).encode(),
+                None if body is None else json.dumps({"body": body}).encode())
+
+    def upper_of(r: SourceRunner) -> int:
+        return r.outputs[0].state.upper or 0
+
+    produce(kafka.bootstrap, topic, [rec(0, 1, "a"), rec(1, 2, "b"), rec(0, 3, "c"),
+                                     rec(0, 1, "a2")])
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: r.records >= 4)
+        wait_for(lambda: durable(r) == {0: 3, 1: 1}, what="the first 4 records durable")
+        first = upper_of(r)
+    # restart: the key state is rebuilt from the output
+    produce(kafka.bootstrap, topic, [rec(0, 3, None), rec(1, 2, "b2"), rec(1, 9, None),
+                                     rec(0, 1, "a3"), rec(1, 2, "b2")])
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: durable(r) == {0: 5, 1: 4}, what="all 9 records durable")
+    table = rows(cfg)
+    cols = ["id", "body"]
+    now = consolidate(table, None, cols).to_pylist()
+    assert now == [{"id": 1, "body": "a3", "_count": 1}, {"id": 2, "body": "b2", "_count": 1}]
+    then = consolidate(table, first - 1, cols).to_pylist()
+    assert then == [{"id": 1, "body": "a2", "_count": 1}, {"id": 2, "body": "b", "_count": 1},
+                    {"id": 3, "body": "c", "_count": 1}]
+    # every key holds at most one live value at every time
+    for t in sorted(set(table.column("_into_time").to_pylist())):
+        state = consolidate(table, t, cols).to_pylist()
+        assert all(s["_count"] == 1 for s in state)
+        assert len({s["id"] for s in state}) == len(state)
+    reports = verify_pipeline(cfg)
+    assert all(rep.ok for rep in reports), [(o.breaches, o.samples) for o in reports[0].outputs]
