@@ -961,6 +961,10 @@ class JsonDecoder:
         except RecursionError:
             return _Bad("json: nested too deeply")
         if self.fields is None:
+            # Like the fast path, refuse text whose escapes decode to a lone
+            # surrogate (not Unicode; no reader could store it).
+            if "\\u" in text and _has_surrogate(json.dumps(obj, ensure_ascii=False)):
+                return _Bad("json: string holds a lone surrogate")
             return [text]
         if type(obj) is not dict:
             return _Bad(f"json: expected an object, got {_json_kind(obj)}")

@@ -592,9 +592,12 @@ def test_json_matches_json_loads(items: list[tuple[bytes, dict[str, Any] | None]
                 again = json.loads(raw)
                 if not isinstance(again, dict) or not isinstance(again.get("i", 0), int | None):
                     raise ValueError
+                # escapes that decode to a lone surrogate are not Unicode: no
+                # Arrow string can hold them, so they are bad records too
+                json.dumps(again, ensure_ascii=False).encode()
                 obj = again
                 items[k] = (raw, obj)
-            except ValueError:
+            except (ValueError, UnicodeEncodeError):
                 expected_bad.append(k)
     assert res.errors.tolist() == expected_bad
     want = []
@@ -1041,3 +1044,15 @@ def test_decoders_pickle(spec: dict[str, Any]) -> None:
     assert a.ok.tolist() == b.ok.tolist()
     kv = KeyValueDecoder(make_decoder({"type": "text"}), make_decoder({"type": "bytes"}))
     assert pickle.loads(pickle.dumps(kv)).schema == kv.schema
+
+
+@pytest.mark.parametrize("spec", [{"type": "json"}, {"type": "json", "schema": {"s": "string"}}])
+def test_regression_lone_surrogate_escape_is_an_error_row(spec: dict[str, Any]) -> None:
+    """Found by Hypothesis: ``"\\ud800}"`` parses with json.loads but is not Unicode;
+    fast path and slow path (a record with a line break) must both reject it."""
+    dec = make_decoder(spec)
+    bad_slow = b'{\n "s" : "\\ud800}\\udc00"\n}'
+    bad_fast = b'{"s": "\\ud800x"}'
+    good = b'{"s": "\\ud83d\\ude00"}'
+    res = dec.decode(pa.array([good, bad_slow, bad_fast], pa.binary()))
+    assert res.ok.tolist() == [0] and res.errors.tolist() == [1, 2]
