@@ -81,3 +81,13 @@ def kafka() -> Iterator[object]:
     mock = MockKafka(brokers=1)
     yield mock
     mock.close()
+
+
+@pytest.fixture(scope="session")
+def pg_logical() -> Iterator[object]:
+    """A private PostgreSQL cluster with wal_level=logical (see tests/pgcluster.py)."""
+    from tests.pgcluster import PgCluster
+
+    cluster = PgCluster().start()
+    yield cluster
+    cluster.stop()
