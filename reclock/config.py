@@ -502,10 +502,37 @@ class KafkaSinkConfig(_Model):
     """Extra librdkafka producer settings; secret-looking values are never printed."""
 
 
-_SINKS: tuple[type[_Model], ...] = (FileSinkConfig, ConsoleSinkConfig, KafkaSinkConfig)
+class PostgresSinkConfig(_Model):
+    """A PostgreSQL table, loaded with COPY; each commit is one transaction
+    holding the rows and the output's upper (table ``reclock_uppers``)."""
+
+    type: Literal["postgres"] = "postgres"
+    """``postgres``."""
+    dsn: str = Field(min_length=1)
+    """``postgresql://user:${PGPASSWORD}@host:port/db``; the password is never printed."""
+    table: str = Field(min_length=1, max_length=63)
+    """Target table (created with matching types when absent)."""
+    schema_: str = Field(default="public", alias="schema", min_length=1, max_length=63)
+    """Target schema."""
+    mode: Literal["log", "state"] = "log"
+    """``log``: every update with ``_into_time``, ``_diff`` and provenance.
+    ``state``: the current rows, keyed by ``key`` (upserts and deletes applied in
+    the same transaction)."""
+    key: tuple[str, ...] = ()
+    """With ``mode: state``: the primary key columns."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        if data.get("mode") == "state" and not data.get("key"):
+            return [_problem(("key",), "required with mode: state")]
+        return []
+
+
+_SINKS: tuple[type[_Model], ...] = (FileSinkConfig, ConsoleSinkConfig, KafkaSinkConfig,
+                                    PostgresSinkConfig)
 #: Where an output goes, discriminated on ``type``; ``file`` / ``console`` strings allowed.
 SinkConfig = Annotated[
-    FileSinkConfig | ConsoleSinkConfig | KafkaSinkConfig,
+    FileSinkConfig | ConsoleSinkConfig | KafkaSinkConfig | PostgresSinkConfig,
     Field(discriminator="type"),
     BeforeValidator(_shorthand("sink", _SINKS)),
 ]

@@ -194,6 +194,13 @@ class Pipeline:
                 transactional_id=s.transactional_id, key_columns=s.key_columns,
                 properties=dict(s.properties),
             )
+        if s.type == "postgres":
+            from sinks.postgres import PostgresSink
+
+            return PostgresSink(
+                f"{src.name}.{ocfg.name}", dsn=s.dsn, table=s.table, schema=s.schema_,
+                mode=s.mode, key=tuple(s.key), staging_dir=self.state_dir / "staging",
+            )
         raise DefiniteError(f"source {src.name!r} output {ocfg.name!r}: unknown sink {s.type!r}")
 
     # -- drop markers -----------------------------------------------------------------
