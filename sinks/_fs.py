@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -121,3 +122,30 @@ def exclusive_lock(path: Path, *, output: str, timeout: float = 60.0) -> Iterato
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def vacuum_staged(output: str, root: Path, pattern: re.Pattern[str], grace_seconds: float,
+                  now: float) -> list[str]:
+    """Delete files in ``root`` matching ``pattern`` (or ``*.tmp``) older than
+    ``grace_seconds``: staged data of failed commits and abandoned jobs.
+    Returns their names, sorted."""
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise sink_os_error(output, root, exc, "vacuum") from exc
+    for entry in entries:
+        if not (pattern.fullmatch(entry.name) or entry.name.endswith(".tmp")):
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime < grace_seconds:
+                continue
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise sink_os_error(output, entry.path, exc, "vacuum") from exc
+        removed.append(entry.name)
+    return sorted(removed)

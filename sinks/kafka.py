@@ -117,7 +117,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
 import time
 import uuid
@@ -133,7 +132,7 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from reclock.errors import ReclockError, TransientError
-from sinks._fs import atomic_write, sink_os_error
+from sinks._fs import atomic_write, sink_os_error, vacuum_staged
 from sinks.base import (
     DIFF,
     ERROR,
@@ -1228,27 +1227,8 @@ class KafkaSink:
     def vacuum_orphans(self, grace_seconds: float = 6 * 3600.0) -> list[str]:
         """Delete staged files older than ``grace_seconds`` (left by failed
         commits and abandoned jobs); return their names."""
-        removed = []
-        now = self._clock()
-        try:
-            entries = list(os.scandir(self.staging_root))
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise sink_os_error(self.name, self.staging_root, exc, "vacuum") from exc
-        for entry in entries:
-            if not (_STAGED.fullmatch(entry.name) or entry.name.endswith(".tmp")):
-                continue
-            try:
-                if now - entry.stat(follow_symlinks=False).st_mtime < grace_seconds:
-                    continue
-                os.unlink(entry.path)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise sink_os_error(self.name, entry.path, exc, "vacuum") from exc
-            removed.append(entry.name)
-        return sorted(removed)
+        return vacuum_staged(self.name, self.staging_root, _STAGED, grace_seconds,
+                             self._clock())
 
     def close(self) -> None:
         """Flush nothing (every commit is complete or abandoned); release clients."""

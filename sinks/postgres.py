@@ -119,7 +119,7 @@ from psycopg.pq import Format
 from psycopg.rows import TupleRow
 
 from reclock.errors import ReclockError, TransientError
-from sinks._fs import atomic_write, sink_os_error
+from sinks._fs import atomic_write, sink_os_error, vacuum_staged
 from sinks.base import (
     DIFF,
     ERROR,
@@ -1288,27 +1288,8 @@ class PostgresSink:
     def vacuum_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> list[str]:
         """Delete staged files older than ``grace_seconds`` (left by failed
         commits and abandoned jobs); return their names."""
-        removed = []
-        now = self._clock()
-        try:
-            entries = list(os.scandir(self.staging_root))
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise sink_os_error(self.name, self.staging_root, exc, "vacuum") from exc
-        for entry in entries:
-            if not (_STAGED.fullmatch(entry.name) or entry.name.endswith(".tmp")):
-                continue
-            try:
-                if now - entry.stat(follow_symlinks=False).st_mtime < grace_seconds:
-                    continue
-                os.unlink(entry.path)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise sink_os_error(self.name, entry.path, exc, "vacuum") from exc
-            removed.append(entry.name)
-        return sorted(removed)
+        return vacuum_staged(self.name, self.staging_root, _STAGED, grace_seconds,
+                             self._clock())
 
     def close(self) -> None:
         """Close the connection (every commit is complete or rolled back)."""
