@@ -116,7 +116,6 @@ import base64
 import hashlib
 import json
 import logging
-import math
 import re
 import time
 import uuid
@@ -125,13 +124,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from reclock.errors import ReclockError, TransientError
+from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from sinks._fs import atomic_write, sink_os_error, vacuum_staged
 from sinks.base import (
     DIFF,
@@ -220,9 +220,6 @@ _EOF = int(KafkaError._PARTITION_EOF)
 # "-Infinity". Decoding parses back to the plain type and casts to the stored
 # type, so every value round-trips exactly.
 
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
 def plain_type(t: pa.DataType) -> pa.DataType:
     """The type ``t`` is cast to before its values become JSON."""
     if pa.types.is_dictionary(t):
@@ -253,67 +250,23 @@ def plain_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _is_binary(t: pa.DataType) -> bool:
-    return bool(
-        pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
-        or pa.types.is_binary_view(t)
-    )
 
 
-def _is_listlike(t: pa.DataType) -> bool:
-    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
 
 
 def _needs_walk(t: pa.DataType) -> bool:
     """Whether values of (plain) type ``t`` need converting, not just copying."""
-    if _is_binary(t) or pa.types.is_floating(t) or pa.types.is_map(t):
+    if is_binary(t) or pa.types.is_floating(t) or pa.types.is_map(t):
         return True
-    if _is_listlike(t):
+    if is_listlike(t):
         return _needs_walk(t.value_type)
     if pa.types.is_struct(t):
         return any(_needs_walk(t.field(i).type) for i in range(t.num_fields))
     return False
 
 
-def _to_json(v: Any, t: pa.DataType) -> Any:
-    if v is None:
-        return None
-    if _is_binary(t):
-        return base64.b64encode(v).decode("ascii")
-    if pa.types.is_floating(t):
-        f = float(v)
-        if math.isfinite(f):
-            return f
-        return "NaN" if math.isnan(f) else ("Infinity" if f > 0 else "-Infinity")
-    if _is_listlike(t):
-        return [_to_json(x, t.value_type) for x in v]
-    if pa.types.is_map(t):
-        return [[_to_json(k, t.key_type), _to_json(x, t.item_type)] for k, x in v]
-    if pa.types.is_struct(t):
-        return {
-            t.field(i).name: _to_json(v.get(t.field(i).name), t.field(i).type)
-            for i in range(t.num_fields)
-        }
-    return v
 
 
-def _from_json(v: Any, t: pa.DataType) -> Any:
-    if v is None:
-        return None
-    if _is_binary(t):
-        return base64.b64decode(v)
-    if pa.types.is_floating(t):
-        return _NONFINITE[v] if isinstance(v, str) else v
-    if _is_listlike(t):
-        return [_from_json(x, t.value_type) for x in v]
-    if pa.types.is_map(t):
-        return [(_from_json(k, t.key_type), _from_json(x, t.item_type)) for k, x in v]
-    if pa.types.is_struct(t):
-        return {
-            t.field(i).name: _from_json(v.get(t.field(i).name), t.field(i).type)
-            for i in range(t.num_fields)
-        }
-    return v
 
 
 def _dumps(doc: Any) -> bytes:
@@ -333,7 +286,7 @@ def encode_rows(
     cols: dict[str, list[Any]] = {}
     for f in plain:
         values = data.column(f.name).to_pylist()
-        cols[f.name] = [_to_json(v, f.type) for v in values] if _needs_walk(f.type) else values
+        cols[f.name] = [to_json(v, f.type) for v in values] if _needs_walk(f.type) else values
     raw_keys = data.column(RAW_KEY).to_pylist()
     is_error = data.column(ERROR).is_valid().to_pylist()
     user = [f.name for f in schema if f.name not in META_NAMES]
@@ -365,7 +318,7 @@ def decode_rows(output: str, docs: list[dict[str, Any]], schema: pa.Schema, wher
         raw = [d.get(f.name) for d in docs]
         try:
             if _needs_walk(pt):
-                raw = [_from_json(v, pt) for v in raw]
+                raw = [from_json(v, pt) for v in raw]
             arr = pa.array(raw, type=pt)
             if pt != f.type:
                 arr = arr.cast(f.type)
@@ -424,7 +377,7 @@ class KafkaStager:
         target = root / f"{batch_id}-{part:05d}.arrow"
         try:
             root.mkdir(parents=True, exist_ok=True)
-            size = atomic_write(target, partial(_write_ipc, encoded))
+            size = atomic_write(target, partial(write_ipc, encoded))
         except OSError as exc:
             raise sink_os_error(self.name, target, exc) from exc
         errors = int(pc.sum(pc.equal(encoded.column("dest"), _ERRORS)).as_py() or 0)
@@ -432,9 +385,6 @@ class KafkaStager:
                  "size": size}]
 
 
-def _write_ipc(table: pa.Table, f: BinaryIO) -> None:
-    with pa.ipc.new_file(f, table.schema) as writer:
-        writer.write_table(table)
 
 
 def staging_root(staging_dir: str | Path, name: str) -> Path:

@@ -91,7 +91,6 @@ password and of ``password=``/URL credentials.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import math
@@ -103,10 +102,9 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from decimal import Decimal
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 import psycopg
 import psycopg.errors
@@ -119,6 +117,7 @@ from psycopg.pq import Format
 from psycopg.rows import TupleRow
 
 from reclock.errors import ReclockError, TransientError
+from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from sinks._fs import atomic_write, sink_os_error, vacuum_staged
 from sinks.base import (
     DIFF,
@@ -172,15 +171,8 @@ def _is_string(t: pa.DataType) -> bool:
                 or pa.types.is_string_view(t))
 
 
-def _is_binary(t: pa.DataType) -> bool:
-    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t)
-                or pa.types.is_fixed_size_binary(t) or pa.types.is_binary_view(t))
 
 
-def _is_listlike(t: pa.DataType) -> bool:
-    return bool(pa.types.is_list(t) or pa.types.is_large_list(t)
-                or pa.types.is_fixed_size_list(t) or pa.types.is_list_view(t)
-                or pa.types.is_large_list_view(t))
 
 
 def _is_json_ext(t: pa.DataType) -> bool:
@@ -212,7 +204,7 @@ def storage_type(t: pa.DataType) -> pa.DataType:
         return pa.duration("us")
     if pa.types.is_uint64(t):
         return pa.decimal128(20, 0)
-    if _is_listlike(t) and not _is_nested(t.value_type):
+    if is_listlike(t) and not _is_nested(t.value_type):
         return _with_value_type(t, storage_type(t.value_type))
     return t
 
@@ -223,8 +215,8 @@ def _is_nested(t: pa.DataType) -> bool:
         return _is_nested(t.value_type)
     if _is_json_ext(t) or pa.types.is_struct(t) or pa.types.is_map(t):
         return True
-    if _is_listlike(t):
-        return _is_listlike(t.value_type) or _is_nested(t.value_type)
+    if is_listlike(t):
+        return is_listlike(t.value_type) or _is_nested(t.value_type)
     return False
 
 
@@ -248,7 +240,7 @@ def pg_type(t: pa.DataType, *, output: str = "?", column: str = "?") -> str:
         return f"numeric({t.precision},{t.scale})"
     if _is_string(t):
         return "text"
-    if _is_binary(t):
+    if is_binary(t):
         return "bytea"
     if pa.types.is_timestamp(t):
         return "timestamp with time zone" if t.tz else "timestamp without time zone"
@@ -260,7 +252,7 @@ def pg_type(t: pa.DataType, *, output: str = "?", column: str = "?") -> str:
         return "interval"
     if _is_nested(t):
         return "jsonb"
-    if _is_listlike(t):
+    if is_listlike(t):
         return pg_type(t.value_type, output=output, column=column) + "[]"
     raise SinkError(
         f"output {output!r}: column {column!r} has Arrow type {t}, which has no PostgreSQL "
@@ -338,9 +330,6 @@ def _read_as_text(t: pa.DataType, stored: str) -> bool:
 
 # -- JSON encoding of nested values (as the Kafka sink's) -----------------------------------
 
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
 def _plain_type(t: pa.DataType) -> pa.DataType:
     """The type ``t`` is cast to before its values become JSON."""
     if pa.types.is_dictionary(t):
@@ -352,7 +341,7 @@ def _plain_type(t: pa.DataType) -> pa.DataType:
         return pa.int64()
     if pa.types.is_decimal(t):
         return pa.string()
-    if _is_listlike(t):
+    if is_listlike(t):
         return _with_value_type(t, _plain_type(t.value_type))
     if pa.types.is_map(t):
         return pa.map_(t.key_field.with_type(_plain_type(t.key_type)),
@@ -363,47 +352,8 @@ def _plain_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _to_json(v: Any, t: pa.DataType) -> Any:
-    if v is None:
-        return None
-    if _is_binary(t):
-        return base64.b64encode(v).decode("ascii")
-    if pa.types.is_floating(t):
-        f = float(v)
-        if math.isfinite(f):
-            return f
-        return "NaN" if math.isnan(f) else ("Infinity" if f > 0 else "-Infinity")
-    if _is_listlike(t):
-        return [_to_json(x, t.value_type) for x in v]
-    if pa.types.is_map(t):
-        return [[_to_json(k, t.key_type), _to_json(x, t.item_type)] for k, x in v]
-    if pa.types.is_struct(t):
-        return {t.field(i).name: _to_json(v.get(t.field(i).name), t.field(i).type)
-                for i in range(t.num_fields)}
-    return v
 
 
-def _from_json(v: Any, t: pa.DataType) -> Any:
-    """A parsed JSON value back into a value ``pa.array`` takes for type ``t``
-    (temporal values stay integers in their unit, which it accepts)."""
-    if v is None:
-        return None
-    if pa.types.is_dictionary(t):
-        return _from_json(v, t.value_type)
-    if pa.types.is_decimal(t):
-        return Decimal(v)
-    if _is_binary(t):
-        return base64.b64decode(v)
-    if pa.types.is_floating(t):
-        return _NONFINITE[v] if isinstance(v, str) else v
-    if _is_listlike(t):
-        return [_from_json(x, t.value_type) for x in v]
-    if pa.types.is_map(t):
-        return [(_from_json(k, t.key_type), _from_json(x, t.item_type)) for k, x in v]
-    if pa.types.is_struct(t):
-        return {t.field(i).name: _from_json(v.get(t.field(i).name), t.field(i).type)
-                for i in range(t.num_fields)}
-    return v
 
 
 def _dumps(doc: Any) -> str:
@@ -416,7 +366,7 @@ def _json_texts(col: pa.ChunkedArray) -> pa.ChunkedArray:
     if _is_json_ext(t):
         return pa.chunked_array([c.storage for c in col.chunks], pa.string())
     plain = col.cast(_plain_type(t))
-    texts = [None if v is None else _dumps(_to_json(v, plain.type)) for v in plain.to_pylist()]
+    texts = [None if v is None else _dumps(to_json(v, plain.type)) for v in plain.to_pylist()]
     return pa.chunked_array([pa.array(texts, pa.string())])
 
 
@@ -425,7 +375,7 @@ def _from_json_texts(texts: list[Any], t: pa.DataType) -> pa.Array:
         return pa.ExtensionArray.from_storage(t, pa.array(texts, pa.string()))
     # Built with the stored type directly, not parsed as the plain type and cast:
     # a cast would also convert the placeholders under null structs.
-    return pa.array([None if v is None else _from_json(json.loads(v), t) for v in texts], t)
+    return pa.array([None if v is None else from_json(json.loads(v), t) for v in texts], t)
 
 
 # -- executor side ---------------------------------------------------------------------------
@@ -474,7 +424,7 @@ class PostgresStager:
         target = root / f"{batch_id}-{part:05d}.arrow"
         try:
             root.mkdir(parents=True, exist_ok=True)
-            size = atomic_write(target, partial(_write_ipc, wire))
+            size = atomic_write(target, partial(write_ipc, wire))
         except OSError as exc:
             raise sink_os_error(self.name, target, exc) from exc
         errors = data.num_rows - data.column(ERROR).null_count
@@ -506,7 +456,7 @@ class PostgresStager:
                 _check_no_nul(self.name, f.name, col, "\\u0000")
             elif _is_string(f.type):
                 _check_no_nul(self.name, f.name, col, "\x00")
-            elif _is_listlike(f.type) and _is_string(f.type.value_type):
+            elif is_listlike(f.type) and _is_string(f.type.value_type):
                 _check_no_nul(self.name, f.name, pc.list_flatten(col), "\x00")
             cols.append(col)
         return pa.Table.from_arrays(cols, schema=wire_schema(data.schema))
@@ -522,9 +472,6 @@ def _check_no_nul(output: str, column: str, col: Any, needle: str) -> None:
         )
 
 
-def _write_ipc(table: pa.Table, f: BinaryIO) -> None:
-    with pa.ipc.new_file(f, table.schema) as writer:
-        writer.write_table(table, max_chunksize=64 * 1024)
 
 
 def staging_root(staging_dir: str | Path, name: str) -> Path:
