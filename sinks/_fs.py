@@ -149,3 +149,21 @@ def vacuum_staged(output: str, root: Path, pattern: re.Pattern[str], grace_secon
             raise sink_os_error(output, entry.path, exc, "vacuum") from exc
         removed.append(entry.name)
     return sorted(removed)
+
+
+def check_staged_file(output: str, path: Path, size: int) -> None:
+    """A staged file must still be there with the size it was staged with."""
+    from sinks.base import SinkError
+
+    try:
+        actual: int | None = path.stat().st_size
+    except FileNotFoundError:
+        actual = None
+    except OSError as exc:
+        raise sink_os_error(output, path, exc, "read") from exc
+    if actual != size:
+        raise SinkError(
+            f"output {output!r}: staged file {path} is "
+            + ("gone" if actual is None else f"{actual} bytes, staged as {size}"),
+            hint="restage the batch (was it committed already, or vacuumed?)",
+        )

@@ -132,7 +132,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from reclock.errors import ReclockError, TransientError
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
-from sinks._fs import atomic_write, sink_os_error, vacuum_staged
+from sinks._fs import atomic_write, check_staged_file, sink_os_error, vacuum_staged
 from sinks.base import (
     DIFF,
     ERROR,
@@ -774,18 +774,7 @@ class KafkaSink:
         if not ok:
             raise ValueError(f"output {self.name!r}: not a Kafka staging descriptor: {d!r}")
         path = self.staging_root / str(name)
-        try:
-            size: int | None = path.stat().st_size
-        except FileNotFoundError:
-            size = None
-        except OSError as exc:
-            raise sink_os_error(self.name, path, exc, "read") from exc
-        if size != d["size"]:
-            raise SinkError(
-                f"output {self.name!r}: staged file {path} is "
-                + ("gone" if size is None else f"{size} bytes, staged as {d['size']}"),
-                hint="restage the batch (was it committed already, or vacuumed?)",
-            )
+        check_staged_file(self.name, path, d["size"])
         return path
 
     def _produce_staged(self, producer: Any, files: list[Path], batch: str) -> tuple[int, int]:

@@ -118,7 +118,7 @@ from psycopg.rows import TupleRow
 
 from reclock.errors import ReclockError, TransientError
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
-from sinks._fs import atomic_write, sink_os_error, vacuum_staged
+from sinks._fs import atomic_write, check_staged_file, sink_os_error, vacuum_staged
 from sinks.base import (
     DIFF,
     ERROR,
@@ -1119,18 +1119,7 @@ class PostgresSink:
         return self.staging_root / str(name), d
 
     def _open_staged(self, path: Path, d: dict[str, Any]) -> pa.Table:
-        try:
-            size: int | None = path.stat().st_size
-        except FileNotFoundError:
-            size = None
-        except OSError as exc:
-            raise sink_os_error(self.name, path, exc, "read") from exc
-        if size != d["size"]:
-            raise SinkError(
-                f"output {self.name!r}: staged file {path} is "
-                + ("gone" if size is None else f"{size} bytes, staged as {d['size']}"),
-                hint="restage the batch (was it committed already, or vacuumed?)",
-            )
+        check_staged_file(self.name, path, d["size"])
         try:
             with pa.memory_map(str(path)) as source:
                 return pa.ipc.open_file(source).read_all()
