@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import re
 import time
@@ -167,3 +168,26 @@ def check_staged_file(output: str, path: Path, size: int) -> None:
             + ("gone" if actual is None else f"{actual} bytes, staged as {size}"),
             hint="restage the batch (was it committed already, or vacuumed?)",
         )
+
+
+#: Batch ids the driver hands to stagers (they become part of file names).
+BATCH_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def check_stage_args(batch_id: str, part: int) -> None:
+    """``Stager.stage`` arguments every file-staging sink accepts."""
+    if not BATCH_ID.fullmatch(batch_id):
+        raise ValueError(f"batch id {batch_id!r} must match {BATCH_ID.pattern}")
+    if part < 0:
+        raise ValueError(f"part {part} must be >= 0")
+
+
+def remove_staged(output: str, files: list[Path], log: logging.Logger) -> None:
+    """Delete staged files after their commit; a leftover only costs space."""
+    for path in files:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("output %r: cannot remove staged file %s: %s", output, path, exc)

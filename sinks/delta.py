@@ -78,7 +78,12 @@ from deltalake.transaction import (
     Transaction,
 )
 
-from sinks._fs import atomic_write, exclusive_lock, sink_os_error
+from sinks._fs import (
+    atomic_write,
+    check_stage_args,
+    exclusive_lock,
+    sink_os_error,
+)
 from sinks.base import (
     INTO_TIME,
     META_FIELDS,
@@ -114,7 +119,6 @@ KEY_OUTPUT = "reclock.output"
 
 # Batch ids become part of file names: keep them to characters that need no
 # escaping in a path or in the Delta log's URL-encoded paths.
-_BATCH_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _STAGED = re.compile(r"part-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet")
 _STAGED_TMP = re.compile(r"\.part-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet\.[0-9a-f]+\.tmp")
 _MAX_FILES_PER_PART = 1000  # the three digits of {n:03d}
@@ -150,10 +154,7 @@ class DeltaStager:
         of an earlier, longer attempt are left for :meth:`DeltaSink.vacuum_orphans`
         (deleting here could delete a committed file if a batch id were reused).
         """
-        if not _BATCH_ID.fullmatch(batch_id):
-            raise ValueError(f"batch id {batch_id!r} must match {_BATCH_ID.pattern}")
-        if part < 0:
-            raise ValueError(f"part {part} must be >= 0")
+        check_stage_args(batch_id, part)
         if table.num_rows == 0:
             return []
         data = conform(self.name, table, self.schema)

@@ -132,7 +132,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from reclock.errors import ReclockError, TransientError
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
-from sinks._fs import atomic_write, check_staged_file, sink_os_error, vacuum_staged
+from sinks._fs import (
+    atomic_write,
+    check_stage_args,
+    check_staged_file,
+    remove_staged,
+    sink_os_error,
+    vacuum_staged,
+)
 from sinks.base import (
     DIFF,
     ERROR,
@@ -173,7 +180,6 @@ STAGED_SCHEMA = pa.schema(
 )
 _DATA, _ERRORS = 0, 1
 
-_BATCH_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _STAGED = re.compile(r"[A-Za-z0-9_.-]+-\d{5,}\.arrow")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
@@ -366,10 +372,7 @@ class KafkaStager:
         records), ``errors`` (error records) and ``size`` (bytes). Restaging the
         same ``(batch_id, part)`` replaces the file.
         """
-        if not _BATCH_ID.fullmatch(batch_id):
-            raise ValueError(f"batch id {batch_id!r} must match {_BATCH_ID.pattern}")
-        if part < 0:
-            raise ValueError(f"part {part} must be >= 0")
+        check_stage_args(batch_id, part)
         if table.num_rows == 0:
             return []
         encoded = encode_rows(self.name, table, self.schema, self.key_columns)
@@ -757,7 +760,7 @@ class KafkaSink:
             raise
         self._step("committed")
         self._verify_on_chain(batch)
-        self._remove_staged(files)
+        remove_staged(self.name, files, log)
 
     def _step(self, step: str, count: int = 0) -> None:
         """Called at each step of :meth:`commit`: ``checked``, ``produced``
@@ -900,15 +903,6 @@ class KafkaSink:
                             self.name, batch, self.timeout_s)
                 return
             time.sleep(0.02)
-
-    def _remove_staged(self, files: list[Path]) -> None:
-        for path in files:
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:  # committed already; a leftover file only costs space
-                log.warning("output %r: cannot remove staged file %s: %s", self.name, path, exc)
 
     # -- reading ---------------------------------------------------------------------------
     def read_updates(self, as_of: int | None = None) -> pa.Table:

@@ -118,7 +118,14 @@ from psycopg.rows import TupleRow
 
 from reclock.errors import ReclockError, TransientError
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
-from sinks._fs import atomic_write, check_staged_file, sink_os_error, vacuum_staged
+from sinks._fs import (
+    atomic_write,
+    check_stage_args,
+    check_staged_file,
+    remove_staged,
+    sink_os_error,
+    vacuum_staged,
+)
 from sinks.base import (
     DIFF,
     ERROR,
@@ -155,7 +162,6 @@ ORPHAN_GRACE_SECONDS = 6 * 3600.0
 #: source position a retraction (-1) comes before an insertion (+1).
 APPLY_ORDER = (INTO_TIME, "_src_part", "_src_offset", "_src_seq", DIFF)
 
-_BATCH_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _STAGED = re.compile(r"[A-Za-z0-9_.-]{1,128}-\d{5,}\.arrow")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
@@ -410,10 +416,7 @@ class PostgresStager:
         root), ``rows``, ``errors`` (error rows among them) and ``size``
         (bytes). Restaging the same ``(batch_id, part)`` replaces the file.
         """
-        if not _BATCH_ID.fullmatch(batch_id):
-            raise ValueError(f"batch id {batch_id!r} must match {_BATCH_ID.pattern}")
-        if part < 0:
-            raise ValueError(f"part {part} must be >= 0")
+        check_stage_args(batch_id, part)
         if table.num_rows == 0:
             return []
         data = conform(self.name, table, self.schema)
@@ -947,7 +950,7 @@ class PostgresSink:
             if not self._committed_anyway(commit_id, exc):
                 raise self._error(exc, "commit to") from exc
         self._step("committed")
-        self._remove_staged([p for p, _ in files])
+        remove_staged(self.name, [p for p, _ in files], log)
 
     def _step(self, step: str, count: int = 0) -> None:
         """Called at each step of :meth:`commit`: ``locked``, ``copied`` (after
@@ -1126,15 +1129,6 @@ class PostgresSink:
         except (OSError, pa.ArrowInvalid) as exc:
             raise SinkError(f"output {self.name!r}: cannot read staged file {path}: {exc}",
                             hint="restage the batch") from exc
-
-    def _remove_staged(self, files: list[Path]) -> None:
-        for path in files:
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:  # committed already; a leftover file only costs space
-                log.warning("output %r: cannot remove staged file %s: %s", self.name, path, exc)
 
     # -- reading -------------------------------------------------------------------------------
     def read_updates(self, as_of: int | None = None) -> pa.Table:
