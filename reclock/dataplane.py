@@ -159,8 +159,13 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
     if len(ok_idx):
         cols = [res.table.column(f.name).cast(f.type) for f in user]
         k = len(ok_idx)
+        meta = _meta(batch, into, ok_idx)
+        if plan.envelope == "upsert":
+            # a null value is a tombstone: its intent carries diff 0
+            tomb = np.asarray(value.is_null().to_numpy(zero_copy_only=False))[ok_idx]
+            meta[1] = pa.array(np.where(tomb, 0, 1).astype(np.int64))
         parts.append(pa.Table.from_arrays(
-            [*cols, *_meta(batch, into, ok_idx), pa.nulls(k, err_type), pa.nulls(k, pa.binary()),
+            [*cols, *meta, pa.nulls(k, err_type), pa.nulls(k, pa.binary()),
              pa.nulls(k, pa.binary())], schema=schema))
     err_idx = np.asarray(res.errors, dtype=np.int64)
     if len(err_idx):
@@ -224,19 +229,6 @@ def _debezium_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np
     return pa.concat_tables(parts), len(bad)
 
 
-def _mark_tombstones(rows: pa.Table, batch: pa.RecordBatch, tomb: pa.Array) -> pa.Table:
-    """Set ``_diff`` to 0 on the intents of tombstone records (matched by position)."""
-    pos = {(p, o, q) for p, o, q, t in zip(
-        batch.column("_src_part").to_pylist(), batch.column("_src_offset").to_pylist(),
-        batch.column("_src_seq").to_pylist(), tomb.to_pylist(), strict=True) if t}
-    keys = zip(rows.column("_src_part").to_pylist(), rows.column("_src_offset").to_pylist(),
-               rows.column("_src_seq").to_pylist(), strict=True)
-    is_err = rows.column("_error").is_null().to_pylist()
-    diffs = [0 if (k in pos and ok) else 1 for k, ok in zip(keys, is_err, strict=True)]
-    i = rows.schema.get_field_index("_diff")
-    return rows.set_column(i, rows.schema.field(i), pa.array(diffs, pa.int64()))
-
-
 def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
     """Read, reclock, decode and stage one task's range."""
     started = time.perf_counter()
@@ -244,6 +236,7 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
     pending: dict[int, list[pa.Table]] = {}
     pending_rows: dict[int, int] = {}
     flushes: dict[int, int] = {}
+    intents: dict[int, list[pa.Table]] = {}  # upsert outputs: applied by the driver
 
     def flush(i: int) -> None:
         tables = pending.pop(i, [])
@@ -280,16 +273,9 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
                 res.max_src_ts = mx if res.max_src_ts is None else max(res.max_src_ts, mx)
         rows, nerr = build_output_rows(plan, batch, into)
         if plan.envelope == "upsert":
-            if not plan.typed:
-                # a null value is a tombstone: mark the intent with diff 0
-                tomb = pc.and_(pc.is_null(batch.column("value")),
-                               pc.invert(pc.is_null(batch.column("key"))))
-                if pc.any(tomb).as_py():
-                    rows = _mark_tombstones(rows, batch, tomb)
             res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
             res.errors[i] = res.errors.get(i, 0) + nerr
-            prev = res.intents.get(i)
-            res.intents[i] = rows if prev is None else pa.concat_tables([prev, rows])
+            intents.setdefault(i, []).append(rows)
             continue
         res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
         res.errors[i] = res.errors.get(i, 0) + nerr
@@ -299,6 +285,7 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
             flush(i)
     for i in list(pending):
         flush(i)
+    res.intents = {i: pa.concat_tables(ts) for i, ts in intents.items()}
     res.seconds = time.perf_counter() - started
     return res
 
