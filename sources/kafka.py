@@ -316,7 +316,7 @@ class KafkaSource:
         max_job: int,
     ) -> tuple[list[ReadTask], Antichain[Partitioned]]:
         lo, lo_above = kafka_offsets(lower)
-        hi, hi_above = kafka_offsets(upper)
+        hi, _ = kafka_offsets(upper)
         ranges: dict[int, tuple[int, int]] = {}
         for p, end in hi.items():
             begin = lo.get(p, 0 if lo_above is not None and p >= lo_above else end)
@@ -333,7 +333,6 @@ class KafkaSource:
                         hint="raise the topic's retention (or the pipeline's throughput); "
                         "re-create the source to skip the lost records")
         # Chunks, taken round-robin across partitions until the job budget is spent.
-        reached = dict(lo)
         cursor = {p: b for p, (b, _e) in ranges.items()}
         tasks: list[ReadTask] = []
         budget = max_job
@@ -349,15 +348,11 @@ class KafkaSource:
                 budget -= stop - b
                 cursor[p] = stop
                 progress = True
-        for p, c in cursor.items():
-            reached[p] = c
         if all(cursor[p] == ranges[p][1] for p in ranges):
             return tasks, upper
-        parts = max([*hi.keys(), *reached.keys(), -1]) + 1
-        for p in hi:
-            reached.setdefault(p, hi[p] if p not in ranges else cursor[p])
-        del hi_above
-        return tasks, kafka_frontier(reached, partitions=parts)
+        # Partly read: every partition at its upper, except where the budget ran out.
+        reached = {**hi, **cursor}
+        return tasks, kafka_frontier(reached, partitions=max([*reached, -1]) + 1)
 
     def reader(self) -> KafkaReader:
         return KafkaReader(self.bootstrap, self.topic, tuple(sorted(self.properties.items())),
