@@ -493,6 +493,36 @@ def _decode_slowly(
             c.add(i, slow(raw))
 
 
+def _decode_screened(
+    c: _Collector,
+    data: pa.Array,
+    cand: npt.NDArray[np.bool_],
+    slow: Callable[[bytes], _SlowOut],
+    allow_null: bool,
+    fast: Callable[[_Joined, int, int], Any],
+    suspects: Callable[[_Joined, int, int, str], list[int]],
+    **isolate: Any,
+) -> DecodeResult:
+    """The shared shape of the delimited-text decoders: records that passed the
+    screen (``cand``) are joined and read in runs by ``fast``, failing runs
+    isolated down to the bad records; the others are decoded one by one."""
+    all_cand = bool(cand.all())
+    if not all_cand:
+        _decode_slowly(c, data, ~cand, slow, allow_null)
+    gidx = np.flatnonzero(cand).astype(np.int64)
+    if len(gidx):
+        records = data if all_cand else data.filter(pa.array(cand))
+        joined = _Joined.of(records)
+        _isolate(
+            c, gidx, joined.bounds(),
+            lambda lo, hi: fast(joined, lo, hi),
+            lambda lo, hi: [slow(r) for r in joined.records[lo:hi].to_pylist()],
+            suspects=lambda lo, hi, msg: suspects(joined, lo, hi, msg),
+            **isolate,
+        )
+    return c.result()
+
+
 def _chunks(starts: I64, ends: I64, limit: int) -> list[int]:
     """Boundaries splitting records into runs of at most ``limit`` bytes (at
     least one record each)."""
@@ -876,21 +906,10 @@ class JsonDecoder:
                     c.add(i, self._slow(raw))
             return c.result()
         _, cand = _screen(data, ord("{"), ord("}"), utf8=True)
-        all_cand = bool(cand.all())
-        if not all_cand:
-            _decode_slowly(c, data, ~cand, self._slow, self.allow_null)
-        gidx = np.flatnonzero(cand).astype(np.int64)
-        if len(gidx):
-            records = data if all_cand else data.filter(pa.array(cand))
-            joined = _Joined.of(records)
-            _isolate(
-                c, gidx, joined.bounds(),
-                lambda lo, hi: self._fast(joined, lo, hi),
-                lambda lo, hi: [self._slow(r) for r in joined.records[lo:hi].to_pylist()],
-                suspects=lambda lo, hi, msg: self._suspects(joined, lo, hi, msg),
-                small=_JSON_SMALL, budget=_JSON_BUDGET,
-            )
-        return c.result()
+        return _decode_screened(
+            c, data, cand, self._slow, self.allow_null, self._fast, self._suspects,
+            small=_JSON_SMALL, budget=_JSON_BUDGET,
+        )
 
     # -- fast path ---------------------------------------------------------
 
@@ -1163,20 +1182,11 @@ class CsvDecoder:
             # A record holding a line break would read as two lines: judge it alone.
             nl = pc.match_substring_regex(data, "[\r\n]").fill_null(False)
             cand &= ~np.asarray(nl.to_numpy(zero_copy_only=False), dtype=bool)
-        all_cand = bool(cand.all())
-        if not all_cand:
-            _decode_slowly(c, data, ~cand, self._slow, self.allow_null)
-        gidx = np.flatnonzero(cand).astype(np.int64)
-        if len(gidx):
-            records = data if all_cand else data.filter(pa.array(cand))
-            joined = _Joined.of(records)
-            _isolate(
-                c, gidx, joined.bounds(),
-                lambda lo, hi: self._fast(joined.lines(lo, hi), hi - lo, False),
-                lambda lo, hi: [self._slow(r) for r in joined.records[lo:hi].to_pylist()],
-                suspects=lambda lo, hi, msg: self._suspects(joined, lo, hi),
-            )
-        return c.result()
+        return _decode_screened(
+            c, data, cand, self._slow, self.allow_null,
+            lambda joined, lo, hi: self._fast(joined.lines(lo, hi), hi - lo, False),
+            lambda joined, lo, hi, msg: self._suspects(joined, lo, hi),
+        )
 
     def _suspects(self, joined: _Joined, lo: int, hi: int) -> list[int]:
         """A run that read as fewer lines than records holds a quoted field
