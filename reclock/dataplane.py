@@ -204,7 +204,7 @@ def _debezium_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np
         decoded.append((diff, present[np.asarray(res.ok, dtype=np.int64)], res.table))
     parts: list[pa.Table] = []
     for diff, ok, table in decoded:
-        keep = np.array([int(i) not in bad for i in ok], dtype=bool)
+        keep = ~np.isin(ok, np.fromiter(bad, dtype=np.int64, count=len(bad)))
         rows_ok = ok[keep]
         if not len(rows_ok):
             continue
