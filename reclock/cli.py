@@ -109,6 +109,11 @@ def _driver_status(state_dir: Path) -> dict[str, Any] | None:
 
 
 def collect_status(file: str, history: int = 0) -> dict[str, Any]:
+    """What ``reclock status`` shows. While the driver runs, the numbers of a
+    running source are its runner's status dict from ``status.json`` (also
+    given whole as ``live``): the same dicts ``/status.json`` and ``/metrics``
+    render, so every view agrees. Otherwise they are read from the remap store
+    and the sinks."""
     from reclock.pipeline import Pipeline
     from reclock.progress_log import tail
 
@@ -119,6 +124,9 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
     running = bool(live) and not live.get("stale") if live else False
     out: dict[str, Any] = {"state_dir": str(pipe.state_dir), "driver_running": running,
                            "sources": []}
+    if running and live is not None:
+        out["status_updated_ms"] = live.get("updated_ms")
+        out["http"] = live.get("http")
     now = pipe.clock.now()
     try:
         shards = set(pipe.store.shards())
@@ -126,32 +134,49 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
             built = pipe.build_source(src)
             kind = built.source.kind
             entry: dict[str, Any] = {"source": src.name, "kind": kind}
+            lv: dict[str, Any] | None = live_by.get(src.name) if running else None
             if pipe.is_dropped(src.name):
                 entry["health"] = {"status": "dropped"}
-            elif running and src.name in live_by:
-                entry["health"] = live_by[src.name]["health"]
-                entry["records_per_s"] = live_by[src.name].get("records_per_s")
+            elif lv is not None:
+                entry["health"] = lv["health"]
             else:
                 entry["health"] = {"status": "not running"}
             b = pipe.store.read(src.name) if src.name in shards else None
-            entry["bindings"] = 0 if b is None else len(b)
-            entry["remap_upper"] = None if b is None else b.upper.as_option()
-            entry["from_upper"] = (None if b is None or not b.bindings
-                                   else b.bindings[-1].frontier.encode())
+            if lv is not None:
+                entry["bindings"] = lv.get("bindings")
+                entry["remap_upper"] = lv.get("remap_upper")
+                entry["from_upper"] = lv.get("bound")
+                for k in ("probe", "read_from", "records", "records_per_s", "lag_records",
+                          "job_seconds"):
+                    entry[k] = lv.get(k)
+            else:
+                entry["bindings"] = 0 if b is None else len(b)
+                entry["remap_upper"] = None if b is None else b.upper.as_option()
+                entry["from_upper"] = (None if b is None or not b.bindings
+                                       else b.bindings[-1].frontier.encode())
+            live_outs = {o["name"]: o for o in (lv or {}).get("outputs") or []}
             outs = []
             uppers = []
             for o in built.outputs:
+                lo = live_outs.get(o.name)
+                if lo is not None:
+                    uppers.append(lo.get("upper"))
+                    outs.append({"output": o.name, "sink_upper": lo.get("upper"),
+                                 "lag_ms": lo.get("lag_ms"), "rows": lo.get("rows"),
+                                 "errors": lo.get("errors"), "health": lo.get("health")})
+                    continue
                 st = o.sink.state()
                 uppers.append(st.upper)
                 outs.append({"output": o.name, "sink_upper": st.upper,
                              "lag_ms": None if st.upper is None else max(0, now - st.upper),
-                             "health": (live_by.get(src.name, {}).get("outputs") or [{}])[o.index]
-                             .get("health") if running and src.name in live_by else None})
+                             "health": None})
             entry["outputs"] = outs
             finite = [u for u in uppers if u is not None]
             resume_into = min(finite) if finite else None
             entry["resume_into"] = resume_into
-            if b is not None and b.bindings:
+            if lv is not None and lv.get("resume") is not None:
+                entry["resume_upper"] = lv["resume"]
+            elif b is not None and b.bindings:
                 from reclock.frontier import Antichain
                 from reclock.time import IntoTime
 
@@ -163,6 +188,8 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
                     entry["resume_upper"] = f"unavailable: {exc}"
             else:
                 entry["resume_upper"] = built.source.initial_frontier().encode()
+            if lv is not None:
+                entry["live"] = lv
             if history:
                 entry["history"] = tail(pipe.state_dir / "progress.jsonl", history, src.name)
             out["sources"].append(entry)
@@ -306,10 +333,11 @@ def cmd_drop(args: argparse.Namespace) -> int:
     pipe = Pipeline(_load(args.file))
     try:
         pipe.request_drop(args.source)
+        released = pipe.release_upstream(args.source)
     finally:
         pipe.close()
     print(f"source {args.source} dropped: a running driver stops it within a second; "
-          "its outputs are kept")
+          "its outputs are kept" + (f"; {released}" if released else ""))
     return 0
 
 

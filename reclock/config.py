@@ -185,6 +185,10 @@ def check_column_type(name: str) -> str:
 
 ColumnType = Annotated[str, AfterValidator(check_column_type)]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+#: The characters Kafka allows in a topic name.
+KAFKA_TOPIC_PATTERN = r"^[A-Za-z0-9._-]+$"
+#: The characters PostgreSQL allows in a replication slot name.
+SLOT_PATTERN = r"^[a-z0-9_]{1,63}$"
 
 
 def _tags(members: Sequence[type[BaseModel]]) -> list[str]:
@@ -489,9 +493,9 @@ class KafkaSinkConfig(_Model):
     """``kafka``."""
     bootstrap_servers: str = Field(min_length=1)
     """``host:port[,host:port...]``."""
-    topic: str = Field(min_length=1, max_length=249)
+    topic: str = Field(min_length=1, max_length=249, pattern=KAFKA_TOPIC_PATTERN)
     """The data topic."""
-    progress_topic: str | None = None
+    progress_topic: str | None = Field(default=None, pattern=KAFKA_TOPIC_PATTERN)
     """Where commits record the output's progress (default
     ``<topic>.reclock-progress``); must not be compacted away."""
     transactional_id: str | None = None
@@ -595,7 +599,7 @@ class KafkaConfig(ConnectorConfig):
 
     bootstrap_servers: str = Field(min_length=1)
     """``host:port[,host:port...]``."""
-    topic: str = Field(min_length=1, max_length=249)
+    topic: str = Field(min_length=1, max_length=249, pattern=KAFKA_TOPIC_PATTERN)
     """The topic to ingest."""
     group_id: str | None = None
     """Consumer group that the durable offsets are committed to (for monitoring
@@ -636,6 +640,38 @@ class KafkaConfig(ConnectorConfig):
         return out
 
 
+class PostgresConfig(ConnectorConfig):
+    """PostgreSQL change data capture (logical replication, ``pgoutput``); its
+    FromTime is the LSN, every transaction stamped at its commit LSN. One
+    output per table, named after the table."""
+
+    dsn: str = Field(min_length=1)
+    """``postgresql://user:${PGPASSWORD}@host:port/db``; the password is never
+    printed. The role needs REPLICATION (or superuser) and SELECT on the tables."""
+    tables: tuple[str, ...] | None = None
+    """``[schema.table, table, ...]`` (schema ``public`` by default); each feeds
+    the output named after the table. Unset: every table of ``publication``."""
+    publication: str | None = Field(default=None, min_length=1, max_length=63)
+    """Publication name (created for ``tables`` when absent). Default
+    ``reclock_<source name>``."""
+    slot: str | None = Field(default=None, pattern=SLOT_PATTERN)
+    """Replication slot name (created when absent). Default ``reclock_<source name>``."""
+    snapshot: bool = True
+    """Read the tables' existing rows first (an exported snapshot, in parallel
+    Spark tasks), then continue from exactly that point. ``false``: changes only."""
+    drop_slot: bool = False
+    """``reclock drop`` also drops the replication slot (releasing its WAL)."""
+    timeout: DurationMs = 30_000
+    """Timeout of connecting, and of a read task waiting for its range."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        tables = data.get("tables")
+        if tables is None and not data.get("publication"):
+            return [_problem(("tables",), "give tables, or the publication to read them from")]
+        return []
+
+
 class OutputConfig(_Model):
     """One output of a source: how its records decode and where they go."""
 
@@ -666,6 +702,8 @@ class SourceConfig(_Model):
     """Connector block: a load generator."""
     kafka: KafkaConfig | None = None
     """Connector block: a Kafka topic."""
+    postgres: PostgresConfig | None = None
+    """Connector block: PostgreSQL tables (change data capture)."""
     timestamp_interval: DurationMs | None = None
     """Overrides the pipeline's ``timestamp_interval`` for this source; after
     loading it always holds the effective value."""
@@ -750,6 +788,20 @@ class SparkConfig(_Model):
 _REMAP_SCHEMES = ("sqlite", "postgresql", "postgres")
 
 
+class HttpConfig(_Model):
+    """The operator's HTTP endpoint, served by ``reclock run`` while it runs:
+    ``/metrics`` (Prometheus), ``/status.json``, ``/history.json`` and ``/``
+    (a status page with charts). Its address is written into ``status.json``
+    as ``http``."""
+
+    host: str = Field(default="127.0.0.1", min_length=1)
+    """The address to listen on: ``127.0.0.1`` (this machine only, the
+    default) or ``0.0.0.0`` (every interface; the endpoint has no
+    authentication)."""
+    port: int = Field(default=9464, ge=0, le=65535)
+    """The TCP port (default 9464); ``0`` picks a free one (see ``status.json``)."""
+
+
 class PipelineConfig(_Model):
     """A pipeline: its sources, their outputs, and where reclock keeps state.
 
@@ -771,6 +823,10 @@ class PipelineConfig(_Model):
     """The Spark session settings."""
     progress_log: bool = True
     """Log every frontier change as JSON lines to ``<state_dir>/progress.jsonl``."""
+    http: HttpConfig | None = None
+    """Serve metrics and a status page over HTTP while running, e.g.
+    ``http: {host: 127.0.0.1, port: 9464}`` (``http: {}`` for the defaults).
+    Default: off."""
     sources: tuple[SourceConfig, ...] = Field(min_length=1)
     """The sources (at least one; names unique)."""
 
@@ -1169,6 +1225,11 @@ def _describe(err: Mapping[str, Any], here: _Located) -> str:
         if ctx.get("pattern") == NAME_PATTERN:
             return ("expected a name: a letter, then letters, digits, '_' or '-' "
                     "(63 characters at most)")
+        if ctx.get("pattern") == KAFKA_TOPIC_PATTERN:
+            return "expected a Kafka topic name: letters, digits, '.', '_' or '-'"
+        if ctx.get("pattern") == SLOT_PATTERN:
+            return ("expected a replication slot name: lower-case letters, digits or '_' "
+                    "(63 characters at most)")
         return f"expected a string matching {ctx.get('pattern')}"
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         tags = ", ".join(_tags(here.union))
@@ -1403,6 +1464,7 @@ __all__ = [
     "FileSinkConfig",
     "FormatConfig",
     "GeneratorConfig",
+    "HttpConfig",
     "JsonFormat",
     "LineLoader",
     "NoneEnvelope",

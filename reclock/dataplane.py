@@ -34,11 +34,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.bindings import UNBOUND, Binding, Bindings
-from reclock.errors import DefiniteError
+from reclock.errors import DefiniteError, ReclockError
 from reclock.frontier import Antichain
 from reclock.time import IntoTime, Partitioned
 from sinks.base import Stager, output_schema
-from sources.base import ReadTask, SourceReader
+from sources.base import SRC_DIFF, ReadTask, SourceReader
 
 POS_COLUMNS = ["_src_part", "_src_offset", "_src_seq", "_src_ts"]
 
@@ -89,6 +89,9 @@ class TaskResult:
     seconds: float = 0.0
     #: upsert outputs: decoded intents, applied to the key state by the driver
     intents: dict[int, pa.Table] = field(default_factory=dict)
+    #: a reclock error raised by the task, re-raised by the driver as is (its
+    #: class decides stall, re-open or retry); Spark does not retry these
+    error: ReclockError | None = None
 
 
 def _contained(
@@ -142,7 +145,10 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
     err_type = pa.string()
     if plan.typed:
         cols = [batch.column(f.name).cast(f.type) for f in user]
-        arrays = [*cols, *_meta(batch, into, None), pa.nulls(n, err_type),
+        meta = _meta(batch, into, None)
+        if SRC_DIFF in batch.schema.names:  # CDC rows: -1/+1, or upsert 1/0
+            meta[1] = batch.column(SRC_DIFF).cast(pa.int64())
+        arrays = [*cols, *meta, pa.nulls(n, err_type),
                   pa.nulls(n, pa.binary()), pa.nulls(n, pa.binary())]
         return pa.Table.from_arrays(arrays, schema=schema), 0
     if plan.envelope == "debezium":
@@ -293,7 +299,10 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
 def _run_partition(bc: Any, tasks: Iterable[ReadTask]) -> Iterator[TaskResult]:
     ctx: JobContext = bc.value
     for task in tasks:
-        yield run_task(ctx, task)
+        try:
+            yield run_task(ctx, task)
+        except ReclockError as exc:
+            yield TaskResult(task.index, error=exc)
 
 
 class JobGate:

@@ -43,7 +43,7 @@ from reclock.bindings import Bindings
 from reclock.clock import Clock
 from reclock.dataplane import JobContext, OutputPlan, TaskResult, run_job, run_local
 from reclock.envelope import UpsertState
-from reclock.errors import DefiniteError, ReclockError
+from reclock.errors import DefiniteError, ReclockError, Reopen
 from reclock.frontier import Antichain
 from reclock.mint import RemapOperator
 from reclock.progress_log import ProgressLog
@@ -211,13 +211,20 @@ class SourceRunner:
                 hint = exc.hint if isinstance(exc, ReclockError) else None
                 if not isinstance(exc, ReclockError):
                     log.error("source %s: unexpected error\n%s", self.name, traceback.format_exc())
-                if isinstance(exc, SinkFenced):
+                if isinstance(exc, SinkFenced | Reopen):
                     self._opened = False  # re-read every output's durable state
                 msg = exc.args[0] if isinstance(exc, ReclockError) and exc.args else str(exc)
                 self._set_health(STALLED, f"{type(exc).__name__}: {msg}", hint, definite)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.settings.max_backoff_s)
         if self._dropped.is_set():
+            release = getattr(self.source, "drop", None)
+            if release is not None:
+                try:
+                    release()  # e.g. a Postgres slot, when configured to
+                except Exception as exc:
+                    log.warning("source %s: releasing upstream resources failed: %s",
+                                self.name, exc)
             self._set_health(DROPPED)
         elif self.health.status != FINISHED:
             self._set_health(STOPPED)
@@ -234,9 +241,11 @@ class SourceRunner:
             initial_frontier=self.source.initial_frontier(), clock=self.clock,
             timestamp_interval_ms=self.settings.timestamp_interval_ms, as_of=self.as_of,
         )
+        self._describe_outputs()
         for out in self.outputs:
             out.sink.ensure(out.user_schema)
             out.state = out.sink.state()
+            out.upsert = None
             if out.upsert_key is not None:
                 # the key state is exactly that of the committed output
                 out.upsert = UpsertState.rebuild(
@@ -250,10 +259,33 @@ class SourceRunner:
             self.resume = initial
             bound = initial
         self.read_from = self._read_start(b, self.resume)
-        self.source.open(self.resume, bound)
+        held = [None if o.state.progress is None
+                else Antichain.decode_json(self.source.kind, o.state.progress)
+                for o in self.outputs]
+        self.source.open(self.resume, bound, held)
         self._opened = True
         self.events.log(self.name, "open", resume=self.resume.encode(),
                         read_from=self.read_from.encode(), bound=bound.encode())
+
+    def _describe_outputs(self) -> None:
+        """Typed outputs take their schema (and the envelope their rows need)
+        from the source as it is now: an upstream table may have changed."""
+        specs = getattr(self.source, "current_outputs", self.source.outputs)()
+        if [s.name for s in specs] != [o.name for o in self.outputs]:
+            raise DefiniteError(
+                f"source {self.name!r}: its outputs changed from {[o.name for o in self.outputs]}"
+                f" to {[s.name for s in specs]}", hint="restart the pipeline")
+        for out, spec in zip(self.outputs, specs, strict=True):
+            if not spec.typed or spec.schema is None:
+                continue
+            out.spec = spec
+            out.user_schema = spec.schema
+            if spec.envelope is not None:
+                out.envelope = spec.envelope
+                out.upsert_key = tuple(spec.key) if spec.envelope == "upsert" else None
+        missing = [o.name for o in self.outputs if o.user_schema is None]
+        if missing:
+            raise DefiniteError(f"source {self.name!r}: outputs {missing} have no schema")
 
     def _resume_into(self) -> Antichain[IntoTime]:
         u = _min_upper([o.state for o in self.outputs])
@@ -341,6 +373,9 @@ class SourceRunner:
             results = run_local(ctx, tasks)
         else:
             results = run_job(self.spark, ctx, tasks, pool=self.name, group=self.job_group)
+        failed = next((r.error for r in results if r.error is not None), None)
+        if failed is not None:
+            raise failed
         self.records += sum(r.records for r in results)
         self.job_seconds += time.monotonic() - t0
         return results

@@ -85,3 +85,9 @@ class SinceViolation(DefiniteError):
 
 class ShardNotFound(DefiniteError):
     """The remap store holds no shard of that name."""
+
+
+class Reopen(TransientError):
+    """The source must be opened again: durable state re-read, outputs
+    described anew (an upstream schema change to evolve into, a lost snapshot
+    to take again). The driver re-opens and carries on from durable state."""

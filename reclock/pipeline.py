@@ -5,7 +5,9 @@
 decoders, the remap store, and (when running) the Spark session.
 :func:`run` starts one :class:`~reclock.driver.SourceRunner` per source,
 writes ``state_dir/status.json`` every second, watches for drop requests, and
-stops cleanly on SIGINT/SIGTERM.
+stops cleanly on SIGINT/SIGTERM. With an ``http`` section it also serves
+metrics, the status and its recent history, and a status page
+(:mod:`reclock.statuspage`).
 
 State directory layout::
 
@@ -30,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import pyarrow as pa
 
@@ -39,6 +41,7 @@ from reclock.config import OutputConfig, PipelineConfig, SourceConfig
 from reclock.driver import OutputRuntime, Settings, SourceRunner
 from reclock.errors import DefiniteError
 from reclock.progress_log import ProgressLog
+from reclock.statuspage import History, StatusServer
 from remap_store import RemapStore, open_store
 from sinks.base import PersistSink
 from sources.base import Source
@@ -121,6 +124,15 @@ class Pipeline:
                 start_timestamp=k.start_timestamp, properties=dict(k.properties),
                 timeout_s=k.timeout / 1000.0, output_names=[o.name for o in src.outputs],
             )
+        if src.postgres is not None:
+            from sources.postgres.source import PostgresSource
+
+            pg = src.postgres
+            return PostgresSource(
+                src.name, pg.dsn, self.clock, publication=pg.publication, slot=pg.slot,
+                tables=pg.tables, snapshot=pg.snapshot, drop_slot=pg.drop_slot,
+                timeout_s=pg.timeout / 1000.0, output_names=[o.name for o in src.outputs],
+            )
         raise DefiniteError(f"source {src.name!r}: no connector configured")
 
     def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig
@@ -148,7 +160,15 @@ class Pipeline:
             fields = list(key_dec.schema) if key_dec else []
             user_schema = pa.schema(fields + list(value_dec.schema))
         upsert_key: tuple[str, ...] | None = None
-        if ocfg.envelope.type == "upsert":
+        envelope = ocfg.envelope.type
+        if spec.envelope is not None:
+            if envelope != "none":
+                raise DefiniteError(
+                    f"source {src.name!r} output {ocfg.name!r}: this source chooses the "
+                    f"envelope itself ({spec.envelope}); remove the output's envelope")
+            envelope = spec.envelope
+            upsert_key = tuple(spec.key) if envelope == "upsert" else None
+        elif ocfg.envelope.type == "upsert":
             upsert_key = tuple(ocfg.envelope.key)
             keyed = [f.name for f in (user_schema if spec.typed else
                                       (key_dec.schema if key_dec else []))]
@@ -167,7 +187,7 @@ class Pipeline:
         return OutputRuntime(
             index=index, name=spec.name, spec=spec, sink=self.sink(src, ocfg),
             user_schema=user_schema, key_decoder=key_dec, value_decoder=value_dec,
-            envelope=ocfg.envelope.type, upsert_key=upsert_key,
+            envelope=envelope, upsert_key=upsert_key,
         )
 
     def sink(self, src: SourceConfig, ocfg: OutputConfig) -> PersistSink:
@@ -216,6 +236,19 @@ class Pipeline:
         m.parent.mkdir(parents=True, exist_ok=True)
         m.write_text(json.dumps({"dropped_ms": self.clock.now()}))
 
+    def release_upstream(self, source: str) -> str | None:
+        """After a drop: release what the source holds upstream when it is
+        configured to (a Postgres slot with ``drop_slot: true``): the source's
+        optional ``drop()``. Says what was released (None: nothing)."""
+        conn = self._connector(self.source_config(source))
+        release = getattr(conn, "drop", None)
+        if release is None:
+            return None
+        try:
+            return cast("str | None", release())
+        finally:
+            conn.close()
+
     def settings(self, src: SourceConfig) -> Settings:
         sp = self.cfg.spark
         return Settings(
@@ -229,17 +262,36 @@ class Pipeline:
             self._store.close()
 
 
-def write_status(path: Path, runners: list[SourceRunner], dropped: list[str], clock: Clock
-                 ) -> None:
-    doc = {
+def status_document(runners: list[SourceRunner], dropped: list[str], clock: Clock,
+                    http: str | None = None) -> dict[str, Any]:
+    """The status document: one :meth:`SourceRunner.status` dict per running
+    source. Written to ``status.json``, served as ``/status.json`` and as
+    ``/metrics`` (:mod:`reclock.metrics`), read by ``reclock status``: the
+    single source of truth for what operators see."""
+    return {
         "pid": os.getpid(),
         "updated_ms": clock.now(),
+        "http": http,
         "sources": [r.status() for r in runners],
-        "dropped": dropped,
+        "dropped": list(dropped),
     }
+
+
+def write_status(path: Path, runners: list[SourceRunner], dropped: list[str], clock: Clock,
+                 http: str | None = None) -> dict[str, Any]:
+    """Write the status document to ``path`` (atomically) and return it."""
+    doc = status_document(runners, dropped, clock, http)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, default=str))
     os.replace(tmp, path)
+    return doc
+
+
+class Runners(list[SourceRunner]):
+    """What :func:`run` returns (and passes to ``on_ready``): the runners, and
+    ``http_url``, where the HTTP endpoint listens (``None`` when off)."""
+
+    http_url: str | None = None
 
 
 def run(
@@ -253,9 +305,10 @@ def run(
     on_ready: Callable[[list[SourceRunner]], None] | None = None,
     use_spark: bool = True,
     install_signals: bool = True,
-) -> list[SourceRunner]:
+) -> Runners:
     """Run every source until stopped (Ctrl-C, SIGTERM, ``duration``, ``stop``)
-    or until every source finished. Returns the runners (for tests)."""
+    or until every source finished. Returns the runners (for tests), with
+    ``http_url`` set when the configuration enables the HTTP endpoint."""
     pipe = Pipeline(cfg, clock)
     stop = stop or threading.Event()
     if install_signals and threading.current_thread() is threading.main_thread():
@@ -269,7 +322,7 @@ def run(
 
         spark = spark_session(cfg.spark.master, cfg.spark.app_name, cfg.spark.conf)
     started = time.monotonic()
-    runners: list[SourceRunner] = []
+    runners = Runners()
     dropped: list[str] = []
     for src in cfg.sources:
         if pipe.is_dropped(src.name):
@@ -280,19 +333,33 @@ def run(
             built.source, built.outputs, pipe.store, spark if use_spark else None, pipe.clock,
             pipe.settings(src), events,
         ))
-    for r in runners:
-        r.start()
-    if on_ready is not None:
-        on_ready(runners)
+    history = History()
+    server: StatusServer | None = None
     status_path = pipe.state_dir / "status.json"
     last_print = 0.0
     try:
+        if cfg.http is not None:
+            server = StatusServer(
+                cfg.http.host, cfg.http.port,
+                lambda: status_document(runners, dropped, pipe.clock, runners.http_url),
+                history)
+            runners.http_url = server.url
+            server.start()
+            log.info("http: serving %s", server.url)
+            if out is not None:
+                out.write(f"reclock: status page at {server.url}/, "
+                          f"metrics at {server.url}/metrics\n")
+        for r in runners:
+            r.start()
+        if on_ready is not None:
+            on_ready(runners)
         while not stop.is_set():
             for r in runners:
                 if r.alive and pipe.is_dropped(r.name):
                     r.drop()
                     dropped.append(r.name)
-            write_status(status_path, runners, dropped, pipe.clock)
+            history.record(write_status(status_path, runners, dropped, pipe.clock,
+                                        runners.http_url))
             if out is not None and time.monotonic() - last_print >= 5:
                 last_print = time.monotonic()
                 for r in runners:
@@ -308,7 +375,9 @@ def run(
             r.stop()
         for r in runners:
             r.join(timeout=60)
-        write_status(status_path, runners, dropped, pipe.clock)
+        write_status(status_path, runners, dropped, pipe.clock, runners.http_url)
+        if server is not None:
+            server.close()
         pipe.close()
     return runners
 

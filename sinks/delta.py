@@ -45,6 +45,10 @@ that an ``flock`` on ``_reclock.lock`` serializes committers and
 file that a commit is about to reference. ``flock`` is local only (unreliable
 on NFS); it is not what makes the fence correct.
 
+Types. Delta has no time of day, duration, unsigned or half-float types:
+such columns are stored as :func:`storage_type` says (times and durations as
+int64 microseconds) and read back in the stored type.
+
 Rules this sink relies on (and the data plane keeps): batch ids are unique per
 staging attempt (the driver uses ``<now>-<random>``), so restaging never
 overwrites a file that is already committed; and staged files are committed
@@ -157,7 +161,7 @@ class DeltaStager:
         check_stage_args(batch_id, part)
         if table.num_rows == 0:
             return []
-        data = conform(self.name, table, self.schema)
+        data = conform(self.name, _in_microseconds(table), self.schema)
         nfiles = -(-data.num_rows // self.rows_per_file)
         if nfiles > _MAX_FILES_PER_PART:
             raise SinkError(
@@ -245,7 +249,8 @@ class DeltaSink:
         columns are filled with nulls on write). New nullable user columns are
         added by schema evolution; any other difference is a SinkError naming
         the columns."""
-        want = Schema.from_arrow(output_schema(user_schema))
+        want = Schema.from_arrow(output_schema(pa.schema(
+            [f.with_type(storage_type(f.type)) for f in user_schema])))
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -542,6 +547,42 @@ def _scan_commit(text: str, app_id: str) -> tuple[dict[str, Any], int | None]:
             if txn.get("appId") == app_id:
                 ours = int(txn["version"])
     return info, ours
+
+
+def storage_type(t: pa.DataType) -> pa.DataType:
+    """The type a column of Arrow type ``t`` is stored as: Delta has no time
+    of day, duration or unsigned types. Times and durations are stored as
+    int64 microseconds, unsigned integers as the next wider signed type
+    (uint64 as decimal(20,0)), float16 as float32; lists element-wise."""
+    if pa.types.is_time(t) or pa.types.is_duration(t):
+        return pa.int64()
+    if pa.types.is_unsigned_integer(t):
+        return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(t.bit_width,
+                                                                   pa.decimal128(20, 0))
+    if pa.types.is_float16(t):
+        return pa.float32()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(storage_type(t.value_type))
+    return t
+
+
+def _micro(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_time(t):
+        return pa.time64("us")
+    if pa.types.is_duration(t):
+        return pa.duration("us")
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(_micro(t.value_type))
+    return t
+
+
+def _in_microseconds(table: pa.Table) -> pa.Table:
+    """Times and durations in microseconds, so that they store as int64 µs."""
+    for i, f in enumerate(table.schema):
+        m = _micro(f.type)
+        if m != f.type:
+            table = table.set_column(i, f.with_type(m), table.column(i).cast(m))
+    return table
 
 
 def _type_of(field: Field) -> Any:

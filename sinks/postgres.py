@@ -93,11 +93,8 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import os
 import re
 import time
-import urllib.parse
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
@@ -112,11 +109,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 from psycopg.adapt import Dumper
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import Format
 from psycopg.rows import TupleRow
 
 from reclock.errors import ReclockError, TransientError
+from reclock.pgconn import connect_defaults, parse_dsn, scrub, server_label
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from sinks._fs import (
     atomic_write,
@@ -579,22 +576,6 @@ def _idents(names: Iterable[str]) -> sql.Composed:
     return sql.SQL(", ").join(sql.Identifier(n) for n in names)
 
 
-# -- secrets ---------------------------------------------------------------------------------
-
-_URL_USERINFO = re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<pw>[^/@\s]*)@")
-_SECRET_PARAM = re.compile(r"(?P<pre>\b(?:password|sslpassword)\s*=\s*)('[^']*'|[^\s&]*)",
-                           re.IGNORECASE)
-
-
-def _scrub(text: str, secrets: Sequence[str] = ()) -> str:
-    text = _URL_USERINFO.sub(lambda m: f"{m['pre']}:***@", text)
-    text = _SECRET_PARAM.sub(lambda m: f"{m['pre']}***", text)
-    for s in secrets:
-        if len(s) >= 3:
-            text = text.replace(s, "***")
-    return text
-
-
 # -- driver side -----------------------------------------------------------------------------
 
 
@@ -636,28 +617,12 @@ class PostgresSink:
         self.lock_timeout_s = lock_timeout_s
         self._clock = clock
         self._dsn = dsn
-        self._params, self._secrets = self._parse_dsn(dsn)
-        self.server = _server_label(self._params)
+        self._params, self._secrets = parse_dsn(dsn, f"output {name!r}", SinkError)
+        self.server = server_label(self._params)
         self.target = _qualified(schema, table)
         self._check_settings()
         self._user: pa.Schema | None = None  # stored user schema, from ensure()
         self._conn: Connection | None = None
-
-    def _parse_dsn(self, dsn: str) -> tuple[dict[str, Any], list[str]]:
-        try:
-            params = conninfo_to_dict(dsn)
-        except psycopg.Error as exc:
-            # The parser quotes pieces of the DSN: scrub, and do not chain.
-            raise SinkError(
-                f"output {self.name!r}: invalid PostgreSQL DSN: {_scrub(str(exc).strip())}",
-                hint="use postgresql://user@host:port/dbname or 'host=... dbname=...'",
-            ) from None
-        secrets = []
-        for k in ("password", "sslpassword"):
-            v = params.get(k)
-            if v:
-                secrets += [str(v), urllib.parse.quote(str(v), safe="")]
-        return params, secrets
 
     def _check_settings(self) -> None:
         if self.mode not in ("log", "state"):
@@ -698,11 +663,8 @@ class PostgresSink:
         if conn is not None and not conn.closed and not conn.broken:
             return conn
         self._drop_connection()
-        kwargs: dict[str, Any] = {}
-        if "connect_timeout" not in self._params:
-            kwargs["connect_timeout"] = max(1, math.ceil(self.connect_timeout_s))
-        if "application_name" not in self._params:
-            kwargs["application_name"] = f"reclock sink {self.name}"[:63]
+        kwargs = connect_defaults(self._params, f"reclock sink {self.name}",
+                                  self.connect_timeout_s)
         try:
             conn = psycopg.connect(self._dsn, autocommit=True, **kwargs)
         except psycopg.Error as exc:
@@ -721,7 +683,7 @@ class PostgresSink:
     def _error(self, exc: psycopg.Error, doing: str) -> ReclockError:
         """A TransientError or SinkError for ``exc`` (its text scrubbed), naming
         the output, the table and the server."""
-        text = _scrub(str(exc).strip(), self._secrets)
+        text = scrub(str(exc).strip(), self._secrets)
         state = exc.sqlstate
         msg = (f"output {self.name!r}: cannot {doing} {self.target} on {self.server}: "
                f"{text}" + (f" (SQLSTATE {state})" if state else ""))
@@ -1103,13 +1065,13 @@ class PostgresSink:
             self._drop_connection()
             raise TransientError(
                 f"output {self.name!r}: COMMIT to {self.target} on {self.server} failed "
-                f"({_scrub(str(exc).strip(), self._secrets)}) and its outcome cannot be read "
-                f"back ({_scrub(str(check).strip(), self._secrets)})",
+                f"({scrub(str(exc).strip(), self._secrets)}) and its outcome cannot be read "
+                f"back ({scrub(str(check).strip(), self._secrets)})",
                 hint="retry: if it did commit, the retry is fenced and state() shows it",
             ) from None
         if row is not None and row[0] == commit_id:
             log.warning("output %r: COMMIT reported %s, but the commit went through",
-                        self.name, _scrub(str(exc).strip(), self._secrets))
+                        self.name, scrub(str(exc).strip(), self._secrets))
             return True
         return False
 
@@ -1233,10 +1195,3 @@ def _temp_schema(conn: Connection) -> str:
     return str(row[0])
 
 
-def _server_label(params: dict[str, Any]) -> str:
-    """``user@host:port/dbname`` of a parsed DSN (never the password)."""
-    user = params.get("user") or os.environ.get("PGUSER") or ""
-    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "localhost"
-    port = params.get("port") or os.environ.get("PGPORT") or "5432"
-    db = params.get("dbname") or os.environ.get("PGDATABASE") or user
-    return f"{user + '@' if user else ''}{host}:{port}/{db}"

@@ -34,7 +34,7 @@ columns (``typed=True`` outputs, e.g. generator tables and Postgres rows).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol
 
@@ -48,6 +48,9 @@ SRC_PART = "_src_part"  # int32: Kafka partition, 0 otherwise
 SRC_OFFSET = "_src_offset"  # int64: Kafka offset, Postgres commit LSN, counter
 SRC_SEQ = "_src_seq"  # int32: position among records sharing part+offset
 SRC_TS = "_src_ts"  # int64 ms: upstream timestamp (for freshness), may be null
+#: Optional column of typed batches (CDC sources): the row's diff, -1/+1, or
+#: for outputs with the upsert envelope 1 = value and 0 = tombstone.
+SRC_DIFF = "_diff"
 
 POSITION_FIELDS = [
     pa.field(SRC_PART, pa.int32(), nullable=False),
@@ -73,6 +76,9 @@ class OutputSpec:
     typed: bool = False
     schema: pa.Schema | None = None
     key: tuple[str, ...] = ()
+    #: typed outputs: the envelope the source's rows need (``upsert`` keyed
+    #: by ``key``: ``_diff`` 1 = value, 0 = tombstone), None = the configured one
+    envelope: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,9 +114,12 @@ class Source(Protocol, Generic[T]):
         """The configured start position (bound at ``as_of`` by the first binding)."""
         ...
 
-    def open(self, resume: Antichain[T], bound: Antichain[T]) -> None:
-        """Called once before the first probe with the resumption frontier and
-        the last bound frontier (both read back from durable state)."""
+    def open(self, resume: Antichain[T], bound: Antichain[T],
+             held: Sequence[Antichain[T] | None] = ()) -> None:
+        """Called before the first probe (and again after a re-open) with the
+        resumption frontier, the last bound frontier, and per output the
+        FromTime frontier it holds (``None``: nothing committed yet), all read
+        back from durable state."""
         ...
 
     def probe(self) -> Antichain[T]:
@@ -136,6 +145,10 @@ class Source(Protocol, Generic[T]):
 
     def close(self) -> None:
         """Release connections; must not raise on an already-closed source."""
+
+    # Optional: ``drop() -> str | None`` -- after ``reclock drop``, release what
+    # the source holds upstream when configured to (a Postgres replication
+    # slot); returns what was released. Called by the driver and the CLI.
         ...
 
 

@@ -21,7 +21,7 @@ is available: the source finishes and its outputs close.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,7 +224,8 @@ class GeneratorSource:
     def initial_frontier(self) -> Antichain[Counter]:
         return Antichain.from_elem(Counter(self.start))
 
-    def open(self, resume: Antichain[Counter], bound: Antichain[Counter]) -> None:
+    def open(self, resume: Antichain[Counter], bound: Antichain[Counter],
+             held: Sequence[Antichain[Counter] | None] = ()) -> None:
         b = bound.as_option()
         value = self.start if b is None else max(int(b), self.start)
         self._anchor = (value, self.clock.now())

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,8 +92,14 @@ class KafkaReader:
         with _CACHE_LOCK:
             c = _CONSUMERS.get(key)
             if c is None:
+                # A task reads a known range and stops at its end: a short
+                # fetch wait keeps the last fetch of a range (and the first of
+                # the next, on this cached consumer) from waiting out
+                # librdkafka's 500 ms long poll. Users may override both.
+                props = {"fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 10,
+                         **dict(self.properties)}
                 c = Consumer(_client_conf(
-                    self.bootstrap, dict(self.properties),
+                    self.bootstrap, props,
                     **{"group.id": "reclock-reader", "enable.auto.commit": False,
                        "enable.auto.offset.store": False, "isolation.level": "read_committed",
                        "auto.offset.reset": "error", "enable.partition.eof": False,
@@ -291,7 +297,8 @@ class KafkaSource:
             self._initial = initial
         return self._initial
 
-    def open(self, resume: Antichain[Partitioned], bound: Antichain[Partitioned]) -> None:
+    def open(self, resume: Antichain[Partitioned], bound: Antichain[Partitioned],
+             held: Sequence[Antichain[Partitioned] | None] = ()) -> None:
         self._known, _ = kafka_offsets(bound)
 
     def probe(self) -> Antichain[Partitioned]:

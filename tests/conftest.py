@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -83,6 +85,30 @@ def kafka() -> Iterator[object]:
     mock.close()
 
 
+@pytest.fixture
+def cdc_url(pg_logical: Any) -> Iterator[str]:
+    """A fresh database in the logical-replication cluster for one test; its
+    replication slots are dropped with it."""
+    name = f"cdc_{uuid.uuid4().hex[:12]}"
+    admin = pg_logical.url
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield admin.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            for _ in range(50):
+                conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                             "WHERE database = %s AND active_pid IS NOT NULL", (name,))
+                try:
+                    conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM "
+                                 "pg_replication_slots WHERE database = %s", (name,))
+                    break
+                except psycopg.errors.ObjectInUse:
+                    time.sleep(0.1)
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="session")
 def pg_logical() -> Iterator[object]:
     """A private PostgreSQL cluster with wal_level=logical (see tests/pgcluster.py)."""
@@ -91,3 +117,15 @@ def pg_logical() -> Iterator[object]:
     cluster = PgCluster().start()
     yield cluster
     cluster.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The fault-injection and bad-input counts (see ``tests/tally.py``)."""
+    from tests.tally import TALLY
+
+    if not TALLY:
+        return
+    terminalreporter.section("fault injection and bad input")
+    for suite in sorted(TALLY):
+        parts = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in TALLY[suite].items())
+        terminalreporter.write_line(f"{suite}: {parts}")

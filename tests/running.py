@@ -1,11 +1,18 @@
-"""Running a pipeline in a background thread of the test process."""
+"""Running a pipeline: in a background thread of the test process, or as a
+driver process of its own (``reclock run``) that tests can kill."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from reclock.driver import SourceRunner
@@ -36,3 +43,48 @@ def wait_for(cond: Callable[[], bool], timeout: float = 60, what: str = "conditi
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+# -- a driver in its own process (`reclock run FILE`), for kill tests ----------------------------
+
+
+def start_driver(path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``python -m reclock.cli run path``; stderr kept for :func:`stop_driver`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "reclock.cli", "run", str(path)],
+        env=env if env is not None else {**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def wait_running(state: Path, proc: subprocess.Popen[bytes], timeout: float = 90) -> bool:
+    """Until the driver's status file shows this process with open sources;
+    False when the process exited first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            doc = json.loads((state / "status.json").read_text())
+            if doc.get("pid") == proc.pid and doc["sources"]:
+                return True
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError("driver did not come up")
+
+
+def stop_driver(proc: subprocess.Popen[bytes], timeout: float = 60) -> tuple[int, str]:
+    """SIGTERM (if still running), wait; returns (exit status, stderr)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=timeout)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    close_driver(proc)
+    return rc, err
+
+
+def close_driver(proc: subprocess.Popen[bytes]) -> None:
+    """Release the pipe of a driver that exited (killed or crashed)."""
+    if proc.stderr:
+        proc.stderr.close()

@@ -324,7 +324,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     path = write(tmp_path, "state_dri: x\n" + MINIMAL)
     assert errors_of(path) == [
         f"{at(path, 1, 'state_dri')}: (top level): unknown key 'state_dri' "
-        "(expected one of: progress_log, remap_store, sources, spark, state_dir, "
+        "(expected one of: http, progress_log, remap_store, sources, spark, state_dir, "
         "timestamp_interval)"
     ]
 
@@ -476,14 +476,14 @@ def test_several_errors_in_line_order(tmp_path: Path) -> None:
         "(expected one of: console, file, kafka, postgres)",
         f"{at(path, 12, 'name')}: sources[0].outputs[1]: missing required key 'sink'",
         f"{at(path, 13, 'name')}: sources[1]: missing connector block "
-        "(expected one of: generator, kafka)",
+        "(expected one of: generator, kafka, postgres)",
         f"{at(path, 14, 'extra')}: sources[1].outputs[0]: unknown key 'extra' "
         "(expected one of: envelope, format, key_format, name, sink)",
     ]
 
 
 def test_connector_blocks(tmp_path: Path) -> None:
-    assert SourceConfig.connector_keys() == ("generator", "kafka")
+    assert SourceConfig.connector_keys() == ("generator", "kafka", "postgres")
     path = write(tmp_path, """
         sources:
           - name: s
@@ -507,7 +507,7 @@ def test_adding_a_connector_is_one_field(tmp_path: Path) -> None:
 
         echo: EchoConfig | None = None
 
-    assert ExtendedSource.connector_keys() == ("generator", "kafka", "echo")
+    assert ExtendedSource.connector_keys() == ("generator", "kafka", "postgres", "echo")
     both = """
         name: s
         generator: {kind: counter}
@@ -739,3 +739,39 @@ def test_programmatic_construction_is_validated_too() -> None:
     assert cfg.state_dir == Path.cwd() / "state"
     assert cfg.sources[0].outputs[0].sink == FileSinkConfig(
         path=Path.cwd() / "state" / "outputs" / "a" / "o")
+
+
+def test_postgres_connector(tmp_path: Path) -> None:
+    ok = write(tmp_path, """
+        sources:
+          - name: shop
+            postgres: {dsn: "postgresql://u:${PW}@db/shop", tables: [orders, inv.items],
+                       slot: shop_slot, timeout: 5s}
+            outputs:
+              - {name: orders, sink: file}
+              - {name: items, sink: file}
+        """)
+    pg = load_config(ok, env={"PW": "pw"}).sources[0].postgres
+    assert pg is not None
+    assert (pg.tables, pg.slot, pg.timeout, pg.snapshot, pg.drop_slot) == (
+        ("orders", "inv.items"), "shop_slot", 5000, True, False)
+    bad = write(tmp_path, """
+        sources:
+          - name: shop
+            postgres: {dsn: "postgresql://db/shop", slot: "Bad-Slot", snapshots: false}
+            outputs:
+              - {name: orders, sink: file}
+        """, name="bad.yaml")
+    lines = errors_of(bad)
+    assert any("postgres.tables" in e and "give tables, or the publication" in e
+               for e in lines), lines
+    assert any("postgres" in e and "unknown key 'snapshots'" in e for e in lines), lines
+    slot = write(tmp_path, """
+        sources:
+          - name: shop
+            postgres: {dsn: "postgresql://db/shop", tables: [t], slot: "Bad-Slot"}
+            outputs:
+              - {name: t, sink: file}
+        """, name="slot.yaml")
+    lines = errors_of(slot)
+    assert any("postgres.slot" in e for e in lines), lines

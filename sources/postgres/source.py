@@ -1,0 +1,972 @@
+"""Postgres CDC source: logical replication with ``pgoutput``; FromTime is the LSN.
+
+Every transaction is stamped at its commit LSN; one output per replicated
+table. Driver side (:class:`PostgresSource`)::
+
+    open(...)      check wal_level and the role; describe the tables; create the
+                   publication and the slot when absent (a slot missing while
+                   outputs hold data is a definite error: changes are lost);
+                   for outputs that hold nothing yet, export a snapshot
+    probe()        pg_current_wal_flush_lsn(), and the slot's health
+    plan(lo, hi)   one replication task for [lo, hi) (one walsender per slot),
+                   plus, in the job that covers the snapshot point, the
+                   snapshot's chunk tasks (ctid ranges, in parallel)
+    acknowledge(f) pg_replication_slot_advance(slot, f): confirmed_flush_lsn
+                   follows the resumption frontier, never passes it
+
+Executor side (:class:`PostgresReader`), deterministic per task:
+
+* **Replication range** ``[lo, hi)``: ``START_REPLICATION SLOT s LOGICAL lo``.
+  The server sends whole transactions in commit order, from the first commit
+  at or after ``max(lo, confirmed_flush)``; the task reads until a transaction
+  commits at ``hi`` or later (stop before it) or a keepalive reports that the
+  walsender has decoded past ``hi``. The slot never advances by reading (the
+  task confirms nothing), so a retry reads the same transactions.
+* **Snapshot chunk**: ``SET TRANSACTION SNAPSHOT`` of the exported snapshot,
+  ``COPY (SELECT ... WHERE ctid in a page range) TO STDOUT``.
+
+The snapshot hand-off. The snapshot comes from a *temporary* slot created
+with ``EXPORT_SNAPSHOT`` on a connection the driver holds open until the
+snapshot is durable everywhere; its consistent point ``s`` splits history:
+the snapshot holds exactly the transactions that committed before ``s``, the
+main slot (created earlier, so it retains everything from ``s`` on) streams
+those that commit at ``s`` or later. Snapshot rows are stamped at ``s - 1``;
+the table's streamed changes that commit before ``s`` are dropped. Snapshot
+rows carry negative ``_src_part`` values (one per chunk), so that wherever
+rows of one IntoTime are ordered by position they come before every
+streamed change (``_src_part`` 0, ordered by commit LSN). An output
+killed during its snapshot holds nothing, so the next run takes a new
+snapshot (new ``s``) for exactly the outputs that hold nothing.
+
+Row shapes. Tables with ``REPLICA IDENTITY FULL`` produce diffs: an update is
+the old row retracted and the new one inserted (a TOASTed value the update
+did not change is taken from the old row). Tables keyed by a primary key or a
+replica identity index produce upsert intents (value or tombstone by key)
+that the driver's upsert state turns into diffs; an update that leaves a
+TOASTed value unchanged cannot be completed there and is a definite error
+(hint: ``REPLICA IDENTITY FULL``).
+
+Schema changes (the relation messages in the stream): a column added upstream
+re-opens the source so that the output evolves (the sink adds the column,
+earlier rows hold nulls); a dropped column stays in the output and is null
+from then on (changes written before the drop keep their values, unless the
+pipeline restarts between the drop and reading them: the column is then no
+longer known and those values read as null); a retyped
+column is read as the output's type when that holds every value of the new
+type (int4 -> int8, float4 -> float8, wider numeric), and is otherwise a
+definite error naming the table and column. A truncate is a definite error
+(the output cannot retract rows it was never told about).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import select
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+from psycopg import pq, sql
+
+from reclock.clock import Clock
+from reclock.errors import DefiniteError, Reopen, TransientError
+from reclock.frontier import Antichain
+from reclock.pgconn import parse_dsn, server_label
+from reclock.time import Lsn
+from sources.base import (
+    SRC_DIFF,
+    SRC_OFFSET,
+    SRC_PART,
+    SRC_SEQ,
+    SRC_TS,
+    OutputSpec,
+    ReadTask,
+)
+from sources.postgres import pgoutput as po
+from sources.postgres.catalog import (
+    Connection,
+    PgColumn,
+    PgTable,
+    SlotInfo,
+    check_server,
+    connect,
+    describe_tables,
+    lsn_int,
+    lsn_text,
+    pg_error,
+    publication_actions,
+    publication_tables,
+    slot_info,
+    slot_invalidation,
+    split_table,
+)
+from sources.postgres.types import PgType, convert, widens_to
+
+log = logging.getLogger("reclock.postgres")
+
+#: Rows per output buffered in a task before they become one Arrow batch.
+BATCH_ROWS = 50_000
+#: Assumed WAL bytes per change when bounding a job far behind (a change is
+#: rarely smaller), so a job reads at most ~max_job changes.
+WAL_BYTES_PER_CHANGE = 64
+
+
+def _identity_hint(t: PgTable) -> str:
+    return (f"ALTER TABLE {t.qualified} REPLICA IDENTITY FULL (then drop and re-create the "
+            "output, or let it resume: changes already committed keep their shape)")
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """Read the transactions committing in ``[start, end)``; for the outputs
+    in ``snapshot_at`` drop changes committing before their snapshot point."""
+
+    start: int
+    end: int
+    snapshot_at: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """Rows of output ``output`` in pages ``[first, last)`` (``last`` None: to
+    the end) under the exported snapshot ``snapshot`` taken at ``lsn``."""
+
+    output: int
+    snapshot: str
+    lsn: int
+    chunk: int
+    first: int
+    last: int | None
+
+
+@dataclass
+class _Snapshot:
+    """An exported snapshot and the connection that keeps it alive."""
+
+    conn: Connection
+    name: str
+    lsn: int
+    outputs: tuple[int, ...]
+
+    @property
+    def alive(self) -> bool:
+        return not self.conn.closed and not self.conn.broken and \
+            self.conn.pgconn.status == pq.ConnStatus.OK
+
+
+class PostgresSource:
+    """Driver side (see the module docstring)."""
+
+    kind = Lsn.KIND
+    replayable = False  # the slot releases what was acknowledged
+
+    def __init__(
+        self,
+        name: str,
+        dsn: str,
+        clock: Clock,
+        *,
+        publication: str | None = None,
+        slot: str | None = None,
+        tables: Sequence[str] | None = None,
+        snapshot: bool = True,
+        drop_slot: bool = False,
+        timeout_s: float = 30.0,
+        output_names: Sequence[str] = (),
+    ) -> None:
+        self.name = name
+        self.clock = clock
+        self.dsn = dsn
+        self.params, self.secrets = parse_dsn(dsn, f"source {name!r}")
+        self.server = server_label(self.params)
+        ident = name.replace("-", "_").lower()
+        self.publication = publication or f"reclock_{ident}"
+        self.slot = slot or f"reclock_{ident}"
+        self.snapshot = snapshot
+        self.drop_slot_on_drop = drop_slot
+        self.timeout_s = timeout_s
+        self.who = f"source {name!r} ({self.server})"
+        self._configured = [split_table(t) for t in tables] if tables else None
+        self._output_names = list(output_names)
+        if self._configured is not None:
+            names = [t for _, t in self._configured]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise DefiniteError(f"{self.who}: tables {dup} appear twice (in different "
+                                    "schemas); each output is named after its table")
+        self.tables: list[PgTable] = []
+        self._known: dict[str, tuple[PgColumn, ...]] = {}
+        self._conn: Connection | None = None
+        self._inval: str | None = None  # see slot_invalidation(), per connection
+        self._snap: _Snapshot | None = None
+        self._slot_flush: int | None = None
+        self._acked: int | None = None
+
+    def __repr__(self) -> str:
+        return (f"PostgresSource({self.name!r}, server={self.server!r}, "
+                f"publication={self.publication!r}, slot={self.slot!r})")
+
+    # -- connections ---------------------------------------------------------------
+    def _connection(self) -> Connection:
+        c = self._conn
+        if c is not None and not c.closed and not c.broken:
+            return c
+        self._close_conn()
+        try:
+            self._conn = connect(self.dsn, self.params, app=f"reclock {self.name}",
+                                 timeout_s=self.timeout_s)
+        except psycopg.Error as exc:
+            raise pg_error(exc, f"{self.who}: cannot connect", self.secrets) from None
+        return self._conn
+
+    def _close_conn(self) -> None:
+        self._inval = None
+        c, self._conn = self._conn, None
+        if c is not None:
+            with contextlib.suppress(psycopg.Error):
+                c.close()
+
+    def _slot_info(self) -> SlotInfo | None:
+        try:
+            conn = self._connection()
+            if self._inval is None:
+                self._inval = slot_invalidation(conn)
+            return slot_info(conn, self.slot, self._inval)
+        except psycopg.Error as exc:
+            self._close_conn()
+            raise pg_error(exc, f"{self.who}: cannot read slot {self.slot!r}",
+                           self.secrets) from None
+
+    def _query(self, doing: str, q: Any, args: Any = None) -> list[tuple[Any, ...]]:
+        try:
+            cur = self._connection().execute(q, args)
+            return cur.fetchall() if cur.description is not None else []
+        except psycopg.Error as exc:
+            if self._conn is not None and (self._conn.broken or self._conn.closed):
+                self._close_conn()
+            raise pg_error(exc, f"{self.who}: {doing}", self.secrets) from None
+
+    # -- outputs -------------------------------------------------------------------
+    def _table_names(self, conn: Connection) -> list[tuple[str, str]]:
+        if self._configured is not None:
+            return self._configured
+        pub = publication_tables(conn, self.publication)
+        if pub is None:
+            raise DefiniteError(
+                f"{self.who}: publication {self.publication!r} does not exist and no tables "
+                "are configured", hint="list the tables under postgres.tables, or create the "
+                                       "publication")
+        return pub
+
+    def describe(self) -> list[PgTable]:
+        """Read the tables' current shape from the catalog."""
+        try:
+            conn = self._connection()
+            names = self._table_names(conn)
+            tables = describe_tables(conn, [(s, t, t) for s, t in names])
+        except psycopg.Error as exc:
+            self._close_conn()
+            raise pg_error(exc, f"{self.who}: cannot read the catalog", self.secrets) from None
+        except DefiniteError as exc:
+            raise DefiniteError(f"{self.who}: {exc.args[0]}", hint=exc.hint) from None
+        if self._output_names:
+            have = {t.output for t in tables}
+            extra = [n for n in self._output_names if n not in have]
+            if extra and self._configured is None:
+                raise DefiniteError(
+                    f"{self.who}: outputs {extra} are not tables of publication "
+                    f"{self.publication!r} (it publishes {sorted(have)})",
+                    hint="name each output after a published table")
+        # Columns dropped upstream stay in the output (null from the drop on):
+        # changes written before the drop may still be read, with values.
+        merged = []
+        for t in tables:
+            before = self._known.get(t.output, ())
+            gone = tuple(c for c in before if t.column(c.name) is None)
+            if gone:
+                t = dataclasses.replace(t, columns=t.columns + gone)
+            self._known[t.output] = t.columns
+            merged.append(t)
+        self.tables = merged
+        return merged
+
+    def outputs(self) -> list[OutputSpec]:
+        try:
+            return self.current_outputs()
+        except (TransientError, DefiniteError):
+            if self._configured is None:
+                raise
+            # The names are known (the database is down, or a table is not
+            # there yet): the driver's open() describes again and reports.
+            return [OutputSpec(t, typed=True) for _, t in self._configured]
+
+    def current_outputs(self) -> list[OutputSpec]:
+        """The outputs as the catalog describes them now (the driver's open);
+        raises what keeps them from being described."""
+        self.describe()
+        return [OutputSpec(t.output, typed=True, schema=t.arrow_schema, key=t.key,
+                           envelope=t.envelope) for t in self.tables]
+
+    def initial_frontier(self) -> Antichain[Lsn]:
+        return Antichain.from_elem(Lsn(0))
+
+    # -- open ------------------------------------------------------------------------
+    def open(self, resume: Antichain[Lsn], bound: Antichain[Lsn],
+             held: Sequence[Antichain[Lsn] | None] = ()) -> None:
+        """Checks, publication, slot, and a snapshot for the outputs in
+        ``held`` that hold nothing yet (``None`` or the initial frontier)."""
+        conn = self._connection()
+        try:
+            check_server(conn, self.who)
+        except psycopg.Error as exc:
+            self._close_conn()
+            raise pg_error(exc, f"{self.who}: cannot check the server", self.secrets) from None
+        # The driver described the tables just before (current_outputs()).
+        tables = self.tables or self.describe()
+        self._ensure_publication(tables)
+        actions = publication_actions(conn, self.publication)
+        if actions.get("update") or actions.get("delete"):
+            for t in tables:
+                if not t.key and t.identity != "f":
+                    raise DefiniteError(
+                        f"{self.who}: table {t.qualified} has no replica identity usable for "
+                        f"updates and deletes (REPLICA IDENTITY {_IDENT[t.identity]}, "
+                        f"{'no primary key' if t.identity == 'd' else 'no key'})",
+                        hint=_identity_hint(t))
+        empty = [i for i in range(len(tables))
+                 if i >= len(held) or held[i] is None or _initial(held[i])]
+        holding = len(empty) < len(tables)
+        self._ensure_slot(holding, resume)
+        if self._snap is not None and (not self._snap.alive
+                                       or not set(empty) <= set(self._snap.outputs)):
+            self._release_snapshot()
+        if self.snapshot and empty and self._snap is None:
+            self._take_snapshot(tuple(empty))
+        elif self._snap is not None:
+            self._snap.outputs = tuple(i for i in self._snap.outputs if i in empty)
+            if not self._snap.outputs:
+                self._release_snapshot()
+        self._acked = None
+
+    def _ensure_publication(self, tables: list[PgTable]) -> None:
+        conn = self._connection()
+        have = publication_tables(conn, self.publication)
+        if have is None:
+            log.info("%s: creating publication %s", self.who, self.publication)
+            q = sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                sql.Identifier(self.publication),
+                sql.SQL(", ").join(t.ident for t in tables))
+            self._query(f"cannot create publication {self.publication!r} (the user must own "
+                        "the tables, or create it beforehand)", q)
+            return
+        missing = [t.qualified for t in tables if (t.schema, t.name) not in set(have)]
+        if missing:
+            raise DefiniteError(
+                f"{self.who}: publication {self.publication!r} does not publish "
+                f"{', '.join(missing)}",
+                hint=f"ALTER PUBLICATION {self.publication} ADD TABLE {', '.join(missing)}")
+
+    def _ensure_slot(self, holding: bool, resume: Antichain[Lsn]) -> None:
+        info = self._slot_info()
+        if info is None:
+            if holding:
+                raise DefiniteError(
+                    f"{self.who}: replication slot {self.slot!r} does not exist although the "
+                    f"outputs hold data up to LSN {_fmt(resume)}: it was dropped behind "
+                    "reclock's back and the changes since then are lost",
+                    hint="drop the source's outputs and state and start it again (a new "
+                         "snapshot)")
+            self._create_slot()
+            return
+        self._check_slot(info)
+
+    def _check_slot(self, info: SlotInfo) -> None:
+        if info.plugin != "pgoutput":
+            raise DefiniteError(f"{self.who}: slot {self.slot!r} uses plugin {info.plugin!r}, "
+                                "not pgoutput", hint="name another slot (postgres.slot)")
+        db = self.params.get("dbname")
+        if db and info.database and info.database != db:
+            raise DefiniteError(f"{self.who}: slot {self.slot!r} belongs to database "
+                                f"{info.database!r}", hint="name another slot (postgres.slot)")
+        if info.wal_status == "lost" or info.invalidation:
+            raise DefiniteError(
+                f"{self.who}: replication slot {self.slot!r} was invalidated "
+                f"({info.invalidation or 'wal_status lost'}): the WAL it needed was removed "
+                "and changes are lost",
+                hint="raise max_slot_wal_keep_size; drop the source's outputs and state and "
+                     "start again (a new snapshot)")
+        self._slot_flush = info.confirmed_flush
+
+    def _replication_conn(self) -> Connection:
+        try:
+            return connect(self.dsn, self.params, replication=True,
+                           app=f"reclock {self.name}", timeout_s=self.timeout_s)
+        except psycopg.Error as exc:
+            raise pg_error(exc, f"{self.who}: cannot open a replication connection",
+                           self.secrets) from None
+
+    def _create_slot(self) -> None:
+        log.info("%s: creating replication slot %s", self.who, self.slot)
+        r = self._replication_conn()
+        try:
+            cmd = f'CREATE_REPLICATION_SLOT "{_slot_ident(self.slot)}" LOGICAL pgoutput ' \
+                  "NOEXPORT_SNAPSHOT"
+            res = r.pgconn.exec_(cmd.encode())
+            if res.status != pq.ExecStatus.TUPLES_OK:
+                raise DefiniteError(
+                    f"{self.who}: cannot create replication slot {self.slot!r}: "
+                    f"{res.error_message.decode(errors='replace').strip()}",
+                    hint="check max_replication_slots and the role's REPLICATION attribute")
+            self._slot_flush = lsn_int(_val(res, 1))
+        finally:
+            r.close()
+
+    def _take_snapshot(self, outputs: tuple[int, ...]) -> None:
+        r = self._replication_conn()
+        tmp = f"reclock_snap_{uuid.uuid4().hex[:16]}"
+        res = r.pgconn.exec_(f'CREATE_REPLICATION_SLOT "{tmp}" TEMPORARY LOGICAL pgoutput '
+                             "EXPORT_SNAPSHOT".encode())
+        if res.status != pq.ExecStatus.TUPLES_OK:
+            msg = res.error_message.decode(errors="replace").strip()
+            r.close()
+            raise TransientError(f"{self.who}: cannot export a snapshot: {msg}",
+                                 hint="check max_replication_slots; retried with backoff")
+        lsn = lsn_int(_val(res, 1))
+        name = _val(res, 2)
+        assert lsn is not None and name is not None
+        self._snap = _Snapshot(r, name, lsn, outputs)
+        log.info("%s: snapshot %s at %s for %s", self.who, name, lsn_text(lsn),
+                 [self.tables[i].output for i in outputs])
+
+    def _release_snapshot(self) -> None:
+        s, self._snap = self._snap, None
+        if s is not None:
+            with contextlib.suppress(psycopg.Error):
+                s.conn.close()
+
+    # -- probe -----------------------------------------------------------------------
+    def probe(self) -> Antichain[Lsn]:
+        rows = self._query("cannot probe", "SELECT pg_current_wal_flush_lsn()::text")
+        flush = lsn_int(rows[0][0])
+        info = self._slot_info()
+        if info is None:
+            raise DefiniteError(
+                f"{self.who}: replication slot {self.slot!r} was dropped behind reclock's back; "
+                "changes after the last acknowledged LSN are lost",
+                hint="drop the source's outputs and state and start it again (a new snapshot)")
+        self._check_slot(info)
+        assert flush is not None
+        return Antichain.from_elem(Lsn(flush))
+
+    # -- plan ------------------------------------------------------------------------
+    def plan(self, lower: Antichain[Lsn], upper: Antichain[Lsn], max_task: int, max_job: int
+             ) -> tuple[list[ReadTask], Antichain[Lsn]]:
+        lo_t, hi_t = lower.as_option(), upper.as_option()
+        if lo_t is None or hi_t is None:
+            raise DefiniteError(f"{self.who}: a Postgres source never closes its frontier")
+        lo, hi = int(lo_t), int(hi_t)
+        if hi <= lo:
+            return [], lower
+        snap = self._snap
+        if snap is not None and not snap.alive:
+            self._release_snapshot()
+            raise Reopen(f"{self.who}: the connection holding the snapshot was lost; taking a "
+                         "new one", hint="the outputs that hold nothing re-read their tables")
+        tasks: list[ReadTask] = []
+        start = max(lo, self._slot_flush or 0)  # the slot holds nothing before it
+        end = min(hi, max(start, lo) + max_job * WAL_BYTES_PER_CHANGE)
+        if snap is not None and lo < snap.lsn <= hi:
+            end = max(end, snap.lsn)
+            tasks += self._chunk_tasks(snap, max_task)
+        at = () if snap is None else tuple((i, snap.lsn) for i in snap.outputs)
+        if start < end:
+            tasks.append(ReadTask(self.name, len(tasks), StreamSpec(start, end, at),
+                                  max(1, (end - start) // WAL_BYTES_PER_CHANGE)))
+        return tasks, Antichain.from_elem(Lsn(end))
+
+    def _chunk_tasks(self, snap: _Snapshot, max_task: int) -> list[ReadTask]:
+        out: list[ReadTask] = []
+        rows = self._query("cannot size the tables",
+                           "SELECT oid, pg_relation_size(oid) / current_setting('block_size')"
+                           "::int, reltuples, relpages FROM pg_class WHERE oid = ANY(%s)",
+                           ([self.tables[i].oid for i in snap.outputs],))
+        sizes = {r[0]: r[1:] for r in rows}
+        for i in snap.outputs:
+            pages, tuples, relpages = sizes.get(self.tables[i].oid, (0, 0, 0))
+            per_page = (tuples / relpages) if relpages and tuples and tuples > 0 else 100.0
+            step = max(1, int(max_task / max(per_page, 1.0)))
+            first, chunk = 0, 0
+            while True:
+                last = first + step
+                final = last >= pages
+                out.append(ReadTask(self.name, len(out), ChunkSpec(
+                    i, snap.name, snap.lsn, chunk, first, None if final else last),
+                    int(step * per_page)))
+                if final:
+                    break
+                first, chunk = last, chunk + 1
+        return out
+
+    def reader(self) -> PostgresReader:
+        return PostgresReader(self.name, self.dsn, self.slot, self.publication,
+                              tuple(self.tables), self.timeout_s)
+
+    # -- acknowledge -----------------------------------------------------------------
+    def acknowledge(self, frontier: Antichain[Lsn]) -> None:
+        """``confirmed_flush_lsn`` to the resumption frontier (never past it);
+        the snapshot is released once it is durable everywhere."""
+        f = frontier.as_option()
+        if f is None:
+            return
+        target = int(f)
+        snap = self._snap
+        if snap is not None and target >= snap.lsn:
+            self._release_snapshot()
+        if self._acked is not None and target <= self._acked:
+            return
+        if self._slot_flush is not None and target <= self._slot_flush:
+            self._acked = target
+            return
+        try:
+            row = self._connection().execute(
+                "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
+                (self.slot, lsn_text(target))).fetchone()
+        except psycopg.errors.ObjectInUse:
+            return  # a walsender of the last task is still exiting: next tick
+        except psycopg.Error as exc:
+            if self._conn is not None and (self._conn.broken or self._conn.closed):
+                self._close_conn()
+            raise pg_error(exc, f"{self.who}: cannot advance slot {self.slot!r}",
+                           self.secrets) from None
+        self._acked = target
+        if row is not None:
+            self._slot_flush = lsn_int(row[0])
+
+    def drop(self) -> str | None:
+        """``reclock drop``: drop the slot when configured to (``drop_slot``).
+        Says what was released (None: nothing)."""
+        self._release_snapshot()
+        if not self.drop_slot_on_drop:
+            return None
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                dropped = self._connection().execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                    "WHERE slot_name = %s", (self.slot,)).fetchall()
+                if not dropped:
+                    return None
+                log.info("%s: dropped replication slot %s", self.who, self.slot)
+                return f"replication slot {self.slot!r} dropped"
+            except psycopg.errors.ObjectInUse:
+                if time.monotonic() > deadline:
+                    raise TransientError(f"{self.who}: slot {self.slot!r} is still in use",
+                                         hint="stop the pipeline, then drop again") from None
+                time.sleep(0.2)
+            except psycopg.Error as exc:
+                self._close_conn()
+                raise pg_error(exc, f"{self.who}: cannot drop slot {self.slot!r}",
+                               self.secrets) from None
+
+    def close(self) -> None:
+        self._release_snapshot()
+        self._close_conn()
+
+
+_IDENT = {"d": "DEFAULT", "f": "FULL", "i": "USING INDEX", "n": "NOTHING"}
+
+
+def _initial(f: Antichain[Lsn] | None) -> bool:
+    if f is None:
+        return True
+    v = f.as_option()
+    return v is not None and int(v) == 0
+
+
+def _fmt(f: Antichain[Lsn]) -> str:
+    v = f.as_option()
+    return "(closed)" if v is None else lsn_text(int(v))
+
+
+def _slot_ident(name: str) -> str:
+    return name.replace('"', '""')
+
+
+def _val(res: pq.abc.PGresult, col: int) -> str | None:
+    v = res.get_value(0, col)
+    return None if v is None else bytes(v).decode()
+
+
+# ---------------------------------------------------------------------------
+# Executor side
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Buffer:
+    """Rows of one output being collected in a task."""
+
+    table: PgTable
+    cols: list[list[Any]] = field(default_factory=list)
+    diff: list[int] = field(default_factory=list)
+    part: list[int] = field(default_factory=list)
+    off: list[int] = field(default_factory=list)
+    seq: list[int] = field(default_factory=list)
+    ts: list[int | None] = field(default_factory=list)
+    #: the upstream type of each output column in the current layout
+    types: list[PgType] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.cols = [[] for _ in self.table.columns]
+        self.types = [c.type for c in self.table.columns]
+
+    def __len__(self) -> int:
+        return len(self.diff)
+
+    def add(self, values: Sequence[Any], diff: int, part: int, off: int, seq: int,
+            ts: int | None) -> None:
+        for col, v in zip(self.cols, values, strict=True):
+            col.append(v)
+        self.diff.append(diff)
+        self.part.append(part)
+        self.off.append(off)
+        self.seq.append(seq)
+        self.ts.append(ts)
+
+    def take(self, binary: bool) -> pa.RecordBatch:
+        t = self.table
+        arrays: list[pa.Array] = []
+        for c, vals, typ in zip(t.columns, self.cols, self.types, strict=True):
+            raw = pa.array(vals, pa.binary() if binary else pa.string())
+            arr = convert(raw, typ, f"table {t.qualified} column {c.name!r}")
+            want = c.type.arrow
+            if arr.type != want:
+                arr = arr.cast(want)
+            arrays.append(arr)
+        names = [c.name for c in t.columns]
+        arrays += [pa.array(self.part, pa.int32()), pa.array(self.off, pa.int64()),
+                   pa.array(self.seq, pa.int32()), pa.array(self.ts, pa.int64()),
+                   pa.array(self.diff, pa.int64())]
+        names += [SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS, SRC_DIFF]
+        batch = pa.RecordBatch.from_arrays(arrays, names=names)
+        self.cols = [[] for _ in t.columns]
+        self.diff, self.part, self.off, self.seq, self.ts = [], [], [], [], []
+        return batch
+
+
+@dataclass
+class _Layout:
+    """How one relation message's columns map onto an output's columns."""
+
+    output: int
+    table: PgTable
+    pos: list[int]  # per output column: index in the tuple, -1 = absent (null)
+    types: list[PgType]
+    key_pos: list[int]  # tuple indexes of the output's key columns
+
+
+@dataclass(frozen=True)
+class PostgresReader:
+    """Executor side: replication ranges and snapshot chunks."""
+
+    source: str
+    dsn: str
+    slot: str
+    publication: str
+    tables: tuple[PgTable, ...]
+    timeout_s: float
+
+    @property
+    def who(self) -> str:
+        return f"source {self.source!r}"
+
+    def read(self, task: ReadTask) -> Iterator[tuple[int, pa.RecordBatch]]:
+        spec = task.spec
+        if isinstance(spec, ChunkSpec):
+            yield from self._chunk(spec)
+        else:
+            yield from self._stream(spec)
+
+    # -- snapshot ----------------------------------------------------------------------
+    def _chunk(self, spec: ChunkSpec) -> Iterator[tuple[int, pa.RecordBatch]]:
+        params, secrets = parse_dsn(self.dsn, self.who)
+        t = self.tables[spec.output]
+        cond = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({spec.first},0)"))
+        if spec.last is not None:
+            cond = sql.SQL("{} AND ctid < {}::tid").format(cond, sql.Literal(f"({spec.last},0)"))
+        q = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT").format(
+            sql.SQL(", ").join(sql.Identifier(c.name) for c in t.columns), t.ident, cond)
+        buf = _Buffer(t)
+        seq = 0
+        try:
+            with connect(self.dsn, params, app=f"reclock {self.source} snapshot",
+                         timeout_s=self.timeout_s) as conn:
+                conn.autocommit = False
+                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                conn.read_only = True
+                try:
+                    conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
+                        sql.Literal(spec.snapshot)))
+                except psycopg.Error as exc:
+                    raise Reopen(f"{self.who}: snapshot {spec.snapshot} is gone ({exc}); taking "
+                                 "a new one") from None
+                with conn.cursor().copy(q) as cp:
+                    for row in cp.rows():
+                        buf.add(row, 1, -1 - spec.chunk, spec.lsn - 1, seq, None)
+                        seq += 1
+                        if len(buf) >= BATCH_ROWS:
+                            yield spec.output, buf.take(binary=False)
+                conn.rollback()
+        except psycopg.Error as exc:
+            raise pg_error(exc, f"{self.who}: cannot read {t.qualified} (snapshot)",
+                           secrets) from None
+        if len(buf):
+            yield spec.output, buf.take(binary=False)
+
+    # -- replication ---------------------------------------------------------------------
+    def _start(self, params: dict[str, Any], secrets: list[str], start: int) -> Connection:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                conn = connect(self.dsn, params, replication=True,
+                               app=f"reclock {self.source} stream", timeout_s=self.timeout_s)
+            except psycopg.Error as exc:
+                raise pg_error(exc, f"{self.who}: cannot open a replication connection",
+                               secrets) from None
+            pub = self.publication.replace("'", "''")
+            cmd = (f'START_REPLICATION SLOT "{_slot_ident(self.slot)}" LOGICAL {lsn_text(start)} '
+                   f"(proto_version '1', publication_names '\"{pub}\"')")
+            conn.pgconn.send_query(cmd.encode())
+            res = conn.pgconn.get_result()
+            if res is not None and res.status == pq.ExecStatus.COPY_BOTH:
+                return conn
+            msg = conn.pgconn.error_message.decode(errors="replace").strip()
+            state = None if res is None else res.error_field(pq.DiagnosticField.SQLSTATE)
+            conn.close()
+            if state == b"55006" and time.monotonic() < deadline:
+                time.sleep(0.1)  # the walsender of the previous task is exiting
+                continue
+            if state == b"42704":
+                raise DefiniteError(f"{self.who}: replication slot {self.slot!r} does not exist: "
+                                    f"{msg}", hint="it was dropped behind reclock's back; "
+                                    "changes are lost: drop the outputs and state and start "
+                                    "again")
+            if state in (b"55000", b"42P01") or "publication" in msg:
+                raise DefiniteError(f"{self.who}: cannot start replication: {msg}")
+            raise TransientError(f"{self.who}: cannot start replication: {msg}",
+                                 hint="retried with backoff")
+
+    def _frames(self, conn: Connection, end: int) -> Iterator[po.XLogData]:
+        """XLogData frames until the walsender has decoded past ``end``."""
+        pg = conn.pgconn
+        last_data = time.monotonic()
+        while True:
+            n, data = pg.get_copy_data(1)
+            if n == 0:
+                ready, _, _ = select.select([pg.socket], [], [], 1.0)
+                if not ready and time.monotonic() - last_data > self.timeout_s:
+                    raise TransientError(
+                        f"{self.who}: the replication stream sent nothing for "
+                        f"{self.timeout_s:.0f} s before reaching LSN {lsn_text(end)}",
+                        hint="the server may be overloaded; retried")
+                pg.consume_input()
+                continue
+            if n < 0:
+                msg = pg.error_message.decode(errors="replace").strip()
+                raise TransientError(f"{self.who}: the replication stream ended: {msg}",
+                                     hint="the server restarted or the connection broke; "
+                                          "retried with backoff")
+            last_data = time.monotonic()
+            frame = po.parse_frame(bytes(data))
+            if isinstance(frame, po.Keepalive):
+                # Reply to every keepalive (confirming nothing), so that the
+                # walsender sends the next one when it catches up again.
+                now_us = int(time.time() * 1_000_000)
+                pg.put_copy_data(po.standby_status(0, 0, 0, now_us))
+                pg.flush()
+                if frame.wal_end >= end:
+                    return
+                continue
+            yield frame
+
+    def _stream(self, spec: StreamSpec) -> Iterator[tuple[int, pa.RecordBatch]]:
+        params, secrets = parse_dsn(self.dsn, self.who)
+        by_name = {(t.schema, t.name): i for i, t in enumerate(self.tables)}
+        snap_at = dict(spec.snapshot_at)
+        layouts: dict[int, _Layout | None] = {}
+        bufs: dict[int, _Buffer] = {}
+        conn = self._start(params, secrets, spec.start)
+        commit_lsn = 0
+        ts: int | None = None
+        seq = 0
+        try:
+            for frame in self._frames(conn, spec.end):
+                m = frame.message
+                if isinstance(m, po.Begin):
+                    if m.final_lsn >= spec.end:
+                        break  # this and every later transaction commit at or after `end`
+                    commit_lsn = m.final_lsn
+                    ts = (m.commit_ts + po.PG_EPOCH_US) // 1000
+                    seq = 0
+                    continue
+                if isinstance(m, po.Relation):
+                    i = by_name.get((m.namespace, m.name))
+                    if i is not None and i in bufs and len(bufs[i]):
+                        yield i, bufs[i].take(binary=True)  # rows of the previous layout
+                    layouts[m.relid] = None if i is None else self._layout(params, i, m)
+                    if i is not None:
+                        lay = layouts[m.relid]
+                        assert lay is not None
+                        bufs.setdefault(i, _Buffer(self.tables[i])).types = lay.types
+                    continue
+                if isinstance(m, po.Insert | po.Update | po.Delete):
+                    lay = layouts.get(m.relid)
+                    if lay is None or commit_lsn < snap_at.get(lay.output, 0):
+                        seq += 1
+                        continue
+                    buf = bufs[lay.output]
+                    self._change(lay, m, buf, commit_lsn, seq, ts)
+                    seq += 1
+                    if len(buf) >= BATCH_ROWS:
+                        yield lay.output, buf.take(binary=True)
+                    continue
+                if isinstance(m, po.Truncate):
+                    hit = [layouts[r].table for r in m.relids  # type: ignore[union-attr]
+                           if layouts.get(r) is not None]
+                    hit = [t for t in hit if commit_lsn >= snap_at.get(
+                        self.tables.index(t), 0)]
+                    if hit:
+                        names = ", ".join(t.qualified for t in hit)
+                        raise DefiniteError(
+                            f"{self.who}: {names} truncated at LSN {lsn_text(commit_lsn)}: the "
+                            "outputs cannot retract rows they were never sent one by one",
+                            hint="drop and re-create these outputs (a new snapshot), or leave "
+                                 "truncate out of the publication (publish = 'insert, update, "
+                                 "delete') and delete rows instead")
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+        for i, buf in bufs.items():
+            if len(buf):
+                yield i, buf.take(binary=True)
+
+    def _layout(self, params: dict[str, Any], i: int, rel: po.Relation) -> _Layout:
+        t = self.tables[i]
+        names = [c.name for c in rel.columns]
+        extra = [c.name for c in rel.columns if t.column(c.name) is None]
+        if extra:
+            added = self._still_exist(params, rel.relid, extra)
+            if added:
+                raise Reopen(f"{self.who}: table {t.qualified}: columns {added} were added "
+                             "upstream; the output evolves to include them")
+        pos, types = [], []
+        for c in t.columns:
+            j = names.index(c.name) if c.name in names else -1
+            pos.append(j)
+            if j < 0:
+                types.append(c.type)
+                continue
+            rc = rel.columns[j]
+            if rc.type_oid == c.type.oid and rc.type_modifier == c.type.typmod:
+                types.append(c.type)
+                continue
+            new = PgType(rc.type_oid, rc.type_modifier, f"oid {rc.type_oid}",
+                         _ARRAY_ELEMS.get(rc.type_oid, 0))
+            if not widens_to(new.arrow, c.type.arrow):
+                raise DefiniteError(
+                    f"{self.who}: table {t.qualified} column {c.name!r} changed type upstream "
+                    f"(now type oid {rc.type_oid}, read as {new.arrow}) and the output's "
+                    f"{c.type.arrow} cannot hold every value of it",
+                    hint="drop and re-create the output (a new snapshot) to take the new type")
+            types.append(new)
+        key_pos = [names.index(k) for k in t.key if k in names]
+        if t.envelope == "upsert" and len(key_pos) != len(t.key):
+            raise DefiniteError(f"{self.who}: table {t.qualified}: key columns {list(t.key)} "
+                                "are missing from the replicated columns",
+                                hint=_identity_hint(t))
+        return _Layout(i, t, pos, types, key_pos)
+
+    def _still_exist(self, params: dict[str, Any], relid: int, cols: list[str]) -> list[str]:
+        """Which of ``cols`` the table has now (added), as opposed to dropped
+        since the change being read was written."""
+        try:
+            with connect(self.dsn, params, app=f"reclock {self.source}",
+                         timeout_s=self.timeout_s) as c:
+                rows = c.execute("SELECT attname::text FROM pg_attribute WHERE attrelid = %s "
+                                 "AND attname = ANY(%s) AND NOT attisdropped",
+                                 (relid, cols)).fetchall()
+        except psycopg.Error as exc:
+            raise pg_error(exc, f"{self.who}: cannot read the catalog") from None
+        return [r[0] for r in rows]
+
+    def _change(self, lay: _Layout, m: po.Insert | po.Update | po.Delete, buf: _Buffer,
+                lsn: int, seq: int, ts: int | None) -> None:
+        t = lay.table
+        pos = lay.pos
+
+        def row(tup: po.Tuple) -> list[Any]:
+            return [None if j < 0 else tup[j] for j in pos]
+
+        def key_only(tup: po.Tuple) -> list[Any]:
+            keep = set(lay.key_pos)
+            return [tup[j] if j in keep else None for j in pos]
+
+        full = t.envelope == "none"
+        if isinstance(m, po.Insert):
+            buf.add(row(m.new), 1, 0, lsn, 2 * seq + 1, ts)
+            return
+        if isinstance(m, po.Delete):
+            if full:
+                if m.old_is_key:
+                    raise self._no_old(t, "delete", lsn)
+                buf.add(row(m.old), -1, 0, lsn, 2 * seq, ts)
+            else:
+                buf.add(key_only(m.old), 0, 0, lsn, 2 * seq, ts)
+            return
+        new = m.new
+        if full:
+            if m.old is None or m.old_is_key:
+                raise self._no_old(t, "update", lsn)
+            old = m.old
+            if any(v is po.UNCHANGED_TOAST for v in new):
+                new = tuple(o if v is po.UNCHANGED_TOAST else v
+                            for v, o in zip(new, old, strict=True))
+            bad = [j for j in pos if j >= 0 and (old[j] is po.UNCHANGED_TOAST
+                                                 or new[j] is po.UNCHANGED_TOAST)]
+            if bad:
+                raise self._toast(t, lay, bad[0], lsn)
+            buf.add(row(old), -1, 0, lsn, 2 * seq, ts)
+            buf.add(row(new), 1, 0, lsn, 2 * seq + 1, ts)
+            return
+        bad = [j for j in pos if j >= 0 and new[j] is po.UNCHANGED_TOAST]
+        if bad:
+            raise self._toast(t, lay, bad[0], lsn)
+        if m.old is not None and [m.old[j] for j in lay.key_pos] != \
+                [new[j] for j in lay.key_pos]:
+            buf.add(key_only(m.old), 0, 0, lsn, 2 * seq, ts)  # the key moved
+        buf.add(row(new), 1, 0, lsn, 2 * seq + 1, ts)
+
+    def _no_old(self, t: PgTable, what: str, lsn: int) -> DefiniteError:
+        return DefiniteError(
+            f"{self.who}: table {t.qualified}: an {what} at LSN {lsn_text(lsn)} came without "
+            "its old row; the output is a diff log and needs REPLICA IDENTITY FULL "
+            "(it was changed upstream)", hint=_identity_hint(t))
+
+    def _toast(self, t: PgTable, lay: _Layout, j: int, lsn: int) -> DefiniteError:
+        col = t.columns[lay.pos.index(j)].name
+        return DefiniteError(
+            f"{self.who}: table {t.qualified} column {col!r}: an update at LSN "
+            f"{lsn_text(lsn)} left a TOASTed value unchanged and the server did not send it "
+            "(it is missing from the old row too)", hint=_identity_hint(t))
+
+
+#: Array type OIDs of the built-in element types (for columns retyped upstream).
+_ARRAY_ELEMS = {1000: 16, 1001: 17, 1005: 21, 1007: 23, 1016: 20, 1009: 25, 1015: 1043,
+                1014: 1042, 1021: 700, 1022: 701, 1231: 1700, 1182: 1082, 1115: 1114,
+                1185: 1184, 2951: 2950, 199: 114, 3807: 3802, 1183: 1083}

@@ -1,0 +1,245 @@
+"""Faults and bad states of the Postgres CDC source: each is a clear health
+status with a hint, and nothing already accepted is lost."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from reclock.config import load_config
+from tests.running import running, wait_for
+from tests.sources.cdc import Writer, create_schema, flushed_lsn, resumed_past, source_rows
+from tests.sources.test_pg_source import _rows, _updates
+
+
+def _cfg(tmp: Path, url: str, tables: str, outputs: str, extra: str = "") -> Any:
+    path = tmp / "p.yaml"
+    path.write_text(f"""
+state_dir: {tmp}/state
+timestamp_interval: 200ms
+sources:
+  - name: db
+    postgres: {{dsn: "{url}", tables: [{tables}] {extra}}}
+    outputs:
+{outputs}
+""")
+    return load_config(path)
+
+
+def _stalled_with(runners: list[Any], *words: str) -> Any:
+    def check() -> bool:
+        h = runners[0].health
+        return h.status == "stalled" and all(w in f"{h.error} {h.hint}" for w in words)
+
+    try:
+        wait_for(check, 60, f"a stall naming {words}")
+    except AssertionError:
+        raise AssertionError(runners[0].health) from None
+    return runners[0].health
+
+
+def _snapshot_durable(runners: list[Any]) -> None:
+    wait_for(lambda: runners[0].status().get("resume") not in (None, ["0/0"]), 90,
+             "the snapshot to be durable")
+
+
+def test_wal_level_not_logical_is_named_with_the_fix(tmp_path: Path, spark: Any,
+                                                     pg_url: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as c:  # the shared server: wal_level replica
+        c.execute("create table t (id int primary key)")
+    cfg = _cfg(tmp_path, pg_url, "t", "      - {name: t, sink: file}")
+    with running(cfg, spark) as runners:
+        h = _stalled_with(runners, "wal_level", "logical", "postgresql.conf")
+        assert h.definite
+
+
+def test_role_without_replication_is_named(tmp_path: Path, spark: Any, cdc_url: str) -> None:
+    role = f"plain_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table t (id int primary key)")
+        c.execute(f"create role {role} login")
+        c.execute(f"grant select on t to {role}")
+    url = cdc_url.replace("postgres@", f"{role}@")
+    cfg = _cfg(tmp_path, url, "t", "      - {name: t, sink: file}")
+    try:
+        with running(cfg, spark) as runners:
+            _stalled_with(runners, role, "may not use replication", "REPLICATION")
+    finally:
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute(f"drop owned by {role}")
+            c.execute(f"drop role {role}")
+
+
+def test_missing_replica_identity_and_missing_tables(tmp_path: Path, spark: Any,
+                                                     cdc_url: str) -> None:
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table nokey (x int)")
+    cfg = _cfg(tmp_path, cdc_url, "nokey", "      - {name: nokey, sink: file}")
+    with running(cfg, spark) as runners:
+        _stalled_with(runners, '"public"."nokey"', "no replica identity",
+                      "REPLICA IDENTITY FULL")
+    cfg = _cfg(tmp_path, cdc_url, "nokey, ghost",
+               "      - {name: nokey, sink: file}\n      - {name: ghost, sink: file}")
+    with running(cfg, spark) as runners:
+        _stalled_with(runners, '"public"."ghost"', "do not exist")
+
+
+def test_toasted_value_missing_from_an_update(tmp_path: Path, spark: Any, cdc_url: str) -> None:
+    big = "x" * 50_000
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        for t in ("docs", "docs_full"):
+            c.execute(f"create table {t} (id int primary key, flag int, body text)")
+            c.execute(f"alter table {t} alter column body set storage external")
+            c.execute(f"insert into {t} values (1, 0, %s)", (big,))
+        c.execute("alter table docs_full replica identity full")
+    cfg = _cfg(tmp_path, cdc_url, "docs, docs_full",
+               "      - {name: docs, sink: file}\n      - {name: docs_full, sink: file}")
+    with running(cfg, spark) as runners:
+        _snapshot_durable(runners)
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("update docs_full set flag = 1")  # FULL: the old row holds the value
+        wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 60, "the FULL update")
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("update docs set flag = 1")  # keyed: the value is not sent
+        h = _stalled_with(runners, '"public"."docs"', "'body'", "TOASTed",
+                          "REPLICA IDENTITY FULL")
+        assert h.definite
+    rows = _updates(cfg, "db", "docs_full").to_pylist()
+    assert sorted((r["flag"], r["_diff"], len(r["body"])) for r in rows) == \
+        [(0, -1, 50_000), (0, 1, 50_000), (1, 1, 50_000)]
+
+
+def test_truncate_is_a_definite_error_naming_the_table(tmp_path: Path, spark: Any,
+                                                      cdc_url: str) -> None:
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table gone (id int primary key)")
+        c.execute("insert into gone select generate_series(1, 10)")
+    cfg = _cfg(tmp_path, cdc_url, "gone", "      - {name: gone, sink: file}")
+    with running(cfg, spark) as runners:
+        _snapshot_durable(runners)
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("truncate gone")
+        _stalled_with(runners, '"public"."gone"', "truncated", "publish")
+    assert _updates(cfg, "db", "gone").num_rows == 10  # what was accepted stays
+
+
+def test_schema_changes_evolve_the_output_or_name_the_column(tmp_path: Path, spark: Any,
+                                                             cdc_url: str) -> None:
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table evo (id int primary key, a int, b text, c int)")
+        c.execute("alter table evo replica identity full")
+        c.execute("insert into evo values (1, 1, 'one', 1)")
+    cfg = _cfg(tmp_path, cdc_url, "evo", "      - {name: evo, sink: file}")
+    with running(cfg, spark) as runners:
+        _snapshot_durable(runners)
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("insert into evo values (2, 2, 'two', 2)")
+            c.execute("alter table evo add column d text")
+            c.execute("insert into evo values (3, 3, 'three', 3, 'dee')")
+            c.execute("alter table evo drop column b")
+            c.execute("insert into evo (id, a, c, d) values (4, 4, 4, 'four')")
+        wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 90, "the evolved output")
+        assert runners[0].health.status == "running"
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("alter table evo alter column c type bigint")
+            c.execute("insert into evo (id, a, c) values (5, 5, 5)")
+        h = _stalled_with(runners, '"public"."evo"', "'c'", "changed type")
+        assert h.definite
+    rows = sorted((r["id"], r["a"], r["b"], r["c"], r["d"])
+                  for r in _updates(cfg, "db", "evo").to_pylist())
+    assert rows == [(1, 1, "one", 1, None), (2, 2, "two", 2, None),
+                    (3, 3, "three", 3, "dee"), (4, 4, None, 4, "four")]
+
+
+def test_slot_dropped_behind_the_back_and_reclock_drop(tmp_path: Path, spark: Any,
+                                                      cdc_url: str) -> None:
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table t (id int primary key)")
+    cfg = _cfg(tmp_path, cdc_url, "t", "      - {name: t, sink: file}",
+               extra=", slot: victim, drop_slot: true")
+    with running(cfg, spark) as runners:
+        _snapshot_durable(runners)
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            for _ in range(100):
+                c.execute("select pg_terminate_backend(active_pid) from pg_replication_slots "
+                          "where slot_name = 'victim' and active_pid is not null")
+                try:
+                    c.execute("select pg_drop_replication_slot('victim')")
+                    break
+                except psycopg.errors.ObjectInUse:
+                    time.sleep(0.05)
+        h = _stalled_with(runners, "'victim'", "dropped behind reclock's back", "snapshot")
+        assert h.definite
+    # `reclock drop` with drop_slot: true drops the slot (here: a new one)
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("select pg_create_logical_replication_slot('victim', 'pgoutput')")
+    out = subprocess.run([sys.executable, "-m", "reclock", "drop",
+                          str(tmp_path / "p.yaml"), "db"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "replication slot 'victim' dropped" in out.stdout
+    with psycopg.connect(cdc_url) as c:
+        assert c.execute("select count(*) from pg_replication_slots where slot_name = 'victim'"
+                         ).fetchone() == (0,)
+
+
+@pytest.mark.timeout(300)
+def test_database_restart_stalls_then_recovers(tmp_path: Path, spark: Any, cdc_url: str,
+                                               pg_logical: Any) -> None:
+    create_schema(cdc_url, accounts=500, ledger=1000)
+    cfg = _cfg(tmp_path, cdc_url, "acct",
+               f'      - name: acct\n        sink: {{type: postgres, dsn: "{cdc_url}", '
+               "table: replica, mode: state, key: [id]}")
+    with running(cfg, spark) as runners:
+        _snapshot_durable(runners)
+        seen: set[str] = set()
+        pg_logical.restart()
+        wait_for(lambda: seen.add(runners[0].health.status) or "stalled" in seen, 60,
+                 "the stall")
+        writer = Writer(cdc_url, seed=9, accounts=500)
+        time.sleep(2)
+        writer.stop()
+        wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 120, "recovery")
+        assert runners[0].health.status == "running"
+    assert _rows(source_rows(cdc_url, "select id, owner, bal, note from acct")) == \
+        _rows(source_rows(cdc_url, "select id, owner, bal, note from replica"))
+
+
+def test_tables_of_an_existing_publication(tmp_path: Path, spark: Any, cdc_url: str) -> None:
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table a (id int primary key, v text)")
+        c.execute("create table b (id int primary key, v text)")
+        c.execute("create table c (id int primary key)")
+        c.execute("insert into a values (1, 'x')")
+        c.execute("create publication mine for table a, b")
+    cfg = _cfg(tmp_path, cdc_url, "a, c",
+               "      - {name: a, sink: file}\n      - {name: c, sink: file}",
+               extra=", publication: mine")
+    with running(cfg, spark) as runners:  # c is not published: named, with the fix
+        _stalled_with(runners, "'mine'", '"public"."c"', "ALTER PUBLICATION mine ADD TABLE")
+    path = tmp_path / "pub.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path}/state2
+timestamp_interval: 200ms
+sources:
+  - name: db
+    postgres: {{dsn: "{cdc_url}", publication: mine}}
+    outputs:
+      - {{name: a, sink: file}}
+      - {{name: b, sink: file}}
+""")
+    cfg = load_config(path)
+    with running(cfg, spark) as runners:  # no tables listed: the publication's
+        _snapshot_durable(runners)
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("insert into b values (2, 'y')")
+        wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 60, "the stream")
+    assert [r["v"] for r in _updates(cfg, "db", "a").to_pylist()] == ["x"]
+    assert [r["v"] for r in _updates(cfg, "db", "b").to_pylist()] == ["y"]
