@@ -1,0 +1,249 @@
+"""Prometheus metrics: the runners' status, rendered at scrape time.
+
+The single source of truth is :meth:`reclock.driver.SourceRunner.status` --
+one dict per source. The pipeline assembles those dicts into the *status
+document* (``{"pid", "updated_ms", "http", "sources": [...], "dropped":
+[...]}``) that is written to ``state_dir/status.json`` every second, served as
+``/status.json``, read back by ``reclock status --json`` and turned into
+metrics here. :class:`StatusCollector` calls a function returning that
+document on every scrape (no background thread updates gauges), and
+:func:`make_registry` registers it on a private
+:class:`~prometheus_client.CollectorRegistry` (one per pipeline run, so several
+pipelines can share a process).
+
+Metrics (labels in braces; ``*_ms`` values are IntoTime, milliseconds since
+the epoch, or durations in ms; an empty frontier or a closed upper -- the
+source or output is complete -- is ``+Inf``; unknown values are left out):
+
+========================================  ==============================================
+``reclock_source_info{source,kind}``      1 per source; ``kind`` is its FromTime kind
+``reclock_source_health{source,status}``  1 for the current health status, 0 for the others
+``reclock_source_frontier{source,         a totally ordered source's frontier value
+frontier}``                               (``counter``: records, ``lsn``: WAL byte
+                                          position); ``frontier`` is ``probe``
+                                          (upstream), ``bound`` (last binding),
+                                          ``read_from`` (read so far) or ``resume``
+``reclock_source_partition_offset{source, a Kafka source's next offset per partition, for
+frontier,partition}``                     the same four frontiers
+``reclock_source_partitions{source,       Kafka: the partitions a frontier knows
+frontier}``
+``reclock_source_lag_records{source}``    positions upstream has that were not read yet
+``reclock_source_records_total{source}``  records read since the driver started
+                                          (counters restart with the driver)
+``reclock_source_records_per_second``     the driver's records rate over ~10 s
+``reclock_source_job_seconds_total``      time spent in Spark jobs
+``reclock_source_bindings{source}``       bindings held by the remap store
+``reclock_source_remap_upper_ms{source}`` the remap collection's upper (IntoTime)
+``reclock_output_upper_ms{source,output}``  the sink's upper (IntoTime): complete below
+``reclock_output_lag_ms{source,output}``  now minus the sink's upper
+``reclock_output_rows_total``             data rows committed (not the error rows)
+``reclock_output_errors_total``           error rows committed
+``reclock_output_health{source,output,    1 for the output's current health status
+status}``
+``reclock_status_updated_ms``             when the status document was assembled
+========================================  ==============================================
+
+Rates for rows and errors come from the ``_total`` counters (``rate()`` in
+PromQL); the status page computes them from ``/history.json``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from reclock.frontier import Antichain
+from reclock.time import Partitioned, kafka_offsets
+
+#: The health states a source or output can be in (``reclock.driver``).
+HEALTH_STATES = ("starting", "running", "stalled", "finished", "stopped", "dropped")
+#: The frontiers of a source's status dict exported as metrics.
+FRONTIERS = ("probe", "bound", "read_from", "resume")
+
+StatusDocument = Mapping[str, Any]
+
+
+# -- frontiers as numbers ------------------------------------------------------------------
+def frontier_value(kind: str, encoded: Any) -> float | None:
+    """A totally ordered frontier (``Antichain.encode()`` form) as a number:
+    its single element, ``+inf`` when it is empty (complete), ``None`` when
+    unknown or not totally ordered (Kafka)."""
+    if encoded is None or kind == Partitioned.KIND:
+        return None
+    try:
+        opt = Antichain.decode(kind, encoded).as_option()
+    except Exception:
+        return None
+    return math.inf if opt is None else float(int(opt))
+
+
+def partition_offsets(encoded: Any) -> tuple[dict[int, int], int | None] | None:
+    """A Kafka frontier's next offset per partition and the first partition of
+    its "every higher partition" element; ``None`` when unknown. An empty
+    frontier (complete) has no partitions."""
+    if encoded is None:
+        return None
+    try:
+        return kafka_offsets(Antichain.decode(Partitioned.KIND, encoded))
+    except Exception:
+        return None
+
+
+def frontier_position(kind: str, encoded: Any) -> float | None:
+    """One number that grows as the frontier advances, for charts: the value
+    of a totally ordered frontier, the sum of a Kafka frontier's offsets.
+    ``None`` when unknown or empty (complete)."""
+    if kind == Partitioned.KIND:
+        parts = partition_offsets(encoded)
+        if parts is None or (not parts[0] and parts[1] is None):
+            return None
+        return float(sum(parts[0].values()))
+    v = frontier_value(kind, encoded)
+    return None if v is None or math.isinf(v) else v
+
+
+def _upper(value: Any) -> float:
+    """An IntoTime upper from a status dict: ``None`` is the empty upper (+inf)."""
+    return math.inf if value is None else float(value)
+
+
+# -- the collector ---------------------------------------------------------------------------
+def families(doc: StatusDocument) -> list[Metric]:
+    """The metric families for one status document (see the module docstring)."""
+    src_l = ["source"]
+    out_l = ["source", "output"]
+    info = GaugeMetricFamily("reclock_source_info", "One per source; kind is its FromTime kind",
+                             labels=["source", "kind"])
+    health = GaugeMetricFamily("reclock_source_health",
+                               "1 for the source's current health status, 0 for the others",
+                               labels=["source", "status"])
+    frontier = GaugeMetricFamily(
+        "reclock_source_frontier",
+        "A totally ordered source's frontier (probe: upstream, bound: last binding, "
+        "read_from: read so far, resume: durable in every output); +Inf when complete",
+        labels=["source", "frontier"])
+    offsets = GaugeMetricFamily("reclock_source_partition_offset",
+                                "A Kafka source's next offset per partition, per frontier",
+                                labels=["source", "frontier", "partition"])
+    partitions = GaugeMetricFamily("reclock_source_partitions",
+                                   "Kafka: the number of partitions a frontier knows",
+                                   labels=["source", "frontier"])
+    lag_records = GaugeMetricFamily("reclock_source_lag_records",
+                                    "Positions upstream has that were not read yet",
+                                    labels=src_l)
+    records = CounterMetricFamily("reclock_source_records",
+                                  "Records read since the driver started", labels=src_l)
+    rate = GaugeMetricFamily("reclock_source_records_per_second",
+                             "Records read per second over the last ~10 s", labels=src_l)
+    job_s = CounterMetricFamily("reclock_source_job_seconds",
+                                "Seconds spent in Spark jobs", labels=src_l)
+    bindings = GaugeMetricFamily("reclock_source_bindings", "Bindings in the remap store",
+                                 labels=src_l)
+    remap_upper = GaugeMetricFamily("reclock_source_remap_upper_ms",
+                                    "The remap collection's upper (IntoTime, ms); +Inf: closed",
+                                    labels=src_l)
+    o_upper = GaugeMetricFamily("reclock_output_upper_ms",
+                                "The sink's upper (IntoTime, ms): complete below it; "
+                                "+Inf: closed", labels=out_l)
+    o_lag = GaugeMetricFamily("reclock_output_lag_ms", "Now minus the sink's upper (ms)",
+                              labels=out_l)
+    o_rows = CounterMetricFamily("reclock_output_rows",
+                                 "Data rows committed since the driver started (errors apart)",
+                                 labels=out_l)
+    o_errors = CounterMetricFamily("reclock_output_errors",
+                                   "Error rows committed since the driver started",
+                                   labels=out_l)
+    o_health = GaugeMetricFamily("reclock_output_health",
+                                 "1 for the output's current health status, 0 for the others",
+                                 labels=["source", "output", "status"])
+
+    def states(current: str) -> Sequence[str]:
+        return HEALTH_STATES if current in HEALTH_STATES else (*HEALTH_STATES, current)
+
+    for st in doc.get("sources") or []:
+        name = str(st["source"])
+        kind = str(st.get("kind", ""))
+        info.add_metric([name, kind], 1)
+        status = str((st.get("health") or {}).get("status", "unknown"))
+        for s in states(status):
+            health.add_metric([name, s], 1.0 if s == status else 0.0)
+        for f in FRONTIERS:
+            enc = st.get(f)
+            if kind == Partitioned.KIND:
+                parts = partition_offsets(enc)
+                if parts is None:
+                    continue
+                for p, off in sorted(parts[0].items()):
+                    offsets.add_metric([name, f, str(p)], float(off))
+                known = parts[1] if parts[1] is not None else len(parts[0])
+                partitions.add_metric([name, f], float(known))
+            else:
+                v = frontier_value(kind, enc)
+                if v is not None:
+                    frontier.add_metric([name, f], v)
+        if st.get("lag_records") is not None:
+            lag_records.add_metric([name], float(st["lag_records"]))
+        records.add_metric([name], float(st.get("records") or 0))
+        if st.get("records_per_s") is not None:
+            rate.add_metric([name], float(st["records_per_s"]))
+        job_s.add_metric([name], float(st.get("job_seconds") or 0))
+        bindings.add_metric([name], float(st.get("bindings") or 0))
+        if "remap_upper" in st:
+            remap_upper.add_metric([name], _upper(st["remap_upper"]))
+        for o in st.get("outputs") or []:
+            labels = [name, str(o["name"])]
+            o_upper.add_metric(labels, _upper(o.get("upper")))
+            if o.get("lag_ms") is not None:
+                o_lag.add_metric(labels, float(o["lag_ms"]))
+            o_rows.add_metric(labels, float(o.get("rows") or 0))
+            o_errors.add_metric(labels, float(o.get("errors") or 0))
+            ostatus = str((o.get("health") or {}).get("status", "unknown"))
+            for s in states(ostatus):
+                o_health.add_metric([*labels, s], 1.0 if s == ostatus else 0.0)
+    running = {str(st["source"]) for st in doc.get("sources") or []}
+    for name in doc.get("dropped") or []:
+        if str(name) in running:
+            continue  # dropped while running: its runner reports it
+        # dropped before this run started: no runner, only the status
+        for s in HEALTH_STATES:
+            health.add_metric([str(name), s], 1.0 if s == "dropped" else 0.0)
+    out: list[Metric] = [info, health, frontier, offsets, partitions, lag_records, records,
+                         rate, job_s, bindings, remap_upper, o_upper, o_lag, o_rows, o_errors,
+                         o_health]
+    if doc.get("updated_ms") is not None:
+        out.append(GaugeMetricFamily("reclock_status_updated_ms",
+                                     "When the status was assembled (ms since the epoch)",
+                                     value=float(doc["updated_ms"])))
+    return out
+
+
+class StatusCollector(Collector):
+    """Renders the status document returned by ``document()`` on every scrape."""
+
+    def __init__(self, document: Callable[[], StatusDocument]) -> None:
+        self._document = document
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(families(self._document()))
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # no fixed names: registration must not call collect()
+
+
+def make_registry(document: Callable[[], StatusDocument]) -> CollectorRegistry:
+    """A private registry holding one :class:`StatusCollector` for ``document``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(document))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text exposition of ``registry``."""
+    from prometheus_client.exposition import generate_latest
+
+    return generate_latest(registry)

@@ -1,0 +1,252 @@
+"""The operator's HTTP endpoint: metrics, status, history and a status page.
+
+Started by :func:`reclock.pipeline.run` when the configuration has an
+``http`` section; a :class:`~http.server.ThreadingHTTPServer` in a daemon
+thread, shut down when the run ends. Routes (``GET``):
+
+``/metrics``
+    Prometheus text format, rendered at scrape time from the runners' status
+    (:mod:`reclock.metrics`).
+``/status.json``
+    The status document, assembled at request time: the same document the
+    pipeline writes to ``state_dir/status.json`` every second.
+``/history.json[?since=MS]``
+    The recent past kept in memory by the pipeline loop (:class:`History`):
+    one point per source per second, the last :data:`HISTORY_POINTS`; with
+    ``since``, only points after that time.
+``/``
+    An HTML page (``reclock/static/index.html``, no external resources) that
+    polls the two JSON routes every second and shows a table of sources and
+    outputs and SVG charts drawn in the browser.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import socket
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any, cast
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from reclock.errors import DefiniteError
+from reclock.metrics import frontier_position, make_registry, render
+
+log = logging.getLogger("reclock.http")
+
+#: Points kept per source (one a second: the last hour).
+HISTORY_POINTS = 3600
+
+StatusDocument = Mapping[str, Any]
+
+
+def _closed(encoded: Any) -> bool:
+    """An empty frontier: the source is complete."""
+    return isinstance(encoded, list) and not encoded
+
+
+class History:
+    """Per source, a bounded series of points taken from status documents.
+
+    A point: ``t`` (the document's ``updated_ms``, IntoTime ms), the
+    positions of the frontiers ``probe``, ``bound``, ``read_from`` and
+    ``resume`` (:func:`~reclock.metrics.frontier_position`: the value of a
+    totally ordered frontier, the sum of a Kafka frontier's offsets; ``None``
+    when unknown or complete, with ``<name>_closed`` true when complete),
+    ``remap_upper``, ``sink_upper`` (the least output upper; ``None`` when
+    every output is closed), ``uppers`` / ``rows`` / ``errors`` per output,
+    ``records`` and ``lag_records``. Thread safe.
+    """
+
+    def __init__(self, maxlen: int = HISTORY_POINTS) -> None:
+        self.maxlen = maxlen
+        self._lock = threading.Lock()
+        self._series: dict[str, tuple[str, deque[dict[str, Any]]]] = {}
+
+    def record(self, doc: StatusDocument) -> None:
+        t = doc.get("updated_ms")
+        if t is None:
+            return
+        for st in doc.get("sources") or []:
+            kind = str(st.get("kind", ""))
+            outs = st.get("outputs") or []
+            uppers = {str(o["name"]): o.get("upper") for o in outs}
+            finite = [u for u in uppers.values() if u is not None]
+            point: dict[str, Any] = {"t": int(t)}
+            for f in ("probe", "bound", "read_from", "resume"):
+                point[f] = frontier_position(kind, st.get(f))
+                if _closed(st.get(f)):
+                    point[f + "_closed"] = True
+            point.update({
+                "remap_upper": st.get("remap_upper"),
+                "sink_upper": min(finite) if finite else None,
+                "uppers": uppers,
+                "rows": {str(o["name"]): o.get("rows") for o in outs},
+                "errors": {str(o["name"]): o.get("errors") for o in outs},
+                "records": st.get("records"),
+                "lag_records": st.get("lag_records"),
+            })
+            name = str(st["source"])
+            with self._lock:
+                if name not in self._series:
+                    self._series[name] = (kind, deque(maxlen=self.maxlen))
+                series = self._series[name][1]
+                if series and series[-1]["t"] >= point["t"]:
+                    continue  # the clock did not move: keep one point per instant
+                series.append(point)
+
+    def snapshot(self, since: int | None = None) -> dict[str, Any]:
+        """``{"sources": {name: {"kind", "points": [...]}}}``, points after ``since``."""
+        with self._lock:
+            return {"sources": {
+                name: {"kind": kind,
+                       "points": [p for p in series if since is None or p["t"] > since]}
+                for name, (kind, series) in self._series.items()
+            }}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return max((len(s) for _, s in self._series.values()), default=0)
+
+
+def page() -> bytes:
+    """The status page (HTML with inline CSS and JavaScript)."""
+    return (resources.files("reclock") / "static" / "index.html").read_bytes()
+
+
+def _json_default(value: Any) -> Any:
+    return str(value)
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(_finite(value), default=_json_default).encode()
+
+
+def _finite(value: Any) -> Any:
+    """Strict JSON: non-finite floats become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    app: StatusServer
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "reclock"
+
+    def do_GET(self) -> None:
+        app = cast(_Server, self.server).app
+        url = urlsplit(self.path)
+        try:
+            if url.path in ("/", "/index.html"):
+                self._send(200, "text/html; charset=utf-8", page())
+            elif url.path == "/metrics":
+                self._send(200, CONTENT_TYPE_LATEST, render(app.registry))
+            elif url.path == "/status.json":
+                self._send(200, "application/json", _dumps(app.document()))
+            elif url.path == "/history.json":
+                raw = parse_qs(url.query).get("since", [None])[0]
+                try:
+                    since = None if raw in (None, "") else int(float(str(raw)))
+                except ValueError:
+                    self._send(400, "text/plain; charset=utf-8",
+                               b"since: expected milliseconds since the epoch\n")
+                    return
+                self._send(200, "application/json", _dumps(app.history.snapshot(since)))
+            else:
+                self._send(404, "text/plain; charset=utf-8",
+                           b"not found; try /, /metrics, /status.json, /history.json\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception as exc:
+            log.warning("http %s failed: %s", url.path, exc, exc_info=True)
+            with contextlib.suppress(OSError):
+                self._send(500, "text/plain; charset=utf-8",
+                           f"{type(exc).__name__}: {exc}\n".encode())
+
+    def _send(self, code: int, ctype: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http %s - " + format, self.address_string(), *args)
+
+
+class StatusServer:
+    """The HTTP endpoint over ``document`` (a function returning the current
+    status document) and ``history``. Binds in the constructor (so a port in
+    use fails before anything starts); :meth:`start` serves in a daemon
+    thread, :meth:`close` stops it."""
+
+    def __init__(self, host: str, port: int, document: Callable[[], StatusDocument],
+                 history: History, registry: CollectorRegistry | None = None) -> None:
+        self.document = document
+        self.history = history
+        self.registry = registry if registry is not None else make_registry(document)
+        cls = _Server6 if ":" in host else _Server
+        try:
+            self._httpd = cls((host, port), _Handler)
+        except OSError as exc:
+            raise DefiniteError(
+                f"http: cannot listen on {host}:{port}: {exc.strerror or exc}",
+                hint="choose another http.port (0 picks a free one) or stop what uses it",
+            ) from None
+        self._httpd.app = self
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """Where to reach it: ``http://host:port`` (a wildcard host becomes the
+        loopback address)."""
+        host = str(self._httpd.server_address[0])
+        if host in ("0.0.0.0", ""):
+            host = "127.0.0.1"
+        elif host == "::":
+            host = "::1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> StatusServer:
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="reclock-http",
+                                        kwargs={"poll_interval": 0.2}, daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._httpd.server_close()
+
+
+__all__ = ["HISTORY_POINTS", "History", "StatusServer", "page"]

@@ -1,0 +1,601 @@
+"""The operator's HTTP endpoint: /metrics, /status.json, /history.json and the
+status page (rendered by a headless Chromium), against a running pipeline."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from reclock.config import ConfigError, PipelineConfig, load_config, parse_config
+from reclock.errors import DefiniteError
+from reclock.metrics import families, frontier_position, frontier_value, make_registry, render
+from reclock.pipeline import Runners, run
+from reclock.statuspage import History, StatusServer
+from tests.running import running, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def samples(text: str) -> Samples:
+    """Every sample of a Prometheus text exposition: (name, labels) -> value."""
+    out: Samples = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(ss: Samples, name: str, **labels: str) -> float | None:
+    return ss.get((name, frozenset(labels.items())))
+
+
+def get(url: str, timeout: float = 10) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read()
+
+
+def get_json(url: str) -> Any:
+    code, ctype, body = get(url)
+    assert code == 200 and ctype.startswith("application/json"), (code, ctype, body[:200])
+    return json.loads(body)
+
+
+def upper_metric(v: int | None) -> float:
+    """A JSON upper as the metric shows it: ``None`` (closed) is +Inf."""
+    return math.inf if v is None else float(v)
+
+
+# ---------------------------------------------------------------------------
+# the collector on fake status documents
+# ---------------------------------------------------------------------------
+
+
+def fake_doc() -> dict[str, Any]:
+    health = {"status": "running", "error": None, "hint": None, "since_ms": 5, "definite": False}
+    return {
+        "pid": 1, "updated_ms": 1_700_000_010_000, "http": None,
+        "sources": [
+            {"source": "gen", "kind": "counter", "health": health,
+             "probe": [1500], "bound": [1200], "remap_upper": 1_700_000_009_001,
+             "bindings": 7, "read_from": [1000], "resume": [900], "records": 1000,
+             "records_per_s": 250.5, "lag_records": 500, "job_seconds": 1.25,
+             "outputs": [
+                 {"name": "value", "upper": 1_700_000_008_000, "lag_ms": 2000, "rows": 990,
+                  "errors": 10, "health": health},
+                 {"name": "done", "upper": None, "lag_ms": None, "rows": 0, "errors": 0,
+                  "health": {**health, "status": "finished"}},
+             ]},
+            {"source": "topic", "kind": "kafka",
+             "health": {**health, "status": "stalled", "error": "TransientError: broker down",
+                        "hint": "start the broker"},
+             "probe": [[0, 0, 40], [1, 1, 12], [2, None, 0]],
+             "bound": [[0, 0, 30], [1, 1, 12], [2, None, 0]],
+             "remap_upper": None, "bindings": 2, "read_from": None, "resume": [],
+             "records": 42, "records_per_s": 0.0, "lag_records": None, "job_seconds": 0.0,
+             "outputs": [{"name": "value", "upper": 0, "lag_ms": None, "rows": 42, "errors": 0,
+                          "health": health}]},
+            {"source": "pg", "kind": "lsn", "health": health, "probe": ["1/10"], "bound": None,
+             "remap_upper": 5, "bindings": 1, "read_from": None, "resume": None, "records": 0,
+             "records_per_s": 0.0, "lag_records": None, "job_seconds": 0.0, "outputs": []},
+        ],
+        "dropped": ["old", "topic"],
+    }
+
+
+def test_collector_renders_the_status_document() -> None:
+    doc = fake_doc()
+    text = render(make_registry(lambda: doc)).decode()
+    ss = samples(text)
+    v = lambda name, **kw: value(ss, name, **kw)  # noqa: E731
+    # per source
+    assert v("reclock_source_info", source="gen", kind="counter") == 1
+    assert v("reclock_source_frontier", source="gen", frontier="probe") == 1500
+    assert v("reclock_source_frontier", source="gen", frontier="bound") == 1200
+    assert v("reclock_source_frontier", source="gen", frontier="read_from") == 1000
+    assert v("reclock_source_frontier", source="gen", frontier="resume") == 900
+    assert v("reclock_source_lag_records", source="gen") == 500
+    assert v("reclock_source_records_total", source="gen") == 1000
+    assert v("reclock_source_records_per_second", source="gen") == 250.5
+    assert v("reclock_source_job_seconds_total", source="gen") == 1.25
+    assert v("reclock_source_bindings", source="gen") == 7
+    assert v("reclock_source_remap_upper_ms", source="gen") == 1_700_000_009_001
+    # health: a labelled gauge, 1 for the current status only
+    gen_health = {dict(k[1])["status"]: val for k, val in ss.items()
+                  if k[0] == "reclock_source_health" and dict(k[1])["source"] == "gen"}
+    assert gen_health["running"] == 1 and sum(gen_health.values()) == 1
+    assert v("reclock_source_health", source="topic", status="stalled") == 1
+    assert v("reclock_source_health", source="topic", status="running") == 0
+    # dropped before the run: health only; dropped while running: its runner reports it once
+    assert v("reclock_source_health", source="old", status="dropped") == 1
+    assert v("reclock_source_health", source="topic", status="dropped") == 0
+    # per output
+    assert v("reclock_output_upper_ms", source="gen", output="value") == 1_700_000_008_000
+    assert v("reclock_output_upper_ms", source="gen", output="done") == math.inf
+    assert v("reclock_output_lag_ms", source="gen", output="value") == 2000
+    assert v("reclock_output_lag_ms", source="gen", output="done") is None  # unknown: no sample
+    assert v("reclock_output_rows_total", source="gen", output="value") == 990
+    assert v("reclock_output_errors_total", source="gen", output="value") == 10
+    assert v("reclock_output_health", source="gen", output="done", status="finished") == 1
+    assert v("reclock_output_health", source="gen", output="done", status="running") == 0
+    # Kafka: per-partition offsets, no scalar frontier; an empty frontier has no partitions
+    assert v("reclock_source_partition_offset", source="topic", frontier="probe",
+             partition="0") == 40
+    assert v("reclock_source_partition_offset", source="topic", frontier="bound",
+             partition="0") == 30
+    assert v("reclock_source_partition_offset", source="topic", frontier="bound",
+             partition="1") == 12
+    assert v("reclock_source_partitions", source="topic", frontier="probe") == 2
+    assert v("reclock_source_partitions", source="topic", frontier="resume") == 0
+    assert v("reclock_source_frontier", source="topic", frontier="probe") is None
+    assert v("reclock_source_remap_upper_ms", source="topic") == math.inf
+    assert v("reclock_output_upper_ms", source="topic", output="value") == 0
+    # LSN: the WAL position as a number
+    assert v("reclock_source_frontier", source="pg", frontier="probe") == (1 << 32) + 0x10
+    assert v("reclock_source_frontier", source="pg", frontier="bound") is None
+    assert v("reclock_status_updated_ms") == 1_700_000_010_000
+    # the documentation of every family is there
+    assert "# HELP reclock_output_lag_ms" in text
+    assert "# TYPE reclock_output_rows_total counter" in text
+
+
+def test_collector_reads_at_scrape_time_on_a_private_registry() -> None:
+    doc_a, doc_b = fake_doc(), fake_doc()
+    reg_a, reg_b = make_registry(lambda: doc_a), make_registry(lambda: doc_b)
+    doc_b["sources"][0]["records"] = 5
+    assert value(samples(render(reg_a).decode()), "reclock_source_records_total",
+                 source="gen") == 1000
+    assert value(samples(render(reg_b).decode()), "reclock_source_records_total",
+                 source="gen") == 5
+    doc_a["sources"][0]["records"] = 1234  # no cached gauges: the next scrape sees it
+    assert value(samples(render(reg_a).decode()), "reclock_source_records_total",
+                 source="gen") == 1234
+    # nothing global: the default registry holds no reclock metrics
+    from prometheus_client import REGISTRY, generate_latest
+
+    assert b"reclock_" not in generate_latest(REGISTRY)
+    # an empty document renders no samples but is valid
+    assert samples(render(make_registry(lambda: {"sources": []})).decode()) == {}
+    assert [f.name for f in families({"sources": [], "dropped": ["x"]})
+            if f.samples] == ["reclock_source_health"]
+
+
+def test_frontier_numbers() -> None:
+    assert frontier_value("counter", [7]) == 7
+    assert frontier_value("counter", []) == math.inf
+    assert frontier_value("counter", None) is None
+    assert frontier_value("lsn", ["0/FF"]) == 255
+    assert frontier_value("kafka", [[0, None, 0]]) is None
+    assert frontier_position("kafka", [[0, 0, 5], [1, 1, 7], [2, None, 0]]) == 12
+    assert frontier_position("kafka", []) is None
+    assert frontier_position("counter", []) is None
+
+
+def test_history_is_bounded_and_incremental() -> None:
+    h = History(maxlen=5)
+    doc = fake_doc()
+    for i in range(8):
+        doc = {**doc, "updated_ms": 1000 + i * 1000}
+        h.record(doc)
+    h.record(doc)  # same instant again: not a new point
+    snap = h.snapshot()
+    gen = snap["sources"]["gen"]
+    assert gen["kind"] == "counter"
+    assert [p["t"] for p in gen["points"]] == [4000, 5000, 6000, 7000, 8000]
+    p = gen["points"][-1]
+    assert (p["probe"], p["bound"], p["read_from"], p["resume"]) == (1500, 1200, 1000, 900)
+    assert p["sink_upper"] == 1_700_000_008_000  # the least finite output upper
+    assert p["uppers"] == {"value": 1_700_000_008_000, "done": None}
+    assert p["errors"] == {"value": 10, "done": 0} and p["records"] == 1000
+    topic = snap["sources"]["topic"]["points"][-1]
+    assert topic["bound"] == 42 and topic["resume"] is None and topic["resume_closed"]
+    assert [p["t"] for p in h.snapshot(since=6000)["sources"]["gen"]["points"]] == [7000, 8000]
+    assert len(h) == 5
+
+
+# ---------------------------------------------------------------------------
+# configuration
+# ---------------------------------------------------------------------------
+
+MINIMAL = """
+sources:
+  - name: gen
+    generator: {kind: counter}
+    outputs: [{name: value, sink: console}]
+"""
+
+
+def test_http_config(tmp_path: Path) -> None:
+    assert parse_config(MINIMAL, base_dir=tmp_path).http is None  # off by default
+    cfg = parse_config("http: {port: 0}\n" + MINIMAL, base_dir=tmp_path)
+    assert cfg.http is not None and (cfg.http.host, cfg.http.port) == ("127.0.0.1", 0)
+    cfg = parse_config("http: {host: 0.0.0.0}\n" + MINIMAL, base_dir=tmp_path)
+    assert cfg.http is not None and (cfg.http.host, cfg.http.port) == ("0.0.0.0", 9464)
+    with pytest.raises(ConfigError) as e:
+        parse_config("http: {port: 70000, prot: 1}\n" + MINIMAL, "p.yaml", base_dir=tmp_path)
+    assert str(e.value).splitlines() == [
+        "p.yaml:1:14: http.port: expected a number <= 65535",
+        "p.yaml:1:21: http: unknown key 'prot' (expected one of: host, port)",
+    ]
+    assert "http" in PipelineConfig.model_fields
+
+
+# ---------------------------------------------------------------------------
+# the server on a fake document
+# ---------------------------------------------------------------------------
+
+
+def test_server_routes_on_a_fake_document() -> None:
+    doc = fake_doc()
+    history = History()
+    history.record(doc)
+    server = StatusServer("127.0.0.1", 0, lambda: doc, history).start()
+    try:
+        base = server.url
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", base) and server.port > 0
+        code, ctype, body = get(base + "/metrics")
+        assert code == 200 and ctype.startswith("text/plain")
+        assert value(samples(body.decode()), "reclock_source_records_total", source="gen") == 1000
+        assert get_json(base + "/status.json") == json.loads(json.dumps(doc))
+        h = get_json(base + "/history.json")
+        assert [p["t"] for p in h["sources"]["gen"]["points"]] == [doc["updated_ms"]]
+        assert get_json(base + f"/history.json?since={doc['updated_ms']}")["sources"]["gen"][
+            "points"] == []
+        assert get(base + "/history.json?since=soon")[0] == 400
+        code, ctype, body = get(base + "/")
+        assert code == 200 and ctype.startswith("text/html")
+        page = body.decode()
+        assert '<svg id="chart"' in page
+        # self-contained: no external scripts, styles or fonts
+        assert not re.search(r"<(script|link|img)[^>]+(src|href)=", page)
+        assert "https://" not in page
+        assert get(base + "/nope")[0] == 404
+        # the port is taken: a definite error with a hint, not a traceback
+        with pytest.raises(DefiniteError, match="cannot listen") as e:
+            StatusServer("127.0.0.1", server.port, lambda: doc, history)
+        assert e.value.hint and "http.port" in e.value.hint
+    finally:
+        server.close()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+
+
+# ---------------------------------------------------------------------------
+# a running pipeline
+# ---------------------------------------------------------------------------
+
+PIPELINE = """
+timestamp_interval: 200ms
+http: {port: 0}
+sources:
+  - name: done
+    generator: {kind: counter, rate: 400, max_records: 2000, bad_every: 100}  # ~5 s: charted
+    outputs:
+      - name: value
+        format: {type: json, schema: {n: int64, payload: string, even: bool}}
+        sink: file
+  - name: live
+    generator: {kind: counter, rate: 400}
+    outputs:
+      - name: value
+        format: {type: json, schema: {n: int64, payload: string, even: bool}}
+        sink: file
+"""
+
+
+class Live:
+    def __init__(self, path: Path, url: str) -> None:
+        self.path = path
+        self.url = url
+
+
+@pytest.fixture(scope="module")
+def live(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """A pipeline running for the whole module: ``done`` finishes (its
+    numbers are final), ``live`` keeps going."""
+    d = tmp_path_factory.mktemp("http")
+    path = d / "pipeline.yaml"
+    path.write_text(PIPELINE)
+    cfg = load_config(path)
+    status = d / "state" / "status.json"
+
+    def doc() -> dict[str, Any]:
+        try:
+            return dict(json.loads(status.read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    with running(cfg, spark):
+        # the bound address is discoverable from status.json
+        wait_for(lambda: bool(doc().get("http")), what="status.json with the http address")
+        url = str(doc()["http"])
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url), url
+
+        def ready() -> bool:
+            st = {s["source"]: s for s in get_json(url + "/status.json")["sources"]}
+            hist = get_json(url + "/history.json")["sources"]
+            on_disk = {x["source"]: x for x in doc().get("sources", [])}
+            return (st["done"]["health"]["status"] == "finished"
+                    # `reclock status` reads the file, written once a second
+                    and on_disk.get("done", {}).get("health", {}).get("status") == "finished"
+                    and st["live"]["records"] > 0
+                    and all(len(hist.get(n, {}).get("points", [])) >= 3
+                            for n in ("done", "live")))
+
+        wait_for(ready, timeout=180, what="source done to finish and history to fill")
+        yield Live(path, url)
+
+
+def test_metrics_match_reclock_status_json(live: Live) -> None:
+    code, ctype, body = get(live.url + "/metrics")
+    assert code == 200 and ctype.startswith("text/plain")
+    ss = samples(body.decode())
+    proc = subprocess.run([sys.executable, "-m", "reclock", "status", str(live.path), "--json"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads(proc.stdout)
+    assert st["driver_running"] and st["http"] == live.url
+    by = {s["source"]: s for s in st["sources"]}
+    # `done` has finished: every number is final, so both views must agree exactly
+    s = by["done"]
+    v = lambda name, **kw: value(ss, name, source="done", **kw)  # noqa: E731
+    assert s["health"]["status"] == "finished"
+    assert v("reclock_source_health", status="finished") == 1
+    assert v("reclock_source_info", kind=s["kind"]) == 1
+    assert v("reclock_source_records_total") == s["records"] == 2000
+    assert v("reclock_source_bindings") == s["bindings"] > 0
+    assert v("reclock_source_remap_upper_ms") == upper_metric(s["remap_upper"])
+    assert v("reclock_source_frontier", frontier="bound") == frontier_value(
+        s["kind"], s["from_upper"]) == math.inf  # finished: the empty frontier
+    assert v("reclock_source_frontier", frontier="probe") == frontier_value(s["kind"], s["probe"])
+    assert v("reclock_source_frontier", frontier="read_from") == frontier_value(
+        s["kind"], s["read_from"])
+    assert v("reclock_source_frontier", frontier="resume") == frontier_value(
+        s["kind"], s["resume_upper"])
+    assert v("reclock_source_lag_records") == s["lag_records"]  # None: no sample either
+    assert v("reclock_source_job_seconds_total") == s["job_seconds"]
+    [o] = s["outputs"]
+    ov = lambda name, **kw: v(name, output=o["output"], **kw)  # noqa: E731
+    assert ov("reclock_output_upper_ms") == upper_metric(o["sink_upper"]) == math.inf
+    assert ov("reclock_output_lag_ms") == o["lag_ms"]
+    assert ov("reclock_output_rows_total") == o["rows"] == 1980
+    assert ov("reclock_output_errors_total") == o["errors"] == 20
+    assert ov("reclock_output_health", status=o["health"]["status"]) == 1
+    # the records rate is a rate over wall time: present in both, not compared exactly
+    assert v("reclock_source_records_per_second") is not None and "records_per_s" in s
+    # `live` keeps moving: the same series exist, counters only grow
+    s = by["live"]
+    lv = lambda name, **kw: value(ss, name, source="live", **kw)  # noqa: E731
+    assert lv("reclock_source_health", status="running") == 1 == (
+        s["health"]["status"] == "running")
+    assert (lv("reclock_source_records_total") or 0) > 0 and s["records"] > 0
+    for f in ("probe", "bound", "read_from", "resume"):
+        assert lv("reclock_source_frontier", frontier=f) is not None
+    assert lv("reclock_output_upper_ms", output="value") is not None
+    # the in-process status collector gives `reclock status` the same document
+    from reclock.cli import collect_status
+
+    again = {x["source"]: x for x in collect_status(str(live.path))["sources"]}
+    assert again["done"] == by["done"] | {"records_per_s": again["done"]["records_per_s"],
+                                          "live": again["done"]["live"]}
+
+
+def test_status_json_route(live: Live) -> None:
+    doc = get_json(live.url + "/status.json")
+    on_disk = json.loads((live.path.parent / "state" / "status.json").read_text())
+    assert set(doc) == set(on_disk) == {"pid", "updated_ms", "http", "sources", "dropped"}
+    assert doc["http"] == live.url and doc["pid"] == os.getpid()
+    assert [s["source"] for s in doc["sources"]] == ["done", "live"]
+    done = doc["sources"][0]
+    assert done == next(s for s in on_disk["sources"] if s["source"] == "done") | {
+        "records_per_s": done["records_per_s"]}  # final, except the decaying rate
+
+
+def test_history_route(live: Live) -> None:
+    h = get_json(live.url + "/history.json")["sources"]
+    assert set(h) == {"done", "live"}
+    for name, series in h.items():
+        pts = series["points"]
+        assert series["kind"] == "counter"
+        ts = [p["t"] for p in pts]
+        assert ts == sorted(set(ts)) and len(ts) >= 3, name
+        for key in ("t", "probe", "bound", "read_from", "resume", "remap_upper", "sink_upper",
+                    "uppers", "rows", "errors", "records", "lag_records"):
+            assert key in pts[-1], key
+        assert set(pts[-1]["uppers"]) == {"value"}
+        bounds = [p["bound"] for p in pts if p["bound"] is not None]
+        assert bounds == sorted(bounds), name  # the bindings only move forward
+        uppers = [p["uppers"]["value"] for p in pts if p["uppers"]["value"] is not None]
+        assert uppers == sorted(uppers), name
+    assert h["done"]["points"][-1]["bound_closed"] is True
+    assert h["done"]["points"][-1]["uppers"] == {"value": None}  # finished: closed
+    assert h["live"]["points"][-1]["bound"] > 0
+    last = h["live"]["points"][-1]["t"]
+    newer = get_json(live.url + f"/history.json?since={last}")["sources"]["live"]["points"]
+    assert all(p["t"] > last for p in newer)
+
+
+# ---------------------------------------------------------------------------
+# the status page in a headless Chromium
+# ---------------------------------------------------------------------------
+
+
+def chromium() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.fail("chromium is required for the status page test: "
+                    "apt-get install -y chromium (.ci/run installs it)")
+    return exe
+
+
+def browse(url: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+           "--hide-scrollbars", f"--user-data-dir={tmp / 'profile'}",
+           "--window-size=1200,900", "--virtual-time-budget=5000", *args, url]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, "HOME": str(tmp)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def read_png(path: Path) -> np.ndarray:
+    """A minimal PNG decoder (8-bit RGB/RGBA, not interlaced) -> HxWx3 uint8."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, hdr = 8, b"", None
+    while pos < len(data):
+        (n,), tag = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
+        chunk = data[pos + 8:pos + 8 + n]
+        pos += 12 + n
+        if tag == b"IHDR":
+            hdr = struct.unpack(">IIBBBBB", chunk)
+        elif tag == b"IDAT":
+            idat += chunk
+        elif tag == b"IEND":
+            break
+    assert hdr is not None
+    width, height, depth, ctype, _, _, interlace = hdr
+    assert depth == 8 and ctype in (2, 6) and interlace == 0, hdr
+    bpp = 3 if ctype == 2 else 4
+    raw = np.frombuffer(zlib.decompress(idat), dtype=np.uint8)
+    stride = width * bpp
+    rows = raw.reshape(height, stride + 1)
+    out = np.zeros((height, stride), dtype=np.int32)
+    prev = np.zeros(stride, dtype=np.int32)
+    for y in range(height):
+        f, line = rows[y, 0], rows[y, 1:].astype(np.int32)
+        if f == 0:
+            cur = line
+        elif f == 2:
+            cur = (line + prev) & 0xFF
+        else:  # sub, average, paeth depend on the pixel to the left: per byte
+            cur = np.zeros(stride, dtype=np.int32)
+            for i in range(stride):
+                a = cur[i - bpp] if i >= bpp else 0
+                b = prev[i]
+                c = prev[i - bpp] if i >= bpp else 0
+                if f == 1:
+                    p = a
+                elif f == 3:
+                    p = (a + b) // 2
+                else:
+                    pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
+                    p = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+                cur[i] = (line[i] + p) & 0xFF
+        out[y] = cur
+        prev = cur
+    return out.reshape(height, width, bpp)[:, :, :3].astype(np.uint8)
+
+
+def chart_dom(dom: str) -> str:
+    m = re.search(r'<svg id="chart".*?</svg>', dom, re.S)
+    assert m, dom[:2000]
+    return m.group(0)
+
+
+def test_status_page_in_chromium(live: Live, tmp_path: Path) -> None:
+    url = live.url + "/"
+
+    def drawn(dom: str) -> bool:
+        chart = chart_dom(dom)
+        for name in ("done", "live"):
+            panel = re.search(rf'<g class="panel" data-source="{name}">(.*?)</g>', chart, re.S)
+            assert panel, (name, chart[:2000])
+            paths = re.findall(r"<path [^>]*>", panel.group(1))
+            bound = [p for p in paths if 'class="bound"' in p]
+            if not (bound and re.search(r' d="M[\d.]+ [\d.]+H', bound[0])):
+                return False
+        return True
+
+    # The page fetches its data after loading: on a loaded machine the first
+    # load may end before it arrived, so load it again (a user would wait).
+    for _ in range(5):
+        dom = browse(url, tmp_path, "--dump-dom").stdout
+        if drawn(dom):
+            break
+    else:
+        raise AssertionError(f"no bindings drawn in #chart: {chart_dom(dom)[:2000]}")
+    chart = chart_dom(dom)
+    assert int(re.search(r'data-points="(\d+)"', chart).group(1)) >= 6  # type: ignore[union-attr]
+    # the sink uppers chart and the tables
+    uppers = re.search(r'<svg id="uppers".*?</svg>', dom, re.S)
+    assert uppers and 'data-output="live.value"' in uppers.group(0)
+    assert "finished" in dom and "running" in dom
+    assert re.search(r"<td[^>]*>done</td><td[^>]*>value</td>", dom)
+    box = json.loads(re.search(r"data-box=\"([^\"]+)\"", chart).group(1)  # type: ignore[union-attr]
+                     .replace("&quot;", '"'))
+    assert box["width"] > 500 and box["height"] > 300, box
+
+    shot = tmp_path / "page.png"
+    browse(url, tmp_path, f"--screenshot={shot}")
+    img = read_png(shot)
+    assert img.shape[:2] == (900, 1200), img.shape
+    area = img[box["y"]:box["y"] + box["height"], box["x"]:box["x"] + box["width"]].astype(int)
+    assert area.shape[0] > 300 and area.shape[1] > 500, (box, area.shape)
+    # the chart draws each source's step line in its palette colour
+    for colour in ((0xE6, 0x19, 0x4B), (0x3C, 0xB4, 0x4B)):  # done, live
+        near = (np.abs(area - np.array(colour)).max(axis=2) <= 12).sum()
+        assert near >= 100, (colour, near)
+
+
+# ---------------------------------------------------------------------------
+# run() exposes the address and closes the server when it ends
+# ---------------------------------------------------------------------------
+
+
+def test_run_exposes_the_address_and_stops_serving(tmp_path: Path) -> None:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text("""
+timestamp_interval: 100ms
+http: {port: 0}
+sources:
+  - name: gen
+    generator: {kind: counter, rate: 100000, max_records: 300}
+    outputs: [{name: value, sink: console}]
+""")
+    cfg = load_config(path)
+    seen: list[Runners] = []
+    scraped: list[str] = []
+
+    def on_ready(rs: list[Any]) -> None:
+        assert isinstance(rs, Runners) and rs.http_url
+        seen.append(rs)
+        scraped.append(get(rs.http_url + "/metrics")[2].decode())
+
+    stop = threading.Event()
+    runners = run(cfg, use_spark=False, duration=30, stop=stop, out=None,
+                  install_signals=False, on_ready=on_ready)
+    assert runners is seen[0] and runners.http_url
+    assert 'reclock_source_info{kind="counter",source="gen"} 1.0' in scraped[0]
+    doc = json.loads((tmp_path / "state" / "status.json").read_text())
+    assert doc["http"] == runners.http_url
+    assert doc["sources"][0]["health"]["status"] == "finished"
+    port = int(runners.http_url.rsplit(":", 1)[1])
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
