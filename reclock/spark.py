@@ -5,15 +5,29 @@ unchanged. Python workers must run the same interpreter as the driver, so
 ``PYSPARK_PYTHON`` is set to it unless the user chose one. Sources share the
 session; each runs its jobs in its own FAIR scheduler pool, so one heavy
 source cannot starve a light one.
+
+On a cluster (any master but ``local``) the driver ships its own copy of
+reclock's packages to the executors (``addPyFile`` of a zip built from the
+imported modules), so executors run exactly the driver's code; they still
+need the third-party libraries (pyarrow, confluent-kafka, psycopg, ...)
+installed, as in the project's Docker image. Nothing in the data plane reads
+driver-local files: tasks get everything in the broadcast job context, and
+sinks stage to the output's own location (which must therefore be shared
+storage when executors run on other machines).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+#: The packages the data plane imports on executors.
+PACKAGES = ("reclock", "sources", "sinks", "remap_store")
 
 DEFAULTS: dict[str, str] = {
     "spark.scheduler.mode": "FAIR",
@@ -44,4 +58,30 @@ def spark_session(
         builder = builder.config(k, v)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(merged.get("reclock.log_level", "ERROR"))
+    if not master.startswith("local"):
+        # Executors in other processes (or on other machines) import this
+        # very code: ship it, so that driver and executors never differ.
+        session.sparkContext.addPyFile(str(package_zip()))
     return session
+
+
+_ZIP: Path | None = None
+
+
+def package_zip() -> Path:
+    """A zip of reclock's packages as imported by this process (built once)."""
+    global _ZIP
+    if _ZIP is not None and _ZIP.exists():
+        return _ZIP
+    root = Path(tempfile.mkdtemp(prefix="reclock-pyfiles-"))
+    target = root / "reclock_packages.zip"
+    import importlib
+
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in PACKAGES:
+            pkg = Path(importlib.import_module(name).__file__ or "").parent
+            for f in sorted(pkg.rglob("*")):
+                if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+                    z.write(f, str(Path(name) / f.relative_to(pkg)))
+    _ZIP = target
+    return target
