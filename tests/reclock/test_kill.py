@@ -11,7 +11,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -24,6 +23,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from reclock import faults
 from reclock.config import load_config
 from reclock.verify import verify_pipeline
+from tests.running import close_driver, start_driver, stop_driver, wait_running
+from tests.tally import count
 
 TOTAL = 60_000
 
@@ -114,29 +115,6 @@ def _committed(bootstrap: str, topic: str) -> dict[int, int]:
         c.close()
 
 
-def _start(path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "run", str(path)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-
-
-def _wait_running(state: Path, proc: subprocess.Popen[bytes], timeout: float = 90) -> bool:
-    """Until the driver's status file shows this process with open sources."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            doc = json.loads((state / "status.json").read_text())
-            if doc.get("pid") == proc.pid and doc["sources"]:
-                return True
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError("driver did not come up")
-
-
 @pytest.mark.timeout(900)
 def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) -> None:
     topic = f"kill-{uuid.uuid4().hex[:8]}"
@@ -163,9 +141,9 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
         if point is not None:
             env["RECLOCK_CRASH_AT"] = f"{point}:0.25"
             env["RECLOCK_CRASH_SEED"] = str(i)
-        proc = _start(path, env)
+        proc = start_driver(path, env)
         try:
-            up = _wait_running(state, proc)
+            up = wait_running(state, proc)
             if point is None and up:
                 time.sleep(rng.uniform(0.2, 3.0))
                 proc.send_signal(signal.SIGKILL)
@@ -181,8 +159,7 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
             proc.wait()
             kills += 1
         finally:
-            if proc.stderr:
-                proc.stderr.close()
+            close_driver(proc)
         # nothing is acknowledged upstream before it is durable in the output
         committed = _committed(kafka.bootstrap, topic)
         held = _held_offsets(state)
@@ -191,7 +168,7 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
     assert kills + crash_exits >= 20, (kills, crash_exits)
     produced = producing.stop()
     # Run without faults until the generators finish and Kafka is caught up.
-    proc = _start(path, base_env)
+    proc = start_driver(path, base_env)
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
@@ -205,17 +182,18 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
                           if _hi is not None)
             if (sum(held.values()) >= produced and {"counter", "shop"} <= finished
                     and relayed >= produced):
-                break
+                # Caught up: the group's offsets come to exactly what the output holds.
+                committed = _committed(kafka.bootstrap, topic)
+                assert all(o <= held.get(p, 0) for p, o in committed.items()), (committed, held)
+                if committed == held:
+                    ack_checks += 1
+                    break
             time.sleep(0.5)
         else:
             raise AssertionError(f"did not catch up: {sum(_held_offsets(state).values())} "
                                  f"of {produced} Kafka records")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=60)
-        err = proc.stderr.read().decode() if proc.stderr else ""
-        if proc.stderr:
-            proc.stderr.close()
+        rc, err = stop_driver(proc)
     assert rc == 0 and "Traceback" not in err, err[-3000:]
     cfg = load_config(path)
     reports = verify_pipeline(cfg)
@@ -224,6 +202,9 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
     counts = {r.source: r.complete_checked for r in reports}
     assert counts == {"counter": TOTAL, "shop": TOTAL, "events": produced, "relay": produced}
     assert ack_checks > 0
+    count("kill: generator, kafka -> file, kafka sinks", kill_points_tried=len(plan),
+          sigkills=kills, crash_point_exits=crash_exits, records_checked=sum(counts.values()),
+          acknowledgement_checks=ack_checks)
     print(f"kill test: {kills} SIGKILLs, {crash_exits} crash-point exits, "
           f"{sum(counts.values())} records verified exactly once "
           f"({produced} from Kafka), {ack_checks} acknowledgement checks")
