@@ -71,7 +71,8 @@ def log(msg: str) -> None:
 # -- reporting -------------------------------------------------------------------------
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]],
           left: Sequence[int] = (0,)) -> str:
-    """A plain-text table; columns not in ``left`` are right-aligned."""
+    """A plain-text table under ``title`` (none when empty); columns not in
+    ``left`` are right-aligned. Shared by every benchmark in this folder."""
     cells = [[str(c) for c in header], *[["" if c is None else str(c) for c in r] for r in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
 
@@ -80,7 +81,8 @@ def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]],
                          for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    return "\n".join([title, render(cells[0]), rule, *(render(r) for r in cells[1:])])
+    return "\n".join([*([title] if title else []), render(cells[0]), rule,
+                      *(render(r) for r in cells[1:])])
 
 
 def ms(seconds: float | None) -> str:
