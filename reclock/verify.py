@@ -19,19 +19,36 @@ the command exits non-zero.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.bindings import UNBOUND, Bindings
+from reclock.errors import TransientError
 from reclock.frontier import Antichain
 from reclock.time import Partitioned
 from sinks.base import DIFF, ERROR, INTO_TIME
 
 KEYS = ["_src_part", "_src_offset", "_src_seq"]
+T = TypeVar("T")
+
+
+def _retrying(fn: Callable[[], T], attempts: int = 5, first_wait_s: float = 0.5) -> T:
+    """``fn()``, tried again after a transient fault (a broker's timeout, a
+    database restarting): an audit waits out what a running pipeline would."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except TransientError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(first_wait_s * 2 ** attempt)
+    raise AssertionError("unreachable")
 
 
 @dataclass
@@ -127,15 +144,20 @@ def check_complete(
     furthest = progresses[0]
     for p in progresses[1:]:
         furthest = furthest.join(p)
-    lower = source.initial_frontier()
-    tasks, reached = source.plan(lower, furthest, 1_000_000, max_records)
+
+    def reread() -> tuple[Antichain[Any], dict[int, list[pa.Table]]]:
+        lower = source.initial_frontier()
+        tasks, reached = source.plan(lower, furthest, 1_000_000, max_records)
+        reader = source.reader()
+        expected: dict[int, list[pa.Table]] = {}
+        for task in tasks:
+            for i, batch in reader.read(task):
+                expected.setdefault(i, []).append(_keys(pa.Table.from_batches([batch])))
+        return reached, expected
+
+    reached, expected = _retrying(reread)
     if reached != furthest:
         report.notes.append(f"complete: checked only up to {reached.encode()} (too many records)")
-    reader = source.reader()
-    expected: dict[int, list[pa.Table]] = {}
-    for task in tasks:
-        for i, batch in reader.read(task):
-            expected.setdefault(i, []).append(_keys(pa.Table.from_batches([batch])))
     for i, rep in enumerate(report.outputs):
         exp = pa.concat_tables(expected[i]) if i in expected else _keys(pa.table({}))
         if exp.num_rows:
@@ -182,7 +204,7 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
                     rep = OutputReport(o.name)
                     report.outputs.append(rep)
                     tables.append(pa.table({k: pa.array([], pa.int64()) for k in KEYS}))
-                    progresses.append(built.source.initial_frontier())  # owes nothing
+                    progresses.append(_retrying(built.source.initial_frontier))  # owes nothing
                     continue
                 updates = o.sink.read_updates()
                 tables.append(updates)
@@ -191,7 +213,7 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
                 if st.progress is None:
                     if updates.num_rows:
                         rep.breach("data-without-progress", updates.num_rows, [])
-                    progresses.append(built.source.initial_frontier())
+                    progresses.append(_retrying(built.source.initial_frontier))
                 else:
                     progresses.append(Antichain.decode_json(kind, st.progress))
             if not getattr(built.source, "replayable", False):

@@ -5,6 +5,7 @@ acknowledged only when durable, and topic/broker faults."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -120,6 +121,11 @@ def test_malformed_records_land_in_the_error_collection(
     assert "json" in errs[0]["_error"] and errs[0]["_raw_value"] == b"{not json"
     assert "null" in errs[1]["_error"]
     assert all(r.ok for r in verify_pipeline(cfg))
+    # An audit waits out a broker that is briefly away, as the pipeline would.
+    kafka.broker_down()
+    threading.Timer(4.0, kafka.broker_up).start()
+    reports = verify_pipeline(cfg)
+    assert all(r.ok for r in reports) and reports[0].complete_checked == 12
 
 
 def test_start_latest_and_offsets_fixed_at_construction(
