@@ -3,9 +3,15 @@
 Tables of an output writing ``schema.table`` (every identifier quoted, so any
 characters work)::
 
-    schema.reclock_uppers   one row per output: output text PRIMARY KEY,
-                            upper bigint (NULL = closed), progress text,
-                            updated_at timestamptz, commit_id text
+    schema.reclock_uppers   one row per table of this schema that reclock
+                            writes: target text PRIMARY KEY (the table's
+                            name), output text (the output that last
+                            committed), upper bigint (NULL = closed),
+                            progress text, updated_at timestamptz,
+                            commit_id text. The state belongs to the table:
+                            two pipelines whose outputs share a name never
+                            share a state, and two writers of one table
+                            fence each other.
     schema.table            mode "log":   user columns + reclock's columns
                                           (the update log: _into_time, _diff,
                                           provenance, _error, raw bytes)
@@ -20,7 +26,7 @@ The commit path (numbering of :mod:`sinks.base`)::
                               an Arrow IPC file under staging_dir/<name>/.
                               Executors hold no connection and no transaction.
     2. PostgresSink.commit    driver, ONE transaction:
-        a. BEGIN; insert the output's row in reclock_uppers if absent
+        a. BEGIN; insert the table's row in reclock_uppers if absent
         b. SELECT upper, progress ... FOR UPDATE: unless it is ``expected``,
            ROLLBACK and SinkFenced (nothing written)
         c. COPY ... FROM STDIN (FORMAT BINARY) every staged file
@@ -765,25 +771,30 @@ class PostgresSink:
 
     def _ensure_uppers(self, conn: Connection) -> None:
         conn.execute(sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (output text PRIMARY KEY, upper bigint, "
-            "progress text, updated_at timestamptz NOT NULL DEFAULT now(), commit_id text)"
+            "CREATE TABLE IF NOT EXISTS {} (target text PRIMARY KEY, output text, "
+            "upper bigint, progress text, updated_at timestamptz NOT NULL DEFAULT now(), "
+            "commit_id text)"
         ).format(_ident(self.schema, UPPERS_TABLE)))
         have = _describe_table(conn, self.schema, UPPERS_TABLE)
         assert have is not None
-        need = {"output": "text", "upper": "bigint", "progress": "text"}
+        if have.primary_key == ("output",) and "target" not in have.columns:
+            raise SinkError(
+                f"{_qualified(self.schema, UPPERS_TABLE)} on {self.server} has an earlier "
+                "layout (one row per output name, which two pipelines could share)",
+                hint="rename or drop it; reclock now keeps one row per target table",
+            )
+        need = {"target": "text", "output": "text", "upper": "bigint", "progress": "text",
+                "commit_id": "text"}
         bad = [f"{c!r} ({have.columns[c].type if c in have.columns else 'missing'})"
                for c, t in need.items()
                if c not in have.columns or have.columns[c].type != t]
-        if bad or have.primary_key != ("output",):
+        if bad or have.primary_key != ("target",):
             raise SinkError(
                 f"{_qualified(self.schema, UPPERS_TABLE)} on {self.server} is not reclock's "
                 f"upper table: columns {', '.join(bad) or 'fine'}, primary key "
                 f"{list(have.primary_key)}",
                 hint="rename that table, or use another schema",
             )
-        if "commit_id" not in have.columns:
-            conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN commit_id text").format(
-                _ident(self.schema, UPPERS_TABLE)))
 
     def _ensure_table(
         self, conn: Connection, table: str, wanted: dict[str, tuple[str, bool]],
@@ -846,9 +857,9 @@ class PostgresSink:
         conn = self._connect()
         try:
             row = conn.execute(
-                sql.SQL("SELECT upper, progress FROM {} WHERE output = %s").format(
+                sql.SQL("SELECT upper, progress FROM {} WHERE target = %s").format(
                     _ident(self.schema, UPPERS_TABLE)),
-                (self.name,),
+                (self.table,),
             ).fetchone()
         except psycopg.errors.UndefinedTable:
             return SinkState()
@@ -894,10 +905,10 @@ class PostgresSink:
                     self._load(conn, files)
                 self._step("loaded")
                 conn.execute(
-                    sql.SQL("UPDATE {} SET upper = %s, progress = %s, updated_at = now(), "
-                            "commit_id = %s WHERE output = %s").format(
+                    sql.SQL("UPDATE {} SET output = %s, upper = %s, progress = %s, "
+                            "updated_at = now(), commit_id = %s WHERE target = %s").format(
                         _ident(self.schema, UPPERS_TABLE)),
-                    (new.upper, new.progress, commit_id, self.name),
+                    (self.name, new.upper, new.progress, commit_id, self.table),
                 )
                 self._step("upper_set")
             except BaseException:
@@ -939,9 +950,9 @@ class PostgresSink:
             sql.Literal(f"{max(1, int(self.lock_timeout_s * 1000))}ms")))
         try:
             conn.execute(
-                sql.SQL("INSERT INTO {} (output, upper, progress) VALUES (%s, 0, NULL) "
-                        "ON CONFLICT (output) DO NOTHING").format(uppers),
-                (self.name,),
+                sql.SQL("INSERT INTO {} (target, output, upper, progress) "
+                        "VALUES (%s, %s, 0, NULL) ON CONFLICT (target) DO NOTHING").format(uppers),
+                (self.table, self.name),
             )
         except psycopg.errors.UndefinedTable as exc:
             raise SinkError(
@@ -949,8 +960,9 @@ class PostgresSink:
                 f"on {self.server}", hint="call ensure() first",
             ) from exc
         row = conn.execute(
-            sql.SQL("SELECT upper, progress FROM {} WHERE output = %s FOR UPDATE").format(uppers),
-            (self.name,),
+            sql.SQL("SELECT upper, progress FROM {} WHERE target = %s FOR UPDATE").format(
+                uppers),
+            (self.table,),
         ).fetchone()
         assert row is not None
         actual = SinkState(row[0], row[1])
@@ -1057,9 +1069,9 @@ class PostgresSink:
         try:
             conn = self._connect()
             row = conn.execute(
-                sql.SQL("SELECT commit_id FROM {} WHERE output = %s").format(
+                sql.SQL("SELECT commit_id FROM {} WHERE target = %s").format(
                     _ident(self.schema, UPPERS_TABLE)),
-                (self.name,),
+                (self.table,),
             ).fetchone()
         except (psycopg.Error, ReclockError) as check:
             self._drop_connection()

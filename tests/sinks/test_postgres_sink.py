@@ -81,8 +81,9 @@ def test_ensure_creates_the_log_table_and_the_upper_table(pg_url: str, tmp_path:
     assert column_types(pg_url, "public", "orders") == {
         "k": ("text", False), "v": ("bigint", False), **META_PG}
     assert column_types(pg_url, "public", "reclock_uppers") == {
-        "output": ("text", True), "upper": ("bigint", False), "progress": ("text", False),
-        "updated_at": ("timestamp with time zone", True), "commit_id": ("text", False)}
+        "target": ("text", True), "output": ("text", False), "upper": ("bigint", False),
+        "progress": ("text", False), "updated_at": ("timestamp with time zone", True),
+        "commit_id": ("text", False)}
     assert s.state() == SinkState()
     got = s.read_updates()
     assert got.num_rows == 0 and got.schema == SCHEMA
@@ -318,9 +319,9 @@ def test_stage_commit_round_trip(sink: PostgresSink, pg_url: str) -> None:
     assert got.to_pylist() == updates(["a", "b", "c"], 1000, offset=7).to_pylist()
     assert sink.read_updates(999).num_rows == 0
     assert sink.read_updates(1000).num_rows == 3
-    (row,) = q(pg_url, "SELECT output, upper, progress, updated_at IS NOT NULL, commit_id "
-                       "FROM reclock_uppers")
-    assert row[:4] == (NAME, 2000, '[{"p":0,"o":10}]', True) and len(row[4]) == 32
+    (row,) = q(pg_url, "SELECT target, output, upper, progress, updated_at IS NOT NULL, "
+                       "commit_id FROM reclock_uppers")
+    assert row[:5] == ("orders", NAME, 2000, '[{"p":0,"o":10}]', True) and len(row[5]) == 32
 
 
 def test_as_of_reads_across_commits(sink: PostgresSink) -> None:
@@ -829,3 +830,35 @@ def test_copy_throughput(pg_url: str, tmp_path: Path, mode: str,
         print(f"\n[postgres sink, {mode}] {n} rows: stage {t1 - t0:.2f} s "
               f"({n / (t1 - t0):,.0f} rows/s), commit {t2 - t1:.2f} s "
               f"({n / (t2 - t1):,.0f} rows/s)")
+
+
+def test_the_state_belongs_to_the_table_not_the_output_name(pg_url: str, tmp_path: Path
+                                                            ) -> None:
+    """Two pipelines whose outputs share a name, writing two tables of one
+    schema, never see each other's state; two writers of one table fence."""
+    dev, prod = make(pg_url, tmp_path, table="orders_dev"), make(pg_url, tmp_path / "p",
+                                                                 table="orders_prod")
+    for s in (dev, prod):
+        s.ensure(USER)
+    dev.commit(dev.stager().stage("d1", 0, updates(["a", "b"], 10)), SinkState(), SinkState(20))
+    assert prod.state() == SinkState()  # prod owes everything still
+    prod.commit(prod.stager().stage("p1", 0, updates(["x"], 10)), SinkState(), SinkState(30))
+    assert (dev.state(), prod.state()) == (SinkState(20), SinkState(30))
+    assert q(pg_url, "SELECT count(*) FROM orders_dev") == [(2,)]
+    assert q(pg_url, "SELECT count(*) FROM orders_prod") == [(1,)]
+    # another output name writing orders_dev meets orders_dev's state
+    other = make(pg_url, tmp_path / "o", name="orders.copy", table="orders_dev")
+    other.ensure(USER)
+    assert other.state() == SinkState(20)
+    with pytest.raises(SinkFenced):
+        other.commit([], SinkState(), SinkState(40))
+    for s in (dev, prod, other):
+        s.close()
+
+
+def test_an_upper_table_of_the_earlier_layout_is_named(pg_url: str, tmp_path: Path) -> None:
+    q(pg_url, "CREATE TABLE reclock_uppers (output text PRIMARY KEY, upper bigint, "
+              "progress text, updated_at timestamptz NOT NULL DEFAULT now(), commit_id text)")
+    with pytest.raises(SinkError, match="earlier layout") as err:
+        make(pg_url, tmp_path).ensure(USER)
+    assert err.value.hint and "rename or drop" in err.value.hint
