@@ -10,7 +10,10 @@ pool. One tick of a source:
    tasks (bounded jobs when far behind) and run them on Spark: read, reclock
    with the broadcast bindings, decode, envelope, stage;
 3. **commit** -- per output, data and the new (upper, progress) in one atomic
-   sink commit, fenced on the state we last saw; uppers only move forward;
+   sink commit, fenced on the state we last saw; uppers only move forward.
+   When far behind, job k+1 reads while job k commits (one job in flight per
+   source): commits still happen one job at a time, in order, and what job
+   k+1 staged is only made visible by its own commit;
 4. **resume** -- the resumption frontier (min over the outputs' uppers) is
    converted through the bindings into FromTime;
 5. **acknowledge** -- only that frontier is acknowledged upstream;
@@ -33,6 +36,7 @@ import time
 import traceback
 import uuid
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +119,22 @@ def _min_upper(states: list[SinkState]) -> int | None:
     return min(ups) if ups else None
 
 
+@dataclass
+class _Job:
+    """A submitted job and the frontier its data reaches."""
+
+    future: Future[list[TaskResult]]
+    reached: Antichain[Any]
+
+    def discard(self) -> None:
+        """Wait for it and drop its results: what it staged is never committed
+        (the sinks vacuum orphaned staged files)."""
+        try:
+            self.future.result()
+        except Exception:
+            log.debug("discarded job failed", exc_info=True)
+
+
 class SourceRunner:
     """The control loop of one source (see the module docstring)."""
 
@@ -154,6 +174,7 @@ class SourceRunner:
         self.job_seconds = 0.0
         self.job_group = f"reclock-{self.name}-{uuid.uuid4().hex[:8]}"
         self._opened = False
+        self._jobs: ThreadPoolExecutor | None = None  # the job read while one commits
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -228,6 +249,9 @@ class SourceRunner:
             self._set_health(DROPPED)
         elif self.health.status != FINISHED:
             self._set_health(STOPPED)
+        if self._jobs is not None:
+            self._jobs.shutdown(wait=True)
+            self._jobs = None
         try:
             self.source.close()
         except Exception:
@@ -330,24 +354,32 @@ class SourceRunner:
             return False
         bound = b.bindings[-1].frontier
         deadline = time.monotonic() + self.settings.job_time_budget_s
-        # 2.+3. read what is bound, in bounded jobs, and commit each
-        while self.read_from != bound and not self._stop.is_set():
-            tasks, reached = self.source.plan(
-                self.read_from, bound, self.settings.max_records_per_task,
-                self.settings.max_records_per_job,
-            )
-            if not self.read_from.less_equal(reached):
-                raise AssertionError(f"plan moved backwards: {self.read_from} -> {reached}")
-            results = self._run(b, tasks) if tasks else []
-            if self._dropped.is_set():
-                return False  # late results of a dropped source are discarded
-            faults.crash_point("after_stage")
-            self._commit(b, results, reached)
-            self.read_from = reached
-            self.events.log(self.name, "read", frontier=reached.encode(),
-                            records=sum(r.records for r in results))
-            if time.monotonic() > deadline:
-                break  # mint again before reading more
+        # 2.+3. read what is bound, in bounded jobs, and commit each in order;
+        # the next job reads while this one commits
+        inflight: _Job | None = None
+        jobs = 0
+        try:
+            while self.read_from != bound and not self._stop.is_set():
+                if inflight is None:
+                    if jobs and time.monotonic() > deadline:
+                        break  # mint again before reading more
+                    inflight = self._submit(b, self.read_from, bound)
+                job, inflight = inflight, None
+                results = job.future.result()  # a task's error is raised here
+                jobs += 1
+                if self._dropped.is_set():
+                    return False  # late results of a dropped source are discarded
+                if (job.reached != bound and not self._stop.is_set()
+                        and time.monotonic() <= deadline):
+                    inflight = self._submit(b, job.reached, bound)
+                faults.crash_point("after_stage")
+                self._commit(b, results, job.reached)
+                self.read_from = job.reached
+                self.events.log(self.name, "read", frontier=job.reached.encode(),
+                                records=sum(r.records for r in results))
+        finally:
+            if inflight is not None:
+                inflight.discard()  # a commit failed or the source stops
         if self.read_from == bound:
             # Nothing left to read: idle outputs still advance to the remap upper.
             self._commit(b, [], bound, only_if_moves=True)
@@ -355,7 +387,23 @@ class SourceRunner:
         self._compact(b)  # 6.
         return b.is_closed and all(o.state.upper is None for o in self.outputs)
 
-    def _run(self, b: Bindings[Any], tasks: list[Any]) -> list[TaskResult]:
+    def _submit(self, b: Bindings[Any], start: Antichain[Any], bound: Antichain[Any]) -> _Job:
+        """Plan the job reading from ``start`` (on this thread, as every use of
+        the source and the sinks) and run it on the job thread."""
+        tasks, reached = self.source.plan(
+            start, bound, self.settings.max_records_per_task, self.settings.max_records_per_job)
+        if not start.less_equal(reached):
+            raise AssertionError(f"plan moved backwards: {start} -> {reached}")
+        fut: Future[list[TaskResult]] = Future()
+        if not tasks:
+            fut.set_result([])
+            return _Job(fut, reached)
+        ctx = self._context(b)
+        if self._jobs is None:
+            self._jobs = ThreadPoolExecutor(1, thread_name_prefix=f"jobs-{self.name}")
+        return _Job(self._jobs.submit(self._execute, ctx, tasks), reached)
+
+    def _context(self, b: Bindings[Any]) -> JobContext:
         batch_id = f"{self.clock.now()}-{uuid.uuid4().hex[:10]}"
         plans = tuple(
             OutputPlan(
@@ -367,7 +415,9 @@ class SourceRunner:
             )
             for o in self.outputs
         )
-        ctx = JobContext(self.name, self.source.kind, batch_id, b, self.source.reader(), plans)
+        return JobContext(self.name, self.source.kind, batch_id, b, self.source.reader(), plans)
+
+    def _execute(self, ctx: JobContext, tasks: list[Any]) -> list[TaskResult]:
         t0 = time.monotonic()
         if self.spark is None:
             results = run_local(ctx, tasks)

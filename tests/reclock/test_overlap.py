@@ -1,0 +1,80 @@
+"""Job k+1 reads while job k commits; commits stay one at a time, in order,
+and a failed commit discards the job in flight (its data is read again)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reclock.config import load_config
+from reclock.driver import SourceRunner
+from reclock.errors import TransientError
+from reclock.pipeline import run
+from reclock.verify import verify_pipeline
+from sinks.delta import DeltaSink
+
+PIPELINE = """
+timestamp_interval: 300ms
+spark: {max_records_per_job: 3000, max_records_per_task: 1500}
+sources:
+  - name: counter
+    generator: {kind: counter, rate: 200000, max_records: 30000}
+    outputs:
+      - name: value
+        format: {type: json, schema: {n: int64, payload: string, even: bool}}
+        sink: file
+"""
+
+
+def test_next_job_reads_while_a_commit_runs_and_a_failed_commit_discards_it(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(PIPELINE)
+    cfg = load_config(path)
+    lock = threading.Lock()
+    jobs: list[tuple[float, float]] = []
+    commits: list[tuple[float, float, int | None]] = []
+    failed = {"n": 0}
+    execute, commit = SourceRunner._execute, DeltaSink.commit
+
+    def timed_execute(self: SourceRunner, ctx: Any, tasks: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return execute(self, ctx, tasks)
+        finally:
+            with lock:
+                jobs.append((t0, time.monotonic()))
+
+    def slow_commit(self: DeltaSink, staged: Any, expected: Any, new: Any) -> None:
+        t0 = time.monotonic()
+        time.sleep(0.3)  # a slow sink: the next job should be reading meanwhile
+        if staged and len(commits) == 3 and not failed["n"]:
+            failed["n"] += 1
+            raise TransientError("injected: the sink went away mid-commit")
+        commit(self, staged, expected, new)
+        with lock:
+            commits.append((t0, time.monotonic(), new.upper))
+
+    monkeypatch.setattr(SourceRunner, "_execute", timed_execute)
+    monkeypatch.setattr(DeltaSink, "commit", slow_commit)
+    runners = run(cfg, spark=spark, duration=180, out=None, install_signals=False)
+    assert runners[0].health.status == "finished", runners[0].status()
+    assert failed["n"] == 1
+    # Some job ran while a commit was under way ...
+    overlapped = sum(1 for j0, j1 in jobs for c0, c1, _ in commits if j0 < c1 and c0 < j1)
+    assert overlapped >= 3, (jobs, commits)
+    # ... yet commits never overlapped each other and their uppers only grew.
+    ordered = sorted(commits)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(ordered))
+    uppers = [u for _, _, u in ordered]
+    assert uppers[:-1] == sorted(uppers[:-1]) and uppers[-1] is None  # finished: closed
+    # The failed commit's data and the discarded job's were read again: all once.
+    reports = verify_pipeline(cfg)
+    assert all(r.ok for r in reports), reports
+    assert reports[0].complete_checked == 30_000
