@@ -38,6 +38,7 @@ DEFAULTS: dict[str, str] = {
     # Tasks are retried by the driver's own loop (exactly once through sink
     # fencing); a few task-level retries still absorb a lost executor.
     "spark.task.maxFailures": "4",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
 }
 
 
