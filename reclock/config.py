@@ -640,17 +640,40 @@ class KafkaConfig(ConnectorConfig):
         return out
 
 
+class PgTableConfig(_Model):
+    """One replicated table, named exactly (any characters), and its output."""
+
+    table: str = Field(min_length=1, max_length=63)
+    """The table's name as the catalog spells it (no quoting needed)."""
+    schema_: str = Field(default="public", alias="schema", min_length=1, max_length=63)
+    """Its schema."""
+    output: Name | None = None
+    """The output it feeds; default the table's name (which must then be a
+    valid output name)."""
+
+
+def _table_entry(value: Any) -> Any:
+    """``"schema.table"`` / ``"table"`` as the mapping form."""
+    if isinstance(value, str):
+        schema, dot, table = value.partition(".")
+        return {"schema": schema, "table": table} if dot else {"table": value}
+    return value
+
+
 class PostgresConfig(ConnectorConfig):
     """PostgreSQL change data capture (logical replication, ``pgoutput``); its
     FromTime is the LSN, every transaction stamped at its commit LSN. One
-    output per table, named after the table."""
+    output per table, named after the table unless given."""
 
     dsn: str = Field(min_length=1)
     """``postgresql://user:${PGPASSWORD}@host:port/db``; the password is never
     printed. The role needs REPLICATION (or superuser) and SELECT on the tables."""
-    tables: tuple[str, ...] | None = None
-    """``[schema.table, table, ...]`` (schema ``public`` by default); each feeds
-    the output named after the table. Unset: every table of ``publication``."""
+    tables: tuple[Annotated[PgTableConfig, BeforeValidator(_table_entry)], ...] | None = None
+    """``[schema.table, table, {table, schema, output}, ...]`` (schema
+    ``public`` by default); each feeds the output named after the table, or
+    ``output``. The mapping form takes any table name (spaces, quotes,
+    unicode, dots) and gives its output a name. Unset: every table of
+    ``publication``."""
     publication: str | None = Field(default=None, min_length=1, max_length=63)
     """Publication name (created for ``tables`` when absent). Default
     ``reclock_<source name>``."""
@@ -669,7 +692,38 @@ class PostgresConfig(ConnectorConfig):
         tables = data.get("tables")
         if tables is None and not data.get("publication"):
             return [_problem(("tables",), "give tables, or the publication to read them from")]
-        return []
+        problems: list[InitErrorDetails] = []
+        seen: dict[str, int] = {}
+        for i, t in enumerate(tables or ()):
+            if not isinstance(t, str | Mapping):
+                continue  # the field's own validation names it
+            if isinstance(t, str):
+                name = t.partition(".")[2] or t
+                output = name
+            else:
+                name = str(t.get("table", ""))
+                output = t.get("output") or name
+                if t.get("output") and (not isinstance(output, str)
+                                        or not re.match(NAME_PATTERN, output)):
+                    continue  # the field's own validation names it
+            if not isinstance(output, str) or not re.match(NAME_PATTERN, output):
+                problems.append(_problem(
+                    ("tables", i), f"table {name!r} cannot name its output (letters, digits, "
+                    "_ and -, starting with a letter); write it as {table: ..., output: "
+                    "a_name}"))
+            elif output in seen:
+                problems.append(_problem(
+                    ("tables", i), f"output {output!r} is fed by two tables (entries "
+                    f"{seen[output]} and {i}); give one of them another output: name"))
+            else:
+                seen[output] = i
+        return problems
+
+    def table_outputs(self) -> list[tuple[str, str, str]] | None:
+        """``(schema, table, output)`` per configured table; None: the publication's."""
+        if self.tables is None:
+            return None
+        return [(t.schema_, t.table, t.output or t.table) for t in self.tables]
 
 
 class OutputConfig(_Model):

@@ -130,7 +130,7 @@ class Pipeline:
             pg = src.postgres
             return PostgresSource(
                 src.name, pg.dsn, self.clock, publication=pg.publication, slot=pg.slot,
-                tables=pg.tables, snapshot=pg.snapshot, drop_slot=pg.drop_slot,
+                tables=pg.table_outputs(), snapshot=pg.snapshot, drop_slot=pg.drop_slot,
                 timeout_s=pg.timeout / 1000.0, output_names=[o.name for o in src.outputs],
             )
         raise DefiniteError(f"source {src.name!r}: no connector configured")

@@ -63,6 +63,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 import select
 import time
 import uuid
@@ -102,6 +103,7 @@ from sources.postgres.catalog import (
     pg_error,
     publication_actions,
     publication_tables,
+    quoted,
     slot_info,
     slot_invalidation,
     split_table,
@@ -160,6 +162,25 @@ class _Snapshot:
             self.conn.pgconn.status == pq.ConnStatus.OK
 
 
+def _check_outputs(who: str, tables: Sequence[tuple[str, str, str]]) -> None:
+    """Every table feeds an output of its own, with a valid output name."""
+    from reclock.config import NAME_PATTERN
+
+    bad = [quoted(sch, t) for sch, t, out in tables if not re.match(NAME_PATTERN, out)]
+    if bad:
+        raise DefiniteError(
+            f"{who}: tables {', '.join(bad)} cannot name their outputs (letters, digits, _ and "
+            "-, starting with a letter)",
+            hint="list them under postgres.tables as {table: ..., schema: ..., output: a_name}")
+    outs = [out for _, _, out in tables]
+    dup = sorted({o for o in outs if outs.count(o) > 1})
+    if dup:
+        twice = [quoted(sch, t) for sch, t, out in tables if out in dup]
+        raise DefiniteError(
+            f"{who}: outputs {dup} would be fed by more than one table ({', '.join(twice)})",
+            hint="list the tables under postgres.tables, giving each its own output: name")
+
+
 class PostgresSource:
     """Driver side (see the module docstring)."""
 
@@ -174,7 +195,7 @@ class PostgresSource:
         *,
         publication: str | None = None,
         slot: str | None = None,
-        tables: Sequence[str] | None = None,
+        tables: Sequence[str | tuple[str, str, str]] | None = None,
         snapshot: bool = True,
         drop_slot: bool = False,
         timeout_s: float = 30.0,
@@ -192,14 +213,12 @@ class PostgresSource:
         self.drop_slot_on_drop = drop_slot
         self.timeout_s = timeout_s
         self.who = f"source {name!r} ({self.server})"
-        self._configured = [split_table(t) for t in tables] if tables else None
+        # (schema, table, output); a plain "schema.table" feeds the output of its name
+        self._configured = ([(*split_table(t), split_table(t)[1]) if isinstance(t, str)
+                             else t for t in tables] if tables else None)
         self._output_names = list(output_names)
         if self._configured is not None:
-            names = [t for _, t in self._configured]
-            dup = sorted({n for n in names if names.count(n) > 1})
-            if dup:
-                raise DefiniteError(f"{self.who}: tables {dup} appear twice (in different "
-                                    "schemas); each output is named after its table")
+            _check_outputs(self.who, self._configured)
         self.tables: list[PgTable] = []
         self._known: dict[str, tuple[PgColumn, ...]] = {}
         self._conn: Connection | None = None
@@ -253,7 +272,7 @@ class PostgresSource:
             raise pg_error(exc, f"{self.who}: {doing}", self.secrets) from None
 
     # -- outputs -------------------------------------------------------------------
-    def _table_names(self, conn: Connection) -> list[tuple[str, str]]:
+    def _table_names(self, conn: Connection) -> list[tuple[str, str, str]]:
         if self._configured is not None:
             return self._configured
         pub = publication_tables(conn, self.publication)
@@ -262,14 +281,15 @@ class PostgresSource:
                 f"{self.who}: publication {self.publication!r} does not exist and no tables "
                 "are configured", hint="list the tables under postgres.tables, or create the "
                                        "publication")
-        return pub
+        named = [(sch, t, t) for sch, t in pub]
+        _check_outputs(f"publication {self.publication!r}", named)
+        return named
 
     def describe(self) -> list[PgTable]:
         """Read the tables' current shape from the catalog."""
         try:
             conn = self._connection()
-            names = self._table_names(conn)
-            tables = describe_tables(conn, [(s, t, t) for s, t in names])
+            tables = describe_tables(conn, self._table_names(conn))
         except psycopg.Error as exc:
             self._close_conn()
             raise pg_error(exc, f"{self.who}: cannot read the catalog", self.secrets) from None
@@ -300,11 +320,14 @@ class PostgresSource:
         try:
             return self.current_outputs()
         except (TransientError, DefiniteError):
-            if self._configured is None:
-                raise
-            # The names are known (the database is down, or a table is not
-            # there yet): the driver's open() describes again and reports.
-            return [OutputSpec(t, typed=True) for _, t in self._configured]
+            # The names are known (the database is down, a table is not there
+            # yet, the publication cannot name its outputs): the driver's
+            # open() describes again and reports it as the source's health.
+            if self._configured is not None:
+                return [OutputSpec(out, typed=True) for _, _, out in self._configured]
+            if self._output_names:
+                return [OutputSpec(out, typed=True) for out in self._output_names]
+            raise
 
     def current_outputs(self) -> list[OutputSpec]:
         """The outputs as the catalog describes them now (the driver's open);

@@ -62,6 +62,12 @@ BAD_CONFIGS: list[tuple[str, str]] = [
      "    outputs: [{name: o, sink: file}]\n", "give tables"),
     ("sources:\n  - name: s\n    postgres: {dsn: 'postgresql://db/x', tables: [t], "
      "slot: 'Drop Table'}\n    outputs: [{name: t, sink: file}]\n", "replication slot name"),
+    ("sources:\n  - name: s\n    postgres: {dsn: 'postgresql://db/x', tables: [shop.'Order "
+     "Items']}\n    outputs: [{name: o, sink: file}]\n", "cannot name its output"),
+    ("sources:\n  - name: s\n    postgres: {dsn: 'postgresql://db/x', tables: [a.orders, "
+     "b.orders]}\n    outputs: [{name: orders, sink: file}]\n", "fed by two tables"),
+    ("sources:\n  - name: s\n    postgres: {dsn: 'postgresql://db/x', tables: [{table: t, "
+     "output: 'no good'}]}\n    outputs: [{name: o, sink: file}]\n", "tables[0].output"),
     ("remap_store: mysql://db\nsources:\n" + OK_SOURCE, "remap_store"),
     ("sources:\n  - name: s\n    generator: {kind: counter}\n    outputs: [{name: o, "
      "sink: {type: postgres, dsn: 'postgresql://u:${NOPE}@db/x', table: t}}]\n", "NOPE"),

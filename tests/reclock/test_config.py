@@ -753,8 +753,22 @@ def test_postgres_connector(tmp_path: Path) -> None:
         """)
     pg = load_config(ok, env={"PW": "pw"}).sources[0].postgres
     assert pg is not None
-    assert (pg.tables, pg.slot, pg.timeout, pg.snapshot, pg.drop_slot) == (
-        ("orders", "inv.items"), "shop_slot", 5000, True, False)
+    assert (pg.table_outputs(), pg.slot, pg.timeout, pg.snapshot, pg.drop_slot) == (
+        [("public", "orders", "orders"), ("inv", "items", "items")], "shop_slot", 5000, True,
+        False)
+    named = write(tmp_path, """
+        sources:
+          - name: shop
+            postgres:
+              dsn: "postgresql://db/shop"
+              tables: [{table: 'Order "Items".v2', schema: Shop Ünï, output: items}, orders]
+            outputs:
+              - {name: items, sink: file}
+              - {name: orders, sink: file}
+        """, name="named.yaml")
+    pg = load_config(named).sources[0].postgres
+    assert pg is not None and pg.table_outputs() == [
+        ("Shop Ünï", 'Order "Items".v2', "items"), ("public", "orders", "orders")]
     bad = write(tmp_path, """
         sources:
           - name: shop

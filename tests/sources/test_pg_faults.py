@@ -17,6 +17,7 @@ from reclock.config import load_config
 from tests.running import running, wait_for
 from tests.sources.cdc import Writer, create_schema, flushed_lsn, resumed_past, source_rows
 from tests.sources.test_pg_source import _rows, _updates
+from tests.tally import count
 
 
 def _cfg(tmp: Path, url: str, tables: str, outputs: str, extra: str = "") -> Any:
@@ -243,3 +244,69 @@ sources:
         wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 60, "the stream")
     assert [r["v"] for r in _updates(cfg, "db", "a").to_pylist()] == ["x"]
     assert [r["v"] for r in _updates(cfg, "db", "b").to_pylist()] == ["y"]
+
+
+def test_hostile_table_names_feed_the_outputs_they_are_given(tmp_path: Path, spark: Any,
+                                                            cdc_url: str) -> None:
+    """Quotes, spaces, a dot and unicode in schema and table names, and one
+    table name in two schemas: each table feeds the output it is given."""
+    odd_schema, odd_table = "Shop Ünï", 'Order "Items".v2'
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute(psycopg.sql.SQL("create schema {}").format(psycopg.sql.Identifier(odd_schema)))
+        for s, t in ((odd_schema, odd_table), (odd_schema, "orders"), ("public", "orders")):
+            c.execute(psycopg.sql.SQL("create table {} (id int primary key, v text)").format(
+                psycopg.sql.Identifier(s, t)))
+            c.execute(psycopg.sql.SQL("insert into {} values (1, %s)").format(
+                psycopg.sql.Identifier(s, t)), (f"{s}/{t} before",))
+    path = tmp_path / "p.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path}/state
+timestamp_interval: 200ms
+sources:
+  - name: db
+    postgres:
+      dsn: "{cdc_url}"
+      tables:
+        - {{table: '{odd_table}', schema: {odd_schema}, output: items}}
+        - {{table: orders, schema: {odd_schema}, output: shop_orders}}
+        - orders
+    outputs:
+      - {{name: items, sink: file}}
+      - {{name: shop_orders, sink: file}}
+      - {{name: orders, sink: file}}
+""")
+    cfg = load_config(path)
+    with running(cfg, spark) as runners:
+        _snapshot_durable(runners)
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            for s, t in ((odd_schema, odd_table), (odd_schema, "orders"), ("public", "orders")):
+                c.execute(psycopg.sql.SQL("update {} set v = %s where id = 1").format(
+                    psycopg.sql.Identifier(s, t)), (f"{s}/{t} after",))
+        wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 60, "the stream")
+        assert runners[0].health.status == "running", runners[0].health
+    for output, (s, t) in {"items": (odd_schema, odd_table), "shop_orders": (odd_schema, "orders"),
+                           "orders": ("public", "orders")}.items():
+        got = [(r["v"], r["_diff"]) for r in _updates(cfg, "db", output).to_pylist()]
+        assert sorted(got) == sorted([(f"{s}/{t} before", 1), (f"{s}/{t} before", -1),
+                                      (f"{s}/{t} after", 1)]), (output, got)
+    # Publications whose tables cannot name outputs by themselves: named, with the fix.
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute(psycopg.sql.SQL("create publication odd for table {}").format(
+            psycopg.sql.Identifier(odd_schema, odd_table)))
+        c.execute(psycopg.sql.SQL("create publication twice for table {}, {}").format(
+            psycopg.sql.Identifier(odd_schema, "orders"), psycopg.sql.Identifier("orders")))
+    for pub, words in (("odd", ("cannot name their outputs", "Ünï", "output: a_name")),
+                       ("twice", ("['orders']", f'"{odd_schema}"."orders"', "output: name"))):
+        path = tmp_path / f"{pub}.yaml"
+        path.write_text(f"""
+state_dir: {tmp_path}/state-{pub}
+sources:
+  - name: db2
+    postgres: {{dsn: "{cdc_url}", publication: {pub}}}
+    outputs:
+      - {{name: orders, sink: file}}
+""")
+        with running(load_config(path), spark) as runners:
+            health = _stalled_with(runners, *words)
+            assert health.definite and f"publication {pub!r}" in (health.error or "")
+    count("bad input: hostile table names (Postgres CDC)", inputs_tried=5, records_checked=9)
