@@ -38,7 +38,7 @@ from reclock.errors import DefiniteError, ReclockError
 from reclock.frontier import Antichain
 from reclock.time import IntoTime, Partitioned
 from sinks.base import Stager, output_schema
-from sources.base import SRC_DIFF, ReadTask, SourceReader
+from sources.base import SRC_DIFF, SRC_UNCHANGED, ReadTask, SourceReader
 
 POS_COLUMNS = ["_src_part", "_src_offset", "_src_seq", "_src_ts"]
 
@@ -150,7 +150,10 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
             meta[1] = batch.column(SRC_DIFF).cast(pa.int64())
         arrays = [*cols, *meta, pa.nulls(n, err_type),
                   pa.nulls(n, pa.binary()), pa.nulls(n, pa.binary())]
-        return pa.Table.from_arrays(arrays, schema=schema), 0
+        rows = pa.Table.from_arrays(arrays, schema=schema)
+        if plan.envelope == "upsert" and SRC_UNCHANGED in batch.schema.names:
+            rows = rows.append_column(SRC_UNCHANGED, batch.column(SRC_UNCHANGED))
+        return rows, 0
     if plan.envelope == "debezium":
         return _debezium_rows(plan, batch, into)
     from reclock.decode import decode_key_value
@@ -291,7 +294,9 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
             flush(i)
     for i in list(pending):
         flush(i)
-    res.intents = {i: pa.concat_tables(ts) for i, ts in intents.items()}
+    # (some carry SRC_UNCHANGED, others not: missing means nothing unchanged)
+    res.intents = {i: pa.concat_tables(ts, promote_options="default")
+                   for i, ts in intents.items()}
     res.seconds = time.perf_counter() - started
     return res
 

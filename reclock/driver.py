@@ -470,8 +470,9 @@ class SourceRunner:
             undo: list[Any] = []
             intents = [r.intents[out.index] for r in results if out.index in r.intents]
             if intents and out.upsert is not None:
-                updates, undo = out.upsert.apply(pa.concat_tables(intents),
-                                                 output_schema(out.user_schema))
+                updates, undo = out.upsert.apply(
+                    pa.concat_tables(intents, promote_options="default"),
+                    output_schema(out.user_schema))
                 if updates.num_rows:
                     staged += out.sink.stager().stage(
                         f"{self.clock.now()}-upsert-{uuid.uuid4().hex[:10]}", 0, updates)

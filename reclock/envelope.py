@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import DefiniteError
+from sources.base import SRC_UNCHANGED
 
 
 @dataclass(frozen=True)
@@ -130,10 +131,13 @@ class UpsertState:
         t = intents.take(order)
         names = schema.names
         data = {n: t.column(n).to_pylist() for n in names}
+        unchanged = (t.column(SRC_UNCHANGED).to_pylist() if SRC_UNCHANGED in t.column_names
+                     else None)
         ncols = len(self.columns)
         meta_names = names[ncols:]
         out: list[tuple[Any, ...]] = []
         undo: list[tuple[tuple[Any, ...], tuple[Any, ...] | None]] = []
+        gone: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # last tombstone
         for i in range(t.num_rows):
             meta = [data[n][i] for n in meta_names]
             if data["_error"][i] is not None:
@@ -143,7 +147,11 @@ class UpsertState:
             k = self._key_of(row)
             old = self.rows.get(k)
             delete = data["_diff"][i] == 0
+            if unchanged is not None and unchanged[i] and not delete:
+                row = self._fill(row, unchanged[i], old, gone, meta, meta_names)
             new = None if delete else row
+            if delete and old is not None:
+                gone = (tuple(meta), old)
             if old == new:
                 continue
             undo.append((k, old))
@@ -163,6 +171,29 @@ class UpsertState:
             [pa.array(list(c), type=f.type) for c, f in zip(cols, schema, strict=True)],
             schema=schema)
         return table, undo
+
+    def _fill(self, row: tuple[Any, ...], cols: list[int], old: tuple[Any, ...] | None,
+              gone: tuple[tuple[Any, ...], tuple[Any, ...]] | None, meta: list[Any],
+              meta_names: list[str]) -> tuple[Any, ...]:
+        """``row`` with the columns at ``cols`` (left unchanged upstream and
+        not sent) taken from the key's current row, or, when the change moved
+        the key, from the row its tombstone just removed."""
+        src = old
+        if src is None and gone is not None:
+            at = [meta_names.index(n) for n in ("_into_time", "_src_part", "_src_offset")]
+            seq = meta_names.index("_src_seq")
+            then, row_gone = gone
+            if [then[j] for j in at] == [meta[j] for j in at] and then[seq] == meta[seq] - 1:
+                src = row_gone
+        if src is None:
+            names = [self.columns[j] for j in cols]
+            raise DefiniteError(
+                f"upsert key {self._key_of(row)!r}: an update left columns {names} unchanged "
+                "without sending them, and the output holds no current row for the key",
+                hint="the output must hold the whole table (take a snapshot), or use "
+                     "REPLICA IDENTITY FULL upstream")
+        keep = set(cols)
+        return tuple(src[j] if j in keep else v for j, v in enumerate(row))
 
     def rollback(self, undo: list[Any]) -> None:
         """Undo an :meth:`apply` whose updates did not commit."""

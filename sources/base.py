@@ -51,6 +51,10 @@ SRC_TS = "_src_ts"  # int64 ms: upstream timestamp (for freshness), may be null
 #: Optional column of typed batches (CDC sources): the row's diff, -1/+1, or
 #: for outputs with the upsert envelope 1 = value and 0 = tombstone.
 SRC_DIFF = "_diff"
+#: Optional column of typed upsert intents (list<int32>): positions of user
+#: columns the change left as they were without sending them (Postgres'
+#: unchanged TOASTed values); the key state fills them from the current row.
+SRC_UNCHANGED = "_unchanged"
 
 POSITION_FIELDS = [
     pa.field(SRC_PART, pa.int32(), nullable=False),

@@ -42,9 +42,9 @@ Row shapes. Tables with ``REPLICA IDENTITY FULL`` produce diffs: an update is
 the old row retracted and the new one inserted (a TOASTed value the update
 did not change is taken from the old row). Tables keyed by a primary key or a
 replica identity index produce upsert intents (value or tombstone by key)
-that the driver's upsert state turns into diffs; an update that leaves a
-TOASTed value unchanged cannot be completed there and is a definite error
-(hint: ``REPLICA IDENTITY FULL``).
+that the driver's upsert state turns into diffs; a TOASTed value an update
+left unchanged (the server does not send it) is marked (``_unchanged``) and
+the upsert state fills it from the key's current row.
 
 Schema changes (the relation messages in the stream): a column added upstream
 re-opens the source so that the output evolves (the sink adds the column,
@@ -86,6 +86,7 @@ from sources.base import (
     SRC_PART,
     SRC_SEQ,
     SRC_TS,
+    SRC_UNCHANGED,
     OutputSpec,
     ReadTask,
 )
@@ -642,6 +643,8 @@ class _Buffer:
     off: list[int] = field(default_factory=list)
     seq: list[int] = field(default_factory=list)
     ts: list[int | None] = field(default_factory=list)
+    #: per row: output columns left unchanged upstream and not sent (or None)
+    unchanged: list[list[int] | None] = field(default_factory=list)
     #: the upstream type of each output column in the current layout
     types: list[PgType] = field(default_factory=list)
 
@@ -653,7 +656,7 @@ class _Buffer:
         return len(self.diff)
 
     def add(self, values: Sequence[Any], diff: int, part: int, off: int, seq: int,
-            ts: int | None) -> None:
+            ts: int | None, unchanged: list[int] | None = None) -> None:
         for col, v in zip(self.cols, values, strict=True):
             col.append(v)
         self.diff.append(diff)
@@ -661,6 +664,7 @@ class _Buffer:
         self.off.append(off)
         self.seq.append(seq)
         self.ts.append(ts)
+        self.unchanged.append(unchanged)
 
     def take(self, binary: bool) -> pa.RecordBatch:
         t = self.table
@@ -677,9 +681,13 @@ class _Buffer:
                    pa.array(self.seq, pa.int32()), pa.array(self.ts, pa.int64()),
                    pa.array(self.diff, pa.int64())]
         names += [SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS, SRC_DIFF]
+        if any(self.unchanged):
+            arrays.append(pa.array(self.unchanged, pa.list_(pa.int32())))
+            names.append(SRC_UNCHANGED)
         batch = pa.RecordBatch.from_arrays(arrays, names=names)
         self.cols = [[] for _ in t.columns]
         self.diff, self.part, self.off, self.seq, self.ts = [], [], [], [], []
+        self.unchanged = []
         return batch
 
 
@@ -967,13 +975,18 @@ class PostgresReader:
             buf.add(row(old), -1, 0, lsn, 2 * seq, ts)
             buf.add(row(new), 1, 0, lsn, 2 * seq + 1, ts)
             return
-        bad = [j for j in pos if j >= 0 and new[j] is po.UNCHANGED_TOAST]
-        if bad:
-            raise self._toast(t, lay, bad[0], lsn)
+        # A TOASTed value the update did not change is not sent: the driver's
+        # key state fills it from the key's current row.
+        unchanged = [i for i, j in enumerate(pos) if j >= 0 and new[j] is po.UNCHANGED_TOAST]
+        if unchanged:
+            in_key = [j for j in lay.key_pos if new[j] is po.UNCHANGED_TOAST]
+            if in_key:
+                raise self._toast(t, lay, in_key[0], lsn)
+            new = tuple(None if v is po.UNCHANGED_TOAST else v for v in new)
         if m.old is not None and [m.old[j] for j in lay.key_pos] != \
                 [new[j] for j in lay.key_pos]:
             buf.add(key_only(m.old), 0, 0, lsn, 2 * seq, ts)  # the key moved
-        buf.add(row(new), 1, 0, lsn, 2 * seq + 1, ts)
+        buf.add(row(new), 1, 0, lsn, 2 * seq + 1, ts, unchanged or None)
 
     def _no_old(self, t: PgTable, what: str, lsn: int) -> DefiniteError:
         return DefiniteError(
