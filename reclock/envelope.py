@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import DefiniteError
-from sources.base import SRC_UNCHANGED
+from sources.base import SRC_UNCHANGED, TRUNCATED
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,8 @@ class UpsertState:
 
     def apply(self, intents: pa.Table, schema: pa.Schema) -> tuple[pa.Table, list[Any]]:
         """Updates for ``intents`` (rows of ``schema`` with ``_diff`` 1 = value,
-        0 = tombstone); returns them and an undo log for :meth:`rollback`."""
+        0 = tombstone, ``TRUNCATED`` = every key); returns them and an undo
+        log for :meth:`rollback`."""
         order = pc.sort_indices(intents, sort_keys=[
             ("_into_time", "ascending"), ("_src_part", "ascending"),
             ("_src_offset", "ascending"), ("_src_seq", "ascending")])
@@ -138,10 +139,20 @@ class UpsertState:
         out: list[tuple[Any, ...]] = []
         undo: list[tuple[tuple[Any, ...], tuple[Any, ...] | None]] = []
         gone: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # last tombstone
+        di = meta_names.index("_diff")
         for i in range(t.num_rows):
             meta = [data[n][i] for n in meta_names]
             if data["_error"][i] is not None:
                 out.append(tuple(data[c][i] for c in self.columns) + tuple(meta))
+                continue
+            if data["_diff"][i] == TRUNCATED:  # every key goes, at this one position
+                m = list(meta)
+                m[di] = -1
+                for k, had in self.rows.items():
+                    undo.append((k, had))
+                    out.append(had + tuple(m))
+                self.rows.clear()
+                gone = None
                 continue
             row = tuple(data[c][i] for c in self.columns)
             k = self._key_of(row)
@@ -155,7 +166,6 @@ class UpsertState:
             if old == new:
                 continue
             undo.append((k, old))
-            di = meta_names.index("_diff")
             if old is not None:
                 m = list(meta)
                 m[di] = -1

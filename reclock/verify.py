@@ -84,8 +84,12 @@ def _positions(t: pa.Table) -> list[tuple[int, int, int]]:
 
 
 def check_output(
-    name: str, updates: pa.Table, bindings: Bindings[Any], upper: int | None
+    name: str, updates: pa.Table, bindings: Bindings[Any], upper: int | None,
+    key: tuple[str, ...] | None = None,
 ) -> OutputReport:
+    """The time, upper and once checks of one output. ``key``: an upsert
+    output's key columns; one position (a truncate) may then retract many
+    keys, but each key at most once."""
     rep = OutputReport(name, rows=updates.num_rows)
     if updates.num_rows == 0:
         return rep
@@ -116,8 +120,16 @@ def check_output(
     ])
     # once
     sign = pc.sign(updates.column(DIFF))
-    keyed = pa.table({**{k: updates.column(k) for k in KEYS}, "sign": sign})
-    counts = keyed.group_by([*KEYS, "sign"]).aggregate([("sign", "count")])
+    cols = {k: updates.column(k) for k in KEYS}
+    if key:
+        # a retraction also names its key: (position, key) is what must be unique
+        ok = pc.is_null(updates.column(ERROR))
+        for c in key:
+            col = updates.column(c)
+            cols[f"key:{c}"] = pc.if_else(pc.and_(pc.less(sign, 0), ok), col,
+                                          pa.nulls(len(col), col.type))
+    keyed = pa.table({**cols, "sign": sign})
+    counts = keyed.group_by([*cols, "sign"]).aggregate([("sign", "count")])
     dup = counts.filter(pc.greater(counts.column("sign_count"), 1))
     rep.breach("duplicate-position", dup.num_rows, _positions(dup))
     return rep
@@ -208,7 +220,8 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
                     continue
                 updates = o.sink.read_updates()
                 tables.append(updates)
-                rep = check_output(o.name, updates, b, st.upper)
+                rep = check_output(o.name, updates, b, st.upper,
+                                   o.upsert_key if o.envelope == "upsert" else None)
                 report.outputs.append(rep)
                 if st.progress is None:
                     if updates.num_rows:

@@ -49,8 +49,10 @@ SRC_OFFSET = "_src_offset"  # int64: Kafka offset, Postgres commit LSN, counter
 SRC_SEQ = "_src_seq"  # int32: position among records sharing part+offset
 SRC_TS = "_src_ts"  # int64 ms: upstream timestamp (for freshness), may be null
 #: Optional column of typed batches (CDC sources): the row's diff, -1/+1, or
-#: for outputs with the upsert envelope 1 = value and 0 = tombstone.
+#: for outputs with the upsert envelope 1 = value, 0 = tombstone and
+#: ``TRUNCATED`` = every key removed (the other columns are null).
 SRC_DIFF = "_diff"
+TRUNCATED = -2
 #: Optional column of typed upsert intents (list<int32>): positions of user
 #: columns the change left as they were without sending them (Postgres'
 #: unchanged TOASTed values); the key state fills them from the current row.

@@ -54,8 +54,10 @@ pipeline restarts between the drop and reading them: the column is then no
 longer known and those values read as null); a retyped
 column is read as the output's type when that holds every value of the new
 type (int4 -> int8, float4 -> float8, wider numeric), and is otherwise a
-definite error naming the table and column. A truncate is a definite error
-(the output cannot retract rows it was never told about).
+definite error naming the table and column. A truncate of a keyed table
+retracts every row (the driver's key state knows them); of a diff-log table
+(FULL, or no identity) it is a definite error (the output cannot retract rows
+it was never told about one by one).
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ from sources.base import (
     SRC_SEQ,
     SRC_TS,
     SRC_UNCHANGED,
+    TRUNCATED,
     OutputSpec,
     ReadTask,
 )
@@ -868,18 +871,24 @@ class PostgresReader:
                         yield lay.output, buf.take(binary=True)
                     continue
                 if isinstance(m, po.Truncate):
-                    hit = [layouts[r].table for r in m.relids  # type: ignore[union-attr]
-                           if layouts.get(r) is not None]
-                    hit = [t for t in hit if commit_lsn >= snap_at.get(
-                        self.tables.index(t), 0)]
-                    if hit:
-                        names = ", ".join(t.qualified for t in hit)
+                    hit = [lay for r in m.relids if (lay := layouts.get(r)) is not None
+                           and commit_lsn >= snap_at.get(lay.output, 0)]
+                    diff_logs = [lay.table for lay in hit if lay.table.envelope != "upsert"]
+                    if diff_logs:
+                        names = ", ".join(t.qualified for t in diff_logs)
                         raise DefiniteError(
-                            f"{self.who}: {names} truncated at LSN {lsn_text(commit_lsn)}: the "
-                            "outputs cannot retract rows they were never sent one by one",
-                            hint="drop and re-create these outputs (a new snapshot), or leave "
+                            f"{self.who}: {names} truncated at LSN {lsn_text(commit_lsn)}: "
+                            "their outputs are diff logs (REPLICA IDENTITY FULL or none) and "
+                            "cannot retract rows they were never sent one by one",
+                            hint="drop and re-create these outputs (a new snapshot), give the "
+                                 "tables a primary key (keyed outputs take truncates), or leave "
                                  "truncate out of the publication (publish = 'insert, update, "
-                                 "delete') and delete rows instead")
+                                 "delete')")
+                    for lay in hit:  # keyed: the driver's key state retracts every row
+                        buf = bufs[lay.output]
+                        buf.add([None] * len(lay.pos), TRUNCATED, 0, commit_lsn, 2 * seq, ts)
+                    seq += 1
+                    continue
         finally:
             with contextlib.suppress(psycopg.Error):
                 conn.close()

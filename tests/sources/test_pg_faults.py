@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from reclock.config import load_config
+from reclock.verify import verify_pipeline
 from sinks.consolidate import consolidate
 from tests.running import running, wait_for
 from tests.sources.cdc import Writer, create_schema, flushed_lsn, resumed_past, source_rows
@@ -144,18 +145,59 @@ sources:
         assert h.definite
 
 
-def test_truncate_is_a_definite_error_naming_the_table(tmp_path: Path, spark: Any,
-                                                      cdc_url: str) -> None:
+def test_truncate_retracts_a_keyed_table_and_names_a_diff_log(tmp_path: Path, spark: Any,
+                                                              cdc_url: str) -> None:
     with psycopg.connect(cdc_url, autocommit=True) as c:
-        c.execute("create table gone (id int primary key)")
-        c.execute("insert into gone select generate_series(1, 10)")
-    cfg = _cfg(tmp_path, cdc_url, "gone", "      - {name: gone, sink: file}")
+        c.execute("create table kept (id int primary key, v text)")
+        c.execute("insert into kept select i, 'v' || i from generate_series(1, 10) i")
+        c.execute("create table logged (id int, v text)")
+        c.execute("alter table logged replica identity full")
+        c.execute("insert into logged select i, 'v' || i from generate_series(1, 10) i")
+    cfg = _cfg(tmp_path, cdc_url, "kept",
+               f"      - {{name: kept, sink: {{type: postgres, dsn: '{cdc_url}', "
+               "table: kept_replica, mode: state, key: [id]}}")
     with running(cfg, spark) as runners:
         _snapshot_durable(runners)
+        with psycopg.connect(cdc_url) as c:  # one transaction: the order inside it counts
+            c.execute("insert into kept values (11, 'a'), (12, 'b')")
+            c.execute("truncate kept")
+            c.execute("insert into kept values (1, 'again')")
         with psycopg.connect(cdc_url, autocommit=True) as c:
-            c.execute("truncate gone")
-        _stalled_with(runners, '"public"."gone"', "truncated", "publish")
-    assert _updates(cfg, "db", "gone").num_rows == 10  # what was accepted stays
+            c.execute("insert into kept values (20, 'after')")
+        wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 60, "the truncate")
+        assert runners[0].health.status == "running", runners[0].health
+    with psycopg.connect(cdc_url) as c:
+        assert c.execute("select id, v from kept_replica order by id").fetchall() == [
+            (1, "again"), (20, "after")]
+    (tmp_path / "log").mkdir()
+    (tmp_path / "full").mkdir()
+    log_cfg = _cfg(tmp_path / "log", cdc_url, "kept", "      - {name: kept, sink: file}",
+                   extra=", slot: kept_log")
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("insert into kept select i, 'w' || i from generate_series(30, 34) i")
+    with running(log_cfg, spark) as runners:
+        _snapshot_durable(runners)
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("truncate kept")
+            c.execute("insert into kept values (1, 'last')")
+        wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 60, "the second truncate")
+    log = _updates(log_cfg, "db", "kept")
+    assert [(r["id"], r["v"], r["_count"]) for r in consolidate(log, None, ["id", "v"])
+            .to_pylist()] == [(1, "last", 1)]
+    retracted = [r["id"] for r in log.to_pylist() if r["_diff"] == -1]
+    assert sorted(retracted) == [1, 20, 30, 31, 32, 33, 34]  # each key once
+    reports = verify_pipeline(log_cfg)
+    assert all(r.ok for r in reports), [(o.output, o.breaches) for r in reports
+                                        for o in r.outputs]
+    # A diff log (REPLICA IDENTITY FULL) cannot retract what it was never sent.
+    full_cfg = _cfg(tmp_path / "full", cdc_url, "logged", "      - {name: logged, sink: file}",
+                    extra=", slot: logged, publication: logged")
+    with running(full_cfg, spark) as runners:
+        _snapshot_durable(runners)
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("truncate logged")
+        _stalled_with(runners, '"public"."logged"', "truncated", "primary key", "publish")
+    assert _updates(full_cfg, "db", "logged").num_rows == 10  # what was accepted stays
 
 
 def test_schema_changes_evolve_the_output_or_name_the_column(tmp_path: Path, spark: Any,
