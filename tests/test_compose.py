@@ -44,6 +44,7 @@ from reclock.cli import build_parser, cmd_run
 from reclock.config import FileSinkConfig, PostgresSinkConfig, load_config
 from reclock.pipeline import Pipeline
 from tests.running import running, wait_for
+from tests.sources.cdc import flushed_lsn, resumed_past
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "compose.yaml"
@@ -358,7 +359,8 @@ def test_pipeline_yaml_as_compose_runs_it(services: dict[str, dict[str, Any]]) -
     assert kafka is not None and kafka.bootstrap_servers == "kafka:9092"
     assert kafka.topic == service_env(services["producer"])["DEMO_TOPIC"]
     shop = cfg.source("shop").postgres
-    assert shop is not None and shop.tables == ("customers", "orders")
+    assert shop is not None and shop.table_outputs() == [
+        ("public", "customers", "customers"), ("public", "orders", "orders")]
     pg_env = service_env(services["postgres"])
     password = pg_env["POSTGRES_PASSWORD"]
     assert shop.dsn == f"postgresql://postgres:{password}@postgres:5432/{pg_env['POSTGRES_DB']}"
@@ -576,7 +578,7 @@ def test_compose_pipeline_end_to_end(services: dict[str, dict[str, Any]], kafka:
     proc = _producer(kafka.bootstrap, topic, cdc_url, tmp_path, 4, "--rate", "100",
                      "--pg-rate", "10")
     try:
-        with running(cfg, spark):
+        with running(cfg, spark) as runners:
             counts = _finish(proc)
             assert counts["records"] >= 200 and counts["failed"] == 0
             assert counts["transactions"] >= 20 and counts["updates"] > 0
@@ -594,6 +596,10 @@ def test_compose_pipeline_end_to_end(services: dict[str, dict[str, Any]], kafka:
                 return bool(n == counts["records"] and state == source)
 
             wait_for(caught_up, timeout=90, what="the outputs to catch up with the producer")
+            # every output of the shop source (orders too) holds every commit so far
+            shop = [r for r in runners if r.name == "shop"]
+            wait_for(resumed_past(shop, flushed_lsn(cdc_url)), timeout=90,
+                     what="the shop outputs to hold every commit")
             status = json.loads((cfg.state_dir / "status.json").read_text())
             assert {s["source"] for s in status["sources"]} == {"events", "shop"}
             # The pipeline service's healthcheck, against this run's HTTP endpoint.
