@@ -369,14 +369,20 @@ class SourceRunner:
                 jobs += 1
                 if self._dropped.is_set():
                     return False  # late results of a dropped source are discarded
+                failed: ReclockError | None = None
                 if (job.reached != bound and not self._stop.is_set()
                         and time.monotonic() <= deadline):
-                    inflight = self._submit(b, job.reached, bound)
+                    try:
+                        inflight = self._submit(b, job.reached, bound)
+                    except ReclockError as exc:
+                        failed = exc  # planning the next job failed: commit this one first
                 faults.crash_point("after_stage")
                 self._commit(b, results, job.reached)
                 self.read_from = job.reached
                 self.events.log(self.name, "read", frontier=job.reached.encode(),
                                 records=sum(r.records for r in results))
+                if failed is not None:
+                    raise failed
         finally:
             if inflight is not None:
                 inflight.discard()  # a commit failed or the source stops

@@ -78,3 +78,44 @@ def test_next_job_reads_while_a_commit_runs_and_a_failed_commit_discards_it(
     reports = verify_pipeline(cfg)
     assert all(r.ok for r in reports), reports
     assert reports[0].complete_checked == 30_000
+
+
+def test_a_failure_planning_the_next_job_still_commits_the_one_read(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sources.generator import GeneratorSource
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(PIPELINE)
+    cfg = load_config(path)
+    events: list[str] = []
+    plan, commit = GeneratorSource.plan, DeltaSink.commit
+    calls = {"n": 0}
+
+    def flaky_plan(self: Any, *args: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            events.append("plan failed")
+            raise TransientError("injected: cannot plan")
+        return plan(self, *args)
+
+    def logged_commit(self: DeltaSink, staged: Any, expected: Any, new: Any) -> None:
+        commit(self, staged, expected, new)
+        events.append("commit")
+
+    execute = SourceRunner._execute
+
+    def logged_execute(self: SourceRunner, ctx: Any, tasks: Any) -> Any:
+        events.append("execute")
+        return execute(self, ctx, tasks)
+
+    monkeypatch.setattr(GeneratorSource, "plan", flaky_plan)
+    monkeypatch.setattr(DeltaSink, "commit", logged_commit)
+    monkeypatch.setattr(SourceRunner, "_execute", logged_execute)
+    runners = run(cfg, spark=spark, duration=180, out=None, install_signals=False)
+    assert runners[0].health.status == "finished", runners[0].status()
+    at = events.index("plan failed")
+    # the job already read was committed, not read again
+    assert events[at + 1] == "commit", events
+    reports = verify_pipeline(cfg)
+    assert all(r.ok for r in reports) and reports[0].complete_checked == 30_000
