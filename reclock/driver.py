@@ -383,6 +383,7 @@ class SourceRunner:
                                 records=sum(r.records for r in results))
                 if failed is not None:
                     raise failed
+                self._resume_and_acknowledge(b)  # 4.+5. also while catching up
         finally:
             if inflight is not None:
                 inflight.discard()  # a commit failed or the source stops
@@ -503,8 +504,7 @@ class SourceRunner:
         resume = b.source_upper_at(self._resume_into())
         if self.resume is not None and not self.resume.less_equal(resume):
             raise AssertionError(f"resumption frontier moved backwards: {self.resume} -> {resume}")
-        if resume != self.acknowledged:
-            self.source.acknowledge(resume)
+        if resume != self.acknowledged and self.source.acknowledge(resume) is not False:
             self.acknowledged = resume
             self.events.log(self.name, "resume", frontier=resume.encode())
             faults.crash_point("after_acknowledge")

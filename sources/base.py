@@ -145,8 +145,10 @@ class Source(Protocol, Generic[T]):
         """The picklable executor-side reader."""
         ...
 
-    def acknowledge(self, frontier: Antichain[T]) -> None:
-        """Release upstream resources before ``frontier`` (durable everywhere)."""
+    def acknowledge(self, frontier: Antichain[T]) -> bool | None:
+        """Release upstream resources before ``frontier`` (durable everywhere).
+        ``False``: it could not be done just now (e.g. a replication slot in
+        use by a running task); the driver asks again."""
         ...
 
     def close(self) -> None:

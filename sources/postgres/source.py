@@ -545,27 +545,27 @@ class PostgresSource:
                               tuple(self.tables), self.timeout_s)
 
     # -- acknowledge -----------------------------------------------------------------
-    def acknowledge(self, frontier: Antichain[Lsn]) -> None:
+    def acknowledge(self, frontier: Antichain[Lsn]) -> bool:
         """``confirmed_flush_lsn`` to the resumption frontier (never past it);
         the snapshot is released once it is durable everywhere."""
         f = frontier.as_option()
         if f is None:
-            return
+            return True
         target = int(f)
         snap = self._snap
         if snap is not None and target >= snap.lsn:
             self._release_snapshot()
         if self._acked is not None and target <= self._acked:
-            return
+            return True
         if self._slot_flush is not None and target <= self._slot_flush:
             self._acked = target
-            return
+            return True
         try:
             row = self._connection().execute(
                 "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
                 (self.slot, lsn_text(target))).fetchone()
         except psycopg.errors.ObjectInUse:
-            return  # a walsender of the last task is still exiting: next tick
+            return False  # a task's walsender holds the slot: asked again later
         except psycopg.Error as exc:
             if self._conn is not None and (self._conn.broken or self._conn.closed):
                 self._close_conn()
@@ -574,6 +574,7 @@ class PostgresSource:
         self._acked = target
         if row is not None:
             self._slot_flush = lsn_int(row[0])
+        return True
 
     def drop(self) -> str | None:
         """``reclock drop``: drop the slot when configured to (``drop_slot``).
