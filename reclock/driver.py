@@ -355,18 +355,15 @@ class SourceRunner:
         bound = b.bindings[-1].frontier
         deadline = time.monotonic() + self.settings.job_time_budget_s
         # 2.+3. read what is bound, in bounded jobs, and commit each in order;
-        # the next job reads while this one commits
+        # the next job reads while this one commits; past the deadline no new
+        # job starts (mint again before reading more)
         inflight: _Job | None = None
-        jobs = 0
+        if self.read_from != bound and not self._stop.is_set():
+            inflight = self._submit(b, self.read_from, bound)
         try:
-            while self.read_from != bound and not self._stop.is_set():
-                if inflight is None:
-                    if jobs and time.monotonic() > deadline:
-                        break  # mint again before reading more
-                    inflight = self._submit(b, self.read_from, bound)
+            while inflight is not None:
                 job, inflight = inflight, None
                 results = job.future.result()  # a task's error is raised here
-                jobs += 1
                 if self._dropped.is_set():
                     return False  # late results of a dropped source are discarded
                 failed: ReclockError | None = None
