@@ -694,18 +694,15 @@ class PostgresConfig(ConnectorConfig):
             return [_problem(("tables",), "give tables, or the publication to read them from")]
         problems: list[InitErrorDetails] = []
         seen: dict[str, int] = {}
-        for i, t in enumerate(tables or ()):
-            if not isinstance(t, str | Mapping):
+        for i, raw in enumerate(tables or ()):
+            t = _table_entry(raw)
+            if not isinstance(t, Mapping):
                 continue  # the field's own validation names it
-            if isinstance(t, str):
-                name = t.partition(".")[2] or t
-                output = name
-            else:
-                name = str(t.get("table", ""))
-                output = t.get("output") or name
-                if t.get("output") and (not isinstance(output, str)
-                                        or not re.match(NAME_PATTERN, output)):
-                    continue  # the field's own validation names it
+            name = str(t.get("table", ""))
+            output = t.get("output") or name
+            if t.get("output") and (not isinstance(output, str)
+                                    or not re.match(NAME_PATTERN, output)):
+                continue  # the field's own validation names it
             if not isinstance(output, str) or not re.match(NAME_PATTERN, output):
                 problems.append(_problem(
                     ("tables", i), f"table {name!r} cannot name its output (letters, digits, "

@@ -60,12 +60,6 @@ def quoted(schema: str, name: str) -> str:
     return ".".join('"' + p.replace('"', '""') + '"' for p in (schema, name))
 
 
-def split_table(name: str) -> tuple[str, str]:
-    """``schema.table`` or ``table`` (schema ``public``)."""
-    schema, dot, table = name.partition(".")
-    return (schema, table) if dot else ("public", schema)
-
-
 @dataclass(frozen=True)
 class PgColumn:
     name: str

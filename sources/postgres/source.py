@@ -110,7 +110,6 @@ from sources.postgres.catalog import (
     quoted,
     slot_info,
     slot_invalidation,
-    split_table,
 )
 from sources.postgres.types import PgType, convert, widens_to
 
@@ -199,7 +198,7 @@ class PostgresSource:
         *,
         publication: str | None = None,
         slot: str | None = None,
-        tables: Sequence[str | tuple[str, str, str]] | None = None,
+        tables: Sequence[tuple[str, str, str]] | None = None,
         snapshot: bool = True,
         drop_slot: bool = False,
         timeout_s: float = 30.0,
@@ -217,9 +216,7 @@ class PostgresSource:
         self.drop_slot_on_drop = drop_slot
         self.timeout_s = timeout_s
         self.who = f"source {name!r} ({self.server})"
-        # (schema, table, output); a plain "schema.table" feeds the output of its name
-        self._configured = ([(*split_table(t), split_table(t)[1]) if isinstance(t, str)
-                             else t for t in tables] if tables else None)
+        self._configured = list(tables) if tables else None  # (schema, table, output)
         self._output_names = list(output_names)
         if self._configured is not None:
             _check_outputs(self.who, self._configured)
