@@ -393,6 +393,14 @@ def count_ids(paths: Iterator[Path], pattern: bytes) -> tuple[int, int]:
 
 
 # -- contenders ------------------------------------------------------------------------------
+def _rate(first: float | None, first_count: int, done: float | None, total: int
+          ) -> float | None:
+    """Records/s from ``first`` (``first_count`` records there) to ``done`` (all ``total``)."""
+    if first is None or done is None or done <= first or total <= first_count:
+        return None
+    return (total - first_count) / (done - first)
+
+
 @dataclass
 class Outcome:
     """One monitored run of a contender."""
@@ -420,19 +428,11 @@ class Outcome:
         return None if self.first is None else self.first - self.launched
 
     def steady(self, total: int) -> float | None:
-        if self.first is None or self.done is None or self.done <= self.first:
-            return None
-        if total <= self.first_count:
-            return None
-        return (total - self.first_count) / (self.done - self.first)
+        return _rate(self.first, self.first_count, self.done, total)
 
     def visible_rate(self, total: int) -> float | None:
         """Records/s from the first output visible in the files to all of it visible."""
-        if self.vis_first is None or self.vis_done is None or self.vis_done <= self.vis_first:
-            return None
-        if total <= self.vis_first_count:
-            return None
-        return (total - self.vis_first_count) / (self.vis_done - self.vis_first)
+        return _rate(self.vis_first, self.vis_first_count, self.vis_done, total)
 
     def steady_cpu(self, total: int) -> tuple[float, float, float] | None:
         """(CPU us per record, cores used, broker cores) from first to done."""
