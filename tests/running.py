@@ -57,6 +57,27 @@ def start_driver(path: Path, env: dict[str, str] | None = None) -> subprocess.Po
     )
 
 
+def crash_env(base: dict[str, str], point: str | None, probability: float, seed: int
+              ) -> dict[str, str]:
+    """``base``, plus: crash at the named crash point (``reclock.faults``) with
+    ``probability`` each time it is passed; ``None``: no crash point."""
+    env = dict(base)
+    if point is not None:
+        env["RECLOCK_CRASH_AT"] = f"{point}:{probability}"
+        env["RECLOCK_CRASH_SEED"] = str(seed)
+    return env
+
+
+def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """The driver's exit status; ``None`` when it had to be killed after ``timeout``."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+
+
 def wait_running(state: Path, proc: subprocess.Popen[bytes], timeout: float = 90) -> bool:
     """Until the driver's status file shows this process with open sources;
     False when the process exited first."""

@@ -10,7 +10,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -23,7 +22,14 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from reclock import faults
 from reclock.config import load_config
 from reclock.verify import verify_pipeline
-from tests.running import close_driver, start_driver, stop_driver, wait_running
+from tests.running import (
+    close_driver,
+    crash_env,
+    start_driver,
+    stop_driver,
+    wait_exit,
+    wait_running,
+)
 from tests.tally import count
 
 TOTAL = 60_000
@@ -137,27 +143,21 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
     kills = 0
     crash_exits = 0
     for i, point in enumerate(plan):
-        env = dict(base_env)
-        if point is not None:
-            env["RECLOCK_CRASH_AT"] = f"{point}:0.25"
-            env["RECLOCK_CRASH_SEED"] = str(i)
-        proc = start_driver(path, env)
+        proc = start_driver(path, crash_env(base_env, point, 0.25, i))
         try:
             up = wait_running(state, proc)
             if point is None and up:
                 time.sleep(rng.uniform(0.2, 3.0))
                 proc.send_signal(signal.SIGKILL)
                 kills += 1
-            rc = proc.wait(timeout=60 if point else 30)
-            if point is not None:
+            rc = wait_exit(proc, 60 if point else 30)
+            if rc is None:
+                kills += 1
+            elif point is not None:
                 if rc == -signal.SIGKILL:
                     crash_exits += 1
                 else:  # finished before the point fired: fine, nothing to kill
                     assert rc == 0, proc.stderr.read().decode() if proc.stderr else rc
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            kills += 1
         finally:
             close_driver(proc)
         # nothing is acknowledged upstream before it is durable in the output

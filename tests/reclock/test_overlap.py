@@ -30,13 +30,25 @@ sources:
         sink: file
 """
 
+def _run_to_the_end(tmp_path: Path, spark: Any) -> Any:
+    """Run PIPELINE until its source finishes; returns its configuration."""
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(PIPELINE)
+    cfg = load_config(path)
+    runners = run(cfg, spark=spark, duration=180, out=None, install_signals=False)
+    assert runners[0].health.status == "finished", runners[0].status()
+    return cfg
+
+
+def _every_record_once(cfg: Any) -> None:
+    reports = verify_pipeline(cfg)
+    assert all(r.ok for r in reports), reports
+    assert reports[0].complete_checked == 30_000
+
 
 def test_next_job_reads_while_a_commit_runs_and_a_failed_commit_discards_it(
     tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(PIPELINE)
-    cfg = load_config(path)
     lock = threading.Lock()
     jobs: list[tuple[float, float]] = []
     commits: list[tuple[float, float, int | None]] = []
@@ -63,8 +75,7 @@ def test_next_job_reads_while_a_commit_runs_and_a_failed_commit_discards_it(
 
     monkeypatch.setattr(SourceRunner, "_execute", timed_execute)
     monkeypatch.setattr(DeltaSink, "commit", slow_commit)
-    runners = run(cfg, spark=spark, duration=180, out=None, install_signals=False)
-    assert runners[0].health.status == "finished", runners[0].status()
+    cfg = _run_to_the_end(tmp_path, spark)
     assert failed["n"] == 1
     # Some job ran while a commit was under way ...
     overlapped = sum(1 for j0, j1 in jobs for c0, c1, _ in commits if j0 < c1 and c0 < j1)
@@ -75,9 +86,7 @@ def test_next_job_reads_while_a_commit_runs_and_a_failed_commit_discards_it(
     uppers = [u for _, _, u in ordered]
     assert uppers[:-1] == sorted(uppers[:-1]) and uppers[-1] is None  # finished: closed
     # The failed commit's data and the discarded job's were read again: all once.
-    reports = verify_pipeline(cfg)
-    assert all(r.ok for r in reports), reports
-    assert reports[0].complete_checked == 30_000
+    _every_record_once(cfg)
 
 
 def test_a_failure_planning_the_next_job_still_commits_the_one_read(
@@ -85,9 +94,6 @@ def test_a_failure_planning_the_next_job_still_commits_the_one_read(
 ) -> None:
     from sources.generator import GeneratorSource
 
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(PIPELINE)
-    cfg = load_config(path)
     events: list[str] = []
     plan, commit = GeneratorSource.plan, DeltaSink.commit
     calls = {"n": 0}
@@ -112,10 +118,8 @@ def test_a_failure_planning_the_next_job_still_commits_the_one_read(
     monkeypatch.setattr(GeneratorSource, "plan", flaky_plan)
     monkeypatch.setattr(DeltaSink, "commit", logged_commit)
     monkeypatch.setattr(SourceRunner, "_execute", logged_execute)
-    runners = run(cfg, spark=spark, duration=180, out=None, install_signals=False)
-    assert runners[0].health.status == "finished", runners[0].status()
+    cfg = _run_to_the_end(tmp_path, spark)
     at = events.index("plan failed")
     # the job already read was committed, not read again
     assert events[at + 1] == "commit", events
-    reports = verify_pipeline(cfg)
-    assert all(r.ok for r in reports) and reports[0].complete_checked == 30_000
+    _every_record_once(cfg)

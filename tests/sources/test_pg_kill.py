@@ -19,7 +19,14 @@ import pytest
 
 from reclock import faults
 from reclock.time import Lsn
-from tests.running import close_driver, start_driver, stop_driver, wait_running
+from tests.running import (
+    close_driver,
+    crash_env,
+    start_driver,
+    stop_driver,
+    wait_exit,
+    wait_running,
+)
 from tests.sources.cdc import Writer, create_schema, flushed_lsn, source_rows
 from tests.sources.test_pg_source import _rows
 from tests.tally import count
@@ -108,11 +115,7 @@ def test_sigkill_postgres_to_postgres(tmp_path: Path, cdc_url: str) -> None:
     plan: list[str | None] = [None] * 16 + [p for p in faults.POINTS for _ in range(1)] + [None]
     kills = during_snapshot = crash_exits = equal_checks = ack_checks = 0
     for i, point in enumerate(plan):
-        env = dict(base_env)
-        if point is not None:
-            env["RECLOCK_CRASH_AT"] = f"{point}:0.3"
-            env["RECLOCK_CRASH_SEED"] = str(i)
-        proc = start_driver(path, env)
+        proc = start_driver(path, crash_env(base_env, point, 0.3, i))
         try:
             up = wait_running(state, proc)
             if i % 6 == 5 and up and point is None:
@@ -129,13 +132,11 @@ def test_sigkill_postgres_to_postgres(tmp_path: Path, cdc_url: str) -> None:
                     during_snapshot += 1
                 proc.send_signal(signal.SIGKILL)
                 kills += 1
-            rc = proc.wait(timeout=60)
-            if point is not None and rc == -signal.SIGKILL:
+            rc = wait_exit(proc, 60)
+            if rc is None:
+                kills += 1
+            elif point is not None and rc == -signal.SIGKILL:
                 crash_exits += 1
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            kills += 1
         finally:
             close_driver(proc)
         # nothing is confirmed upstream that an output does not hold
