@@ -46,10 +46,18 @@ RUN set -eux; \
 
 # Then the repository itself: the `reclock` console script, and the examples
 # (examples/compose/producer.py runs from here).
+# The C compiler is there only while pip builds the native Kafka reader
+# (sources/_kafka_native.c: the Python headers come with the base image,
+# librdkafka with confluent-kafka), then goes; the import check fails the
+# build if the extension did not compile (pip would fall back silently).
 COPY . .
 RUN set -eux; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends gcc libc6-dev; \
     pip install --no-deps .; \
-    rm -rf build ./*.egg-info; \
+    apt-get purge -y --auto-remove gcc libc6-dev; \
+    rm -rf /var/lib/apt/lists/* build ./*.egg-info; \
+    cd / && python -c "import sources.kafka as k; assert k.native_reader() is not None"; cd /app; \
     test -x "$SPARK_HOME/bin/spark-class"; \
     reclock --help > /dev/null
 

@@ -22,23 +22,12 @@ how tests stand in for "partitions added while running".
 from __future__ import annotations
 
 import ctypes
-import glob
 import os
 import threading
-from pathlib import Path
 
-import confluent_kafka
+from reclock.librdkafka import library_path
 
 RD_KAFKA_PRODUCER = 0
-
-
-def _find_library() -> str:
-    base = Path(confluent_kafka.__file__).resolve().parent
-    candidates = glob.glob(str(base.parent / "confluent_kafka.libs" / "librdkafka*.so*"))
-    candidates += glob.glob(str(base / ".dylibs" / "librdkafka*.dylib"))
-    if not candidates:
-        raise RuntimeError(f"librdkafka not found next to {base}")
-    return candidates[0]
 
 
 class KafkaMockError(RuntimeError):
@@ -71,7 +60,7 @@ class MockKafka:
     def _load(cls) -> ctypes.CDLL:
         if cls._lib is not None:
             return cls._lib
-        lib = ctypes.CDLL(_find_library())
+        lib = ctypes.CDLL(library_path())
         vp, cp, i32, i64 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32, ctypes.c_int64
         sigs: dict[str, tuple[object, list[object]]] = {
             "rd_kafka_conf_new": (vp, []),

@@ -17,6 +17,13 @@ range's end, with ``isolation.level=read_committed``; exactly the records in
 and aborted records leave gaps that every retry skips the same way).
 Consumers are cached per worker process and reused across tasks.
 
+The reader runs below Python when it can: ``sources._kafka_native`` (a C
+extension built at install, optional) consumes through the same librdkafka
+and appends each record's offset, timestamp, key and value straight into
+Arrow buffers, instead of a Python ``Message`` per record and lists of its
+fields. Both readers obey the same range rules and raise the same errors;
+without a C compiler at install time the pure-Python one is used.
+
 The frontier holds one point per partition known so far, plus "every higher
 partition from offset 0": a partition that appears later is covered from its
 first record. A partition that temporarily has no leader keeps its last
@@ -27,12 +34,14 @@ mean the topic was deleted and recreated, a definite error.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from confluent_kafka import (
     Consumer,
@@ -51,6 +60,31 @@ from reclock.time import Partitioned, kafka_frontier, kafka_offsets
 from sources.base import OutputSpec, ReadTask
 
 BATCH = 50_000
+BATCH_BYTES = 256 << 20  # a native batch's keys and values (its offsets are 32-bit)
+
+log = logging.getLogger(__name__)
+_native: Any = None  # sources._kafka_native once loaded; False if it cannot be
+
+
+def native_reader() -> Any:
+    """The C range reader's module with librdkafka loaded, or None where the
+    extension was not built (no compiler at install) or cannot load."""
+    global _native
+    if _native is None:
+        try:
+            import sources._kafka_native as _kafka_native
+            from reclock.librdkafka import library_path
+
+            _kafka_native.load(library_path())
+            _native = _kafka_native
+        except (ImportError, RuntimeError, OSError) as exc:
+            log.warning("the native Kafka reader is unavailable (%s); reading in Python", exc)
+            _native = False
+    return _native or None
+
+
+def _conf_str(v: Any) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
 
 _SECRET_KEYS = ("password", "secret", "token", "jaas", "key.password")
 
@@ -86,24 +120,35 @@ class KafkaReader:
     topic: str
     properties: tuple[tuple[str, Any], ...]
     timeout_s: float
+    native: bool = True  # the C reader where it is available
+    batch: int = BATCH
 
-    def _consumer(self) -> Consumer:
-        key = (self.bootstrap, self.properties)
+    def _conf(self) -> dict[str, Any]:
+        # A task reads a known range and stops at its end: a short fetch wait
+        # keeps the last fetch of a range (and the first of the next, on this
+        # cached consumer) from waiting out librdkafka's 500 ms long poll.
+        # Users may override both.
+        props = {"fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 10, **dict(self.properties)}
+        return _client_conf(
+            self.bootstrap, props,
+            **{"group.id": "reclock-reader", "enable.auto.commit": False,
+               "enable.auto.offset.store": False, "isolation.level": "read_committed",
+               "auto.offset.reset": "error", "enable.partition.eof": False,
+               "fetch.max.bytes": 52428800})
+
+    def _consumer(self, native: Any) -> Any:
+        key = (self.bootstrap, self.properties, native is not None)
         with _CACHE_LOCK:
             c = _CONSUMERS.get(key)
             if c is None:
-                # A task reads a known range and stops at its end: a short
-                # fetch wait keeps the last fetch of a range (and the first of
-                # the next, on this cached consumer) from waiting out
-                # librdkafka's 500 ms long poll. Users may override both.
-                props = {"fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 10,
-                         **dict(self.properties)}
-                c = Consumer(_client_conf(
-                    self.bootstrap, props,
-                    **{"group.id": "reclock-reader", "enable.auto.commit": False,
-                       "enable.auto.offset.store": False, "isolation.level": "read_committed",
-                       "auto.offset.reset": "error", "enable.partition.eof": False,
-                       "fetch.max.bytes": 52428800}))
+                if native is None:
+                    c = Consumer(self._conf())
+                else:
+                    try:
+                        c = native.Reader({k: _conf_str(v) for k, v in self._conf().items()})
+                    except ValueError as exc:
+                        raise DefiniteError(f"Kafka consumer configuration: {exc}",
+                                            hint="check the source's kafka.properties") from None
                 _CONSUMERS[key] = c
             return c
 
@@ -111,14 +156,66 @@ class KafkaReader:
         partition, start, end = task.spec
         if end <= start:
             return
-        c = self._consumer()
-        tp = TopicPartition(self.topic, partition, start)
-        c.assign([tp])
+        native = native_reader() if self.native else None
+        c = self._consumer(native)
+        if native is not None:
+            err = c.assign(self.topic, partition, start)
+            if err is not None:
+                raise _transient(f"assigning {self.topic}[{partition}]",
+                                 KafkaException(KafkaError(err[0], err[1])))
+            try:
+                yield from self._read_native(c, partition, start, end)
+            finally:
+                c.unassign()
+            return
+        c.assign([TopicPartition(self.topic, partition, start)])
         try:
             yield from self._read_range(c, partition, start, end)
         finally:
             with contextlib.suppress(KafkaException):
                 c.unassign()
+
+    def _fail(self, partition: int, pos: int, err: KafkaError) -> Exception:
+        code = err.code()
+        if code in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
+            return DefiniteError(
+                f"topic {self.topic!r} partition {partition}: offsets from {pos} "
+                "were removed (retention) before they were read",
+                hint="raise the topic's retention or re-create the source")
+        if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
+                    KafkaError._UNKNOWN_TOPIC):
+            return DefiniteError(f"topic {self.topic!r} partition {partition} "
+                                 "no longer exists", hint="was the topic deleted?")
+        return _transient(f"reading {self.topic}[{partition}]", KafkaException(err))
+
+    def _idle(self, partition: int, pos: int, end: int) -> TransientError:
+        return TransientError(
+            f"topic {self.topic!r} partition {partition}: no records between "
+            f"offsets {pos} and {end} after {self.timeout_s:.0f}s",
+            hint="the broker may be unavailable; the task is retried")
+
+    def _read_native(self, r: Any, partition: int, start: int, end: int
+                     ) -> Iterator[tuple[int, pa.RecordBatch]]:
+        pos = start
+        idle_since = time.monotonic()
+        while pos < end:
+            pos, received, err = r.poll(pos, end, min(10_000, end - pos, self.batch), 500)
+            if err is not None:
+                raise self._fail(partition, pos, KafkaError(err[0], err[1]))
+            if r.pending >= self.batch or r.pending_bytes >= BATCH_BYTES:
+                yield 0, _native_batch(partition, r.take())
+            if received:
+                idle_since = time.monotonic()
+            if pos < end:
+                # Transaction markers and aborted records are never delivered:
+                # the consumer's position tells how far the log was read.
+                p = r.position()
+                if p >= 0:
+                    pos = max(pos, min(p, end))
+                if not received and time.monotonic() - idle_since > self.timeout_s:
+                    raise self._idle(partition, pos, end)
+        if r.pending:
+            yield 0, _native_batch(partition, r.take())
 
     def _read_range(self, c: Consumer, partition: int, start: int, end: int
                     ) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -135,17 +232,7 @@ class KafkaReader:
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         continue
-                    if err.code() in (KafkaError.OFFSET_OUT_OF_RANGE,
-                                      KafkaError._AUTO_OFFSET_RESET):
-                        raise DefiniteError(
-                            f"topic {self.topic!r} partition {partition}: offsets from {pos} "
-                            "were removed (retention) before they were read",
-                            hint="raise the topic's retention or re-create the source")
-                    if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
-                                      KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC):
-                        raise DefiniteError(f"topic {self.topic!r} partition {partition} "
-                                            "no longer exists", hint="was the topic deleted?")
-                    raise _transient(f"reading {self.topic}[{partition}]", KafkaException(err))
+                    raise self._fail(partition, pos, err)
                 off = m.offset() or 0
                 if off >= end:
                     pos = end
@@ -158,24 +245,22 @@ class KafkaReader:
                 ts_type, ts = m.timestamp()
                 stamps.append(ts if ts_type else None)
                 pos = off + 1
-                if len(offsets) >= BATCH:
+                if len(offsets) >= self.batch:
                     yield 0, _batch(partition, offsets, keys, values, stamps)
                     offsets, keys, values, stamps = [], [], [], []
             if msgs:
                 idle_since = time.monotonic()
             if pos < end:
-                # Transaction markers and aborted records are never delivered:
-                # the consumer's position tells how far the log was read.
                 p = c.position([TopicPartition(self.topic, partition)])[0].offset
                 if p >= 0:
                     pos = max(pos, min(p, end))
                 if not msgs and time.monotonic() - idle_since > self.timeout_s:
-                    raise TransientError(
-                        f"topic {self.topic!r} partition {partition}: no records between "
-                        f"offsets {pos} and {end} after {self.timeout_s:.0f}s",
-                        hint="the broker may be unavailable; the task is retried")
+                    raise self._idle(partition, pos, end)
         if offsets:
             yield 0, _batch(partition, offsets, keys, values, stamps)
+
+
+_NAMES = ["_src_part", "_src_offset", "_src_seq", "_src_ts", "key", "value"]
 
 
 def _batch(partition: int, offsets: list[int], keys: list[bytes | None],
@@ -185,11 +270,30 @@ def _batch(partition: int, offsets: list[int], keys: list[bytes | None],
         [pa.array([partition] * n, pa.int32()), pa.array(offsets, pa.int64()),
          pa.array([0] * n, pa.int32()), pa.array(stamps, pa.int64()),
          pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
-        names=["_src_part", "_src_offset", "_src_seq", "_src_ts", "key", "value"],
+        names=_NAMES,
     )
 
 
-_CONSUMERS: dict[Any, Consumer] = {}
+def _native_batch(partition: int, taken: tuple[Any, ...]) -> pa.RecordBatch:
+    """A RecordBatch over the buffers of ``Reader.take()`` (no copy)."""
+    (n, offs, stamps, stamp_valid, stamp_nulls, key_offs, key_data, key_valid, key_nulls,
+     value_offs, value_data, value_valid, value_nulls) = taken
+
+    def col(t: pa.DataType, nulls: int, valid: bytes, *bufs: bytes) -> pa.Array:
+        validity = pa.py_buffer(valid) if nulls else None
+        return pa.Array.from_buffers(t, n, [validity, *map(pa.py_buffer, bufs)],
+                                     null_count=nulls)
+
+    return pa.RecordBatch.from_arrays(
+        [pa.array(np.full(n, partition, np.int32)), col(pa.int64(), 0, b"", offs),
+         pa.array(np.zeros(n, np.int32)), col(pa.int64(), stamp_nulls, stamp_valid, stamps),
+         col(pa.binary(), key_nulls, key_valid, key_offs, key_data),
+         col(pa.binary(), value_nulls, value_valid, value_offs, value_data)],
+        names=_NAMES,
+    )
+
+
+_CONSUMERS: dict[Any, Any] = {}  # Consumer or native Reader
 _CACHE_LOCK = threading.Lock()
 
 

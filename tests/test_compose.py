@@ -293,6 +293,9 @@ def test_dockerfile() -> None:
     assert re.search(r"apt-get install .*openjdk-17-jre-headless", runs)
     assert "procps" in runs
     assert re.search(r"pip install (--no-deps )?\.(;|\s|$)", runs)  # the repository itself
+    # The native Kafka reader is compiled there, and the build checks that it loads.
+    assert re.search(r"apt-get install .*\bgcc\b.*pip install (--no-deps )?\.", runs)
+    assert "native_reader() is not None" in runs
     env = dict(re.findall(r"\b([A-Z_]+)=(\"[^\"]*\"|\S+)", " ".join(
         ln[4:] for ln in lines if ln.startswith("ENV "))))
     # SPARK_HOME is where pip puts PySpark for the base image's Python.
@@ -326,13 +329,14 @@ def test_dockerignore_keeps_what_the_image_needs() -> None:
     patterns = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
                 if ln.strip() and not ln.lstrip().startswith("#")]
     needed = ["pyproject.toml", "README.md", "reclock/cli.py", "reclock/conf/log4j2.properties",
-              "sources/kafka.py", "sinks/postgres.py", "remap_store/sql.py",
-              "examples/compose/producer.py"]
+              "sources/kafka.py", "sources/_kafka_native.c", "setup.py", "sinks/postgres.py",
+              "remap_store/sql.py", "examples/compose/producer.py"]
     for rel in needed:
         assert (REPO / rel).exists(), rel
         assert not _ignored(rel, patterns), f".dockerignore excludes {rel}"
     for rel in [".git/HEAD", "tests/conftest.py", ".mypy_cache/x", "state/remap.db",
-                "reclock/__pycache__/cli.cpython-311.pyc"]:
+                "reclock/__pycache__/cli.cpython-311.pyc",
+                "sources/_kafka_native.cpython-311-x86_64-linux-gnu.so"]:
         assert _ignored(rel, patterns), f".dockerignore keeps {rel}"
 
 

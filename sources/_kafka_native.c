@@ -1,0 +1,606 @@
+/*
+ * sources._kafka_native: a Kafka range reader that fills Arrow buffers in C.
+ *
+ * The Python reader (sources/kafka.py, KafkaReader._read_range) pays for a
+ * Python Message object per record and for the lists it builds from their
+ * fields. This module does the same job below Python: it consumes batches of
+ * messages from librdkafka and appends offsets, timestamps, keys and values
+ * straight into growing Arrow-layout buffers (offsets, data, validity
+ * bitmaps), which Python turns into a RecordBatch without copying again.
+ *
+ * It links against nothing at build time. `load(path)` dlopen()s the
+ * librdkafka that ships inside the confluent-kafka wheel (the same library
+ * the rest of reclock talks to) and resolves the few functions it needs.
+ * The declarations below are librdkafka's public, ABI-stable C API
+ * (rdkafka.h): the two structs are read through their documented leading
+ * fields only.
+ *
+ * Semantics match the Python reader exactly: records in [pos, end) of one
+ * assigned partition, in offset order; records below pos are skipped, the
+ * first record at or past end ends the range; _PARTITION_EOF is ignored;
+ * any other error is reported to Python, which maps it to reclock's errors.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- librdkafka's public API (rdkafka.h), resolved at run time ---------- */
+
+typedef struct rk_s rk_t;
+typedef struct rk_conf_s rk_conf_t;
+typedef struct rk_queue_s rk_queue_t;
+
+typedef struct {
+    int err;
+    void *rkt;
+    int32_t partition;
+    void *payload;
+    size_t len;
+    void *key;
+    size_t key_len;
+    int64_t offset;
+    void *_private;
+} rk_message_t;
+
+typedef struct {
+    char *topic;
+    int32_t partition;
+    int64_t offset;
+    void *metadata;
+    size_t metadata_size;
+    void *opaque;
+    int err;
+    void *_private;
+} rk_tp_t;
+
+typedef struct {
+    int cnt;
+    int size;
+    rk_tp_t *elems;
+} rk_tp_list_t;
+
+#define RK_CONSUMER 1
+#define RK_CONF_OK 0
+#define RK_ERR_PARTITION_EOF (-191)
+#define RK_TIMESTAMP_NOT_AVAILABLE 0
+
+static struct {
+    rk_conf_t *(*conf_new)(void);
+    int (*conf_set)(rk_conf_t *, const char *, const char *, char *, size_t);
+    void (*conf_destroy)(rk_conf_t *);
+    rk_t *(*new_)(int, rk_conf_t *, char *, size_t);
+    void (*destroy)(rk_t *);
+    int (*poll_set_consumer)(rk_t *);
+    rk_queue_t *(*queue_get_consumer)(rk_t *);
+    void (*queue_destroy)(rk_queue_t *);
+    ssize_t (*consume_batch_queue)(rk_queue_t *, int, rk_message_t **, size_t);
+    void (*message_destroy)(rk_message_t *);
+    int64_t (*message_timestamp)(const rk_message_t *, int *);
+    rk_tp_list_t *(*tpl_new)(int);
+    rk_tp_t *(*tpl_add)(rk_tp_list_t *, const char *, int32_t);
+    void (*tpl_destroy)(rk_tp_list_t *);
+    int (*assign)(rk_t *, const rk_tp_list_t *);
+    int (*position)(rk_t *, rk_tp_list_t *);
+    int (*consumer_close)(rk_t *);
+    const char *(*err2str)(int);
+    int loaded;
+} rk;
+
+static PyObject *
+load(PyObject *self, PyObject *args)
+{
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s", &path))
+        return NULL;
+    if (rk.loaded)
+        Py_RETURN_NONE;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        PyErr_Format(PyExc_ImportError, "cannot load librdkafka from %s: %s", path, dlerror());
+        return NULL;
+    }
+#define SYM(field, name)                                                              \
+    do {                                                                              \
+        *(void **)(&rk.field) = dlsym(h, name);                                       \
+        if (rk.field == NULL) {                                                       \
+            PyErr_Format(PyExc_ImportError, "librdkafka at %s lacks %s", path, name); \
+            return NULL;                                                              \
+        }                                                                             \
+    } while (0)
+    SYM(conf_new, "rd_kafka_conf_new");
+    SYM(conf_set, "rd_kafka_conf_set");
+    SYM(conf_destroy, "rd_kafka_conf_destroy");
+    SYM(new_, "rd_kafka_new");
+    SYM(destroy, "rd_kafka_destroy");
+    SYM(poll_set_consumer, "rd_kafka_poll_set_consumer");
+    SYM(queue_get_consumer, "rd_kafka_queue_get_consumer");
+    SYM(queue_destroy, "rd_kafka_queue_destroy");
+    SYM(consume_batch_queue, "rd_kafka_consume_batch_queue");
+    SYM(message_destroy, "rd_kafka_message_destroy");
+    SYM(message_timestamp, "rd_kafka_message_timestamp");
+    SYM(tpl_new, "rd_kafka_topic_partition_list_new");
+    SYM(tpl_add, "rd_kafka_topic_partition_list_add");
+    SYM(tpl_destroy, "rd_kafka_topic_partition_list_destroy");
+    SYM(assign, "rd_kafka_assign");
+    SYM(position, "rd_kafka_position");
+    SYM(consumer_close, "rd_kafka_consumer_close");
+    SYM(err2str, "rd_kafka_err2str");
+#undef SYM
+    rk.loaded = 1;
+    Py_RETURN_NONE;
+}
+
+/* ---- growing buffers ------------------------------------------------------ */
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+} buf_t;
+
+static int
+buf_reserve(buf_t *b, size_t more)
+{
+    if (b->len + more <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more)
+        cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (p == NULL)
+        return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static int
+buf_put(buf_t *b, const void *src, size_t n)
+{
+    if (buf_reserve(b, n) < 0)
+        return -1;
+    if (n)
+        memcpy(b->p + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+/* A binary column: int32 offsets, data, validity bitmap (LSB first). */
+typedef struct {
+    buf_t offsets, data, valid;
+    int64_t nulls;
+} bincol_t;
+
+static int
+bincol_put(bincol_t *c, int64_t row, const void *src, size_t n)
+{
+    if (row % 8 == 0) {
+        uint8_t zero = 0;
+        if (buf_put(&c->valid, &zero, 1) < 0)
+            return -1;
+    }
+    if (src != NULL) {
+        if (c->data.len + n > INT32_MAX)
+            return -2;
+        if (buf_put(&c->data, src, n) < 0)
+            return -1;
+        ((uint8_t *)c->valid.p)[row / 8] |= (uint8_t)(1u << (row % 8));
+    }
+    else {
+        c->nulls++;
+    }
+    int32_t end = (int32_t)c->data.len;
+    return buf_put(&c->offsets, &end, sizeof end);
+}
+
+static void
+bincol_reset(bincol_t *c)
+{
+    int32_t zero = 0;
+    c->offsets.len = c->data.len = c->valid.len = 0;
+    c->nulls = 0;
+    buf_put(&c->offsets, &zero, sizeof zero); /* 4 bytes: the first cap is larger */
+}
+
+static void
+bincol_free(bincol_t *c)
+{
+    free(c->offsets.p);
+    free(c->data.p);
+    free(c->valid.p);
+    memset(c, 0, sizeof *c);
+}
+
+/* ---- the Reader type -------------------------------------------------------- */
+
+#define MAX_BATCH 10000
+
+typedef struct {
+    PyObject_HEAD
+    rk_t *rk;
+    rk_queue_t *queue;
+    char *topic;
+    int32_t partition;
+    int assigned;
+    int64_t rows;
+    buf_t offs, stamps, stamp_valid;
+    int64_t stamp_nulls;
+    bincol_t keys, values;
+    rk_message_t *msgs[MAX_BATCH];
+} Reader;
+
+static void
+reader_reset_rows(Reader *r)
+{
+    r->rows = 0;
+    r->offs.len = r->stamps.len = r->stamp_valid.len = 0;
+    r->stamp_nulls = 0;
+    bincol_reset(&r->keys);
+    bincol_reset(&r->values);
+}
+
+static void
+reader_close_handle(Reader *r)
+{
+    if (r->queue != NULL) {
+        rk.queue_destroy(r->queue);
+        r->queue = NULL;
+    }
+    if (r->rk != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        rk.consumer_close(r->rk);
+        rk.destroy(r->rk);
+        Py_END_ALLOW_THREADS
+        r->rk = NULL;
+    }
+}
+
+static void
+Reader_dealloc(Reader *r)
+{
+    reader_close_handle(r);
+    free(r->topic);
+    free(r->offs.p);
+    free(r->stamps.p);
+    free(r->stamp_valid.p);
+    bincol_free(&r->keys);
+    bincol_free(&r->values);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+/* Reader(conf: dict[str, str]) */
+static int
+Reader_init(Reader *r, PyObject *args, PyObject *kwds)
+{
+    PyObject *conf_dict;
+    static char *kwlist[] = {"conf", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!", kwlist, &PyDict_Type, &conf_dict))
+        return -1;
+    if (!rk.loaded) {
+        PyErr_SetString(PyExc_RuntimeError, "librdkafka is not loaded: call load(path) first");
+        return -1;
+    }
+    if (r->rk != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Reader is already initialised");
+        return -1;
+    }
+    char errstr[512];
+    rk_conf_t *conf = rk.conf_new();
+    PyObject *k, *v;
+    Py_ssize_t i = 0;
+    while (PyDict_Next(conf_dict, &i, &k, &v)) {
+        const char *ks = PyUnicode_AsUTF8(k);
+        const char *vs = ks ? PyUnicode_AsUTF8(v) : NULL;
+        if (vs == NULL) {
+            rk.conf_destroy(conf);
+            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_TypeError, "conf keys and values must be str");
+            }
+            return -1;
+        }
+        if (rk.conf_set(conf, ks, vs, errstr, sizeof errstr) != RK_CONF_OK) {
+            rk.conf_destroy(conf);
+            PyErr_Format(PyExc_ValueError, "%s", errstr);
+            return -1;
+        }
+    }
+    rk_t *h = rk.new_(RK_CONSUMER, conf, errstr, sizeof errstr); /* takes conf */
+    if (h == NULL) {
+        rk.conf_destroy(conf);
+        PyErr_Format(PyExc_ValueError, "%s", errstr);
+        return -1;
+    }
+    rk.poll_set_consumer(h);
+    r->rk = h;
+    r->queue = rk.queue_get_consumer(h);
+    reader_reset_rows(r);
+    return 0;
+}
+
+static int
+reader_ready(Reader *r)
+{
+    if (r->rk == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Reader is closed");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+err_tuple(int code, const char *what)
+{
+    return Py_BuildValue("(is)", code, what);
+}
+
+/* assign(topic, partition, offset): read that partition from offset on. */
+static PyObject *
+Reader_assign(Reader *r, PyObject *args)
+{
+    const char *topic;
+    int partition;
+    long long offset;
+    if (!PyArg_ParseTuple(args, "siL", &topic, &partition, &offset))
+        return NULL;
+    if (!reader_ready(r))
+        return NULL;
+    char *copy = strdup(topic);
+    if (copy == NULL)
+        return PyErr_NoMemory();
+    free(r->topic);
+    r->topic = copy;
+    r->partition = partition;
+    rk_tp_list_t *l = rk.tpl_new(1);
+    rk.tpl_add(l, topic, partition)->offset = offset;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = rk.assign(r->rk, l);
+    Py_END_ALLOW_THREADS
+    rk.tpl_destroy(l);
+    reader_reset_rows(r);
+    if (err)
+        return err_tuple(err, rk.err2str(err));
+    r->assigned = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Reader_unassign(Reader *r, PyObject *Py_UNUSED(ignored))
+{
+    if (!reader_ready(r))
+        return NULL;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = rk.assign(r->rk, NULL);
+    Py_END_ALLOW_THREADS
+    r->assigned = 0;
+    if (err)
+        return err_tuple(err, rk.err2str(err));
+    Py_RETURN_NONE;
+}
+
+/* position() -> the consumer's next offset in the assigned partition (< 0: unknown). */
+static PyObject *
+Reader_position(Reader *r, PyObject *Py_UNUSED(ignored))
+{
+    if (!reader_ready(r))
+        return NULL;
+    if (!r->assigned || r->topic == NULL)
+        return PyLong_FromLong(-1001);
+    rk_tp_list_t *l = rk.tpl_new(1);
+    rk.tpl_add(l, r->topic, r->partition);
+    int err = rk.position(r->rk, l);
+    long long off = err ? -1001 : l->elems[0].offset;
+    rk.tpl_destroy(l);
+    return PyLong_FromLongLong(off);
+}
+
+/*
+ * poll(pos, end, max_messages, timeout_ms) -> (pos, received, error)
+ *
+ * One rd_kafka_consume_batch_queue call. Records with pos <= offset < end are
+ * appended to the pending buffers; pos becomes the last appended offset + 1,
+ * or end when a record at or past end arrives. received counts the messages
+ * delivered (records and errors). error is None or (code, text) for the
+ * first error other than _PARTITION_EOF; messages after it are dropped (the
+ * task fails and is retried from its range's start).
+ */
+static PyObject *
+Reader_poll(Reader *r, PyObject *args)
+{
+    long long pos, end;
+    Py_ssize_t max_messages;
+    int timeout_ms;
+    if (!PyArg_ParseTuple(args, "LLni", &pos, &end, &max_messages, &timeout_ms))
+        return NULL;
+    if (!reader_ready(r))
+        return NULL;
+    if (max_messages < 1)
+        max_messages = 1;
+    if (max_messages > MAX_BATCH)
+        max_messages = MAX_BATCH;
+
+    ssize_t n;
+    int err_code = 0, oom = 0, too_big = 0;
+    char err_text[512] = "";
+    Py_BEGIN_ALLOW_THREADS
+    n = rk.consume_batch_queue(r->queue, timeout_ms, r->msgs, (size_t)max_messages);
+    for (ssize_t i = 0; i < n; i++) {
+        rk_message_t *m = r->msgs[i];
+        if (err_code == 0 && !oom && !too_big && pos < end) {
+            if (m->err) {
+                if (m->err != RK_ERR_PARTITION_EOF) {
+                    err_code = m->err;
+                    if (m->payload != NULL && m->len > 0) {
+                        size_t k = m->len < sizeof err_text - 1 ? m->len : sizeof err_text - 1;
+                        memcpy(err_text, m->payload, k);
+                        err_text[k] = 0;
+                    }
+                    else {
+                        snprintf(err_text, sizeof err_text, "%s", rk.err2str(m->err));
+                    }
+                }
+            }
+            else if (m->offset >= end) {
+                pos = end;
+            }
+            else if (m->offset >= pos) {
+                int64_t row = r->rows;
+                int tstype = RK_TIMESTAMP_NOT_AVAILABLE;
+                int64_t ts = rk.message_timestamp(m, &tstype);
+                if (row % 8 == 0) {
+                    uint8_t zero = 0;
+                    if (buf_put(&r->stamp_valid, &zero, 1) < 0)
+                        oom = 1;
+                }
+                if (!oom) {
+                    if (tstype != RK_TIMESTAMP_NOT_AVAILABLE)
+                        ((uint8_t *)r->stamp_valid.p)[row / 8] |= (uint8_t)(1u << (row % 8));
+                    else {
+                        ts = 0;
+                        r->stamp_nulls++;
+                    }
+                    int rk_ = bincol_put(&r->keys, row, m->key, m->key_len);
+                    int rv_ = rk_ ? rk_ : bincol_put(&r->values, row, m->payload, m->len);
+                    if (rk_ == -2 || rv_ == -2)
+                        too_big = 1;
+                    else if (rk_ < 0 || rv_ < 0 || buf_put(&r->offs, &m->offset, 8) < 0
+                             || buf_put(&r->stamps, &ts, 8) < 0)
+                        oom = 1;
+                    else {
+                        r->rows = row + 1;
+                        pos = m->offset + 1;
+                    }
+                }
+            }
+        }
+        rk.message_destroy(m);
+    }
+    Py_END_ALLOW_THREADS
+    if (oom) {
+        /* The pending buffers may hold a half-appended row: drop them all. */
+        reader_reset_rows(r);
+        return PyErr_NoMemory();
+    }
+    if (too_big) {
+        reader_reset_rows(r);
+        PyErr_SetString(PyExc_OverflowError,
+                        "more than 2 GiB of keys or values pending in one batch");
+        return NULL;
+    }
+    if (n < 0)
+        return Py_BuildValue("(Lnn)", pos, (Py_ssize_t)0, Py_None);
+    if (err_code)
+        return Py_BuildValue("(Ln(is))", pos, (Py_ssize_t)n, err_code, err_text);
+    return Py_BuildValue("(LnO)", pos, (Py_ssize_t)n, Py_None);
+}
+
+static PyObject *
+bytes_of(buf_t *b)
+{
+    return PyBytes_FromStringAndSize(b->p ? b->p : "", (Py_ssize_t)b->len);
+}
+
+/*
+ * take() -> (rows, offsets, stamps, stamp_valid, stamp_nulls,
+ *            key_offsets, key_data, key_valid, key_nulls,
+ *            value_offsets, value_data, value_valid, value_nulls)
+ * The pending rows as Arrow buffers (bytes), then clears them.
+ */
+static PyObject *
+Reader_take(Reader *r, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *res = Py_BuildValue(
+        "(LNNNLNNNLNNNL)", (long long)r->rows, bytes_of(&r->offs), bytes_of(&r->stamps),
+        bytes_of(&r->stamp_valid), (long long)r->stamp_nulls, bytes_of(&r->keys.offsets),
+        bytes_of(&r->keys.data), bytes_of(&r->keys.valid), (long long)r->keys.nulls,
+        bytes_of(&r->values.offsets), bytes_of(&r->values.data), bytes_of(&r->values.valid),
+        (long long)r->values.nulls);
+    if (res != NULL)
+        reader_reset_rows(r);
+    return res;
+}
+
+static PyObject *
+Reader_close(Reader *r, PyObject *Py_UNUSED(ignored))
+{
+    reader_close_handle(r);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Reader_get_pending(Reader *r, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(r->rows);
+}
+
+static PyObject *
+Reader_get_pending_bytes(Reader *r, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSize_t(r->keys.data.len + r->values.data.len);
+}
+
+static PyMethodDef Reader_methods[] = {
+    {"assign", (PyCFunction)Reader_assign, METH_VARARGS,
+     "assign(topic, partition, offset) -> None or (code, text)"},
+    {"unassign", (PyCFunction)Reader_unassign, METH_NOARGS, "unassign() -> None or (code, text)"},
+    {"position", (PyCFunction)Reader_position, METH_NOARGS,
+     "position() -> the next offset of the assigned partition, < 0 if unknown"},
+    {"poll", (PyCFunction)Reader_poll, METH_VARARGS,
+     "poll(pos, end, max_messages, timeout_ms) -> (pos, received, error)"},
+    {"take", (PyCFunction)Reader_take, METH_NOARGS, "take() -> the pending rows' buffers"},
+    {"close", (PyCFunction)Reader_close, METH_NOARGS, "close the consumer"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Reader_getset[] = {
+    {"pending", (getter)Reader_get_pending, NULL, "rows appended since the last take()", NULL},
+    {"pending_bytes", (getter)Reader_get_pending_bytes, NULL, "key and value bytes pending",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sources._kafka_native.Reader",
+    .tp_basicsize = sizeof(Reader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A librdkafka consumer reading one partition range into Arrow buffers",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Reader_init,
+    .tp_dealloc = (destructor)Reader_dealloc,
+    .tp_methods = Reader_methods,
+    .tp_getset = Reader_getset,
+};
+
+static PyMethodDef module_methods[] = {
+    {"load", load, METH_VARARGS, "load(path): resolve librdkafka's API from that library"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_kafka_native",
+    .m_doc = "Kafka partition ranges read into Arrow buffers below Python",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__kafka_native(void)
+{
+    if (PyType_Ready(&ReaderType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&ReaderType);
+    if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0) {
+        Py_DECREF(&ReaderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
