@@ -565,3 +565,31 @@ def test_stager_pickles(sink: DeltaSink) -> None:
     staged = stager.stage("p", 0, updates(["a"], 1))
     sink.commit(staged, SinkState(), SinkState(2))
     assert keys(sink.read_updates()) == ["a"]
+
+
+def test_only_low_cardinality_columns_are_dictionary_encoded(tmp_path: Path) -> None:
+    """Staged Parquet files dictionary-encode the columns with few distinct
+    values (in an even sample) and write the others plain; the data is the same."""
+    import pyarrow.parquet as pq
+
+    from sinks.delta import _write_parquet, dictionary_columns
+
+    n = 10_000
+    t = pa.table({"id": pa.array(range(n), pa.int64()),
+                  "text": pa.array([f"row {i}" for i in range(n)]),
+                  "kind": pa.array(["a", "b", None, "c"] * (n // 4)),
+                  "into": pa.array([1000] * n, pa.int64()),
+                  "tags": pa.array([[1, 2]] * n, pa.list_(pa.int32()))})
+    assert dictionary_columns(t) == ["kind", "into"]
+    assert dictionary_columns(t.slice(0, 0)) == ["id", "text", "kind", "into"]
+    path = tmp_path / "f.parquet"
+    with path.open("wb") as f:
+        _write_parquet(t, f)
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings
+                 for i in range(meta.num_columns)}
+    for name in ("kind", "into"):
+        assert any("DICTIONARY" in e for e in encodings[name]), encodings
+    for name in ("id", "text"):
+        assert not any("DICTIONARY" in e for e in encodings[name]), encodings
+    assert pq.read_table(path).equals(t)
