@@ -485,10 +485,15 @@ class Reclock(Contender):
     name = "reclock"
     slug = "reclock"
 
-    def __init__(self, args: argparse.Namespace, topic: Topic, props: dict[str, Any]) -> None:
+    def __init__(self, args: argparse.Namespace, topic: Topic, props: dict[str, Any],
+                 reader: str = "native") -> None:
         super().__init__(args, topic, props)
         from importlib.metadata import version
 
+        self.reader = reader
+        if reader != "native":  # "reclock" (the targets' row) is the default reader
+            self.name = f"reclock, {reader} reader"
+            self.slug = f"reclock-{reader}"
         self.version = f"{version('reclock')} (PySpark {version('pyspark')})"
         self._opens: list[int] = []  # "open" event times (ms) seen by the last probe
 
@@ -510,6 +515,7 @@ class Reclock(Contender):
             f"      topic: {TOPIC}",
             "      timeout: 10s",
             f"      properties: {{{props}}}",
+            f"      reader: {self.reader}",
             "    outputs:",
             "      - name: events",
             f"        format: {{type: json, schema: {SCHEMA}}}",
@@ -934,6 +940,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "so that there are several commits to time)")
     ap.add_argument("--reclock-task", type=int, default=100_000,
                     help="reclock spark.max_records_per_task (a task never spans partitions)")
+    ap.add_argument("--reclock-readers", default="native",
+                    help="reclock's Kafka readers to run, each a contender: native (the C "
+                    "reader, the default) and/or python")
     ap.add_argument("--bytewax-modes", default="w1,p2",
                     help="Bytewax set-ups, each a contender: w<N>: one process with N workers; "
                     "p<N>: N processes of one worker each")
@@ -1001,7 +1010,8 @@ def main(argv: list[str] | None = None) -> int:
                              "defaults"))
         contenders: list[Contender] = []
         if "reclock" in args.only:
-            contenders.append(Reclock(args, topic, props))
+            for reader in args.reclock_readers.split(","):
+                contenders.append(Reclock(args, topic, props, reader.strip()))
         if "bytewax" in pys:
             for mode in args.bytewax_modes.split(","):
                 contenders.append(Bytewax(args, topic, props, pys["bytewax"], mode.strip()))

@@ -622,6 +622,11 @@ class KafkaConfig(ConnectorConfig):
     timeout: DurationMs = 10_000
     """Timeout of metadata and offset requests, and of a read task waiting for
     its range."""
+    reader: Literal["native", "python"] = "native"
+    """How Spark tasks read their ranges: ``native`` (a C reader filling Arrow
+    buffers straight from librdkafka; the pure-Python reader, with a warning,
+    where the extension was not built) or ``python`` (a confluent-kafka
+    ``Consumer``). Both read exactly the same records."""
 
     @classmethod
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:

@@ -123,6 +123,7 @@ class Pipeline:
                 start=k.start, start_offsets={s.partition: s.offset for s in k.start_offsets},
                 start_timestamp=k.start_timestamp, properties=dict(k.properties),
                 timeout_s=k.timeout / 1000.0, output_names=[o.name for o in src.outputs],
+                native=k.reader == "native",
             )
         if src.postgres is not None:
             from sources.postgres.source import PostgresSource

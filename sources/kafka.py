@@ -284,9 +284,11 @@ def _native_batch(partition: int, taken: tuple[Any, ...]) -> pa.RecordBatch:
         return pa.Array.from_buffers(t, n, [validity, *map(pa.py_buffer, bufs)],
                                      null_count=nulls)
 
+    # (from buffers: pa.array() of a numpy array would import pandas in the worker)
     return pa.RecordBatch.from_arrays(
-        [pa.array(np.full(n, partition, np.int32)), col(pa.int64(), 0, b"", offs),
-         pa.array(np.zeros(n, np.int32)), col(pa.int64(), stamp_nulls, stamp_valid, stamps),
+        [col(pa.int32(), 0, b"", np.full(n, partition, np.int32).tobytes()),
+         col(pa.int64(), 0, b"", offs), col(pa.int32(), 0, b"", bytes(4 * n)),
+         col(pa.int64(), stamp_nulls, stamp_valid, stamps),
          col(pa.binary(), key_nulls, key_valid, key_offs, key_data),
          col(pa.binary(), value_nulls, value_valid, value_offs, value_data)],
         names=_NAMES,
@@ -312,6 +314,7 @@ class KafkaSource:
     properties: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 10.0
     output_names: list[str] = field(default_factory=list)
+    native: bool = True  # tasks read with the C reader where it is built
 
     kind = Partitioned.KIND
     replayable = True
@@ -467,7 +470,7 @@ class KafkaSource:
 
     def reader(self) -> KafkaReader:
         return KafkaReader(self.bootstrap, self.topic, tuple(sorted(self.properties.items())),
-                           self.timeout_s)
+                           self.timeout_s, native=self.native)
 
     # -- acknowledgement ----------------------------------------------------------------------
     def acknowledge(self, frontier: Antichain[Partitioned]) -> None:
