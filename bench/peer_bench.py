@@ -507,7 +507,7 @@ class Reclock(Contender):
             "spark:",
             "  master: \"local[2]\"",
             f"  max_records_per_job: {a.reclock_job}",
-            f"  max_records_per_task: {a.reclock_task}",
+            *([f"  max_records_per_task: {a.reclock_task}"] if a.reclock_task else []),
             "sources:",
             "  - name: events",
             "    kafka:",
@@ -938,8 +938,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--reclock-job", type=int, default=None,
                     help="reclock spark.max_records_per_job (None: a quarter of --records, "
                     "so that there are several commits to time)")
-    ap.add_argument("--reclock-task", type=int, default=100_000,
-                    help="reclock spark.max_records_per_task (a task never spans partitions)")
+    ap.add_argument("--reclock-task", type=int, default=None,
+                    help="reclock spark.max_records_per_task (default: reclock's own)")
     ap.add_argument("--reclock-readers", default="native",
                     help="reclock's Kafka readers to run, each a contender: native (the C "
                     "reader, the default) and/or python")

@@ -838,7 +838,9 @@ class SparkConfig(_Model):
     max_records_per_job: int = Field(default=1_000_000, gt=0)
     """Records read by one Spark job at most (a binding's data may take several)."""
     max_records_per_task: int = Field(default=200_000, gt=0)
-    """Records read by one Spark task at most."""
+    """Records read by one Spark task at most. A job is split into at least one
+    task per core (so tasks of a full job read at most ``max_records_per_job``
+    / cores), and a Kafka task reads several partitions when they are small."""
 
 
 _REMAP_SCHEMES = ("sqlite", "postgresql", "postgres")

@@ -155,6 +155,7 @@ class SourceRunner:
         self.outputs = outputs
         self.store = store
         self.spark = spark
+        self._slots: int | None = None
         self.clock = clock
         self.settings = settings
         self.events = events
@@ -394,8 +395,10 @@ class SourceRunner:
     def _submit(self, b: Bindings[Any], start: Antichain[Any], bound: Antichain[Any]) -> _Job:
         """Plan the job reading from ``start`` (on this thread, as every use of
         the source and the sinks) and run it on the job thread."""
-        tasks, reached = self.source.plan(
-            start, bound, self.settings.max_records_per_task, self.settings.max_records_per_job)
+        max_job = self.settings.max_records_per_job
+        # A bounded job (catching up) keeps every core busy: at least one task each.
+        max_task = min(self.settings.max_records_per_task, -(-max_job // self._cores()))
+        tasks, reached = self.source.plan(start, bound, max_task, max_job)
         if not start.less_equal(reached):
             raise AssertionError(f"plan moved backwards: {start} -> {reached}")
         fut: Future[list[TaskResult]] = Future()
@@ -406,6 +409,13 @@ class SourceRunner:
         if self._jobs is None:
             self._jobs = ThreadPoolExecutor(1, thread_name_prefix=f"jobs-{self.name}")
         return _Job(self._jobs.submit(self._execute, ctx, tasks), reached)
+
+    def _cores(self) -> int:
+        """Task slots of the Spark application (1 when tasks run in this process)."""
+        if self._slots is None:
+            self._slots = 1 if self.spark is None else max(
+                1, int(self.spark.sparkContext.defaultParallelism))
+        return self._slots
 
     def _context(self, b: Bindings[Any]) -> JobContext:
         batch_id = f"{self.clock.now()}-{uuid.uuid4().hex[:10]}"

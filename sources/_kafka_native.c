@@ -15,10 +15,12 @@
  * (rdkafka.h): the two structs are read through their documented leading
  * fields only.
  *
- * Semantics match the Python reader exactly: records in [pos, end) of one
- * assigned partition, in offset order; records below pos are skipped, the
- * first record at or past end ends the range; _PARTITION_EOF is ignored;
- * any other error is reported to Python, which maps it to reclock's errors.
+ * Semantics match the Python reader: the records in [start, end) of each of
+ * a task's partition ranges, in offset order within a partition (the
+ * partitions are assigned together, so their records interleave); records
+ * below a range's position are skipped, the first record at or past its end
+ * ends it; _PARTITION_EOF is ignored; any other error is reported to Python,
+ * which maps it to reclock's errors.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -216,15 +218,22 @@ bincol_free(bincol_t *c)
 
 #define MAX_BATCH 10000
 
+/* One partition range [pos, end) of a task; pos advances as records arrive. */
+typedef struct {
+    int32_t partition;
+    int64_t pos, end;
+} range_t;
+
 typedef struct {
     PyObject_HEAD
     rk_t *rk;
     rk_queue_t *queue;
     char *topic;
-    int32_t partition;
-    int assigned;
+    range_t *ranges;
+    Py_ssize_t nranges;
+    Py_ssize_t last; /* the range the previous message belonged to */
     int64_t rows;
-    buf_t offs, stamps, stamp_valid;
+    buf_t parts, offs, stamps, stamp_valid;
     int64_t stamp_nulls;
     bincol_t keys, values;
     rk_message_t *msgs[MAX_BATCH];
@@ -234,7 +243,7 @@ static void
 reader_reset_rows(Reader *r)
 {
     r->rows = 0;
-    r->offs.len = r->stamps.len = r->stamp_valid.len = 0;
+    r->parts.len = r->offs.len = r->stamps.len = r->stamp_valid.len = 0;
     r->stamp_nulls = 0;
     bincol_reset(&r->keys);
     bincol_reset(&r->values);
@@ -261,6 +270,8 @@ Reader_dealloc(Reader *r)
 {
     reader_close_handle(r);
     free(r->topic);
+    free(r->ranges);
+    free(r->parts.p);
     free(r->offs.p);
     free(r->stamps.p);
     free(r->stamp_valid.p);
@@ -290,14 +301,12 @@ Reader_init(Reader *r, PyObject *args, PyObject *kwds)
     PyObject *k, *v;
     Py_ssize_t i = 0;
     while (PyDict_Next(conf_dict, &i, &k, &v)) {
-        const char *ks = PyUnicode_AsUTF8(k);
-        const char *vs = ks ? PyUnicode_AsUTF8(v) : NULL;
+        const char *ks = PyUnicode_Check(k) ? PyUnicode_AsUTF8(k) : NULL;
+        const char *vs = ks && PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
         if (vs == NULL) {
             rk.conf_destroy(conf);
-            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
-                PyErr_Clear();
+            if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_TypeError, "conf keys and values must be str");
-            }
             return -1;
         }
         if (rk.conf_set(conf, ks, vs, errstr, sizeof errstr) != RK_CONF_OK) {
@@ -329,40 +338,74 @@ reader_ready(Reader *r)
     return 1;
 }
 
-static PyObject *
-err_tuple(int code, const char *what)
-{
-    return Py_BuildValue("(is)", code, what);
-}
-
-/* assign(topic, partition, offset): read that partition from offset on. */
+/*
+ * assign(topic, ranges) -> None or (code, text)
+ * ranges: a sequence of (partition, start, end), one per partition. All of
+ * them are assigned at once, each at its start, so that librdkafka fetches
+ * them together; records of every range arrive interleaved.
+ */
 static PyObject *
 Reader_assign(Reader *r, PyObject *args)
 {
     const char *topic;
-    int partition;
-    long long offset;
-    if (!PyArg_ParseTuple(args, "siL", &topic, &partition, &offset))
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "sO", &topic, &seq))
         return NULL;
     if (!reader_ready(r))
         return NULL;
+    PyObject *fast = PySequence_Fast(seq, "ranges must be a sequence");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    range_t *ranges = calloc(n > 0 ? (size_t)n : 1, sizeof *ranges);
     char *copy = strdup(topic);
-    if (copy == NULL)
+    if (ranges == NULL || copy == NULL) {
+        free(ranges);
+        free(copy);
+        Py_DECREF(fast);
         return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int partition;
+        long long start, end;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iLL", &partition, &start,
+                              &end)) {
+            free(ranges);
+            free(copy);
+            Py_DECREF(fast);
+            return NULL;
+        }
+        for (Py_ssize_t j = 0; j < i; j++) {
+            if (ranges[j].partition == partition) {
+                free(ranges);
+                free(copy);
+                Py_DECREF(fast);
+                PyErr_Format(PyExc_ValueError, "partition %d is in two ranges", partition);
+                return NULL;
+            }
+        }
+        ranges[i].partition = partition;
+        ranges[i].pos = start;
+        ranges[i].end = end;
+    }
+    Py_DECREF(fast);
     free(r->topic);
+    free(r->ranges);
     r->topic = copy;
-    r->partition = partition;
-    rk_tp_list_t *l = rk.tpl_new(1);
-    rk.tpl_add(l, topic, partition)->offset = offset;
+    r->ranges = ranges;
+    r->nranges = n;
+    r->last = 0;
+    reader_reset_rows(r);
+    rk_tp_list_t *l = rk.tpl_new((int)(n > 0 ? n : 1));
+    for (Py_ssize_t i = 0; i < n; i++)
+        rk.tpl_add(l, topic, ranges[i].partition)->offset = ranges[i].pos;
     int err;
     Py_BEGIN_ALLOW_THREADS
     err = rk.assign(r->rk, l);
     Py_END_ALLOW_THREADS
     rk.tpl_destroy(l);
-    reader_reset_rows(r);
     if (err)
-        return err_tuple(err, rk.err2str(err));
-    r->assigned = 1;
+        return Py_BuildValue("(is)", err, rk.err2str(err));
     Py_RETURN_NONE;
 }
 
@@ -375,45 +418,118 @@ Reader_unassign(Reader *r, PyObject *Py_UNUSED(ignored))
     Py_BEGIN_ALLOW_THREADS
     err = rk.assign(r->rk, NULL);
     Py_END_ALLOW_THREADS
-    r->assigned = 0;
+    r->nranges = 0;
     if (err)
-        return err_tuple(err, rk.err2str(err));
+        return Py_BuildValue("(is)", err, rk.err2str(err));
     Py_RETURN_NONE;
 }
 
-/* position() -> the consumer's next offset in the assigned partition (< 0: unknown). */
+/*
+ * advance() -> [(partition, pos, end), ...] of the ranges not read to their end.
+ * Transaction markers and aborted records are never delivered: the consumer's
+ * position (the next offset it will deliver) tells how far each log was read.
+ */
 static PyObject *
-Reader_position(Reader *r, PyObject *Py_UNUSED(ignored))
+Reader_advance(Reader *r, PyObject *Py_UNUSED(ignored))
 {
     if (!reader_ready(r))
         return NULL;
-    if (!r->assigned || r->topic == NULL)
-        return PyLong_FromLong(-1001);
-    rk_tp_list_t *l = rk.tpl_new(1);
-    rk.tpl_add(l, r->topic, r->partition);
-    int err = rk.position(r->rk, l);
-    long long off = err ? -1001 : l->elems[0].offset;
+    rk_tp_list_t *l = rk.tpl_new((int)(r->nranges > 0 ? r->nranges : 1));
+    for (Py_ssize_t i = 0; i < r->nranges; i++)
+        if (r->ranges[i].pos < r->ranges[i].end)
+            rk.tpl_add(l, r->topic, r->ranges[i].partition);
+    if (l->cnt > 0 && rk.position(r->rk, l) == 0) {
+        for (int k = 0; k < l->cnt; k++) {
+            for (Py_ssize_t i = 0; i < r->nranges; i++) {
+                range_t *g = &r->ranges[i];
+                if (g->partition == l->elems[k].partition && l->elems[k].offset >= 0) {
+                    int64_t p = l->elems[k].offset < g->end ? l->elems[k].offset : g->end;
+                    if (p > g->pos)
+                        g->pos = p;
+                }
+            }
+        }
+    }
     rk.tpl_destroy(l);
-    return PyLong_FromLongLong(off);
+    PyObject *left = PyList_New(0);
+    if (left == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < r->nranges; i++) {
+        range_t *g = &r->ranges[i];
+        if (g->pos >= g->end)
+            continue;
+        PyObject *t = Py_BuildValue("(iLL)", g->partition, (long long)g->pos, (long long)g->end);
+        if (t == NULL || PyList_Append(left, t) < 0) {
+            Py_XDECREF(t);
+            Py_DECREF(left);
+            return NULL;
+        }
+        Py_DECREF(t);
+    }
+    return left;
+}
+
+static range_t *
+find_range(Reader *r, int32_t partition)
+{
+    if (r->nranges == 0)
+        return NULL;
+    if (r->ranges[r->last].partition == partition)
+        return &r->ranges[r->last];
+    for (Py_ssize_t i = 0; i < r->nranges; i++) {
+        if (r->ranges[i].partition == partition) {
+            r->last = i;
+            return &r->ranges[i];
+        }
+    }
+    return NULL;
+}
+
+/* Append one record; 0 ok, -1 out of memory, -2 over the 32-bit offsets. */
+static int
+append(Reader *r, const rk_message_t *m, int32_t partition)
+{
+    int64_t row = r->rows;
+    int tstype = RK_TIMESTAMP_NOT_AVAILABLE;
+    int64_t ts = rk.message_timestamp(m, &tstype);
+    if (row % 8 == 0) {
+        uint8_t zero = 0;
+        if (buf_put(&r->stamp_valid, &zero, 1) < 0)
+            return -1;
+    }
+    if (tstype != RK_TIMESTAMP_NOT_AVAILABLE)
+        ((uint8_t *)r->stamp_valid.p)[row / 8] |= (uint8_t)(1u << (row % 8));
+    else {
+        ts = 0;
+        r->stamp_nulls++;
+    }
+    int rc = bincol_put(&r->keys, row, m->key, m->key_len);
+    if (rc == 0)
+        rc = bincol_put(&r->values, row, m->payload, m->len);
+    if (rc == 0 && (buf_put(&r->parts, &partition, 4) < 0 || buf_put(&r->offs, &m->offset, 8) < 0
+                    || buf_put(&r->stamps, &ts, 8) < 0))
+        rc = -1;
+    if (rc == 0)
+        r->rows = row + 1;
+    return rc;
 }
 
 /*
- * poll(pos, end, max_messages, timeout_ms) -> (pos, received, error)
+ * poll(max_messages, timeout_ms) -> (received, error)
  *
- * One rd_kafka_consume_batch_queue call. Records with pos <= offset < end are
- * appended to the pending buffers; pos becomes the last appended offset + 1,
- * or end when a record at or past end arrives. received counts the messages
- * delivered (records and errors). error is None or (code, text) for the
- * first error other than _PARTITION_EOF; messages after it are dropped (the
- * task fails and is retried from its range's start).
+ * One rd_kafka_consume_batch_queue call. A record of a range with
+ * pos <= offset < end is appended to the pending buffers and advances pos;
+ * one at or past end ends its range. received counts the messages delivered
+ * (records and errors). error is None or (code, text, partition) for the
+ * first error other than _PARTITION_EOF (partition -1: not a partition's);
+ * messages after it are dropped (the task fails and is retried whole).
  */
 static PyObject *
 Reader_poll(Reader *r, PyObject *args)
 {
-    long long pos, end;
     Py_ssize_t max_messages;
     int timeout_ms;
-    if (!PyArg_ParseTuple(args, "LLni", &pos, &end, &max_messages, &timeout_ms))
+    if (!PyArg_ParseTuple(args, "ni", &max_messages, &timeout_ms))
         return NULL;
     if (!reader_ready(r))
         return NULL;
@@ -423,16 +539,17 @@ Reader_poll(Reader *r, PyObject *args)
         max_messages = MAX_BATCH;
 
     ssize_t n;
-    int err_code = 0, oom = 0, too_big = 0;
+    int err_code = 0, failed = 0, err_partition = -1;
     char err_text[512] = "";
     Py_BEGIN_ALLOW_THREADS
     n = rk.consume_batch_queue(r->queue, timeout_ms, r->msgs, (size_t)max_messages);
     for (ssize_t i = 0; i < n; i++) {
         rk_message_t *m = r->msgs[i];
-        if (err_code == 0 && !oom && !too_big && pos < end) {
+        if (err_code == 0 && failed == 0) {
             if (m->err) {
                 if (m->err != RK_ERR_PARTITION_EOF) {
                     err_code = m->err;
+                    err_partition = m->partition;
                     if (m->payload != NULL && m->len > 0) {
                         size_t k = m->len < sizeof err_text - 1 ? m->len : sizeof err_text - 1;
                         memcpy(err_text, m->payload, k);
@@ -443,35 +560,15 @@ Reader_poll(Reader *r, PyObject *args)
                     }
                 }
             }
-            else if (m->offset >= end) {
-                pos = end;
-            }
-            else if (m->offset >= pos) {
-                int64_t row = r->rows;
-                int tstype = RK_TIMESTAMP_NOT_AVAILABLE;
-                int64_t ts = rk.message_timestamp(m, &tstype);
-                if (row % 8 == 0) {
-                    uint8_t zero = 0;
-                    if (buf_put(&r->stamp_valid, &zero, 1) < 0)
-                        oom = 1;
-                }
-                if (!oom) {
-                    if (tstype != RK_TIMESTAMP_NOT_AVAILABLE)
-                        ((uint8_t *)r->stamp_valid.p)[row / 8] |= (uint8_t)(1u << (row % 8));
-                    else {
-                        ts = 0;
-                        r->stamp_nulls++;
-                    }
-                    int rk_ = bincol_put(&r->keys, row, m->key, m->key_len);
-                    int rv_ = rk_ ? rk_ : bincol_put(&r->values, row, m->payload, m->len);
-                    if (rk_ == -2 || rv_ == -2)
-                        too_big = 1;
-                    else if (rk_ < 0 || rv_ < 0 || buf_put(&r->offs, &m->offset, 8) < 0
-                             || buf_put(&r->stamps, &ts, 8) < 0)
-                        oom = 1;
-                    else {
-                        r->rows = row + 1;
-                        pos = m->offset + 1;
+            else {
+                range_t *g = find_range(r, m->partition);
+                if (g != NULL && g->pos < g->end) {
+                    if (m->offset >= g->end)
+                        g->pos = g->end;
+                    else if (m->offset >= g->pos) {
+                        failed = append(r, m, m->partition);
+                        if (failed == 0)
+                            g->pos = m->offset + 1;
                     }
                 }
             }
@@ -479,22 +576,21 @@ Reader_poll(Reader *r, PyObject *args)
         rk.message_destroy(m);
     }
     Py_END_ALLOW_THREADS
-    if (oom) {
+    if (failed) {
         /* The pending buffers may hold a half-appended row: drop them all. */
         reader_reset_rows(r);
+        if (failed == -2) {
+            PyErr_SetString(PyExc_OverflowError,
+                            "more than 2 GiB of keys or values pending in one batch");
+            return NULL;
+        }
         return PyErr_NoMemory();
     }
-    if (too_big) {
-        reader_reset_rows(r);
-        PyErr_SetString(PyExc_OverflowError,
-                        "more than 2 GiB of keys or values pending in one batch");
-        return NULL;
-    }
     if (n < 0)
-        return Py_BuildValue("(Lnn)", pos, (Py_ssize_t)0, Py_None);
+        n = 0;
     if (err_code)
-        return Py_BuildValue("(Ln(is))", pos, (Py_ssize_t)n, err_code, err_text);
-    return Py_BuildValue("(LnO)", pos, (Py_ssize_t)n, Py_None);
+        return Py_BuildValue("(n(isi))", (Py_ssize_t)n, err_code, err_text, err_partition);
+    return Py_BuildValue("(nO)", (Py_ssize_t)n, Py_None);
 }
 
 static PyObject *
@@ -504,7 +600,7 @@ bytes_of(buf_t *b)
 }
 
 /*
- * take() -> (rows, offsets, stamps, stamp_valid, stamp_nulls,
+ * take() -> (rows, partitions, offsets, stamps, stamp_valid, stamp_nulls,
  *            key_offsets, key_data, key_valid, key_nulls,
  *            value_offsets, value_data, value_valid, value_nulls)
  * The pending rows as Arrow buffers (bytes), then clears them.
@@ -513,7 +609,8 @@ static PyObject *
 Reader_take(Reader *r, PyObject *Py_UNUSED(ignored))
 {
     PyObject *res = Py_BuildValue(
-        "(LNNNLNNNLNNNL)", (long long)r->rows, bytes_of(&r->offs), bytes_of(&r->stamps),
+        "(LNNNNLNNNLNNNL)", (long long)r->rows, bytes_of(&r->parts), bytes_of(&r->offs),
+        bytes_of(&r->stamps),
         bytes_of(&r->stamp_valid), (long long)r->stamp_nulls, bytes_of(&r->keys.offsets),
         bytes_of(&r->keys.data), bytes_of(&r->keys.valid), (long long)r->keys.nulls,
         bytes_of(&r->values.offsets), bytes_of(&r->values.data), bytes_of(&r->values.valid),
@@ -544,12 +641,12 @@ Reader_get_pending_bytes(Reader *r, void *Py_UNUSED(closure))
 
 static PyMethodDef Reader_methods[] = {
     {"assign", (PyCFunction)Reader_assign, METH_VARARGS,
-     "assign(topic, partition, offset) -> None or (code, text)"},
+     "assign(topic, [(partition, start, end), ...]) -> None or (code, text)"},
     {"unassign", (PyCFunction)Reader_unassign, METH_NOARGS, "unassign() -> None or (code, text)"},
-    {"position", (PyCFunction)Reader_position, METH_NOARGS,
-     "position() -> the next offset of the assigned partition, < 0 if unknown"},
+    {"advance", (PyCFunction)Reader_advance, METH_NOARGS,
+     "advance() -> [(partition, pos, end), ...]: the ranges not read to their end"},
     {"poll", (PyCFunction)Reader_poll, METH_VARARGS,
-     "poll(pos, end, max_messages, timeout_ms) -> (pos, received, error)"},
+     "poll(max_messages, timeout_ms) -> (received, error)"},
     {"take", (PyCFunction)Reader_take, METH_NOARGS, "take() -> the pending rows' buffers"},
     {"close", (PyCFunction)Reader_close, METH_NOARGS, "close the consumer"},
     {NULL, NULL, 0, NULL},
@@ -567,7 +664,7 @@ static PyTypeObject ReaderType = {
     .tp_name = "sources._kafka_native.Reader",
     .tp_basicsize = sizeof(Reader),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A librdkafka consumer reading one partition range into Arrow buffers",
+    .tp_doc = "A librdkafka consumer reading partition ranges into Arrow buffers",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Reader_init,
     .tp_dealloc = (destructor)Reader_dealloc,

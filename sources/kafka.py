@@ -41,7 +41,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 from confluent_kafka import (
     Consumer,
@@ -153,27 +152,28 @@ class KafkaReader:
             return c
 
     def read(self, task: ReadTask) -> Iterator[tuple[int, pa.RecordBatch]]:
-        partition, start, end = task.spec
-        if end <= start:
+        ranges = [r for r in task_ranges(task.spec) if r[2] > r[1]]
+        if not ranges:
             return
         native = native_reader() if self.native else None
         c = self._consumer(native)
         if native is not None:
-            err = c.assign(self.topic, partition, start)
+            err = c.assign(self.topic, ranges)
             if err is not None:
-                raise _transient(f"assigning {self.topic}[{partition}]",
+                raise _transient(f"assigning {self.topic}{[p for p, _b, _e in ranges]}",
                                  KafkaException(KafkaError(err[0], err[1])))
             try:
-                yield from self._read_native(c, partition, start, end)
+                yield from self._read_native(c, ranges)
             finally:
                 c.unassign()
             return
-        c.assign([TopicPartition(self.topic, partition, start)])
-        try:
-            yield from self._read_range(c, partition, start, end)
-        finally:
-            with contextlib.suppress(KafkaException):
-                c.unassign()
+        for partition, start, end in ranges:
+            c.assign([TopicPartition(self.topic, partition, start)])
+            try:
+                yield from self._read_range(c, partition, start, end)
+            finally:
+                with contextlib.suppress(KafkaException):
+                    c.unassign()
 
     def _fail(self, partition: int, pos: int, err: KafkaError) -> Exception:
         code = err.code()
@@ -194,28 +194,32 @@ class KafkaReader:
             f"offsets {pos} and {end} after {self.timeout_s:.0f}s",
             hint="the broker may be unavailable; the task is retried")
 
-    def _read_native(self, r: Any, partition: int, start: int, end: int
+    def _read_native(self, r: Any, ranges: list[tuple[int, int, int]]
                      ) -> Iterator[tuple[int, pa.RecordBatch]]:
-        pos = start
+        """All of a task's ranges at once: their partitions are assigned
+        together, so librdkafka fetches them together."""
+        left = ranges
         idle_since = time.monotonic()
-        while pos < end:
-            pos, received, err = r.poll(pos, end, min(10_000, end - pos, self.batch), 500)
+        while left:
+            # A poll returns when it holds max_messages or after its timeout:
+            # ask for no more than the ranges can still deliver, and wait
+            # briefly (transaction markers take offsets but deliver nothing).
+            want = sum(e - pos for _p, pos, e in left)
+            received, err = r.poll(min(10_000, self.batch, want), 50)
             if err is not None:
-                raise self._fail(partition, pos, KafkaError(err[0], err[1]))
+                code, text, part = err
+                at = {p: pos for p, pos, _e in left}
+                part = part if part in at else left[0][0]
+                raise self._fail(part, at[part], KafkaError(code, text))
             if r.pending >= self.batch or r.pending_bytes >= BATCH_BYTES:
-                yield 0, _native_batch(partition, r.take())
+                yield 0, _native_batch(r.take())
             if received:
                 idle_since = time.monotonic()
-            if pos < end:
-                # Transaction markers and aborted records are never delivered:
-                # the consumer's position tells how far the log was read.
-                p = r.position()
-                if p >= 0:
-                    pos = max(pos, min(p, end))
-                if not received and time.monotonic() - idle_since > self.timeout_s:
-                    raise self._idle(partition, pos, end)
+            left = r.advance()
+            if left and not received and time.monotonic() - idle_since > self.timeout_s:
+                raise self._idle(*left[0])
         if r.pending:
-            yield 0, _native_batch(partition, r.take())
+            yield 0, _native_batch(r.take())
 
     def _read_range(self, c: Consumer, partition: int, start: int, end: int
                     ) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -274,10 +278,47 @@ def _batch(partition: int, offsets: list[int], keys: list[bytes | None],
     )
 
 
-def _native_batch(partition: int, taken: tuple[Any, ...]) -> pa.RecordBatch:
+def pack_ranges(pieces: list[tuple[int, int, int]], max_task: int
+                ) -> list[tuple[tuple[int, int, int], ...]]:
+    """Partition ranges packed into as few tasks as ``max_task`` allows, of
+    even size: a task reads several partitions (a Spark task costs tens of
+    milliseconds however little it reads), and a range larger than a task's
+    room is split across consecutive tasks, so a partition appears at most
+    once per task. Deterministic: a re-planned job gets the same tasks."""
+    total = sum(e - b for _p, b, e in pieces)
+    if total <= 0:
+        return []
+    n = -(-total // max(1, max_task))
+    size = -(-total // n)
+    tasks: list[tuple[tuple[int, int, int], ...]] = []
+    current: list[tuple[int, int, int]] = []
+    room = size
+    for p, b, e in pieces:
+        while b < e:
+            take = min(e - b, room)
+            current.append((p, b, b + take))
+            b += take
+            room -= take
+            if room == 0:
+                tasks.append(tuple(current))
+                current, room = [], size
+    if current:
+        tasks.append(tuple(current))
+    return tasks
+
+
+def task_ranges(spec: Any) -> list[tuple[int, int, int]]:
+    """A task's ``(partition, start, end)`` ranges: its spec is a tuple of them
+    (or one such triple)."""
+    if spec and isinstance(spec[0], int):
+        return [(int(spec[0]), int(spec[1]), int(spec[2]))]
+    return [(int(p), int(b), int(e)) for p, b, e in spec]
+
+
+def _native_batch(taken: tuple[Any, ...]) -> pa.RecordBatch:
     """A RecordBatch over the buffers of ``Reader.take()`` (no copy)."""
-    (n, offs, stamps, stamp_valid, stamp_nulls, key_offs, key_data, key_valid, key_nulls,
-     value_offs, value_data, value_valid, value_nulls) = taken
+    (n, parts, offs, stamps, stamp_valid, stamp_nulls, key_offs, key_data, key_valid,
+     key_nulls, value_offs, value_data, value_valid, value_nulls) = taken
 
     def col(t: pa.DataType, nulls: int, valid: bytes, *bufs: bytes) -> pa.Array:
         validity = pa.py_buffer(valid) if nulls else None
@@ -286,8 +327,8 @@ def _native_batch(partition: int, taken: tuple[Any, ...]) -> pa.RecordBatch:
 
     # (from buffers: pa.array() of a numpy array would import pandas in the worker)
     return pa.RecordBatch.from_arrays(
-        [col(pa.int32(), 0, b"", np.full(n, partition, np.int32).tobytes()),
-         col(pa.int64(), 0, b"", offs), col(pa.int32(), 0, b"", bytes(4 * n)),
+        [col(pa.int32(), 0, b"", parts), col(pa.int64(), 0, b"", offs),
+         col(pa.int32(), 0, b"", bytes(4 * n)),
          col(pa.int64(), stamp_nulls, stamp_valid, stamps),
          col(pa.binary(), key_nulls, key_valid, key_offs, key_data),
          col(pa.binary(), value_nulls, value_valid, value_offs, value_data)],
@@ -446,9 +487,9 @@ class KafkaSource:
                         f"{begin}..{first - 1} were removed by retention before they were read",
                         hint="raise the topic's retention (or the pipeline's throughput); "
                         "re-create the source to skip the lost records")
-        # Chunks, taken round-robin across partitions until the job budget is spent.
+        # The job's share of each partition: chunks of max_task taken round-robin
+        # across partitions until the job budget is spent.
         cursor = {p: b for p, (b, _e) in ranges.items()}
-        tasks: list[ReadTask] = []
         budget = max_job
         progress = True
         while budget > 0 and progress:
@@ -458,10 +499,12 @@ class KafkaSource:
                 if b >= e or budget <= 0:
                     continue
                 stop = min(e, b + max_task, b + budget)
-                tasks.append(ReadTask(self.name, len(tasks), (p, b, stop), stop - b))
                 budget -= stop - b
                 cursor[p] = stop
                 progress = True
+        pieces = [(p, ranges[p][0], cursor[p]) for p in sorted(ranges) if cursor[p] > ranges[p][0]]
+        tasks = [ReadTask(self.name, i, spec, sum(e - b for _p, b, e in spec))
+                 for i, spec in enumerate(pack_ranges(pieces, max_task))]
         if all(cursor[p] == ranges[p][1] for p in ranges):
             return tasks, upper
         # Partly read: every partition at its upper, except where the budget ran out.

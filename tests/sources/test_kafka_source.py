@@ -4,6 +4,7 @@ acknowledged only when durable, and topic/broker faults."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -335,20 +336,26 @@ def test_upsert_envelope_as_of_latest_and_earlier_survives_restart(
     assert all(rep.ok for rep in reports), [(o.breaches, o.samples) for o in reports[0].outputs]
 
 
-def _read_all(reader: Any, spec: tuple[int, int, int]) -> Any:
+def _read_all(reader: Any, spec: Any) -> Any:
     import pyarrow as pa
 
     from sources.base import ReadTask
+    from sources.kafka import task_ranges
 
-    batches = [b for _, b in reader.read(ReadTask("events", 0, spec, spec[2] - spec[1]))]
-    return pa.Table.from_batches(batches), len(batches)
+    n = sum(e - b for _p, b, e in task_ranges(spec))
+    batches = [b for _, b in reader.read(ReadTask("events", 0, spec, n))]
+    table = pa.Table.from_batches(batches)
+    if not isinstance(spec[0], int):  # several partitions: they interleave in the C reader
+        table = table.sort_by([("_src_part", "ascending"), ("_src_offset", "ascending")])
+    return table, len(batches)
 
 
 def test_native_and_python_readers_read_the_same_records(kafka: Any) -> None:
     """The C range reader (sources/_kafka_native.c) and the Python one give the
     same records, batches and errors: null keys and values, timestamps,
     aborted transactions and their markers (offsets never delivered), ranges
-    that start and end mid-partition, batches split at ``batch`` rows."""
+    that start and end mid-partition, tasks of several partitions, batches
+    split at ``batch`` rows."""
     import dataclasses
 
     import pytest
@@ -391,10 +398,17 @@ def test_native_and_python_readers_read_the_same_records(kafka: Any) -> None:
         assert -(-got.num_rows // 17) <= n_batches <= want_batches
         assert got.column("_src_ts").null_count == 0
         checked += got.num_rows
+    for spec2 in [((0, 0, ends[0]), (1, 0, ends[1])), ((1, 10, 60), (0, 3, 50))]:
+        got, _ = _read_all(native, spec2)
+        want, _ = _read_all(python, spec2)
+        assert got.equals(want), spec2
+        assert got.num_rows == sum(
+            _read_all(python, r)[0].num_rows for r in spec2), spec2
+        checked += got.num_rows
     full, _ = _read_all(native, (0, 0, ends[0]))
     assert list(zip(full.column("key").to_pylist(), full.column("value").to_pylist(),
                     strict=True)) == expected[0]
-    assert checked > 200
+    assert checked > 400
 
     kafka.delete_records(topic, 1, 20)
     for reader in (native, python):
@@ -410,3 +424,37 @@ def kafka_end(bootstrap: str, topic: str, partition: int) -> int:
         return int(c.get_watermark_offsets(TopicPartition(topic, partition), 10)[1])
     finally:
         c.close()
+
+
+def test_partition_ranges_pack_into_even_tasks() -> None:
+    """A job's partition ranges are packed into ceil(total / max_task) tasks
+    of even size, each partition at most once per task, covering every
+    offset exactly once, in partition order."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from sources.kafka import pack_ranges
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.tuples(st.integers(0, 1000), st.integers(1, 500)), max_size=40),
+           st.integers(1, 2000))
+    def check(spans: list[tuple[int, int]], max_task: int) -> None:
+        pieces = [(p, b, b + n) for p, (b, n) in enumerate(spans)]
+        total = sum(n for _b, n in spans)
+        tasks = pack_ranges(pieces, max_task)
+        assert len(tasks) == (-(-total // max_task) if total else 0)
+        sizes = [sum(e - b for _p, b, e in t) for t in tasks]
+        assert all(s <= max_task for s in sizes)
+        assert not sizes or max(sizes) - min(sizes) <= max(1, len(tasks))
+        for t in tasks:
+            assert len({p for p, _b, _e in t}) == len(t)
+        flat = [r for t in tasks for r in t]
+        assert [p for p, _b, _e in flat] == sorted(p for p, _b, _e in flat)
+        for p, b, e in pieces:
+            mine = [(rb, re) for rp, rb, re in flat if rp == p]
+            assert mine[0][0] == b and mine[-1][1] == e
+            assert all(x[1] == y[0] for x, y in itertools.pairwise(mine))
+
+    check()
+    assert pack_ranges([(0, 0, 31), (1, 0, 31), (2, 5, 36)], 50) == [
+        ((0, 0, 31), (1, 0, 16)), ((1, 16, 31), (2, 5, 36))]
