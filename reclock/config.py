@@ -837,6 +837,11 @@ class SparkConfig(_Model):
     (the escape hatch), e.g. ``spark.executor.memory: 2g``."""
     max_records_per_job: int = Field(default=1_000_000, gt=0)
     """Records read by one Spark job at most (a binding's data may take several)."""
+    jobs_in_flight: int = Field(default=2, ge=1, le=16)
+    """Jobs of one source that read at once when it is far behind: job k+1
+    reads while job k finishes and commits, which hides each Spark job's fixed
+    cost. Commits stay one job at a time, in order. A Postgres source reads
+    one job at a time whatever this says (its slot serves one reader)."""
     max_records_per_task: int = Field(default=200_000, gt=0)
     """Records read by one Spark task at most. A job is split into at least one
     task per core (so tasks of a full job read at most ``max_records_per_job``

@@ -11,9 +11,10 @@ pool. One tick of a source:
    with the broadcast bindings, decode, envelope, stage;
 3. **commit** -- per output, data and the new (upper, progress) in one atomic
    sink commit, fenced on the state we last saw; uppers only move forward.
-   When far behind, job k+1 reads while job k commits (one job in flight per
-   source): commits still happen one job at a time, in order, and what job
-   k+1 staged is only made visible by its own commit;
+   When far behind, several jobs read at once (``jobs_in_flight`` per source,
+   2 by default: job k+1 reads while job k finishes and commits, which hides
+   each Spark job's fixed cost): commits still happen one job at a time, in
+   order, and what job k+1 staged is only made visible by its own commit;
 4. **resume** -- the resumption frontier (min over the outputs' uppers) is
    converted through the bindings into FromTime;
 5. **acknowledge** -- only that frontier is acknowledged upstream;
@@ -105,6 +106,7 @@ class Settings:
     compact_every_ticks: int = 60
     max_backoff_s: float = 30.0
     job_time_budget_s: float = 10.0
+    jobs_in_flight: int = 2
 
 
 def _upper_value(upper: Antichain[IntoTime]) -> int | None:
@@ -175,6 +177,7 @@ class SourceRunner:
         self.job_seconds = 0.0
         self.job_group = f"reclock-{self.name}-{uuid.uuid4().hex[:8]}"
         self._opened = False
+        self._count_lock = threading.Lock()
         self._jobs: ThreadPoolExecutor | None = None  # the job read while one commits
 
     # -- lifecycle ---------------------------------------------------------------
@@ -356,22 +359,36 @@ class SourceRunner:
         bound = b.bindings[-1].frontier
         deadline = time.monotonic() + self.settings.job_time_budget_s
         # 2.+3. read what is bound, in bounded jobs, and commit each in order;
-        # the next job reads while this one commits; past the deadline no new
-        # job starts (mint again before reading more)
-        inflight: _Job | None = None
-        if self.read_from != bound and not self._stop.is_set():
-            inflight = self._submit(b, self.read_from, bound)
+        # up to jobs_in_flight jobs read at once (the next ones read while one
+        # commits); past the deadline no new job starts (mint again first)
+        pending: deque[_Job] = deque()
+        start = self.read_from
+
+        def fill() -> None:
+            """Plan and submit jobs until ``jobs_in_flight`` are under way."""
+            nonlocal start
+            while (len(pending) < self._depth() and start != bound
+                   and not self._stop.is_set() and time.monotonic() <= deadline):
+                job = self._submit(b, start, bound)
+                pending.append(job)
+                start = job.reached
+
+        failed: ReclockError | None = None
         try:
-            while inflight is not None:
-                job, inflight = inflight, None
+            fill()
+        except ReclockError as exc:
+            if not pending:
+                raise
+            failed = exc  # planning a later job failed: commit the first one first
+        try:
+            while pending:
+                job = pending.popleft()
                 results = job.future.result()  # a task's error is raised here
                 if self._dropped.is_set():
                     return False  # late results of a dropped source are discarded
-                failed: ReclockError | None = None
-                if (job.reached != bound and not self._stop.is_set()
-                        and time.monotonic() <= deadline):
+                if failed is None:
                     try:
-                        inflight = self._submit(b, job.reached, bound)
+                        fill()
                     except ReclockError as exc:
                         failed = exc  # planning the next job failed: commit this one first
                 faults.crash_point("after_stage")
@@ -383,8 +400,8 @@ class SourceRunner:
                     raise failed
                 self._resume_and_acknowledge(b)  # 4.+5. also while catching up
         finally:
-            if inflight is not None:
-                inflight.discard()  # a commit failed or the source stops
+            for job in pending:
+                job.discard()  # a commit failed or the source stops
         if self.read_from == bound:
             # Nothing left to read: idle outputs still advance to the remap upper.
             self._commit(b, [], bound, only_if_moves=True)
@@ -407,8 +424,14 @@ class SourceRunner:
             return _Job(fut, reached)
         ctx = self._context(b)
         if self._jobs is None:
-            self._jobs = ThreadPoolExecutor(1, thread_name_prefix=f"jobs-{self.name}")
+            self._jobs = ThreadPoolExecutor(self._depth(), thread_name_prefix=f"jobs-{self.name}")
         return _Job(self._jobs.submit(self._execute, ctx, tasks), reached)
+
+    def _depth(self) -> int:
+        """Jobs of this source that read at once (the source may allow fewer)."""
+        limit = getattr(self.source, "jobs_in_flight", None)
+        depth = self.settings.jobs_in_flight
+        return max(1, depth if limit is None else min(depth, int(limit)))
 
     def _cores(self) -> int:
         """Task slots of the Spark application (1 when tasks run in this process)."""
@@ -440,8 +463,9 @@ class SourceRunner:
         failed = next((r.error for r in results if r.error is not None), None)
         if failed is not None:
             raise failed
-        self.records += sum(r.records for r in results)
-        self.job_seconds += time.monotonic() - t0
+        with self._count_lock:  # jobs_in_flight job threads
+            self.records += sum(r.records for r in results)
+            self.job_seconds += time.monotonic() - t0
         return results
 
     @property

@@ -256,6 +256,7 @@ class Pipeline:
             timestamp_interval_ms=self.interval_ms(src),
             max_records_per_job=sp.max_records_per_job,
             max_records_per_task=sp.max_records_per_task,
+            jobs_in_flight=sp.jobs_in_flight,
         )
 
     def close(self) -> None:

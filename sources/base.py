@@ -111,6 +111,8 @@ class Source(Protocol, Generic[T]):
 
     name: str
     kind: str  # FromTime kind: "counter", "kafka", "lsn"
+    # Optional class attribute ``jobs_in_flight: int``: at most that many of the
+    # source's jobs read at once (a Postgres slot serves one reader at a time).
 
     def outputs(self) -> list[OutputSpec]:
         """The outputs this source feeds; index 0 is the main one."""

@@ -189,6 +189,7 @@ class PostgresSource:
 
     kind = Lsn.KIND
     replayable = False  # the slot releases what was acknowledged
+    jobs_in_flight = 1  # a slot serves one walsender at a time: jobs read one by one
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""Job k+1 reads while job k commits; commits stay one at a time, in order,
+"""Job k+1 reads while job k runs and commits; commits stay one at a time, in order,
 and a failed commit discards the job in flight (its data is read again)."""
 
 from __future__ import annotations
@@ -122,4 +122,52 @@ def test_a_failure_planning_the_next_job_still_commits_the_one_read(
     at = events.index("plan failed")
     # the job already read was committed, not read again
     assert events[at + 1] == "commit", events
+    _every_record_once(cfg)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_jobs_in_flight_read_together_and_commit_in_order(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, depth: int
+) -> None:
+    """``spark.jobs_in_flight: 2`` lets job k+1 run while job k runs (Spark's
+    fixed cost per job is hidden); with 1, jobs never overlap. Either way
+    commits are one at a time, in job order, and every record lands once."""
+    lock = threading.Lock()
+    jobs: list[tuple[float, float, str]] = []
+    commits: list[tuple[float, float, int | None]] = []
+    execute, commit = SourceRunner._execute, DeltaSink.commit
+
+    def slow_execute(self: SourceRunner, ctx: Any, tasks: Any) -> Any:
+        t0 = time.monotonic()
+        time.sleep(0.2)  # a job's fixed cost: the next one should run meanwhile
+        try:
+            return execute(self, ctx, tasks)
+        finally:
+            with lock:
+                jobs.append((t0, time.monotonic(), ctx.batch_id))
+
+    def timed_commit(self: DeltaSink, staged: Any, expected: Any, new: Any) -> None:
+        t0 = time.monotonic()
+        commit(self, staged, expected, new)
+        with lock:
+            commits.append((t0, time.monotonic(), new.upper))
+
+    monkeypatch.setattr(SourceRunner, "_execute", slow_execute)
+    monkeypatch.setattr(DeltaSink, "commit", timed_commit)
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(PIPELINE.replace("max_records_per_task: 1500}",
+                                     f"max_records_per_task: 1500, jobs_in_flight: {depth}}}"))
+    cfg = load_config(path)
+    assert cfg.spark.jobs_in_flight == depth
+    runners = run(cfg, spark=spark, duration=180, out=None, install_signals=False)
+    assert runners[0].health.status == "finished", runners[0].status()
+    overlapping = sum(1 for a, b in itertools.combinations(jobs, 2) if a[0] < b[1] and b[0] < a[1])
+    if depth == 1:
+        assert overlapping == 0, jobs
+    else:
+        assert overlapping >= 3, jobs
+    ordered = sorted(commits)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(ordered))
+    uppers = [u for _, _, u in ordered]
+    assert uppers[:-1] == sorted(uppers[:-1]) and uppers[-1] is None
     _every_record_once(cfg)
