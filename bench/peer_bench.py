@@ -407,7 +407,8 @@ class Outcome:
 
     launched: float
     start_count: int = 0
-    first: float | None = None
+    up: float | None = None  # the first durable data
+    first: float | None = None  # the steady phase's start (see --steady-from)
     first_count: int = 0
     done: float | None = None
     killed_at: int | None = None
@@ -425,7 +426,7 @@ class Outcome:
 
     @property
     def startup(self) -> float | None:
-        return None if self.first is None else self.first - self.launched
+        return None if self.up is None else self.up - self.launched
 
     def steady(self, total: int) -> float | None:
         return _rate(self.first, self.first_count, self.done, total)
@@ -508,6 +509,8 @@ class Reclock(Contender):
             "  master: \"local[2]\"",
             f"  max_records_per_job: {a.reclock_job}",
             *([f"  max_records_per_task: {a.reclock_task}"] if a.reclock_task else []),
+            *([f"  jobs_in_flight: {a.reclock_jobs_in_flight}"]
+              if a.reclock_jobs_in_flight else []),
             "sources:",
             "  - name: events",
             "    kafka:",
@@ -567,7 +570,7 @@ class Reclock(Contender):
 
     def notes(self, outcome: Outcome) -> str:
         opens = [t for t in self._opens if t / 1000 >= outcome.extra.get("wall", 0)]
-        if not opens or outcome.first is None:
+        if not opens or outcome.up is None:
             return ""
         ready = opens[0] / 1000 - outcome.extra["wall"]
         return (f"launch -> pipeline open (imports, Spark JVM, remap store, Delta table) "
@@ -746,13 +749,17 @@ def monitor(c: Contender, run: Path, tag: str, target: int, kill_at: int | None 
         if not trace or trace[-1][1:] != (durable, seen):
             trace.append((round(now - proc.started, 3), durable, seen))
         proc.sample()
-        if out.first is None and durable > start:
+        if out.up is None and durable > start:
+            out.up = now
+        if out.first is None and durable > start and (
+                durable - start >= c.args.steady_from * (target - start)):
             out.first, out.first_count = now, durable
             proc.sample(force=True)
             out.cpu_first, out.self_first = proc.cpu, time.process_time()
         elif out.first is not None and durable > before:
             out.steps += 1
-        if out.vis_first is None and seen > start:
+        if out.vis_first is None and seen > start and (
+                seen - start >= c.args.steady_from * (target - start)):
             out.vis_first, out.vis_first_count = now, seen
         if out.vis_done is None and seen >= target:
             out.vis_done = now
@@ -881,10 +888,11 @@ def kill_run(c: Contender, res: Result, base: Path, n: int) -> None:
 
 
 def raw_run(res: Result, base: Path, topic: Topic, props: dict[str, Any], parse: bool,
-            tag: str) -> None:
+            tag: str, steady_from: float) -> None:
     argv = [sys.executable, str(PEERS / "raw_consumer.py"), "--bootstrap", topic.bootstrap,
             "--topic", TOPIC, "--partitions", str(topic.partitions),
-            "--records", str(topic.records), "--props", json.dumps(props)]
+            "--records", str(topic.records), "--props", json.dumps(props),
+            "--steady-from", str(steady_from)]
     if parse:
         argv.append("--json")
     log(f"{res.name} ...")
@@ -905,8 +913,11 @@ def raw_run(res: Result, base: Path, topic: Topic, props: dict[str, Any], parse:
     except (IndexError, ValueError):
         res.error = f"no result: {proc.tail()}"
         return
-    out = Outcome(proc.started, first=proc.started + (got["first"] - proc.started_wall),
-                  first_count=got["first_n"], done=proc.started + (got["done"] - proc.started_wall))
+    def at(wall: float) -> float:
+        return proc.started + (wall - proc.started_wall)
+
+    out = Outcome(proc.started, up=at(got["first"]), first=at(got["mark"]),
+                  first_count=got["mark_n"], done=at(got["done"]))
     res.rates.append(out.steady(topic.records))
     res.vis_rates.append(out.steady(topic.records))
     res.startups.append(out.startup)
@@ -921,10 +932,10 @@ def raw_run(res: Result, base: Path, topic: Topic, props: dict[str, Any], parse:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--records", type=int, default=1_000_000, help="records in the topic")
-    ap.add_argument("--partitions", type=int, default=32,
+    ap.add_argument("--records", type=int, default=4_000_000, help="records in the topic")
+    ap.add_argument("--partitions", type=int, default=128,
                     help="partitions of the topic (the mock keeps ~5 MB per partition)")
-    ap.add_argument("--quick", action="store_true", help="300k records")
+    ap.add_argument("--quick", action="store_true", help="1M records in 32 partitions")
     ap.add_argument("--skip-peers", action="store_true",
                     help="reclock and the raw consumer only (no virtualenvs)")
     ap.add_argument("--only", default="raw,reclock,bytewax,quix",
@@ -936,10 +947,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="seconds: reclock timestamp_interval, Bytewax snapshot interval "
                     "(whole seconds only, rounded), Quix commit_interval")
     ap.add_argument("--reclock-job", type=int, default=None,
-                    help="reclock spark.max_records_per_job (None: a quarter of --records, "
-                    "so that there are several commits to time)")
+                    help="reclock spark.max_records_per_job (None: a sixteenth of --records, "
+                    "so that there are many commits to time)")
+    ap.add_argument("--steady-from", type=float, default=0.25,
+                    help="the steady phase starts at the first durable step holding this "
+                    "share of the records (every contender alike)")
     ap.add_argument("--reclock-task", type=int, default=None,
                     help="reclock spark.max_records_per_task (default: reclock's own)")
+    ap.add_argument("--reclock-jobs-in-flight", type=int, default=None,
+                    help="reclock spark.jobs_in_flight (default: reclock's own)")
     ap.add_argument("--reclock-readers", default="native",
                     help="reclock's Kafka readers to run, each a contender: native (the C "
                     "reader, the default) and/or python")
@@ -959,9 +975,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the outputs and logs")
     args = ap.parse_args(argv)
     if args.quick:
-        args.records = 300_000
+        args.records, args.partitions = 1_000_000, 32
     if args.reclock_job is None:
-        args.reclock_job = max(1, args.records // 4)
+        args.reclock_job = max(1, args.records // 16)
     args.only = {s.strip().lower() for s in args.only.split(",") if s.strip()}
     if args.skip_peers:
         args.only -= {"bytewax", "quix"}
@@ -1023,7 +1039,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.repeat):
             for res, p, parse, tag in raws:
                 if res.error is None and (i == 0 or tag != "defaults"):
-                    raw_run(res, base, topic, p, parse, f"{tag}{i}")
+                    raw_run(res, base, topic, p, parse, f"{tag}{i}", args.steady_from)
             for c, res in zip(contenders, measured, strict=True):
                 if res.error is None:
                     guarded(c, res, full_run, c, res, base, topic.records, i)
