@@ -46,10 +46,11 @@ RUN set -eux; \
 
 # Then the repository itself: the `reclock` console script, and the examples
 # (examples/compose/producer.py runs from here).
-# The C compiler is there only while pip builds the native Kafka reader
-# (sources/_kafka_native.c: the Python headers come with the base image,
+# The C compiler is there only while pip builds the C extensions (the native
+# Kafka reader, sources/_kafka_native.c, and the flat JSON parser,
+# reclock/_json_native.c; the Python headers come with the base image,
 # librdkafka with confluent-kafka), then goes; the import check fails the
-# build if the extension did not compile (pip would fall back silently).
+# build if they did not compile (pip would fall back silently).
 COPY . .
 RUN set -eux; \
     apt-get update; \
@@ -57,7 +58,7 @@ RUN set -eux; \
     pip install --no-deps .; \
     apt-get purge -y --auto-remove gcc libc6-dev; \
     rm -rf /var/lib/apt/lists/* build ./*.egg-info; \
-    cd / && python -c "import sources.kafka as k; assert k.native_reader() is not None"; cd /app; \
+    cd / && python -c "import reclock._json_native, sources.kafka as k; assert k.native_reader() is not None"; cd /app; \
     test -x "$SPARK_HOME/bin/spark-class"; \
     reclock --help > /dev/null
 

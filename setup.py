@@ -1,10 +1,12 @@
-"""Build script for reclock's one C extension; everything else is in pyproject.toml.
+"""Build script for reclock's C extensions; everything else is in pyproject.toml.
 
 ``sources._kafka_native`` reads Kafka partition ranges into Arrow buffers
-below Python (see sources/_kafka_native.c). It needs only a C compiler and
-the Python headers: librdkafka is resolved at run time from the
-confluent-kafka wheel. The extension is optional: without a compiler the
-install still succeeds and the Kafka source uses its pure-Python reader.
+below Python (see sources/_kafka_native.c); librdkafka is resolved at run
+time from the confluent-kafka wheel. ``reclock._json_native`` parses flat
+JSON objects into typed Arrow buffers for the JSON decoder's fast path (see
+reclock/_json_native.c). Both need only a C compiler and the Python headers,
+and both are optional: without a compiler the install still succeeds, and
+the Kafka source and the JSON decoder use their pure-Python/pyarrow paths.
 """
 
 from setuptools import Extension, setup
@@ -17,6 +19,12 @@ setup(
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             libraries=["dl"],
             optional=True,
-        )
+        ),
+        Extension(
+            "reclock._json_native",
+            ["reclock/_json_native.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
     ]
 )

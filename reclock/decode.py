@@ -665,6 +665,24 @@ class _Joined:
         return _chunks(self.starts, self.ends, CHUNK_BYTES)
 
 
+_json_native: Any
+try:  # the C parser of flat objects (optional: built when a compiler was there)
+    from reclock import _json_native
+except ImportError:  # pragma: no cover - depends on the install
+    _json_native = None
+
+#: Arrow types of the read schema the C parser fills, and its codes for them.
+_NATIVE_KINDS = {pa.int64(): 0, pa.int32(): 1, pa.float64(): 2, pa.bool_(): 3, pa.string(): 4}
+
+
+def _native_fields(schema: pa.Schema) -> tuple[tuple[bytes, int], ...] | None:
+    """``(name, kind)`` per field for the C parser, or None if it cannot fill
+    them all (or is not built)."""
+    if _json_native is None or any(f.type not in _NATIVE_KINDS for f in schema):
+        return None
+    return tuple((f.name.encode(), _NATIVE_KINDS[f.type]) for f in schema)
+
+
 def _read_options_block(size: int) -> int:
     # One block for the whole span: row numbers in errors are then span-relative.
     return min(max(size + 1, 1 << 12), 2**31 - 1)
@@ -890,6 +908,7 @@ class JsonDecoder:
                 for f in self.fields
             ])
         self._all_slow = self.fields is not None and any(f.kind == "json" for f in self.fields)
+        self._native = _native_fields(self._read_schema) if self.fields is not None else None
         self._suspect_re = _suspect_pattern(self.fields or ())
 
     # -- entry point -------------------------------------------------------
@@ -922,19 +941,43 @@ class JsonDecoder:
         return np.flatnonzero(hits.fill_null(False).to_numpy(zero_copy_only=False)).tolist()
 
     def _fast(self, joined: _Joined, lo: int, hi: int) -> _Ok | _Fail:
+        parsed = None if self._native is None else self._parse_native(joined, lo, hi)
+        if parsed is None:
+            try:
+                parsed = self._read_arrow(joined, lo, hi)
+            except pa.ArrowException as exc:
+                return _Fail(_hint(str(exc)), str(exc))
+        return self._typed(joined, lo, hi, parsed)
+
+    def _parse_native(self, joined: _Joined, lo: int, hi: int) -> pa.Table | None:
+        """The run through the C parser (reclock/_json_native.c), or None where
+        it cannot be sure to read it as pyarrow does."""
+        assert self._native is not None
+        off, values = _offsets(joined.records.slice(lo, hi - lo))
+        cols = _json_native.parse(off, values, self._native)
+        if cols is None:
+            return None
+        n = hi - lo
+        arrays = []
+        for f, (vals, data, valid, nulls) in zip(self._read_schema, cols, strict=True):
+            bufs = [pa.py_buffer(vals)] + ([pa.py_buffer(data)] if f.type == pa.string() else [])
+            arrays.append(pa.Array.from_buffers(
+                f.type, n, [pa.py_buffer(valid) if nulls else None, *bufs], null_count=nulls))
+        return pa.Table.from_arrays(arrays, schema=self._read_schema)
+
+    def _read_arrow(self, joined: _Joined, lo: int, hi: int) -> pa.Table:
         span = joined.span(lo, hi)
-        try:
-            parsed = pjson.read_json(
-                pa.BufferReader(span),
-                read_options=pjson.ReadOptions(
-                    use_threads=False, block_size=_read_options_block(span.size)
-                ),
-                parse_options=pjson.ParseOptions(
-                    explicit_schema=self._read_schema, unexpected_field_behavior="ignore"
-                ),
-            )
-        except pa.ArrowException as exc:
-            return _Fail(_hint(str(exc)), str(exc))
+        return pjson.read_json(
+            pa.BufferReader(span),
+            read_options=pjson.ReadOptions(
+                use_threads=False, block_size=_read_options_block(span.size)
+            ),
+            parse_options=pjson.ParseOptions(
+                explicit_schema=self._read_schema, unexpected_field_behavior="ignore"
+            ),
+        )
+
+    def _typed(self, joined: _Joined, lo: int, hi: int, parsed: pa.Table) -> _Ok | _Fail:
         if parsed.num_rows != hi - lo:
             return _Fail(None, f"{parsed.num_rows} rows for {hi - lo} records")
         if self.fields is None:

@@ -19,7 +19,7 @@ import fastavro
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reclock.decode as decode_mod
@@ -1056,3 +1056,92 @@ def test_regression_lone_surrogate_escape_is_an_error_row(spec: dict[str, Any]) 
     good = b'{"s": "\\ud83d\\ude00"}'
     res = dec.decode(pa.array([good, bad_slow, bad_fast], pa.binary()))
     assert res.ok.tolist() == [0] and res.errors.tolist() == [1, 2]
+
+
+# -- the C parser of flat objects (reclock/_json_native.c) ---------------------------------
+
+_NATIVE_SCHEMA = {"i": "int64", "j": "int32", "f": "float64", "b": "bool", "s": "string",
+                  "t": "timestamp"}
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.floats(min_value=-1e6, max_value=1e6, allow_nan=False).map(lambda x: round(x, 3)),
+    st.text(max_size=12),
+    st.sampled_from(["2024-01-02T03:04:05Z", "2024-13-01", "x\u00e9\U0001f600", "a\"b\\c\n"]),
+)
+_values = st.recursive(_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=6)
+_keys = st.one_of(st.sampled_from(list(_NATIVE_SCHEMA)), st.text(max_size=5))
+
+
+@st.composite
+def _records(draw: Any) -> bytes:
+    obj = draw(st.dictionaries(_keys, _values, max_size=8))
+    text = json.dumps(obj, ensure_ascii=draw(st.booleans()),
+                      separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])))
+    raw = text.encode()
+    # hand-made shapes the serializer never writes
+    return draw(st.sampled_from([raw, raw, raw, raw.replace(b":", b" :\t"),
+                                 raw.replace(b"1", b"01"), raw.replace(b"e", b"E+"),
+                                 raw[:-1] + b" }", b'{"i": 1, "i": 2}', b'{"s": "\\u0000"}',
+                                 b'{"s": "\\ud800"}', b'{"\\u0069": 5}', b'{"f": 1e400}',
+                                 b'{"i": 12345678901234567890}', b'{"f": 0.1e-30}']))
+
+
+_well_typed = st.builds(
+    lambda obj, ascii_: json.dumps(obj, ensure_ascii=ascii_).encode(),
+    st.fixed_dictionaries({}, optional={
+        "i": st.one_of(st.none(), st.integers(-(10**16), 10**16)),
+        "j": st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1)),
+        "f": st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False),
+                       st.integers(-(10**9), 10**9)),
+        "b": st.one_of(st.none(), st.booleans()),
+        "s": st.one_of(st.none(), st.text()),
+        "t": st.one_of(st.none(), st.sampled_from(["2024-01-02T03:04:05Z", "2024-01-02",
+                                                   "bad"])),
+        "extra": _values}),
+    st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_records(), _well_typed), min_size=1, max_size=40))
+def test_the_c_parser_decodes_as_pyarrow_does(records: list[bytes]) -> None:
+    """Every run the C parser accepts decodes exactly as with pyarrow's reader
+    (values, nulls, float bits, errors and their reasons); the runs it refuses
+    go to pyarrow."""
+    native = make_decoder({"type": "json", "schema": _NATIVE_SCHEMA})
+    arrow = make_decoder({"type": "json", "schema": _NATIVE_SCHEMA})
+    assert native._native is not None, "reclock._json_native was not built"
+    arrow._native = None
+    data = pa.array(records, pa.binary())
+    got, want = native.decode(data), arrow.decode(data)
+    assert got.table.equals(want.table), (records, got.table, want.table)
+    assert got.ok.tolist() == want.ok.tolist()
+    assert got.errors.tolist() == want.errors.tolist()
+    assert got.reasons == want.reasons
+
+
+def test_the_c_parser_fills_typed_columns_and_gives_up_when_unsure() -> None:
+    from reclock import _json_native
+
+    fields = ((b"i", 0), (b"j", 1), (b"f", 2), (b"b", 3), (b"s", 4))
+    recs = [b'{"i": -7, "j": 3, "f": 2.5e3, "b": true, "s": "a\\u00e9\\ud83d\\ude00", "x": [1]}',
+            b'{"s": null, "other": {"deep": [true, null]}}', b'{}']
+    off = np.cumsum([0] + [len(r) for r in recs]).astype(np.int64)
+    cols = _json_native.parse(off, b"".join(recs), fields)
+    assert cols is not None
+    ints, _, valid, nulls = cols[0]
+    assert np.frombuffer(ints, np.int64)[0] == -7 and nulls == 2 and valid[0] & 1
+    assert np.frombuffer(cols[2][0], np.float64)[0] == 2500.0
+    s_offsets, s_data, _, s_nulls = cols[4]
+    assert s_data.decode() == "a\u00e9\U0001f600" and s_nulls == 2
+    assert np.frombuffer(s_offsets, np.int32).tolist() == [0, len(s_data), len(s_data),
+                                                           len(s_data)]
+    for unsure in [b'{"i": 1.0}', b'{"i": "1"}', b'{"j": 2147483648}', b'{"s": 1}',
+                   b'{"b": 0}', b'{"i": 1, "i": 1}', b'{"s": "\\u0000"}', b'{"i": 01}',
+                   b'{"x": [1,]}', b'{"i": 1} x', b'{"s": "a\tb"}']:
+        assert _json_native.parse(np.array([0, len(unsure)], np.int64), unsure, fields) is None, \
+            unsure
