@@ -100,6 +100,7 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 
 from reclock.errors import DefiniteError, TransientError
+from reclock.native import load_extension
 
 __all__ = [
     "NULL_REASON",
@@ -665,11 +666,8 @@ class _Joined:
         return _chunks(self.starts, self.ends, CHUNK_BYTES)
 
 
-_json_native: Any
-try:  # the C parser of flat objects (optional: built when a compiler was there)
-    from reclock import _json_native
-except ImportError:  # pragma: no cover - depends on the install
-    _json_native = None
+# the C parser of flat objects (optional: built when a compiler was there)
+_json_native: Any = load_extension("reclock", "_json_native")
 
 #: Arrow types of the read schema the C parser fills, and its codes for them.
 _NATIVE_KINDS = {pa.int64(): 0, pa.int32(): 1, pa.float64(): 2, pa.bool_(): 3, pa.string(): 4}

@@ -85,7 +85,10 @@ def package_zip() -> Path:
         for name in PACKAGES:
             pkg = Path(importlib.import_module(name).__file__ or "").parent
             for f in sorted(pkg.rglob("*")):
-                if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+                # (C extensions cannot load from a zip: executors load their
+                # installed build instead, see reclock.native)
+                if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (
+                        ".pyc", ".so", ".pyd"):
                     z.write(f, str(Path(name) / f.relative_to(pkg)))
     _ZIP = target
     return target

@@ -71,11 +71,14 @@ def native_reader() -> Any:
     global _native
     if _native is None:
         try:
-            import sources._kafka_native as _kafka_native
             from reclock.librdkafka import library_path
+            from reclock.native import load_extension
 
-            _kafka_native.load(library_path())
-            _native = _kafka_native
+            mod = load_extension("sources", "_kafka_native")
+            if mod is None:
+                raise ImportError("sources._kafka_native was not built (no C compiler?)")
+            mod.load(library_path())
+            _native = mod
         except (ImportError, RuntimeError, OSError) as exc:
             log.warning("the native Kafka reader is unavailable (%s); reading in Python", exc)
             _native = False
