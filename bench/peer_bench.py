@@ -43,10 +43,12 @@ consumer is also measured with the defaults, for reference.
 Per contender it measures, on a fresh output:
 
 - **start-up**: from launching the process to the first durable data;
-- **steady state**: records/s from the first durable data to all records
-  durable ((N - records durable at the first step) / time), the median of
-  ``--repeat`` runs, which go round-robin over the contenders so that the
-  machine's other load hits all of them alike;
+- **steady state**: records/s from the first durable step holding a quarter
+  of the records (``--steady-from``) to all records durable ((N - records
+  durable at that step) / time), the median of ``--repeat`` runs, which go
+  round-robin over the contenders so that the machine's other load hits all
+  of them alike (a quarter in: past every contender's warm-up, and reclock's
+  jobs read ahead of a commit cannot inflate it);
 - **CPU** of the process tree in the steady phase: microseconds per record and
   cores used (``/proc`` every 0.1 s; the raw consumer: its whole run);
 - **peak RSS** of the process tree (the sum over the session's processes);
@@ -63,9 +65,9 @@ miss does not change the exit status; a contender that cannot run is reported
 with its error. Logs and progress traces stay in the temporary directory with
 ``--keep``.
 
-Run: ``python bench/peer_bench.py`` (1M records, about 3 minutes after the
-one-time virtualenv set-up of about 20 s), ``--repeat 3`` (about 5 minutes),
-``--quick`` (300k records, about 3 minutes: the kill runs dominate),
+Run: ``python bench/peer_bench.py`` (4M records in 128 partitions, about 12
+minutes after the one-time virtualenv set-up of about 20 s), ``--repeat 3``
+(about 25 minutes), ``--quick`` (1M records in 32 partitions),
 ``--skip-peers`` (reclock and the raw consumer only); see ``--help``.
 """
 
@@ -852,7 +854,7 @@ def full_run(c: Contender, res: Result, base: Path, n: int, i: int) -> None:
     res.cpus.append(out.steady_cpu(n))
     res.few_steps |= out.steps < 3
     log(f"{c.name}: start-up {fmt_s(out.startup)} s, steady {fmt_rate(out.steady(n))} "
-        f"rec/s (first commit {out.first_count:,}), output visible "
+        f"rec/s (steady from {out.first_count:,} durable), output visible "
         f"{fmt_rate(out.visible_rate(n))} rec/s, peak RSS {out.peak_rss / 2**20:,.0f} MB, "
         f"output rows/distinct {res.full_rows[0]:,}/{res.full_rows[1]:,}")
     note = c.notes(out)
