@@ -1,7 +1,7 @@
 /*
  * sources._kafka_native: a Kafka range reader that fills Arrow buffers in C.
  *
- * The Python reader (sources/kafka.py, KafkaReader._read_range) pays for a
+ * The Python reader (sources/kafka.py, KafkaReader._read_ranges) pays for a
  * Python Message object per record and for the lists it builds from their
  * fields. This module does the same job below Python: it consumes batches of
  * messages from librdkafka and appends offsets, timestamps, keys and values

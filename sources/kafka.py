@@ -170,13 +170,12 @@ class KafkaReader:
             finally:
                 c.unassign()
             return
-        for partition, start, end in ranges:
-            c.assign([TopicPartition(self.topic, partition, start)])
-            try:
-                yield from self._read_range(c, partition, start, end)
-            finally:
-                with contextlib.suppress(KafkaException):
-                    c.unassign()
+        c.assign([TopicPartition(self.topic, p, b) for p, b, _e in ranges])
+        try:
+            yield from self._read_ranges(c, ranges)
+        finally:
+            with contextlib.suppress(KafkaException):
+                c.unassign()
 
     def _fail(self, partition: int, pos: int, err: KafkaError) -> Exception:
         code = err.code()
@@ -224,57 +223,73 @@ class KafkaReader:
         if r.pending:
             yield 0, _native_batch(r.take())
 
-    def _read_range(self, c: Consumer, partition: int, start: int, end: int
-                    ) -> Iterator[tuple[int, pa.RecordBatch]]:
+    def _read_ranges(self, c: Consumer, ranges: list[tuple[int, int, int]]
+                     ) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """The Python reader: the same rules as the C one (all of a task's
+        partitions assigned together), a ``Message`` per record."""
+        pos = {p: b for p, b, _e in ranges}
+        end = {p: e for p, _b, e in ranges}
+        parts: list[int] = []
         offsets: list[int] = []
         keys: list[bytes | None] = []
         values: list[bytes | None] = []
         stamps: list[int | None] = []
-        pos = start
+        left = list(pos)
         idle_since = time.monotonic()
-        while pos < end:
-            msgs = c.consume(num_messages=min(10_000, end - pos), timeout=0.5)
+        while left:
+            want = sum(end[p] - pos[p] for p in left)
+            msgs = c.consume(num_messages=min(10_000, self.batch, want), timeout=0.05)
             for m in msgs:
                 err = m.error()
+                p = m.partition()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         continue
-                    raise self._fail(partition, pos, err)
-                off = m.offset() or 0
-                if off >= end:
-                    pos = end
-                    break
-                if off < pos:
+                    p = p if p in pos else left[0]
+                    raise self._fail(p, pos[p], err)
+                if p not in pos or pos[p] >= end[p]:
                     continue
+                off = m.offset() or 0
+                if off >= end[p]:
+                    pos[p] = end[p]
+                    continue
+                if off < pos[p]:
+                    continue
+                parts.append(p)
                 offsets.append(off)
                 keys.append(m.key())
                 values.append(m.value())
                 ts_type, ts = m.timestamp()
                 stamps.append(ts if ts_type else None)
-                pos = off + 1
+                pos[p] = off + 1
                 if len(offsets) >= self.batch:
-                    yield 0, _batch(partition, offsets, keys, values, stamps)
-                    offsets, keys, values, stamps = [], [], [], []
+                    yield 0, _batch(parts, offsets, keys, values, stamps)
+                    parts, offsets, keys, values, stamps = [], [], [], [], []
             if msgs:
                 idle_since = time.monotonic()
-            if pos < end:
-                p = c.position([TopicPartition(self.topic, partition)])[0].offset
-                if p >= 0:
-                    pos = max(pos, min(p, end))
-                if not msgs and time.monotonic() - idle_since > self.timeout_s:
-                    raise self._idle(partition, pos, end)
+            left = [p for p in left if pos[p] < end[p]]
+            if left:
+                # Transaction markers and aborted records are never delivered:
+                # the consumer's position tells how far each log was read.
+                for tp in c.position([TopicPartition(self.topic, p) for p in left]):
+                    if tp.offset >= 0:
+                        pos[tp.partition] = max(pos[tp.partition],
+                                                min(tp.offset, end[tp.partition]))
+                left = [p for p in left if pos[p] < end[p]]
+                if left and not msgs and time.monotonic() - idle_since > self.timeout_s:
+                    raise self._idle(left[0], pos[left[0]], end[left[0]])
         if offsets:
-            yield 0, _batch(partition, offsets, keys, values, stamps)
+            yield 0, _batch(parts, offsets, keys, values, stamps)
 
 
 _NAMES = ["_src_part", "_src_offset", "_src_seq", "_src_ts", "key", "value"]
 
 
-def _batch(partition: int, offsets: list[int], keys: list[bytes | None],
+def _batch(parts: list[int], offsets: list[int], keys: list[bytes | None],
            values: list[bytes | None], stamps: list[int | None]) -> pa.RecordBatch:
     n = len(offsets)
     return pa.RecordBatch.from_arrays(
-        [pa.array([partition] * n, pa.int32()), pa.array(offsets, pa.int64()),
+        [pa.array(parts, pa.int32()), pa.array(offsets, pa.int64()),
          pa.array([0] * n, pa.int32()), pa.array(stamps, pa.int64()),
          pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
         names=_NAMES,

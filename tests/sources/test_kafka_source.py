@@ -345,7 +345,7 @@ def _read_all(reader: Any, spec: Any) -> Any:
     n = sum(e - b for _p, b, e in task_ranges(spec))
     batches = [b for _, b in reader.read(ReadTask("events", 0, spec, n))]
     table = pa.Table.from_batches(batches)
-    if not isinstance(spec[0], int):  # several partitions: they interleave in the C reader
+    if not isinstance(spec[0], int):  # several partitions: their records interleave
         table = table.sort_by([("_src_part", "ascending"), ("_src_offset", "ascending")])
     return table, len(batches)
 
