@@ -16,6 +16,8 @@ setup(
         Extension(
             "sources._kafka_native",
             ["sources/_kafka_native.c"],
+            include_dirs=["reclock"],
+            depends=["reclock/_buffers.h"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             libraries=["dl"],
             optional=True,
@@ -23,6 +25,7 @@ setup(
         Extension(
             "reclock._json_native",
             ["reclock/_json_native.c"],
+            depends=["reclock/_buffers.h"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),

@@ -21,6 +21,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_buffers.h"
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -28,37 +29,6 @@
 #include <string.h>
 
 enum { K_INT64 = 0, K_INT32 = 1, K_FLOAT64 = 2, K_BOOL = 3, K_STRING = 4 };
-
-typedef struct {
-    char *p;
-    size_t len, cap;
-} buf_t;
-
-static int
-buf_reserve(buf_t *b, size_t more)
-{
-    if (b->len + more <= b->cap)
-        return 0;
-    size_t cap = b->cap ? b->cap : 1024;
-    while (cap < b->len + more)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (p == NULL)
-        return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static int
-buf_put(buf_t *b, const void *src, size_t n)
-{
-    if (buf_reserve(b, n) < 0)
-        return -1;
-    memcpy(b->p + b->len, src, n);
-    b->len += n;
-    return 0;
-}
 
 typedef struct {
     const char *name;
@@ -266,6 +236,30 @@ literal(cursor_t *c, const char *word)
     return OK;
 }
 
+/*
+ * After an array item or object member: a ',' (*more = 1, the cursor on the
+ * next one) or the closing bracket (*more = 0, the cursor past it).
+ */
+static int
+next_item(cursor_t *c, unsigned char close, int *more)
+{
+    ws(c);
+    if (c->s >= c->end)
+        return GIVE_UP;
+    if (*c->s == ',') {
+        c->s++;
+        ws(c);
+        *more = 1;
+        return OK;
+    }
+    if (*c->s == close) {
+        c->s++;
+        *more = 0;
+        return OK;
+    }
+    return GIVE_UP;
+}
+
 /* Validate and skip any value (for keys that are not declared). */
 static int
 skip_value(cursor_t *c, int depth)
@@ -309,21 +303,11 @@ skip_value(cursor_t *c, int depth)
             c->s++;
             ws(c);
         }
-        if ((rc = skip_value(c, depth + 1)) != OK)
+        int more;
+        if ((rc = skip_value(c, depth + 1)) != OK || (rc = next_item(c, close, &more)) != OK)
             return rc;
-        ws(c);
-        if (c->s >= c->end)
-            return GIVE_UP;
-        if (*c->s == ',') {
-            c->s++;
-            ws(c);
-            continue;
-        }
-        if (*c->s == close) {
-            c->s++;
+        if (!more)
             return OK;
-        }
-        return GIVE_UP;
     }
 }
 
@@ -539,21 +523,11 @@ record(cursor_t *c, column_t *cols, Py_ssize_t ncols, int64_t row)
             else {
                 rc = skip_value(c, 0);
             }
-            if (rc != OK)
+            int more;
+            if (rc != OK || (rc = next_item(c, '}', &more)) != OK)
                 return rc;
-            ws(c);
-            if (c->s >= c->end)
-                return GIVE_UP;
-            if (*c->s == ',') {
-                c->s++;
-                ws(c);
-                continue;
-            }
-            if (*c->s == '}') {
-                c->s++;
+            if (!more)
                 break;
-            }
-            return GIVE_UP;
         }
     }
     ws(c);

@@ -24,6 +24,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_buffers.h"
 #include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
@@ -132,40 +133,6 @@ load(PyObject *self, PyObject *args)
 #undef SYM
     rk.loaded = 1;
     Py_RETURN_NONE;
-}
-
-/* ---- growing buffers ------------------------------------------------------ */
-
-typedef struct {
-    char *p;
-    size_t len, cap;
-} buf_t;
-
-static int
-buf_reserve(buf_t *b, size_t more)
-{
-    if (b->len + more <= b->cap)
-        return 0;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + more)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (p == NULL)
-        return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static int
-buf_put(buf_t *b, const void *src, size_t n)
-{
-    if (buf_reserve(b, n) < 0)
-        return -1;
-    if (n)
-        memcpy(b->p + b->len, src, n);
-    b->len += n;
-    return 0;
 }
 
 /* A binary column: int32 offsets, data, validity bitmap (LSB first). */

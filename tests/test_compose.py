@@ -329,8 +329,8 @@ def test_dockerignore_keeps_what_the_image_needs() -> None:
     patterns = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
                 if ln.strip() and not ln.lstrip().startswith("#")]
     needed = ["pyproject.toml", "README.md", "reclock/cli.py", "reclock/conf/log4j2.properties",
-              "sources/kafka.py", "sources/_kafka_native.c", "setup.py", "sinks/postgres.py",
-              "remap_store/sql.py", "examples/compose/producer.py"]
+              "sources/kafka.py", "sources/_kafka_native.c", "reclock/_buffers.h", "setup.py",
+              "sinks/postgres.py", "remap_store/sql.py", "examples/compose/producer.py"]
     for rel in needed:
         assert (REPO / rel).exists(), rel
         assert not _ignored(rel, patterns), f".dockerignore excludes {rel}"
