@@ -256,6 +256,54 @@ def _duplicate_names(items: Any, where: str, what: str) -> list[InitErrorDetails
     return out
 
 
+def _sink_target(sink: Any) -> tuple[str, ...] | None:
+    """What a raw sink entry writes to, comparable across outputs; ``None``
+    for sinks whose target is derived from the output's own name."""
+    if not isinstance(sink, Mapping):
+        return None
+    kind = sink.get("type")
+    if kind == "file" and isinstance(sink.get("path"), str):
+        raw = str(sink["path"])
+        scheme = raw.split("://", 1)[0] + "://" if "://" in raw else ""
+        return ("file", scheme + os.path.normpath(raw[len(scheme):]))
+    if kind == "postgres" and isinstance(sink.get("table"), str):
+        return ("postgres", str(sink.get("dsn")), str(sink.get("schema") or "public"),
+                str(sink["table"]))
+    if kind == "kafka" and isinstance(sink.get("topic"), str):
+        servers = ",".join(sorted(str(sink.get("bootstrap_servers", "")).split(",")))
+        return ("kafka", servers, str(sink["topic"]))
+    return None
+
+
+def _shared_targets(sources: Any) -> list[InitErrorDetails]:
+    """One problem per output whose sink writes where an earlier output's does:
+    their rows would mix, and each would read back the other's."""
+    if not isinstance(sources, Sequence) or isinstance(sources, str):
+        return []
+    first: dict[tuple[str, ...], tuple[KeyPath, str]] = {}
+    out: list[InitErrorDetails] = []
+    for i, src in enumerate(sources):
+        outputs = _get(src, "outputs")
+        if not isinstance(outputs, Sequence) or isinstance(outputs, str):
+            continue
+        for j, o in enumerate(outputs):
+            target = _sink_target(_get(o, "sink"))
+            if target is None:
+                continue
+            here: KeyPath = ("sources", i, "outputs", j, "sink")
+            label = f"{_get(src, 'name')}.{_get(o, 'name')}"
+            if target in first:
+                loc, other = first[target]
+                what = {"file": "path", "postgres": "table", "kafka": "topic"}[target[0]]
+                out.append(_problem(
+                    here, f"output {label!r} writes the same {what} as output {other!r} "
+                    f"({target[-1]!r}): their rows would mix; give each output its own {what}",
+                    also=loc))
+            else:
+                first[target] = (here, label)
+    return out
+
+
 class _Model(BaseModel):
     """Base of every configuration model: unknown keys are errors, values are
     frozen, field docstrings become descriptions (for the reference docs), and
@@ -499,7 +547,10 @@ class KafkaSinkConfig(_Model):
     """Where commits record the output's progress (default
     ``<topic>.reclock-progress``); must not be compacted away."""
     transactional_id: str | None = None
-    """Default ``reclock-<source>.<output>``."""
+    """Default ``reclock-<pipeline id>-<source>.<output>``: the pipeline id is
+    minted once in the remap store, so two pipelines with equal source and
+    output names never fence each other, and every driver of one pipeline
+    (a zombie too) uses the same id, so the broker fences the older."""
     key_columns: tuple[str, ...] = ()
     """Columns whose JSON forms the record key (default: no key)."""
     properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
@@ -604,7 +655,8 @@ class KafkaConfig(ConnectorConfig):
     group_id: str | None = None
     """Consumer group that the durable offsets are committed to (for monitoring
     and retention only; reclock never resumes from it). Default
-    ``reclock-<source name>``."""
+    ``reclock-<pipeline id>-<source name>`` (see the Kafka sink's
+    ``transactional_id``)."""
     start: Literal["earliest", "latest", "offsets", "timestamp"] = "earliest"
     """Where a new source starts (fixed when it first starts): ``earliest``,
     ``latest``, ``offsets`` (see ``start_offsets``) or ``timestamp`` (see
@@ -865,6 +917,17 @@ class HttpConfig(_Model):
     """The TCP port (default 9464); ``0`` picks a free one (see ``status.json``)."""
 
 
+class HousekeepingConfig(_Model):
+    """Periodic clean-up by the driver."""
+
+    vacuum_every: DurationMs = Field(default=60_000, ge=1000, le=24 * 3600 * 1000)
+    """How often each source's outputs are checked for orphaned staged files
+    (left by failed commits and discarded jobs)."""
+    orphan_grace: DurationMs = Field(default=300_000, ge=10_000, le=7 * 24 * 3600 * 1000)
+    """A staged file that no commit references is deleted once it is this old
+    (the source has no job in flight when the check runs)."""
+
+
 class PipelineConfig(_Model):
     """A pipeline: its sources, their outputs, and where reclock keeps state.
 
@@ -886,6 +949,8 @@ class PipelineConfig(_Model):
     """The Spark session settings."""
     progress_log: bool = True
     """Log every frontier change as JSON lines to ``<state_dir>/progress.jsonl``."""
+    housekeeping: HousekeepingConfig = Field(default_factory=HousekeepingConfig)
+    """Periodic clean-up: ``{vacuum_every: 1m, orphan_grace: 5m}``."""
     http: HttpConfig | None = None
     """Serve metrics and a status page over HTTP while running, e.g.
     ``http: {host: 127.0.0.1, port: 9464}`` (``http: {}`` for the defaults).
@@ -925,7 +990,8 @@ class PipelineConfig(_Model):
 
     @classmethod
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
-        return _duplicate_names(data.get("sources"), "sources", "source")
+        return (_duplicate_names(data.get("sources"), "sources", "source")
+                + _shared_targets(data.get("sources")))
 
     @model_validator(mode="after")
     def _resolve(self, info: ValidationInfo) -> PipelineConfig:

@@ -54,7 +54,7 @@ from reclock.mint import RemapOperator
 from reclock.progress_log import ProgressLog
 from reclock.time import IntoTime, frontier_distance
 from remap_store.base import RemapStore
-from sinks.base import PersistSink, SinkFenced, SinkState, output_schema
+from sinks.base import PersistSink, SinkFenced, SinkState, Superseded, output_schema
 from sources.base import OutputSpec, Source
 
 log = logging.getLogger("reclock.driver")
@@ -107,6 +107,8 @@ class Settings:
     max_backoff_s: float = 30.0
     job_time_budget_s: float = 10.0
     jobs_in_flight: int = 2
+    vacuum_every_s: float = 60.0
+    orphan_grace_s: float = 300.0
 
 
 def _upper_value(upper: Antichain[IntoTime]) -> int | None:
@@ -171,6 +173,7 @@ class SourceRunner:
         self.resume: Antichain[Any] | None = None
         self.acknowledged: Antichain[Any] | None = None
         self.ticks = 0
+        self._vacuumed_at = time.monotonic()  # first vacuum one period after start
         self.records = 0
         self._samples: deque[tuple[float, int]] = deque(maxlen=64)
         self.last_probe: Antichain[Any] | None = None
@@ -236,9 +239,15 @@ class SourceRunner:
                 hint = exc.hint if isinstance(exc, ReclockError) else None
                 if not isinstance(exc, ReclockError):
                     log.error("source %s: unexpected error\n%s", self.name, traceback.format_exc())
+                msg = exc.args[0] if isinstance(exc, ReclockError) and exc.args else str(exc)
+                if isinstance(exc, Superseded):
+                    # A newer driver of this pipeline owns the output now: a
+                    # zombie writes nothing more.
+                    log.error("source %s: stopped: %s (%s)", self.name, msg, hint)
+                    self._set_health(STOPPED, f"Superseded: {msg}", hint, True)
+                    break
                 if isinstance(exc, SinkFenced | Reopen):
                     self._opened = False  # re-read every output's durable state
-                msg = exc.args[0] if isinstance(exc, ReclockError) and exc.args else str(exc)
                 self._set_health(STALLED, f"{type(exc).__name__}: {msg}", hint, definite)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.settings.max_backoff_s)
@@ -251,7 +260,7 @@ class SourceRunner:
                     log.warning("source %s: releasing upstream resources failed: %s",
                                 self.name, exc)
             self._set_health(DROPPED)
-        elif self.health.status != FINISHED:
+        elif self.health.status not in (FINISHED, STOPPED):
             self._set_health(STOPPED)
         if self._jobs is not None:
             self._jobs.shutdown(wait=True)
@@ -340,6 +349,7 @@ class SourceRunner:
         self.ticks += 1
 
         def probe() -> Antichain[Any]:
+            faults.fail_point("source")
             f = self.source.probe()
             self.last_probe = f
             return f
@@ -407,6 +417,7 @@ class SourceRunner:
             self._commit(b, [], bound, only_if_moves=True)
         self._resume_and_acknowledge(b)  # 4.+5.
         self._compact(b)  # 6.
+        self._vacuum()
         return b.is_closed and all(o.state.upper is None for o in self.outputs)
 
     def _submit(self, b: Bindings[Any], start: Antichain[Any], bound: Antichain[Any]) -> _Job:
@@ -505,21 +516,23 @@ class SourceRunner:
             staged = [s for r in results for s in r.staged.get(out.index, [])]
             if self._dropped.is_set():
                 return
-            undo: list[Any] = []
+            # Key state derived from the output changes only once the commit
+            # that carries its updates succeeded: computing them (apply) does
+            # not touch it, so a failed stage or commit leaves it as it was.
+            pending = None
             intents = [r.intents[out.index] for r in results if out.index in r.intents]
             if intents and out.upsert is not None:
-                updates, undo = out.upsert.apply(
+                updates, pending = out.upsert.apply(
                     pa.concat_tables(intents, promote_options="default"),
                     output_schema(out.user_schema))
                 if updates.num_rows:
+                    faults.fail_point("stage")
                     staged += out.sink.stager().stage(
                         f"{self.clock.now()}-upsert-{uuid.uuid4().hex[:10]}", 0, updates)
-            try:
-                out.sink.commit(staged, cur, new)
-            except BaseException:
-                if out.upsert is not None:
-                    out.upsert.rollback(undo)
-                raise
+            faults.fail_point("commit")
+            out.sink.commit(staged, cur, new)
+            if pending is not None and out.upsert is not None:
+                out.upsert.accept(pending)
             out.state = new
             out.rows += sum(r.rows.get(out.index, 0) for r in results)
             out.errors += sum(r.errors.get(out.index, 0) for r in results)
@@ -540,6 +553,28 @@ class SourceRunner:
             self.events.log(self.name, "resume", frontier=resume.encode())
             faults.crash_point("after_acknowledge")
         self.resume = resume
+
+    def _vacuum(self) -> None:
+        """Every ``vacuum_every_s``, delete the outputs' orphaned staged files
+        (failed commits, discarded jobs). Here, between ticks, none of this
+        source's jobs is in flight, so an unreferenced file older than
+        ``orphan_grace_s`` can no longer be committed by this driver; a zombie
+        driver's commit of a deleted file fails cleanly and is retried."""
+        now = time.monotonic()
+        if now - self._vacuumed_at < self.settings.vacuum_every_s:
+            return
+        self._vacuumed_at = now
+        for out in self.outputs:
+            try:
+                removed = out.sink.vacuum_orphans(self.settings.orphan_grace_s)
+            except Exception as exc:  # housekeeping never stalls the source
+                log.warning("source %s output %s: vacuuming staged files failed: %s",
+                            self.name, out.name, exc)
+                continue
+            if removed:
+                log.info("source %s output %s: removed %d orphaned staged files",
+                         self.name, out.name, len(removed))
+                self.events.log(self.name, "vacuum", output=out.name, files=len(removed))
 
     def _compact(self, b: Bindings[Any]) -> None:
         if self.ticks % self.settings.compact_every_ticks:

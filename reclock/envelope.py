@@ -81,8 +81,61 @@ def split_debezium(values: pa.Array) -> DebeziumSplit:
                          np.array(errors, dtype=np.int64), reasons)
 
 
+_NAN = ("reclock:NaN",)
+
+
+def _hashable(v: Any) -> Any:
+    """A value's canonical, hashable form for counting rows: lists and maps
+    (Arrow list/map/struct values) become tuples, and every float NaN one
+    marker, so that an insertion and its retraction cancel however the value
+    was decoded."""
+    if isinstance(v, float) and v != v:
+        return _NAN
+    if isinstance(v, list):
+        return ("reclock:list", *(_hashable(x) for x in v))
+    if isinstance(v, dict):
+        return ("reclock:map", *sorted((str(k), _hashable(x)) for k, x in v.items()))
+    if isinstance(v, tuple):
+        return ("reclock:tuple", *(_hashable(x) for x in v))
+    return v
+
+
+class Pending:
+    """What one :meth:`UpsertState.apply` would change, kept apart from the
+    state until the commit that carries its updates succeeds
+    (:meth:`UpsertState.accept`). Reads fall through to the state."""
+
+    def __init__(self, base: dict[tuple[Any, ...], tuple[Any, ...]]) -> None:
+        self._base = base
+        self.cleared = False  # a truncate removed every key the state held
+        self.changes: dict[tuple[Any, ...], tuple[Any, ...] | None] = {}
+
+    def get(self, k: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if k in self.changes:
+            return self.changes[k]
+        return None if self.cleared else self._base.get(k)
+
+    def live(self) -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+        """Every key's current row, as this batch has left it so far."""
+        keys = [] if self.cleared else [k for k in self._base if k not in self.changes]
+        out = [(k, self._base[k]) for k in keys]
+        return out + [(k, v) for k, v in self.changes.items() if v is not None]
+
+    def clear(self) -> None:
+        self.cleared = True
+        self.changes = {}
+
+    def __len__(self) -> int:
+        return len(self.changes) + int(self.cleared)
+
+
 class UpsertState:
-    """The current value per key of one upsert output (see module docstring)."""
+    """The current value per key of one upsert output (see module docstring).
+
+    :meth:`apply` computes updates without touching the state; the state
+    changes only when the caller accepts them (:meth:`accept`) after the commit that
+    carries them succeeded. A failed stage or commit, or an error in the
+    middle of ``apply``, leaves the state exactly as it was."""
 
     def __init__(self, user_columns: list[str], key: tuple[str, ...]) -> None:
         missing = [k for k in key if k not in user_columns]
@@ -94,7 +147,7 @@ class UpsertState:
         self.rows: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def _key_of(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(row[i] for i in self._kidx)
+        return tuple(_hashable(row[i]) for i in self._kidx)
 
     @classmethod
     def rebuild(cls, updates: pa.Table, user_columns: list[str], key: tuple[str, ...]
@@ -106,13 +159,17 @@ class UpsertState:
         ok = updates.filter(pc.is_null(updates.column("_error")))
         diffs = ok.column("_diff").to_pylist()
         cols = [ok.column(c).to_pylist() for c in user_columns]
-        net: dict[tuple[Any, ...], int] = {}
+        net: dict[Any, int] = {}
+        first: dict[Any, tuple[Any, ...]] = {}
         for i, d in enumerate(diffs):
             row = tuple(c[i] for c in cols)
-            net[row] = net.get(row, 0) + int(d)
-        for row, n in net.items():
+            h = _hashable(row)
+            net[h] = net.get(h, 0) + int(d)
+            first.setdefault(h, row)
+        for h, n in net.items():
             if n == 0:
                 continue
+            row = first[h]
             k = st._key_of(row)
             if n != 1 or k in st.rows:
                 raise DefiniteError(
@@ -122,10 +179,11 @@ class UpsertState:
             st.rows[k] = row
         return st
 
-    def apply(self, intents: pa.Table, schema: pa.Schema) -> tuple[pa.Table, list[Any]]:
+    def apply(self, intents: pa.Table, schema: pa.Schema) -> tuple[pa.Table, Pending]:
         """Updates for ``intents`` (rows of ``schema`` with ``_diff`` 1 = value,
-        0 = tombstone, ``TRUNCATED`` = every key); returns them and an undo
-        log for :meth:`rollback`."""
+        0 = tombstone, ``TRUNCATED`` = every key); returns them and the
+        :class:`Pending` changes to :meth:`accept` once they are committed.
+        The state itself is not touched."""
         order = pc.sort_indices(intents, sort_keys=[
             ("_into_time", "ascending"), ("_src_part", "ascending"),
             ("_src_offset", "ascending"), ("_src_seq", "ascending")])
@@ -137,7 +195,7 @@ class UpsertState:
         ncols = len(self.columns)
         meta_names = names[ncols:]
         out: list[tuple[Any, ...]] = []
-        undo: list[tuple[tuple[Any, ...], tuple[Any, ...] | None]] = []
+        pending = Pending(self.rows)
         gone: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # last tombstone
         di = meta_names.index("_diff")
         for i in range(t.num_rows):
@@ -148,39 +206,37 @@ class UpsertState:
             if data["_diff"][i] == TRUNCATED:  # every key goes, at this one position
                 m = list(meta)
                 m[di] = -1
-                for k, had in self.rows.items():
-                    undo.append((k, had))
+                for _k, had in pending.live():
                     out.append(had + tuple(m))
-                self.rows.clear()
+                pending.clear()
                 gone = None
                 continue
             row = tuple(data[c][i] for c in self.columns)
             k = self._key_of(row)
-            old = self.rows.get(k)
+            old = pending.get(k)
             delete = data["_diff"][i] == 0
             if unchanged is not None and unchanged[i] and not delete:
                 row = self._fill(row, unchanged[i], old, gone, meta, meta_names)
             new = None if delete else row
             if delete and old is not None:
                 gone = (tuple(meta), old)
-            if old == new:
+            if old is new or (old is not None and new is not None
+                              and _hashable(old) == _hashable(new)):
                 continue
-            undo.append((k, old))
             if old is not None:
                 m = list(meta)
                 m[di] = -1
                 out.append(old + tuple(m))
-                del self.rows[k]
             if new is not None:
                 m = list(meta)
                 m[di] = 1
                 out.append(new + tuple(m))
-                self.rows[k] = new
+            pending.changes[k] = new
         cols: list[Any] = list(zip(*out, strict=True)) if out else [[] for _ in names]
         table = pa.Table.from_arrays(
             [pa.array(list(c), type=f.type) for c, f in zip(cols, schema, strict=True)],
             schema=schema)
-        return table, undo
+        return table, pending
 
     def _fill(self, row: tuple[Any, ...], cols: list[int], old: tuple[Any, ...] | None,
               gone: tuple[tuple[Any, ...], tuple[Any, ...]] | None, meta: list[Any],
@@ -205,10 +261,12 @@ class UpsertState:
         keep = set(cols)
         return tuple(src[j] if j in keep else v for j, v in enumerate(row))
 
-    def rollback(self, undo: list[Any]) -> None:
-        """Undo an :meth:`apply` whose updates did not commit."""
-        for k, old in reversed(undo):
-            if old is None:
+    def accept(self, pending: Pending) -> None:
+        """Take the changes of an :meth:`apply` whose updates were committed."""
+        if pending.cleared:
+            self.rows.clear()
+        for k, row in pending.changes.items():
+            if row is None:
                 self.rows.pop(k, None)
             else:
-                self.rows[k] = old
+                self.rows[k] = row

@@ -1,4 +1,4 @@
-"""Named crash points for fault-injection tests.
+"""Faults on demand: named crash points, and named failure points.
 
 The commit path calls :func:`crash_point` at each step. When the environment
 variable ``RECLOCK_CRASH_AT`` names that point (``point`` or
@@ -8,6 +8,19 @@ variable set this costs one dictionary lookup.
 
 Points, in commit order: ``after_mint``, ``after_stage``, ``after_sink_commit``
 (between outputs), ``after_upper_advance``, ``after_acknowledge``.
+
+``RECLOCK_FAIL_AT`` injects a *failure* instead, once (``point``) or ``n``
+times (``point:n``), several separated by commas: the running pipeline meets a
+:class:`InjectedFault` (a transient error) at that step, exactly as it would
+meet a full disk or a broker that went away, and must recover from it with
+nothing lost and nothing doubled. A user or an operator rehearsing an
+incident reproduces each fault from the command line::
+
+    RECLOCK_FAIL_AT=stage,commit:2 reclock run pipeline.yaml
+
+Failure points: ``source`` (the source's probe of its upstream frontier),
+``stage`` (the driver stages the updates of a keyed output), ``commit`` (just
+before a sink commit).
 """
 
 from __future__ import annotations
@@ -15,6 +28,9 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
+
+from reclock.errors import TransientError
 
 POINTS = (
     "after_mint",
@@ -49,3 +65,57 @@ def crash_point(name: str) -> None:
     p = _SPEC.get(name)
     if p is not None and _RNG.random() < p:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+FAIL_POINTS = ("source", "stage", "commit")
+
+
+class InjectedFault(TransientError):
+    """A failure injected by ``RECLOCK_FAIL_AT``."""
+
+
+def _parse_fail(spec: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, n = item.partition(":")
+        if name not in FAIL_POINTS:
+            raise ValueError(f"RECLOCK_FAIL_AT: unknown failure point {name!r}; "
+                             f"one of {FAIL_POINTS}")
+        out[name] = int(n) if n else 1
+    return out
+
+
+_FAILS = _parse_fail(os.environ.get("RECLOCK_FAIL_AT", ""))
+_FAILS_LOCK = threading.Lock()
+
+
+def arm(spec: str) -> None:
+    """Arm failure points as ``RECLOCK_FAIL_AT`` would (for tests in-process)."""
+    parsed = _parse_fail(spec)
+    with _FAILS_LOCK:
+        _FAILS.update(parsed)
+
+
+def fail_point(name: str) -> None:
+    """Raise :class:`InjectedFault` here while ``RECLOCK_FAIL_AT`` has
+    failures left for this point."""
+    if not _FAILS:
+        return
+    with _FAILS_LOCK:
+        left = _FAILS.get(name, 0)
+        if left <= 0:
+            return
+        _FAILS[name] = left - 1
+        if _FAILS[name] == 0:
+            del _FAILS[name]
+    raise InjectedFault(f"injected failure at {name!r} (RECLOCK_FAIL_AT)",
+                        hint="a rehearsed fault: the pipeline retries")
+
+
+def disarm() -> None:
+    """Clear every armed failure point."""
+    with _FAILS_LOCK:
+        _FAILS.clear()

@@ -64,6 +64,7 @@ class Pipeline:
         self.clock = clock or SystemClock()
         self.state_dir = Path(cfg.state_dir)
         self._store: RemapStore | None = None
+        self._identity: str | None = None
 
     # -- pieces --------------------------------------------------------------------
     @property
@@ -71,6 +72,13 @@ class Pipeline:
         if self._store is None:
             self._store = open_store(self.cfg.remap_store_url)
         return self._store
+
+    @property
+    def identity(self) -> str:
+        """The pipeline's identity (see :meth:`RemapStore.identity`)."""
+        if self._identity is None:
+            self._identity = self.store.identity()
+        return self._identity
 
     def source_config(self, name: str) -> SourceConfig:
         for s in self.cfg.sources:
@@ -119,7 +127,8 @@ class Pipeline:
 
             k = src.kafka
             return KafkaSource(
-                src.name, k.bootstrap_servers, k.topic, self.clock, group_id=k.group_id,
+                src.name, k.bootstrap_servers, k.topic, self.clock,
+                group_id=k.group_id or f"reclock-{self.identity}-{src.name}",
                 start=k.start, start_offsets={s.partition: s.offset for s in k.start_offsets},
                 start_timestamp=k.start_timestamp, properties=dict(k.properties),
                 timeout_s=k.timeout / 1000.0, output_names=[o.name for o in src.outputs],
@@ -212,7 +221,9 @@ class Pipeline:
             return KafkaSink(
                 f"{src.name}.{ocfg.name}", bootstrap_servers=s.bootstrap_servers, topic=s.topic,
                 staging_dir=self.state_dir / "staging", progress_topic=s.progress_topic,
-                transactional_id=s.transactional_id, key_columns=s.key_columns,
+                transactional_id=(s.transactional_id
+                                  or f"reclock-{self.identity}-{src.name}.{ocfg.name}"),
+                key_columns=s.key_columns,
                 properties=dict(s.properties),
             )
         if s.type == "postgres":
@@ -257,6 +268,8 @@ class Pipeline:
             max_records_per_job=sp.max_records_per_job,
             max_records_per_task=sp.max_records_per_task,
             jobs_in_flight=sp.jobs_in_flight,
+            vacuum_every_s=self.cfg.housekeeping.vacuum_every / 1000.0,
+            orphan_grace_s=self.cfg.housekeeping.orphan_grace / 1000.0,
         )
 
     def close(self) -> None:

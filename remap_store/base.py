@@ -38,6 +38,13 @@ class RemapStore(Protocol):
 
     url: str
 
+    def identity(self) -> str:
+        """The pipeline's identity: a short random id minted on first use and the
+        same for every driver of the pipeline ever after (zombies included).
+        Upstream and downstream names that must not collide with another
+        pipeline's (Kafka transactional ids, consumer groups) carry it."""
+        ...
+
     def create_shard(self, shard: str, kind: str) -> None:
         """Create ``shard`` for FromTime ``kind`` with ``since = upper = 0`` if absent.
 

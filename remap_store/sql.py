@@ -1,10 +1,11 @@
 """The remap store on SQLAlchemy 2: SQLite (a file: the embedded default) and
 PostgreSQL (psycopg 3), chosen by URL.
 
-Two tables::
+Three tables::
 
     remap_shards    shard (PK) | kind | since | upper (NULL: closed) | updated_at
     remap_bindings  shard, into_time (PK) | frontier (canonical JSON)
+    remap_pipeline  key (PK) | value        the pipeline's identity, minted once
 
 ``compare_and_append`` is one transaction whose first statement is the
 conditional ``UPDATE remap_shards SET upper = :new WHERE shard = :s AND upper
@@ -18,6 +19,7 @@ the upper: roll back and raise :class:`~reclock.errors.UpperMismatch`.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,6 +53,13 @@ shards_table = sa.Table(
     sa.Column("since", sa.BigInteger, nullable=False),
     sa.Column("upper", sa.BigInteger, nullable=True),
     sa.Column("updated_at", sa.BigInteger, nullable=False),
+)
+
+pipeline_table = sa.Table(
+    "remap_pipeline",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(255), nullable=False),
 )
 
 bindings_table = sa.Table(
@@ -170,7 +179,28 @@ class SqlRemapStore:
             )
         return row
 
+    def _insert_ignore(self, table: sa.Table) -> Any:
+        """INSERT that leaves an existing row with the same key as it is."""
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            return pg_insert(table).on_conflict_do_nothing()
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table).on_conflict_do_nothing()
+
     # -- the contract -----------------------------------------------------------
+    def identity(self) -> str:
+        sel = sa.select(pipeline_table.c.value).where(pipeline_table.c.key == "identity")
+        with self._tx(readonly=True) as conn:
+            found = conn.execute(sel).scalar()
+        if found is None:
+            with self._tx() as conn:  # two drivers racing: the first insert wins
+                conn.execute(self._insert_ignore(pipeline_table),
+                             {"key": "identity", "value": uuid.uuid4().hex[:12]})
+                found = conn.execute(sel).scalar()
+        return str(found)
+
     def create_shard(self, shard: str, kind: str) -> None:
         time_type(kind)
         with self._tx(readonly=True) as conn:
@@ -189,16 +219,8 @@ class SqlRemapStore:
                 sa.select(shards_table.c.kind).where(shards_table.c.shard == shard)
             ).first()
             if row is None:
-                if self.dialect == "postgresql":
-                    from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-                    stmt: Any = pg_insert(shards_table).on_conflict_do_nothing()
-                else:
-                    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-                    stmt = sqlite_insert(shards_table).on_conflict_do_nothing()
                 conn.execute(
-                    stmt,
+                    self._insert_ignore(shards_table),
                     {
                         "shard": shard,
                         "kind": kind,

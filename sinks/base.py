@@ -64,9 +64,26 @@ META_NAMES = [f.name for f in META_FIELDS]
 def output_schema(user: pa.Schema) -> pa.Schema:
     """The stored schema of an output: user columns (nullable, since error rows
     carry none), then :data:`META_FIELDS`."""
-    clash = [f.name for f in user if f.name in META_NAMES]
+    meta = {n.lower() for n in META_NAMES}
+    clash = [f.name for f in user if f.name.lower() in meta]
     if clash:
-        raise DefiniteError(f"output columns {clash} clash with reclock's own columns")
+        raise DefiniteError(
+            f"output columns {clash} clash with reclock's own columns (names are compared "
+            "ignoring case: Delta, Postgres and most readers fold case)",
+            hint="rename the field upstream, or pick another schema for the output")
+    seen: dict[str, str] = {}
+    twins: list[str] = []
+    for f in user:
+        key = f.name.lower()
+        if key in seen:
+            twins.append(f"{seen[key]!r} and {f.name!r}")
+        else:
+            seen[key] = f.name
+    if twins:
+        raise DefiniteError(
+            f"output columns {', '.join(twins)} differ only in case: Delta tables and "
+            "case-insensitive readers (Spark SQL) cannot hold both",
+            hint="rename one of them upstream, or pick another schema for the output")
     return pa.schema([f.with_nullable(True) for f in user] + META_FIELDS)
 
 
@@ -86,6 +103,13 @@ class SinkState:
 
 class SinkFenced(TransientError):
     """The sink's durable state is not what the committer expected."""
+
+
+class Superseded(SinkFenced):
+    """Another writer took this output over for good: the target itself fenced
+    this writer (Kafka fences a producer once a newer one initialises the same
+    transactional id). The driver stops writing the output; the newer driver
+    carries on."""
 
 
 class SinkError(DefiniteError):
@@ -126,6 +150,12 @@ class PersistSink(Protocol):
 
     def read_updates(self, as_of: int | None = None) -> pa.Table:
         """The raw update log (all columns) with ``_into_time <= as_of``."""
+        ...
+
+    def vacuum_orphans(self, grace_seconds: float) -> list[str]:
+        """Delete staged files that no commit references and that are older
+        than ``grace_seconds`` (left by failed commits and discarded jobs);
+        return their names. A commit whose staged file is gone fails cleanly."""
         ...
 
     def close(self) -> None:

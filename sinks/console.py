@@ -192,6 +192,10 @@ class ConsoleSink:
         schema = self._schema if self._schema is not None else pa.schema(META_FIELDS)
         return schema.empty_table()
 
+    def vacuum_orphans(self, grace_seconds: float = 0.0) -> list[str]:
+        """Stages nothing that could be orphaned."""
+        return []
+
     def close(self) -> None:
         out = self._out if self._out is not None else sys.stdout
         out.flush()

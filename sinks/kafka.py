@@ -35,9 +35,10 @@ only for as long as it takes to produce and commit.
 Why the progress records form a chain. On Apache Kafka, a read_committed
 consumer never sees records of an aborted or unfinished transaction, and
 ``init_transactions`` fences an older producer with the same
-``transactional.id``. The development broker (librdkafka 2.16's mock cluster,
-:mod:`reclock.devkafka`) does neither. Checked on 2.16.0 (see
-``tests/sinks/test_kafka_sink.py``): its Fetch response always reports the log
+``transactional.id`` (both tested against a real broker in
+``tests/sinks/test_kafka_sink.py``). The development broker (librdkafka 2.16's
+mock cluster, :mod:`reclock.devkafka`) does neither. Checked on 2.16.0, when
+it was the test broker: its Fetch response always reports the log
 end as the last stable offset and lists no aborted transactions, so a
 read_committed consumer receives records of aborted transactions, of open
 transactions, and of a producer SIGKILLed mid-transaction (whose transaction
@@ -99,13 +100,14 @@ from its end in windows (:data:`PROGRESS_WINDOW` offsets, then larger). It
 stops at an *anchor*: a record that a later record names as ``prev``, which
 proves that a writer once found it to be the head. Valid records stay valid,
 so the chain continues forward from the anchor. Producers always write
-partition 0, so an auto-created progress topic with more partitions also works.
+partition 0; a progress topic must have exactly one partition (see ``ensure``).
 
-Operations: reclock creates no topics (the brokers' auto-create, or an admin,
-does). Keep the progress topic's records at least as long as the data
-topic's. It holds one small record per commit. Do not compact it, and do not
-let time-based retention delete the last records of an idle output: a
-vanished chain means a lost state. ``properties`` are passed to librdkafka
+Operations: ``ensure`` creates the data and errors topics when they are
+missing (with the cluster's defaults: clusters often disable auto-creation),
+and the progress topic with one partition and no time or size retention. It
+holds one small record per commit. An existing progress topic that is
+compacted or has a time or size retention is refused with the fix: a vanished
+chain means a lost state. ``properties`` are passed to librdkafka
 unchanged (security settings, timeouts); their values are never logged, and
 are masked in the messages of errors that quote them.
 """
@@ -124,11 +126,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.admin._resource import ResourceType
+from confluent_kafka.cimpl import NewTopic
 
 from reclock.errors import ReclockError, TransientError
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
@@ -150,6 +156,7 @@ from sinks.base import (
     SinkError,
     SinkFenced,
     SinkState,
+    Superseded,
     conform,
     output_schema,
 )
@@ -204,6 +211,8 @@ def _codes(*names: str) -> frozenset[int]:
 
 #: Another producer took over this transactional id.
 _FENCED_CODES = _codes("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
+#: ... for good: a newer producer initialised the same transactional id.
+_SUPERSEDED_CODES = _codes("_FENCED", "PRODUCER_FENCED")
 #: Retrying cannot help: permissions, missing topics, bad records or settings.
 _DEFINITE_CODES = _codes(
     "TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
@@ -214,6 +223,12 @@ _DEFINITE_CODES = _codes(
     "INVALID_TRANSACTION_TIMEOUT", "_UNSUPPORTED_FEATURE", "UNSUPPORTED_VERSION",
     "UNSUPPORTED_FOR_MESSAGE_FORMAT", "INVALID_REQUIRED_ACKS",
 )
+#: The brokers (or the development broker) do not implement the admin request.
+_UNSUPPORTED_ADMIN = _codes("_UNSUPPORTED_FEATURE", "UNSUPPORTED_VERSION", "INVALID_REQUEST",
+                            "_NOT_IMPLEMENTED")
+#: A partition's leader is being elected or just moved (retried within a call).
+_LEADER_MOVING_CODES = _codes("NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE",
+                              "FENCED_LEADER_EPOCH", "UNKNOWN_LEADER_EPOCH")
 _MISSING_TOPIC_CODES = _codes("_UNKNOWN_TOPIC", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_PARTITION")
 _EOF = int(KafkaError._PARTITION_EOF)
 
@@ -602,8 +617,11 @@ class KafkaSink:
     def ensure(self, user_schema: pa.Schema) -> None:
         """Check the schema (no clash with reclock's columns, key columns exist)
         and that it agrees with the schema of the last commit, if any: columns
-        may be added or dropped, not change type. Creates no topics."""
+        may be added or dropped, not change type. Creates the output's topics
+        that are missing, and refuses a progress topic that could lose records
+        (see :meth:`_provision_topics`)."""
         output_schema(user_schema)
+        self._provision_topics()
         missing = [c for c in self.key_columns if user_schema.get_field_index(c) < 0]
         if missing:
             raise SinkError(
@@ -625,6 +643,88 @@ class KafkaSink:
                     hint="write to a new topic, or keep the column types",
                 )
         self._user = user_schema
+
+    # -- topics ------------------------------------------------------------------------------
+    #: The progress topic's settings: one partition, nothing deleted by time or size.
+    PROGRESS_CONFIG: ClassVar[dict[str, str]] = {
+        "cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
+
+    def _admin(self) -> AdminClient:
+        conf = {k: v for k, v in self._client_conf(producer=False).items()
+                if k in ("bootstrap.servers", "client.id", "logger") or k.startswith(
+                    ("security.", "sasl.", "ssl.", "socket.", "broker."))}
+        return AdminClient(conf)
+
+    def _provision_topics(self) -> None:
+        """Clusters often disable auto-creation: create the data, errors and
+        progress topics that are missing (the data and errors topics with the
+        cluster's defaults, the progress topic with :data:`PROGRESS_CONFIG`
+        and one partition). A progress topic that exists must have one
+        partition and no compaction, time or size retention: a vanished chain
+        is a lost state, so anything else is refused with the fix."""
+        admin = self._admin()
+        try:
+            md = admin.list_topics(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise self._error(exc.args[0], "list the topics of the cluster for", None) from exc
+        missing = [t for t in (self.topic, self.errors_topic, self.progress_topic)
+                   if t not in md.topics or md.topics[t].error is not None]
+        replication = max(1, min(3, len(md.brokers)))
+        new = [NewTopic(t, num_partitions=1 if t == self.progress_topic else -1,
+                        replication_factor=replication if t == self.progress_topic else -1,
+                        config=dict(self.PROGRESS_CONFIG) if t == self.progress_topic else {})
+               for t in missing]
+        if new:
+            futures = admin.create_topics(new, operation_timeout=self.timeout_s,
+                                          request_timeout=self.timeout_s)
+            for topic, fut in futures.items():
+                try:
+                    fut.result()
+                    log.info("output %r: created topic %r", self.name, topic)
+                except KafkaException as exc:
+                    err = exc.args[0]
+                    if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                        continue
+                    if err.code() in _UNSUPPORTED_ADMIN:
+                        log.warning("output %r: the brokers cannot create topics (%s); "
+                                    "relying on auto-creation", self.name, err.str())
+                        return
+                    raise self._error(err, "create", f"topic {topic!r}") from exc
+        self._check_progress_topic(admin)
+
+    def _check_progress_topic(self, admin: AdminClient) -> None:
+        topic = self.progress_topic
+        try:
+            md = admin.list_topics(topic, timeout=self.timeout_s)
+            fut = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)],
+                                         request_timeout=self.timeout_s)
+            configs = next(iter(fut.values())).result()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() in _UNSUPPORTED_ADMIN:
+                return  # e.g. the development broker: nothing to check against
+            raise self._error(err, "describe", f"topic {topic!r}") from exc
+        wrong: list[str] = []
+        tmd = md.topics.get(topic)
+        if tmd is not None and tmd.error is None and len(tmd.partitions) != 1:
+            wrong.append(f"{len(tmd.partitions)} partitions (needs 1)")
+        for key, want in self.PROGRESS_CONFIG.items():
+            entry = configs.get(key)
+            have = None if entry is None else entry.value
+            if key == "cleanup.policy":
+                if have is not None and "compact" in have:
+                    wrong.append(f"cleanup.policy={have} (compaction drops progress records)")
+            elif have is not None and have != want:
+                wrong.append(f"{key}={have}")
+        if wrong:
+            raise SinkError(
+                f"output {self.name!r}: progress topic {topic!r} could lose the output's "
+                f"state: {', '.join(wrong)}",
+                hint=f"set retention.ms=-1, retention.bytes=-1, cleanup.policy=delete on "
+                     f"{topic!r} (kafka-configs.sh --alter --entity-type topics --entity-name "
+                     f"{topic} --add-config retention.ms=-1,retention.bytes=-1), or delete it "
+                     "and let reclock create it with one partition, if it holds no progress "
+                     "yet; or name another progress_topic")
 
     def _user_schema(self, head: ProgressRecord | None) -> pa.Schema | None:
         if self._user is not None:
@@ -1042,13 +1142,21 @@ class KafkaSink:
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start, end readable with read_committed); (0, 0) for a missing topic."""
         tp = TopicPartition(topic, partition)
-        for attempt in (1, 2):
+        deadline = time.monotonic() + self.timeout_s
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 lo, hi = self._reader().get_watermark_offsets(tp, timeout=self.timeout_s,
                                                               cached=False)
                 return int(lo), int(hi)
             except KafkaException as exc:
                 err = exc.args[0]
+                if err.code() in _LEADER_MOVING_CODES and time.monotonic() < deadline:
+                    # A topic just created, or a leader that just moved: the
+                    # client refreshes its metadata on this error; ask again.
+                    time.sleep(0.1)
+                    continue
                 if err.code() not in _MISSING_TOPIC_CODES:
                     raise self._error(err, "read offsets of", f"{topic}[{partition}]") from exc
                 # librdkafka also says "unknown partition" when it has no
@@ -1058,10 +1166,9 @@ class KafkaSink:
                 exists = self._topic_exists(topic)
                 if exists is False:
                     return 0, 0
-                if exists is None or attempt == 2:
+                if exists is None or attempt >= 2:
                     raise self._error(err, "read offsets of", f"{topic}[{partition}]",
                                       transient=True) from exc
-        raise AssertionError("unreachable")
 
     def _topic_exists(self, topic: str) -> bool | None:
         """Whether the brokers know ``topic``; ``None`` if they cannot be asked."""
@@ -1139,6 +1246,11 @@ class KafkaSink:
         name = err.name() if hasattr(err, "name") else "?"
         target = where or f"topic {self.topic!r}"
         msg = f"output {self.name!r}: cannot {doing} {target}: {text} ({name})"
+        if code in _SUPERSEDED_CODES:
+            return Superseded(
+                msg, hint=f"another reclock driver initialised transactional.id "
+                          f"{self.transactional_id!r} after this one (the same pipeline, "
+                          "started again?); this driver stops writing the output")
         if code in _FENCED_CODES:
             return SinkFenced(msg, hint=f"another producer with transactional.id "
                                         f"{self.transactional_id!r} took over; re-read the state")

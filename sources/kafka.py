@@ -33,6 +33,7 @@ mean the topic was deleted and recreated, a definite error.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -44,6 +45,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import (
     Consumer,
+    ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -108,6 +110,13 @@ def _client_conf(bootstrap: str, properties: dict[str, Any], **extra: Any) -> di
 def _spec(name: str, *args: Any) -> Any:
     """An ``OffsetSpec`` (its constructors are untyped)."""
     return getattr(OffsetSpec, name)(*args)
+
+
+_STALE_METADATA = frozenset({
+    KafkaError._UNKNOWN_PARTITION, KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.LEADER_NOT_AVAILABLE, KafkaError._NOENT,
+})
 
 
 def _transient(what: str, exc: BaseException) -> TransientError:
@@ -431,17 +440,38 @@ class KafkaSource:
         ids = sorted(t.partitions)
         return ids, [p for p in ids if t.partitions[p].leader >= 0]
 
-    def _list_offsets(self, partitions: list[int], spec: Any) -> dict[int, int]:
+    def _list_offsets(self, partitions: list[int], spec: Any, allow_missing: bool = False
+                      ) -> dict[int, int]:
+        """Offsets per partition; -1 (none at that time) only with ``allow_missing``."""
         if not partitions:
             return {}
         req = {TopicPartition(self.topic, p): spec for p in partitions}
-        try:
-            futs = self.admin.list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
-                                           request_timeout=self.timeout_s)
-            return {tp.partition: f.result().offset for tp, f in futs.items()}
-        except KafkaException as exc:
-            raise _transient(f"source {self.name!r}: offsets of topic {self.topic!r}", exc
-                             ) from None
+        for attempt in (1, 2):
+            try:
+                futs = self.admin.list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
+                                               request_timeout=self.timeout_s)
+                got = {tp.partition: f.result().offset for tp, f in futs.items()}
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if attempt == 1 and isinstance(err, KafkaError) and err.code() in _STALE_METADATA:
+                    # The admin client's cached metadata is stale: partitions were
+                    # added, or a leader moved or restarted (a new leader epoch).
+                    # librdkafka keeps asking with the old epoch, so start afresh.
+                    self._admin = None
+                    continue
+                raise _transient(f"source {self.name!r}: offsets of topic {self.topic!r}", exc
+                                 ) from None
+            if not allow_missing and any(o < 0 for o in got.values()):
+                # A partition whose leader just went away answers no offset
+                # (-1001) without an error; the client's metadata is stale.
+                self._admin = None
+                if attempt == 1:
+                    continue
+                raise TransientError(f"source {self.name!r}: the broker gave no offset for "
+                                     f"topic {self.topic!r}: {got}",
+                                     hint="a partition leader is moving; reclock retries")
+            return got
+        raise AssertionError("unreachable")
 
     def initial_frontier(self) -> Antichain[Partitioned]:
         """The configured start, read once (at construction of the source's
@@ -452,7 +482,8 @@ class KafkaSource:
                 offsets = self._list_offsets(live, _spec('latest'))
             elif self.start == "timestamp":
                 assert self.start_timestamp is not None
-                found = self._list_offsets(live, _spec('for_timestamp', self.start_timestamp))
+                found = self._list_offsets(live, _spec('for_timestamp', self.start_timestamp),
+                                           allow_missing=True)
                 ends = self._list_offsets(live, _spec('latest'))
                 offsets = {p: (o if o >= 0 else ends[p]) for p, o in found.items()}
             else:
@@ -539,9 +570,16 @@ class KafkaSource:
         if not offsets:
             return
         tps = [TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())]
+        # Through the AdminClient (OffsetCommit for a group with no members), so
+        # that the wait is bounded: a consumer's synchronous commit waits ~45 s
+        # for a coordinator while the broker is away, and the tick with it.
         try:
-            self.consumer.commit(offsets=tps, asynchronous=False)
-        except KafkaException as exc:
+            futs = self.admin.alter_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(self.group, tps)],
+                request_timeout=self.timeout_s)
+            for fut in futs.values():
+                fut.result(timeout=self.timeout_s + 5)
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
             raise _transient(f"source {self.name!r}: committing offsets to group "
                              f"{self.group!r}", exc) from None
 

@@ -1,8 +1,11 @@
 """Shared fixtures: real peers only.
 
-* ``pg_url`` -- a fresh database on the local PostgreSQL (``RECLOCK_TEST_PG``,
-  default ``postgresql://postgres@127.0.0.1:5432/postgres`` as the admin
-  connection), dropped at the end of the run.
+* ``pg_url`` -- a fresh database, dropped at the end of the test, on the
+  private PostgreSQL cluster the run starts (``pg_logical``), or on the server
+  whose admin URL ``RECLOCK_TEST_PG`` names.
+* ``kafka`` -- a real single-node Apache Kafka broker (KRaft) for the run;
+  ``kafka_cluster`` -- a real 3-node cluster for the failover tests
+  (see tests/kafkabroker.py; tests/setup.sh fetches the jars).
 * ``sqlite_url`` -- a SQLite file in a temporary directory.
 * ``store_url`` -- parametrized over both.
 """
@@ -26,16 +29,18 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=60, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-ADMIN_URL = os.environ.get("RECLOCK_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+ADMIN_URL = os.environ.get("RECLOCK_TEST_PG")
 
 
 @pytest.fixture(scope="session")
-def pg_admin_url() -> str:
+def pg_admin_url(request: pytest.FixtureRequest) -> str:
+    if not ADMIN_URL:
+        return str(request.getfixturevalue("pg_logical").url)
     try:
         with psycopg.connect(ADMIN_URL, connect_timeout=5) as conn:
             conn.execute("select 1")
     except psycopg.OperationalError as exc:  # pragma: no cover - environment
-        pytest.fail(f"PostgreSQL at {ADMIN_URL} is required for the tests: {exc}")
+        pytest.fail(f"PostgreSQL at RECLOCK_TEST_PG={ADMIN_URL} is not reachable: {exc}")
     return ADMIN_URL
 
 
@@ -77,12 +82,23 @@ def spark() -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def kafka() -> Iterator[object]:
-    """A Kafka-protocol broker (librdkafka's mock cluster) for the whole run."""
-    from reclock.devkafka import MockKafka
+    """A real single-node Apache Kafka broker (KRaft) for the whole run."""
+    from tests.kafkabroker import KafkaCluster
 
-    mock = MockKafka(brokers=1)
-    yield mock
-    mock.close()
+    cluster = KafkaCluster(nodes=1).start()
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[object]:
+    """A real 3-node Apache Kafka cluster (replication factor 3,
+    min.insync.replicas=2) for the failover tests, started on first use."""
+    from tests.kafkabroker import KafkaCluster
+
+    cluster = KafkaCluster(nodes=3).start()
+    yield cluster
+    cluster.close()
 
 
 @pytest.fixture

@@ -1,15 +1,17 @@
-"""A private PostgreSQL cluster with ``wal_level=logical`` for CDC tests.
+"""A private PostgreSQL cluster with ``wal_level=logical`` for the tests.
 
-The shared server on 127.0.0.1:5432 is not configured for logical
-replication, so tests that need it start their own cluster from the Debian
-binaries on a free port, in a temporary directory owned by the ``postgres``
-user (initdb refuses to run as root). It is stopped and removed at the end.
+The tests start their own cluster from the PostgreSQL server binaries
+(Debian's, ``RECLOCK_PG_BINDIR`` or ``PATH``; tests/setup.sh installs them)
+on a free port, with trust auth on 127.0.0.1, in a temporary directory owned
+by the ``postgres`` user (initdb refuses to run as root). It is stopped and
+removed at the end.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -20,11 +22,24 @@ from pathlib import Path
 import psycopg
 
 
+def _version_key(path: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", path))
+
+
 def _bin(name: str) -> str:
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    if not found:
-        raise RuntimeError(f"PostgreSQL server binary {name!r} not found under /usr/lib/postgresql")
-    return found[-1]
+    """A server binary: ``RECLOCK_PG_BINDIR``, else the newest Debian install
+    (``/usr/lib/postgresql/N/bin``), else ``PATH`` (as tests/setup.sh finds it)."""
+    bindir = os.environ.get("RECLOCK_PG_BINDIR")
+    if bindir and os.access(os.path.join(bindir, name), os.X_OK):
+        return os.path.join(bindir, name)
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=_version_key)
+    if found:
+        return found[-1]
+    on_path = shutil.which(name)
+    if on_path:
+        return on_path
+    raise RuntimeError(f"PostgreSQL server binary {name!r} not found: run tests/setup.sh, "
+                       "or set RECLOCK_PG_BINDIR to the directory that holds it")
 
 
 def _free_port() -> int:
@@ -42,7 +57,8 @@ def _as_postgres(args: list[str]) -> list[str]:
 class PgCluster:
     """``start()`` -> ``url``; ``restart()`` (a database restart); ``stop()``."""
 
-    def __init__(self) -> None:
+    def __init__(self, wal_level: str = "logical") -> None:
+        self.wal_level = wal_level
         self.dir = Path(tempfile.mkdtemp(prefix="reclock-pg-"))
         self.data = self.dir / "data"
         self.port = _free_port()
@@ -59,8 +75,9 @@ class PgCluster:
         with (self.data / "postgresql.conf").open("a") as f:
             f.write(
                 f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
-                f"unix_socket_directories = '{self.dir}'\nwal_level = logical\n"
+                f"unix_socket_directories = '{self.dir}'\nwal_level = {self.wal_level}\n"
                 "max_replication_slots = 20\nmax_wal_senders = 20\nfsync = off\n"
+                "max_connections = 300\n"
                 "synchronous_commit = off\nfull_page_writes = off\n"
             )
         with (self.data / "pg_hba.conf").open("a") as f:

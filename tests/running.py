@@ -36,13 +36,15 @@ def running(cfg: Any, spark: Any) -> Iterator[list[SourceRunner]]:
         t.join(timeout=60)
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
+def wait_for(cond: Callable[[], bool], timeout: float = 60,
+             what: str | Callable[[], str] = "condition") -> None:
+    """Polls ``cond``; ``what`` (or what it returns at the timeout) names it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
 
 
 # -- a driver in its own process (`reclock run FILE`), for kill tests ----------------------------

@@ -6,7 +6,7 @@ There is no Docker engine here, so the deployment is checked in two ways:
   healthchecks of compose.yaml, the files it refers to, the Dockerfile and
   .dockerignore, and the pipeline YAML as compose runs it;
 * by running what every service runs, outside containers: the demo producer
-  against the mock Kafka broker and PostgreSQL databases made with the init
+  against the test run's Apache Kafka broker and PostgreSQL databases made with the init
   SQL, the pipeline file itself (hosts pointed at those by its environment
   variables) on the test Spark session, the ``reclock run`` command line, and
   the Spark master and worker classes through the installed PySpark's
@@ -136,6 +136,51 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return dict(compose["services"])
 
 
+def _image_env_to_properties(env: dict[str, Any]) -> dict[str, str]:
+    """What the apache/kafka image does with its environment: ``KAFKA_FOO_BAR``
+    becomes ``foo.bar`` (``__`` is ``_``, ``___`` is ``-``); ``CLUSTER_ID``
+    formats the storage; ``KAFKA_HEAP_OPTS`` and friends go to the JVM."""
+    jvm = {"KAFKA_HEAP_OPTS", "KAFKA_OPTS", "KAFKA_JVM_PERFORMANCE_OPTS", "KAFKA_LOG4J_OPTS"}
+    props = {}
+    for key, value in env.items():
+        if not key.startswith("KAFKA_") or key in jvm:
+            continue
+        name = key[len("KAFKA_"):].lower().replace("___", "-").replace("__", "\0")
+        props[name.replace("_", ".").replace("\0", "_")] = str(value)
+    return props
+
+
+@pytest.fixture(scope="module")
+def compose_kafka(services: dict[str, dict[str, Any]]) -> Iterator[Any]:
+    """The compose file's kafka service, for real: its environment turned into
+    server.properties as the apache/kafka image does, on this machine's Kafka
+    jars (the image's version, see test_images_are_pinned), with only its
+    host names and ports rewritten to free loopback ports."""
+    from tests.kafkabroker import KafkaCluster
+
+    env = services["kafka"]["environment"]
+    cluster = KafkaCluster(nodes=1)
+    node = cluster.nodes[0]
+    ports = {"9092": str(node.port), "9093": str(node.controller_port),
+             "29092": str(_free_port())}
+    props = {}
+    for key, value in _image_env_to_properties(env).items():
+        value = re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)  # compose's defaults
+        value = re.sub(r"(//|@)(kafka|localhost)?:(\d+)",
+                       lambda m: f"{m.group(1)}127.0.0.1:{ports.get(m.group(3), m.group(3))}",
+                       value)
+        props[key] = value
+    props["log.dirs"] = str(node.dir / "data")  # the image's volume
+    assert props["controller.quorum.voters"] == f"1@127.0.0.1:{node.controller_port}"
+    cluster.settings = props
+    cluster.cluster_id = str(env["CLUSTER_ID"])
+    # The INTERNAL listener is what the other services use: bootstrap through it.
+    assert f"INTERNAL://127.0.0.1:{node.port}" in props["advertised.listeners"]
+    cluster.start()
+    yield cluster
+    cluster.close()
+
+
 # -- compose.yaml -----------------------------------------------------------------------
 
 
@@ -160,7 +205,10 @@ def test_services_and_images(services: dict[str, dict[str, Any]]) -> None:
             assert image == f"reclock:{version}"  # one image, tagged with the project version
         else:
             assert "build" not in svc
-    assert services["kafka"]["image"].startswith("apache/kafka:3.")
+    # The broker version the tests run (tests/broker/pom.xml).
+    from tests.kafkabroker import kafka_version
+
+    assert services["kafka"]["image"] == f"apache/kafka:{kafka_version()}"
     assert re.fullmatch(r"postgres:16\.\d+(-\w+)?", services["postgres"]["image"])
 
 
@@ -506,7 +554,9 @@ def _table(url: str, query: str) -> list[tuple[Any, ...]]:
         return list(c.execute(query).fetchall())
 
 
-def test_producer_writes_kafka_and_postgres(kafka: Any, pg_url: str, tmp_path: Path) -> None:
+def test_producer_writes_kafka_and_postgres(compose_kafka: Any, pg_url: str,
+                                            tmp_path: Path) -> None:
+    kafka = compose_kafka
     _psql(pg_url, EXAMPLES / "init.sql")
     topic = f"demo-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 3)
@@ -557,13 +607,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_compose_pipeline_end_to_end(services: dict[str, dict[str, Any]], kafka: Any,
+def test_compose_pipeline_end_to_end(services: dict[str, dict[str, Any]], compose_kafka: Any,
                                      cdc_url: str, reclock_db: str, spark: Any,
                                      tmp_path: Path) -> None:
-    """examples/compose/pipeline.yaml, its hosts pointed at the mock broker and
+    """examples/compose/pipeline.yaml, its hosts pointed at the compose kafka
+    service (run from its own settings) and
     the logical-replication cluster, while the producer writes: the Kafka
     records land exactly once in the log table, the state table equals the
     customers table, the Delta output holds the orders table."""
+    kafka = compose_kafka
     # The postgres service's initialisation: databases.sql, then init.sql, in the shop db.
     _psql(cdc_url, EXAMPLES / "databases.sql")
     _psql(cdc_url, EXAMPLES / "init.sql")

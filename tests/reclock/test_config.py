@@ -324,8 +324,8 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     path = write(tmp_path, "state_dri: x\n" + MINIMAL)
     assert errors_of(path) == [
         f"{at(path, 1, 'state_dri')}: (top level): unknown key 'state_dri' "
-        "(expected one of: http, progress_log, remap_store, sources, spark, state_dir, "
-        "timestamp_interval)"
+        "(expected one of: housekeeping, http, progress_log, remap_store, sources, spark, "
+        "state_dir, timestamp_interval)"
     ]
 
 
@@ -368,6 +368,39 @@ def test_missing_sources_and_empty_file(tmp_path: Path) -> None:
     assert errors_of(path) == [f"{at(path, 1, '[]')}: sources: expected at least 1 item"]
     path = write(tmp_path, "- a\n- b\n")
     assert errors_of(path) == [f"{path}:1:1: (top level): expected a mapping of settings"]
+
+
+def test_two_outputs_naming_one_sink_target(tmp_path: Path) -> None:
+    """Their rows would mix (each reads back the other's): refused with both
+    places named, for a Delta path, a Postgres table and a Kafka topic."""
+    path = write(tmp_path, """
+        sources:
+          - name: a
+            generator: {kind: counter}
+            outputs:
+              - {name: x, sink: {type: file, path: lake/x}}
+              - {name: y, sink: {type: postgres, dsn: "postgresql://h/db", table: t}}
+              - {name: z, sink: {type: kafka, bootstrap_servers: "k1,k2", topic: out}}
+          - name: b
+            generator: {kind: counter}
+            outputs:
+              - {name: x, sink: {type: file, path: ./lake/x/}}
+              - {name: y, sink: {type: postgres, dsn: "postgresql://h/db", schema: public,
+                                 table: t}}
+              - {name: z, sink: {type: kafka, bootstrap_servers: "k2,k1", topic: out}}
+              - {name: w, sink: {type: postgres, dsn: "postgresql://h/db", table: T}}
+        """)
+    assert errors_of(path) == [
+        f"{at(path, 11, '{type: file')}: sources[1].outputs[0].sink: output 'b.x' writes the "
+        "same path as output 'a.x' ('lake/x'): their rows would mix; give each output its "
+        "own path (also at sources[0].outputs[0].sink, line 5)",
+        f"{at(path, 12, '{type: postgres')}: sources[1].outputs[1].sink: output 'b.y' writes "
+        "the same table as output 'a.y' ('t'): their rows would mix; give each output its "
+        "own table (also at sources[0].outputs[1].sink, line 6)",
+        f"{at(path, 14, '{type: kafka')}: sources[1].outputs[2].sink: output 'b.z' writes the "
+        "same topic as output 'a.z' ('out'): their rows would mix; give each output its own "
+        "topic (also at sources[0].outputs[2].sink, line 7)",
+    ]
 
 
 def test_unreadable_file(tmp_path: Path) -> None:

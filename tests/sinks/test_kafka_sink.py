@@ -1,7 +1,7 @@
-"""The Kafka sink against a real Kafka-protocol broker (librdkafka's mock cluster).
+"""The Kafka sink against a real Apache Kafka broker (KRaft, tests/kafkabroker.py).
 
-Each test writes its own topics (unique names) on the session's mock cluster,
-creating them first: the mock would auto-create them with 4 partitions.
+Each test writes its own topics (unique names) on the session's broker,
+creating them first through the AdminClient.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 import sinks.kafka as kafka_mod
-from reclock.devkafka import MockKafka
 from reclock.errors import DefiniteError, TransientError
 from sinks.base import SinkError, SinkFenced, SinkState, output_schema
 from sinks.kafka import (
@@ -38,6 +37,7 @@ from sinks.kafka import (
     ProgressRecord,
     resolve_chain,
 )
+from tests.kafkabroker import KafkaCluster
 from tests.sinks.rows import SCHEMA, USER, updates
 
 NAME = "orders.main"
@@ -45,9 +45,9 @@ NAME = "orders.main"
 
 @dataclass
 class Topics:
-    """One test's topics on the shared mock cluster, and a sink factory."""
+    """One test's topics on the shared broker, and a sink factory."""
 
-    kafka: MockKafka
+    kafka: KafkaCluster
     topic: str
     staging: Path
 
@@ -66,11 +66,9 @@ class Topics:
 
 
 @pytest.fixture
-def topics(kafka: MockKafka, tmp_path: Path) -> Topics:
+def topics(kafka: KafkaCluster, tmp_path: Path) -> Topics:
     t = Topics(kafka, f"out-{uuid.uuid4().hex[:10]}", tmp_path / "staging")
-    kafka.create_topic(t.topic, 2)
-    kafka.create_topic(t.errors, 1)
-    kafka.create_topic(t.progress, 1)
+    kafka.create_topic(t.topic, 2)  # the errors and progress topics: the sink creates them
     return t
 
 
@@ -176,7 +174,7 @@ def test_a_closed_output_keeps_the_empty_frontier(topics: Topics, sink: KafkaSin
     assert topics.sink().state() == SinkState(None, '"done"')
 
 
-def test_an_output_never_written_has_the_initial_state(kafka: MockKafka, tmp_path: Path) -> None:
+def test_an_output_never_written_has_the_initial_state(kafka: KafkaCluster, tmp_path: Path) -> None:
     s = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=f"none-{uuid.uuid4().hex}",
                   staging_dir=tmp_path, timeout_s=5)
     assert s.state() == SinkState()  # the progress topic does not even exist
@@ -184,19 +182,47 @@ def test_an_output_never_written_has_the_initial_state(kafka: MockKafka, tmp_pat
     s.close()
 
 
-def test_auto_created_progress_topic_with_more_partitions(topics: Topics) -> None:
-    """Progress always goes to partition 0, however many partitions there are."""
-    progress = f"{topics.topic}.p4"
-    topics.kafka.create_topic(progress, 4)
-    s = topics.sink(progress_topic=progress)
+def test_missing_topics_are_created_and_the_progress_topic_keeps_everything(
+    kafka: KafkaCluster, tmp_path: Path
+) -> None:
+    """Clusters often disable auto-creation: the sink creates the missing data,
+    errors and progress topics; the progress topic with one partition and no
+    time or size retention."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    topic = f"new-{uuid.uuid4().hex[:10]}"
+    s = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic, staging_dir=tmp_path,
+                  key_columns=["k"])
     s.ensure(USER)
-    prev = SinkState()
-    for i in range(3):
-        new = SinkState(1000 * (i + 1), None)
-        s.commit(stage(s, f"b{i}", updates([f"k{i}"], 1000 * i, offset=i)), prev, new)
-        prev = new
-    assert topics.sink(progress_topic=progress).state() == prev
-    assert {m.partition() for m in raw_records(topics.kafka.bootstrap, progress)} == {0}
+    s.commit(stage(s, "b1", updates(["a"], 500)), SinkState(), SinkState(1000, None))
+    admin = kafka.admin()
+    md = admin.list_topics(timeout=10)
+    progress = f"{topic}.reclock-progress"
+    assert {topic, f"{topic}.reclock-errors", progress} <= set(md.topics)
+    assert len(md.topics[progress].partitions) == 1
+    res = ConfigResource(ResourceType.TOPIC, progress)
+    conf = next(iter(admin.describe_configs([res]).values())).result(timeout=10)
+    assert (conf["retention.ms"].value, conf["retention.bytes"].value,
+            conf["cleanup.policy"].value) == ("-1", "-1", "delete")
+    assert keys(s.read_updates()) == ["a"]
+    s.close()
+
+
+@pytest.mark.parametrize("partitions, config, named", [
+    (4, {}, "4 partitions"),
+    (1, {"retention.ms": "604800000"}, "retention.ms=604800000"),
+    (1, {"retention.ms": "-1", "retention.bytes": "1000000"}, "retention.bytes=1000000"),
+    (1, {"retention.ms": "-1", "cleanup.policy": "compact"}, "cleanup.policy=compact"),
+])
+def test_a_progress_topic_that_could_lose_records_is_refused(
+    topics: Topics, partitions: int, config: dict[str, str], named: str
+) -> None:
+    progress = f"{topics.topic}.p-{uuid.uuid4().hex[:6]}"
+    topics.kafka.create_topic(progress, partitions, config=config)
+    s = topics.sink(progress_topic=progress)
+    with pytest.raises(SinkError, match="could lose the output's state") as err:
+        s.ensure(USER)
+    assert named in str(err.value) and "retention.ms=-1" in (err.value.hint or "")
     s.close()
 
 
@@ -301,8 +327,8 @@ def test_a_zombie_with_the_same_transactional_id_is_fenced(topics: Topics) -> No
                       SinkState(2000, None))
 
     # Worse: the zombie passes its check, then the live writer commits first.
-    # Kafka would fence the zombie's producer; the mock does not, so its
-    # transaction commits, and its batch is off the chain: SinkFenced too.
+    # The broker fenced the zombie's producer when the live one initialised
+    # the same transactional.id: its transaction cannot commit. SinkFenced.
     s3 = SinkState(3000, None)
     zombie.race = lambda: live.commit(stage(live, "b3", updates(["c"], 2500, offset=2)), s2, s3)
     with pytest.raises(SinkFenced):
@@ -311,10 +337,10 @@ def test_a_zombie_with_the_same_transactional_id_is_fenced(topics: Topics) -> No
     for reader in (live, topics.sink()):
         assert reader.state() == s3
         assert keys(reader.read_updates()) == ["a", "b", "c"]
-    # ... although a plain read_committed consumer of the mock sees its rows
-    # (the mock does not fence producers by transactional.id).
+    # A plain read_committed consumer sees each committed row once, and none
+    # of the zombie's: Kafka fenced it.
     seen = [json.loads(m.value())["k"] for m in raw_records(topics.kafka.bootstrap, topics.topic)]
-    assert "zombie2" in seen, "the mock now fences zombies: revisit sinks/kafka.py's docstring"
+    assert sorted(seen) == ["a", "b", "c"]
     zombie.close()
     live.close()
 
@@ -367,10 +393,9 @@ def test_crash_mid_transaction_then_a_retry_writes_each_row_once(
     after = topics.sink()
     assert after.state() == s1
     assert keys(after.read_updates()) == ["a"]
-    # librdkafka 2.16's mock hands the dead transaction's records to
-    # read_committed consumers (Kafka does not); reclock's readers skip them.
+    # Kafka hides the dead transaction's records from read_committed consumers.
     plain = [json.loads(m.value())["k"] for m in raw_records(topics.kafka.bootstrap, topics.topic)]
-    assert sorted(plain) in (["a"], ["a", "r0", "r1", "r2", "r3", "r4"])
+    assert plain == ["a"]
 
     after.ensure(USER)
     after.commit(staged, s1, s2)  # the driver's retry: the same staged files
@@ -388,16 +413,15 @@ def test_crash_after_the_progress_record_is_all_or_nothing(
     s1 = SinkState(1000, '"one"')
     run_crashing_commit(topics, staged, SinkState(), s1, ("progress_produced", 0))
     after = topics.sink()
-    state = after.state()
-    # Kafka aborts the transaction (state stays initial, no rows); the mock
-    # leaves it readable, so it counts as committed, with all of its rows.
-    assert (state, keys(after.read_updates())) in [
-        (SinkState(), []), (s1, ["a", "b", "c"])
-    ]
-    if state == s1:  # the mock: a retry from the old state is fenced
-        with pytest.raises(SinkFenced):
-            after.commit(staged, SinkState(), s1)
-        assert keys(after.read_updates()) == ["a", "b", "c"]
+    # Kafka aborts the transaction: nothing committed, no rows for anyone.
+    assert after.state() == SinkState()
+    assert after.read_updates().num_rows == 0
+    assert raw_records(topics.kafka.bootstrap, topics.topic) == []
+    after.ensure(USER)
+    after.commit(staged, SinkState(), s1)  # the driver's retry
+    assert after.state() == s1 and keys(after.read_updates()) == ["a", "b", "c"]
+    plain = [json.loads(m.value())["k"] for m in raw_records(topics.kafka.bootstrap, topics.topic)]
+    assert sorted(plain) == ["a", "b", "c"]
     after.close()
 
 
@@ -566,17 +590,15 @@ def test_vacuum_removes_only_old_staged_files(topics: Topics, sink: KafkaSink) -
     assert os.listdir(s.staging_root) == []
 
 
-# -- the development broker itself -------------------------------------------------------------
+# -- the broker's transactions ----------------------------------------------------------------
 
 
-def test_mock_broker_shows_aborted_transactions_to_read_committed_consumers(
-    kafka: MockKafka,
+def test_read_committed_consumers_see_no_open_or_aborted_transaction(
+    kafka: KafkaCluster,
 ) -> None:
-    """Pins the reason for the chain (see sinks/kafka.py): librdkafka 2.16's
-    mock reports the log end as the last stable offset and no aborted
-    transactions, so read_committed consumers get records of aborted and of
-    open transactions. If this fails, the mock now hides them: revisit the
-    module docstring of sinks/kafka.py."""
+    """What the chain in sinks/kafka.py need not work around on Apache Kafka:
+    a read_committed consumer sees neither an open transaction's records nor
+    an aborted one's; commit and abort markers take offsets."""
     topic = f"abort-{uuid.uuid4().hex[:10]}"
     kafka.create_topic(topic, 1)
     p = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": f"t-{topic}"})
@@ -584,9 +606,10 @@ def test_mock_broker_shows_aborted_transactions_to_read_committed_consumers(
     p.begin_transaction()
     p.produce(topic, b"open", partition=0)
     p.flush(10)
-    assert [m.value() for m in raw_records(kafka.bootstrap, topic)] == [b"open"]
+    assert raw_records(kafka.bootstrap, topic) == []
     p.abort_transaction(10)
     p.begin_transaction()
     p.produce(topic, b"committed", partition=0)
     p.commit_transaction(10)
-    assert [m.value() for m in raw_records(kafka.bootstrap, topic)] == [b"open", b"committed"]
+    got = raw_records(kafka.bootstrap, topic)
+    assert [(m.value(), m.offset()) for m in got] == [(b"committed", 2)]  # 1: abort marker

@@ -659,19 +659,22 @@ def test_state_mode_applies_a_batch_in_time_order(pg_url: str, tmp_path: Path) -
     s = make(pg_url, tmp_path, mode="state", key=("k",))
     s.ensure(USER)
     up = UpsertState(["k", "v"], ("k",))
-    first, _ = up.apply(intents([("a", 1, 10, 0), ("b", 2, 10, 1), ("c", 3, 10, 2)]), SCHEMA)
+    first, pending = up.apply(intents([("a", 1, 10, 0), ("b", 2, 10, 1), ("c", 3, 10, 2)]),
+                              SCHEMA)
+    up.accept(pending)
     s.commit(s.stager().stage("b1", 0, first), SinkState(), SinkState(11))
     assert state_rows(pg_url) == {"a": (1, 10), "b": (2, 10), "c": (3, 10)}
 
     # One batch: updates, a delete, a delete then re-insert, an insert then
     # delete, several updates of one key; rows staged in random order.
-    second, _ = up.apply(intents([
+    second, pending = up.apply(intents([
         ("a", 11, 20, 3), ("a", 12, 21, 4), ("a", 13, 21, 5),  # last wins: 13 at 21
         ("b", None, 20, 6),                                     # deleted
         ("c", None, 20, 7), ("c", 33, 22, 8),                   # deleted, then back
         ("d", 4, 20, 9), ("d", None, 23, 10),                   # inserted, then deleted
         ("e", 5, 24, 11),                                        # new
     ]), SCHEMA)
+    up.accept(pending)
     assert sorted(second.column("_diff").to_pylist()) == [-1] * 6 + [1] * 6
     s.commit(s.stager().stage("b2", 0, shuffled(second, 1)), SinkState(11), SinkState(25))
     assert state_rows(pg_url) == {"a": (13, 21), "c": (33, 22), "e": (5, 24)}

@@ -1,6 +1,6 @@
-"""The Kafka source against a real Kafka-protocol broker (librdkafka's mock
-cluster): partition discovery, start positions, malformed records, offsets
-acknowledged only when durable, and topic/broker faults."""
+"""The Kafka source against a real Apache Kafka broker (KRaft, see
+tests/kafkabroker.py): partition discovery, start positions, malformed
+records, offsets acknowledged only when durable, and topic/broker faults."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
+import pytest
 from confluent_kafka import Producer
 
 from reclock.config import load_config
@@ -75,15 +76,14 @@ def test_partitions_appearing_later_are_ingested_from_offset_zero(
     tmp_path: Path, spark: Any, kafka: Any
 ) -> None:
     topic = f"t-{uuid.uuid4().hex[:8]}"
-    kafka.create_topic(topic, 8)
-    kafka.hide_partitions(topic, [4, 5, 6, 7])  # not there yet
+    kafka.create_topic(topic, 4)
     for p in range(4):
         produce(kafka.bootstrap, topic, recs(p, p * 1000, 50))
     cfg = load_config(config(tmp_path, kafka.bootstrap, topic))
     with running(cfg, spark) as runners:
         r = runners[0]
         wait_for(lambda: r.records >= 200, what="first 200 records")
-        kafka.reveal_partitions(topic, [4, 5, 6, 7])  # "partitions added"
+        kafka.add_partitions(topic, 8)  # CreatePartitions while the pipeline runs
         for p in range(8):
             produce(kafka.bootstrap, topic, recs(p, p * 1000 + 100, 30))
         wait_for(lambda: r.records >= 200 + 240, what="all 440 records")
@@ -174,7 +174,7 @@ def test_topic_faults_give_health_with_hints(tmp_path: Path, spark: Any, kafka: 
         kafka.broker_up()
         produce(kafka.bootstrap, topic, recs(0, 30, 5))
         wait_for(lambda: r.health.status == "running" and r.records >= 35,
-                 what="recovery after the broker returns")
+                 what=lambda: f"recovery after the broker returns ({r.health}, {r.records})")
         kafka.delete_topic(topic)
         wait_for(lambda: r.health.status == "stalled" and r.health.definite,
                  what="definite error for a deleted topic")
@@ -458,3 +458,156 @@ def test_partition_ranges_pack_into_even_tasks() -> None:
     check()
     assert pack_ranges([(0, 0, 31), (1, 0, 31), (2, 5, 36)], 50) == [
         ((0, 0, 31), (1, 0, 16)), ((1, 16, 31), (2, 5, 36))]
+
+
+# -- what only a real broker does ---------------------------------------------------------------
+
+
+def _txn(bootstrap: str, topic: str, txid: str) -> Producer:
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txid, "linger.ms": 5})
+    p.init_transactions(30)
+    return p
+
+
+def _in_txn(p: Producer, topic: str, records: list[tuple[int, bytes | None, bytes | None]],
+            commit: bool) -> None:
+    p.begin_transaction()
+    for part, key, value in records:
+        p.produce(topic, key=key, value=value, partition=part)
+    p.flush(30)
+    if commit:
+        p.commit_transaction(30)
+    else:
+        p.abort_transaction(30)
+
+
+def _ends(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    """Each partition's last stable offset, as a read_committed consumer sees it."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ends-{uuid.uuid4().hex}",
+                  "isolation.level": "read_committed"})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(partitions)}
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("reader", ["native", "python"])
+def test_transactional_input_markers_and_aborts(
+    tmp_path: Path, spark: Any, kafka: Any, reader: str
+) -> None:
+    """Commit and abort markers take offsets. Ranges that end on a marker, or
+    hold only markers and aborted records, are read to their end without a
+    stall; aborted records never reach the output; verify's completeness check
+    knows that those offsets hold no record."""
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    p = _txn(kafka.bootstrap, topic, f"in-{topic}")
+    committed: set[int] = set()
+    next_id = itertools.count()
+
+    def batch(part: int, n: int) -> list[tuple[int, bytes | None, bytes | None]]:
+        return [(part, None, json.dumps({"id": i, "body": f"p{part}"}).encode())
+                for i in (next(next_id) for _ in range(n))]
+
+    def send(part: int, n: int, commit: bool) -> None:
+        recs_ = batch(part, n)
+        _in_txn(p, topic, recs_, commit)
+        if commit:
+            committed.update(json.loads(v or b"")["id"] for _p, _k, v in recs_)
+
+    send(0, 5, True)    # offsets 0-4, commit marker 5
+    send(0, 3, False)   # 6-8 aborted, abort marker 9
+    send(0, 2, True)    # 10-11, marker 12
+    send(1, 4, False)   # partition 1 holds nothing but an aborted transaction
+    cfg = load_config(config(tmp_path, kafka.bootstrap, topic, f"      reader: {reader}"))
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: durable(r) == {0: 13, 1: 5},
+                 what=lambda: f"offsets up to the markers durable: {durable(r)}, {r.health}")
+        # Later ranges that hold only markers and aborted records.
+        send(0, 2, False)
+        send(1, 3, False)
+        send(1, 1, True)
+        ends = _ends(kafka.bootstrap, topic, 2)
+        wait_for(lambda: durable(r) == ends,
+                 what=lambda: f"{ends} durable, got {durable(r)}, {r.health}")
+        assert r.health.status == "running", r.health
+    table = rows(cfg)
+    assert table.column("_error").null_count == table.num_rows
+    assert sorted(table.column("id").to_pylist()) == sorted(committed)
+    reports = verify_pipeline(cfg)
+    assert all(rep.ok for rep in reports), [(o.breaches, o.samples) for o in reports[0].outputs]
+    assert reports[0].complete_checked == len(committed)
+    p.flush(5)
+
+
+def test_compacted_input_upsert_equals_the_latest_value_per_key(
+    tmp_path: Path, spark: Any, kafka: Any
+) -> None:
+    """A compacted topic has offset gaps; an upsert output over it holds the
+    topic's latest value per key, and verify's completeness check accepts
+    the gaps."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    from sinks.consolidate import consolidate
+
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1, config={
+        "cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
+        "delete.retention.ms": "100", "min.compaction.lag.ms": "0"})
+
+    def rec(k: int, v: int | None) -> tuple[int, bytes | None, bytes | None]:
+        return (0, json.dumps({"id": k}).encode(),
+                None if v is None else json.dumps({"body": f"v{v}"}).encode())
+
+    latest: dict[int, int | None] = {}
+    for rnd in range(6):
+        batch = [rec(k, None if (k + rnd) % 7 == 0 else rnd) for k in range(20)]
+        for _p, key, value in batch:
+            latest[json.loads(key or b"")["id"]] = (
+                None if value is None else int(json.loads(value)["body"][1:]))
+        produce(kafka.bootstrap, topic, batch)
+        time.sleep(0.3)  # segment.ms=100: the next batch rolls a new segment
+
+    def held() -> int:
+        c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": uuid.uuid4().hex,
+                      "enable.partition.eof": True})
+        c.assign([TopicPartition(topic, 0, 0)])
+        n = 0
+        try:
+            while True:
+                m = c.poll(5)
+                if m is None or (m.error() and m.error().code() == KafkaError._PARTITION_EOF):
+                    return n
+                n += 1
+        finally:
+            c.close()
+
+    # The cleaner compacts the closed segments: offsets now have gaps.
+    for _ in range(300):
+        produce(kafka.bootstrap, topic, [rec(999, 0)])  # rolls the active segment
+        if held() < 100:
+            break
+        time.sleep(0.2)
+    assert held() < 100, "the log cleaner did not compact the topic"
+    latest[999] = 0
+    path = config(tmp_path, kafka.bootstrap, topic)
+    path.write_text(path.read_text().replace(
+        "format: {type: json, schema: {id: int64, body: string}}",
+        "format: {type: json, schema: {body: string}}\n"
+        "        key_format: {type: json, schema: {id: int64}}\n"
+        "        envelope: {type: upsert, key: [id]}"))
+    cfg = load_config(path)
+    end = _ends(kafka.bootstrap, topic, 1)
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: durable(r) == end, what=lambda: f"{end} durable: {durable(r)}")
+    now = consolidate(rows(cfg), None, ["id", "body"]).to_pylist()
+    want = sorted((k, f"v{v}") for k, v in latest.items() if v is not None)
+    assert sorted((s["id"], s["body"]) for s in now) == want
+    assert all(s["_count"] == 1 for s in now)
+    reports = verify_pipeline(cfg)
+    assert all(rep.ok for rep in reports), [(o.breaches, o.samples) for o in reports[0].outputs]

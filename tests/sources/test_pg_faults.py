@@ -53,14 +53,19 @@ def _snapshot_durable(runners: list[Any]) -> None:
              "the snapshot to be durable")
 
 
-def test_wal_level_not_logical_is_named_with_the_fix(tmp_path: Path, spark: Any,
-                                                     pg_url: str) -> None:
-    with psycopg.connect(pg_url, autocommit=True) as c:  # the shared server: wal_level replica
-        c.execute("create table t (id int primary key)")
-    cfg = _cfg(tmp_path, pg_url, "t", "      - {name: t, sink: file}")
-    with running(cfg, spark) as runners:
-        h = _stalled_with(runners, "wal_level", "logical", "postgresql.conf")
-        assert h.definite
+def test_wal_level_not_logical_is_named_with_the_fix(tmp_path: Path, spark: Any) -> None:
+    from tests.pgcluster import PgCluster
+
+    replica = PgCluster(wal_level="replica").start()  # PostgreSQL's default
+    try:
+        with psycopg.connect(replica.url, autocommit=True) as c:
+            c.execute("create table t (id int primary key)")
+        cfg = _cfg(tmp_path, replica.url, "t", "      - {name: t, sink: file}")
+        with running(cfg, spark) as runners:
+            h = _stalled_with(runners, "wal_level", "logical", "postgresql.conf")
+            assert h.definite
+    finally:
+        replica.stop()
 
 
 def test_role_without_replication_is_named(tmp_path: Path, spark: Any, cdc_url: str) -> None:

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Prepares this machine for the test suite; the README's test command runs it
+# first. Idempotent: a second run checks, finds everything in place, and
+# touches neither the network nor the package manager.
+#
+# The tests need
+#   * PostgreSQL's server binaries (initdb, pg_ctl, postgres). The tests start
+#     their own private cluster from them (wal_level=logical, trust auth on
+#     127.0.0.1, a free port; tests/pgcluster.py), so no server has to be
+#     running. RECLOCK_TEST_PG=postgresql://... points the non-CDC tests at an
+#     existing server instead.
+#   * Chromium, which the status-page test drives headless.
+#   * Java 17+ and Maven: Apache Kafka's broker jars are resolved once from
+#     tests/broker/pom.xml into $RECLOCK_CACHE/kafka-broker (default
+#     ~/.cache/reclock), and the tests start real KRaft brokers from them
+#     (tests/kafkabroker.py).
+#
+# Missing system packages are installed from Debian's packages when this runs
+# as root on a machine with apt-get; elsewhere it says what to install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="${RECLOCK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reclock}"
+APT_UPDATED=""
+
+say() { printf 'setup: %s\n' "$*"; }
+
+apt_install() {  # apt_install PACKAGE... ; fails with a hint when it cannot
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        say "missing: $* -- install it with your package manager and run again" >&2
+        exit 1
+    fi
+    if [ -z "$APT_UPDATED" ]; then
+        apt-get update -q >/dev/null
+        APT_UPDATED=1
+    fi
+    say "installing $* from Debian's packages"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >/dev/null
+}
+
+pg_initdb() {  # prints the path of initdb, the same search as tests/pgcluster.py
+    if [ -n "${RECLOCK_PG_BINDIR:-}" ] && [ -x "$RECLOCK_PG_BINDIR/initdb" ]; then
+        echo "$RECLOCK_PG_BINDIR/initdb"; return
+    fi
+    local found
+    found=$(ls -d /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -n 1 || true)
+    if [ -n "$found" ]; then echo "$found"; return; fi
+    command -v initdb || true
+}
+
+# 1. PostgreSQL server binaries (and the postgres user that runs them as root)
+if [ -z "$(pg_initdb)" ]; then
+    apt_install postgresql
+fi
+if [ -z "$(pg_initdb)" ]; then
+    say "PostgreSQL's initdb not found; set RECLOCK_PG_BINDIR to its directory" >&2
+    exit 1
+fi
+if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+    say "running as root needs a 'postgres' user for initdb (Debian's package creates it)" >&2
+    exit 1
+fi
+say "PostgreSQL: $("$(pg_initdb)" --version)"
+
+# 2. Chromium for the status-page test
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+    apt_install chromium
+fi
+say "Chromium: $( (chromium --version || chromium-browser --version) 2>/dev/null | head -n 1)"
+
+# 3. Java and Maven, then the Kafka broker's jars
+if ! command -v java >/dev/null; then apt_install openjdk-17-jre-headless; fi
+if ! command -v mvn >/dev/null; then apt_install maven; fi
+java_major=$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p')
+if [ "${java_major%%.*}" -lt 17 ] 2>/dev/null; then
+    say "Java $java_major found; the Kafka broker and Spark need Java 17 or newer" >&2
+    exit 1
+fi
+
+POM=tests/broker/pom.xml
+DEST="$CACHE/kafka-broker"
+STAMP="$DEST/pom.sha256"
+want=$(sha256sum "$POM" | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -d "$DEST/libs" ]; then
+    say "Kafka broker jars: cached in $DEST/libs ($(ls "$DEST/libs" | wc -l) jars)"
+else
+    say "Kafka broker jars: resolving $POM with Maven into $DEST/libs"
+    mkdir -p "$CACHE"
+    tmp=$(mktemp -d "$CACHE/kafka-broker.XXXXXX")
+    mvn -B -q -Dstyle.color=never -f "$POM" dependency:copy-dependencies -DoutputDirectory="$tmp/libs" \
+        -Dmdep.useBaseVersion=true
+    echo "$want" > "$tmp/pom.sha256"
+    rm -rf "$DEST"
+    mv "$tmp" "$DEST"
+    say "Kafka broker jars: $(ls "$DEST/libs" | wc -l) jars"
+fi
