@@ -159,7 +159,13 @@ def _parse_duration(value: Any) -> int:
         raise ValueError(expected)
     if ms <= 0:
         raise ValueError(expected)
+    if ms > MAX_DURATION_MS:
+        raise ValueError(f"{expected}, at most 30 days")
     return ms
+
+
+#: The longest duration any setting takes (intervals, timeouts, grace periods).
+MAX_DURATION_MS = 30 * 24 * 3600 * 1000
 
 
 #: A duration in milliseconds; YAML may say ``1s``, ``500ms``, ``2m``, ``1h`` or an int (ms).
@@ -493,6 +499,11 @@ class DebeziumEnvelope(_Model):
 
     type: Literal["debezium"] = "debezium"
     """``debezium``."""
+    key: tuple[str, ...] = ()
+    """Key columns (of the images). With a key, the output keeps one row per
+    key and retracts what it holds, so events whose before image is missing
+    or holds only the key (``REPLICA IDENTITY DEFAULT`` upstream) are applied
+    exactly; without one, such events are error rows."""
 
 
 _ENVELOPES: tuple[type[_Model], ...] = (NoneEnvelope, UpsertEnvelope, DebeziumEnvelope)
@@ -610,7 +621,7 @@ class GeneratorConfig(ConnectorConfig):
     kind: Literal["counter", "orders"]
     """``counter``: one output of raw bytes in ``value_format``. ``orders``: two
     typed outputs, ``customers`` and ``orders``."""
-    rate: float = Field(default=1000.0, gt=0)
+    rate: float = Field(default=1000.0, gt=0, le=1e9)
     """Records per second that become available."""
     max_records: int | None = Field(default=None, ge=0)
     """Finite generator: after this many records the source finishes and its
@@ -887,14 +898,14 @@ class SparkConfig(_Model):
     conf: dict[str, Annotated[str, BeforeValidator(_conf_value)]] = Field(default_factory=dict)
     """Extra Spark settings passed straight to ``SparkSession.builder.config``
     (the escape hatch), e.g. ``spark.executor.memory: 2g``."""
-    max_records_per_job: int = Field(default=1_000_000, gt=0)
+    max_records_per_job: int = Field(default=1_000_000, gt=0, le=1_000_000_000)
     """Records read by one Spark job at most (a binding's data may take several)."""
     jobs_in_flight: int = Field(default=2, ge=1, le=16)
     """Jobs of one source that read at once when it is far behind: job k+1
     reads while job k finishes and commits, which hides each Spark job's fixed
     cost. Commits stay one job at a time, in order. A Postgres source reads
     one job at a time whatever this says (its slot serves one reader)."""
-    max_records_per_task: int = Field(default=200_000, gt=0)
+    max_records_per_task: int = Field(default=200_000, gt=0, le=1_000_000_000)
     """Records read by one Spark task at most. A job is split into at least one
     task per core (so tasks of a full job read at most ``max_records_per_job``
     / cores), and a Kafka task reads several partitions when they are small."""
@@ -1061,6 +1072,13 @@ _SEQ_TAG = "tag:yaml.org,2002:seq"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
+#: Bounds on what a pipeline file may expand to: deeper nesting, or more
+#: values (an alias bomb), is a located error found in well under a second.
+MAX_YAML_DEPTH = 64
+MAX_YAML_VALUES = 100_000
+MAX_YAML_BYTES = 4 * 1024 * 1024
+
+
 class LineLoader(yaml.SafeLoader):
     """A safe loader that remembers where every key and value starts.
 
@@ -1078,6 +1096,8 @@ class LineLoader(yaml.SafeLoader):
         self.problems: list[tuple[KeyPath, _Pos, str]] = []
         self.broken: set[KeyPath] = set()  # values replaced by None after a problem
         self._active: set[int] = set()
+        self._built = 0
+        self._too_many = False
 
     def load_tracked(self) -> Any:
         """Parse the one document (None if the stream is empty)."""
@@ -1099,6 +1119,20 @@ class LineLoader(yaml.SafeLoader):
 
     def _build(self, node: yaml.Node, path: KeyPath) -> Any:
         self.value_pos[path] = _Pos.of(node.start_mark)
+        self._built += 1
+        if self._built > MAX_YAML_VALUES:
+            if not self._too_many:
+                self._too_many = True
+                self.problems.append((path, _Pos.of(node.start_mark),
+                                      f"the document expands to more than {MAX_YAML_VALUES:,} "
+                                      "values (YAML aliases repeating aliases?)"))
+            self.broken.add(path)
+            return None
+        if len(path) > MAX_YAML_DEPTH and isinstance(node, yaml.CollectionNode):
+            self.problems.append((path, _Pos.of(node.start_mark),
+                                  f"nested deeper than {MAX_YAML_DEPTH} levels"))
+            self.broken.add(path)
+            return None
         if id(node) in self._active:
             self.problems.append((path, _Pos.of(node.start_mark), "recursive alias"))
             self.broken.add(path)
@@ -1482,9 +1516,15 @@ def parse_model(
     """Validate YAML ``text`` as ``model`` with the same loader, substitution
     and error reporting as :func:`parse_config` (for any configuration model,
     e.g. one connector block in a test)."""
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError([ConfigIssue(1, 1, None, f"the file is larger than "
+                                       f"{MAX_YAML_BYTES // (1024 * 1024)} MiB", filename)])
     loader = LineLoader(text)
     try:
         data = loader.load_tracked()
+    except RecursionError:
+        raise ConfigError([ConfigIssue(1, 1, None, f"invalid YAML: nested deeper than "
+                                       f"{MAX_YAML_DEPTH} levels", filename)]) from None
     except yaml.MarkedYAMLError as exc:
         pos = _Pos.of(exc.problem_mark or exc.context_mark)
         what = str(exc.problem or "invalid YAML")

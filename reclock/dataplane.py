@@ -33,11 +33,12 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reclock import faults
 from reclock.bindings import UNBOUND, Binding, Bindings
 from reclock.errors import DefiniteError, ReclockError
 from reclock.frontier import Antichain
 from reclock.time import IntoTime, Partitioned
-from sinks.base import Stager, output_schema
+from sinks.base import Stager, output_schema, refuse_rows
 from sources.base import SRC_DIFF, SRC_UNCHANGED, ReadTask, SourceReader
 
 POS_COLUMNS = ["_src_part", "_src_offset", "_src_seq", "_src_ts"]
@@ -56,10 +57,15 @@ class OutputPlan:
     progress: Antichain[Any] | None  # positions not in it are durable already
     stager: Stager
     envelope: str = "none"
+    key: tuple[str, ...] = ()  # keyed outputs: rows are intents the driver applies
 
     @property
     def schema(self) -> pa.Schema:
         return output_schema(self.user_schema)
+
+    @property
+    def keyed(self) -> bool:
+        return bool(self.key)
 
 
 @dataclass(frozen=True)
@@ -192,15 +198,29 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
 
 def _debezium_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
                    ) -> tuple[pa.Table, int]:
-    """Before images retracted, after images inserted. An event fails as a
-    whole: if it is malformed or either image does not decode, it becomes one
-    error row and neither image is written."""
+    """Before images retracted, after images inserted; with a key, intents
+    instead (after images are values, deletes tombstones of the before image's
+    key). An event fails as a whole: if it is malformed, either image does not
+    decode, or (without a key) its before image cannot be retracted exactly,
+    it becomes one error row and neither image is written."""
     from reclock.envelope import split_debezium
 
     schema, user = plan.schema, plan.user_schema
     value = batch.column("value")
     split = split_debezium(value)
     bad: dict[int, str] = dict(zip(split.errors.tolist(), split.reasons, strict=True))
+    columns = set(user.names)
+    if not plan.keyed:
+        for i, (op, have) in enumerate(zip(split.ops, split.before_fields, strict=True)):
+            if i in bad:
+                continue
+            if op == "u" and have is None:
+                bad[i] = ("debezium: an update without a before image cannot retract the old "
+                          "row (REPLICA IDENTITY DEFAULT upstream?): give the envelope a key")
+            elif have is not None and not columns <= have:
+                bad[i] = (f"debezium: the before image lacks columns "
+                          f"{sorted(columns - have)} (REPLICA IDENTITY DEFAULT upstream?): "
+                          "give the envelope a key, or set REPLICA IDENTITY FULL")
     decoded: list[tuple[int, npt.NDArray[np.int64], Any]] = []
     for images, diff in ((split.before, -1), (split.after, 1)):
         present = np.flatnonzero(~np.asarray(images.is_null().to_numpy(zero_copy_only=False)))
@@ -211,6 +231,8 @@ def _debezium_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np
                           strict=True):
             bad.setdefault(int(present[j]), f"{'before' if diff < 0 else 'after'}: {why}")
         decoded.append((diff, present[np.asarray(res.ok, dtype=np.int64)], res.table))
+    if plan.keyed:
+        decoded = _debezium_intents(plan, decoded, split.after)
     parts: list[pa.Table] = []
     for diff, ok, table in decoded:
         keep = ~np.isin(ok, np.fromiter(bad, dtype=np.int64, count=len(bad)))
@@ -238,6 +260,37 @@ def _debezium_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np
     return pa.concat_tables(parts), len(bad)
 
 
+def _debezium_intents(
+    plan: OutputPlan, decoded: list[tuple[int, npt.NDArray[np.int64], Any]], after: pa.Array
+) -> list[tuple[int, npt.NDArray[np.int64], Any]]:
+    """Keyed debezium: (diff, event indices, images) as upsert intents. A
+    delete (no after image) is a tombstone (diff 0) of its before image's key;
+    an update that moves the key tombstones the old key first. Tombstones come
+    before values, and the driver's stable sort keeps that order within an
+    event's position."""
+    befores = next(((ok, t) for d, ok, t in decoded if d < 0), None)
+    afters = next(((ok, t) for d, ok, t in decoded if d > 0), None)
+    out: list[tuple[int, npt.NDArray[np.int64], Any]] = []
+    if befores is not None:
+        ok, table = befores
+        has_after = ~np.asarray(after.is_null().to_numpy(zero_copy_only=False))[ok]
+        gone = ~has_after
+        if afters is not None and has_after.any():
+            # an update whose key differs from its before image's: the old key goes
+            a_ok, a_table = afters
+            pos = {int(e): r for r, e in enumerate(a_ok.tolist())}
+            b_keys = [tuple(table.column(k)[r].as_py() for k in plan.key) for r in range(len(ok))]
+            for r, e in enumerate(ok.tolist()):
+                if has_after[r] and int(e) in pos:
+                    a_key = tuple(a_table.column(k)[pos[int(e)]].as_py() for k in plan.key)
+                    gone[r] = a_key != b_keys[r]
+        if gone.any():
+            out.append((0, ok[gone], table.filter(pa.array(gone))))
+    if afters is not None:
+        out.append((1, *afters))
+    return out
+
+
 def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
     """Read, reclock, decode and stage one task's range."""
     started = time.perf_counter()
@@ -253,10 +306,20 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
         if not tables:
             return
         table = pa.concat_tables(tables)
+        if faults.take("refuse"):  # RECLOCK_FAIL_AT=refuse: a row the sink cannot store
+            first = np.zeros(table.num_rows, dtype=bool)
+            first[0] = True
+            table = refuse_rows(table, first, "injected refusal (RECLOCK_FAIL_AT=refuse)")
         k = flushes.get(i, 0)
         flushes[i] = k + 1
         staged = ctx.outputs[i].stager.stage(ctx.batch_id, task.index * 10_000 + k, table)
         res.staged.setdefault(i, []).extend(staged)
+        # Rows the sink refused became error rows when staged: count them so.
+        before = table.num_rows - table.column("_error").null_count
+        after = sum(int(d["errors"]) for d in staged if "errors" in d)
+        if any("errors" in d for d in staged) and after > before:
+            res.rows[i] = res.rows.get(i, 0) - (after - before)
+            res.errors[i] = res.errors.get(i, 0) + (after - before)
 
     for i, batch in ctx.reader.read(task):
         n = batch.num_rows
@@ -281,7 +344,7 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
             if mx is not None:
                 res.max_src_ts = mx if res.max_src_ts is None else max(res.max_src_ts, mx)
         rows, nerr = build_output_rows(plan, batch, into)
-        if plan.envelope == "upsert":
+        if plan.keyed:
             res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
             res.errors[i] = res.errors.get(i, 0) + nerr
             intents.setdefault(i, []).append(rows)

@@ -192,6 +192,43 @@ def arrow_type(name: str) -> pa.DataType:
     return _parse_type(name)[1]
 
 
+#: Schemaless JSON documents nested deeper than this are error rows: readers
+#: (Python's json.loads among them) cannot parse them back.
+MAX_JSON_DEPTH = 512
+
+
+def _depth_over(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON ``text`` nests objects and arrays deeper than ``limit``."""
+    depth = 0
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch == "{" or ch == "[":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch == "}" or ch == "]":
+            depth -= 1
+    return False
+
+
+def _too_deep(texts: pa.Array) -> list[int]:
+    """Rows of ``texts`` nested deeper than :data:`MAX_JSON_DEPTH`; only rows
+    with more openers than that are scanned."""
+    openers = pc.add(pc.count_substring(texts, "{"), pc.count_substring(texts, "["))
+    many = np.flatnonzero(pc.fill_null(pc.greater(openers, MAX_JSON_DEPTH), False)
+                          .to_numpy(zero_copy_only=False))
+    return [int(i) for i in many if _depth_over(texts[int(i)].as_py() or "")]
+
+
 def _fields(schema: Mapping[str, str], where: str) -> tuple[_Field, ...]:
     if not isinstance(schema, Mapping) or not schema:
         raise FormatError(f"{where}: 'schema' must be a non-empty mapping of column -> type")
@@ -980,7 +1017,14 @@ class JsonDecoder:
             return _Fail(None, f"{parsed.num_rows} rows for {hi - lo} records")
         if self.fields is None:
             text = joined.records.slice(lo, hi - lo).cast(pa.string())
-            return _Ok(pa.Table.from_arrays([text], schema=self.schema))
+            deep = _too_deep(text)
+            table = pa.Table.from_arrays([text], schema=self.schema)
+            if not deep:
+                return _Ok(table)
+            keep = np.ones(hi - lo, dtype=bool)
+            keep[deep] = False
+            return _Ok(table.filter(pa.array(keep)),
+                       [(i, f"json: nested deeper than {MAX_JSON_DEPTH} levels") for i in deep])
         cols = []
         rejected: dict[int, str] = {}
         for f in self.fields:
@@ -1010,6 +1054,12 @@ class JsonDecoder:
     # -- per-record path ---------------------------------------------------
 
     def _slow(self, raw: bytes) -> _SlowOut:
+        out = self._slow_parse(raw)
+        if self.fields is None and isinstance(out, list) and _depth_over(out[0]):
+            return _Bad(f"json: nested deeper than {MAX_JSON_DEPTH} levels")
+        return out
+
+    def _slow_parse(self, raw: bytes) -> _SlowOut:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:

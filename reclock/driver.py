@@ -459,7 +459,7 @@ class SourceRunner:
                 key_decoder=o.key_decoder, value_decoder=o.value_decoder,
                 progress=(None if o.state.progress is None
                           else Antichain.decode_json(self.source.kind, o.state.progress)),
-                stager=o.sink.stager(), envelope=o.envelope,
+                stager=o.sink.stager(), envelope=o.envelope, key=o.upsert_key or (),
             )
             for o in self.outputs
         )

@@ -6,7 +6,12 @@
   image is retracted (diff -1) and the after image inserted (diff +1), both at
   the record's IntoTime and with its source position. Creates have no before,
   deletes no after; an event with neither, or that is not a JSON object, is an
-  error row.
+  error row. Without a key, an event whose before image cannot be retracted
+  exactly (an update without one, a before image missing columns: what
+  Debezium sends under ``REPLICA IDENTITY DEFAULT``) is an error row too,
+  never a phantom. ``{type: debezium, key: [cols]}`` keys the output instead:
+  after images are values, deletes are tombstones of the before image's key,
+  and :class:`UpsertState` retracts what the output holds, as for ``upsert``.
 * ``upsert`` -- by key, the latest value wins and a null value deletes. The
   output holds retractions and insertions, so it reads as the current state
   as of any IntoTime. Tasks decode records into *intents* (``_diff`` 1 for a
@@ -47,6 +52,8 @@ class DebeziumSplit:
     after: pa.Array
     errors: npt.NDArray[np.int64]
     reasons: list[str]
+    ops: list[str | None]  # the event's "op" (c, u, d, r, t), where it has one
+    before_fields: list[frozenset[str] | None]  # the fields the before image holds
 
 
 def split_debezium(values: pa.Array) -> DebeziumSplit:
@@ -54,8 +61,12 @@ def split_debezium(values: pa.Array) -> DebeziumSplit:
     after: list[bytes | None] = []
     errors: list[int] = []
     reasons: list[str] = []
+    ops: list[str | None] = []
+    fields: list[frozenset[str] | None] = []
     for i, raw in enumerate(values.to_pylist()):
         b = a = None
+        op: str | None = None
+        have: frozenset[str] | None = None
         try:
             if raw is None:
                 raise ValueError("value is null")
@@ -72,13 +83,17 @@ def split_debezium(values: pa.Array) -> DebeziumSplit:
                     raise ValueError(f"'{name}' is not a JSON object")
             b = None if bi is None else json.dumps(bi).encode()
             a = None if ai is None else json.dumps(ai).encode()
+            op = event.get("op") if isinstance(event.get("op"), str) else None
+            have = None if bi is None else frozenset(bi)
         except (ValueError, UnicodeDecodeError) as exc:
             errors.append(i)
             reasons.append(f"debezium: {exc}")
         before.append(b)
         after.append(a)
+        ops.append(op)
+        fields.append(have)
     return DebeziumSplit(pa.array(before, pa.binary()), pa.array(after, pa.binary()),
-                         np.array(errors, dtype=np.int64), reasons)
+                         np.array(errors, dtype=np.int64), reasons, ops, fields)
 
 
 _NAN = ("reclock:NaN",)

@@ -20,7 +20,9 @@ incident reproduces each fault from the command line::
 
 Failure points: ``source`` (the source's probe of its upstream frontier),
 ``stage`` (the driver stages the updates of a keyed output), ``commit`` (just
-before a sink commit).
+before a sink commit), ``refuse`` (a task's sink refuses the first row it
+stages, which lands in the error collection as a row the sink could not
+store; counted per process, so each Spark worker process refuses ``n``).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-FAIL_POINTS = ("source", "stage", "commit")
+FAIL_POINTS = ("source", "stage", "commit", "refuse")
 
 
 class InjectedFault(TransientError):
@@ -99,18 +101,25 @@ def arm(spec: str) -> None:
         _FAILS.update(parsed)
 
 
-def fail_point(name: str) -> None:
-    """Raise :class:`InjectedFault` here while ``RECLOCK_FAIL_AT`` has
-    failures left for this point."""
+def take(name: str) -> bool:
+    """Whether a failure is armed at ``name``; uses it up."""
     if not _FAILS:
-        return
+        return False
     with _FAILS_LOCK:
         left = _FAILS.get(name, 0)
         if left <= 0:
-            return
+            return False
         _FAILS[name] = left - 1
         if _FAILS[name] == 0:
             del _FAILS[name]
+    return True
+
+
+def fail_point(name: str) -> None:
+    """Raise :class:`InjectedFault` here while ``RECLOCK_FAIL_AT`` has
+    failures left for this point."""
+    if not take(name):
+        return
     raise InjectedFault(f"injected failure at {name!r} (RECLOCK_FAIL_AT)",
                         hint="a rehearsed fault: the pipeline retries")
 

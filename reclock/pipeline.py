@@ -194,6 +194,14 @@ class Pipeline:
             raise DefiniteError(
                 f"source {src.name!r} output {ocfg.name!r}: debezium needs raw records "
                 "(a Kafka topic), not typed rows")
+        if ocfg.envelope.type == "debezium" and ocfg.envelope.key:
+            upsert_key = tuple(ocfg.envelope.key)
+            missing = [k for k in upsert_key if k not in user_schema.names]
+            if missing:
+                raise DefiniteError(
+                    f"source {src.name!r} output {ocfg.name!r}: debezium key columns "
+                    f"{missing} are not columns of the images ({user_schema.names})",
+                    hint="name key columns that the format's schema has")
         return OutputRuntime(
             index=index, name=spec.name, spec=spec, sink=self.sink(src, ocfg),
             user_schema=user_schema, key_decoder=key_dec, value_decoder=value_dec,

@@ -221,7 +221,7 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
                 updates = o.sink.read_updates()
                 tables.append(updates)
                 rep = check_output(o.name, updates, b, st.upper,
-                                   o.upsert_key if o.envelope == "upsert" else None)
+                                   o.upsert_key)
                 report.outputs.append(rep)
                 if st.progress is None:
                     if updates.num_rows:
@@ -234,11 +234,11 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
                 continue
             check_complete(report, tables, progresses, built.source)
             for o, rep in zip(built.outputs, report.outputs, strict=True):
-                if o.envelope == "upsert" and rep.breaches.pop("missing", 0):
+                if o.upsert_key is not None and rep.breaches.pop("missing", 0):
                     # a tombstone for an absent key, or a value equal to the
                     # current one, legitimately leaves no row behind
                     rep.samples.pop("missing", None)
-                    report.notes.append(f"output {o.name}: upsert; positions without "
+                    report.notes.append(f"output {o.name}: keyed; positions without "
                                         "updates are not counted as missing")
     finally:
         pipe.close()

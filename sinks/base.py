@@ -87,6 +87,54 @@ def output_schema(user: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_nullable(True) for f in user] + META_FIELDS)
 
 
+#: Raw bytes kept on an error row that a sink refused, at most (a refused row
+#: may be refused for its size).
+REFUSED_RAW_MAX = 64 * 1024
+
+
+def refuse_rows(table: pa.Table, mask: Any, reason: str) -> pa.Table:
+    """``table`` (rows of an output schema) with the rows where ``mask`` holds
+    turned into error rows: bad input is data, so a row the sink cannot store
+    lands in the error collection with ``reason``, its position, and what it
+    held (its columns as JSON in ``_raw_value``, cut at :data:`REFUSED_RAW_MAX`
+    bytes) instead of failing the batch. Rows that are errors already stay."""
+    import json
+
+    import pyarrow.compute as pc
+
+    m = pa.array(mask, pa.bool_()) if not isinstance(mask, pa.Array | pa.ChunkedArray) else mask
+    m = pc.and_(pc.fill_null(m, False), pc.is_null(table.column(ERROR)))
+    if not pc.any(m).as_py():
+        return table
+    user = [f.name for f in table.schema if f.name not in META_NAMES]
+    flags = m.to_pylist()
+    raw = table.column(RAW_VALUE).to_pylist()
+    errors = table.column(ERROR).to_pylist()
+    diffs = table.column(DIFF).to_pylist()
+    rows = table.select(user).to_pylist() if user else [{} for _ in flags]
+    for i, hit in enumerate(flags):
+        if not hit:
+            continue
+        text = json.dumps(rows[i], default=str, ensure_ascii=True).encode()
+        raw[i] = text[:REFUSED_RAW_MAX]
+        errors[i] = reason if len(text) <= REFUSED_RAW_MAX else (
+            f"{reason} (the row's {len(text):,} bytes of JSON are cut to {REFUSED_RAW_MAX:,})")
+        diffs[i] = 1
+    cols = []
+    for f in table.schema:
+        if f.name in user:
+            cols.append(pc.if_else(m, pa.nulls(len(table), f.type), table.column(f.name)))
+        elif f.name == RAW_VALUE:
+            cols.append(pa.array(raw, f.type))
+        elif f.name == ERROR:
+            cols.append(pa.array(errors, f.type))
+        elif f.name == DIFF:
+            cols.append(pa.array(diffs, f.type))
+        else:
+            cols.append(table.column(f.name))
+    return pa.Table.from_arrays(cols, schema=table.schema)
+
+
 @dataclass(frozen=True)
 class SinkState:
     """Durable progress of one output (see module docstring)."""

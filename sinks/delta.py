@@ -26,11 +26,13 @@ Where the :class:`~sinks.base.SinkState` lives, inside the Delta log itself:
   the upper survives log cleanup.
 * ``progress`` -- the ``commitInfo`` of the commit carrying that ``txn``
   (custom keys ``reclock.upper``, ``reclock.progress``). It is found by reading
-  ``_delta_log/<v>.json`` backwards from the snapshot version, at most
-  :data:`PROGRESS_LOOKBACK` commits. ``DeltaTable.history()`` is not used for
-  this: on a snapshot that is not the newest, delta-rs 1.6.6 returns the newest
-  commits labelled with older version numbers, which would pair an upper from
-  one version with the progress of another.
+  ``_delta_log/<v>.json`` backwards from the snapshot version, however many
+  commits of other writers lie between; a progress whose log entry was
+  cleaned up is a loud error, never a silent fallback to the upper alone.
+  ``DeltaTable.history()`` is not used for this: on a snapshot that is not
+  the newest, delta-rs 1.6.6 returns the newest commits labelled with older
+  version numbers, which would pair an upper from one version with the
+  progress of another.
 
 Fencing. ``commit`` reads the state from snapshot v and commits *from the same
 snapshot*. delta-rs's conflict checker rejects (``CommitFailedError:
@@ -109,8 +111,6 @@ ROWS_PER_FILE = 1_000_000
 CHECKPOINT_INTERVAL = 100
 #: Clean up expired log files after every this-many checkpoints.
 CLEANUP_EVERY_CHECKPOINTS = 10
-#: How many commits back ``state()`` looks for the commit carrying our txn.
-PROGRESS_LOOKBACK = 1000
 #: Attempts when unrelated commits race ours (ours unchanged each time).
 COMMIT_ATTEMPTS = 8
 #: Default age before an unreferenced staged file counts as an orphan.
@@ -340,29 +340,35 @@ class DeltaSink:
 
     def _progress_at(self, version: int, txn: int) -> str | None:
         """``reclock.progress`` of the newest commit ``<= version`` carrying our
-        txn; ``None`` if it is out of reach (log cleaned up, or buried under
-        more than :data:`PROGRESS_LOOKBACK` foreign commits)."""
+        txn, however many other commits lie between. Never a silent guess: if
+        that commit's log entry was cleaned up, or the log disagrees with
+        itself, this is a :class:`SinkError` (an upper without its progress
+        would make the driver write records again)."""
         logdir = self.path / "_delta_log"
-        for v in range(version, max(-1, version - PROGRESS_LOOKBACK), -1):
+        for v in range(version, -1, -1):
             try:
                 text = (logdir / f"{v:020d}.json").read_text(encoding="utf-8")
             except FileNotFoundError:
-                break  # older entries were cleaned up; a checkpoint holds the txn only
+                raise SinkError(
+                    f"output {self.name!r}: the Delta log no longer holds the commit that "
+                    f"carries this output's progress (entries up to v{v} were cleaned up, "
+                    f"{version - v} newer commits are not ours)",
+                    hint="raise the table's delta.logRetentionDuration, or let only reclock "
+                         "commit to the output's table; then restart the output from a new "
+                         "path (its exact position is lost)") from None
             info, ours = _scan_commit(text, self.app_id)
             if ours is None:
                 continue
             if ours != txn or info.get(KEY_UPPER) != _decode_txn(txn):
-                # The log disagrees with itself: do not pair this upper with
-                # another commit's progress.
-                log.warning(
-                    "output %r: commit %d carries txn %s / upper %r, snapshot says %s",
-                    self.name, v, ours, info.get(KEY_UPPER), txn,
-                )
-                return None
+                raise SinkError(
+                    f"output {self.name!r}: commit {v} carries txn {ours} / upper "
+                    f"{info.get(KEY_UPPER)!r}, but the snapshot says {txn}: the Delta log "
+                    "disagrees with itself",
+                    hint="another writer uses this output's application id; give the output "
+                         "its own table")
             progress = info.get(KEY_PROGRESS)
             return progress if isinstance(progress, str) else None
-        log.warning("output %r: no commit with progress within reach of v%d", self.name, version)
-        return None
+        return None  # the table's whole log, and no commit of ours: never committed
 
     # -- commit ----------------------------------------------------------------------------
     def commit(self, staged: list[dict[str, Any]], expected: SinkState, new: SinkState) -> None:

@@ -159,6 +159,7 @@ from sinks.base import (
     Superseded,
     conform,
     output_schema,
+    refuse_rows,
 )
 
 log = logging.getLogger("reclock.sinks.kafka")
@@ -186,6 +187,12 @@ STAGED_SCHEMA = pa.schema(
     ]
 )
 _DATA, _ERRORS = 0, 1
+
+#: librdkafka's default ``message.max.bytes``: the largest record a producer sends.
+DEFAULT_MAX_RECORD_BYTES = 1_000_000
+#: What a record adds to its key and value on the wire: headers (batch id,
+#: output name), lengths, timestamps and the record batch's own header.
+RECORD_OVERHEAD_BYTES = 512
 
 _STAGED = re.compile(r"[A-Za-z0-9_.-]+-\d{5,}\.arrow")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
@@ -379,6 +386,7 @@ class KafkaStager:
     root: str
     schema: pa.Schema
     key_columns: tuple[str, ...] = ()
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
     def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:
         """Write ``table`` to ``<root>/<batch_id>-<part:05d>.arrow``.
@@ -391,6 +399,17 @@ class KafkaStager:
         if table.num_rows == 0:
             return []
         encoded = encode_rows(self.name, table, self.schema, self.key_columns)
+        sizes = pc.add(pc.fill_null(pc.binary_length(encoded.column("key")), 0),
+                       pc.binary_length(encoded.column("value")))
+        big = pc.greater(sizes, self.max_record_bytes - RECORD_OVERHEAD_BYTES)
+        if pc.any(big).as_py():
+            # Bad input is data: a record the producer cannot send is an error
+            # row (its content cut), and the rest of the batch lands.
+            table = refuse_rows(
+                conform(self.name, table, self.schema), big,
+                f"the record is larger than the producer's message.max.bytes "
+                f"({self.max_record_bytes:,} bytes, headers included)")
+            encoded = encode_rows(self.name, table, self.schema, self.key_columns)
         root = Path(self.root)
         target = root / f"{batch_id}-{part:05d}.arrow"
         try:
@@ -735,8 +754,14 @@ class KafkaSink:
         user = self._user_schema(self._catch_up() if self._user is None else None)
         if user is None:
             raise SinkError(f"output {self.name!r}: schema unknown", hint="call ensure() first")
+        limit = self._properties.get("message.max.bytes", DEFAULT_MAX_RECORD_BYTES)
+        try:
+            max_bytes = int(limit)
+        except (TypeError, ValueError):
+            raise SinkError(f"output {self.name!r}: message.max.bytes must be a number of "
+                            "bytes") from None
         return KafkaStager(self.name, str(self.staging_root), output_schema(user),
-                           self.key_columns)
+                           self.key_columns, max_bytes)
 
     # -- state -----------------------------------------------------------------------------
     def state(self) -> SinkState:

@@ -140,6 +140,7 @@ from sinks.base import (
     SinkState,
     conform,
     output_schema,
+    refuse_rows,
 )
 
 log = logging.getLogger("reclock.sinks.postgres")
@@ -422,7 +423,7 @@ class PostgresStager:
         check_stage_args(batch_id, part)
         if table.num_rows == 0:
             return []
-        data = conform(self.name, table, self.schema)
+        data = self._refuse(conform(self.name, table, self.schema))
         if self.mode == "state":
             self._check_state_rows(data)
         wire = self._to_wire(data)
@@ -435,6 +436,35 @@ class PostgresStager:
             raise sink_os_error(self.name, target, exc) from exc
         errors = data.num_rows - data.column(ERROR).null_count
         return [{"path": target.name, "rows": data.num_rows, "errors": errors, "size": size}]
+
+    def _refuse(self, data: pa.Table) -> pa.Table:
+        """Rows PostgreSQL cannot store become error rows (see
+        :func:`sinks.base.refuse_rows`): a NUL character in text or jsonb
+        (also inside lists), and, in a state table, a null key."""
+        for f in data.schema:
+            if f.name in META_NAMES:
+                continue
+            col = data.column(f.name)
+            if _is_nested(f.type):
+                hit = pc.match_substring(_json_texts(col), "\\u0000")
+            elif _is_string(f.type):
+                hit = pc.match_substring(col, "\x00")
+            elif is_listlike(f.type) and _is_string(f.type.value_type):
+                whole = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+                flat = pc.match_substring(pc.list_flatten(whole), "\x00")
+                ids = pc.list_parent_indices(whole)
+                hit_ids = set(pc.filter(ids, flat).to_pylist())
+                hit = pa.array([i in hit_ids for i in range(len(col))])
+            else:
+                continue
+            data = refuse_rows(data, hit, f"column {f.name!r} holds a NUL character, which "
+                                          "PostgreSQL text and jsonb cannot store")
+        if self.mode == "state":
+            for k in self.key:
+                data = refuse_rows(data, pc.is_null(data.column(k)),
+                                   f"key column {k!r} is null: a state table keeps one row "
+                                   "per key")
+        return data
 
     def _check_state_rows(self, data: pa.Table) -> None:
         ok = data.filter(pc.is_null(data.column(ERROR)))

@@ -87,8 +87,12 @@ else
     say "Kafka broker jars: resolving $POM with Maven into $DEST/libs"
     mkdir -p "$CACHE"
     tmp=$(mktemp -d "$CACHE/kafka-broker.XXXXXX")
-    mvn -B -q -Dstyle.color=never -f "$POM" dependency:copy-dependencies -DoutputDirectory="$tmp/libs" \
-        -Dmdep.useBaseVersion=true
+    if ! mvn -B -Dstyle.color=never -f "$POM" dependency:copy-dependencies \
+            -DoutputDirectory="$tmp/libs" -Dmdep.useBaseVersion=true > "$tmp/mvn.log" 2>&1; then
+        tail -n 40 "$tmp/mvn.log" >&2
+        say "Maven could not resolve $POM (is Maven Central reachable?)" >&2
+        exit 1
+    fi
     echo "$want" > "$tmp/pom.sha256"
     rm -rf "$DEST"
     mv "$tmp" "$DEST"

@@ -822,3 +822,28 @@ def test_postgres_connector(tmp_path: Path) -> None:
         """, name="slot.yaml")
     lines = errors_of(slot)
     assert any("postgres.slot" in e for e in lines), lines
+
+
+def test_nesting_and_alias_expansion_are_bounded(tmp_path: Path) -> None:
+    """A list nested 5,000 deep and an alias bomb of 9^7 values are located
+    errors, found in well under a second (no RecursionError, no minutes)."""
+    import time as _time
+
+    deep = write(tmp_path, "sources: " + "[" * 5000 + "]" * 5000 + "\n", "deep.yaml")
+    bomb_text = "x-a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"x-{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdef", "bcdefg",
+                                                                   strict=True)
+    ) + "sources: *g\n"
+    bomb = write(tmp_path, bomb_text, "bomb.yaml")
+    for path, needle in ((deep, "nested deeper than 64 levels"),
+                         (bomb, "expands to more than 100,000 values")):
+        started = _time.monotonic()
+        errors = errors_of(path)
+        assert _time.monotonic() - started < 1.0
+        assert any(needle in e for e in errors), errors
+
+
+@pytest.mark.parametrize("value", ["1.0e+29", "99999999999999999999", "721h"])
+def test_durations_have_a_sane_range(tmp_path: Path, value: str) -> None:
+    path = write(tmp_path, f"timestamp_interval: {value}\n" + MINIMAL)
+    assert any("at most 30 days" in e for e in errors_of(path))

@@ -1145,3 +1145,15 @@ def test_the_c_parser_fills_typed_columns_and_gives_up_when_unsure() -> None:
                    b'{"x": [1,]}', b'{"i": 1} x', b'{"s": "a\tb"}']:
         assert _json_native.parse(np.array([0, len(unsure)], np.int64), unsure, fields) is None, \
             unsure
+
+
+def test_schemaless_json_nested_too_deep_is_an_error_row() -> None:
+    """Objects nested as deep as arrays are refused alike (a reader's
+    json.loads could not parse them back); braces inside strings do not count."""
+    dec = make_decoder({"type": "json"})
+    docs = [b'{"a": 1}', b'{"a":' * 600 + b"1" + b"}" * 600, b"[" * 600 + b"]" * 600,
+            b'{"s": "' + b"{" * 600 + b'"}', b'{"a":' * 100 + b"1" + b"}" * 100]
+    res = dec.decode(pa.array(docs, pa.binary()))
+    assert sorted(res.ok.tolist()) == [0, 3, 4]
+    assert list(zip(res.errors.tolist(), res.reasons, strict=True)) == [
+        (1, "json: nested deeper than 512 levels"), (2, "json: nested deeper than 512 levels")]

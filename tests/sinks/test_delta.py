@@ -402,7 +402,10 @@ def test_state_survives_checkpoints(sink: DeltaSink) -> None:
     assert fresh.read_updates().num_rows == 12
 
 
-def test_progress_is_none_when_its_commit_was_cleaned_up(tmp_path: Path) -> None:
+def test_progress_cleaned_up_with_the_log_is_a_loud_error(tmp_path: Path) -> None:
+    """The checkpoint keeps the txn (the upper), not the commitInfo (the
+    progress): an upper without its progress would make the driver write
+    records again, so this is an error with the fix, never a silent None."""
     path = tmp_path / "t"
     DeltaTable.create(
         str(path), Schema.from_arrow(SCHEMA),
@@ -419,7 +422,9 @@ def test_progress_is_none_when_its_commit_was_cleaned_up(tmp_path: Path) -> None
     dt.create_checkpoint()
     dt.cleanup_metadata()
     assert min(log_versions(path)) > 1
-    assert s.state() == SinkState(10, None)
+    with pytest.raises(SinkError, match="no longer holds the commit") as err:
+        s.state()
+    assert "logRetentionDuration" in (err.value.hint or "")
 
 
 def test_progress_found_behind_foreign_commits(sink: DeltaSink) -> None:
@@ -593,3 +598,21 @@ def test_only_low_cardinality_columns_are_dictionary_encoded(tmp_path: Path) -> 
     for name in ("id", "text"):
         assert not any("DICTIONARY" in e for e in encodings[name]), encodings
     assert pq.read_table(path).equals(t)
+
+
+def _foreign_commits(path: Path, n: int) -> None:
+    """``n`` commits by another writer (commitInfo only: a valid, empty commit)."""
+    log = path / "_delta_log"
+    v = max(log_versions(path))
+    for i in range(1, n + 1):
+        (log / f"{v + i:020d}.json").write_text(json.dumps(
+            {"commitInfo": {"timestamp": 1, "operation": "OTHER WRITER"}}) + "\n")
+
+
+def test_progress_is_found_under_many_foreign_commits(sink: DeltaSink, tmp_path: Path) -> None:
+    """However many commits of other writers lie between (before: 1,000 at
+    most, then a silent fallback to the upper alone, which rewrote records)."""
+    new = SinkState(1000, '[{"p":0,"o":7}]')
+    sink.commit(sink.stager().stage("b1", 0, updates(["a"], 500)), SinkState(), new)
+    _foreign_commits(tmp_path / "out", 1_200)
+    assert DeltaSink(NAME, tmp_path / "out").state() == new

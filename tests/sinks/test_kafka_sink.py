@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
@@ -613,3 +614,23 @@ def test_read_committed_consumers_see_no_open_or_aborted_transaction(
     p.commit_transaction(10)
     got = raw_records(kafka.bootstrap, topic)
     assert [(m.value(), m.offset()) for m in got] == [(b"committed", 2)]  # 1: abort marker
+
+
+def test_a_record_larger_than_the_producer_allows_is_an_error_row(topics: Topics) -> None:
+    """Bad input is data: a record over message.max.bytes lands in the errors
+    topic with the reason and its position (its content cut), and the rest of
+    the batch lands (before: the whole batch was refused, for ever)."""
+    s = topics.sink(properties={"message.max.bytes": 20_000})
+    s.ensure(USER)
+    rows = updates(["a", "b" * 50_000, "c"], 500)
+    staged = stage(s, "b1", rows)
+    assert [(d["rows"], d["errors"]) for d in staged] == [(2, 1)]
+    s.commit(staged, SinkState(), SinkState(1000, None))
+    got = s.read_updates()
+    good = got.filter(pc.is_null(got.column("_error")))
+    assert sorted(good.column("k").to_pylist()) == ["a", "c"]
+    err = got.filter(pc.invert(pc.is_null(got.column("_error")))).to_pylist()
+    assert [e["_src_offset"] for e in err] == [1]
+    assert "message.max.bytes" in err[0]["_error"]
+    assert err[0]["_raw_value"].startswith(b'{"k": "bbb')
+    s.close()

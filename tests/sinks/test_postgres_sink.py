@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from reclock.envelope import UpsertState
@@ -865,3 +866,29 @@ def test_an_upper_table_of_the_earlier_layout_is_named(pg_url: str, tmp_path: Pa
     with pytest.raises(SinkError, match="earlier layout") as err:
         make(pg_url, tmp_path).ensure(USER)
     assert err.value.hint and "rename or drop" in err.value.hint
+
+
+@pytest.mark.parametrize("mode", ["log", "state"])
+def test_rows_postgres_cannot_store_become_error_rows(pg_url: str, tmp_path: Path,
+                                                      mode: str) -> None:
+    """Bad input is data: a NUL character (which text cannot hold) and, in a
+    state table, a null key make error rows with the reason, the position and
+    what the row held; the rest of the batch lands (before: the whole batch
+    was refused, for ever)."""
+    s = make(pg_url, tmp_path, mode=mode, key=("k",) if mode == "state" else ())
+    s.ensure(USER)
+    rows = updates(["a", "b\x00c", "d"], 5)
+    if mode == "state":
+        rows = pa.concat_tables([rows, updates([None], 5, offset=3)])  # type: ignore[list-item]
+    staged = s.stager().stage("b1", 0, rows)
+    assert sum(d["errors"] for d in staged) == (2 if mode == "state" else 1)
+    s.commit(staged, SinkState(), SinkState(6))
+    got = s.read_updates()
+    good = got.filter(pc.is_null(got.column("_error")))
+    assert sorted(good.column("k").to_pylist()) == ["a", "d"]
+    errs = {r["_src_offset"]: r for r in got.filter(
+        pc.invert(pc.is_null(got.column("_error")))).to_pylist()}
+    assert "NUL character" in errs[1]["_error"] and b'"k": "b\\u0000c"' in errs[1]["_raw_value"]
+    if mode == "state":
+        assert "key column 'k' is null" in errs[3]["_error"]
+        assert state_rows(pg_url) == {"a": (0, 5), "d": (2, 5)}
