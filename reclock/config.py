@@ -744,9 +744,14 @@ class PostgresConfig(ConnectorConfig):
     ``publication``."""
     publication: str | None = Field(default=None, min_length=1, max_length=63)
     """Publication name (created for ``tables`` when absent). Default
-    ``reclock_<source name>``."""
+    ``reclock_<pipeline id>_<source name>`` (see ``slot``)."""
     slot: str | None = Field(default=None, pattern=SLOT_PATTERN)
-    """Replication slot name (created when absent). Default ``reclock_<source name>``."""
+    """Replication slot name (created when absent). Default
+    ``reclock_<pipeline id>_<source name>``: the pipeline id is minted once in
+    the remap store, so two pipelines never share a slot. A slot confirmed
+    past what the outputs hold (advanced by something else) is a definite
+    error. A deployment from before pipeline ids keeps its
+    ``reclock_<source name>`` slot."""
     snapshot: bool = True
     """Read the tables' existing rows first (an exported snapshot, in parallel
     Spark tasks), then continue from exactly that point. ``false``: changes only."""

@@ -140,6 +140,7 @@ class Pipeline:
             pg = src.postgres
             return PostgresSource(
                 src.name, pg.dsn, self.clock, publication=pg.publication, slot=pg.slot,
+                identity=self.identity,
                 tables=pg.table_outputs(), snapshot=pg.snapshot, drop_slot=pg.drop_slot,
                 timeout_s=pg.timeout / 1000.0, output_names=[o.name for o in src.outputs],
             )

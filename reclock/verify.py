@@ -147,27 +147,33 @@ def check_complete(
     progresses: list[Antichain[Any]],
     source: Any,
     max_records: int = 50_000_000,
-) -> None:
+    keep: frozenset[int] = frozenset(),
+) -> dict[int, list[pa.RecordBatch]]:
     """Re-read the source from its initial frontier up to the furthest output's
     progress and compare, per output, the positions before *its* progress with
-    the positions it holds (with either sign)."""
+    the positions it holds (with either sign). Returns the records re-read for
+    the outputs in ``keep`` (for :func:`check_keyed`)."""
     from reclock.dataplane import _contained
 
     furthest = progresses[0]
     for p in progresses[1:]:
         furthest = furthest.join(p)
 
-    def reread() -> tuple[Antichain[Any], dict[int, list[pa.Table]]]:
+    def reread() -> tuple[Antichain[Any], dict[int, list[pa.Table]],
+                          dict[int, list[pa.RecordBatch]]]:
         lower = source.initial_frontier()
         tasks, reached = source.plan(lower, furthest, 1_000_000, max_records)
         reader = source.reader()
         expected: dict[int, list[pa.Table]] = {}
+        raw: dict[int, list[pa.RecordBatch]] = {}
         for task in tasks:
             for i, batch in reader.read(task):
                 expected.setdefault(i, []).append(_keys(pa.Table.from_batches([batch])))
-        return reached, expected
+                if i in keep:
+                    raw.setdefault(i, []).append(batch)
+        return reached, expected, raw
 
-    reached, expected = _retrying(reread)
+    reached, expected, raw = _retrying(reread)
     if reached != furthest:
         report.notes.append(f"complete: checked only up to {reached.encode()} (too many records)")
     for i, rep in enumerate(report.outputs):
@@ -187,6 +193,63 @@ def check_complete(
         extra = joined.filter(pc.is_null(joined.column("e")))
         rep.breach("missing", missing.num_rows, _positions(missing))
         rep.breach("unexpected", extra.num_rows, _positions(extra))
+    return raw
+
+
+def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.RecordBatch],
+                progress: Antichain[Any], bindings: Bindings[Any], kind: str) -> None:
+    """A keyed output (upsert, keyed debezium) against a replay: the source's
+    records before the output's progress, decoded and put through the
+    envelope from a fresh key state, must leave exactly the rows the output
+    holds now, key by key. A key missing from the output (a row deleted
+    behind reclock's back), a row that should have been retracted, or a
+    value that differs is a ``keyed-state`` breach naming the key."""
+    from reclock.dataplane import OutputPlan, _contained, build_output_rows
+    from reclock.envelope import UpsertState, _hashable
+    from reclock.time import Partitioned
+    from sinks.base import output_schema
+    from sinks.consolidate import consolidate
+
+    columns = [f.name for f in out.user_schema]
+    schema = output_schema(out.user_schema)
+    plan = OutputPlan(out.index, out.name, False, out.user_schema, out.key_decoder,
+                      out.value_decoder, None, None, out.envelope,  # type: ignore[arg-type]
+                      tuple(out.upsert_key))
+    intents = []
+    for batch in raw:
+        part = batch.column("_src_part").to_numpy(zero_copy_only=False).astype(np.int64)
+        off = batch.column("_src_offset").to_numpy(zero_copy_only=False).astype(np.int64)
+        owed = ~_contained(kind, progress, part, off)
+        if not owed.any():
+            continue
+        batch, part, off = batch.filter(pa.array(owed)), part[owed], off[owed]
+        into = (bindings.reclock_offsets(part, off) if kind == Partitioned.KIND
+                else bindings.reclock_values(off))
+        rows, _ = build_output_rows(plan, batch, into)
+        intents.append(rows)
+    model = UpsertState(columns, tuple(out.upsert_key))
+    if intents:
+        _, pending = model.apply(pa.concat_tables(intents, promote_options="default"), schema)
+        model.accept(pending)
+    ok = updates.filter(pc.is_null(updates.column(ERROR)))
+    held: dict[Any, list[tuple[Any, ...]]] = {}
+    if ok.num_rows:
+        for r in consolidate(ok, None, columns).to_pylist():
+            row = tuple(r[c] for c in columns)
+            held.setdefault(model._key_of(row), []).extend([row] * max(0, int(r["_count"])))
+            if int(r["_count"]) < 0:
+                held.setdefault(model._key_of(row), []).append(("<retracted more than held>",))
+    bad: list[str] = []
+    for k in sorted(set(model.rows) | set(held), key=repr):
+        want = model.rows.get(k)
+        got = held.get(k, [])
+        if want is None and got:
+            bad.append(f"key {k!r}: held {len(got)} rows, the replay retracted it")
+        elif want is not None and not got:
+            bad.append(f"key {k!r}: missing (the replay holds {want!r})")
+        elif want is not None and (len(got) != 1 or _hashable(got[0]) != _hashable(want)):
+            bad.append(f"key {k!r}: holds {got!r}, the replay {want!r}")
+    rep.breach("keyed-state", len(bad), bad)
 
 
 def verify_pipeline(cfg: Any) -> list[SourceReport]:
@@ -232,7 +295,14 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
             if not getattr(built.source, "replayable", False):
                 report.notes.append("complete: source cannot be re-read; skipped")
                 continue
-            check_complete(report, tables, progresses, built.source)
+            keyed = frozenset(o.index for o in built.outputs
+                              if o.upsert_key is not None and not o.spec.typed
+                              and getattr(o.sink, "mode", "log") != "state")
+            raw = check_complete(report, tables, progresses, built.source, keep=keyed)
+            for o in built.outputs:
+                if o.index in keyed:
+                    check_keyed(report.outputs[o.index], o, tables[o.index],
+                                raw.get(o.index, []), progresses[o.index], b, kind)
             for o, rep in zip(built.outputs, report.outputs, strict=True):
                 if o.upsert_key is not None and rep.breaches.pop("missing", 0):
                     # a tombstone for an absent key, or a value equal to the

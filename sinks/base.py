@@ -92,12 +92,13 @@ def output_schema(user: pa.Schema) -> pa.Schema:
 REFUSED_RAW_MAX = 64 * 1024
 
 
-def refuse_rows(table: pa.Table, mask: Any, reason: str) -> pa.Table:
+def refuse_rows(table: pa.Table, mask: Any, reason: str,
+                raw_max: int = REFUSED_RAW_MAX) -> pa.Table:
     """``table`` (rows of an output schema) with the rows where ``mask`` holds
     turned into error rows: bad input is data, so a row the sink cannot store
     lands in the error collection with ``reason``, its position, and what it
-    held (its columns as JSON in ``_raw_value``, cut at :data:`REFUSED_RAW_MAX`
-    bytes) instead of failing the batch. Rows that are errors already stay."""
+    held (its columns as JSON in ``_raw_value``, cut at ``raw_max`` bytes)
+    instead of failing the batch. Rows that are errors already stay."""
     import json
 
     import pyarrow.compute as pc
@@ -116,9 +117,9 @@ def refuse_rows(table: pa.Table, mask: Any, reason: str) -> pa.Table:
         if not hit:
             continue
         text = json.dumps(rows[i], default=str, ensure_ascii=True).encode()
-        raw[i] = text[:REFUSED_RAW_MAX]
-        errors[i] = reason if len(text) <= REFUSED_RAW_MAX else (
-            f"{reason} (the row's {len(text):,} bytes of JSON are cut to {REFUSED_RAW_MAX:,})")
+        raw[i] = text[:raw_max]
+        errors[i] = reason if len(text) <= raw_max else (
+            f"{reason} (the row's {len(text):,} bytes of JSON are cut to {raw_max:,})")
         diffs[i] = 1
     cols = []
     for f in table.schema:

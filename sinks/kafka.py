@@ -153,6 +153,7 @@ from sinks.base import (
     META_FIELDS,
     META_NAMES,
     RAW_KEY,
+    REFUSED_RAW_MAX,
     SinkError,
     SinkFenced,
     SinkState,
@@ -408,7 +409,8 @@ class KafkaStager:
             table = refuse_rows(
                 conform(self.name, table, self.schema), big,
                 f"the record is larger than the producer's message.max.bytes "
-                f"({self.max_record_bytes:,} bytes, headers included)")
+                f"({self.max_record_bytes:,} bytes, headers included)",
+                raw_max=min(REFUSED_RAW_MAX, self.max_record_bytes // 4))  # base64 + JSON
             encoded = encode_rows(self.name, table, self.schema, self.key_columns)
         root = Path(self.root)
         target = root / f"{batch_id}-{part:05d}.arrow"

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import re
 import select
@@ -184,6 +185,25 @@ def _check_outputs(who: str, tables: Sequence[tuple[str, str, str]]) -> None:
             hint="list the tables under postgres.tables, giving each its own output: name")
 
 
+def default_name(source: str, identity: str | None) -> str:
+    """The default slot and publication name: ``reclock_<identity>_<source>``
+    (lower case, ``-`` as ``_``, then a digest of the name if that changed it,
+    so that no two source names meet; a digest where it would pass
+    PostgreSQL's 63 characters). ``identity`` None: the name from before
+    pipeline identities."""
+    ident = source.replace("-", "_").lower()
+    if identity is None:
+        name = f"reclock_{ident}"
+    else:
+        name = f"reclock_{identity}_{ident}"
+        if ident != source:  # 'a-b' and 'a_b', 'Shop' and 'shop': never one name
+            name += "_" + hashlib.sha256(source.encode()).hexdigest()[:6]
+    if len(name) > 63:
+        digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
+        name = f"{name[:46]}_{digest}"
+    return name
+
+
 class PostgresSource:
     """Driver side (see the module docstring)."""
 
@@ -204,15 +224,19 @@ class PostgresSource:
         drop_slot: bool = False,
         timeout_s: float = 30.0,
         output_names: Sequence[str] = (),
+        identity: str | None = None,
     ) -> None:
         self.name = name
         self.clock = clock
         self.dsn = dsn
         self.params, self.secrets = parse_dsn(dsn, f"source {name!r}")
         self.server = server_label(self.params)
-        ident = name.replace("-", "_").lower()
-        self.publication = publication or f"reclock_{ident}"
-        self.slot = slot or f"reclock_{ident}"
+        self.publication = publication or default_name(name, identity)
+        self.slot = slot or default_name(name, identity)
+        # Before pipeline identities, the defaults were reclock_<source>; an
+        # existing deployment's slot is adopted under that name (see open()).
+        self._legacy = None if (slot or identity is None) else default_name(name, None)
+        self._explicit = (slot is not None, publication is not None)
         self.snapshot = snapshot
         self.drop_slot_on_drop = drop_slot
         self.timeout_s = timeout_s
@@ -354,6 +378,7 @@ class PostgresSource:
             raise pg_error(exc, f"{self.who}: cannot check the server", self.secrets) from None
         # The driver described the tables just before (current_outputs()).
         tables = self.tables or self.describe()
+        self._adopt_legacy_names(resume)
         self._ensure_publication(tables)
         actions = publication_actions(conn, self.publication)
         if actions.get("update") or actions.get("delete"):
@@ -368,6 +393,7 @@ class PostgresSource:
                  if i >= len(held) or held[i] is None or _initial(held[i])]
         holding = len(empty) < len(tables)
         self._ensure_slot(holding, resume)
+        self._check_not_advanced_elsewhere(holding, resume)
         if self._snap is not None and (not self._snap.alive
                                        or not set(empty) <= set(self._snap.outputs)):
             self._release_snapshot()
@@ -378,6 +404,42 @@ class PostgresSource:
             if not self._snap.outputs:
                 self._release_snapshot()
         self._acked = None
+
+    def _adopt_legacy_names(self, resume: Antichain[Lsn]) -> None:
+        """A deployment from before pipeline identities holds data read through
+        ``reclock_<source>``: keep using that slot (and publication) rather
+        than lose the changes since, when this pipeline's own slot does not
+        exist yet. Name them explicitly in the config to silence this."""
+        if self._legacy is None or _initial(resume) or self._slot_info() is not None:
+            return
+        own = self.slot
+        self.slot = self._legacy
+        if self._slot_info() is None:
+            self.slot = own
+            return
+        if not self._explicit[1]:
+            self.publication = self._legacy
+        log.warning("%s: adopting replication slot %s (named before pipeline identities); "
+                    "set postgres.slot: %s (and publication) to make it explicit",
+                    self.who, self._legacy, self._legacy)
+        self._legacy = None
+
+    def _check_not_advanced_elsewhere(self, holding: bool, resume: Antichain[Lsn]) -> None:
+        """reclock advances its slot only to what every output holds, so a slot
+        confirmed past the outputs' resumption frontier was advanced by
+        something else (another pipeline sharing it): the changes between were
+        never read here."""
+        lsn = resume.as_option()
+        if not holding or lsn is None or _initial(resume) or self._slot_flush is None:
+            return  # (an output that holds nothing yet keeps the frontier at the start)
+        if self._slot_flush > int(lsn):
+            raise DefiniteError(
+                f"{self.who}: replication slot {self.slot!r} is confirmed up to LSN "
+                f"{_fmt(Antichain.from_elem(Lsn(self._slot_flush)))}, past what this "
+                f"pipeline's outputs hold ({_fmt(resume)}): something else advanced it, and "
+                "the changes between are lost to this pipeline",
+                hint="give each pipeline its own slot (postgres.slot); drop this source's "
+                     "outputs and state and start again (a new snapshot)")
 
     def _ensure_publication(self, tables: list[PgTable]) -> None:
         conn = self._connection()

@@ -1,5 +1,5 @@
 """Faults on demand (``RECLOCK_FAIL_AT``) from the command line: a transient
-source error, stage failures of a keyed output, and commit failures, each
+source error, commit failures and a row the sink refuses, each
 injected into a running ``reclock run``. The outputs are compared with an
 independent model of the input: the counter generator emits ``n = 0..N-1``
 once each, and the orders generator's customers output is keyed by
@@ -10,12 +10,14 @@ directory holds exactly the files its log references.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
 
 from reclock import faults
@@ -51,7 +53,8 @@ sources:
         format: {{type: json, schema: {{n: int64, payload: string}}}}
         sink: file
 """)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RECLOCK_FAIL_AT": "source:2,commit:4"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "RECLOCK_FAIL_AT": "source:2,commit:4,refuse:40"}
     log = tmp_path / "driver.log"
     with log.open("wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "reclock.cli", "run", str(path)],
@@ -69,8 +72,12 @@ sources:
     src = pipe.source_config("counter")
     sink = pipe.sink(src, src.output("value"))
     table = sink.read_updates()
-    ns = sorted(table.column("n").to_pylist())
-    assert ns == list(range(TOTAL))  # the model: each n once, none missing
+    good = table.filter(pc.is_null(table.column("_error"))).column("n").to_pylist()
+    refused = [json.loads(r["_raw_value"])["n"] for r in table.filter(
+        pc.invert(pc.is_null(table.column("_error")))).to_pylist()
+        if "injected refusal" in r["_error"]]
+    assert refused, "no row was refused"  # jobs of failed commits used some refusals up
+    assert sorted(good + refused) == list(range(TOTAL))  # the model: each n once
     assert all(r.ok for r in verify_pipeline(cfg))
     # Housekeeping: only files the Delta log references are left.
     from deltalake import DeltaTable
@@ -78,7 +85,7 @@ sources:
     table_dir = Path(cfg.sources[0].outputs[0].sink.path)  # type: ignore[union-attr]
     deadline = time.monotonic() + 5
     on_disk = {p.name for p in table_dir.glob("*.parquet")}
-    referenced = {Path(f).name for f in DeltaTable(str(table_dir)).files()}
+    referenced = {Path(f).name for f in DeltaTable(str(table_dir)).file_uris()}
     while on_disk != referenced and time.monotonic() < deadline:
         time.sleep(0.5)
         on_disk = {p.name for p in table_dir.glob("*.parquet")}

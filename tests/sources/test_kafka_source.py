@@ -21,6 +21,7 @@ from reclock.driver import SourceRunner
 from reclock.pipeline import Pipeline
 from reclock.verify import verify_pipeline
 from tests.running import running, wait_for
+from tests.tally import count
 
 
 def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None, bytes | None]]
@@ -86,6 +87,15 @@ def test_partitions_appearing_later_are_ingested_from_offset_zero(
         kafka.add_partitions(topic, 8)  # CreatePartitions while the pipeline runs
         for p in range(8):
             produce(kafka.bootstrap, topic, recs(p, p * 1000 + 100, 30))
+        produced = time.monotonic()
+        # The new partitions' first records are durable within about one
+        # timestamp_interval (200 ms: the probe sees them) plus one job.
+        wait_for(lambda: all(durable(r).get(p, 0) >= 1 for p in range(4, 8)), 30,
+                 lambda: f"the new partitions durable: {durable(r)}")
+        latency = time.monotonic() - produced
+        assert latency < 10, latency
+        count("kafka: partitions added while running", partitions_added=4,
+              first_durable_ms=int(latency * 1000))
         wait_for(lambda: r.records >= 200 + 240, what="all 440 records")
         wait_for(lambda: all(o.state.upper and o.state.upper > 0 for o in r.outputs))
         committed = r.source.committed()  # type: ignore[attr-defined]

@@ -384,3 +384,70 @@ sources:
             health = _stalled_with(runners, *words)
             assert health.definite and f"publication {pub!r}" in (health.error or "")
     count("bad input: hostile table names (Postgres CDC)", inputs_tried=5, records_checked=9)
+
+
+def _ids(cfg: Any, output: str = "t") -> list[int]:
+    from reclock.pipeline import Pipeline
+
+    pipe = Pipeline(cfg)
+    src = pipe.source_config("db")
+    t = pipe.sink(src, src.output(output)).read_updates()
+    pipe.close()
+    import pyarrow.compute as pc
+
+    rows = consolidate(t.filter(pc.is_null(t.column("_error"))), None, ["id"])
+    return sorted(r["id"] for r in rows.to_pylist() for _ in range(r["_count"]))
+
+
+def test_two_pipelines_with_one_source_name_on_one_database(
+    tmp_path: Path, spark: Any, cdc_url: str
+) -> None:
+    """Issue: slots were named from the source name alone, so two pipelines
+    with a source 'db' shared one slot, each advanced it, and each output
+    silently missed what the other confirmed. Now each pipeline's slot and
+    publication carry its identity, and both outputs hold every row."""
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table t (id int primary key)")
+        c.execute("insert into t select generate_series(1, 10)")
+    cfgs = []
+    for i in range(2):
+        d = tmp_path / f"p{i}"
+        d.mkdir()
+        cfgs.append(_cfg(d, cdc_url, "t", "      - {name: t, sink: file}"))
+    with running(cfgs[0], spark) as a, running(cfgs[1], spark) as b:
+        for k in range(11, 41):
+            with psycopg.connect(cdc_url, autocommit=True) as c:
+                c.execute("insert into t values (%s)", (k,))
+            time.sleep(0.05)
+        end = flushed_lsn(cdc_url)
+        for runners in (a, b):
+            wait_for(resumed_past(runners, end), 90,
+                     lambda r=runners: f"caught up: {r[0].health}")
+        slots = {x[0].source.slot for x in (a, b)}  # type: ignore[attr-defined]
+    assert len(slots) == 2, slots
+    for cfg in cfgs:  # the model: the table holds 1..40
+        assert _ids(cfg) == list(range(1, 41))
+
+
+def test_a_slot_advanced_by_something_else_is_a_definite_error(
+    tmp_path: Path, spark: Any, cdc_url: str
+) -> None:
+    """A slot confirmed past what the outputs hold was advanced by someone
+    else (say, another pipeline told to use the same slot): the changes
+    between were never read here, so the source stops with a definite error."""
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table t (id int primary key)")
+        c.execute("insert into t values (1), (2)")
+    cfg = _cfg(tmp_path, cdc_url, "t", "      - {name: t, sink: file}", ", slot: shared")
+    with running(cfg, spark) as runners:
+        wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 90, "the snapshot")
+    from sources.postgres.catalog import lsn_text
+
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("insert into t values (3)")  # never read by this pipeline ...
+    past = flushed_lsn(cdc_url)  # (the cluster commits asynchronously: wait for the flush)
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("select pg_replication_slot_advance('shared', %s::pg_lsn)", (lsn_text(past),))
+    with running(cfg, spark) as runners:  # ... because another reader confirmed it
+        h = _stalled_with(runners, "shared", "advanced it", "postgres.slot")
+        assert h.definite

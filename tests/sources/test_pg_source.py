@@ -72,7 +72,8 @@ def _slot(url: str) -> tuple[int, int, int]:
     with psycopg.connect(url) as c:
         row = c.execute("select confirmed_flush_lsn::text, restart_lsn::text, "
                         "pg_current_wal_insert_lsn()::text from pg_replication_slots "
-                        "where slot_name = 'reclock_bank'").fetchone()
+                        "where database = current_database() and slot_name like 'reclock%bank'"
+                        ).fetchone()
     assert row is not None, "the slot is gone"
     return int(Lsn.parse(row[0])), int(Lsn.parse(row[1])), int(Lsn.parse(row[2]))
 
