@@ -303,3 +303,31 @@ class KafkaCluster:
     def leader(self, topic: str, partition: int) -> int:
         tm = self.admin().list_topics(topic, timeout=10).topics[topic]
         return int(tm.partitions[partition].leader)
+
+
+def read_committed(bootstrap: str, topic: str, timeout: float = 120.0) -> list[Any]:
+    """Every record a plain ``read_committed`` consumer (not reclock's reader)
+    gets from ``topic``, to the end of each partition: what any downstream
+    Kafka consumer would see."""
+    from confluent_kafka import Consumer, KafkaError
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"plain-{uuid.uuid4().hex}",
+                  "isolation.level": "read_committed", "enable.partition.eof": True,
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                  "log_level": 0})
+    try:
+        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        pending, out = set(parts), []
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for m in c.consume(10_000, 0.5):
+                if m.error():
+                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                    pending.discard(m.partition())
+                else:
+                    out.append(m)
+        assert not pending, f"did not reach the end of {topic}: {pending}"
+        return out
+    finally:
+        c.close()

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from reclock.config import load_config
 from reclock.verify import verify_pipeline
+from tests.kafkabroker import read_committed
 from tests.running import running, wait_for
 from tests.tally import count
 
@@ -73,25 +74,7 @@ class Ids:
 
 def read_ids(bootstrap: str, topic: str) -> list[int]:
     """Every id that a plain read_committed consumer gets from ``topic``."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"plain-{uuid.uuid4().hex}",
-                  "isolation.level": "read_committed", "enable.partition.eof": True,
-                  "enable.auto.commit": False, "log_level": 0})
-    try:
-        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
-        c.assign([TopicPartition(topic, p, 0) for p in parts])
-        pending, ids = set(parts), []
-        deadline = time.monotonic() + 120
-        while pending and time.monotonic() < deadline:
-            for m in c.consume(10_000, 0.5):
-                if m.error():
-                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                    pending.discard(m.partition())
-                else:
-                    ids.append(int(json.loads(m.value())["id"]))
-        assert not pending, f"did not reach the end of {topic}: {pending}"
-        return ids
-    finally:
-        c.close()
+    return [int(json.loads(m.value())["id"]) for m in read_committed(bootstrap, topic)]
 
 
 def audit(ids: list[int], n: int) -> tuple[int, int, int]:

@@ -98,6 +98,25 @@ def test_state_rebuilds_from_lists_maps_and_nan() -> None:
     assert rebuilt.rows[(1,)][1] == ["a"] and math.isnan(rebuilt.rows[(3,)][3])
 
 
+def upsert_pipeline(tmp_path: Path, bootstrap: str, topic: str) -> Path:
+    """A pipeline file: the topic's JSON records, keyed by ``id``, upserted into Delta."""
+    path = tmp_path / "p.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path}/state
+timestamp_interval: 200ms
+sources:
+  - name: up
+    kafka: {{bootstrap_servers: "{bootstrap}", topic: {topic}, timeout: 5s}}
+    outputs:
+      - name: up
+        format: {{type: json, schema: {{body: string}}}}
+        key_format: {{type: json, schema: {{id: int64}}}}
+        envelope: {{type: upsert, key: [id]}}
+        sink: file
+""")
+    return path
+
+
 def _produce(bootstrap: str, topic: str, recs: list[tuple[int, dict[str, Any] | None]]) -> None:
     p = Producer({"bootstrap.servers": bootstrap})
     for k, v in recs:
@@ -117,20 +136,7 @@ def test_a_failed_stage_or_commit_loses_no_key(
 
     topic = f"up-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 1)
-    path = tmp_path / "p.yaml"
-    path.write_text(f"""
-state_dir: {tmp_path}/state
-timestamp_interval: 200ms
-sources:
-  - name: up
-    kafka: {{bootstrap_servers: "{kafka.bootstrap}", topic: {topic}, timeout: 5s}}
-    outputs:
-      - name: up
-        format: {{type: json, schema: {{body: string}}}}
-        key_format: {{type: json, schema: {{id: int64}}}}
-        envelope: {{type: upsert, key: [id]}}
-        sink: file
-""")
+    path = upsert_pipeline(tmp_path, kafka.bootstrap, topic)
     records: list[tuple[int, dict[str, Any] | None]] = [(k, {"body": f"v{k}"}) for k in range(5)]
     _produce(kafka.bootstrap, topic, records)
     cfg = load_config(path)
@@ -183,20 +189,7 @@ def test_verify_replays_an_upsert_output_and_names_a_deleted_key(
 
     topic = f"vk-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 2)
-    path = tmp_path / "p.yaml"
-    path.write_text(f"""
-state_dir: {tmp_path}/state
-timestamp_interval: 200ms
-sources:
-  - name: up
-    kafka: {{bootstrap_servers: "{kafka.bootstrap}", topic: {topic}, timeout: 5s}}
-    outputs:
-      - name: up
-        format: {{type: json, schema: {{body: string}}}}
-        key_format: {{type: json, schema: {{id: int64}}}}
-        envelope: {{type: upsert, key: [id]}}
-        sink: file
-""")
+    path = upsert_pipeline(tmp_path, kafka.bootstrap, topic)
     p = Producer({"bootstrap.servers": kafka.bootstrap})
     for k, v in [(1, "a"), (2, "b"), (3, "c"), (1, "a2"), (2, None), (4, "d")]:
         p.produce(topic, key=json.dumps({"id": k}).encode(), partition=k % 2,

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from reclock import faults
 from reclock.config import load_config
 from reclock.verify import verify_pipeline
+from tests.kafkabroker import read_committed
 from tests.running import (
     close_driver,
     crash_env,
@@ -123,30 +124,6 @@ def _committed(bootstrap: str, topic: str) -> dict[int, int]:
     return {tp.partition: tp.offset for tp in res.topic_partitions if tp.offset >= 0}
 
 
-def _read_committed_ids(bootstrap: str, topic: str) -> list[int]:
-    """Every ``id`` a plain read_committed consumer (not reclock's reader) gets
-    from ``topic``, to its end: the view of any downstream Kafka consumer."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"plain-{uuid.uuid4().hex}",
-                  "isolation.level": "read_committed", "enable.partition.eof": True,
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    try:
-        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
-        c.assign([TopicPartition(topic, p, 0) for p in parts])
-        pending, ids = set(parts), []
-        deadline = time.monotonic() + 120
-        while pending and time.monotonic() < deadline:
-            for m in c.consume(10_000, 0.5):
-                if m.error():
-                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                    pending.discard(m.partition())
-                else:
-                    ids.append(int(json.loads(m.value())["id"]))
-        assert not pending, f"did not reach the end of {topic}: {pending}"
-        return ids
-    finally:
-        c.close()
-
-
 @pytest.mark.timeout(900)
 def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) -> None:
     topic = f"kill-{uuid.uuid4().hex[:8]}"
@@ -228,7 +205,8 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
     # Exactly once as any Kafka consumer sees it: a plain read_committed
     # consumer of the sink's topic gets every produced id once (the model: the
     # producer wrote ids 0..produced-1, each once), none of a killed attempt's.
-    relayed = _read_committed_ids(kafka.bootstrap, f"{topic}-out")
+    relayed = [int(json.loads(m.value())["id"])
+               for m in read_committed(kafka.bootstrap, f"{topic}-out")]
     dups = len(relayed) - len(set(relayed))
     missing = set(range(produced)) - set(relayed)
     assert (dups, sorted(missing)[:10], len(relayed)) == (0, [], produced)

@@ -32,8 +32,17 @@ def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None, b
     assert p.flush(30) == 0
 
 
-def config(tmp_path: Path, bootstrap: str, topic: str, extra: str = "") -> Path:
+UPSERT_FORMAT = ("format: {type: json, schema: {body: string}}\n"
+                 "        key_format: {type: json, schema: {id: int64}}\n"
+                 "        envelope: {type: upsert, key: [id]}")
+
+
+def config(tmp_path: Path, bootstrap: str, topic: str, extra: str = "",
+           upsert: bool = False) -> Path:
+    """The topic's JSON records into a Delta output; ``upsert``: keyed by the
+    record key's ``id``, the latest value per key."""
     path = tmp_path / "pipeline.yaml"
+    fmt = UPSERT_FORMAT if upsert else "format: {type: json, schema: {id: int64, body: string}}"
     path.write_text(f"""
 timestamp_interval: 200ms
 sources:
@@ -45,7 +54,7 @@ sources:
 {extra}
     outputs:
       - name: events
-        format: {{type: json, schema: {{id: int64, body: string}}}}
+        {fmt}
         sink: file
 """)
     return path
@@ -353,12 +362,7 @@ def test_upsert_envelope_as_of_latest_and_earlier_survives_restart(
 
     topic = f"t-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 2)
-    path = config(tmp_path, kafka.bootstrap, topic)
-    path.write_text(path.read_text().replace(
-        "format: {type: json, schema: {id: int64, body: string}}",
-        "format: {type: json, schema: {body: string}}\n"
-        "        key_format: {type: json, schema: {id: int64}}\n"
-        "        envelope: {type: upsert, key: [id]}"))
+    path = config(tmp_path, kafka.bootstrap, topic, upsert=True)
     cfg = load_config(path)
 
     def rec(part: int, k: int, body: str | None) -> tuple[int, bytes | None, bytes | None]:
@@ -655,12 +659,7 @@ def test_compacted_input_upsert_equals_the_latest_value_per_key(
         time.sleep(0.2)
     assert held() < 100, "the log cleaner did not compact the topic"
     latest[999] = 0
-    path = config(tmp_path, kafka.bootstrap, topic)
-    path.write_text(path.read_text().replace(
-        "format: {type: json, schema: {id: int64, body: string}}",
-        "format: {type: json, schema: {body: string}}\n"
-        "        key_format: {type: json, schema: {id: int64}}\n"
-        "        envelope: {type: upsert, key: [id]}"))
+    path = config(tmp_path, kafka.bootstrap, topic, upsert=True)
     cfg = load_config(path)
     end = _ends(kafka.bootstrap, topic, 1)
     with running(cfg, spark) as runners:
