@@ -39,7 +39,7 @@ from reclock.errors import DefiniteError, ReclockError
 from reclock.frontier import Antichain
 from reclock.time import IntoTime, Partitioned
 from sinks.base import Stager, output_schema, refuse_rows
-from sources.base import SRC_DIFF, SRC_UNCHANGED, ReadTask, SourceReader
+from sources.base import SRC_DIFF, SRC_UNCHANGED, TRUNCATED, ReadTask, SourceReader
 
 POS_COLUMNS = ["_src_part", "_src_offset", "_src_seq", "_src_ts"]
 
@@ -305,11 +305,7 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
         pending_rows.pop(i, None)
         if not tables:
             return
-        table = pa.concat_tables(tables)
-        if faults.take("refuse"):  # RECLOCK_FAIL_AT=refuse: a row the sink cannot store
-            first = np.zeros(table.num_rows, dtype=bool)
-            first[0] = True
-            table = refuse_rows(table, first, "injected refusal (RECLOCK_FAIL_AT=refuse)")
+        table = _injected_refusal(pa.concat_tables(tables))
         k = flushes.get(i, 0)
         flushes[i] = k + 1
         staged = ctx.outputs[i].stager.stage(ctx.batch_id, task.index * 10_000 + k, table)
@@ -345,6 +341,10 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
                 res.max_src_ts = mx if res.max_src_ts is None else max(res.max_src_ts, mx)
         rows, nerr = build_output_rows(plan, batch, into)
         if plan.keyed:
+            # Values the sink cannot store are refused here, before the
+            # driver's key state sees them: the key keeps its current row.
+            rows = screen_intents(plan.stager, _injected_refusal(rows))
+            nerr = rows.num_rows - rows.column("_error").null_count
             res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
             res.errors[i] = res.errors.get(i, 0) + nerr
             intents.setdefault(i, []).append(rows)
@@ -362,6 +362,25 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
                    for i, ts in intents.items()}
     res.seconds = time.perf_counter() - started
     return res
+
+
+def screen_intents(stager: Stager, intents: pa.Table) -> pa.Table:
+    """Upsert intents with the values ``stager`` cannot store refused (a
+    truncation marker holds no value: it passes)."""
+    marks = pc.equal(intents.column("_diff"), TRUNCATED)
+    if not pc.any(marks).as_py():
+        return stager.screen(intents)
+    return pa.concat_tables([stager.screen(intents.filter(pc.invert(marks))),
+                             intents.filter(marks)])
+
+
+def _injected_refusal(table: pa.Table) -> pa.Table:
+    """``RECLOCK_FAIL_AT=refuse``: the sink refuses the table's first row."""
+    if table.num_rows == 0 or not faults.take("refuse"):
+        return table
+    first = np.zeros(table.num_rows, dtype=bool)
+    first[0] = True
+    return refuse_rows(table, first, "injected refusal (RECLOCK_FAIL_AT=refuse)")
 
 
 def _run_partition(bc: Any, tasks: Iterable[ReadTask]) -> Iterator[TaskResult]:

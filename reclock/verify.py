@@ -204,7 +204,7 @@ def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.Rec
     holds now, key by key. A key missing from the output (a row deleted
     behind reclock's back), a row that should have been retracted, or a
     value that differs is a ``keyed-state`` breach naming the key."""
-    from reclock.dataplane import OutputPlan, _contained, build_output_rows
+    from reclock.dataplane import OutputPlan, _contained, build_output_rows, screen_intents
     from reclock.envelope import UpsertState, _hashable
     from reclock.time import Partitioned
     from sinks.base import output_schema
@@ -216,6 +216,7 @@ def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.Rec
                       out.value_decoder, None, None, out.envelope,  # type: ignore[arg-type]
                       tuple(out.upsert_key))
     intents = []
+    stager = out.sink.stager()
     for batch in raw:
         part = batch.column("_src_part").to_numpy(zero_copy_only=False).astype(np.int64)
         off = batch.column("_src_offset").to_numpy(zero_copy_only=False).astype(np.int64)
@@ -226,7 +227,7 @@ def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.Rec
         into = (bindings.reclock_offsets(part, off) if kind == Partitioned.KIND
                 else bindings.reclock_values(off))
         rows, _ = build_output_rows(plan, batch, into)
-        intents.append(rows)
+        intents.append(screen_intents(stager, rows))  # what the sink refuses, as the run did
     model = UpsertState(columns, tuple(out.upsert_key))
     if intents:
         _, pending = model.apply(pa.concat_tables(intents, promote_options="default"), schema)

@@ -169,6 +169,14 @@ class SinkError(DefiniteError):
 class Stager(Protocol):
     """Executor side of a sink: picklable, no connection held between tasks."""
 
+    def screen(self, table: pa.Table) -> pa.Table:
+        """``table`` with the rows this sink cannot store turned into error rows
+        (:func:`refuse_rows`). :meth:`stage` screens what it writes; keyed
+        outputs screen their upsert intents in the task, before the driver's
+        key state sees them, so that a refused value never becomes a key's
+        current row."""
+        ...
+
     def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:
         """Write ``table`` (rows of :func:`output_schema`) so that a later commit
         can make it visible; return JSON-able descriptors of what was staged."""

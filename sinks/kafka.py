@@ -399,19 +399,9 @@ class KafkaStager:
         check_stage_args(batch_id, part)
         if table.num_rows == 0:
             return []
-        encoded = encode_rows(self.name, table, self.schema, self.key_columns)
-        sizes = pc.add(pc.fill_null(pc.binary_length(encoded.column("key")), 0),
-                       pc.binary_length(encoded.column("value")))
-        big = pc.greater(sizes, self.max_record_bytes - RECORD_OVERHEAD_BYTES)
-        if pc.any(big).as_py():
-            # Bad input is data: a record the producer cannot send is an error
-            # row (its content cut), and the rest of the batch lands.
-            table = refuse_rows(
-                conform(self.name, table, self.schema), big,
-                f"the record is larger than the producer's message.max.bytes "
-                f"({self.max_record_bytes:,} bytes, headers included)",
-                raw_max=min(REFUSED_RAW_MAX, self.max_record_bytes // 4))  # base64 + JSON
-            encoded = encode_rows(self.name, table, self.schema, self.key_columns)
+        encoded, big = self._encode(table)
+        if big is not None:
+            encoded, _ = self._encode(self._refuse_big(table, big))
         root = Path(self.root)
         target = root / f"{batch_id}-{part:05d}.arrow"
         try:
@@ -422,6 +412,32 @@ class KafkaStager:
         errors = int(pc.sum(pc.equal(encoded.column("dest"), _ERRORS)).as_py() or 0)
         return [{"path": target.name, "rows": encoded.num_rows - errors, "errors": errors,
                  "size": size}]
+
+    def screen(self, table: pa.Table) -> pa.Table:
+        """Records larger than the producer's ``message.max.bytes`` become
+        error rows (their content cut); the rest stay."""
+        if table.num_rows == 0:
+            return table
+        _, big = self._encode(table)
+        return table if big is None else self._refuse_big(table, big)
+
+    def _encode(self, table: pa.Table) -> tuple[pa.Table, Any]:
+        """The encoded records, and a mask of those too large to send (None
+        when all fit)."""
+        encoded = encode_rows(self.name, table, self.schema, self.key_columns)
+        sizes = pc.add(pc.fill_null(pc.binary_length(encoded.column("key")), 0),
+                       pc.binary_length(encoded.column("value")))
+        big = pc.greater(sizes, self.max_record_bytes - RECORD_OVERHEAD_BYTES)
+        return encoded, (big if pc.any(big).as_py() else None)
+
+    def _refuse_big(self, table: pa.Table, big: Any) -> pa.Table:
+        # Bad input is data: a record the producer cannot send is an error row
+        # (its content cut), and the rest of the batch lands.
+        return refuse_rows(
+            conform(self.name, table, self.schema), big,
+            f"the record is larger than the producer's message.max.bytes "
+            f"({self.max_record_bytes:,} bytes, headers included)",
+            raw_max=min(REFUSED_RAW_MAX, self.max_record_bytes // 4))  # base64 + JSON
 
 
 

@@ -423,7 +423,7 @@ class PostgresStager:
         check_stage_args(batch_id, part)
         if table.num_rows == 0:
             return []
-        data = self._refuse(conform(self.name, table, self.schema))
+        data = self.screen(conform(self.name, table, self.schema))
         if self.mode == "state":
             self._check_state_rows(data)
         wire = self._to_wire(data)
@@ -437,7 +437,7 @@ class PostgresStager:
         errors = data.num_rows - data.column(ERROR).null_count
         return [{"path": target.name, "rows": data.num_rows, "errors": errors, "size": size}]
 
-    def _refuse(self, data: pa.Table) -> pa.Table:
+    def screen(self, data: pa.Table) -> pa.Table:
         """Rows PostgreSQL cannot store become error rows (see
         :func:`sinks.base.refuse_rows`): a NUL character in text or jsonb
         (also inside lists), and, in a state table, a null key."""
@@ -475,37 +475,17 @@ class PostgresStager:
                 "state table applies retractions (-1) and insertions (+1) only",
                 hint="write consolidated updates (an upsert or debezium envelope)",
             )
-        for k in self.key:
-            nulls = ok.column(k).null_count
-            if nulls:
-                raise SinkError(
-                    f"output {self.name!r}: key column {k!r} is null in {nulls} rows",
-                    hint="every row of a state table needs its key",
-                )
 
     def _to_wire(self, data: pa.Table) -> pa.Table:
         cols = []
         for f in data.schema:
             col = data.column(f.name)
             if _is_nested(f.type):
-                col = _json_texts(col)
-                _check_no_nul(self.name, f.name, col, "\\u0000")
-            elif _is_string(f.type):
-                _check_no_nul(self.name, f.name, col, "\x00")
-            elif is_listlike(f.type) and _is_string(f.type.value_type):
-                _check_no_nul(self.name, f.name, pc.list_flatten(col), "\x00")
+                col = _json_texts(col)  # (NUL characters were refused by screen)
             cols.append(col)
         return pa.Table.from_arrays(cols, schema=wire_schema(data.schema))
 
 
-def _check_no_nul(output: str, column: str, col: Any, needle: str) -> None:
-    hits = pc.sum(pc.match_substring(col, needle)).as_py() or 0
-    if hits:
-        raise SinkError(
-            f"output {output!r}: column {column!r} holds a NUL character in {hits} rows, "
-            "which PostgreSQL text and jsonb cannot store",
-            hint="strip NUL characters in the source, or store the column as binary",
-        )
 
 
 

@@ -207,3 +207,52 @@ def test_verify_replays_an_upsert_output_and_names_a_deleted_key(
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "keyed-state" in out.stdout and "key (3,): missing" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("sink", ["pgstate", "kafka"])
+def test_a_value_the_sink_refuses_leaves_the_key_as_it_was(
+    tmp_path: Path, spark: Any, kafka: Any, request: Any, sink: str
+) -> None:
+    """Issue: a row a keyed output's sink cannot store (a NUL for PostgreSQL,
+    a record over the producer's message.max.bytes for Kafka) was refused in
+    the driver's stage after the key state had taken it, so the state and the
+    output parted ways. Now the task screens upsert intents with the sink's
+    own rules: the refused value is an error row with its position, the key
+    keeps its previous row, and later updates of the key land."""
+    from sinks.consolidate import consolidate
+
+    topic = f"rf-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    if sink == "pgstate":
+        pg_url = request.getfixturevalue("pg_url")
+        target = f'{{type: postgres, dsn: "{pg_url}", table: rf, mode: state, key: [id]}}'
+        bad = "b\x00ad"
+    else:
+        target = (f'{{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {topic}-out, '
+                  "properties: {message.max.bytes: 20000}}")
+        bad = "x" * 30_000
+    path = upsert_pipeline(tmp_path, kafka.bootstrap, topic)
+    path.write_text(path.read_text().replace("sink: file", f"sink: {target}"))
+    records: list[tuple[int, dict[str, Any] | None]] = [
+        (1, {"body": "a"}), (2, {"body": "b"}), (1, {"body": bad}), (3, {"body": bad})]
+    _produce(kafka.bootstrap, topic, records)
+    cfg = load_config(path)
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: durable(r) == {0: 4}, 90, lambda: f"{durable(r)}, {r.health}")
+        _produce(kafka.bootstrap, topic, [(1, {"body": "a2"}), (2, None)])
+        wait_for(lambda: durable(r) == {0: 6}, 60, lambda: f"{durable(r)}, {r.health}")
+        assert r.health.status == "running"
+    pipe = Pipeline(cfg)
+    try:
+        table = pipe.sink(pipe.source_config("up"), cfg.sources[0].outputs[0]).read_updates()
+    finally:
+        pipe.close()
+    errs = table.filter(pa.compute.invert(pa.compute.is_null(table.column("_error"))))
+    assert sorted(errs.column("_src_offset").to_pylist()) == [2, 3]
+    reason = "NUL character" if sink == "pgstate" else "message.max.bytes"
+    assert all(reason in e for e in errs.column("_error").to_pylist())
+    ok = table.filter(pa.compute.is_null(table.column("_error")))
+    now = consolidate(ok, None, ["id", "body"]).to_pylist()
+    # key 1: a, then refused, then a2; key 2 deleted; key 3 never held a value
+    assert sorted((s["id"], s["body"], s["_count"]) for s in now) == [(1, "a2", 1)]
