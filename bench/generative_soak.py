@@ -1,9 +1,19 @@
 """Soak of the generative fault harness (tests/generative.py): run after run,
 each with a new seed, for ``--minutes``, against a real Kafka broker and a
-private PostgreSQL cluster it starts itself, on one Spark session (local[2]).
+private PostgreSQL cluster (``wal_level=logical``) it starts itself.
 
-Prints one line per run (seed, sequences, records, faults armed by kind,
-lost, doubled, wrong, seconds) and a total; exits 1 if anything was lost,
+Runs alternate between the two modes of the harness:
+
+* ``in-process``: the pipeline in a thread, on one Spark session (local[2]),
+  over every lane (Kafka append/upsert/debezium, Postgres CDC, generator),
+  with stage, commit and source failures armed at random moments;
+* ``killed``: ``reclock run`` processes started with random crash points and
+  failures (rows the sink refuses too) and SIGKILLed at random moments, over
+  every lane but the Postgres one.
+
+Prints one line per run (mode, seed, sequences, records, faults, rows the
+sinks refused as the model said, injected refusals, lost, doubled, wrong,
+seconds), the faults by kind, and a total; exits 1 if anything was lost,
 doubled or wrong, with the first samples.
 
     python bench/generative_soak.py                    # 30 minutes, 200 sequences a run
@@ -35,17 +45,19 @@ def main() -> int:
     import psycopg
 
     from reclock.spark import spark_session
-    from tests.generative import run
+    from tests.generative import run, run_killed
     from tests.kafkabroker import KafkaCluster
     from tests.pgcluster import PgCluster
 
     kafka = KafkaCluster(nodes=1).start()
-    pg = PgCluster().start()
+    pg = PgCluster(wal_level="logical").start()
     spark = spark_session("local[2]", "reclock-soak", {"spark.sql.shuffle.partitions": "2"})
     total: Counter[str] = Counter()
+    by_kind: Counter[str] = Counter()
     samples: list[str] = []
-    header = (f"{'seed':>8} {'sequences':>9} {'records':>8} {'faults (stage/commit/source)':>29}"
-              f" {'lost':>5} {'doubled':>7} {'wrong':>5} {'seconds':>8}")
+    header = (f"{'mode':>10} {'seed':>8} {'sequences':>9} {'records':>8} {'faults':>6} "
+              f"{'refused':>7} {'injected':>8} {'lost':>5} {'doubled':>7} {'wrong':>5} "
+              f"{'seconds':>8}")
     print(header)
     print("-" * len(header))
     deadline = time.monotonic() + args.minutes * 60
@@ -53,20 +65,29 @@ def main() -> int:
     runs = 0
     try:
         while time.monotonic() < deadline or runs == 0:
+            killed = runs % 2 == 1
             db = f"soak_{uuid.uuid4().hex[:8]}"
             with psycopg.connect(pg.url, autocommit=True) as c:
                 c.execute(f'CREATE DATABASE "{db}"')
             url = pg.url.rsplit("/", 1)[0] + f"/{db}"
             started = time.monotonic()
-            with tempfile.TemporaryDirectory(prefix="reclock-soak-") as tmp:
-                out = run(Path(tmp), spark, kafka, url, seed, args.sequences)
+            try:
+                with tempfile.TemporaryDirectory(prefix="reclock-soak-") as tmp:
+                    if killed:
+                        out = run_killed(Path(tmp), kafka, url, seed, args.sequences // 2)
+                    else:
+                        out = run(Path(tmp), spark, kafka, url, seed, args.sequences)
+            finally:
+                _drop(pg.url, db)
             took = time.monotonic() - started
-            f = out.faults
-            print(f"{seed:>8} {out.sequences:>9} {out.records:>8} "
-                  f"{f['stage']:>9}/{f['commit']}/{f['source']:<13} {out.lost:>5} "
+            nf = sum(out.faults.values())
+            print(f"{'killed' if killed else 'in-process':>10} {seed:>8} {out.sequences:>9} "
+                  f"{out.records:>8} {nf:>6} {out.refused:>7} {out.excused:>8} {out.lost:>5} "
                   f"{out.doubled:>7} {out.wrong:>5} {took:>8.1f}", flush=True)
             total.update(sequences=out.sequences, records=out.records, lost=out.lost,
-                         doubled=out.doubled, wrong=out.wrong, faults=sum(f.values()))
+                         doubled=out.doubled, wrong=out.wrong, faults=nf,
+                         refused=out.refused, injected=out.excused)
+            by_kind.update(out.faults)
             samples.extend(out.samples)
             runs += 1
             seed += 1
@@ -76,11 +97,32 @@ def main() -> int:
         pg.stop()
     print("-" * len(header))
     print(f"{runs} runs: {total['sequences']:,} sequences, {total['records']:,} records, "
-          f"{total['faults']:,} faults armed; lost {total['lost']}, doubled "
+          f"{total['faults']:,} faults, {total['refused']:,} refused rows, "
+          f"{total['injected']:,} injected refusals; lost {total['lost']}, doubled "
           f"{total['doubled']}, wrong {total['wrong']}")
+    print("faults by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items())))
     for s in samples[:10]:
         print("  " + s)
     return 1 if total["lost"] or total["doubled"] or total["wrong"] else 0
+
+
+def _drop(admin: str, db: str) -> None:
+    """Drop a run's database and its replication slots."""
+    import psycopg
+
+    with psycopg.connect(admin, autocommit=True) as c:
+        for _ in range(50):
+            c.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                      "WHERE database = %s AND active_pid IS NOT NULL", (db,))
+            left = c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s "
+                             "AND NOT active", (db,)).fetchall()
+            for (slot,) in left:
+                c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            if not c.execute("SELECT 1 FROM pg_replication_slots WHERE database = %s",
+                             (db,)).fetchall():
+                break
+            time.sleep(0.2)
+        c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

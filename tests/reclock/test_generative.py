@@ -1,8 +1,13 @@
-"""The generative fault test (see tests/generative.py): 200 seeded sequences
-over upsert, debezium and append outputs into Delta, Postgres (log and state)
-and Kafka, with stage, commit and source failures injected at random moments,
-compared with an independent model of the records produced. The long soak is
-``bench/generative_soak.py``."""
+"""The generative fault tests (see tests/generative.py), each compared with an
+independent model of the records produced:
+
+* 200 seeded sequences in process, over Kafka (append, upsert, debezium),
+  Postgres CDC and generator sources into Delta, Postgres (log and state) and
+  Kafka, with stage, commit and source failures armed at random moments;
+* sequences through ``reclock run`` processes started with random crash
+  points and failures (refused rows too) and SIGKILLed at random moments.
+
+The long soak is ``bench/generative_soak.py``."""
 
 from __future__ import annotations
 
@@ -12,18 +17,33 @@ from typing import Any
 
 import pytest
 
-from tests.generative import run
+from tests.generative import Outcome, run, run_killed
 from tests.tally import count
 
 SEED = int(os.environ.get("RECLOCK_GEN_SEED", "20261123"))
 
 
+def _report(what: str, out: Outcome) -> None:
+    count(what, sequences=out.sequences, records=out.records,
+          faults=sum(out.faults.values()), refused_rows=out.refused,
+          injected_refusals=out.excused, lost=out.lost, doubled=out.doubled, wrong=out.wrong)
+    print(what, dict(out.faults))
+    assert (out.lost, out.doubled, out.wrong) == (0, 0, 0), out.samples
+
+
 @pytest.mark.timeout(300)
 def test_generated_sequences_with_faults_match_the_model(
-    tmp_path: Path, spark: Any, kafka: Any, pg_url: str
+    tmp_path: Path, spark: Any, kafka: Any, cdc_url: str
 ) -> None:
-    out = run(tmp_path, spark, kafka, pg_url, SEED, 200)
-    count(f"generative (seed {SEED})", sequences=out.sequences, records=out.records,
-          faults_armed=sum(out.faults.values()), lost=out.lost, doubled=out.doubled,
-          wrong=out.wrong)
-    assert (out.lost, out.doubled, out.wrong) == (0, 0, 0), out.samples
+    out = run(tmp_path, spark, kafka, cdc_url, SEED, 200)
+    _report(f"generative (seed {SEED})", out)
+    assert out.refused > 0  # the draw holds values the sinks refuse
+
+
+@pytest.mark.timeout(600)
+def test_generated_sequences_through_killed_drivers_match_the_model(
+    tmp_path: Path, kafka: Any, cdc_url: str
+) -> None:
+    out = run_killed(tmp_path, kafka, cdc_url, SEED + 1, 70, restarts=5)
+    _report(f"generative, killed drivers (seed {SEED + 1})", out)
+    assert out.faults["sigkill"] + out.faults["crash-point exit"] >= 2, out.faults
