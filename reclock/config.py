@@ -814,6 +814,12 @@ class OutputConfig(_Model):
     sink: SinkConfig
     """Where the output is made durable: ``file``, ``console`` or a mapping
     with ``type`` (required)."""
+    rename: dict[str, str] = Field(default_factory=dict, max_length=10_000)
+    """Columns renamed on their way into the output, ``{upstream name: output
+    name}``: for upstream fields that an output cannot hold as they are named
+    (two that differ only in case, or one that clashes with reclock's own
+    ``_``-columns). Envelope keys name the upstream fields; the sink's
+    settings (a state table's ``key``, ``key_columns``) name output columns."""
 
 
 class SourceConfig(_Model):

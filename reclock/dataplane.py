@@ -58,10 +58,24 @@ class OutputPlan:
     stager: Stager
     envelope: str = "none"
     key: tuple[str, ...] = ()  # keyed outputs: rows are intents the driver applies
+    #: each user column's name upstream (as decoded), where the output renames
+    #: it; empty: the same names
+    upstream: tuple[str, ...] = ()
 
     @property
     def schema(self) -> pa.Schema:
         return output_schema(self.user_schema)
+
+    def picks(self) -> list[tuple[str, pa.Field]]:
+        """(upstream name, output field) of each user column."""
+        names = self.upstream or tuple(self.user_schema.names)
+        return list(zip(names, self.user_schema, strict=True))
+
+    @property
+    def upstream_key(self) -> tuple[str, ...]:
+        """The key columns by their upstream names."""
+        back = {f.name: up for up, f in self.picks()}
+        return tuple(back[k] for k in self.key)
 
     @property
     def keyed(self) -> bool:
@@ -150,7 +164,7 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
     n = batch.num_rows
     err_type = pa.string()
     if plan.typed:
-        cols = [batch.column(f.name).cast(f.type) for f in user]
+        cols = [batch.column(up).cast(f.type) for up, f in plan.picks()]
         meta = _meta(batch, into, None)
         if SRC_DIFF in batch.schema.names:  # CDC rows: -1/+1, or upsert 1/0
             meta[1] = batch.column(SRC_DIFF).cast(pa.int64())
@@ -172,7 +186,7 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
     ok_idx = np.asarray(res.ok, dtype=np.int64)
     parts = []
     if len(ok_idx):
-        cols = [res.table.column(f.name).cast(f.type) for f in user]
+        cols = [res.table.column(up).cast(f.type) for up, f in plan.picks()]
         k = len(ok_idx)
         meta = _meta(batch, into, ok_idx)
         if plan.envelope == "upsert":
@@ -209,7 +223,7 @@ def _debezium_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np
     value = batch.column("value")
     split = split_debezium(value)
     bad: dict[int, str] = dict(zip(split.errors.tolist(), split.reasons, strict=True))
-    columns = set(user.names)
+    columns = {up for up, _ in plan.picks()}
     if not plan.keyed:
         for i, (op, have) in enumerate(zip(split.ops, split.before_fields, strict=True)):
             if i in bad:
@@ -242,7 +256,7 @@ def _debezium_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np
         k = len(rows_ok)
         meta = _meta(batch, into, rows_ok)
         meta[1] = pa.array(np.full(k, diff, dtype=np.int64))
-        cols = [table.column(f.name).filter(pa.array(keep)).cast(f.type) for f in user]
+        cols = [table.column(up).filter(pa.array(keep)).cast(f.type) for up, f in plan.picks()]
         parts.append(pa.Table.from_arrays(
             [*cols, *meta, pa.nulls(k, pa.string()), pa.nulls(k, pa.binary()),
              pa.nulls(k, pa.binary())], schema=schema))
@@ -279,10 +293,12 @@ def _debezium_intents(
             # an update whose key differs from its before image's: the old key goes
             a_ok, a_table = afters
             pos = {int(e): r for r, e in enumerate(a_ok.tolist())}
-            b_keys = [tuple(table.column(k)[r].as_py() for k in plan.key) for r in range(len(ok))]
+            b_keys = [tuple(table.column(k)[r].as_py() for k in plan.upstream_key)
+                      for r in range(len(ok))]
             for r, e in enumerate(ok.tolist()):
                 if has_after[r] and int(e) in pos:
-                    a_key = tuple(a_table.column(k)[pos[int(e)]].as_py() for k in plan.key)
+                    a_key = tuple(a_table.column(k)[pos[int(e)]].as_py()
+                                  for k in plan.upstream_key)
                     gone[r] = a_key != b_keys[r]
         if gone.any():
             out.append((0, ok[gone], table.filter(pa.array(gone))))

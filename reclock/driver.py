@@ -89,7 +89,8 @@ class OutputRuntime:
     key_decoder: Any | None = None
     value_decoder: Any | None = None
     envelope: str = "none"
-    upsert_key: tuple[str, ...] | None = None
+    upsert_key: tuple[str, ...] | None = None  # by output column names
+    upstream: tuple[str, ...] = ()  # each user column's upstream name, if renamed
     upsert: UpsertState | None = None
     state: SinkState = field(default_factory=SinkState)
     rows: int = 0
@@ -460,6 +461,7 @@ class SourceRunner:
                 progress=(None if o.state.progress is None
                           else Antichain.decode_json(self.source.kind, o.state.progress)),
                 stager=o.sink.stager(), envelope=o.envelope, key=o.upsert_key or (),
+                upstream=o.upstream,
             )
             for o in self.outputs
         )

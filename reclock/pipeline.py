@@ -43,7 +43,7 @@ from reclock.errors import DefiniteError
 from reclock.progress_log import ProgressLog
 from reclock.statuspage import History, StatusServer
 from remap_store import RemapStore, open_store
-from sinks.base import PersistSink
+from sinks.base import PersistSink, output_schema
 from sources.base import Source
 
 log = logging.getLogger("reclock")
@@ -203,10 +203,20 @@ class Pipeline:
                     f"source {src.name!r} output {ocfg.name!r}: debezium key columns "
                     f"{missing} are not columns of the images ({user_schema.names})",
                     hint="name key columns that the format's schema has")
+        upstream: tuple[str, ...] = ()
+        if ocfg.rename:
+            user_schema, upstream, upsert_key = _renamed(
+                f"source {src.name!r} output {ocfg.name!r}", user_schema, ocfg.rename,
+                upsert_key)
+        try:
+            output_schema(user_schema)  # names the output cannot hold: refused up front
+        except DefiniteError as exc:
+            raise DefiniteError(f"source {src.name!r} output {ocfg.name!r}: {exc}",
+                                hint=exc.hint) from None
         return OutputRuntime(
             index=index, name=spec.name, spec=spec, sink=self.sink(src, ocfg),
             user_schema=user_schema, key_decoder=key_dec, value_decoder=value_dec,
-            envelope=envelope, upsert_key=upsert_key,
+            envelope=envelope, upsert_key=upsert_key, upstream=upstream,
         )
 
     def sink(self, src: SourceConfig, ocfg: OutputConfig) -> PersistSink:
@@ -423,3 +433,25 @@ def progress_line(st: dict[str, Any]) -> str:
         f"{st['records_per_s']:.0f}/s  lag {lag_ms}"
         + (f", {lag_rec} records" if lag_rec is not None else "")
     )
+
+
+def _renamed(what: str, schema: pa.Schema, rename: dict[str, str],
+             key: tuple[str, ...] | None
+             ) -> tuple[pa.Schema, tuple[str, ...], tuple[str, ...] | None]:
+    """An output's ``rename`` mapping applied: the output's user schema, each
+    column's upstream name, and the key by output names."""
+    unknown = sorted(set(rename) - set(schema.names))
+    if unknown:
+        raise DefiniteError(
+            f"{what}: rename names fields {unknown} that the output does not have "
+            f"(it has {schema.names})",
+            hint="rename maps upstream field names, as decoded, to output column names")
+    names = [rename.get(n, n) for n in schema.names]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise DefiniteError(f"{what}: after rename, columns {twice} appear twice",
+                            hint="give each renamed field a name no other column has")
+    out = pa.schema([f.with_name(n) for f, n in zip(schema, names, strict=True)])
+    return out, tuple(schema.names), (None if key is None
+                                      else tuple(rename.get(k, k) for k in key))
+

@@ -214,7 +214,7 @@ def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.Rec
     schema = output_schema(out.user_schema)
     plan = OutputPlan(out.index, out.name, False, out.user_schema, out.key_decoder,
                       out.value_decoder, None, None, out.envelope,  # type: ignore[arg-type]
-                      tuple(out.upsert_key))
+                      tuple(out.upsert_key), out.upstream)
     intents = []
     stager = out.sink.stager()
     for batch in raw:

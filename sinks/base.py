@@ -70,7 +70,8 @@ def output_schema(user: pa.Schema) -> pa.Schema:
         raise DefiniteError(
             f"output columns {clash} clash with reclock's own columns (names are compared "
             "ignoring case: Delta, Postgres and most readers fold case)",
-            hint="rename the field upstream, or pick another schema for the output")
+            hint="rename it on the way in, with the output's rename mapping "
+                 f"(rename: {{{clash[0]}: upstream{clash[0]}}}), or upstream")
     seen: dict[str, str] = {}
     twins: list[str] = []
     for f in user:
@@ -83,7 +84,8 @@ def output_schema(user: pa.Schema) -> pa.Schema:
         raise DefiniteError(
             f"output columns {', '.join(twins)} differ only in case: Delta tables and "
             "case-insensitive readers (Spark SQL) cannot hold both",
-            hint="rename one of them upstream, or pick another schema for the output")
+            hint="rename one of them on the way in, with the output's rename mapping "
+                 "(for example rename: {A: A_2}), or upstream")
     return pa.schema([f.with_nullable(True) for f in user] + META_FIELDS)
 
 

@@ -511,7 +511,7 @@ def test_several_errors_in_line_order(tmp_path: Path) -> None:
         f"{at(path, 13, 'name')}: sources[1]: missing connector block "
         "(expected one of: generator, kafka, postgres)",
         f"{at(path, 14, 'extra')}: sources[1].outputs[0]: unknown key 'extra' "
-        "(expected one of: envelope, format, key_format, name, sink)",
+        "(expected one of: envelope, format, key_format, name, rename, sink)",
     ]
 
 
