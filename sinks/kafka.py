@@ -1055,6 +1055,8 @@ class KafkaSink:
         Reads the whole progress partition to learn the committed batches, then
         the data and errors topics from their beginning to their end. Without
         :meth:`ensure`, the user schema is the one the last commit recorded.
+        A :class:`SinkError` when a committed batch's records are not all there
+        (the topic was thinned by retention, compaction or delete-records).
         """
         lo, hi = self._watermarks(self.progress_topic, 0)
         valid = resolve_chain(self._read_progress(lo, hi), complete=True) or []
@@ -1086,11 +1088,24 @@ class KafkaSink:
                         f"is not a JSON object: {exc}"
                     ) from exc
                 docs.append(doc)
-            for r in valid:
-                want = r.records if what == "records" else r.errors
-                if seen.get(r.batch, 0) != want:
-                    log.warning("output %r: batch %s has %d %s in %r, its progress record says %d",
-                                self.name, r.batch, seen.get(r.batch, 0), what, topic, want)
+            short = [(r, seen.get(r.batch, 0), r.records if what == "records" else r.errors)
+                     for r in valid]
+            short = [x for x in short if x[1] != x[2]]
+            if short:
+                # A committed batch whose records are not all there: the topic
+                # was thinned behind the sink's back (time or size retention,
+                # compaction, delete-records). The update log is incomplete;
+                # rebuilding a key state from it, or auditing it, would be wrong.
+                r, got, want = short[0]
+                raise SinkError(
+                    f"output {self.name!r}: topic {topic!r} holds {got} of the {want} {what} "
+                    f"that committed batch {r.batch} wrote ({len(short)} batches differ): "
+                    "records were removed behind reclock's back (retention, compaction or "
+                    "delete-records), so the output's update log is incomplete",
+                    hint=f"keep the whole log: kafka-configs.sh --alter --entity-type topics "
+                         f"--entity-name {topic} --add-config retention.ms=-1,"
+                         "retention.bytes=-1,cleanup.policy=delete; to start the output over, "
+                         "delete its data, errors and progress topics")
             if docs:
                 tables.append(decode_rows(self.name, docs, schema, repr(topic)))
         if not tables:

@@ -634,3 +634,27 @@ def test_a_record_larger_than_the_producer_allows_is_an_error_row(topics: Topics
     assert "message.max.bytes" in err[0]["_error"]
     assert err[0]["_raw_value"].startswith(b'{"k": "bbb')
     s.close()
+
+
+def test_a_data_topic_thinned_behind_the_sinks_back_is_refused_loudly(
+    topics: Topics, sink: KafkaSink
+) -> None:
+    """Issue: the Kafka sink rebuilt an upsert output's key state from its
+    whole data topic, which retention, compaction or delete-records may have
+    thinned, and then carried on with a partial state. Now reading the update
+    log checks every committed batch's records against its progress record,
+    and a thinned topic is a definite error naming the topic and the fix."""
+    s1, s2 = SinkState(1000, '"one"'), SinkState(2000, '"two"')
+    sink.commit(stage(sink, "b1", updates(["a", "b"], 500)), SinkState(), s1)
+    sink.commit(stage(sink, "b2", updates(["c"], 1500, offset=2)), s1, s2)
+    assert keys(sink.read_updates()) == ["a", "b", "c"]
+    held = {m.partition(): m.offset() for m in raw_records(topics.kafka.bootstrap, topics.topic)}
+    part = min(held)
+    topics.kafka.delete_records(topics.topic, part, held[part] + 1)  # retention took a record
+    fresh = topics.sink()
+    try:
+        with pytest.raises(SinkError, match="records were removed behind reclock's back") as e:
+            fresh.read_updates()
+        assert topics.topic in str(e.value) and "retention.ms=-1" in (e.value.hint or "")
+    finally:
+        fresh.close()
