@@ -48,7 +48,7 @@ from reclock.bindings import Bindings
 from reclock.clock import Clock
 from reclock.dataplane import JobContext, OutputPlan, TaskResult, run_job, run_local
 from reclock.envelope import UpsertState
-from reclock.errors import DefiniteError, ReclockError, Reopen
+from reclock.errors import DefiniteError, ReclockError, Reopen, classified, classify
 from reclock.frontier import Antichain
 from reclock.mint import RemapOperator
 from reclock.progress_log import ProgressLog
@@ -236,11 +236,13 @@ class SourceRunner:
             except Exception as exc:
                 if self._stop.is_set():
                     break  # shutting down: a cancelled job or closed channel is expected
-                definite = isinstance(exc, DefiniteError)
+                if not classified(exc):
+                    log.error("source %s: unclassified error (a bug: please report it; "
+                              "retried as transient)\n%s", self.name, traceback.format_exc())
+                definite = isinstance(classify(exc), DefiniteError)
                 hint = exc.hint if isinstance(exc, ReclockError) else None
-                if not isinstance(exc, ReclockError):
-                    log.error("source %s: unexpected error\n%s", self.name, traceback.format_exc())
-                msg = exc.args[0] if isinstance(exc, ReclockError) and exc.args else str(exc)
+                msg = (exc.args[0] if exc.args else str(exc)) if isinstance(
+                    exc, ReclockError) else f"{exc} ({'definite' if definite else 'transient'})"
                 if isinstance(exc, Superseded):
                     # A newer driver of this pipeline owns the output now: a
                     # zombie writes nothing more.

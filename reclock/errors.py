@@ -91,3 +91,77 @@ class Reopen(TransientError):
     """The source must be opened again: durable state re-read, outputs
     described anew (an upstream schema change to evolve into, a lost snapshot
     to take again). The driver re-opens and carries on from durable state."""
+
+
+# -- classifying what the driver meets ---------------------------------------------------------
+
+#: errno values a retry cannot fix (permissions, a read-only or missing place, a
+#: name too long); others (a full disk, an interrupted call, a network error)
+#: may pass.
+_DEFINITE_ERRNO = frozenset({
+    1, 2, 13, 20, 21, 30, 36})  # EPERM ENOENT EACCES ENOTDIR EISDIR EROFS ENAMETOOLONG
+
+
+def classify(exc: BaseException) -> ReclockError:
+    """``exc`` as a :class:`TransientError` or :class:`DefiniteError`.
+
+    reclock's own errors say which they are. Errors that the libraries raise
+    past reclock's own handling are classified by what they are:
+
+    * OS errors: definite for permissions, read-only or missing places;
+      transient otherwise (a full disk, a network error);
+    * psycopg: connection and server-shutdown errors (``OperationalError``)
+      are transient, data, integrity and programming errors definite;
+    * confluent-kafka: ``KafkaException`` by its error's own flags (fatal or
+      not retriable: definite);
+    * a Spark job that failed (``Py4JJavaError``, a lost executor) and
+      ``MemoryError``, ``TimeoutError``, ``ConnectionError``: transient;
+    * ``pyarrow.ArrowInvalid``/``ArrowTypeError``: definite (the data).
+
+    Anything else is a bug: it is treated as transient (a retry costs nothing
+    and loses nothing) and the caller logs it as unclassified with its
+    traceback. :func:`classified` says whether this table knew ``exc``.
+    """
+    if isinstance(exc, ReclockError):
+        return exc
+    kind = _kind(exc)
+    cls = DefiniteError if kind == "definite" else TransientError
+    err = cls(f"{type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err
+
+
+def classified(exc: BaseException) -> bool:
+    """Whether :func:`classify` knows ``exc`` (reclock's own, or a library
+    error the table above names)."""
+    return isinstance(exc, ReclockError) or _kind(exc) is not None
+
+
+def _kind(exc: BaseException) -> str | None:
+    mod = type(exc).__module__ or ""
+    names = {c.__name__ for c in type(exc).__mro__}
+    if mod.startswith("psycopg"):
+        if names & {"OperationalError", "InterfaceError"}:
+            return "transient"
+        if names & {"DataError", "IntegrityError", "ProgrammingError", "NotSupportedError"}:
+            return "definite"
+        return "transient" if "DatabaseError" in names else None
+    if mod.startswith("cimpl") or mod.startswith("confluent_kafka"):
+        err = exc.args[0] if exc.args else None
+        fatal = getattr(err, "fatal", None)
+        retriable = getattr(err, "retriable", None)
+        if callable(fatal) and fatal():
+            return "definite"
+        code = getattr(err, "code", None)
+        if callable(retriable) and not retriable() and callable(code):
+            return "transient" if code() < 0 else "definite"  # negative: client-side
+        return "transient"
+    if "Py4JJavaError" in names or "Py4JNetworkError" in names or mod.startswith("py4j"):
+        return "transient"
+    if names & {"ArrowInvalid", "ArrowTypeError", "ArrowNotImplementedError"}:
+        return "definite"
+    if isinstance(exc, MemoryError | TimeoutError | ConnectionError | InterruptedError):
+        return "transient"
+    if isinstance(exc, OSError):
+        return "definite" if exc.errno in _DEFINITE_ERRNO else "transient"
+    return None

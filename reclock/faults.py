@@ -43,17 +43,23 @@ POINTS = (
 )
 
 
-def _parse(spec: str) -> dict[str, float]:
-    out: dict[str, float] = {}
+def _items(var: str, spec: str, known: tuple[str, ...], what: str) -> list[tuple[str, str]]:
+    """``name`` or ``name:arg`` items of a comma-separated ``spec``."""
+    out = []
     for item in spec.split(","):
         item = item.strip()
         if not item:
             continue
-        name, _, prob = item.partition(":")
-        if name not in POINTS:
-            raise ValueError(f"RECLOCK_CRASH_AT: unknown crash point {name!r}; one of {POINTS}")
-        out[name] = float(prob) if prob else 1.0
+        name, _, arg = item.partition(":")
+        if name not in known:
+            raise ValueError(f"{var}: unknown {what} {name!r}; one of {known}")
+        out.append((name, arg))
     return out
+
+
+def _parse(spec: str) -> dict[str, float]:
+    return {name: float(p) if p else 1.0
+            for name, p in _items("RECLOCK_CRASH_AT", spec, POINTS, "crash point")}
 
 
 _SPEC = _parse(os.environ.get("RECLOCK_CRASH_AT", ""))
@@ -77,17 +83,8 @@ class InjectedFault(TransientError):
 
 
 def _parse_fail(spec: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in spec.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        name, _, n = item.partition(":")
-        if name not in FAIL_POINTS:
-            raise ValueError(f"RECLOCK_FAIL_AT: unknown failure point {name!r}; "
-                             f"one of {FAIL_POINTS}")
-        out[name] = int(n) if n else 1
-    return out
+    return {name: int(n) if n else 1
+            for name, n in _items("RECLOCK_FAIL_AT", spec, FAIL_POINTS, "failure point")}
 
 
 _FAILS = _parse_fail(os.environ.get("RECLOCK_FAIL_AT", ""))

@@ -1,0 +1,70 @@
+"""Every error the driver meets is transient or definite (reclock.errors.classify):
+reclock's own say so, library errors are classified by what they are, and
+anything else is flagged as unclassified (a bug) and retried."""
+
+from __future__ import annotations
+
+import errno
+
+import psycopg
+import pyarrow as pa
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from reclock.errors import DefiniteError, TransientError, classified, classify
+
+
+def _kind(exc: BaseException) -> str:
+    err = classify(exc)
+    assert isinstance(err, TransientError | DefiniteError)
+    return "definite" if isinstance(err, DefiniteError) else "transient"
+
+
+def test_a_database_that_is_not_there_is_transient() -> None:
+    with pytest.raises(psycopg.OperationalError) as got:
+        psycopg.connect("postgresql://nobody@127.0.0.1:1/x", connect_timeout=2)
+    assert classified(got.value) and _kind(got.value) == "transient"
+
+
+def test_bad_data_for_the_database_is_definite(pg_url: str) -> None:
+    with psycopg.connect(pg_url) as c, pytest.raises(psycopg.DataError) as got:
+        c.execute("select 'not a number'::int")
+    assert _kind(got.value) == "definite"
+    with psycopg.connect(pg_url) as c, pytest.raises(psycopg.ProgrammingError) as got2:
+        c.execute("select * from no_such_table")
+    assert _kind(got2.value) == "definite"
+
+
+@pytest.mark.parametrize("code, kind", [
+    (KafkaError._TRANSPORT, "transient"),
+    (KafkaError._ALL_BROKERS_DOWN, "transient"),
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, "definite"),
+])
+def test_kafka_errors_by_their_own_flags(code: int, kind: str) -> None:
+    exc = KafkaException(KafkaError(code))
+    assert classified(exc) and _kind(exc) == kind
+
+
+def test_a_fatal_kafka_error_is_definite() -> None:
+    exc = KafkaException(KafkaError(KafkaError._FENCED, fatal=True))
+    assert _kind(exc) == "definite"
+
+
+@pytest.mark.parametrize("no, kind", [
+    (errno.ENOSPC, "transient"), (errno.EACCES, "definite"), (errno.EROFS, "definite"),
+    (errno.ECONNRESET, "transient"),
+])
+def test_os_errors(no: int, kind: str) -> None:
+    assert _kind(OSError(no, "x")) == kind
+
+
+def test_arrow_data_errors_are_definite() -> None:
+    with pytest.raises(pa.ArrowInvalid) as got:
+        pa.array(["x"]).cast(pa.int64())
+    assert _kind(got.value) == "definite"
+
+
+def test_reclocks_own_errors_keep_their_class_and_others_are_flagged() -> None:
+    own = DefiniteError("x")
+    assert classify(own) is own and classified(own)
+    assert not classified(KeyError("a bug")) and _kind(KeyError("a bug")) == "transient"
