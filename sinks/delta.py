@@ -91,6 +91,7 @@ from sinks._fs import (
     sink_os_error,
 )
 from sinks.base import (
+    ERROR,
     INTO_TIME,
     META_FIELDS,
     META_NAMES,
@@ -99,6 +100,7 @@ from sinks.base import (
     SinkState,
     conform,
     output_schema,
+    refuse_rows,
 )
 
 log = logging.getLogger("reclock.sinks.delta")
@@ -150,15 +152,30 @@ class DeltaStager:
     rows_per_file: int = ROWS_PER_FILE
 
     def screen(self, table: pa.Table) -> pa.Table:
-        """Every row fits: Parquet holds any value of the output's Arrow types
-        (``ensure`` refuses a table whose columns the output cannot match)."""
+        """Rows Delta cannot store become error rows (see
+        :func:`sinks.base.refuse_rows`): a timestamp, time or duration with a
+        sub-microsecond part (Delta keeps microseconds; rounding would change
+        the value). Nested values are cast as a whole and fail loudly."""
+        for f in table.schema:
+            if f.name in META_NAMES or getattr(f.type, "unit", None) != "ns":
+                continue
+            if not (pa.types.is_timestamp(f.type) or pa.types.is_duration(f.type)
+                    or pa.types.is_time(f.type)):
+                continue
+            ns = pc.fill_null(pc.cast(table.column(f.name), pa.int64()), 0)
+            hit = pa.array(ns.to_numpy() % 1000 != 0)
+            table = refuse_rows(table, hit, f"column {f.name!r} holds a value with "
+                                            "nanoseconds, which Delta (microseconds) cannot "
+                                            "store exactly")
         return table
 
     def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:
         """Write ``table`` as ``part-{batch_id}-{part:05d}-{n:03d}.parquet`` files.
 
         Returns one descriptor per file: ``path`` (relative to the table),
-        ``size`` (bytes), ``rows`` and ``stats`` (Delta statistics JSON).
+        ``size`` (bytes), ``rows``, ``errors`` (error rows among them) and
+        ``stats`` (Delta statistics JSON). Rows Delta cannot store become error
+        rows first (:meth:`screen`).
         Restaging the same ``(batch_id, part)`` overwrites the same names; files
         of an earlier, longer attempt are left for :meth:`DeltaSink.vacuum_orphans`
         (deleting here could delete a committed file if a batch id were reused).
@@ -166,7 +183,7 @@ class DeltaStager:
         check_stage_args(batch_id, part)
         if table.num_rows == 0:
             return []
-        data = conform(self.name, _in_microseconds(table), self.schema)
+        data = conform(self.name, _in_microseconds(self.screen(table)), self.schema)
         nfiles = -(-data.num_rows // self.rows_per_file)
         if nfiles > _MAX_FILES_PER_PART:
             raise SinkError(
@@ -183,9 +200,9 @@ class DeltaStager:
                 size = atomic_write(target, partial(_write_parquet, chunk))
             except OSError as exc:
                 raise sink_os_error(self.name, target, exc) from exc
-            staged.append(
-                {"path": target.name, "size": size, "rows": chunk.num_rows, "stats": stats(chunk)}
-            )
+            staged.append({"path": target.name, "size": size, "rows": chunk.num_rows,
+                           "errors": chunk.num_rows - chunk.column(ERROR).null_count,
+                           "stats": stats(chunk)})
         return staged
 
 
@@ -593,9 +610,13 @@ def storage_type(t: pa.DataType) -> pa.DataType:
     """The type a column of Arrow type ``t`` is stored as: Delta has no time
     of day, duration or unsigned types. Times and durations are stored as
     int64 microseconds, unsigned integers as the next wider signed type
-    (uint64 as decimal(20,0)), float16 as float32; lists element-wise."""
+    (uint64 as decimal(20,0)), float16 as float32; lists element-wise.
+    Timestamps are stored in microseconds (Delta's own unit: a nanosecond
+    table needs a reader feature most readers lack)."""
     if pa.types.is_time(t) or pa.types.is_duration(t):
         return pa.int64()
+    if pa.types.is_timestamp(t) and t.unit == "ns":
+        return pa.timestamp("us", tz=t.tz)
     if pa.types.is_unsigned_integer(t):
         return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(t.bit_width,
                                                                    pa.decimal128(20, 0))
@@ -607,6 +628,8 @@ def storage_type(t: pa.DataType) -> pa.DataType:
 
 
 def _micro(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_timestamp(t) and t.unit == "ns":
+        return pa.timestamp("us", tz=t.tz)
     if pa.types.is_time(t):
         return pa.time64("us")
     if pa.types.is_duration(t):

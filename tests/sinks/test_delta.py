@@ -147,6 +147,27 @@ def test_timestamps_are_stored_as_delta_timestamps(tmp_path: Path) -> None:
     assert got == rows.column("at")[0].as_py()
 
 
+def test_nanoseconds_delta_cannot_store_are_error_rows(tmp_path: Path) -> None:
+    """Bad input is data: a timestamp or duration with a sub-microsecond part
+    (Delta keeps microseconds) used to fail the whole stage for good; now that
+    row is an error row naming the column, and the rest of the batch lands."""
+    user = pa.schema([("at", pa.timestamp("ns")), ("took", pa.duration("ns"))])
+    s = DeltaSink(NAME, tmp_path / "ns")
+    s.ensure(user)
+    base = updates(["a", "b", "c", "d"], 5).drop_columns(["k", "v"])
+    rows = pa.table([pa.array([1_000, 1_001, None, 2_000], pa.timestamp("ns")),
+                     pa.array([5_000, 0, 7, None], pa.duration("ns")), *base.columns],
+                    names=["at", "took", *base.column_names])
+    staged = s.stager().stage("b", 0, rows)
+    assert sum(d["errors"] for d in staged) == 2
+    s.commit(staged, SinkState(), SinkState(6))
+    got = s.read_updates().sort_by("_src_offset").to_pylist()
+    assert [(r["_error"] is None) for r in got] == [True, False, False, True]
+    assert "'at' holds a value with nanoseconds" in got[1]["_error"]
+    assert "'took'" in got[2]["_error"]
+    assert got[3]["at"] is not None and got[3]["took"] is None
+
+
 def test_large_stage_is_split_into_files_of_bounded_rows(tmp_path: Path) -> None:
     s = DeltaSink(NAME, tmp_path / "split", rows_per_file=3)
     s.ensure(USER)
