@@ -43,7 +43,8 @@ import numpy as np
 import numpy.typing as npt
 
 from reclock.bindings import UNBOUND, Binding, Bindings
-from reclock.time import IntoTime, Partitioned, kafka_frontier
+from reclock.frontier import kafka_frontier
+from reclock.time import IntoTime, Partitioned
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]

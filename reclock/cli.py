@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from reclock.errors import ReclockError
+from reclock.frontier import render as render_frontier
 
 log = logging.getLogger("reclock")
 
@@ -50,25 +51,6 @@ def fmt_time(ms: int | None) -> str:
         return "closed"
     iso = dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
     return f"{ms} ({iso.replace('+00:00', 'Z')})"
-
-
-def fmt_frontier(kind: str, encoded: Any) -> str:
-    """A human form: Kafka as {partition: offset, ...; >=N: 0}, totals as a value."""
-    if encoded is None:
-        return "-"
-    if not encoded:
-        return "{} (complete)"
-    if kind == "kafka":
-        parts = []
-        for lo, hi, off in sorted(encoded, key=lambda e: (e[0], e[2])):
-            if hi is None:
-                parts.append(f">={lo}:{off}")
-            elif lo == hi:
-                parts.append(f"{lo}:{off}")
-            else:
-                parts.append(f"{lo}-{hi}:{off}")
-        return "{" + ", ".join(parts) + "}"
-    return "{" + ", ".join(str(e) for e in encoded) + "}"
 
 
 def _load(path: str) -> Any:
@@ -209,8 +191,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         err = f" -- {h['error']}" if h.get("error") else ""
         hint = f" (hint: {h['hint']})" if h.get("hint") else ""
         print(f"source {s['source']} [{s['kind']}]: {h['status']}{err}{hint}")
-        print(f"  from upper:   {fmt_frontier(s['kind'], s['from_upper'])}")
-        print(f"  resume upper: {fmt_frontier(s['kind'], s['resume_upper'])}"
+        print(f"  from upper:   {render_frontier(s['kind'], s['from_upper'])}")
+        print(f"  resume upper: {render_frontier(s['kind'], s['resume_upper'])}"
               f"  (IntoTime {fmt_time(s['resume_into'])})")
         print(f"  bindings: {s['bindings']}, remap upper {fmt_time(s['remap_upper'])}")
         for o in s["outputs"]:
@@ -239,7 +221,7 @@ def cmd_bindings(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"at": t, "frontier": enc}))
         else:
-            shown = fmt_frontier(b.kind, enc) if f is not None else "before the first binding"
+            shown = render_frontier(b.kind, enc) if f is not None else "before the first binding"
             print(f"at {fmt_time(t)}: {shown}")
         return 0
     if args.json:
@@ -253,7 +235,7 @@ def cmd_bindings(args: argparse.Namespace) -> int:
     print(f"source {args.source} [{b.kind}] since {fmt_time(int(b.since))}, "
           f"upper {fmt_time(b.upper.as_option())}, {len(b)} bindings")
     for x in b.bindings:
-        print(f"  {fmt_time(int(x.time))} -> {fmt_frontier(b.kind, x.frontier.encode())}")
+        print(f"  {fmt_time(int(x.time))} -> {render_frontier(b.kind, x.frontier.encode())}")
     return 0
 
 

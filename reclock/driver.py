@@ -49,10 +49,10 @@ from reclock.clock import Clock
 from reclock.dataplane import JobContext, OutputPlan, TaskResult, run_job, run_local
 from reclock.envelope import UpsertState
 from reclock.errors import DefiniteError, ReclockError, Reopen, classified, classify
-from reclock.frontier import Antichain
+from reclock.frontier import Antichain, frontier_distance
 from reclock.mint import RemapOperator
 from reclock.progress_log import ProgressLog
-from reclock.time import IntoTime, frontier_distance
+from reclock.time import IntoTime
 from remap_store.base import RemapStore
 from sinks.base import PersistSink, SinkFenced, SinkState, Superseded, output_schema
 from sources.base import OutputSpec, Source
@@ -255,13 +255,11 @@ class SourceRunner:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.settings.max_backoff_s)
         if self._dropped.is_set():
-            release = getattr(self.source, "drop", None)
-            if release is not None:
-                try:
-                    release()  # e.g. a Postgres slot, when configured to
-                except Exception as exc:
-                    log.warning("source %s: releasing upstream resources failed: %s",
-                                self.name, exc)
+            try:
+                self.source.drop()  # e.g. a Postgres slot, when configured to
+            except Exception as exc:
+                log.warning("source %s: releasing upstream resources failed: %s",
+                            self.name, exc)
             self._set_health(DROPPED)
         elif self.health.status not in (FINISHED, STOPPED):
             self._set_health(STOPPED)
@@ -310,7 +308,7 @@ class SourceRunner:
     def _describe_outputs(self) -> None:
         """Typed outputs take their schema (and the envelope their rows need)
         from the source as it is now: an upstream table may have changed."""
-        specs = getattr(self.source, "current_outputs", self.source.outputs)()
+        specs = self.source.current_outputs()
         if [s.name for s in specs] != [o.name for o in self.outputs]:
             raise DefiniteError(
                 f"source {self.name!r}: its outputs changed from {[o.name for o in self.outputs]}"
@@ -443,7 +441,7 @@ class SourceRunner:
 
     def _depth(self) -> int:
         """Jobs of this source that read at once (the source may allow fewer)."""
-        limit = getattr(self.source, "jobs_in_flight", None)
+        limit = self.source.jobs_in_flight
         depth = self.settings.jobs_in_flight
         return max(1, depth if limit is None else min(depth, int(limit)))
 

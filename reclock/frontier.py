@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Generic
 
 from reclock.errors import InvalidTimeError
-from reclock.time import T, time_type
+from reclock.time import Partitioned, T, time_type
 
 
 def _minimal(elements: Iterable[T]) -> tuple[T, ...]:
@@ -289,3 +289,65 @@ class MutableAntichain(Generic[T]):
 
     def __repr__(self) -> str:
         return f"MutableAntichain(frontier={self._frontier!r}, counts={self._counts.items()!r})"
+
+
+# -- Kafka frontiers, distances, rendering ------------------------------------------------
+
+
+def kafka_frontier(offsets: dict[int, int] | None = None, *, partitions: int | None = None) -> Any:
+    """The Kafka frontier for next offsets ``{partition: offset}``.
+
+    One point per known partition plus "every partition above the highest known
+    one, at offset 0". ``partitions`` declares partitions ``0..partitions-1``
+    known (missing ones at offset 0). Returns ``Antichain[Partitioned]``.
+    """
+    known = dict(offsets or {})
+    n = max([*known.keys(), -1]) + 1
+    if partitions is not None:
+        n = max(n, partitions)
+    elems = [Partitioned.point(p, known.get(p, 0)) for p in range(n)]
+    elems.append(Partitioned.above(n))
+    return Antichain(elems)
+
+
+def kafka_offsets(frontier: Any) -> tuple[dict[int, int], int | None]:
+    """The per-partition next offsets of a Kafka frontier, and the first
+    partition covered by the open-ended "above" element (``None`` if absent).
+
+    Only points and the "above" element are resolved; an interval element
+    covering a finite range (which only appears after ``meet``) is expanded.
+    """
+    offsets: dict[int, int] = {}
+    above: int | None = None
+    for e in frontier:
+        if e.hi is None:
+            above = e.lo if above is None else min(above, e.lo)
+            continue
+        for p in range(e.lo, e.hi + 1):
+            offsets[p] = min(offsets.get(p, e.offset), e.offset)
+    if above is not None:
+        offsets = {p: o for p, o in offsets.items() if p < above}
+    return offsets, above
+
+
+def frontier_distance(kind: str, behind: Any, ahead: Any) -> int | None:
+    """How many positions lie between two frontiers of one source (``behind <=
+    ahead``): records for counters and Kafka offsets, bytes of WAL for LSNs.
+    ``None`` when either is empty or unknown."""
+    if behind is None or ahead is None or behind.is_empty() or ahead.is_empty():
+        return None
+    if kind == Partitioned.KIND:
+        lo, _ = kafka_offsets(behind)
+        hi, _ = kafka_offsets(ahead)
+        return sum(max(0, o - lo.get(p, 0)) for p, o in hi.items())
+    return max(0, int(ahead.as_option()) - int(behind.as_option()))
+
+
+def render(kind: str, encoded: Any) -> str:
+    """A human form of an encoded frontier of ``kind`` (``-`` for none); each
+    time type renders its own elements."""
+    if encoded is None:
+        return "-"
+    if not encoded:
+        return "{} (complete)"
+    return str(time_type(kind).render(list(encoded)))

@@ -57,8 +57,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from reclock.frontier import Antichain
-from reclock.time import Partitioned, kafka_offsets
+from reclock.frontier import Antichain, kafka_offsets
+from reclock.time import Partitioned
 
 #: The health states a source or output can be in (``reclock.driver``).
 HEALTH_STATES = ("starting", "running", "stalled", "finished", "stopped", "dropped")

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import Any, TextIO
 
 import pyarrow as pa
 
@@ -272,11 +272,8 @@ class Pipeline:
         configured to (a Postgres slot with ``drop_slot: true``): the source's
         optional ``drop()``. Says what was released (None: nothing)."""
         conn = self._connector(self.source_config(source))
-        release = getattr(conn, "drop", None)
-        if release is None:
-            return None
         try:
-            return cast("str | None", release())
+            return conn.drop()
         finally:
             conn.close()
 
@@ -423,12 +420,12 @@ def progress_line(st: dict[str, Any]) -> str:
     lags = [o["lag_ms"] for o in outs if o.get("lag_ms") is not None]
     health = st["health"]["status"]
     err = f" ({st['health']['error']})" if st["health"].get("error") else ""
-    from reclock.cli import fmt_frontier
+    from reclock.frontier import render as render_frontier
 
     lag_ms = f"{max(lags)} ms" if lags else "-"
     lag_rec = st.get("lag_records")
     return (
-        f"[{st['source']}] {health}{err}  bound {fmt_frontier(st['kind'], st.get('bound'))}  "
+        f"[{st['source']}] {health}{err}  bound {render_frontier(st['kind'], st.get('bound'))}  "
         f"into upper {upper if upper is not None else '-'}  {st['records']} records  "
         f"{st['records_per_s']:.0f}/s  lag {lag_ms}"
         + (f", {lag_rec} records" if lag_rec is not None else "")

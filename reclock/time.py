@@ -71,6 +71,11 @@ class Timestamp(Protocol):
         """The least time: every other time is ``>=`` it."""
         ...
 
+    @classmethod
+    def render(cls, encoded: list[JSON]) -> str:
+        """A human form of the encoded elements of a frontier of this type."""
+        ...
+
 
 T = TypeVar("T", bound=Timestamp)
 
@@ -112,6 +117,11 @@ class _TotalTime(int):
     @classmethod
     def minimum(cls) -> Self:
         return cls(0)
+
+    @classmethod
+    def render(cls, encoded: list[JSON]) -> str:
+        """A human form of an encoded frontier's elements: ``{v, ...}``."""
+        return "{" + ", ".join(str(e) for e in encoded) + "}"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({int(self)})"
@@ -249,6 +259,19 @@ class Partitioned:
     def minimum(cls) -> Partitioned:
         return cls(0, None, 0)
 
+    @classmethod
+    def render(cls, encoded: list[JSON]) -> str:
+        """``{partition: offset, ...; >=N: 0}`` of an encoded Kafka frontier."""
+        parts = []
+        for lo, hi, off in sorted(encoded, key=lambda e: (e[0], e[2])):
+            if hi is None:
+                parts.append(f">={lo}:{off}")
+            elif lo == hi:
+                parts.append(f"{lo}:{off}")
+            else:
+                parts.append(f"{lo}-{hi}:{off}")
+        return "{" + ", ".join(parts) + "}"
+
     def __repr__(self) -> str:
         if self.hi is None:
             return f"P({self.lo}..:{self.offset})"
@@ -273,54 +296,3 @@ def time_type(kind: str) -> type[Any]:
         raise InvalidTimeError(
             f"unknown time kind {kind!r}; expected one of {sorted(TIME_KINDS)}"
         ) from None
-
-
-def kafka_frontier(offsets: dict[int, int] | None = None, *, partitions: int | None = None) -> Any:
-    """The Kafka frontier for next offsets ``{partition: offset}``.
-
-    One point per known partition plus "every partition above the highest known
-    one, at offset 0". ``partitions`` declares partitions ``0..partitions-1``
-    known (missing ones at offset 0). Returns ``Antichain[Partitioned]``.
-    """
-    from reclock.frontier import Antichain
-
-    known = dict(offsets or {})
-    n = max([*known.keys(), -1]) + 1
-    if partitions is not None:
-        n = max(n, partitions)
-    elems = [Partitioned.point(p, known.get(p, 0)) for p in range(n)]
-    elems.append(Partitioned.above(n))
-    return Antichain(elems)
-
-
-def kafka_offsets(frontier: Any) -> tuple[dict[int, int], int | None]:
-    """The per-partition next offsets of a Kafka frontier, and the first
-    partition covered by the open-ended "above" element (``None`` if absent).
-
-    Only points and the "above" element are resolved; an interval element
-    covering a finite range (which only appears after ``meet``) is expanded.
-    """
-    offsets: dict[int, int] = {}
-    above: int | None = None
-    for e in frontier:
-        if e.hi is None:
-            above = e.lo if above is None else min(above, e.lo)
-            continue
-        for p in range(e.lo, e.hi + 1):
-            offsets[p] = min(offsets.get(p, e.offset), e.offset)
-    if above is not None:
-        offsets = {p: o for p, o in offsets.items() if p < above}
-    return offsets, above
-
-
-def frontier_distance(kind: str, behind: Any, ahead: Any) -> int | None:
-    """How many positions lie between two frontiers of one source (``behind <=
-    ahead``): records for counters and Kafka offsets, bytes of WAL for LSNs.
-    ``None`` when either is empty or unknown."""
-    if behind is None or ahead is None or behind.is_empty() or ahead.is_empty():
-        return None
-    if kind == Partitioned.KIND:
-        lo, _ = kafka_offsets(behind)
-        hi, _ = kafka_offsets(ahead)
-        return sum(max(0, o - lo.get(p, 0)) for p, o in hi.items())
-    return max(0, int(ahead.as_option()) - int(behind.as_option()))

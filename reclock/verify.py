@@ -274,7 +274,7 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
             progresses: list[Antichain[Any]] = []
             for o in built.outputs:
                 st = o.sink.state()
-                if getattr(o.sink, "mode", "log") == "state":
+                if o.sink.holds_state:
                     # a current-state table keeps no history to audit
                     report.notes.append(f"output {o.name}: current-state table, not audited")
                     rep = OutputReport(o.name)
@@ -293,12 +293,12 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
                     progresses.append(_retrying(built.source.initial_frontier))
                 else:
                     progresses.append(Antichain.decode_json(kind, st.progress))
-            if not getattr(built.source, "replayable", False):
+            if not built.source.replayable:
                 report.notes.append("complete: source cannot be re-read; skipped")
                 continue
             keyed = frozenset(o.index for o in built.outputs
                               if o.upsert_key is not None and not o.spec.typed
-                              and getattr(o.sink, "mode", "log") != "state")
+                              and not o.sink.holds_state)
             raw = check_complete(report, tables, progresses, built.source, keep=keyed)
             for o in built.outputs:
                 if o.index in keyed:

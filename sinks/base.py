@@ -189,6 +189,9 @@ class PersistSink(Protocol):
     """Driver side of a sink."""
 
     name: str
+    holds_state: bool
+    """The output holds each key's current row (a state table), not the update
+    log: its history cannot be audited row by row."""
 
     def ensure(self, user_schema: pa.Schema) -> None:
         """Create the output if absent; check an existing one is compatible."""

@@ -91,6 +91,8 @@ class ConsoleStager:
 class ConsoleSink:
     """A :class:`~sinks.base.PersistSink` that prints to ``out`` (see module doc)."""
 
+    holds_state = False  # an update log
+
     def __init__(
         self,
         name: str,

@@ -272,6 +272,8 @@ class DeltaSink:
     :meth:`vacuum_orphans`.
     """
 
+    holds_state = False  # an update log
+
     def __init__(
         self,
         name: str,

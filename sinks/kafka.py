@@ -600,6 +600,8 @@ class KafkaSink:
     :meth:`vacuum_orphans`.
     """
 
+    holds_state = False  # an update log
+
     def __init__(
         self,
         name: str,

@@ -626,6 +626,7 @@ class PostgresSink:
         self.table = table
         self.schema = schema
         self.mode: Mode = mode
+        self.holds_state = mode == "state"
         self.key = tuple(key)
         self.errors_table = table + ERRORS_SUFFIX
         self.staging_root = staging_root(staging_dir, name)

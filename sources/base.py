@@ -111,8 +111,27 @@ class Source(Protocol, Generic[T]):
 
     name: str
     kind: str  # FromTime kind: "counter", "kafka", "lsn"
-    # Optional class attribute ``jobs_in_flight: int``: at most that many of the
-    # source's jobs read at once (a Postgres slot serves one reader at a time).
+
+    # -- capabilities (defaults in :class:`SourceBase`) --
+    replayable: bool
+    """Whether what was ingested can be read again (``reclock verify`` re-reads
+    it): a Kafka topic within retention, a generator; not a replication slot,
+    which releases what was acknowledged."""
+    jobs_in_flight: int | None
+    """At most that many of the source's jobs read at once (a Postgres slot
+    serves one reader at a time); ``None``: the pipeline's setting."""
+
+    def current_outputs(self) -> list[OutputSpec]:
+        """The outputs as they are upstream now (a Postgres table's columns
+        may have changed since :meth:`outputs`); called when the driver
+        (re)opens the source."""
+        ...
+
+    def drop(self) -> str | None:
+        """After ``reclock drop``: release what the source holds upstream when
+        configured to (a Postgres replication slot); returns what was
+        released (None: nothing). Called by the driver and the CLI."""
+        ...
 
     def outputs(self) -> list[OutputSpec]:
         """The outputs this source feeds; index 0 is the main one."""
@@ -155,11 +174,24 @@ class Source(Protocol, Generic[T]):
 
     def close(self) -> None:
         """Release connections; must not raise on an already-closed source."""
-
-    # Optional: ``drop() -> str | None`` -- after ``reclock drop``, release what
-    # the source holds upstream when configured to (a Postgres replication
-    # slot); returns what was released. Called by the driver and the CLI.
         ...
+
+
+class SourceBase:
+    """The capabilities' defaults, for connectors to inherit: not replayable,
+    the pipeline's jobs in flight, outputs as declared, nothing to release."""
+
+    replayable: bool = False
+    jobs_in_flight: int | None = None
+
+    def outputs(self) -> list[OutputSpec]:
+        raise NotImplementedError
+
+    def current_outputs(self) -> list[OutputSpec]:
+        return self.outputs()
+
+    def drop(self) -> str | None:
+        return None
 
 
 def take_position_columns(batch: pa.RecordBatch) -> dict[str, pa.Array]:

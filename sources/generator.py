@@ -34,7 +34,7 @@ from reclock.clock import Clock
 from reclock.errors import DefiniteError
 from reclock.frontier import Antichain
 from reclock.time import Counter
-from sources.base import OutputSpec, ReadTask
+from sources.base import OutputSpec, ReadTask, SourceBase
 
 CHUNK = 65_536
 _CITIES = ["Amsterdam", "Berlin", "Lisbon", "Oslo", "Prague", "Rome", "Vienna", "Zurich"]
@@ -170,7 +170,7 @@ class GeneratorReader:
             )
 
 
-class GeneratorSource:
+class GeneratorSource(SourceBase):
     """Driver side of a generator (see the module docstring)."""
 
     kind = Counter.KIND

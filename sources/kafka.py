@@ -56,9 +56,9 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from reclock.clock import Clock
 from reclock.errors import DefiniteError, FrontierRegression, TransientError
-from reclock.frontier import Antichain
-from reclock.time import Partitioned, kafka_frontier, kafka_offsets
-from sources.base import OutputSpec, ReadTask
+from reclock.frontier import Antichain, kafka_frontier, kafka_offsets
+from reclock.time import Partitioned
+from sources.base import OutputSpec, ReadTask, SourceBase
 
 BATCH = 50_000
 BATCH_BYTES = 256 << 20  # a native batch's keys and values (its offsets are 32-bit)
@@ -368,7 +368,7 @@ _CACHE_LOCK = threading.Lock()
 
 
 @dataclass
-class KafkaSource:
+class KafkaSource(SourceBase):
     """Driver side of a Kafka topic (see the module docstring)."""
 
     name: str

@@ -7,8 +7,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from reclock.bindings import Binding, Bindings
-from reclock.frontier import Antichain
-from reclock.time import Counter, IntoTime, Lsn, Partitioned, kafka_frontier
+from reclock.frontier import Antichain, kafka_frontier
+from reclock.time import Counter, IntoTime, Lsn, Partitioned
 
 
 @st.composite

@@ -93,6 +93,7 @@ from sources.base import (
     TRUNCATED,
     OutputSpec,
     ReadTask,
+    SourceBase,
 )
 from sources.postgres import pgoutput as po
 from sources.postgres.catalog import (
@@ -204,12 +205,12 @@ def default_name(source: str, identity: str | None) -> str:
     return name
 
 
-class PostgresSource:
+class PostgresSource(SourceBase):
     """Driver side (see the module docstring)."""
 
     kind = Lsn.KIND
     replayable = False  # the slot releases what was acknowledged
-    jobs_in_flight = 1  # a slot serves one walsender at a time: jobs read one by one
+    jobs_in_flight: int | None = 1  # a slot serves one walsender at a time: jobs read one by one
 
     def __init__(
         self,

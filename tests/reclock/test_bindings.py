@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from reclock.bindings import UNBOUND, Binding, Bindings
 from reclock.errors import BindingError, SinceViolation
-from reclock.frontier import Antichain
-from reclock.time import IntoTime, Lsn, Partitioned, kafka_frontier
+from reclock.frontier import Antichain, kafka_frontier
+from reclock.time import IntoTime, Lsn, Partitioned
 from tests.strategies import kafka_bindings, total_bindings
 
 

@@ -18,9 +18,9 @@ from reclock.errors import (
     SinceViolation,
     UpperMismatch,
 )
-from reclock.frontier import Antichain
+from reclock.frontier import Antichain, kafka_frontier
 from reclock.mint import RemapOperator
-from reclock.time import Counter, IntoTime, Lsn, Partitioned, kafka_frontier
+from reclock.time import Counter, IntoTime, Lsn, Partitioned
 from remap_store import RemapStore, open_store, redact_url
 
 
