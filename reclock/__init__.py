@@ -15,8 +15,8 @@ The time model lives here:
 from reclock.bindings import UNBOUND, Binding, Bindings
 from reclock.clock import Clock, ManualClock, SystemClock
 from reclock.errors import DefiniteError, ReclockError, TransientError, UpperMismatch
-from reclock.frontier import Antichain, ChangeBatch, MutableAntichain, kafka_frontier, kafka_offsets
-from reclock.time import Counter, IntoTime, Lsn, Partitioned
+from reclock.frontier import Antichain, ChangeBatch, MutableAntichain, kafka_frontier
+from reclock.time import Counter, IntoTime, Lsn, Partitioned, kafka_offsets
 
 __all__ = [
     "UNBOUND",

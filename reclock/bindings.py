@@ -293,6 +293,16 @@ class Bindings(Generic[T]):
             out[mask] = c.times_ext[np.searchsorted(c.bounds[part], o[mask], side="right")]
         return out
 
+    def reclock_positions(
+        self, partitions: npt.ArrayLike, offsets: npt.ArrayLike
+    ) -> npt.NDArray[np.int64]:
+        """IntoTimes of records at their ``(_src_part, _src_offset)``
+        positions, whatever the time kind (totally ordered times ignore the
+        partition); :data:`UNBOUND` (-1) where not bound yet."""
+        if self.kind == Partitioned.KIND:
+            return self.reclock_offsets(partitions, offsets)
+        return self.reclock_values(offsets)
+
     def reclock_arrow(self, *columns: Any) -> Any:
         """Vectorized reclocking over Arrow arrays, returning an Arrow int64 array
         with nulls for records not bound yet.
@@ -436,3 +446,13 @@ def _compile(b: Bindings[Any]) -> _Compiled:
         capped = np.minimum(bounds, clip + 1)
         flat = (capped + (np.arange(rest + 1, dtype=np.int64) * stride)[:, None]).reshape(-1)
     return _Compiled(nb, bounds, times_ext, rest, stride, clip, flat)
+
+
+def beyond(kind: str, frontier: Antichain[Any], partitions: npt.ArrayLike,
+           offsets: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+    """Which positions ``(_src_part, _src_offset)`` the frontier still
+    contains, i.e. are not yet durable where ``frontier`` is an output's
+    progress. The reclocking rule with one binding ``0 -> frontier``: a
+    position maps to 0 exactly when the frontier does not contain it."""
+    probe: Bindings[Any] = Bindings(kind, [Binding(IntoTime(0), frontier)], upper=1)
+    return np.asarray(probe.reclock_positions(partitions, offsets) == UNBOUND)

@@ -34,10 +34,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock import faults
-from reclock.bindings import UNBOUND, Binding, Bindings
+from reclock.bindings import UNBOUND, Bindings, beyond
 from reclock.errors import DefiniteError, ReclockError
 from reclock.frontier import Antichain
-from reclock.time import IntoTime, Partitioned
 from sinks.base import Stager, output_schema, refuse_rows
 from sources.base import SRC_DIFF, SRC_UNCHANGED, TRUNCATED, ReadTask, SourceReader
 
@@ -114,23 +113,10 @@ class TaskResult:
     error: ReclockError | None = None
 
 
-def _contained(
-    kind: str, progress: Antichain[Any], part: npt.NDArray[np.int64], off: npt.NDArray[np.int64]
-) -> npt.NDArray[np.bool_]:
-    """Which positions the frontier ``progress`` still contains (not yet durable).
-
-    Uses the reclocking rule with one binding ``0 -> progress``: a position
-    maps to 0 exactly when the frontier does not contain it.
-    """
-    probe: Bindings[Any] = Bindings(kind, [Binding(IntoTime(0), progress)], upper=1)
-    t = probe.reclock_offsets(part, off) if kind == Partitioned.KIND else probe.reclock_values(off)
-    return np.asarray(t == UNBOUND)
-
-
 def _reclock(ctx: JobContext, part: npt.NDArray[np.int64], off: npt.NDArray[np.int64]
              ) -> npt.NDArray[np.int64]:
     b = ctx.bindings
-    t = b.reclock_offsets(part, off) if ctx.kind == Partitioned.KIND else b.reclock_values(off)
+    t = b.reclock_positions(part, off)
     if (t == UNBOUND).any():
         i = int(np.argmax(t == UNBOUND))
         raise DefiniteError(
@@ -342,7 +328,7 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
         part = batch.column("_src_part").to_numpy(zero_copy_only=False).astype(np.int64)
         off = batch.column("_src_offset").to_numpy(zero_copy_only=False).astype(np.int64)
         if plan.progress is not None:
-            keep = _contained(ctx.kind, plan.progress, part, off)
+            keep = beyond(ctx.kind, plan.progress, part, off)
             if not keep.all():
                 res.dropped += int((~keep).sum())
                 batch = batch.filter(pa.array(keep))

@@ -310,37 +310,30 @@ def kafka_frontier(offsets: dict[int, int] | None = None, *, partitions: int | N
     return Antichain(elems)
 
 
-def kafka_offsets(frontier: Any) -> tuple[dict[int, int], int | None]:
-    """The per-partition next offsets of a Kafka frontier, and the first
-    partition covered by the open-ended "above" element (``None`` if absent).
-
-    Only points and the "above" element are resolved; an interval element
-    covering a finite range (which only appears after ``meet``) is expanded.
-    """
-    offsets: dict[int, int] = {}
-    above: int | None = None
-    for e in frontier:
-        if e.hi is None:
-            above = e.lo if above is None else min(above, e.lo)
-            continue
-        for p in range(e.lo, e.hi + 1):
-            offsets[p] = min(offsets.get(p, e.offset), e.offset)
-    if above is not None:
-        offsets = {p: o for p, o in offsets.items() if p < above}
-    return offsets, above
-
-
 def frontier_distance(kind: str, behind: Any, ahead: Any) -> int | None:
     """How many positions lie between two frontiers of one source (``behind <=
     ahead``): records for counters and Kafka offsets, bytes of WAL for LSNs.
     ``None`` when either is empty or unknown."""
     if behind is None or ahead is None or behind.is_empty() or ahead.is_empty():
         return None
-    if kind == Partitioned.KIND:
-        lo, _ = kafka_offsets(behind)
-        hi, _ = kafka_offsets(ahead)
-        return sum(max(0, o - lo.get(p, 0)) for p, o in hi.items())
-    return max(0, int(ahead.as_option()) - int(behind.as_option()))
+    return int(time_type(kind).distance(behind, ahead))
+
+
+def frontier_position(kind: str, frontier: Antichain[Any] | None) -> float | None:
+    """One number that grows as the frontier advances (for charts and lag):
+    the value of a totally ordered frontier, the sum of a Kafka frontier's
+    offsets. ``None`` when unknown or empty (complete)."""
+    if frontier is None or frontier.is_empty():
+        return None
+    return float(time_type(kind).position(frontier))
+
+
+def frontier_partitions(kind: str, frontier: Antichain[Any]
+                        ) -> tuple[dict[int, int], int | None] | None:
+    """A partitioned frontier's next offset per partition and the first
+    partition of its "every higher partition" element; ``None`` for a totally
+    ordered time."""
+    return time_type(kind).partitions(frontier)  # type: ignore[no-any-return]
 
 
 def render(kind: str, encoded: Any) -> str:

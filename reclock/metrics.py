@@ -57,8 +57,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from reclock.frontier import Antichain, kafka_offsets
-from reclock.time import Partitioned
+from reclock.frontier import Antichain, frontier_partitions
+from reclock.frontier import frontier_position as position_of
 
 #: The health states a source or output can be in (``reclock.driver``).
 HEALTH_STATES = ("starting", "running", "stalled", "finished", "stopped", "dropped")
@@ -69,42 +69,38 @@ StatusDocument = Mapping[str, Any]
 
 
 # -- frontiers as numbers ------------------------------------------------------------------
-def frontier_value(kind: str, encoded: Any) -> float | None:
-    """A totally ordered frontier (``Antichain.encode()`` form) as a number:
-    its single element, ``+inf`` when it is empty (complete), ``None`` when
-    unknown or not totally ordered (Kafka)."""
-    if encoded is None or kind == Partitioned.KIND:
-        return None
-    try:
-        opt = Antichain.decode(kind, encoded).as_option()
-    except Exception:
-        return None
-    return math.inf if opt is None else float(int(opt))
-
-
-def partition_offsets(encoded: Any) -> tuple[dict[int, int], int | None] | None:
-    """A Kafka frontier's next offset per partition and the first partition of
-    its "every higher partition" element; ``None`` when unknown. An empty
-    frontier (complete) has no partitions."""
+def _decoded(kind: str, encoded: Any) -> Antichain[Any] | None:
     if encoded is None:
         return None
     try:
-        return kafka_offsets(Antichain.decode(Partitioned.KIND, encoded))
+        return Antichain.decode(kind, encoded)
     except Exception:
         return None
+
+
+def frontier_value(kind: str, encoded: Any) -> float | None:
+    """A totally ordered frontier (``Antichain.encode()`` form) as a number:
+    its single element, ``+inf`` when it is empty (complete), ``None`` when
+    unknown or partitioned (Kafka)."""
+    f = _decoded(kind, encoded)
+    if f is None or frontier_partitions(kind, f) is not None:
+        return None
+    return math.inf if f.is_empty() else position_of(kind, f)
+
+
+def partition_offsets(kind: str, encoded: Any) -> tuple[dict[int, int], int | None] | None:
+    """A partitioned frontier's next offset per partition and the first
+    partition of its "every higher partition" element; ``None`` when unknown
+    or totally ordered. An empty frontier (complete) has no partitions."""
+    f = _decoded(kind, encoded)
+    return None if f is None else frontier_partitions(kind, f)
 
 
 def frontier_position(kind: str, encoded: Any) -> float | None:
     """One number that grows as the frontier advances, for charts: the value
     of a totally ordered frontier, the sum of a Kafka frontier's offsets.
     ``None`` when unknown or empty (complete)."""
-    if kind == Partitioned.KIND:
-        parts = partition_offsets(encoded)
-        if parts is None or (not parts[0] and parts[1] is None):
-            return None
-        return float(sum(parts[0].values()))
-    v = frontier_value(kind, encoded)
-    return None if v is None or math.isinf(v) else v
+    return position_of(kind, _decoded(kind, encoded))
 
 
 def _upper(value: Any) -> float:
@@ -174,10 +170,8 @@ def families(doc: StatusDocument) -> list[Metric]:
             health.add_metric([name, s], 1.0 if s == status else 0.0)
         for f in FRONTIERS:
             enc = st.get(f)
-            if kind == Partitioned.KIND:
-                parts = partition_offsets(enc)
-                if parts is None:
-                    continue
+            parts = partition_offsets(kind, enc)
+            if parts is not None:
                 for p, off in sorted(parts[0].items()):
                     offsets.add_metric([name, f, str(p)], float(off))
                 known = parts[1] if parts[1] is not None else len(parts[0])

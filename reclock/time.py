@@ -24,6 +24,7 @@ lower bound), a ``sort_key`` for canonical ordering, and a stable
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
@@ -76,6 +77,22 @@ class Timestamp(Protocol):
         """A human form of the encoded elements of a frontier of this type."""
         ...
 
+    @classmethod
+    def position(cls, frontier: Iterable[Self]) -> float:
+        """One number that grows as a (non-empty) frontier advances."""
+        ...
+
+    @classmethod
+    def distance(cls, behind: Iterable[Self], ahead: Iterable[Self]) -> int:
+        """Positions between two non-empty frontiers (``behind <= ahead``)."""
+        ...
+
+    @classmethod
+    def partitions(cls, frontier: Iterable[Self]) -> tuple[dict[int, int], int | None] | None:
+        """Per-partition next offsets of a partitioned frontier, and the first
+        partition its open-ended element covers; ``None`` for total orders."""
+        ...
+
 
 T = TypeVar("T", bound=Timestamp)
 
@@ -122,6 +139,18 @@ class _TotalTime(int):
     def render(cls, encoded: list[JSON]) -> str:
         """A human form of an encoded frontier's elements: ``{v, ...}``."""
         return "{" + ", ".join(str(e) for e in encoded) + "}"
+
+    @classmethod
+    def position(cls, frontier: Iterable[Self]) -> float:
+        return float(int(min(frontier)))
+
+    @classmethod
+    def distance(cls, behind: Iterable[Self], ahead: Iterable[Self]) -> int:
+        return max(0, int(min(ahead)) - int(min(behind)))
+
+    @classmethod
+    def partitions(cls, frontier: Iterable[Self]) -> tuple[dict[int, int], int | None] | None:
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({int(self)})"
@@ -260,6 +289,20 @@ class Partitioned:
         return cls(0, None, 0)
 
     @classmethod
+    def position(cls, frontier: Iterable[Partitioned]) -> float:
+        return float(sum(kafka_offsets(frontier)[0].values()))
+
+    @classmethod
+    def distance(cls, behind: Iterable[Partitioned], ahead: Iterable[Partitioned]) -> int:
+        lo, _ = kafka_offsets(behind)
+        hi, _ = kafka_offsets(ahead)
+        return sum(max(0, o - lo.get(p, 0)) for p, o in hi.items())
+
+    @classmethod
+    def partitions(cls, frontier: Iterable[Partitioned]) -> tuple[dict[int, int], int | None]:
+        return kafka_offsets(frontier)
+
+    @classmethod
     def render(cls, encoded: list[JSON]) -> str:
         """``{partition: offset, ...; >=N: 0}`` of an encoded Kafka frontier."""
         parts = []
@@ -296,3 +339,23 @@ def time_type(kind: str) -> type[Any]:
         raise InvalidTimeError(
             f"unknown time kind {kind!r}; expected one of {sorted(TIME_KINDS)}"
         ) from None
+
+
+def kafka_offsets(frontier: Any) -> tuple[dict[int, int], int | None]:
+    """The per-partition next offsets of a Kafka frontier, and the first
+    partition covered by the open-ended "above" element (``None`` if absent).
+
+    Only points and the "above" element are resolved; an interval element
+    covering a finite range (which only appears after ``meet``) is expanded.
+    """
+    offsets: dict[int, int] = {}
+    above: int | None = None
+    for e in frontier:
+        if e.hi is None:
+            above = e.lo if above is None else min(above, e.lo)
+            continue
+        for p in range(e.lo, e.hi + 1):
+            offsets[p] = min(offsets.get(p, e.offset), e.offset)
+    if above is not None:
+        offsets = {p: o for p, o in offsets.items() if p < above}
+    return offsets, above

@@ -28,10 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reclock.bindings import UNBOUND, Bindings
+from reclock.bindings import UNBOUND, Bindings, beyond
 from reclock.errors import TransientError
 from reclock.frontier import Antichain
-from reclock.time import Partitioned
 from sinks.base import DIFF, ERROR, INTO_TIME
 
 KEYS = ["_src_part", "_src_offset", "_src_seq"]
@@ -107,8 +106,7 @@ def check_output(
         rep.breach("upper-beyond-bindings", 1, [(upper, int(remap_upper))])
     # time
     since = int(bindings.since)
-    expected = (bindings.reclock_offsets(part, off) if bindings.kind == Partitioned.KIND
-                else bindings.reclock_values(off))
+    expected = bindings.reclock_positions(part, off)
     live = into >= since
     rep.compacted = int((~live).sum())
     rep.checked = int(live.sum())
@@ -153,7 +151,6 @@ def check_complete(
     progress and compare, per output, the positions before *its* progress with
     the positions it holds (with either sign). Returns the records re-read for
     the outputs in ``keep`` (for :func:`check_keyed`)."""
-    from reclock.dataplane import _contained
 
     furthest = progresses[0]
     for p in progresses[1:]:
@@ -180,7 +177,7 @@ def check_complete(
         exp = pa.concat_tables(expected[i]) if i in expected else _keys(pa.table({}))
         if exp.num_rows:
             # only what lies before this output's own progress is owed by it
-            owed = ~_contained(source.kind, progresses[i], exp.column("_src_part").to_numpy(),
+            owed = ~beyond(source.kind, progresses[i], exp.column("_src_part").to_numpy(),
                                exp.column("_src_offset").to_numpy())
             exp = exp.filter(pa.array(owed))
         report.complete_checked += exp.num_rows
@@ -204,9 +201,8 @@ def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.Rec
     holds now, key by key. A key missing from the output (a row deleted
     behind reclock's back), a row that should have been retracted, or a
     value that differs is a ``keyed-state`` breach naming the key."""
-    from reclock.dataplane import OutputPlan, _contained, build_output_rows, screen_intents
+    from reclock.dataplane import OutputPlan, build_output_rows, screen_intents
     from reclock.envelope import UpsertState, _hashable
-    from reclock.time import Partitioned
     from sinks.base import output_schema
     from sinks.consolidate import consolidate
 
@@ -220,12 +216,11 @@ def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.Rec
     for batch in raw:
         part = batch.column("_src_part").to_numpy(zero_copy_only=False).astype(np.int64)
         off = batch.column("_src_offset").to_numpy(zero_copy_only=False).astype(np.int64)
-        owed = ~_contained(kind, progress, part, off)
+        owed = ~beyond(kind, progress, part, off)
         if not owed.any():
             continue
         batch, part, off = batch.filter(pa.array(owed)), part[owed], off[owed]
-        into = (bindings.reclock_offsets(part, off) if kind == Partitioned.KIND
-                else bindings.reclock_values(off))
+        into = bindings.reclock_positions(part, off)
         rows, _ = build_output_rows(plan, batch, into)
         intents.append(screen_intents(stager, rows))  # what the sink refuses, as the run did
     model = UpsertState(columns, tuple(out.upsert_key))

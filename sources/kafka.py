@@ -56,8 +56,8 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from reclock.clock import Clock
 from reclock.errors import DefiniteError, FrontierRegression, TransientError
-from reclock.frontier import Antichain, kafka_frontier, kafka_offsets
-from reclock.time import Partitioned
+from reclock.frontier import Antichain, kafka_frontier
+from reclock.time import Partitioned, kafka_offsets
 from sources.base import OutputSpec, ReadTask, SourceBase
 
 BATCH = 50_000

@@ -62,7 +62,8 @@ sources:
 
 def durable(r: SourceRunner) -> dict[int, int]:
     """Per partition, the next offset the first output has made durable."""
-    from reclock.frontier import Antichain, kafka_offsets
+    from reclock.frontier import Antichain
+    from reclock.time import kafka_offsets
 
     p = r.outputs[0].state.progress
     return {} if p is None else kafka_offsets(Antichain.decode_json("kafka", p))[0]
