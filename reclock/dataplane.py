@@ -35,12 +35,23 @@ import pyarrow.compute as pc
 
 from reclock import faults
 from reclock.bindings import UNBOUND, Bindings, beyond
+from reclock.columns import (
+    DIFF,
+    ERROR,
+    SRC_DIFF,
+    SRC_OFFSET,
+    SRC_PART,
+    SRC_SEQ,
+    SRC_TS,
+    SRC_UNCHANGED,
+    TRUNCATED,
+)
 from reclock.errors import DefiniteError, ReclockError
 from reclock.frontier import Antichain
 from sinks.base import Stager, output_schema, refuse_rows
-from sources.base import SRC_DIFF, SRC_UNCHANGED, TRUNCATED, ReadTask, SourceReader
+from sources.base import ReadTask, SourceReader
 
-POS_COLUMNS = ["_src_part", "_src_offset", "_src_seq", "_src_ts"]
+POS_COLUMNS = [SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS]
 
 
 @dataclass(frozen=True)
@@ -313,7 +324,7 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
         staged = ctx.outputs[i].stager.stage(ctx.batch_id, task.index * 10_000 + k, table)
         res.staged.setdefault(i, []).extend(staged)
         # Rows the sink refused became error rows when staged: count them so.
-        before = table.num_rows - table.column("_error").null_count
+        before = table.num_rows - table.column(ERROR).null_count
         after = sum(int(d["errors"]) for d in staged if "errors" in d)
         if any("errors" in d for d in staged) and after > before:
             res.rows[i] = res.rows.get(i, 0) - (after - before)
@@ -325,8 +336,8 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
             continue
         res.records += n
         plan = ctx.outputs[i]
-        part = batch.column("_src_part").to_numpy(zero_copy_only=False).astype(np.int64)
-        off = batch.column("_src_offset").to_numpy(zero_copy_only=False).astype(np.int64)
+        part = batch.column(SRC_PART).to_numpy(zero_copy_only=False).astype(np.int64)
+        off = batch.column(SRC_OFFSET).to_numpy(zero_copy_only=False).astype(np.int64)
         if plan.progress is not None:
             keep = beyond(ctx.kind, plan.progress, part, off)
             if not keep.all():
@@ -336,7 +347,7 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
                     continue
                 part, off = part[keep], off[keep]
         into = _reclock(ctx, part, off)
-        ts = batch.column("_src_ts")
+        ts = batch.column(SRC_TS)
         if ts.null_count < len(ts):
             mx = pc.max(ts).as_py()
             if mx is not None:
@@ -346,7 +357,7 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
             # Values the sink cannot store are refused here, before the
             # driver's key state sees them: the key keeps its current row.
             rows = screen_intents(plan.stager, _injected_refusal(rows))
-            nerr = rows.num_rows - rows.column("_error").null_count
+            nerr = rows.num_rows - rows.column(ERROR).null_count
             res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
             res.errors[i] = res.errors.get(i, 0) + nerr
             intents.setdefault(i, []).append(rows)
@@ -369,7 +380,7 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
 def screen_intents(stager: Stager, intents: pa.Table) -> pa.Table:
     """Upsert intents with the values ``stager`` cannot store refused (a
     truncation marker holds no value: it passes)."""
-    marks = pc.equal(intents.column("_diff"), TRUNCATED)
+    marks = pc.equal(intents.column(DIFF), TRUNCATED)
     if not pc.any(marks).as_py():
         return stager.screen(intents)
     return pa.concat_tables([stager.screen(intents.filter(pc.invert(marks))),

@@ -50,6 +50,7 @@ from reclock.dataplane import JobContext, OutputPlan, TaskResult, run_job, run_l
 from reclock.envelope import UpsertState
 from reclock.errors import DefiniteError, ReclockError, Reopen, classified, classify
 from reclock.frontier import Antichain, frontier_distance
+from reclock.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
 from reclock.mint import RemapOperator
 from reclock.progress_log import ProgressLog
 from reclock.time import IntoTime
@@ -58,24 +59,6 @@ from sinks.base import PersistSink, SinkFenced, SinkState, Superseded, output_sc
 from sources.base import OutputSpec, Source
 
 log = logging.getLogger("reclock.driver")
-
-STARTING, RUNNING, STALLED, DROPPED, FINISHED, STOPPED = (
-    "starting", "running", "stalled", "dropped", "finished", "stopped",
-)
-
-
-@dataclass
-class Health:
-    status: str = STARTING
-    error: str | None = None
-    hint: str | None = None
-    since_ms: int = 0
-    definite: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "error": self.error, "hint": self.hint,
-                "since_ms": self.since_ms, "definite": self.definite}
-
 
 @dataclass
 class OutputRuntime:
@@ -297,9 +280,7 @@ class SourceRunner:
             self.resume = initial
             bound = initial
         self.read_from = self._read_start(b, self.resume)
-        held = [None if o.state.progress is None
-                else Antichain.decode_json(self.source.kind, o.state.progress)
-                for o in self.outputs]
+        held = [o.state.held(self.source.kind) for o in self.outputs]
         self.source.open(self.resume, bound, held)
         self._opened = True
         self.events.log(self.name, "open", resume=self.resume.encode(),
@@ -334,10 +315,8 @@ class SourceRunner:
         (each output drops what it already holds), never before ``resume``."""
         start: Antichain[Any] | None = None
         for out in self.outputs:
-            if out.state.progress is None:
-                p = resume
-            else:
-                p = Antichain.decode_json(self.source.kind, out.state.progress)
+            held = out.state.held(self.source.kind)
+            p = resume if held is None else held
             start = p if start is None else start.meet(p)
         return resume if start is None else start
 
@@ -458,8 +437,7 @@ class SourceRunner:
             OutputPlan(
                 index=o.index, name=o.name, typed=o.spec.typed, user_schema=o.user_schema,
                 key_decoder=o.key_decoder, value_decoder=o.value_decoder,
-                progress=(None if o.state.progress is None
-                          else Antichain.decode_json(self.source.kind, o.state.progress)),
+                progress=o.state.held(self.source.kind),
                 stager=o.sink.stager(), envelope=o.envelope, key=o.upsert_key or (),
                 upstream=o.upstream,
             )
@@ -503,9 +481,8 @@ class SourceRunner:
             cur = out.state
             if only_if_moves and cur == new:
                 continue
-            if cur.progress is not None and cur.progress != progress and reached.less_equal(
-                Antichain.decode_json(self.source.kind, cur.progress)
-            ):
+            past = cur.held(self.source.kind)
+            if past is not None and cur.progress != progress and reached.less_equal(past):
                 # This output is already past `reached` (it committed further
                 # before a crash); it dropped every record of this job.
                 if any(r.staged.get(out.index) for r in results):

@@ -36,8 +36,17 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reclock.columns import (
+    DIFF,
+    ERROR,
+    INTO_TIME,
+    SRC_OFFSET,
+    SRC_PART,
+    SRC_SEQ,
+    SRC_UNCHANGED,
+    TRUNCATED,
+)
 from reclock.errors import DefiniteError
-from sources.base import SRC_UNCHANGED, TRUNCATED
 
 
 @dataclass(frozen=True)
@@ -171,8 +180,8 @@ class UpsertState:
         st = cls(user_columns, key)
         if updates.num_rows == 0:
             return st
-        ok = updates.filter(pc.is_null(updates.column("_error")))
-        diffs = ok.column("_diff").to_pylist()
+        ok = updates.filter(pc.is_null(updates.column(ERROR)))
+        diffs = ok.column(DIFF).to_pylist()
         cols = [ok.column(c).to_pylist() for c in user_columns]
         net: dict[Any, int] = {}
         first: dict[Any, tuple[Any, ...]] = {}
@@ -200,8 +209,8 @@ class UpsertState:
         :class:`Pending` changes to :meth:`accept` once they are committed.
         The state itself is not touched."""
         order = pc.sort_indices(intents, sort_keys=[
-            ("_into_time", "ascending"), ("_src_part", "ascending"),
-            ("_src_offset", "ascending"), ("_src_seq", "ascending")])
+            (INTO_TIME, "ascending"), (SRC_PART, "ascending"),
+            (SRC_OFFSET, "ascending"), (SRC_SEQ, "ascending")])
         t = intents.take(order)
         names = schema.names
         data = {n: t.column(n).to_pylist() for n in names}
@@ -212,13 +221,13 @@ class UpsertState:
         out: list[tuple[Any, ...]] = []
         pending = Pending(self.rows)
         gone: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # last tombstone
-        di = meta_names.index("_diff")
+        di = meta_names.index(DIFF)
         for i in range(t.num_rows):
             meta = [data[n][i] for n in meta_names]
-            if data["_error"][i] is not None:
+            if data[ERROR][i] is not None:
                 out.append(tuple(data[c][i] for c in self.columns) + tuple(meta))
                 continue
-            if data["_diff"][i] == TRUNCATED:  # every key goes, at this one position
+            if data[DIFF][i] == TRUNCATED:  # every key goes, at this one position
                 m = list(meta)
                 m[di] = -1
                 for _k, had in pending.live():
@@ -229,7 +238,7 @@ class UpsertState:
             row = tuple(data[c][i] for c in self.columns)
             k = self._key_of(row)
             old = pending.get(k)
-            delete = data["_diff"][i] == 0
+            delete = data[DIFF][i] == 0
             if unchanged is not None and unchanged[i] and not delete:
                 row = self._fill(row, unchanged[i], old, gone, meta, meta_names)
             new = None if delete else row
@@ -261,8 +270,8 @@ class UpsertState:
         the key, from the row its tombstone just removed."""
         src = old
         if src is None and gone is not None:
-            at = [meta_names.index(n) for n in ("_into_time", "_src_part", "_src_offset")]
-            seq = meta_names.index("_src_seq")
+            at = [meta_names.index(n) for n in (INTO_TIME, SRC_PART, SRC_OFFSET)]
+            seq = meta_names.index(SRC_SEQ)
             then, row_gone = gone
             if [then[j] for j in at] == [meta[j] for j in at] and then[seq] == meta[seq] - 1:
                 src = row_gone

@@ -59,9 +59,9 @@ from prometheus_client.registry import Collector
 
 from reclock.frontier import Antichain, frontier_partitions
 from reclock.frontier import frontier_position as position_of
+from reclock.health import HEALTH_STATES
 
 #: The health states a source or output can be in (``reclock.driver``).
-HEALTH_STATES = ("starting", "running", "stalled", "finished", "stopped", "dropped")
 #: The frontiers of a source's status dict exported as metrics.
 FRONTIERS = ("probe", "bound", "read_from", "resume")
 

@@ -29,11 +29,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.bindings import UNBOUND, Bindings, beyond
+from reclock.columns import DIFF, ERROR, INTO_TIME, SRC_OFFSET, SRC_PART, SRC_SEQ
 from reclock.errors import TransientError
 from reclock.frontier import Antichain
-from sinks.base import DIFF, ERROR, INTO_TIME
 
-KEYS = ["_src_part", "_src_offset", "_src_seq"]
+KEYS = [SRC_PART, SRC_OFFSET, SRC_SEQ]
 T = TypeVar("T")
 
 
@@ -94,8 +94,8 @@ def check_output(
         return rep
     rep.errors = updates.num_rows - int(pc.sum(pc.is_null(updates.column(ERROR))).as_py() or 0)
     into = updates.column(INTO_TIME).to_numpy()
-    part = updates.column("_src_part").to_numpy().astype(np.int64)
-    off = updates.column("_src_offset").to_numpy().astype(np.int64)
+    part = updates.column(SRC_PART).to_numpy().astype(np.int64)
+    off = updates.column(SRC_OFFSET).to_numpy().astype(np.int64)
     # upper
     if upper is not None:
         beyond = into >= upper
@@ -177,8 +177,8 @@ def check_complete(
         exp = pa.concat_tables(expected[i]) if i in expected else _keys(pa.table({}))
         if exp.num_rows:
             # only what lies before this output's own progress is owed by it
-            owed = ~beyond(source.kind, progresses[i], exp.column("_src_part").to_numpy(),
-                               exp.column("_src_offset").to_numpy())
+            owed = ~beyond(source.kind, progresses[i], exp.column(SRC_PART).to_numpy(),
+                               exp.column(SRC_OFFSET).to_numpy())
             exp = exp.filter(pa.array(owed))
         report.complete_checked += exp.num_rows
         # a position may carry a retraction, an insertion, or both (debezium)
@@ -214,8 +214,8 @@ def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.Rec
     intents = []
     stager = out.sink.stager()
     for batch in raw:
-        part = batch.column("_src_part").to_numpy(zero_copy_only=False).astype(np.int64)
-        off = batch.column("_src_offset").to_numpy(zero_copy_only=False).astype(np.int64)
+        part = batch.column(SRC_PART).to_numpy(zero_copy_only=False).astype(np.int64)
+        off = batch.column(SRC_OFFSET).to_numpy(zero_copy_only=False).astype(np.int64)
         owed = ~beyond(kind, progress, part, off)
         if not owed.any():
             continue

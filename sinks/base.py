@@ -38,27 +38,15 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from reclock.columns import (
+    DIFF,
+    ERROR,
+    META_FIELDS,
+    META_NAMES,
+    RAW_VALUE,
+)
 from reclock.errors import DefiniteError, TransientError
-
-INTO_TIME = "_into_time"
-DIFF = "_diff"
-ERROR = "_error"
-RAW_KEY = "_raw_key"
-RAW_VALUE = "_raw_value"
-
-#: Columns every output row carries after the user's columns.
-META_FIELDS = [
-    pa.field(INTO_TIME, pa.int64(), nullable=False),
-    pa.field(DIFF, pa.int64(), nullable=False),
-    pa.field("_src_part", pa.int32(), nullable=False),
-    pa.field("_src_offset", pa.int64(), nullable=False),
-    pa.field("_src_seq", pa.int32(), nullable=False),
-    pa.field("_src_ts", pa.int64()),
-    pa.field(ERROR, pa.string()),
-    pa.field(RAW_KEY, pa.binary()),
-    pa.field(RAW_VALUE, pa.binary()),
-]
-META_NAMES = [f.name for f in META_FIELDS]
+from reclock.frontier import Antichain
 
 
 def output_schema(user: pa.Schema) -> pa.Schema:
@@ -150,6 +138,11 @@ class SinkState:
         if other.upper is None:
             return True
         return self.upper is not None and self.upper <= other.upper
+
+    def held(self, kind: str) -> Antichain[Any] | None:
+        """The FromTime frontier the output holds (``progress`` decoded for a
+        source of time ``kind``); ``None`` when nothing was committed yet."""
+        return None if self.progress is None else Antichain.decode_json(kind, self.progress)
 
 
 class SinkFenced(TransientError):

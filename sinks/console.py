@@ -34,18 +34,9 @@ from typing import Any, TextIO
 
 import pyarrow as pa
 
+from reclock.columns import DIFF, ERROR, INTO_TIME, META_FIELDS, META_NAMES
 from sinks._fs import atomic_write, exclusive_lock, sink_os_error
-from sinks.base import (
-    DIFF,
-    ERROR,
-    INTO_TIME,
-    META_FIELDS,
-    META_NAMES,
-    SinkError,
-    SinkFenced,
-    SinkState,
-    output_schema,
-)
+from sinks.base import SinkError, SinkFenced, SinkState, output_schema
 
 
 def jsonable(value: Any) -> Any:

@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.base import DIFF, ERROR, INTO_TIME
+from reclock.columns import DIFF, ERROR, INTO_TIME, SRC_OFFSET, SRC_PART, SRC_SEQ
 
 COUNT = "_count"
 
@@ -84,7 +84,7 @@ def errors(updates: pa.Table, as_of: int | None) -> pa.Table:
     if ERROR not in data.column_names:
         return data.slice(0, 0)
     data = data.filter(pc.is_valid(data.column(ERROR)))
-    position = (INTO_TIME, "_src_part", "_src_offset", "_src_seq")
+    position = (INTO_TIME, SRC_PART, SRC_OFFSET, SRC_SEQ)
     order = [c for c in position if c in data.column_names]
     return data.sort_by([(c, "ascending") for c in order]) if order else data
 

@@ -84,24 +84,14 @@ from deltalake.transaction import (
     Transaction,
 )
 
+from reclock.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
 from sinks._fs import (
     atomic_write,
     check_stage_args,
     exclusive_lock,
     sink_os_error,
 )
-from sinks.base import (
-    ERROR,
-    INTO_TIME,
-    META_FIELDS,
-    META_NAMES,
-    SinkError,
-    SinkFenced,
-    SinkState,
-    conform,
-    output_schema,
-    refuse_rows,
-)
+from sinks.base import SinkError, SinkFenced, SinkState, conform, output_schema, refuse_rows
 
 log = logging.getLogger("reclock.sinks.delta")
 
@@ -246,7 +236,7 @@ def stats(table: pa.Table) -> str:
     they are computed from exactly the rows written."""
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
-    for name in (INTO_TIME, "_src_offset"):
+    for name in (INTO_TIME, SRC_OFFSET):
         mm = pc.min_max(table.column(name))
         mins[name] = mm["min"].as_py()
         maxs[name] = mm["max"].as_py()

@@ -136,6 +136,18 @@ from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
+from reclock.columns import (
+    DIFF,
+    ERROR,
+    INTO_TIME,
+    META_FIELDS,
+    META_NAMES,
+    RAW_KEY,
+    SRC_OFFSET,
+    SRC_PART,
+    SRC_SEQ,
+    SRC_TS,
+)
 from reclock.errors import ReclockError, TransientError
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from sinks._fs import (
@@ -147,12 +159,6 @@ from sinks._fs import (
     vacuum_staged,
 )
 from sinks.base import (
-    DIFF,
-    ERROR,
-    INTO_TIME,
-    META_FIELDS,
-    META_NAMES,
-    RAW_KEY,
     REFUSED_RAW_MAX,
     SinkError,
     SinkFenced,
@@ -176,7 +182,7 @@ PROGRESS_WINDOW = 1000
 #: Default bound on one blocking Kafka operation (seconds).
 DEFAULT_TIMEOUT_S = 30.0
 #: Columns a data record carries after the user's columns.
-DATA_META = (INTO_TIME, DIFF, "_src_part", "_src_offset", "_src_seq", "_src_ts")
+DATA_META = (INTO_TIME, DIFF, SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS)
 FORMATS = ("json",)
 
 #: One staged record: where it goes, its key and its value, already encoded.

@@ -118,6 +118,16 @@ from psycopg.adapt import Dumper
 from psycopg.pq import Format
 from psycopg.rows import TupleRow
 
+from reclock.columns import (
+    DIFF,
+    ERROR,
+    INTO_TIME,
+    META_FIELDS,
+    META_NAMES,
+    SRC_OFFSET,
+    SRC_PART,
+    SRC_SEQ,
+)
 from reclock.errors import ReclockError, TransientError
 from reclock.pgconn import connect_defaults, parse_dsn, scrub, server_label
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
@@ -129,19 +139,7 @@ from sinks._fs import (
     sink_os_error,
     vacuum_staged,
 )
-from sinks.base import (
-    DIFF,
-    ERROR,
-    INTO_TIME,
-    META_FIELDS,
-    META_NAMES,
-    SinkError,
-    SinkFenced,
-    SinkState,
-    conform,
-    output_schema,
-    refuse_rows,
-)
+from sinks.base import SinkError, SinkFenced, SinkState, conform, output_schema, refuse_rows
 
 log = logging.getLogger("reclock.sinks.postgres")
 
@@ -164,7 +162,7 @@ ORPHAN_GRACE_SECONDS = 6 * 3600.0
 
 #: The order updates of one key are applied in (the last one wins); at one
 #: source position a retraction (-1) comes before an insertion (+1).
-APPLY_ORDER = (INTO_TIME, "_src_part", "_src_offset", "_src_seq", DIFF)
+APPLY_ORDER = (INTO_TIME, SRC_PART, SRC_OFFSET, SRC_SEQ, DIFF)
 
 _STAGED = re.compile(r"[A-Za-z0-9_.-]{1,128}-\d{5,}\.arrow")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
@@ -1153,8 +1151,8 @@ class PostgresSink:
         current = self._select(conn, have, fields, self.table, sql.SQL(""), _idents(self.key))
         n = current.num_rows
         zeros32 = pa.array([0] * n, pa.int32())
-        extra = {DIFF: pa.array([1] * n, pa.int64()), "_src_part": zeros32,
-                 "_src_offset": pa.array([0] * n, pa.int64()), "_src_seq": zeros32}
+        extra = {DIFF: pa.array([1] * n, pa.int64()), SRC_PART: zeros32,
+                 SRC_OFFSET: pa.array([0] * n, pa.int64()), SRC_SEQ: zeros32}
         data = conform(self.name, pa.table(
             {**{c: current.column(c) for c in current.column_names}, **extra}), schema)
         errors_have = _describe_table(conn, self.schema, self.errors_table)

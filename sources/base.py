@@ -40,30 +40,11 @@ from typing import Any, Generic, Protocol
 
 import pyarrow as pa
 
+from reclock.columns import (
+    POSITION_FIELDS,
+)
 from reclock.frontier import Antichain
 from reclock.time import T
-
-#: Position columns every raw batch carries (the record's FromTime coordinates).
-SRC_PART = "_src_part"  # int32: Kafka partition, 0 otherwise
-SRC_OFFSET = "_src_offset"  # int64: Kafka offset, Postgres commit LSN, counter
-SRC_SEQ = "_src_seq"  # int32: position among records sharing part+offset
-SRC_TS = "_src_ts"  # int64 ms: upstream timestamp (for freshness), may be null
-#: Optional column of typed batches (CDC sources): the row's diff, -1/+1, or
-#: for outputs with the upsert envelope 1 = value, 0 = tombstone and
-#: ``TRUNCATED`` = every key removed (the other columns are null).
-SRC_DIFF = "_diff"
-TRUNCATED = -2
-#: Optional column of typed upsert intents (list<int32>): positions of user
-#: columns the change left as they were without sending them (Postgres'
-#: unchanged TOASTed values); the key state fills them from the current row.
-SRC_UNCHANGED = "_unchanged"
-
-POSITION_FIELDS = [
-    pa.field(SRC_PART, pa.int32(), nullable=False),
-    pa.field(SRC_OFFSET, pa.int64(), nullable=False),
-    pa.field(SRC_SEQ, pa.int32(), nullable=False),
-    pa.field(SRC_TS, pa.int64()),
-]
 
 #: The raw (undecoded) record schema: positions + key/value bytes.
 RAW_SCHEMA = pa.schema([*POSITION_FIELDS, pa.field("key", pa.binary()),

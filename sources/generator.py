@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.clock import Clock
+from reclock.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.errors import DefiniteError
 from reclock.frontier import Antichain
 from reclock.time import Counter
@@ -130,7 +131,7 @@ class GeneratorReader:
         key = pc.cast(nstr, pa.binary())
         return pa.RecordBatch.from_arrays(
             [*self._positions(n, ts), key, value],
-            names=["_src_part", "_src_offset", "_src_seq", "_src_ts", "key", "value"],
+            names=[SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS, "key", "value"],
         )
 
     # -- orders ----------------------------------------------------------------
@@ -152,7 +153,7 @@ class GeneratorReader:
                     pa.array(np.array(_CITIES, dtype=object)[(hc % len(_CITIES)).astype(np.int64)],
                              pa.string()),
                 ],
-                names=["_src_part", "_src_offset", "_src_seq", "_src_ts", "customer_id", "name",
+                names=[SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS, "customer_id", "name",
                        "city"],
             )
         o = n[~is_customer]
@@ -165,7 +166,7 @@ class GeneratorReader:
             yield 1, pa.RecordBatch.from_arrays(
                 [*self._positions(o, ts[~is_customer]), pa.array(o), pa.array(cust),
                  pa.array(amount), pa.array(status, pa.string())],
-                names=["_src_part", "_src_offset", "_src_seq", "_src_ts", "order_id",
+                names=[SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS, "order_id",
                        "customer_id", "amount", "status"],
             )
 

@@ -55,6 +55,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from reclock.clock import Clock
+from reclock.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.errors import DefiniteError, FrontierRegression, TransientError
 from reclock.frontier import Antichain, kafka_frontier
 from reclock.time import Partitioned, kafka_offsets
@@ -291,7 +292,7 @@ class KafkaReader:
             yield 0, _batch(parts, offsets, keys, values, stamps)
 
 
-_NAMES = ["_src_part", "_src_offset", "_src_seq", "_src_ts", "key", "value"]
+_NAMES = [SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS, "key", "value"]
 
 
 def _batch(parts: list[int], offsets: list[int], keys: list[bytes | None],

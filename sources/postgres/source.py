@@ -79,11 +79,7 @@ import pyarrow as pa
 from psycopg import pq, sql
 
 from reclock.clock import Clock
-from reclock.errors import DefiniteError, Reopen, TransientError
-from reclock.frontier import Antichain
-from reclock.pgconn import parse_dsn, server_label
-from reclock.time import Lsn
-from sources.base import (
+from reclock.columns import (
     SRC_DIFF,
     SRC_OFFSET,
     SRC_PART,
@@ -91,10 +87,12 @@ from sources.base import (
     SRC_TS,
     SRC_UNCHANGED,
     TRUNCATED,
-    OutputSpec,
-    ReadTask,
-    SourceBase,
 )
+from reclock.errors import DefiniteError, Reopen, TransientError
+from reclock.frontier import Antichain
+from reclock.pgconn import parse_dsn, server_label
+from reclock.time import Lsn
+from sources.base import OutputSpec, ReadTask, SourceBase
 from sources.postgres import pgoutput as po
 from sources.postgres.catalog import (
     Connection,

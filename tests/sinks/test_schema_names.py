@@ -9,8 +9,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from reclock.columns import META_NAMES
 from reclock.errors import DefiniteError
-from sinks.base import META_NAMES, output_schema
+from sinks.base import output_schema
 
 
 @pytest.mark.parametrize("names, named", [

@@ -1,0 +1,49 @@
+"""The stored column layout, named once: the position columns every raw batch
+carries (a record's FromTime coordinates) and the columns every output row
+carries after the user's. Imports nothing of reclock: sources, sinks, the
+data plane and the app all take the names from here."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+#: Position columns every raw batch carries (the record's FromTime coordinates).
+SRC_PART = "_src_part"  # int32: Kafka partition, 0 otherwise
+SRC_OFFSET = "_src_offset"  # int64: Kafka offset, Postgres commit LSN, counter
+SRC_SEQ = "_src_seq"  # int32: position among records sharing part+offset
+SRC_TS = "_src_ts"  # int64 ms: upstream timestamp (for freshness), may be null
+
+#: Columns an output row carries besides the positions.
+INTO_TIME = "_into_time"  # int64 ms: the IntoTime the record was reclocked to
+DIFF = "_diff"  # int64: +1 insertion, -1 retraction
+ERROR = "_error"  # string: why the record is an error row (null: a data row)
+RAW_KEY = "_raw_key"  # binary: an error row's key bytes
+RAW_VALUE = "_raw_value"  # binary: an error row's value bytes
+
+#: Optional column of typed batches (CDC sources): the row's diff, -1/+1, or
+#: for outputs with the upsert envelope 1 = value, 0 = tombstone and
+#: ``TRUNCATED`` = every key removed (the other columns are null).
+SRC_DIFF = DIFF
+TRUNCATED = -2
+#: Optional column of typed upsert intents (list<int32>): positions of user
+#: columns the change left as they were without sending them (Postgres'
+#: unchanged TOASTed values); the key state fills them from the current row.
+SRC_UNCHANGED = "_unchanged"
+
+POSITION_FIELDS = [
+    pa.field(SRC_PART, pa.int32(), nullable=False),
+    pa.field(SRC_OFFSET, pa.int64(), nullable=False),
+    pa.field(SRC_SEQ, pa.int32(), nullable=False),
+    pa.field(SRC_TS, pa.int64()),
+]
+
+#: Columns every output row carries after the user's columns.
+META_FIELDS = [
+    pa.field(INTO_TIME, pa.int64(), nullable=False),
+    pa.field(DIFF, pa.int64(), nullable=False),
+    *POSITION_FIELDS,
+    pa.field(ERROR, pa.string()),
+    pa.field(RAW_KEY, pa.binary()),
+    pa.field(RAW_VALUE, pa.binary()),
+]
+META_NAMES = [f.name for f in META_FIELDS]
