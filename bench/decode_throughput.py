@@ -1,4 +1,4 @@
-"""Decode throughput: the vectorised decoders of ``reclock.decode`` vs per-record ``json.loads``.
+"""Decode throughput: the vectorised decoders of ``reclock.formats`` vs per-record ``json.loads``.
 
 Generates ``--records`` JSON objects of about 100 bytes (and the same rows as
 CSV lines of about 70 bytes), then times on one core:
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from reclock.decode import DecodeResult, make_decoder
+from reclock.formats import DecodeResult, make_decoder
 
 TARGET_RATE = 1e6  # json with a schema, clean input, records/s on one core
 

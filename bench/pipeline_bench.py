@@ -60,7 +60,7 @@ import numpy as np
 TARGET_STARTUP_S = 1.0  # (a)+(b)+(c) for 100 sources
 JSON_SCHEMA = "{n: int64, payload: string, even: bool}"
 MASTER = "local[2]"
-LAZY_MODULES = ("reclock.config", "reclock.decode", "reclock.pipeline", "reclock.driver",
+LAZY_MODULES = ("reclock.config", "reclock.formats", "reclock.pipeline", "reclock.driver",
                 "remap_store.sql", "sinks.delta", "sources.generator", "deltalake")
 
 

@@ -1,7 +1,7 @@
 /*
  * reclock._json_native: flat JSON objects into typed Arrow buffers, in C.
  *
- * The JSON decoder's fast path (reclock/decode.py, JsonDecoder._fast) hands a
+ * The JSON decoder's fast path (reclock/formats/json.py, JsonDecoder._fast) hands a
  * run of records to pyarrow's JSON reader. For the common shape -- one flat
  * object per record whose declared fields hold integers, floats, booleans,
  * strings or null -- this parser does the same work in one pass without

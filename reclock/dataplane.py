@@ -173,7 +173,7 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
         return rows, 0
     if plan.envelope == "debezium":
         return _debezium_rows(plan, batch, into)
-    from reclock.decode import decode_key_value
+    from reclock.formats import decode_key_value
 
     key = batch.column("key")
     value = batch.column("value")

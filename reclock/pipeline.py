@@ -152,14 +152,14 @@ class Pipeline:
         if spec.typed:
             user_schema = spec.schema
         else:
-            from reclock.decode import make_decoder
+            from reclock.formats import make_decoder
 
             # upsert: a null value is a tombstone, not an error
             value_dec = make_decoder(ocfg.format.model_dump(),
                                      allow_null=ocfg.envelope.type == "upsert")
             key_dec = make_decoder(ocfg.key_format.model_dump()) if ocfg.key_format else None
             if key_dec is not None:
-                from reclock.decode import KeyValueDecoder
+                from reclock.formats import KeyValueDecoder
 
                 try:
                     KeyValueDecoder(key_dec, value_dec)

@@ -22,8 +22,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reclock.decode as decode_mod
-from reclock.decode import (
+import reclock.formats.base as decode_mod
+from reclock.errors import DefiniteError, TransientError
+from reclock.formats import (
     NULL_REASON,
     TIMESTAMP,
     Decoder,
@@ -35,7 +36,6 @@ from reclock.decode import (
     decode_key_value,
     make_decoder,
 )
-from reclock.errors import DefiniteError, TransientError
 
 UTC = dt.UTC
 
