@@ -1,0 +1,321 @@
+"""The configuration base: what every configuration model shares.
+
+Issues and :class:`ConfigError` (every problem located by file, line and key
+path), secret redaction, durations, names, and :class:`_Model`, the base of
+every model (unknown keys are errors, values frozen, cross-field checks in
+``_check``). Connectors and sinks define their own models on this base; the
+pipeline schema (:mod:`reclock.config`) assembles them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, TypeAlias, TypeVar, get_args
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from reclock.errors import DefiniteError
+
+_M = TypeVar("_M", bound=BaseModel)
+
+# A key path into the YAML document: mapping keys and sequence indexes.
+KeyPath: TypeAlias = tuple[str | int, ...]
+
+#: Names of sources and outputs.
+NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,62}$"
+#: Column type names accepted in ``schema`` / ``types`` mappings.
+COLUMN_TYPES = (
+    "int32", "int64", "float64", "bool", "string", "binary", "timestamp", "date",
+    "decimal(p,s)", "json",
+)
+DEFAULT_INTERVAL_MS = 1000
+
+
+# ---------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One problem in a configuration file.
+
+    ``line`` and ``column`` are 1-based (``None`` when the file could not be
+    read at all); ``path`` is the key path, e.g. ``sources[0].outputs[1].sink``
+    (``""`` for the top level, ``None`` when the file is not valid YAML).
+    """
+
+    line: int | None
+    column: int | None
+    path: str | None
+    message: str
+    file: str
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}:{self.column}"
+        if self.path is None:
+            return f"{where}: {self.message}"
+        return f"{where}: {self.path or '(top level)'}: {self.message}"
+
+
+class ConfigError(DefiniteError):
+    """A pipeline configuration is invalid: one line per problem, ordered by line.
+
+    ``issues`` holds the problems as :class:`ConfigIssue` values.
+    """
+
+    def __init__(self, issues: Sequence[ConfigIssue]) -> None:
+        self.issues = tuple(sorted(set(issues), key=_issue_order))
+        super().__init__("\n".join(str(i) for i in self.issues))
+
+
+def _issue_order(i: ConfigIssue) -> tuple[int, int, str, str]:
+    return (i.line or 0, i.column or 0, i.path or "", i.message)
+
+
+_URL_USERINFO = re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<pw>[^/\s]*)@")
+_SECRET_PARAM = re.compile(
+    r"(?P<pre>(?:^|[?&;\s])(?:password|passwd|pwd|sslpassword|secret|token|api_key)=)[^&;\s]*",
+    re.IGNORECASE,
+)
+_SECRET_CONF_KEY = re.compile(r"pass(word|wd)?|secret|token|credential|private|sasl\.jaas", re.I)
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with passwords in URLs (``scheme://user:***@host``) and in
+    ``password=...`` style parameters masked."""
+    text = _URL_USERINFO.sub(lambda m: f"{m['pre']}:***@", text)
+    return _SECRET_PARAM.sub(lambda m: f"{m['pre']}***", text)
+
+
+# ---------------------------------------------------------------------------
+# Shared validators and types
+# ---------------------------------------------------------------------------
+
+
+def _parse_duration(value: Any) -> int:
+    """``"1s"``, ``"500ms"``, ``"2m"``, ``"1h"`` or an int (milliseconds) -> int ms > 0."""
+    expected = (
+        "expected a positive duration such as '1s', '500ms', '2m' "
+        "or an integer number of milliseconds"
+    )
+    if isinstance(value, bool):
+        raise ValueError(expected)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        ms = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", value)
+        if not m:
+            raise ValueError(expected)
+        scale = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}[m[2] or "ms"]
+        exact = float(m[1]) * scale
+        if not exact.is_integer():
+            raise ValueError(f"{expected} (not a whole number of milliseconds)")
+        ms = int(exact)
+    else:
+        raise ValueError(expected)
+    if ms <= 0:
+        raise ValueError(expected)
+    if ms > MAX_DURATION_MS:
+        raise ValueError(f"{expected}, at most 30 days")
+    return ms
+
+
+#: The longest duration any setting takes (intervals, timeouts, grace periods).
+MAX_DURATION_MS = 30 * 24 * 3600 * 1000
+
+
+#: A duration in milliseconds; YAML may say ``1s``, ``500ms``, ``2m``, ``1h`` or an int (ms).
+DurationMs = Annotated[int, BeforeValidator(_parse_duration)]
+
+_DECIMAL = re.compile(r"decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)")
+
+
+def check_column_type(name: str) -> str:
+    """Validate a column type name (see :data:`COLUMN_TYPES`) and normalize it
+    (lower case, ``decimal(p,s)`` without spaces). ``1 <= p <= 38``, ``0 <= s <= p``."""
+    norm = name.strip().lower()
+    m = _DECIMAL.fullmatch(norm)
+    if m:
+        p, s = int(m[1]), int(m[2])
+        if not (1 <= p <= 38 and 0 <= s <= p):
+            raise ValueError("decimal(p,s) needs 1 <= p <= 38 and 0 <= s <= p")
+        return f"decimal({p},{s})"
+    if norm in COLUMN_TYPES and norm != "decimal(p,s)":
+        return norm
+    raise ValueError(f"unknown column type (expected one of: {', '.join(COLUMN_TYPES)})")
+
+
+ColumnType = Annotated[str, AfterValidator(check_column_type)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+#: The characters Kafka allows in a topic name.
+KAFKA_TOPIC_PATTERN = r"^[A-Za-z0-9._-]+$"
+#: The characters PostgreSQL allows in a replication slot name.
+SLOT_PATTERN = r"^[a-z0-9_]{1,63}$"
+
+
+def _tags(members: Sequence[type[BaseModel]]) -> list[str]:
+    """The ``type`` tags of a discriminated union's members, sorted."""
+    out: list[str] = []
+    for m in members:
+        out.extend(str(a) for a in get_args(m.model_fields["type"].annotation))
+    return sorted(out)
+
+
+def _shorthand(what: str, members: Sequence[type[BaseModel]]) -> Callable[[Any], Any]:
+    """A before-validator accepting ``"json"`` for ``{type: json}``."""
+    tags = ", ".join(_tags(members))
+
+    def expand(value: Any) -> Any:
+        if isinstance(value, str):
+            return {"type": value}
+        if isinstance(value, Mapping | BaseModel):
+            return value
+        raise ValueError(f"expected a {what} type ({tags}) or a mapping with key 'type'")
+
+    return expand
+
+
+def _get(item: Any, key: str) -> Any:
+    """``item[key]`` for raw mappings, ``item.key`` for models, else None."""
+    if isinstance(item, Mapping):
+        return item.get(key)
+    if isinstance(item, BaseModel):
+        return getattr(item, key, None)
+    return None
+
+
+def _problem(
+    loc: KeyPath, message: str, also: KeyPath | None = None, on_key: bool = False
+) -> InitErrorDetails:
+    """A cross-field problem found by :meth:`_Model._check`, at ``loc`` (relative
+    to the model being validated); ``also`` points at a second, related place;
+    ``on_key``: the problem is the key itself, not its value."""
+    ctx: dict[str, Any] = {"message": message, "at": loc, "on_key": on_key}
+    if also is not None:
+        ctx["also"] = also
+    return {
+        "type": PydanticCustomError("reclock_config", "{message}", ctx),
+        "loc": loc,
+        "input": None,
+    }
+
+
+def _duplicate_names(items: Any, where: str, what: str) -> list[InitErrorDetails]:
+    """One problem per repeated ``name`` in the sequence ``items``."""
+    if not isinstance(items, Sequence) or isinstance(items, str):
+        return []
+    first: dict[str, int] = {}
+    out: list[InitErrorDetails] = []
+    for i, item in enumerate(items):
+        name = _get(item, "name")
+        if not isinstance(name, str):
+            continue
+        if name in first:
+            out.append(_problem((where, i, "name"), f"duplicate {what} name {name!r}",
+                                also=(where, first[name], "name")))
+        else:
+            first[name] = i
+    return out
+
+
+class _Model(BaseModel):
+    """Base of every configuration model: unknown keys are errors, values are
+    frozen, field docstrings become descriptions (for the reference docs), and
+    ``model_dump()`` uses the YAML key names.
+
+    Cross-field checks live in :meth:`_check`, which sees the *raw* input, so
+    they are reported together with every field error instead of only once
+    all fields are valid.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+        serialize_by_alias=True,  # model_dump() speaks YAML: ``schema``, not ``schema_``
+    )
+
+    def __repr_args__(self) -> Any:
+        # repr() of a configuration is logged: mask secrets the way redacted_dump does.
+        for name, value in super().__repr_args__():
+            yield name, _redact_repr(value, name or "")
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        """Cross-field problems in the raw input ``data`` (override)."""
+        return []
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _cross_checks(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        problems = cls._check(data) if isinstance(data, Mapping) else []
+        if not problems:
+            return handler(data)
+        errors: list[InitErrorDetails] = []
+        try:
+            handler(data)
+        except ValidationError as exc:
+            for e in exc.errors():
+                err: InitErrorDetails = {"type": e["type"], "loc": e["loc"], "input": e["input"]}
+                if e["type"] == "reclock_config":
+                    err["type"] = PydanticCustomError("reclock_config", "{message}", e["ctx"])
+                elif "ctx" in e:
+                    err["ctx"] = e["ctx"]
+                errors.append(err)
+        raise ValidationError.from_exception_data(cls.__name__, errors + problems)
+
+
+def redacted_dump(cfg: BaseModel) -> dict[str, Any]:
+    """``cfg`` as plain JSON-able data (keys as written in YAML) for display,
+    e.g. by ``reclock status``: :class:`~pydantic.SecretStr` values become
+    ``"***"``, passwords in URLs are masked, and values of Spark settings whose
+    name looks secret (password, secret, token, ...) become ``"***"``."""
+    out = _redact(cfg)
+    assert isinstance(out, dict)
+    return out
+
+
+def _redact_repr(value: Any, key: str) -> Any:
+    if isinstance(value, str):
+        return redact_secrets(value)
+    if key in ("conf", "properties") and isinstance(value, Mapping):
+        return {k: "***" if _SECRET_CONF_KEY.search(str(k)) else v for k, v in value.items()}
+    return value
+
+
+def _redact(value: Any, key: str = "") -> Any:
+    if isinstance(value, BaseModel):
+        return {
+            (f.alias or name): _redact(getattr(value, name), name)
+            for name, f in type(value).model_fields.items()
+        }
+    if isinstance(value, SecretStr):
+        return "***"
+    if isinstance(value, Mapping):
+        return {str(k): ("***" if key in ("conf", "properties")
+                         and _SECRET_CONF_KEY.search(str(k))
+                         else _redact(v)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redact(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, str):
+        return redact_secrets(value)
+    return value
