@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import pyarrow as pa
 
@@ -44,7 +44,7 @@ from reclock.progress_log import ProgressLog
 from reclock.statuspage import History, StatusServer
 from remap_store import RemapStore, open_store
 from sinks.base import PersistSink, output_schema
-from sources.base import Source
+from sources.base import Source, SourceContext
 
 log = logging.getLogger("reclock")
 
@@ -113,38 +113,9 @@ class Pipeline:
         return BuiltSource(src, source, outputs)
 
     def _connector(self, src: SourceConfig) -> Source[Any]:
-        if src.generator is not None:
-            from sources.generator import GeneratorSource
-
-            g = src.generator
-            return GeneratorSource(
-                src.name, clock=self.clock, kind=g.kind, rate=g.rate, max_records=g.max_records,
-                start=g.start, seed=g.seed, value_format=g.value_format, bad_every=g.bad_every,
-                output_names=[o.name for o in src.outputs],
-            )
-        if src.kafka is not None:
-            from sources.kafka import KafkaSource
-
-            k = src.kafka
-            return KafkaSource(
-                src.name, k.bootstrap_servers, k.topic, self.clock,
-                group_id=k.group_id or f"reclock-{self.identity}-{src.name}",
-                start=k.start, start_offsets={s.partition: s.offset for s in k.start_offsets},
-                start_timestamp=k.start_timestamp, properties=dict(k.properties),
-                timeout_s=k.timeout / 1000.0, output_names=[o.name for o in src.outputs],
-                native=k.reader == "native",
-            )
-        if src.postgres is not None:
-            from sources.postgres.source import PostgresSource
-
-            pg = src.postgres
-            return PostgresSource(
-                src.name, pg.dsn, self.clock, publication=pg.publication, slot=pg.slot,
-                identity=self.identity,
-                tables=pg.table_outputs(), snapshot=pg.snapshot, drop_slot=pg.drop_slot,
-                timeout_s=pg.timeout / 1000.0, output_names=[o.name for o in src.outputs],
-            )
-        raise DefiniteError(f"source {src.name!r}: no connector configured")
+        _, block = src.connector
+        return cast("Source[Any]", block.build(src.name, SourceContext(
+            self.clock, self.identity, tuple(o.name for o in src.outputs))))
 
     def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig
                 ) -> OutputRuntime:

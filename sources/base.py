@@ -69,6 +69,20 @@ class OutputSpec:
 
 
 @dataclass(frozen=True)
+class SourceContext:
+    """What a connector's config needs besides itself to build its source
+    (:meth:`reclock.config.base.ConnectorConfig.build`)."""
+
+    clock: Any  # reclock.clock.Clock: milliseconds, injectable in tests
+    #: the pipeline's identity, minted once in the remap store: names of what
+    #: the source creates upstream (slots, publications, consumer groups)
+    #: carry it, so two pipelines never share them
+    identity: str
+    #: the configured outputs' names, in order
+    output_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ReadTask:
     """A picklable unit of reading: ``[lower, upper)`` of one source, in the
     source's own encoding (``spec``), with an estimated record count."""

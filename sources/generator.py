@@ -21,21 +21,24 @@ is available: the source finishes and its outputs close.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import Field
+from pydantic_core import InitErrorDetails
 
 from reclock.clock import Clock
 from reclock.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
+from reclock.config.base import ConnectorConfig, _problem
 from reclock.errors import DefiniteError
 from reclock.frontier import Antichain
 from reclock.time import Counter
-from sources.base import OutputSpec, ReadTask, SourceBase
+from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
 
 CHUNK = 65_536
 _CITIES = ["Amsterdam", "Berlin", "Lisbon", "Oslo", "Prague", "Rome", "Vienna", "Zurich"]
@@ -278,3 +281,44 @@ class GeneratorSource(SourceBase):
 
     # -- for verification --------------------------------------------------------
     replayable = True
+
+
+# -- configuration ----------------------------------------------------------------
+
+
+class GeneratorConfig(ConnectorConfig):
+    """A deterministic load generator; its FromTime is a counter."""
+
+    kind: Literal["counter", "orders"]
+    """``counter``: one output of raw bytes in ``value_format``. ``orders``: two
+    typed outputs, ``customers`` and ``orders``."""
+    rate: float = Field(default=1000.0, gt=0, le=1e9)
+    """Records per second that become available."""
+    max_records: int | None = Field(default=None, ge=0)
+    """Finite generator: after this many records the source finishes and its
+    outputs close. Unset: runs forever."""
+    start: int = Field(default=0, ge=0)
+    """The first counter value (the start position)."""
+    seed: int = 0
+    """Seed of the generated data (same seed, same data)."""
+    value_format: Literal["json", "text", "csv", "bytes"] = "json"
+    """``counter`` only: the encoding of the emitted value bytes."""
+    bad_every: int = Field(default=0, ge=0)
+    """``counter`` only: every Nth record is malformed for its format, to
+    exercise the error collection; 0 = never."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        if data.get("kind") != "orders":
+            return []
+        return [
+            _problem((k,), "only applies to kind 'counter'")
+            for k in ("value_format", "bad_every") if k in data
+        ]
+
+    def build(self, name: str, ctx: SourceContext) -> GeneratorSource:
+        return GeneratorSource(
+            name, clock=ctx.clock, kind=self.kind, rate=self.rate,
+            max_records=self.max_records, start=self.start, seed=self.seed,
+            value_format=self.value_format, bad_every=self.bad_every,
+            output_names=list(ctx.output_names))

@@ -38,9 +38,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from confluent_kafka import (
@@ -53,13 +53,16 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
+from pydantic import Field
+from pydantic_core import InitErrorDetails
 
 from reclock.clock import Clock
 from reclock.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
+from reclock.config.base import KAFKA_TOPIC_PATTERN, ConnectorConfig, DurationMs, _Model, _problem
 from reclock.errors import DefiniteError, FrontierRegression, TransientError
 from reclock.frontier import Antichain, kafka_frontier
 from reclock.time import Partitioned, kafka_offsets
-from sources.base import OutputSpec, ReadTask, SourceBase
+from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
 
 BATCH = 50_000
 BATCH_BYTES = 256 << 20  # a native batch's keys and values (its offsets are 32-bit)
@@ -597,3 +600,78 @@ class KafkaSource(SourceBase):
                 self._consumer.close()
             self._consumer = None
         self._admin = None
+
+
+# -- configuration ----------------------------------------------------------------
+
+
+class KafkaStartOffset(_Model):
+    """One partition's start position."""
+
+    partition: int = Field(ge=0)
+    """Partition id."""
+    offset: int = Field(ge=0)
+    """The first offset to ingest."""
+
+
+class KafkaConfig(ConnectorConfig):
+    """A Kafka topic; its FromTime is the partitioned offset (one coordinate per
+    partition; partitions that appear later are covered from offset 0)."""
+
+    bootstrap_servers: str = Field(min_length=1)
+    """``host:port[,host:port...]``."""
+    topic: str = Field(min_length=1, max_length=249, pattern=KAFKA_TOPIC_PATTERN)
+    """The topic to ingest."""
+    group_id: str | None = None
+    """Consumer group that the durable offsets are committed to (for monitoring
+    and retention only; reclock never resumes from it). Default
+    ``reclock-<pipeline id>-<source name>`` (see the Kafka sink's
+    ``transactional_id``)."""
+    start: Literal["earliest", "latest", "offsets", "timestamp"] = "earliest"
+    """Where a new source starts (fixed when it first starts): ``earliest``,
+    ``latest``, ``offsets`` (see ``start_offsets``) or ``timestamp`` (see
+    ``start_timestamp``)."""
+    start_offsets: tuple[KafkaStartOffset, ...] = ()
+    """With ``start: offsets``: ``[{partition: 0, offset: 42}, ...]``; partitions
+    not listed start at their earliest available offset."""
+    start_timestamp: int | None = Field(default=None, ge=0)
+    """With ``start: timestamp``: milliseconds since the epoch; each partition
+    starts at its first record at or after it."""
+    properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    """Extra librdkafka settings passed straight to every client (for example
+    ``security.protocol``, ``sasl.username``, ``sasl.password``); values of
+    secret-looking keys are never printed."""
+    timeout: DurationMs = 10_000
+    """Timeout of metadata and offset requests, and of a read task waiting for
+    its range."""
+    reader: Literal["native", "python"] = "native"
+    """How Spark tasks read their ranges: ``native`` (a C reader filling Arrow
+    buffers straight from librdkafka; the pure-Python reader, with a warning,
+    where the extension was not built) or ``python`` (a confluent-kafka
+    ``Consumer``). Both read exactly the same records."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        start = data.get("start", "earliest")
+        out = []
+        if start == "offsets" and not data.get("start_offsets"):
+            out.append(_problem(("start_offsets",), "required with start: offsets"))
+        if start == "timestamp" and data.get("start_timestamp") is None:
+            out.append(_problem(("start_timestamp",), "required with start: timestamp"))
+        if data.get("start_offsets") and start != "offsets":
+            out.append(_problem(("start_offsets",), "only applies to start: offsets",
+                                on_key=True))
+        if data.get("start_timestamp") is not None and start != "timestamp":
+            out.append(_problem(("start_timestamp",), "only applies to start: timestamp",
+                                on_key=True))
+        return out
+
+    def build(self, name: str, ctx: SourceContext) -> KafkaSource:
+        return KafkaSource(
+            name, self.bootstrap_servers, self.topic, ctx.clock,
+            group_id=self.group_id or f"reclock-{ctx.identity}-{name}",
+            start=self.start, start_offsets={s.partition: s.offset for s in self.start_offsets},
+            start_timestamp=self.start_timestamp, properties=dict(self.properties),
+            timeout_s=self.timeout / 1000.0, output_names=list(ctx.output_names),
+            native=self.reader == "native",
+        )

@@ -23,16 +23,17 @@ key path and what was expected, never from the offending value (so a
 :class:`~pydantic.SecretStr` field cannot leak), and URL passwords
 (``postgresql://u:pw@h/db``) are masked in anything that is printed.
 
-Adding a connector is one optional field on :class:`SourceConfig` typed with a
-:class:`ConnectorConfig` subclass; adding a sink or a format is one model and
-one more member of :data:`SinkConfig` / :data:`FormatConfig`.
+Adding a connector is a :class:`~reclock.config.base.ConnectorConfig`
+subclass in the connector's own module (every option spelled once, read by
+its ``build``) and one optional field on :class:`SourceConfig` typed with it;
+adding a sink or a format is one model and one more member of
+:data:`SinkConfig` / :data:`FormatConfig`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -51,10 +52,10 @@ from reclock.config.base import (
     DEFAULT_INTERVAL_MS,
     KAFKA_TOPIC_PATTERN,
     NAME_PATTERN,
-    SLOT_PATTERN,
     ColumnType,
     ConfigError,
     ConfigIssue,
+    ConnectorConfig,
     DurationMs,
     KeyPath,
     Name,
@@ -68,6 +69,9 @@ from reclock.config.base import (
     redacted_dump,
 )
 from reclock.config.loader import LineLoader, format_path, parse_model
+from sources.generator import GeneratorConfig
+from sources.kafka import KafkaConfig, KafkaStartOffset
+from sources.postgres.config import PgTableConfig, PostgresConfig
 
 
 def _sink_target(sink: Any) -> tuple[str, ...] | None:
@@ -368,193 +372,6 @@ SinkConfig = Annotated[
 # ---------------------------------------------------------------------------
 # Sources
 # ---------------------------------------------------------------------------
-
-
-class ConnectorConfig(_Model):
-    """Base of connector blocks. A :class:`SourceConfig` field typed
-    ``SomeConnector | None`` with ``SomeConnector`` a subclass is a connector
-    block, and exactly one of them must be given."""
-
-
-class GeneratorConfig(ConnectorConfig):
-    """A deterministic load generator; its FromTime is a counter."""
-
-    kind: Literal["counter", "orders"]
-    """``counter``: one output of raw bytes in ``value_format``. ``orders``: two
-    typed outputs, ``customers`` and ``orders``."""
-    rate: float = Field(default=1000.0, gt=0, le=1e9)
-    """Records per second that become available."""
-    max_records: int | None = Field(default=None, ge=0)
-    """Finite generator: after this many records the source finishes and its
-    outputs close. Unset: runs forever."""
-    start: int = Field(default=0, ge=0)
-    """The first counter value (the start position)."""
-    seed: int = 0
-    """Seed of the generated data (same seed, same data)."""
-    value_format: Literal["json", "text", "csv", "bytes"] = "json"
-    """``counter`` only: the encoding of the emitted value bytes."""
-    bad_every: int = Field(default=0, ge=0)
-    """``counter`` only: every Nth record is malformed for its format, to
-    exercise the error collection; 0 = never."""
-
-    @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
-        if data.get("kind") != "orders":
-            return []
-        return [
-            _problem((k,), "only applies to kind 'counter'")
-            for k in ("value_format", "bad_every") if k in data
-        ]
-
-
-class KafkaStartOffset(_Model):
-    """One partition's start position."""
-
-    partition: int = Field(ge=0)
-    """Partition id."""
-    offset: int = Field(ge=0)
-    """The first offset to ingest."""
-
-
-class KafkaConfig(ConnectorConfig):
-    """A Kafka topic; its FromTime is the partitioned offset (one coordinate per
-    partition; partitions that appear later are covered from offset 0)."""
-
-    bootstrap_servers: str = Field(min_length=1)
-    """``host:port[,host:port...]``."""
-    topic: str = Field(min_length=1, max_length=249, pattern=KAFKA_TOPIC_PATTERN)
-    """The topic to ingest."""
-    group_id: str | None = None
-    """Consumer group that the durable offsets are committed to (for monitoring
-    and retention only; reclock never resumes from it). Default
-    ``reclock-<pipeline id>-<source name>`` (see the Kafka sink's
-    ``transactional_id``)."""
-    start: Literal["earliest", "latest", "offsets", "timestamp"] = "earliest"
-    """Where a new source starts (fixed when it first starts): ``earliest``,
-    ``latest``, ``offsets`` (see ``start_offsets``) or ``timestamp`` (see
-    ``start_timestamp``)."""
-    start_offsets: tuple[KafkaStartOffset, ...] = ()
-    """With ``start: offsets``: ``[{partition: 0, offset: 42}, ...]``; partitions
-    not listed start at their earliest available offset."""
-    start_timestamp: int | None = Field(default=None, ge=0)
-    """With ``start: timestamp``: milliseconds since the epoch; each partition
-    starts at its first record at or after it."""
-    properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    """Extra librdkafka settings passed straight to every client (for example
-    ``security.protocol``, ``sasl.username``, ``sasl.password``); values of
-    secret-looking keys are never printed."""
-    timeout: DurationMs = 10_000
-    """Timeout of metadata and offset requests, and of a read task waiting for
-    its range."""
-    reader: Literal["native", "python"] = "native"
-    """How Spark tasks read their ranges: ``native`` (a C reader filling Arrow
-    buffers straight from librdkafka; the pure-Python reader, with a warning,
-    where the extension was not built) or ``python`` (a confluent-kafka
-    ``Consumer``). Both read exactly the same records."""
-
-    @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
-        start = data.get("start", "earliest")
-        out = []
-        if start == "offsets" and not data.get("start_offsets"):
-            out.append(_problem(("start_offsets",), "required with start: offsets"))
-        if start == "timestamp" and data.get("start_timestamp") is None:
-            out.append(_problem(("start_timestamp",), "required with start: timestamp"))
-        if data.get("start_offsets") and start != "offsets":
-            out.append(_problem(("start_offsets",), "only applies to start: offsets",
-                                on_key=True))
-        if data.get("start_timestamp") is not None and start != "timestamp":
-            out.append(_problem(("start_timestamp",), "only applies to start: timestamp",
-                                on_key=True))
-        return out
-
-
-class PgTableConfig(_Model):
-    """One replicated table, named exactly (any characters), and its output."""
-
-    table: str = Field(min_length=1, max_length=63)
-    """The table's name as the catalog spells it (no quoting needed)."""
-    schema_: str = Field(default="public", alias="schema", min_length=1, max_length=63)
-    """Its schema."""
-    output: Name | None = None
-    """The output it feeds; default the table's name (which must then be a
-    valid output name)."""
-
-
-def _table_entry(value: Any) -> Any:
-    """``"schema.table"`` / ``"table"`` as the mapping form."""
-    if isinstance(value, str):
-        schema, dot, table = value.partition(".")
-        return {"schema": schema, "table": table} if dot else {"table": value}
-    return value
-
-
-class PostgresConfig(ConnectorConfig):
-    """PostgreSQL change data capture (logical replication, ``pgoutput``); its
-    FromTime is the LSN, every transaction stamped at its commit LSN. One
-    output per table, named after the table unless given."""
-
-    dsn: str = Field(min_length=1)
-    """``postgresql://user:${PGPASSWORD}@host:port/db``; the password is never
-    printed. The role needs REPLICATION (or superuser) and SELECT on the tables."""
-    tables: tuple[Annotated[PgTableConfig, BeforeValidator(_table_entry)], ...] | None = None
-    """``[schema.table, table, {table, schema, output}, ...]`` (schema
-    ``public`` by default); each feeds the output named after the table, or
-    ``output``. The mapping form takes any table name (spaces, quotes,
-    unicode, dots) and gives its output a name. Unset: every table of
-    ``publication``."""
-    publication: str | None = Field(default=None, min_length=1, max_length=63)
-    """Publication name (created for ``tables`` when absent). Default
-    ``reclock_<pipeline id>_<source name>`` (see ``slot``)."""
-    slot: str | None = Field(default=None, pattern=SLOT_PATTERN)
-    """Replication slot name (created when absent). Default
-    ``reclock_<pipeline id>_<source name>``: the pipeline id is minted once in
-    the remap store, so two pipelines never share a slot. A slot confirmed
-    past what the outputs hold (advanced by something else) is a definite
-    error. A deployment from before pipeline ids keeps its
-    ``reclock_<source name>`` slot."""
-    snapshot: bool = True
-    """Read the tables' existing rows first (an exported snapshot, in parallel
-    Spark tasks), then continue from exactly that point. ``false``: changes only."""
-    drop_slot: bool = False
-    """``reclock drop`` also drops the replication slot (releasing its WAL)."""
-    timeout: DurationMs = 30_000
-    """Timeout of connecting, and of a read task waiting for its range."""
-
-    @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
-        tables = data.get("tables")
-        if tables is None and not data.get("publication"):
-            return [_problem(("tables",), "give tables, or the publication to read them from")]
-        problems: list[InitErrorDetails] = []
-        seen: dict[str, int] = {}
-        for i, raw in enumerate(tables or ()):
-            t = _table_entry(raw)
-            if not isinstance(t, Mapping):
-                continue  # the field's own validation names it
-            name = str(t.get("table", ""))
-            output = t.get("output") or name
-            if t.get("output") and (not isinstance(output, str)
-                                    or not re.match(NAME_PATTERN, output)):
-                continue  # the field's own validation names it
-            if not isinstance(output, str) or not re.match(NAME_PATTERN, output):
-                problems.append(_problem(
-                    ("tables", i), f"table {name!r} cannot name its output (letters, digits, "
-                    "_ and -, starting with a letter); write it as {table: ..., output: "
-                    "a_name}"))
-            elif output in seen:
-                problems.append(_problem(
-                    ("tables", i), f"output {output!r} is fed by two tables (entries "
-                    f"{seen[output]} and {i}); give one of them another output: name"))
-            else:
-                seen[output] = i
-        return problems
-
-    def table_outputs(self) -> list[tuple[str, str, str]] | None:
-        """``(schema, table, output)`` per configured table; None: the publication's."""
-        if self.tables is None:
-            return None
-        return [(t.schema_, t.table, t.output or t.table) for t in self.tables]
 
 
 class OutputConfig(_Model):
@@ -861,6 +678,10 @@ __all__ = [
     "ConfigError",
     "ConfigIssue",
     "ConnectorConfig",
+    "KafkaConfig",
+    "KafkaStartOffset",
+    "PgTableConfig",
+    "PostgresConfig",
     "ConsoleSinkConfig",
     "CsvFormat",
     "DebeziumEnvelope",

@@ -319,3 +319,17 @@ def _redact(value: Any, key: str = "") -> Any:
     if isinstance(value, str):
         return redact_secrets(value)
     return value
+
+
+class ConnectorConfig(_Model):
+    """Base of connector blocks: a connector's whole configuration, defined in
+    the connector's own module. A :class:`~reclock.config.SourceConfig` field
+    typed ``SomeConnector | None`` is a connector block (exactly one is
+    given), and :meth:`build` makes the source from it, so that every option
+    is spelled once: in the model, and read by the connector itself."""
+
+    def build(self, name: str, ctx: Any) -> Any:
+        """The connector's :class:`~sources.base.Source` named ``name``;
+        ``ctx`` is a :class:`~sources.base.SourceContext` (the clock, the
+        pipeline's identity, the configured outputs' names)."""
+        raise NotImplementedError

@@ -1,0 +1,123 @@
+"""The PostgreSQL connector's configuration (light: no driver imported until
+:meth:`PostgresConfig.build`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BeforeValidator, Field
+from pydantic_core import InitErrorDetails
+
+from reclock.config.base import (
+    NAME_PATTERN,
+    SLOT_PATTERN,
+    ConnectorConfig,
+    DurationMs,
+    Name,
+    _Model,
+    _problem,
+)
+
+if TYPE_CHECKING:
+    from sources.base import SourceContext
+    from sources.postgres.source import PostgresSource
+
+
+class PgTableConfig(_Model):
+    """One replicated table, named exactly (any characters), and its output."""
+
+    table: str = Field(min_length=1, max_length=63)
+    """The table's name as the catalog spells it (no quoting needed)."""
+    schema_: str = Field(default="public", alias="schema", min_length=1, max_length=63)
+    """Its schema."""
+    output: Name | None = None
+    """The output it feeds; default the table's name (which must then be a
+    valid output name)."""
+
+
+def _table_entry(value: Any) -> Any:
+    """``"schema.table"`` / ``"table"`` as the mapping form."""
+    if isinstance(value, str):
+        schema, dot, table = value.partition(".")
+        return {"schema": schema, "table": table} if dot else {"table": value}
+    return value
+
+
+class PostgresConfig(ConnectorConfig):
+    """PostgreSQL change data capture (logical replication, ``pgoutput``); its
+    FromTime is the LSN, every transaction stamped at its commit LSN. One
+    output per table, named after the table unless given."""
+
+    dsn: str = Field(min_length=1)
+    """``postgresql://user:${PGPASSWORD}@host:port/db``; the password is never
+    printed. The role needs REPLICATION (or superuser) and SELECT on the tables."""
+    tables: tuple[Annotated[PgTableConfig, BeforeValidator(_table_entry)], ...] | None = None
+    """``[schema.table, table, {table, schema, output}, ...]`` (schema
+    ``public`` by default); each feeds the output named after the table, or
+    ``output``. The mapping form takes any table name (spaces, quotes,
+    unicode, dots) and gives its output a name. Unset: every table of
+    ``publication``."""
+    publication: str | None = Field(default=None, min_length=1, max_length=63)
+    """Publication name (created for ``tables`` when absent). Default
+    ``reclock_<pipeline id>_<source name>`` (see ``slot``)."""
+    slot: str | None = Field(default=None, pattern=SLOT_PATTERN)
+    """Replication slot name (created when absent). Default
+    ``reclock_<pipeline id>_<source name>``: the pipeline id is minted once in
+    the remap store, so two pipelines never share a slot. A slot confirmed
+    past what the outputs hold (advanced by something else) is a definite
+    error. A deployment from before pipeline ids keeps its
+    ``reclock_<source name>`` slot."""
+    snapshot: bool = True
+    """Read the tables' existing rows first (an exported snapshot, in parallel
+    Spark tasks), then continue from exactly that point. ``false``: changes only."""
+    drop_slot: bool = False
+    """``reclock drop`` also drops the replication slot (releasing its WAL)."""
+    timeout: DurationMs = 30_000
+    """Timeout of connecting, and of a read task waiting for its range."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        tables = data.get("tables")
+        if tables is None and not data.get("publication"):
+            return [_problem(("tables",), "give tables, or the publication to read them from")]
+        problems: list[InitErrorDetails] = []
+        seen: dict[str, int] = {}
+        for i, raw in enumerate(tables or ()):
+            t = _table_entry(raw)
+            if not isinstance(t, Mapping):
+                continue  # the field's own validation names it
+            name = str(t.get("table", ""))
+            output = t.get("output") or name
+            if t.get("output") and (not isinstance(output, str)
+                                    or not re.match(NAME_PATTERN, output)):
+                continue  # the field's own validation names it
+            if not isinstance(output, str) or not re.match(NAME_PATTERN, output):
+                problems.append(_problem(
+                    ("tables", i), f"table {name!r} cannot name its output (letters, digits, "
+                    "_ and -, starting with a letter); write it as {table: ..., output: "
+                    "a_name}"))
+            elif output in seen:
+                problems.append(_problem(
+                    ("tables", i), f"output {output!r} is fed by two tables (entries "
+                    f"{seen[output]} and {i}); give one of them another output: name"))
+            else:
+                seen[output] = i
+        return problems
+
+    def table_outputs(self) -> list[tuple[str, str, str]] | None:
+        """``(schema, table, output)`` per configured table; None: the publication's."""
+        if self.tables is None:
+            return None
+        return [(t.schema_, t.table, t.output or t.table) for t in self.tables]
+
+    def build(self, name: str, ctx: SourceContext) -> PostgresSource:
+        from sources.postgres.source import PostgresSource
+
+        return PostgresSource(
+            name, self.dsn, ctx.clock, publication=self.publication, slot=self.slot,
+            identity=ctx.identity, tables=self.table_outputs(), snapshot=self.snapshot,
+            drop_slot=self.drop_slot, timeout_s=self.timeout / 1000.0,
+            output_names=list(ctx.output_names),
+        )
