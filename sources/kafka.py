@@ -387,6 +387,7 @@ class KafkaSource(SourceBase):
     timeout_s: float = 10.0
     output_names: list[str] = field(default_factory=list)
     native: bool = True  # tasks read with the C reader where it is built
+    commit_offsets: bool = True  # acknowledge by committing to the consumer group
 
     kind = Partitioned.KIND
     replayable = True
@@ -571,7 +572,7 @@ class KafkaSource(SourceBase):
     # -- acknowledgement ----------------------------------------------------------------------
     def acknowledge(self, frontier: Antichain[Partitioned]) -> None:
         offsets, _ = kafka_offsets(frontier)
-        if not offsets:
+        if not offsets or not self.commit_offsets:
             return
         tps = [TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())]
         # Through the AdminClient (OffsetCommit for a group with no members), so
@@ -644,6 +645,11 @@ class KafkaConfig(ConnectorConfig):
     timeout: DurationMs = 10_000
     """Timeout of metadata and offset requests, and of a read task waiting for
     its range."""
+    commit_offsets: bool = True
+    """Commit the durable offsets (the resumption frontier) to ``group_id``, so
+    that Kafka's own tools show the source's lag. ``false``: reclock never
+    writes to a consumer group (no group ACL needed); it resumes from its own
+    state either way."""
     reader: Literal["native", "python"] = "native"
     """How Spark tasks read their ranges: ``native`` (a C reader filling Arrow
     buffers straight from librdkafka; the pure-Python reader, with a warning,
@@ -673,5 +679,5 @@ class KafkaConfig(ConnectorConfig):
             start=self.start, start_offsets={s.partition: s.offset for s in self.start_offsets},
             start_timestamp=self.start_timestamp, properties=dict(self.properties),
             timeout_s=self.timeout / 1000.0, output_names=list(ctx.output_names),
-            native=self.reader == "native",
+            native=self.reader == "native", commit_offsets=self.commit_offsets,
         )
