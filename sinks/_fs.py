@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import re
@@ -191,3 +192,17 @@ def remove_staged(output: str, files: list[Path], log: logging.Logger) -> None:
             continue
         except OSError as exc:
             log.warning("output %r: cannot remove staged file %s: %s", output, path, exc)
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+
+def staging_root(staging_dir: str | Path, name: str) -> Path:
+    """``staging_dir/<name>``, the output's name made safe for a path (a name
+    that is not gets a digest of itself, so two names never share a root)."""
+    if _SAFE_NAME.fullmatch(name):
+        sub = name
+    else:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+        sub = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80].lstrip(".") + "-" + digest
+    return Path(staging_dir).absolute() / sub

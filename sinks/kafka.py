@@ -115,7 +115,6 @@ are masked in the messages of errors that quote them.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
 import re
@@ -156,6 +155,7 @@ from sinks._fs import (
     check_staged_file,
     remove_staged,
     sink_os_error,
+    staging_root,
     vacuum_staged,
 )
 from sinks.base import (
@@ -202,7 +202,6 @@ DEFAULT_MAX_RECORD_BYTES = 1_000_000
 RECORD_OVERHEAD_BYTES = 512
 
 _STAGED = re.compile(r"[A-Za-z0-9_.-]+-\d{5,}\.arrow")
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 # librdkafka properties that only a producer understands: kept out of the
 # consumer's configuration so that librdkafka does not warn about them.
@@ -446,16 +445,6 @@ class KafkaStager:
             raw_max=min(REFUSED_RAW_MAX, self.max_record_bytes // 4))  # base64 + JSON
 
 
-
-
-def staging_root(staging_dir: str | Path, name: str) -> Path:
-    """``staging_dir/<name>``, the name made safe for a path."""
-    if _SAFE_NAME.fullmatch(name):
-        sub = name
-    else:
-        digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-        sub = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80].lstrip(".") + "-" + digest
-    return Path(staging_dir).absolute() / sub
 
 
 # -- the progress chain -------------------------------------------------------------------------

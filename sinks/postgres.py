@@ -137,6 +137,7 @@ from sinks._fs import (
     check_staged_file,
     remove_staged,
     sink_os_error,
+    staging_root,
     vacuum_staged,
 )
 from sinks.base import SinkError, SinkFenced, SinkState, conform, output_schema, refuse_rows
@@ -165,7 +166,6 @@ ORPHAN_GRACE_SECONDS = 6 * 3600.0
 APPLY_ORDER = (INTO_TIME, SRC_PART, SRC_OFFSET, SRC_SEQ, DIFF)
 
 _STAGED = re.compile(r"[A-Za-z0-9_.-]{1,128}-\d{5,}\.arrow")
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 _JSONB_OID = 3802
 _JSON_OID = 114
@@ -486,16 +486,6 @@ class PostgresStager:
 
 
 
-
-
-def staging_root(staging_dir: str | Path, name: str) -> Path:
-    """``staging_dir/<name>``, the name made safe for a path."""
-    if _SAFE_NAME.fullmatch(name):
-        sub = name
-    else:
-        digest = uuid.uuid5(uuid.NAMESPACE_URL, name).hex[:10]
-        sub = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80].lstrip(".") + "-" + digest
-    return Path(staging_dir).absolute() / sub
 
 
 # -- COPY dumpers: JSON text straight into json/jsonb columns -------------------------------
