@@ -167,7 +167,7 @@ class _Snapshot:
 
 def _check_outputs(who: str, tables: Sequence[tuple[str, str, str]]) -> None:
     """Every table feeds an output of its own, with a valid output name."""
-    from reclock.config import NAME_PATTERN
+    from reclock.config.base import NAME_PATTERN
 
     bad = [quoted(sch, t) for sch, t, out in tables if not re.match(NAME_PATTERN, out)]
     if bad:
