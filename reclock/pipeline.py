@@ -43,7 +43,7 @@ from reclock.errors import DefiniteError
 from reclock.progress_log import ProgressLog
 from reclock.statuspage import History, StatusServer
 from remap_store import RemapStore, open_store
-from sinks.base import PersistSink, output_schema
+from sinks.base import PersistSink, SinkContext, output_schema
 from sources.base import Source, SourceContext
 
 log = logging.getLogger("reclock")
@@ -191,39 +191,8 @@ class Pipeline:
         )
 
     def sink(self, src: SourceConfig, ocfg: OutputConfig) -> PersistSink:
-        s = ocfg.sink
-        if s.type == "file":
-            from sinks.delta import DeltaSink
-
-            path = s.path or self.state_dir / "outputs" / src.name / ocfg.name
-            return DeltaSink(f"{src.name}.{ocfg.name}", path)
-        if s.type == "console":
-            from sinks.console import ConsoleSink
-
-            return ConsoleSink(
-                f"{src.name}.{ocfg.name}",
-                self.state_dir / "console" / f"{src.name}.{ocfg.name}.json",
-                max_rows=s.max_rows,
-            )
-        if s.type == "kafka":
-            from sinks.kafka import KafkaSink
-
-            return KafkaSink(
-                f"{src.name}.{ocfg.name}", bootstrap_servers=s.bootstrap_servers, topic=s.topic,
-                staging_dir=self.state_dir / "staging", progress_topic=s.progress_topic,
-                transactional_id=(s.transactional_id
-                                  or f"reclock-{self.identity}-{src.name}.{ocfg.name}"),
-                key_columns=s.key_columns,
-                properties=dict(s.properties),
-            )
-        if s.type == "postgres":
-            from sinks.postgres import PostgresSink
-
-            return PostgresSink(
-                f"{src.name}.{ocfg.name}", dsn=s.dsn, table=s.table, schema=s.schema_,
-                mode=s.mode, key=tuple(s.key), staging_dir=self.state_dir / "staging",
-            )
-        raise DefiniteError(f"source {src.name!r} output {ocfg.name!r}: unknown sink {s.type!r}")
+        return cast("PersistSink", ocfg.sink.build(
+            SinkContext(src.name, ocfg.name, self.state_dir, self.identity)))
 
     # -- drop markers -----------------------------------------------------------------
     def drop_marker(self, source: str) -> Path:

@@ -34,6 +34,7 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -124,6 +125,23 @@ def refuse_rows(table: pa.Table, mask: Any, reason: str,
         else:
             cols.append(table.column(f.name))
     return pa.Table.from_arrays(cols, schema=table.schema)
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """What a sink's config needs besides itself to build the sink."""
+
+    source: str
+    output: str
+    state_dir: Path  # the pipeline's state directory (staging, defaults)
+    #: the pipeline's identity, minted once in the remap store: names the sink
+    #: creates in shared systems (transactional ids) carry it
+    identity: str
+
+    @property
+    def name(self) -> str:
+        """The output's full name, ``<source>.<output>``."""
+        return f"{self.source}.{self.output}"
 
 
 @dataclass(frozen=True)

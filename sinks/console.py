@@ -30,13 +30,15 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import pyarrow as pa
+from pydantic import Field
 
 from reclock.columns import DIFF, ERROR, INTO_TIME, META_FIELDS, META_NAMES
+from reclock.config.base import _Model
 from sinks._fs import atomic_write, exclusive_lock, sink_os_error
-from sinks.base import SinkError, SinkFenced, SinkState, output_schema
+from sinks.base import SinkContext, SinkError, SinkFenced, SinkState, output_schema
 
 
 def jsonable(value: Any) -> Any:
@@ -196,3 +198,20 @@ class ConsoleSink:
     def close(self) -> None:
         out = self._out if self._out is not None else sys.stdout
         out.flush()
+
+
+# -- configuration ----------------------------------------------------------------
+
+
+class ConsoleSinkConfig(_Model):
+    """Prints committed updates, for trying a pipeline out (the output's upper
+    is kept; the rows are not)."""
+
+    type: Literal["console"] = "console"
+    """``console``."""
+    max_rows: int = Field(default=20, gt=0)
+    """Rows printed per batch at most (the rest are counted)."""
+
+    def build(self, ctx: SinkContext) -> ConsoleSink:
+        return ConsoleSink(ctx.name, ctx.state_dir / "console" / f"{ctx.name}.json",
+                           max_rows=self.max_rows)

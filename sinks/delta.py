@@ -69,7 +69,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -85,13 +85,22 @@ from deltalake.transaction import (
 )
 
 from reclock.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
+from reclock.config.base import _Model
 from sinks._fs import (
     atomic_write,
     check_stage_args,
     exclusive_lock,
     sink_os_error,
 )
-from sinks.base import SinkError, SinkFenced, SinkState, conform, output_schema, refuse_rows
+from sinks.base import (
+    SinkContext,
+    SinkError,
+    SinkFenced,
+    SinkState,
+    conform,
+    output_schema,
+    refuse_rows,
+)
 
 log = logging.getLogger("reclock.sinks.delta")
 
@@ -682,3 +691,22 @@ def _delta_error(output: str, path: Path, exc: DeltaError, doing: str) -> SinkEr
     else:
         reason = text
     return SinkError(f"output {output!r}: cannot {doing} {path}: {reason}")
+
+
+# -- configuration ----------------------------------------------------------------
+
+
+class FileSinkConfig(_Model):
+    """A durable table on the local filesystem (a Delta table: Parquet files and
+    a log); data and the output's upper are committed in one atomic step."""
+
+    type: Literal["file"] = "file"
+    """``file``."""
+    path: Path | None = None
+    """Directory of the output. Relative paths resolve against the YAML file's
+    directory; the default is ``<state_dir>/outputs/<source>/<output>`` (filled
+    in when the pipeline is loaded)."""
+
+    def build(self, ctx: SinkContext) -> DeltaSink:
+        path = self.path or ctx.state_dir / "outputs" / ctx.source / ctx.output
+        return DeltaSink(ctx.name, path)

@@ -125,7 +125,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -134,6 +134,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
+from pydantic import Field
 
 from reclock.columns import (
     DIFF,
@@ -147,6 +148,7 @@ from reclock.columns import (
     SRC_SEQ,
     SRC_TS,
 )
+from reclock.config.base import KAFKA_TOPIC_PATTERN, _Model
 from reclock.errors import ReclockError, TransientError
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from sinks._fs import (
@@ -160,6 +162,7 @@ from sinks._fs import (
 )
 from sinks.base import (
     REFUSED_RAW_MAX,
+    SinkContext,
     SinkError,
     SinkFenced,
     SinkState,
@@ -1359,3 +1362,39 @@ class _quiet:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: Any) -> bool:
         return et is not None and issubclass(et, KafkaException | RuntimeError | BufferError)
+
+
+# -- configuration ----------------------------------------------------------------
+
+
+class KafkaSinkConfig(_Model):
+    """A Kafka topic written exactly once: each commit is one Kafka transaction
+    holding the rows and the output's progress record (on
+    ``<topic>.reclock-progress``). Error rows go to ``<topic>.reclock-errors``.
+    reclock creates no topics."""
+
+    type: Literal["kafka"] = "kafka"
+    """``kafka``."""
+    bootstrap_servers: str = Field(min_length=1)
+    """``host:port[,host:port...]``."""
+    topic: str = Field(min_length=1, max_length=249, pattern=KAFKA_TOPIC_PATTERN)
+    """The data topic."""
+    progress_topic: str | None = Field(default=None, pattern=KAFKA_TOPIC_PATTERN)
+    """Where commits record the output's progress (default
+    ``<topic>.reclock-progress``); must not be compacted away."""
+    transactional_id: str | None = None
+    """Default ``reclock-<pipeline id>-<source>.<output>``: the pipeline id is
+    minted once in the remap store, so two pipelines with equal source and
+    output names never fence each other, and every driver of one pipeline
+    (a zombie too) uses the same id, so the broker fences the older."""
+    key_columns: tuple[str, ...] = ()
+    """Columns whose JSON forms the record key (default: no key)."""
+    properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    """Extra librdkafka producer settings; secret-looking values are never printed."""
+
+    def build(self, ctx: SinkContext) -> KafkaSink:
+        return KafkaSink(
+            ctx.name, bootstrap_servers=self.bootstrap_servers, topic=self.topic,
+            staging_dir=ctx.state_dir / "staging", progress_topic=self.progress_topic,
+            transactional_id=self.transactional_id or f"reclock-{ctx.identity}-{ctx.name}",
+            key_columns=self.key_columns, properties=dict(self.properties))

@@ -102,7 +102,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
@@ -117,6 +117,8 @@ from psycopg import sql
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 from psycopg.rows import TupleRow
+from pydantic import Field
+from pydantic_core import InitErrorDetails
 
 from reclock.columns import (
     DIFF,
@@ -128,6 +130,7 @@ from reclock.columns import (
     SRC_PART,
     SRC_SEQ,
 )
+from reclock.config.base import _Model, _problem
 from reclock.errors import ReclockError, TransientError
 from reclock.pgconn import connect_defaults, parse_dsn, scrub, server_label
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
@@ -140,7 +143,15 @@ from sinks._fs import (
     staging_root,
     vacuum_staged,
 )
-from sinks.base import SinkError, SinkFenced, SinkState, conform, output_schema, refuse_rows
+from sinks.base import (
+    SinkContext,
+    SinkError,
+    SinkFenced,
+    SinkState,
+    conform,
+    output_schema,
+    refuse_rows,
+)
 
 log = logging.getLogger("reclock.sinks.postgres")
 
@@ -1206,3 +1217,35 @@ def _temp_schema(conn: Connection) -> str:
     return str(row[0])
 
 
+# -- configuration ----------------------------------------------------------------
+
+
+class PostgresSinkConfig(_Model):
+    """A PostgreSQL table, loaded with COPY; each commit is one transaction
+    holding the rows and the output's upper (table ``reclock_uppers``)."""
+
+    type: Literal["postgres"] = "postgres"
+    """``postgres``."""
+    dsn: str = Field(min_length=1)
+    """``postgresql://user:${PGPASSWORD}@host:port/db``; the password is never printed."""
+    table: str = Field(min_length=1, max_length=63)
+    """Target table (created with matching types when absent)."""
+    schema_: str = Field(default="public", alias="schema", min_length=1, max_length=63)
+    """Target schema."""
+    mode: Literal["log", "state"] = "log"
+    """``log``: every update with ``_into_time``, ``_diff`` and provenance.
+    ``state``: the current rows, keyed by ``key`` (upserts and deletes applied in
+    the same transaction)."""
+    key: tuple[str, ...] = ()
+    """With ``mode: state``: the primary key columns."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        if data.get("mode") == "state" and not data.get("key"):
+            return [_problem(("key",), "required with mode: state")]
+        return []
+
+    def build(self, ctx: SinkContext) -> PostgresSink:
+        return PostgresSink(ctx.name, dsn=self.dsn, table=self.table, schema=self.schema_,
+                            mode=self.mode, key=tuple(self.key),
+                            staging_dir=ctx.state_dir / "staging")

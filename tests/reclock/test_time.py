@@ -11,13 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reclock.errors import InvalidTimeError
-from reclock.frontier import Antichain
+from reclock.frontier import Antichain, kafka_frontier
 from reclock.time import (
     Counter,
     IntoTime,
     Lsn,
     Partitioned,
-    kafka_frontier,
     kafka_offsets,
     time_type,
 )

@@ -1,0 +1,643 @@
+"""Pipeline configuration: one YAML file, typed and checked at the edge.
+
+::
+
+    pipeline.yaml --(LineLoader: values + the line of every key and value,
+         |            duplicate keys)
+         v
+    plain data --(${VAR} / ${VAR:-default} substitution, $$ = literal $)
+         |
+         v
+    PipelineConfig.model_validate --(pydantic errors mapped back to key paths
+         |                           and lines; every problem reported at once)
+         v
+    PipelineConfig (frozen; paths absolute; file sink paths and per-source
+                    timestamp intervals filled in)
+
+Every problem becomes one line of a :class:`ConfigError`::
+
+    pipeline.yaml:12:5: sources[0].outputs[1].sink: unknown key 'pth' (expected one of: path, type)
+
+Secrets never appear in a message: messages are built from the error kind, the
+key path and what was expected, never from the offending value (so a
+:class:`~pydantic.SecretStr` field cannot leak), and URL passwords
+(``postgresql://u:pw@h/db``) are masked in anything that is printed.
+
+Adding a connector is a :class:`~reclock.config.base.ConnectorConfig`
+subclass in the connector's own module (every option spelled once, read by
+its ``build``) and one optional field on :class:`SourceConfig` typed with it;
+adding a sink or a format is one model and one more member of
+:data:`SinkConfig` / :data:`FormatConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import (
+    BeforeValidator,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails
+
+from reclock.config.base import (
+    COLUMN_TYPES,
+    DEFAULT_INTERVAL_MS,
+    NAME_PATTERN,
+    ColumnType,
+    ConfigError,
+    ConfigIssue,
+    ConnectorConfig,
+    DurationMs,
+    KeyPath,
+    Name,
+    _duplicate_names,
+    _get,
+    _Model,
+    _problem,
+    _shorthand,
+    check_column_type,
+    redact_secrets,
+    redacted_dump,
+)
+from reclock.config.loader import LineLoader, format_path, parse_model
+from sinks.console import ConsoleSinkConfig
+from sinks.delta import FileSinkConfig
+from sinks.kafka import KafkaSinkConfig
+from sinks.postgres import PostgresSinkConfig
+from sources.generator import GeneratorConfig
+from sources.kafka import KafkaConfig, KafkaStartOffset
+from sources.postgres.config import PgTableConfig, PostgresConfig
+
+
+def _sink_target(sink: Any) -> tuple[str, ...] | None:
+    """What a raw sink entry writes to, comparable across outputs; ``None``
+    for sinks whose target is derived from the output's own name."""
+    if not isinstance(sink, Mapping):
+        return None
+    kind = sink.get("type")
+    if kind == "file" and isinstance(sink.get("path"), str):
+        raw = str(sink["path"])
+        scheme = raw.split("://", 1)[0] + "://" if "://" in raw else ""
+        return ("file", scheme + os.path.normpath(raw[len(scheme):]))
+    if kind == "postgres" and isinstance(sink.get("table"), str):
+        return ("postgres", str(sink.get("dsn")), str(sink.get("schema") or "public"),
+                str(sink["table"]))
+    if kind == "kafka" and isinstance(sink.get("topic"), str):
+        servers = ",".join(sorted(str(sink.get("bootstrap_servers", "")).split(",")))
+        return ("kafka", servers, str(sink["topic"]))
+    return None
+
+
+def _shared_targets(sources: Any) -> list[InitErrorDetails]:
+    """One problem per output whose sink writes where an earlier output's does:
+    their rows would mix, and each would read back the other's."""
+    if not isinstance(sources, Sequence) or isinstance(sources, str):
+        return []
+    first: dict[tuple[str, ...], tuple[KeyPath, str]] = {}
+    out: list[InitErrorDetails] = []
+    for i, src in enumerate(sources):
+        outputs = _get(src, "outputs")
+        if not isinstance(outputs, Sequence) or isinstance(outputs, str):
+            continue
+        for j, o in enumerate(outputs):
+            target = _sink_target(_get(o, "sink"))
+            if target is None:
+                continue
+            here: KeyPath = ("sources", i, "outputs", j, "sink")
+            label = f"{_get(src, 'name')}.{_get(o, 'name')}"
+            if target in first:
+                loc, other = first[target]
+                what = {"file": "path", "postgres": "table", "kafka": "topic"}[target[0]]
+                out.append(_problem(
+                    here, f"output {label!r} writes the same {what} as output {other!r} "
+                    f"({target[-1]!r}): their rows would mix; give each output its own {what}",
+                    also=loc))
+            else:
+                first[target] = (here, label)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Formats
+# ---------------------------------------------------------------------------
+
+
+class JsonFormat(_Model):
+    """Each record is one JSON object."""
+
+    type: Literal["json"] = "json"
+    """``json``."""
+    schema_: dict[str, ColumnType] | None = Field(default=None, alias="schema")
+    """Columns to extract, ``column: type`` (types: int32, int64, float64, bool,
+    string, binary, timestamp, date, decimal(p,s), json). Without a schema the
+    whole document is kept as one ``json`` column."""
+
+
+class TextFormat(_Model):
+    """Each record is one UTF-8 string (a ``text`` column)."""
+
+    type: Literal["text"] = "text"
+    """``text``."""
+
+
+class BytesFormat(_Model):
+    """Each record is kept as raw bytes (a ``data`` column)."""
+
+    type: Literal["bytes"] = "bytes"
+    """``bytes``."""
+
+
+class CsvFormat(_Model):
+    """Each record is one line of delimited text (no header line: every record
+    is data; a stray header record becomes an error row if it does not convert)."""
+
+    type: Literal["csv"] = "csv"
+    """``csv``."""
+    columns: tuple[str, ...] = Field(min_length=1)
+    """Column names, in order (required)."""
+    types: dict[str, ColumnType] = Field(default_factory=dict)
+    """Types of some columns, ``column: type``; the others are ``string``."""
+    delimiter: str = Field(default=",", min_length=1, max_length=1)
+    """The field separator, one character."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        columns, types = data.get("columns"), data.get("types")
+        if not isinstance(columns, Sequence) or not isinstance(types, Mapping):
+            return []
+        out = [
+            _problem(("types", k), f"column {k!r} is not in 'columns'", on_key=True)
+            for k in types if k not in columns
+        ]
+        seen: set[Any] = set()
+        for i, c in enumerate(columns):
+            if c in seen:
+                out.append(_problem(("columns", i), f"duplicate column {c!r}"))
+            seen.add(c)
+        return out
+
+
+def _avro_schema(value: Any) -> Any:
+    """An inline Avro schema: a JSON string or a mapping, stored as JSON text."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return json.dumps(value, sort_keys=True)
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            raise ValueError("expected an Avro schema as a JSON string or a mapping") from None
+        return value
+    raise ValueError("expected an Avro schema as a JSON string or a mapping")
+
+
+class AvroFormat(_Model):
+    """Avro records. Without ``registry_url`` each record is a bare Avro datum
+    written with ``schema``. With ``registry_url`` each record is in the
+    Confluent wire format (magic byte, schema id): the writer schema is fetched
+    by id, and the reader schema is ``schema`` or the latest version of
+    ``subject``."""
+
+    type: Literal["avro"] = "avro"
+    """``avro``."""
+    schema_: Annotated[str | None, BeforeValidator(_avro_schema)] = Field(
+        default=None, alias="schema"
+    )
+    """The (reader) Avro schema, inline: a JSON string or a YAML mapping (stored
+    as JSON text)."""
+    registry_url: str | None = None
+    """A Confluent-compatible schema registry, e.g. ``http://registry:8081``
+    (credentials in the URL are never printed)."""
+    subject: str | None = None
+    """With ``registry_url`` and no ``schema``: read with this subject's latest
+    schema (e.g. ``orders-value``)."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        schema, url, subject = (data.get(k) for k in ("schema", "registry_url", "subject"))
+        if schema is None and (url is None or subject is None):
+            return [_problem((), "expected 'schema', or 'registry_url' with 'subject'")]
+        if subject is not None and url is None:
+            return [_problem(("subject",), "only applies with 'registry_url'", on_key=True)]
+        return []
+
+
+_FORMATS: tuple[type[_Model], ...] = (JsonFormat, TextFormat, BytesFormat, CsvFormat, AvroFormat)
+#: A record format, discriminated on ``type``; the string ``json`` is short for ``{type: json}``.
+FormatConfig = Annotated[
+    JsonFormat | TextFormat | BytesFormat | CsvFormat | AvroFormat,
+    Field(discriminator="type"),
+    BeforeValidator(_shorthand("format", _FORMATS)),
+]
+
+
+# ---------------------------------------------------------------------------
+# Envelopes
+# ---------------------------------------------------------------------------
+
+
+class NoneEnvelope(_Model):
+    """Append only: every record is an insert."""
+
+    type: Literal["none"] = "none"
+    """``none``."""
+
+
+class UpsertEnvelope(_Model):
+    """Upsert by key: a later value for a key replaces the earlier one; a null
+    value deletes the key."""
+
+    type: Literal["upsert"] = "upsert"
+    """``upsert``."""
+    key: tuple[str, ...] = Field(min_length=1)
+    """The key columns (at least one)."""
+
+
+class DebeziumEnvelope(_Model):
+    """Debezium change events: ``before`` / ``after`` images."""
+
+    type: Literal["debezium"] = "debezium"
+    """``debezium``."""
+    key: tuple[str, ...] = ()
+    """Key columns (of the images). With a key, the output keeps one row per
+    key and retracts what it holds, so events whose before image is missing
+    or holds only the key (``REPLICA IDENTITY DEFAULT`` upstream) are applied
+    exactly; without one, such events are error rows."""
+
+
+_ENVELOPES: tuple[type[_Model], ...] = (NoneEnvelope, UpsertEnvelope, DebeziumEnvelope)
+#: How rows become updates, discriminated on ``type``; ``none`` / ``debezium`` strings allowed.
+EnvelopeConfig = Annotated[
+    NoneEnvelope | UpsertEnvelope | DebeziumEnvelope,
+    Field(discriminator="type"),
+    BeforeValidator(_shorthand("envelope", _ENVELOPES)),
+]
+
+
+# ---------------------------------------------------------------------------
+# Sinks
+# ---------------------------------------------------------------------------
+
+
+_SINKS: tuple[type[_Model], ...] = (FileSinkConfig, ConsoleSinkConfig, KafkaSinkConfig,
+                                    PostgresSinkConfig)
+#: Where an output goes, discriminated on ``type``; ``file`` / ``console`` strings allowed.
+SinkConfig = Annotated[
+    FileSinkConfig | ConsoleSinkConfig | KafkaSinkConfig | PostgresSinkConfig,
+    Field(discriminator="type"),
+    BeforeValidator(_shorthand("sink", _SINKS)),
+]
+
+
+# ---------------------------------------------------------------------------
+# Sources
+# ---------------------------------------------------------------------------
+
+
+class OutputConfig(_Model):
+    """One output of a source: how its records decode and where they go."""
+
+    name: Name
+    """Output name, unique within the source (for ``orders`` generators:
+    ``customers`` or ``orders``)."""
+    format: FormatConfig = Field(default_factory=JsonFormat)
+    """How record values decode (``json``, ``text``, ``bytes``, ``csv``,
+    ``avro``); a type name or a mapping with ``type``. Ignored for sources that
+    emit typed rows (``orders`` generators)."""
+    key_format: FormatConfig | None = None
+    """How record keys decode, same forms as ``format``; unset: keys are kept
+    as raw bytes."""
+    envelope: EnvelopeConfig = Field(default_factory=NoneEnvelope)
+    """``none`` (append), ``{type: upsert, key: [cols]}`` or ``debezium``."""
+    sink: SinkConfig
+    """Where the output is made durable: ``file``, ``console`` or a mapping
+    with ``type`` (required)."""
+    rename: dict[str, str] = Field(default_factory=dict, max_length=10_000)
+    """Columns renamed on their way into the output, ``{upstream name: output
+    name}``: for upstream fields that an output cannot hold as they are named
+    (two that differ only in case, or one that clashes with reclock's own
+    ``_``-columns). Envelope keys name the upstream fields; the sink's
+    settings (a state table's ``key``, ``key_columns``) name output columns."""
+
+
+class SourceConfig(_Model):
+    """One upstream system and its outputs. Exactly one connector block."""
+
+    name: Name
+    """Source name, unique in the pipeline (letters, digits, ``_``, ``-``;
+    starts with a letter; at most 63 characters)."""
+    generator: GeneratorConfig | None = None
+    """Connector block: a load generator."""
+    kafka: KafkaConfig | None = None
+    """Connector block: a Kafka topic."""
+    postgres: PostgresConfig | None = None
+    """Connector block: PostgreSQL tables (change data capture)."""
+    timestamp_interval: DurationMs | None = None
+    """Overrides the pipeline's ``timestamp_interval`` for this source; after
+    loading it always holds the effective value."""
+    outputs: tuple[OutputConfig, ...] = Field(min_length=1)
+    """The source's outputs (at least one; names unique within the source)."""
+
+    @classmethod
+    def connector_keys(cls) -> tuple[str, ...]:
+        """The keys of the connector blocks, e.g. ``("generator",)``."""
+        return tuple(k for k, f in cls.model_fields.items() if _is_connector(f.annotation))
+
+    @property
+    def connector(self) -> tuple[str, ConnectorConfig]:
+        """``(key, block)`` of the one connector block, e.g. ``("generator", cfg)``."""
+        for key in self.connector_keys():
+            block = getattr(self, key)
+            if block is not None:
+                return key, block
+        raise AssertionError("a validated SourceConfig has one connector")
+
+    @property
+    def interval_ms(self) -> int:
+        """The effective timestamp interval in milliseconds."""
+        return self.timestamp_interval or DEFAULT_INTERVAL_MS
+
+    def output(self, name: str) -> OutputConfig:
+        """The output called ``name`` (KeyError if there is none)."""
+        for o in self.outputs:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        keys = cls.connector_keys()
+        given = [k for k in keys if data.get(k) is not None]
+        out = _duplicate_names(data.get("outputs"), "outputs", "output")
+        if not given:
+            expected = ", ".join(keys)
+            out.append(_problem((), f"missing connector block (expected one of: {expected})"))
+        elif len(given) > 1:
+            out.append(_problem((given[1],), f"only one connector block allowed, found: "
+                                             f"{', '.join(given)}"))
+        return out
+
+
+def _is_connector(annotation: Any) -> bool:
+    return any(isinstance(a, type) and issubclass(a, ConnectorConfig)
+               for a in get_args(annotation))
+
+
+# ---------------------------------------------------------------------------
+# Spark and the pipeline
+# ---------------------------------------------------------------------------
+
+
+def _conf_value(value: Any) -> Any:
+    """Spark settings are strings; YAML scalars are accepted (``true`` -> ``"true"``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+class SparkConfig(_Model):
+    """The Spark session that runs the data plane."""
+
+    master: str = "local[*]"
+    """Spark master URL: ``local[*]`` (embedded) or ``spark://host:7077``."""
+    app_name: str = "reclock"
+    """The Spark application name."""
+    conf: dict[str, Annotated[str, BeforeValidator(_conf_value)]] = Field(default_factory=dict)
+    """Extra Spark settings passed straight to ``SparkSession.builder.config``
+    (the escape hatch), e.g. ``spark.executor.memory: 2g``."""
+    max_records_per_job: int = Field(default=1_000_000, gt=0, le=1_000_000_000)
+    """Records read by one Spark job at most (a binding's data may take several)."""
+    jobs_in_flight: int = Field(default=2, ge=1, le=16)
+    """Jobs of one source that read at once when it is far behind: job k+1
+    reads while job k finishes and commits, which hides each Spark job's fixed
+    cost. Commits stay one job at a time, in order. A Postgres source reads
+    one job at a time whatever this says (its slot serves one reader)."""
+    max_records_per_task: int = Field(default=200_000, gt=0, le=1_000_000_000)
+    """Records read by one Spark task at most. A job is split into at least one
+    task per core (so tasks of a full job read at most ``max_records_per_job``
+    / cores), and a Kafka task reads several partitions when they are small."""
+
+
+_REMAP_SCHEMES = ("sqlite", "postgresql", "postgres")
+
+
+class HttpConfig(_Model):
+    """The operator's HTTP endpoint, served by ``reclock run`` while it runs:
+    ``/metrics`` (Prometheus), ``/status.json``, ``/history.json`` and ``/``
+    (a status page with charts). Its address is written into ``status.json``
+    as ``http``."""
+
+    host: str = Field(default="127.0.0.1", min_length=1)
+    """The address to listen on: ``127.0.0.1`` (this machine only, the
+    default) or ``0.0.0.0`` (every interface; the endpoint has no
+    authentication)."""
+    port: int = Field(default=9464, ge=0, le=65535)
+    """The TCP port (default 9464); ``0`` picks a free one (see ``status.json``)."""
+
+
+class HousekeepingConfig(_Model):
+    """Periodic clean-up by the driver."""
+
+    vacuum_every: DurationMs = Field(default=60_000, ge=1000, le=24 * 3600 * 1000)
+    """How often each source's outputs are checked for orphaned staged files
+    (left by failed commits and discarded jobs)."""
+    orphan_grace: DurationMs = Field(default=300_000, ge=10_000, le=7 * 24 * 3600 * 1000)
+    """A staged file that no commit references is deleted once it is this old
+    (the source has no job in flight when the check runs)."""
+
+
+class PipelineConfig(_Model):
+    """A pipeline: its sources, their outputs, and where reclock keeps state.
+
+    Any string value may use ``${VAR}`` or ``${VAR:-default}`` (``$$`` is a
+    literal ``$``). Top-level keys starting with ``x-`` are ignored, so they
+    can hold YAML anchors (``x-sink: &sink {type: file}``, then ``sink: *sink``).
+    """
+
+    state_dir: Path = Path("./state")
+    """Where reclock keeps its state (remap store, outputs, logs). Relative
+    paths resolve against the YAML file's directory."""
+    remap_store: str | None = None
+    """URL of the remap store that holds the bindings: ``sqlite:///path`` or
+    ``postgresql://user:password@host/db``. Default:
+    ``sqlite:///<state_dir>/remap.db``. The password is never printed."""
+    timestamp_interval: DurationMs = DEFAULT_INTERVAL_MS
+    """How often bindings are minted (``1s``, ``500ms``, ``2m`` or an int in ms)."""
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    """The Spark session settings."""
+    progress_log: bool = True
+    """Log every frontier change as JSON lines to ``<state_dir>/progress.jsonl``."""
+    housekeeping: HousekeepingConfig = Field(default_factory=HousekeepingConfig)
+    """Periodic clean-up: ``{vacuum_every: 1m, orphan_grace: 5m}``."""
+    http: HttpConfig | None = None
+    """Serve metrics and a status page over HTTP while running, e.g.
+    ``http: {host: 127.0.0.1, port: 9464}`` (``http: {}`` for the defaults).
+    Default: off."""
+    sources: tuple[SourceConfig, ...] = Field(min_length=1)
+    """The sources (at least one; names unique)."""
+
+    @property
+    def remap_store_url(self) -> str:
+        """The remap store URL, with the default applied."""
+        return self.remap_store or f"sqlite:///{self.state_dir / 'remap.db'}"
+
+    @property
+    def progress_log_path(self) -> Path | None:
+        """Where the progress log goes, or None when it is off."""
+        return self.state_dir / "progress.jsonl" if self.progress_log else None
+
+    def source(self, name: str) -> SourceConfig:
+        """The source called ``name`` (KeyError if there is none)."""
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @field_validator("remap_store")
+    @classmethod
+    def _remap_scheme(cls, url: str | None) -> str | None:
+        if url is None or "://" not in url:
+            return url
+        scheme = url.split("://", 1)[0].split("+", 1)[0].lower()
+        if scheme not in _REMAP_SCHEMES:
+            raise ValueError(
+                f"unsupported remap store URL {redact_secrets(url)!r} "
+                "(expected sqlite:///path or postgresql://user@host/db)"
+            )
+        return url
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        return (_duplicate_names(data.get("sources"), "sources", "source")
+                + _shared_targets(data.get("sources")))
+
+    @model_validator(mode="after")
+    def _resolve(self, info: ValidationInfo) -> PipelineConfig:
+        """Make paths absolute (against the YAML file's directory, passed as
+        context ``base_dir``; else the working directory), fill in default file
+        sink paths and each source's effective timestamp interval."""
+        ctx = info.context if isinstance(info.context, Mapping) else {}
+        base = Path(ctx.get("base_dir") or Path.cwd())
+        state_dir = _absolute(self.state_dir, base)
+        sources = tuple(
+            s.model_copy(update={
+                "timestamp_interval": s.timestamp_interval or self.timestamp_interval,
+                "outputs": tuple(_resolve_output(o, s.name, state_dir, base) for o in s.outputs),
+            })
+            for s in self.sources
+        )
+        # The instance is being built by this very validation: setting fields
+        # here is initialisation, not mutation of a frozen value.
+        object.__setattr__(self, "state_dir", state_dir)
+        object.__setattr__(self, "sources", sources)
+        if self.remap_store is not None:
+            object.__setattr__(self, "remap_store", _resolve_sqlite(self.remap_store, base))
+        return self
+
+
+def _absolute(path: Path, base: Path) -> Path:
+    return Path(os.path.abspath(base / path.expanduser()))
+
+
+def _resolve_output(o: OutputConfig, source: str, state_dir: Path, base: Path) -> OutputConfig:
+    if not isinstance(o.sink, FileSinkConfig):
+        return o
+    path = state_dir / "outputs" / source / o.name if o.sink.path is None else o.sink.path
+    return o.model_copy(update={"sink": o.sink.model_copy(update={"path": _absolute(path, base)})})
+
+
+def _resolve_sqlite(url: str, base: Path) -> str:
+    """Bare paths and relative ``sqlite:///`` paths resolve against ``base``."""
+    if "://" not in url:
+        return f"sqlite:///{_absolute(Path(url), base)}"
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        rest = url[len("sqlite:///"):]
+        if rest and rest != ":memory:":
+            return f"sqlite:///{_absolute(Path(rest), base)}"
+    return url
+
+
+# ---------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> PipelineConfig:
+    """Load and validate the pipeline file at ``path``. Relative paths in it
+    resolve against its directory. Raises :class:`ConfigError`."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError([ConfigIssue(None, None, None, f"cannot read file: {reason}",
+                                       str(path))]) from None
+    return parse_config(text, str(path), base_dir=Path(os.path.abspath(p.parent)), env=env)
+
+
+def parse_config(
+    text: str,
+    filename: str = "<string>",
+    base_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> PipelineConfig:
+    """Validate pipeline YAML ``text``; ``filename`` is used in messages and
+    relative paths resolve against ``base_dir`` (default: the working
+    directory). ``env`` defaults to ``os.environ``. Raises :class:`ConfigError`
+    listing every problem, ordered by line."""
+    return parse_model(PipelineConfig, text, filename, base_dir, env)
+
+
+__all__ = [
+    "PostgresSinkConfig",
+    "KafkaSinkConfig",
+    "COLUMN_TYPES",
+    "NAME_PATTERN",
+    "AvroFormat",
+    "BytesFormat",
+    "ConfigError",
+    "ConfigIssue",
+    "ConnectorConfig",
+    "KafkaConfig",
+    "KafkaStartOffset",
+    "PgTableConfig",
+    "PostgresConfig",
+    "ConsoleSinkConfig",
+    "CsvFormat",
+    "DebeziumEnvelope",
+    "DurationMs",
+    "EnvelopeConfig",
+    "FileSinkConfig",
+    "FormatConfig",
+    "GeneratorConfig",
+    "HttpConfig",
+    "JsonFormat",
+    "LineLoader",
+    "NoneEnvelope",
+    "OutputConfig",
+    "PipelineConfig",
+    "SinkConfig",
+    "SourceConfig",
+    "SparkConfig",
+    "TextFormat",
+    "UpsertEnvelope",
+    "check_column_type",
+    "format_path",
+    "load_config",
+    "parse_config",
+    "parse_model",
+    "_Model",
+    "redact_secrets",
+    "redacted_dump",
+]
