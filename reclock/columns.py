@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from reclock.errors import DefiniteError
+
 #: Position columns every raw batch carries (the record's FromTime coordinates).
 SRC_PART = "_src_part"  # int32: Kafka partition, 0 otherwise
 SRC_OFFSET = "_src_offset"  # int64: Kafka offset, Postgres commit LSN, counter
@@ -47,3 +49,25 @@ META_FIELDS = [
     pa.field(RAW_VALUE, pa.binary()),
 ]
 META_NAMES = [f.name for f in META_FIELDS]
+
+
+def rename_columns(what: str, schema: pa.Schema, rename: dict[str, str],
+             key: tuple[str, ...] | None
+             ) -> tuple[pa.Schema, tuple[str, ...], tuple[str, ...] | None]:
+    """An output's ``rename`` mapping applied: the output's user schema, each
+    column's upstream name, and the key by output names."""
+    unknown = sorted(set(rename) - set(schema.names))
+    if unknown:
+        raise DefiniteError(
+            f"{what}: rename names fields {unknown} that the output does not have "
+            f"(it has {schema.names})",
+            hint="rename maps upstream field names, as decoded, to output column names")
+    names = [rename.get(n, n) for n in schema.names]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise DefiniteError(f"{what}: after rename, columns {twice} appear twice",
+                            hint="give each renamed field a name no other column has")
+    out = pa.schema([f.with_name(n) for f, n in zip(schema, names, strict=True)])
+    return out, tuple(schema.names), (None if key is None
+                                      else tuple(rename.get(k, k) for k in key))
+

@@ -41,17 +41,15 @@ from reclock.columns import (
     SRC_DIFF,
     SRC_OFFSET,
     SRC_PART,
-    SRC_SEQ,
     SRC_TS,
     SRC_UNCHANGED,
     TRUNCATED,
 )
+from reclock.envelopes.base import Envelope, meta_columns
 from reclock.errors import DefiniteError, ReclockError
 from reclock.frontier import Antichain
 from sinks.base import Stager, output_schema, refuse_rows
 from sources.base import ReadTask, SourceReader
-
-POS_COLUMNS = [SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS]
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ class OutputPlan:
     value_decoder: Any | None
     progress: Antichain[Any] | None  # positions not in it are durable already
     stager: Stager
-    envelope: str = "none"
+    envelope: Envelope = field(default_factory=lambda: _none())
     key: tuple[str, ...] = ()  # keyed outputs: rows are intents the driver applies
     #: each user column's name upstream (as decoded), where the output renames
     #: it; empty: the same names
@@ -137,171 +135,24 @@ def _reclock(ctx: JobContext, part: npt.NDArray[np.int64], off: npt.NDArray[np.i
     return t
 
 
-def _null_columns(schema: pa.Schema, n: int) -> list[pa.Array]:
-    return [pa.nulls(n, f.type) for f in schema]
-
-
-def _meta(
-    pos: pa.RecordBatch, into: npt.NDArray[np.int64], idx: npt.NDArray[np.int64] | None
-) -> list[pa.Array]:
-    cols = [pos.column(c) for c in POS_COLUMNS]
-    t = into
-    if idx is not None:
-        cols = [c.take(pa.array(idx)) for c in cols]
-        t = into[idx]
-    n = len(t)
-    return [pa.array(t, pa.int64()), pa.array(np.ones(n, dtype=np.int64)), *cols]
-
-
 def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
                       ) -> tuple[pa.Table, int]:
-    """Decode/shape one output's batch into stored rows; returns (rows, errors)."""
-    schema = plan.schema
-    user = plan.user_schema
+    """Decode/shape one output's batch into stored rows; returns (rows, errors).
+    Typed rows carry their columns (and CDC diffs); raw records go through the
+    output's envelope."""
+    if not plan.typed:
+        return plan.envelope.rows(plan, batch, into)
     n = batch.num_rows
-    err_type = pa.string()
-    if plan.typed:
-        cols = [batch.column(up).cast(f.type) for up, f in plan.picks()]
-        meta = _meta(batch, into, None)
-        if SRC_DIFF in batch.schema.names:  # CDC rows: -1/+1, or upsert 1/0
-            meta[1] = batch.column(SRC_DIFF).cast(pa.int64())
-        arrays = [*cols, *meta, pa.nulls(n, err_type),
-                  pa.nulls(n, pa.binary()), pa.nulls(n, pa.binary())]
-        rows = pa.Table.from_arrays(arrays, schema=schema)
-        if plan.envelope == "upsert" and SRC_UNCHANGED in batch.schema.names:
-            rows = rows.append_column(SRC_UNCHANGED, batch.column(SRC_UNCHANGED))
-        return rows, 0
-    if plan.envelope == "debezium":
-        return _debezium_rows(plan, batch, into)
-    from reclock.formats import decode_key_value
-
-    key = batch.column("key")
-    value = batch.column("value")
-    if plan.value_decoder is None:
-        raise DefiniteError(f"output {plan.name!r}: raw records need a value format")
-    res = decode_key_value(plan.key_decoder, plan.value_decoder, key, value)
-    ok_idx = np.asarray(res.ok, dtype=np.int64)
-    parts = []
-    if len(ok_idx):
-        cols = [res.table.column(up).cast(f.type) for up, f in plan.picks()]
-        k = len(ok_idx)
-        meta = _meta(batch, into, ok_idx)
-        if plan.envelope == "upsert":
-            # a null value is a tombstone: its intent carries diff 0
-            tomb = np.asarray(value.is_null().to_numpy(zero_copy_only=False))[ok_idx]
-            meta[1] = pa.array(np.where(tomb, 0, 1).astype(np.int64))
-        parts.append(pa.Table.from_arrays(
-            [*cols, *meta, pa.nulls(k, err_type), pa.nulls(k, pa.binary()),
-             pa.nulls(k, pa.binary())], schema=schema))
-    err_idx = np.asarray(res.errors, dtype=np.int64)
-    if len(err_idx):
-        k = len(err_idx)
-        take = pa.array(err_idx)
-        parts.append(pa.Table.from_arrays(
-            [*_null_columns(user, k), *_meta(batch, into, err_idx),
-             pa.array(list(res.reasons), err_type), key.take(take).cast(pa.binary()),
-             value.take(take).cast(pa.binary())], schema=schema))
-    if not parts:
-        return schema.empty_table(), 0
-    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    return table, len(err_idx)
-
-
-def _debezium_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
-                   ) -> tuple[pa.Table, int]:
-    """Before images retracted, after images inserted; with a key, intents
-    instead (after images are values, deletes tombstones of the before image's
-    key). An event fails as a whole: if it is malformed, either image does not
-    decode, or (without a key) its before image cannot be retracted exactly,
-    it becomes one error row and neither image is written."""
-    from reclock.envelope import split_debezium
-
-    schema, user = plan.schema, plan.user_schema
-    value = batch.column("value")
-    split = split_debezium(value)
-    bad: dict[int, str] = dict(zip(split.errors.tolist(), split.reasons, strict=True))
-    columns = {up for up, _ in plan.picks()}
-    if not plan.keyed:
-        for i, (op, have) in enumerate(zip(split.ops, split.before_fields, strict=True)):
-            if i in bad:
-                continue
-            if op == "u" and have is None:
-                bad[i] = ("debezium: an update without a before image cannot retract the old "
-                          "row (REPLICA IDENTITY DEFAULT upstream?): give the envelope a key")
-            elif have is not None and not columns <= have:
-                bad[i] = (f"debezium: the before image lacks columns "
-                          f"{sorted(columns - have)} (REPLICA IDENTITY DEFAULT upstream?): "
-                          "give the envelope a key, or set REPLICA IDENTITY FULL")
-    decoded: list[tuple[int, npt.NDArray[np.int64], Any]] = []
-    for images, diff in ((split.before, -1), (split.after, 1)):
-        present = np.flatnonzero(~np.asarray(images.is_null().to_numpy(zero_copy_only=False)))
-        if not len(present):
-            continue
-        res = plan.value_decoder.decode(images.take(pa.array(present)))  # type: ignore[union-attr]
-        for j, why in zip(np.asarray(res.errors, dtype=np.int64).tolist(), res.reasons,
-                          strict=True):
-            bad.setdefault(int(present[j]), f"{'before' if diff < 0 else 'after'}: {why}")
-        decoded.append((diff, present[np.asarray(res.ok, dtype=np.int64)], res.table))
-    if plan.keyed:
-        decoded = _debezium_intents(plan, decoded, split.after)
-    parts: list[pa.Table] = []
-    for diff, ok, table in decoded:
-        keep = ~np.isin(ok, np.fromiter(bad, dtype=np.int64, count=len(bad)))
-        rows_ok = ok[keep]
-        if not len(rows_ok):
-            continue
-        k = len(rows_ok)
-        meta = _meta(batch, into, rows_ok)
-        meta[1] = pa.array(np.full(k, diff, dtype=np.int64))
-        cols = [table.column(up).filter(pa.array(keep)).cast(f.type) for up, f in plan.picks()]
-        parts.append(pa.Table.from_arrays(
-            [*cols, *meta, pa.nulls(k, pa.string()), pa.nulls(k, pa.binary()),
-             pa.nulls(k, pa.binary())], schema=schema))
-    if bad:
-        idx = np.array(sorted(bad), dtype=np.int64)
-        k = len(idx)
-        take = pa.array(idx)
-        parts.append(pa.Table.from_arrays(
-            [*_null_columns(user, k), *_meta(batch, into, idx),
-             pa.array([bad[i] for i in idx.tolist()], pa.string()),
-             batch.column("key").take(take).cast(pa.binary()),
-             value.take(take).cast(pa.binary())], schema=schema))
-    if not parts:
-        return schema.empty_table(), 0
-    return pa.concat_tables(parts), len(bad)
-
-
-def _debezium_intents(
-    plan: OutputPlan, decoded: list[tuple[int, npt.NDArray[np.int64], Any]], after: pa.Array
-) -> list[tuple[int, npt.NDArray[np.int64], Any]]:
-    """Keyed debezium: (diff, event indices, images) as upsert intents. A
-    delete (no after image) is a tombstone (diff 0) of its before image's key;
-    an update that moves the key tombstones the old key first. Tombstones come
-    before values, and the driver's stable sort keeps that order within an
-    event's position."""
-    befores = next(((ok, t) for d, ok, t in decoded if d < 0), None)
-    afters = next(((ok, t) for d, ok, t in decoded if d > 0), None)
-    out: list[tuple[int, npt.NDArray[np.int64], Any]] = []
-    if befores is not None:
-        ok, table = befores
-        has_after = ~np.asarray(after.is_null().to_numpy(zero_copy_only=False))[ok]
-        gone = ~has_after
-        if afters is not None and has_after.any():
-            # an update whose key differs from its before image's: the old key goes
-            a_ok, a_table = afters
-            pos = {int(e): r for r, e in enumerate(a_ok.tolist())}
-            b_keys = [tuple(table.column(k)[r].as_py() for k in plan.upstream_key)
-                      for r in range(len(ok))]
-            for r, e in enumerate(ok.tolist()):
-                if has_after[r] and int(e) in pos:
-                    a_key = tuple(a_table.column(k)[pos[int(e)]].as_py()
-                                  for k in plan.upstream_key)
-                    gone[r] = a_key != b_keys[r]
-        if gone.any():
-            out.append((0, ok[gone], table.filter(pa.array(gone))))
-    if afters is not None:
-        out.append((1, *afters))
-    return out
+    cols = [batch.column(up).cast(f.type) for up, f in plan.picks()]
+    meta = meta_columns(batch, into, None)
+    if SRC_DIFF in batch.schema.names:  # CDC rows: -1/+1, or keyed intents 1/0
+        meta[1] = batch.column(SRC_DIFF).cast(pa.int64())
+    arrays = [*cols, *meta, pa.nulls(n, pa.string()), pa.nulls(n, pa.binary()),
+              pa.nulls(n, pa.binary())]
+    rows = pa.Table.from_arrays(arrays, schema=plan.schema)
+    if plan.keyed and SRC_UNCHANGED in batch.schema.names:
+        rows = rows.append_column(SRC_UNCHANGED, batch.column(SRC_UNCHANGED))
+    return rows, 0
 
 
 def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
@@ -481,3 +332,9 @@ def _run_job(sc: Any, ctx: JobContext, tasks: Sequence[ReadTask], pool: str, gro
 def run_local(ctx: JobContext, tasks: Sequence[ReadTask]) -> list[TaskResult]:
     """The same tasks in this process (tests of the task logic, `reclock verify`)."""
     return [run_task(ctx, t) for t in tasks]
+
+
+def _none() -> Envelope:
+    from reclock.envelopes.none import NoneEnvelope
+
+    return NoneEnvelope()

@@ -46,8 +46,9 @@ import pyarrow as pa
 from reclock import faults
 from reclock.bindings import Bindings
 from reclock.clock import Clock
+from reclock.columns import rename_columns
 from reclock.dataplane import JobContext, OutputPlan, TaskResult, run_job, run_local
-from reclock.envelope import UpsertState
+from reclock.envelopes import Envelope, NoneEnvelope, UpsertState, envelope_for
 from reclock.errors import DefiniteError, ReclockError, Reopen, classified, classify
 from reclock.frontier import Antichain, frontier_distance
 from reclock.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
@@ -71,9 +72,10 @@ class OutputRuntime:
     user_schema: Any
     key_decoder: Any | None = None
     value_decoder: Any | None = None
-    envelope: str = "none"
+    envelope: Envelope = field(default_factory=NoneEnvelope)
     upsert_key: tuple[str, ...] | None = None  # by output column names
     upstream: tuple[str, ...] = ()  # each user column's upstream name, if renamed
+    rename: dict[str, str] = field(default_factory=dict)  # the output's rename mapping
     upsert: UpsertState | None = None
     state: SinkState = field(default_factory=SinkState)
     rows: int = 0
@@ -298,10 +300,13 @@ class SourceRunner:
             if not spec.typed or spec.schema is None:
                 continue
             out.spec = spec
-            out.user_schema = spec.schema
+            what = f"source {self.name!r} output {out.name!r}"
             if spec.envelope is not None:
-                out.envelope = spec.envelope
-                out.upsert_key = tuple(spec.key) if spec.envelope == "upsert" else None
+                out.envelope = envelope_for(spec.envelope, tuple(spec.key))
+            key = out.envelope.resolve(what, list(spec.schema.names), None)
+            out.user_schema, out.upstream, out.upsert_key = (
+                rename_columns(what, spec.schema, out.rename, key) if out.rename
+                else (spec.schema, (), key))
         missing = [o.name for o in self.outputs if o.user_schema is None]
         if missing:
             raise DefiniteError(f"source {self.name!r}: outputs {missing} have no schema")

@@ -37,8 +37,10 @@ from typing import Any, TextIO, cast
 import pyarrow as pa
 
 from reclock.clock import Clock, SystemClock
+from reclock.columns import rename_columns
 from reclock.config import OutputConfig, PipelineConfig, SourceConfig
 from reclock.driver import OutputRuntime, Settings, SourceRunner
+from reclock.envelopes import Envelope, NoneEnvelope, envelope_for
 from reclock.errors import DefiniteError
 from reclock.progress_log import ProgressLog
 from reclock.statuspage import History, StatusServer
@@ -119,15 +121,22 @@ class Pipeline:
 
     def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig
                 ) -> OutputRuntime:
+        what = f"source {src.name!r} output {ocfg.name!r}"
+        envelope: Envelope = ocfg.envelope
+        if spec.envelope is not None:
+            if not isinstance(envelope, NoneEnvelope):
+                raise DefiniteError(f"{what}: this source chooses the envelope itself "
+                                    f"({spec.envelope}); remove the output's envelope")
+            envelope = envelope_for(spec.envelope, tuple(spec.key))
         key_dec = value_dec = None
+        key_columns: list[str] | None = None
         if spec.typed:
             user_schema = spec.schema
         else:
             from reclock.formats import make_decoder
 
-            # upsert: a null value is a tombstone, not an error
-            value_dec = make_decoder(ocfg.format.model_dump(),
-                                     allow_null=ocfg.envelope.type == "upsert")
+            # e.g. upsert: a null value is a tombstone, not an error
+            value_dec = make_decoder(ocfg.format.model_dump(), allow_null=envelope.allow_null)
             key_dec = make_decoder(ocfg.key_format.model_dump()) if ocfg.key_format else None
             if key_dec is not None:
                 from reclock.formats import KeyValueDecoder
@@ -136,58 +145,26 @@ class Pipeline:
                     KeyValueDecoder(key_dec, value_dec)
                 except ValueError as exc:
                     raise DefiniteError(
-                        f"source {src.name!r} output {ocfg.name!r}: {exc}",
+                        f"{what}: {exc}",
                         hint="give the key format a schema whose columns differ from the "
                         "value's") from None
             fields = list(key_dec.schema) if key_dec else []
+            key_columns = [f.name for f in fields]
             user_schema = pa.schema(fields + list(value_dec.schema))
-        upsert_key: tuple[str, ...] | None = None
-        envelope = ocfg.envelope.type
-        if spec.envelope is not None:
-            if envelope != "none":
-                raise DefiniteError(
-                    f"source {src.name!r} output {ocfg.name!r}: this source chooses the "
-                    f"envelope itself ({spec.envelope}); remove the output's envelope")
-            envelope = spec.envelope
-            upsert_key = tuple(spec.key) if envelope == "upsert" else None
-        elif ocfg.envelope.type == "upsert":
-            upsert_key = tuple(ocfg.envelope.key)
-            keyed = [f.name for f in (user_schema if spec.typed else
-                                      (key_dec.schema if key_dec else []))]
-            missing = [k for k in upsert_key if k not in keyed]
-            if missing:
-                raise DefiniteError(
-                    f"source {src.name!r} output {ocfg.name!r}: upsert key columns {missing} "
-                    f"must come from {'the rows' if spec.typed else 'key_format'} "
-                    f"(it has {keyed})",
-                    hint="a tombstone has no value, so the key must be decoded from the "
-                    "record key: set key_format with a schema naming the key columns")
-        if ocfg.envelope.type == "debezium" and spec.typed:
-            raise DefiniteError(
-                f"source {src.name!r} output {ocfg.name!r}: debezium needs raw records "
-                "(a Kafka topic), not typed rows")
-        if ocfg.envelope.type == "debezium" and ocfg.envelope.key:
-            upsert_key = tuple(ocfg.envelope.key)
-            missing = [k for k in upsert_key if k not in user_schema.names]
-            if missing:
-                raise DefiniteError(
-                    f"source {src.name!r} output {ocfg.name!r}: debezium key columns "
-                    f"{missing} are not columns of the images ({user_schema.names})",
-                    hint="name key columns that the format's schema has")
+        upsert_key = envelope.resolve(what, list(user_schema.names), key_columns)
         upstream: tuple[str, ...] = ()
         if ocfg.rename:
-            user_schema, upstream, upsert_key = _renamed(
-                f"source {src.name!r} output {ocfg.name!r}", user_schema, ocfg.rename,
-                upsert_key)
+            user_schema, upstream, upsert_key = rename_columns(what, user_schema, ocfg.rename,
+                                                               upsert_key)
         try:
             output_schema(user_schema)  # names the output cannot hold: refused up front
         except DefiniteError as exc:
-            raise DefiniteError(f"source {src.name!r} output {ocfg.name!r}: {exc}",
-                                hint=exc.hint) from None
+            raise DefiniteError(f"{what}: {exc}", hint=exc.hint) from None
         return OutputRuntime(
             index=index, name=spec.name, spec=spec, sink=self.sink(src, ocfg),
             user_schema=user_schema, key_decoder=key_dec, value_decoder=value_dec,
             envelope=envelope, upsert_key=upsert_key, upstream=upstream,
+            rename=dict(ocfg.rename),
         )
 
     def sink(self, src: SourceConfig, ocfg: OutputConfig) -> PersistSink:
@@ -370,25 +347,3 @@ def progress_line(st: dict[str, Any]) -> str:
         f"{st['records_per_s']:.0f}/s  lag {lag_ms}"
         + (f", {lag_rec} records" if lag_rec is not None else "")
     )
-
-
-def _renamed(what: str, schema: pa.Schema, rename: dict[str, str],
-             key: tuple[str, ...] | None
-             ) -> tuple[pa.Schema, tuple[str, ...], tuple[str, ...] | None]:
-    """An output's ``rename`` mapping applied: the output's user schema, each
-    column's upstream name, and the key by output names."""
-    unknown = sorted(set(rename) - set(schema.names))
-    if unknown:
-        raise DefiniteError(
-            f"{what}: rename names fields {unknown} that the output does not have "
-            f"(it has {schema.names})",
-            hint="rename maps upstream field names, as decoded, to output column names")
-    names = [rename.get(n, n) for n in schema.names]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise DefiniteError(f"{what}: after rename, columns {twice} appear twice",
-                            hint="give each renamed field a name no other column has")
-    out = pa.schema([f.with_name(n) for f, n in zip(schema, names, strict=True)])
-    return out, tuple(schema.names), (None if key is None
-                                      else tuple(rename.get(k, k) for k in key))
-

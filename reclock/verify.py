@@ -202,7 +202,7 @@ def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.Rec
     behind reclock's back), a row that should have been retracted, or a
     value that differs is a ``keyed-state`` breach naming the key."""
     from reclock.dataplane import OutputPlan, build_output_rows, screen_intents
-    from reclock.envelope import UpsertState, _hashable
+    from reclock.envelopes.upsert import UpsertState, _hashable
     from sinks.base import output_schema
     from sinks.consolidate import consolidate
 

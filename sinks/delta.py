@@ -63,8 +63,7 @@ import json
 import logging
 import os
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -84,6 +83,7 @@ from deltalake.transaction import (
     Transaction,
 )
 
+from reclock.clock import Clock, SystemClock
 from reclock.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
 from reclock.config.base import _Model
 from sinks._fs import (
@@ -280,14 +280,14 @@ class DeltaSink:
         *,
         lock: bool = True,
         rows_per_file: int = ROWS_PER_FILE,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
     ) -> None:
         self.name = name
         self.path = Path(path).absolute()
         self.app_id = f"reclock:{name}"
         self._lock = lock
         self._rows_per_file = rows_per_file
-        self._clock = clock
+        self._clock: Clock = clock or SystemClock()  # ms; file ages compare in seconds
         self._schema: pa.Schema | None = None  # cached stored schema, for stager()
         self._fresh: DeltaTable | None = None  # snapshot loaded by ensure(), used once
 
@@ -526,7 +526,7 @@ class DeltaSink:
         removed = []
         with self._locked():
             referenced = set(self._referenced(self._load()))
-            now = self._clock()
+            now = self._clock.now() / 1000.0
             try:
                 for entry in os.scandir(self.path):
                     if not (_STAGED.fullmatch(entry.name) or _STAGED_TMP.fullmatch(entry.name)):

@@ -136,6 +136,7 @@ from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 from pydantic import Field
 
+from reclock.clock import Clock, SystemClock
 from reclock.columns import (
     DIFF,
     ERROR,
@@ -613,7 +614,7 @@ class KafkaSink:
         key_columns: Sequence[str] = (),
         properties: Mapping[str, Any] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
     ) -> None:
         if format not in FORMATS:
             raise SinkError(f"output {name!r}: format {format!r} is not supported; one of "
@@ -629,7 +630,7 @@ class KafkaSink:
         self.staging_root = staging_root(staging_dir, name)
         self.timeout_s = timeout_s
         self._properties = dict(properties or {})
-        self._clock = clock
+        self._clock: Clock = clock or SystemClock()  # ms; file ages compare in seconds
         self._key = name.encode()
         self._user: pa.Schema | None = None  # from ensure()
         self._producer: Any = None
@@ -1331,7 +1332,7 @@ class KafkaSink:
         """Delete staged files older than ``grace_seconds`` (left by failed
         commits and abandoned jobs); return their names."""
         return vacuum_staged(self.name, self.staging_root, _STAGED, grace_seconds,
-                             self._clock())
+                             self._clock.now() / 1000.0)
 
     def close(self) -> None:
         """Flush nothing (every commit is complete or abandoned); release clients."""

@@ -100,9 +100,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
@@ -120,6 +119,7 @@ from psycopg.rows import TupleRow
 from pydantic import Field
 from pydantic_core import InitErrorDetails
 
+from reclock.clock import Clock, SystemClock
 from reclock.columns import (
     DIFF,
     ERROR,
@@ -619,7 +619,7 @@ class PostgresSink:
         staging_dir: str | Path,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
     ) -> None:
         self.name = name
         self.table = table
@@ -631,7 +631,7 @@ class PostgresSink:
         self.staging_root = staging_root(staging_dir, name)
         self.connect_timeout_s = connect_timeout_s
         self.lock_timeout_s = lock_timeout_s
-        self._clock = clock
+        self._clock: Clock = clock or SystemClock()  # ms; file ages compare in seconds
         self._dsn = dsn
         self._params, self._secrets = parse_dsn(dsn, f"output {name!r}", SinkError)
         self.server = server_label(self._params)
@@ -1203,7 +1203,7 @@ class PostgresSink:
         """Delete staged files older than ``grace_seconds`` (left by failed
         commits and abandoned jobs); return their names."""
         return vacuum_staged(self.name, self.staging_root, _STAGED, grace_seconds,
-                             self._clock())
+                             self._clock.now() / 1000.0)
 
     def close(self) -> None:
         """Close the connection (every commit is complete or rolled back)."""

@@ -68,6 +68,9 @@ from reclock.config.base import (
     redacted_dump,
 )
 from reclock.config.loader import LineLoader, format_path, parse_model
+from reclock.envelopes.debezium import DebeziumEnvelope
+from reclock.envelopes.none import NoneEnvelope
+from reclock.envelopes.upsert import UpsertEnvelope
 from sinks.console import ConsoleSinkConfig
 from sinks.delta import FileSinkConfig
 from sinks.kafka import KafkaSinkConfig
@@ -243,35 +246,6 @@ FormatConfig = Annotated[
 # ---------------------------------------------------------------------------
 # Envelopes
 # ---------------------------------------------------------------------------
-
-
-class NoneEnvelope(_Model):
-    """Append only: every record is an insert."""
-
-    type: Literal["none"] = "none"
-    """``none``."""
-
-
-class UpsertEnvelope(_Model):
-    """Upsert by key: a later value for a key replaces the earlier one; a null
-    value deletes the key."""
-
-    type: Literal["upsert"] = "upsert"
-    """``upsert``."""
-    key: tuple[str, ...] = Field(min_length=1)
-    """The key columns (at least one)."""
-
-
-class DebeziumEnvelope(_Model):
-    """Debezium change events: ``before`` / ``after`` images."""
-
-    type: Literal["debezium"] = "debezium"
-    """``debezium``."""
-    key: tuple[str, ...] = ()
-    """Key columns (of the images). With a key, the output keeps one row per
-    key and retracts what it holds, so events whose before image is missing
-    or holds only the key (``REPLICA IDENTITY DEFAULT`` upstream) are applied
-    exactly; without one, such events are error rows."""
 
 
 _ENVELOPES: tuple[type[_Model], ...] = (NoneEnvelope, UpsertEnvelope, DebeziumEnvelope)

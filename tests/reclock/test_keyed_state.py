@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 
 from reclock import faults
 from reclock.config import load_config
-from reclock.envelope import UpsertState
+from reclock.envelopes import UpsertState
 from reclock.pipeline import Pipeline
 from reclock.verify import verify_pipeline
 from tests.running import running, wait_for

@@ -20,6 +20,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
 import sinks.delta as delta_mod
+from reclock.clock import ManualClock
 from reclock.errors import DefiniteError
 from sinks.base import SinkError, SinkFenced, SinkState, output_schema
 from sinks.delta import CLOSED, DeltaSink, DeltaStager
@@ -463,16 +464,8 @@ def test_progress_found_behind_foreign_commits(sink: DeltaSink) -> None:
 # -- orphans -----------------------------------------------------------------------------
 
 
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_orphans_are_invisible_and_vacuumed_after_the_grace_period(tmp_path: Path) -> None:
-    clock = FakeClock(os.path.getmtime(tmp_path) + 10)
+    clock = ManualClock(int((os.path.getmtime(tmp_path) + 10) * 1000))
     s = DeltaSink(NAME, tmp_path / "t", clock=clock)
     s.ensure(USER)
     committed = s.stager().stage("ok", 0, updates(["a"], 1))
@@ -485,7 +478,7 @@ def test_orphans_are_invisible_and_vacuumed_after_the_grace_period(tmp_path: Pat
     assert keys(DeltaSink(NAME, s.path).read_updates()) == ["a"]
 
     assert s.vacuum_orphans(grace_seconds=3600) == []  # too young: may be a running job
-    clock.now += 3601
+    clock.advance(3_601_000)
     removed = s.vacuum_orphans(grace_seconds=3600)
     assert removed == sorted([orphan[0]["path"], ".part-crashed-00001-000.parquet.0123abcd.tmp"])
     assert (s.path / committed[0]["path"]).exists()
@@ -495,11 +488,11 @@ def test_orphans_are_invisible_and_vacuumed_after_the_grace_period(tmp_path: Pat
 
 
 def test_commit_of_a_vacuumed_file_fails_and_writes_nothing(tmp_path: Path) -> None:
-    clock = FakeClock(0.0)
+    clock = ManualClock(0)
     s = DeltaSink(NAME, tmp_path / "t", clock=clock)
     s.ensure(USER)
     staged = s.stager().stage("slow", 0, updates(["a"], 1))
-    clock.now = os.path.getmtime(s.path / staged[0]["path"]) + 10
+    clock.set(int((os.path.getmtime(s.path / staged[0]["path"]) + 10) * 1000))
     assert s.vacuum_orphans(grace_seconds=1) == [staged[0]["path"]]
     with pytest.raises(SinkError, match="gone"):
         s.commit(staged, SinkState(), SinkState(2))

@@ -27,6 +27,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 import sinks.kafka as kafka_mod
+from reclock.clock import ManualClock
 from reclock.errors import DefiniteError, TransientError
 from sinks.base import SinkError, SinkFenced, SinkState, output_schema
 from sinks.kafka import (
@@ -581,12 +582,12 @@ def test_values_of_every_type_round_trip_exactly(topics: Topics) -> None:
 
 
 def test_vacuum_removes_only_old_staged_files(topics: Topics, sink: KafkaSink) -> None:
-    now = [time.time()]
-    s = topics.sink(clock=lambda: now[0])
+    now = ManualClock(int(time.time() * 1000))
+    s = topics.sink(clock=now)
     s.ensure(USER)
     stage(s, "old", updates(["a"], 500))
     assert s.vacuum_orphans(grace_seconds=60) == []
-    now[0] += 120
+    now.advance(120_000)
     assert s.vacuum_orphans(grace_seconds=60) == ["old-00000.arrow"]
     assert os.listdir(s.staging_root) == []
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from reclock.envelope import UpsertState
+from reclock.envelopes import UpsertState
 from reclock.errors import DefiniteError, TransientError
 from sinks.base import SinkError, SinkFenced, SinkState, conform, output_schema
 from sinks.postgres import PostgresSink, PostgresStager, pg_type, storage_type

@@ -1,40 +1,23 @@
-"""Envelopes: how decoded records become updates ``(row, time, diff)``.
-
-* ``none`` -- append: every record is one insertion (diff +1).
-* ``debezium`` -- a change event carries a ``before`` and an ``after`` image
-  (optionally wrapped in ``{"schema": ..., "payload": ...}``): the before
-  image is retracted (diff -1) and the after image inserted (diff +1), both at
-  the record's IntoTime and with its source position. Creates have no before,
-  deletes no after; an event with neither, or that is not a JSON object, is an
-  error row. Without a key, an event whose before image cannot be retracted
-  exactly (an update without one, a before image missing columns: what
-  Debezium sends under ``REPLICA IDENTITY DEFAULT``) is an error row too,
-  never a phantom. ``{type: debezium, key: [cols]}`` keys the output instead:
-  after images are values, deletes are tombstones of the before image's key,
-  and :class:`UpsertState` retracts what the output holds, as for ``upsert``.
-* ``upsert`` -- by key, the latest value wins and a null value deletes. The
-  output holds retractions and insertions, so it reads as the current state
-  as of any IntoTime. Tasks decode records into *intents* (``_diff`` 1 for a
-  value, 0 for a tombstone); :class:`UpsertState` turns them into updates in
-  (IntoTime, position) order against the previous value per key. The state is
-  rebuilt from the output itself when a source opens, so it is always exactly
-  the state of the committed output; it lives in the driver (memory grows
-  with the number of live keys).
-
-``none`` and ``debezium`` are pure functions of a batch, applied inside Spark
-tasks.
+"""The ``upsert`` envelope: by key, the latest value wins and a null value
+deletes. The output holds retractions and insertions, so it reads as the
+current state as of any IntoTime. Tasks decode records into *intents*
+(``_diff`` 1 for a value, 0 for a tombstone); :class:`UpsertState` turns them
+into updates in (IntoTime, position) order against the previous value per key.
+The state is rebuilt from the output itself when a source opens, so it is
+always exactly the state of the committed output; it lives in the driver
+(memory grows with the number of live keys). Keyed debezium and keyed CDC
+outputs settle the same way.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import Field
 
 from reclock.columns import (
     DIFF,
@@ -46,63 +29,42 @@ from reclock.columns import (
     SRC_UNCHANGED,
     TRUNCATED,
 )
+from reclock.config.base import _Model
+from reclock.envelopes.base import decoded_rows
 from reclock.errors import DefiniteError
 
-
-@dataclass(frozen=True)
-class DebeziumSplit:
-    """A batch of change events split into images.
-
-    ``before``/``after`` are JSON object bytes (null where the image is
-    absent); ``errors`` are indices of events that are not valid, with reasons.
-    """
-
-    before: pa.Array
-    after: pa.Array
-    errors: npt.NDArray[np.int64]
-    reasons: list[str]
-    ops: list[str | None]  # the event's "op" (c, u, d, r, t), where it has one
-    before_fields: list[frozenset[str] | None]  # the fields the before image holds
+if TYPE_CHECKING:
+    from reclock.dataplane import OutputPlan
 
 
-def split_debezium(values: pa.Array) -> DebeziumSplit:
-    before: list[bytes | None] = []
-    after: list[bytes | None] = []
-    errors: list[int] = []
-    reasons: list[str] = []
-    ops: list[str | None] = []
-    fields: list[frozenset[str] | None] = []
-    for i, raw in enumerate(values.to_pylist()):
-        b = a = None
-        op: str | None = None
-        have: frozenset[str] | None = None
-        try:
-            if raw is None:
-                raise ValueError("value is null")
-            event: Any = json.loads(raw)
-            if isinstance(event, dict) and isinstance(event.get("payload"), dict):
-                event = event["payload"]
-            if not isinstance(event, dict):
-                raise ValueError("not a JSON object")
-            bi, ai = event.get("before"), event.get("after")
-            if bi is None and ai is None:
-                raise ValueError("neither 'before' nor 'after' is present")
-            for name, img in (("before", bi), ("after", ai)):
-                if img is not None and not isinstance(img, dict):
-                    raise ValueError(f"'{name}' is not a JSON object")
-            b = None if bi is None else json.dumps(bi).encode()
-            a = None if ai is None else json.dumps(ai).encode()
-            op = event.get("op") if isinstance(event.get("op"), str) else None
-            have = None if bi is None else frozenset(bi)
-        except (ValueError, UnicodeDecodeError) as exc:
-            errors.append(i)
-            reasons.append(f"debezium: {exc}")
-        before.append(b)
-        after.append(a)
-        ops.append(op)
-        fields.append(have)
-    return DebeziumSplit(pa.array(before, pa.binary()), pa.array(after, pa.binary()),
-                         np.array(errors, dtype=np.int64), reasons, ops, fields)
+class UpsertEnvelope(_Model):
+    """Upsert by key: a later value for a key replaces the earlier one; a null
+    value deletes the key."""
+
+    type: Literal["upsert"] = "upsert"
+    """``upsert``."""
+    key: tuple[str, ...] = Field(min_length=1)
+    """The key columns (at least one)."""
+
+    @property
+    def allow_null(self) -> bool:
+        return True  # a tombstone
+
+    def resolve(self, what: str, columns: list[str], key_columns: list[str] | None
+                ) -> tuple[str, ...] | None:
+        have = columns if key_columns is None else key_columns
+        missing = [k for k in self.key if k not in have]
+        if missing:
+            raise DefiniteError(
+                f"{what}: upsert key columns {missing} must come from "
+                f"{'the rows' if key_columns is None else 'key_format'} (it has {have})",
+                hint="a tombstone has no value, so the key must be decoded from the "
+                "record key: set key_format with a schema naming the key columns")
+        return tuple(self.key)
+
+    def rows(self, plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
+             ) -> tuple[pa.Table, int]:
+        return decoded_rows(plan, batch, into, tombstones=True)
 
 
 _NAN = ("reclock:NaN",)

@@ -1,0 +1,124 @@
+"""The envelope contract, and the row builders the envelopes share.
+
+An envelope says how an output's decoded records become updates
+``(row, time, diff)``. It is the output's configuration model (``type`` and
+its settings, e.g. a ``key``) and its behaviour at once:
+
+* driver side, when the pipeline is built: :meth:`Envelope.resolve` checks
+  that it fits the output and names the key columns of a *keyed* output (one
+  whose rows are intents the driver settles against the key state,
+  :class:`~reclock.envelopes.upsert.UpsertState`);
+* executor side, in every Spark task: :meth:`Envelope.rows` turns a batch of
+  raw records into stored rows (or intents), bad records into error rows.
+
+Adding an envelope: a module here with a model on
+:class:`~reclock.config.base._Model` that meets :class:`Envelope`, one entry
+in :data:`reclock.envelopes.ENVELOPES`, and one member of the schema's
+``EnvelopeConfig``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from reclock.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
+from reclock.errors import DefiniteError
+
+if TYPE_CHECKING:
+    from reclock.dataplane import OutputPlan
+
+POS_COLUMNS = [SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS]
+
+
+class Envelope(Protocol):
+    """What every envelope model offers (see the module docstring)."""
+
+    @property
+    def type(self) -> str:
+        """Its name in the configuration (``type:``)."""
+        ...
+
+    @property
+    def allow_null(self) -> bool:
+        """Whether a null value is a record (a tombstone), not an error."""
+        ...
+
+    def resolve(self, what: str, columns: list[str], key_columns: list[str] | None
+                ) -> tuple[str, ...] | None:
+        """Check the envelope fits an output whose user columns are
+        ``columns`` (upstream names); ``key_columns``: those decoded from the
+        record key, ``None`` for typed rows. Returns the key of a keyed
+        output, ``None`` otherwise; a :class:`DefiniteError` naming ``what``
+        when it does not fit."""
+        ...
+
+    def rows(self, plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
+             ) -> tuple[pa.Table, int]:
+        """Raw records -> stored rows (or intents of a keyed output), and how
+        many of them are error rows."""
+        ...
+
+
+def null_columns(schema: pa.Schema, n: int) -> list[pa.Array]:
+    return [pa.nulls(n, f.type) for f in schema]
+
+
+def meta_columns(
+    pos: pa.RecordBatch, into: npt.NDArray[np.int64], idx: npt.NDArray[np.int64] | None
+) -> list[pa.Array]:
+    cols = [pos.column(c) for c in POS_COLUMNS]
+    t = into
+    if idx is not None:
+        cols = [c.take(pa.array(idx)) for c in cols]
+        t = into[idx]
+    n = len(t)
+    return [pa.array(t, pa.int64()), pa.array(np.ones(n, dtype=np.int64)), *cols]
+
+
+
+
+def decoded_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64],
+                 tombstones: bool) -> tuple[pa.Table, int]:
+    """Decoded key/value records, each an insertion (``_diff`` 1); with
+    ``tombstones``, a null value is a tombstone (an intent with ``_diff`` 0)."""
+    schema = plan.schema
+    user = plan.user_schema
+    err_type = pa.string()
+    from reclock.formats import decode_key_value
+
+    key = batch.column("key")
+    value = batch.column("value")
+    if plan.value_decoder is None:
+        raise DefiniteError(f"output {plan.name!r}: raw records need a value format")
+    res = decode_key_value(plan.key_decoder, plan.value_decoder, key, value)
+    ok_idx = np.asarray(res.ok, dtype=np.int64)
+    parts = []
+    if len(ok_idx):
+        cols = [res.table.column(up).cast(f.type) for up, f in plan.picks()]
+        k = len(ok_idx)
+        meta = meta_columns(batch, into, ok_idx)
+        if tombstones:
+            # a null value is a tombstone: its intent carries diff 0
+            tomb = np.asarray(value.is_null().to_numpy(zero_copy_only=False))[ok_idx]
+            meta[1] = pa.array(np.where(tomb, 0, 1).astype(np.int64))
+        parts.append(pa.Table.from_arrays(
+            [*cols, *meta, pa.nulls(k, err_type), pa.nulls(k, pa.binary()),
+             pa.nulls(k, pa.binary())], schema=schema))
+    err_idx = np.asarray(res.errors, dtype=np.int64)
+    if len(err_idx):
+        k = len(err_idx)
+        take = pa.array(err_idx)
+        parts.append(pa.Table.from_arrays(
+            [*null_columns(user, k), *meta_columns(batch, into, err_idx),
+             pa.array(list(res.reasons), err_type), key.take(take).cast(pa.binary()),
+             value.take(take).cast(pa.binary())], schema=schema))
+    if not parts:
+        return schema.empty_table(), 0
+    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    return table, len(err_idx)
+
+
