@@ -48,8 +48,8 @@ import psycopg
 from pipeline_bench import table
 
 from reclock.config import load_config
+from reclock.core.time import Lsn
 from reclock.pipeline import run
-from reclock.time import Lsn
 from tests.pgcluster import PgCluster
 
 TARGET_RATE = 40_000
@@ -159,7 +159,7 @@ def main() -> int:
     if args.quick:
         args.changes, args.fresh_seconds = 200_000, 8.0
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from reclock.spark import spark_session
+    from reclock.runtime.spark import spark_session
 
     cluster = PgCluster().start()
     url = cluster.url

@@ -16,7 +16,7 @@ heavy source's ingestion rate and backlog at the end (to show it was
 saturated). Target (issue 6): the light source's p99 within 2 x
 ``timestamp_interval`` while the heavy one is saturated. Sources share Spark
 through one FAIR pool each and a first-come job gate (see
-``reclock/dataplane.py``).
+``reclock/runtime/dataplane.py``).
 
 Run: ``python bench/fairness_bench.py`` (about 2 minutes) or ``--quick``.
 """
@@ -97,7 +97,7 @@ def main() -> int:
     if args.quick:
         args.window = 15.0
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    from reclock.spark import spark_session
+    from reclock.runtime.spark import spark_session
 
     spark = spark_session("local[2]", "fairness-bench", {})
     spark.sparkContext.parallelize(range(4), 2).count()

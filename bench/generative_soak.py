@@ -44,7 +44,7 @@ def main() -> int:
 
     import psycopg
 
-    from reclock.spark import spark_session
+    from reclock.runtime.spark import spark_session
     from tests.generative import run, run_killed
     from tests.kafkabroker import KafkaCluster
     from tests.pgcluster import PgCluster

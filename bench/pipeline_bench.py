@@ -60,7 +60,7 @@ import numpy as np
 TARGET_STARTUP_S = 1.0  # (a)+(b)+(c) for 100 sources
 JSON_SCHEMA = "{n: int64, payload: string, even: bool}"
 MASTER = "local[2]"
-LAZY_MODULES = ("reclock.config", "reclock.formats", "reclock.pipeline", "reclock.driver",
+LAZY_MODULES = ("reclock.config", "reclock.formats", "reclock.pipeline", "reclock.runtime.driver",
                 "remap_store.sql", "sinks.delta", "sources.generator", "deltalake")
 
 
@@ -163,15 +163,15 @@ class Job:
 @dataclass
 class Instrument:
     """Times ``SourceRunner.tick``, ``RemapOperator.mint``, the Spark job
-    (``reclock.driver.run_job``) and ``DeltaSink.commit`` in every thread."""
+    (``reclock.runtime.driver.run_job``) and ``DeltaSink.commit`` in every thread."""
 
     durations: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     jobs: list[Job] = field(default_factory=list)
     _restore: list[tuple[Any, str, Any]] = field(default_factory=list)
 
     def __enter__(self) -> Instrument:
-        import reclock.driver as drv
-        from reclock.mint import RemapOperator
+        import reclock.runtime.driver as drv
+        from reclock.core.mint import RemapOperator
         from sinks.delta import DeltaSink
 
         self._patch(drv.SourceRunner, "tick", "tick")
@@ -293,9 +293,9 @@ def start_up(text: str, base_dir: Path, spark: Any, *, threaded: bool = True,
              do_open: bool = True) -> Startup:
     """Parse, build and open like ``run()`` does (without starting the loops)."""
     from reclock.config import parse_config
-    from reclock.driver import SourceRunner
     from reclock.pipeline import Pipeline
-    from reclock.progress_log import ProgressLog
+    from reclock.runtime.driver import SourceRunner
+    from reclock.runtime.progress_log import ProgressLog
 
     t0 = time.perf_counter()
     cfg = parse_config(text, "pipeline.yaml", base_dir=base_dir)
@@ -954,7 +954,7 @@ def main(argv: list[str] | None = None) -> int:
         importlib.import_module(module)
 
     import_s = time.perf_counter() - t0
-    from reclock.spark import spark_session
+    from reclock.runtime.spark import spark_session
 
     log(f"imports (not timed below): {ms(import_s)} ms; starting Spark {MASTER} ...")
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """Reclocking throughput: vectorized ``Bindings.reclock_offsets`` vs a plain loop.
 
-Builds a monotone Kafka :class:`~reclock.bindings.Bindings` snapshot (``--bindings``
+Builds a monotone Kafka :class:`~reclock.core.bindings.Bindings` snapshot (``--bindings``
 bindings at IntoTimes 1000, 2000, ... over ``--partitions`` partitions, each
 binding advancing every partition's next offset by a random non-negative amount,
 the last one covering every record), then reclocks ``--records`` records laid
@@ -42,9 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from reclock.bindings import UNBOUND, Binding, Bindings
-from reclock.frontier import kafka_frontier
-from reclock.time import IntoTime, Partitioned
+from reclock.core.bindings import UNBOUND, Binding, Bindings
+from reclock.core.frontier import kafka_frontier
+from reclock.core.time import IntoTime, Partitioned
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]

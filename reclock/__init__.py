@@ -3,20 +3,20 @@ stamped with one system time (IntoTime), exactly once, resumable after a crash.
 
 The time model lives here:
 
-* :mod:`reclock.time` -- timestamp types (IntoTime, Lsn, Counter, Partitioned);
-* :mod:`reclock.frontier` -- Antichain, MutableAntichain, ChangeBatch;
-* :mod:`reclock.bindings` -- the remap collection snapshot and reclocking;
-* :mod:`reclock.mint` -- the remap operator that mints bindings;
-* :mod:`reclock.capture` -- the capture/replay event protocol;
-* :mod:`reclock.clock` -- injected clocks;
-* :mod:`reclock.errors` -- the error hierarchy.
+* :mod:`reclock.core.time` -- timestamp types (IntoTime, Lsn, Counter, Partitioned);
+* :mod:`reclock.core.frontier` -- Antichain, MutableAntichain, ChangeBatch;
+* :mod:`reclock.core.bindings` -- the remap collection snapshot and reclocking;
+* :mod:`reclock.core.mint` -- the remap operator that mints bindings;
+* :mod:`reclock.core.capture` -- the capture/replay event protocol;
+* :mod:`reclock.core.clock` -- injected clocks;
+* :mod:`reclock.core.errors` -- the error hierarchy.
 """
 
-from reclock.bindings import UNBOUND, Binding, Bindings
-from reclock.clock import Clock, ManualClock, SystemClock
-from reclock.errors import DefiniteError, ReclockError, TransientError, UpperMismatch
-from reclock.frontier import Antichain, ChangeBatch, MutableAntichain, kafka_frontier
-from reclock.time import Counter, IntoTime, Lsn, Partitioned, kafka_offsets
+from reclock.core.bindings import UNBOUND, Binding, Bindings
+from reclock.core.clock import Clock, ManualClock, SystemClock
+from reclock.core.errors import DefiniteError, ReclockError, TransientError, UpperMismatch
+from reclock.core.frontier import Antichain, ChangeBatch, MutableAntichain, kafka_frontier
+from reclock.core.time import Counter, IntoTime, Lsn, Partitioned, kafka_offsets
 
 __all__ = [
     "UNBOUND",

@@ -25,8 +25,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from reclock.errors import ReclockError
-from reclock.frontier import render as render_frontier
+from reclock.core.errors import ReclockError
+from reclock.core.frontier import render as render_frontier
 
 log = logging.getLogger("reclock")
 
@@ -97,7 +97,7 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
     render, so every view agrees. Otherwise they are read from the remap store
     and the sinks."""
     from reclock.pipeline import Pipeline
-    from reclock.progress_log import tail
+    from reclock.runtime.progress_log import tail
 
     cfg = _load(file)
     pipe = Pipeline(cfg)
@@ -159,8 +159,8 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
             if lv is not None and lv.get("resume") is not None:
                 entry["resume_upper"] = lv["resume"]
             elif b is not None and b.bindings:
-                from reclock.frontier import Antichain
-                from reclock.time import IntoTime
+                from reclock.core.frontier import Antichain
+                from reclock.core.time import IntoTime
 
                 ri = (Antichain.empty() if resume_into is None
                       else Antichain.from_elem(IntoTime(resume_into)))

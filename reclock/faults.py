@@ -32,7 +32,7 @@ import random
 import signal
 import threading
 
-from reclock.errors import TransientError
+from reclock.core.errors import TransientError
 
 POINTS = (
     "after_mint",

@@ -1,6 +1,6 @@
 """Prometheus metrics: the runners' status, rendered at scrape time.
 
-The single source of truth is :meth:`reclock.driver.SourceRunner.status` --
+The single source of truth is :meth:`reclock.runtime.driver.SourceRunner.status` --
 one dict per source. The pipeline assembles those dicts into the *status
 document* (``{"pid", "updated_ms", "http", "sources": [...], "dropped":
 [...]}``) that is written to ``state_dir/status.json`` every second, served as
@@ -57,11 +57,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from reclock.frontier import Antichain, frontier_partitions
-from reclock.frontier import frontier_position as position_of
-from reclock.health import HEALTH_STATES
+from reclock.core.frontier import Antichain, frontier_partitions
+from reclock.core.frontier import frontier_position as position_of
+from reclock.runtime.health import HEALTH_STATES
 
-#: The health states a source or output can be in (``reclock.driver``).
+#: The health states a source or output can be in (``reclock.runtime.driver``).
 #: The frontiers of a source's status dict exported as metrics.
 FRONTIERS = ("probe", "bound", "read_from", "resume")
 

@@ -1,7 +1,7 @@
 """Loading reclock's optional C extensions, also where a zip shadows them.
 
 On a Spark cluster the driver ships reclock's packages to the executors as a
-zip (``reclock.spark.package_zip``) placed first on their ``sys.path``, so
+zip (``reclock.runtime.spark.package_zip``) placed first on their ``sys.path``, so
 that driver and executors run the same Python code. Python cannot import an
 extension module from a zip, so there ``import sources._kafka_native`` fails
 although the executor's installed copy (the image's site-packages, or an

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from reclock.errors import DefiniteError
+from reclock.core.errors import DefiniteError
 
 _URL_USERINFO = re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<pw>[^/@\s]*)@")
 _SECRET_PARAM = re.compile(r"(?P<pre>\b(?:password|sslpassword)\s*=\s*)('[^']*'|[^\s&]*)",

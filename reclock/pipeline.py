@@ -3,7 +3,7 @@
 ``Pipeline(cfg)`` turns the typed configuration into runtime objects: one
 :class:`~sources.base.Source` per source with its outputs' sinks and
 decoders, the remap store, and (when running) the Spark session.
-:func:`run` starts one :class:`~reclock.driver.SourceRunner` per source,
+:func:`run` starts one :class:`~reclock.runtime.driver.SourceRunner` per source,
 writes ``state_dir/status.json`` every second, watches for drop requests, and
 stops cleanly on SIGINT/SIGTERM. With an ``http`` section it also serves
 metrics, the status and its recent history, and a status page
@@ -36,13 +36,13 @@ from typing import Any, TextIO, cast
 
 import pyarrow as pa
 
-from reclock.clock import Clock, SystemClock
-from reclock.columns import rename_columns
 from reclock.config import OutputConfig, PipelineConfig, SourceConfig
-from reclock.driver import OutputRuntime, Settings, SourceRunner
+from reclock.core.clock import Clock, SystemClock
+from reclock.core.columns import rename_columns
+from reclock.core.errors import DefiniteError
 from reclock.envelopes import Envelope, NoneEnvelope, envelope_for
-from reclock.errors import DefiniteError
-from reclock.progress_log import ProgressLog
+from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner
+from reclock.runtime.progress_log import ProgressLog
 from reclock.statuspage import History, StatusServer
 from remap_store import RemapStore, open_store
 from sinks.base import PersistSink, SinkContext, output_schema
@@ -266,7 +266,7 @@ def run(
     events = ProgressLog(pipe.state_dir / "progress.jsonl" if cfg.progress_log else None,
                          pipe.clock)
     if use_spark and spark is None:
-        from reclock.spark import spark_session
+        from reclock.runtime.spark import spark_session
 
         spark = spark_session(cfg.spark.master, cfg.spark.app_name, cfg.spark.conf)
     started = time.monotonic()
@@ -337,7 +337,7 @@ def progress_line(st: dict[str, Any]) -> str:
     lags = [o["lag_ms"] for o in outs if o.get("lag_ms") is not None]
     health = st["health"]["status"]
     err = f" ({st['health']['error']})" if st["health"].get("error") else ""
-    from reclock.frontier import render as render_frontier
+    from reclock.core.frontier import render as render_frontier
 
     lag_ms = f"{max(lags)} ms" if lags else "-"
     lag_rec = st.get("lag_records")

@@ -38,7 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from reclock.errors import DefiniteError
+from reclock.core.errors import DefiniteError
 from reclock.metrics import frontier_position, make_registry, render
 
 log = logging.getLogger("reclock.http")

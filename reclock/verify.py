@@ -28,10 +28,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reclock.bindings import UNBOUND, Bindings, beyond
-from reclock.columns import DIFF, ERROR, INTO_TIME, SRC_OFFSET, SRC_PART, SRC_SEQ
-from reclock.errors import TransientError
-from reclock.frontier import Antichain
+from reclock.core.bindings import UNBOUND, Bindings, beyond
+from reclock.core.columns import DIFF, ERROR, INTO_TIME, SRC_OFFSET, SRC_PART, SRC_SEQ
+from reclock.core.errors import TransientError
+from reclock.core.frontier import Antichain
 
 KEYS = [SRC_PART, SRC_OFFSET, SRC_SEQ]
 T = TypeVar("T")
@@ -201,8 +201,8 @@ def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.Rec
     holds now, key by key. A key missing from the output (a row deleted
     behind reclock's back), a row that should have been retracted, or a
     value that differs is a ``keyed-state`` breach naming the key."""
-    from reclock.dataplane import OutputPlan, build_output_rows, screen_intents
     from reclock.envelopes.upsert import UpsertState, _hashable
+    from reclock.runtime.dataplane import OutputPlan, build_output_rows, screen_intents
     from sinks.base import output_schema
     from sinks.consolidate import consolidate
 

@@ -9,7 +9,7 @@ times below it are final; the empty upper means the source finished)::
 Writers only ever append with :meth:`RemapStore.compare_and_append`: "append
 these bindings and move the upper from ``expected_upper`` to ``new_upper``
 only if the upper is still ``expected_upper``". Two writers racing on a shard
-therefore serialize: the loser gets :class:`~reclock.errors.UpperMismatch`
+therefore serialize: the loser gets :class:`~reclock.core.errors.UpperMismatch`
 carrying the actual upper, re-reads what the winner appended, and carries on.
 Nothing that reaches readers is ever rewritten, except by compaction below
 ``since``, which preserves ``R(t)`` for every ``t >= since``.
@@ -17,10 +17,10 @@ Nothing that reaches readers is ever rewritten, except by compaction below
 Readers (the driver's remap operator, ``reclock bindings``) use
 :meth:`RemapStore.read` for a snapshot and :meth:`RemapStore.listen` to wait
 for the upper to move. Executors never talk to the store: they get a
-:class:`~reclock.bindings.Bindings` snapshot.
+:class:`~reclock.core.bindings.Bindings` snapshot.
 
 A store must never block indefinitely: every call either completes or raises
-(:class:`~reclock.errors.TransientError` for a store that is unreachable).
+(:class:`~reclock.core.errors.TransientError` for a store that is unreachable).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from reclock.bindings import Binding, Bindings
-from reclock.frontier import Antichain
-from reclock.time import IntoTime
+from reclock.core.bindings import Binding, Bindings
+from reclock.core.frontier import Antichain
+from reclock.core.time import IntoTime
 
 
 class RemapStore(Protocol):
@@ -48,7 +48,7 @@ class RemapStore(Protocol):
     def create_shard(self, shard: str, kind: str) -> None:
         """Create ``shard`` for FromTime ``kind`` with ``since = upper = 0`` if absent.
 
-        Idempotent; raises :class:`~reclock.errors.BindingError` when the shard
+        Idempotent; raises :class:`~reclock.core.errors.BindingError` when the shard
         exists with a different kind."""
         ...
 
@@ -74,7 +74,7 @@ class RemapStore(Protocol):
         With ``as_of``, only bindings at times ``<= as_of`` and the upper
         ``as_of + 1`` (if that is below the shard's upper): the collection as
         it was known at IntoTime ``as_of``. Raises
-        :class:`~reclock.errors.SinceViolation` for ``as_of < since``.
+        :class:`~reclock.core.errors.SinceViolation` for ``as_of < since``.
         """
         ...
 
@@ -93,8 +93,8 @@ class RemapStore(Protocol):
 
         Requires the binding times to lie in ``[expected_upper, new_upper)``,
         increase, and keep the frontiers monotone after the last stored
-        binding (:class:`~reclock.errors.BindingError` otherwise). Raises
-        :class:`~reclock.errors.UpperMismatch` with the actual upper when the
+        binding (:class:`~reclock.core.errors.BindingError` otherwise). Raises
+        :class:`~reclock.core.errors.UpperMismatch` with the actual upper when the
         shard's upper is not ``expected_upper``; nothing is written then.
         """
         ...

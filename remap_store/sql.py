@@ -13,7 +13,7 @@ IS NOT DISTINCT FROM :expected``. That row update is the fence: in PostgreSQL
 a concurrent writer blocks on the row lock and then finds its predicate false;
 in SQLite the transaction starts with ``BEGIN IMMEDIATE`` and writers
 serialize on the database lock. Zero rows updated means someone else moved
-the upper: roll back and raise :class:`~reclock.errors.UpperMismatch`.
+the upper: roll back and raise :class:`~reclock.core.errors.UpperMismatch`.
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from reclock.bindings import Binding, Bindings, check_appendable, compact_bindings
-from reclock.errors import (
+from reclock.core.bindings import Binding, Bindings, check_appendable, compact_bindings
+from reclock.core.errors import (
     BindingError,
     ShardNotFound,
     SinceViolation,
     TransientError,
     UpperMismatch,
 )
-from reclock.frontier import Antichain
-from reclock.time import IntoTime, time_type
+from reclock.core.frontier import Antichain
+from reclock.core.time import IntoTime, time_type
 
 R = TypeVar("R")
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from reclock.errors import TransientError
+from reclock.core.errors import TransientError
 from sinks.base import SinkError
 
 _REASONS: dict[int, tuple[str, str]] = {

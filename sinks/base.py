@@ -39,15 +39,15 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from reclock.columns import (
+from reclock.core.columns import (
     DIFF,
     ERROR,
     META_FIELDS,
     META_NAMES,
     RAW_VALUE,
 )
-from reclock.errors import DefiniteError, TransientError
-from reclock.frontier import Antichain
+from reclock.core.errors import DefiniteError, TransientError
+from reclock.core.frontier import Antichain
 
 
 def output_schema(user: pa.Schema) -> pa.Schema:

@@ -35,8 +35,8 @@ from typing import Any, Literal, TextIO
 import pyarrow as pa
 from pydantic import Field
 
-from reclock.columns import DIFF, ERROR, INTO_TIME, META_FIELDS, META_NAMES
 from reclock.config.base import _Model
+from reclock.core.columns import DIFF, ERROR, INTO_TIME, META_FIELDS, META_NAMES
 from sinks._fs import atomic_write, exclusive_lock, sink_os_error
 from sinks.base import SinkContext, SinkError, SinkFenced, SinkState, output_schema
 

@@ -83,9 +83,9 @@ from deltalake.transaction import (
     Transaction,
 )
 
-from reclock.clock import Clock, SystemClock
-from reclock.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
 from reclock.config.base import _Model
+from reclock.core.clock import Clock, SystemClock
+from reclock.core.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
 from sinks._fs import (
     atomic_write,
     check_stage_args,

@@ -136,8 +136,9 @@ from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 from pydantic import Field
 
-from reclock.clock import Clock, SystemClock
-from reclock.columns import (
+from reclock.config.base import KAFKA_TOPIC_PATTERN, _Model
+from reclock.core.clock import Clock, SystemClock
+from reclock.core.columns import (
     DIFF,
     ERROR,
     INTO_TIME,
@@ -149,8 +150,7 @@ from reclock.columns import (
     SRC_SEQ,
     SRC_TS,
 )
-from reclock.config.base import KAFKA_TOPIC_PATTERN, _Model
-from reclock.errors import ReclockError, TransientError
+from reclock.core.errors import ReclockError, TransientError
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from sinks._fs import (
     atomic_write,

@@ -119,8 +119,9 @@ from psycopg.rows import TupleRow
 from pydantic import Field
 from pydantic_core import InitErrorDetails
 
-from reclock.clock import Clock, SystemClock
-from reclock.columns import (
+from reclock.config.base import _Model, _problem
+from reclock.core.clock import Clock, SystemClock
+from reclock.core.columns import (
     DIFF,
     ERROR,
     INTO_TIME,
@@ -130,8 +131,7 @@ from reclock.columns import (
     SRC_PART,
     SRC_SEQ,
 )
-from reclock.config.base import _Model, _problem
-from reclock.errors import ReclockError, TransientError
+from reclock.core.errors import ReclockError, TransientError
 from reclock.pgconn import connect_defaults, parse_dsn, scrub, server_label
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from sinks._fs import (

@@ -12,8 +12,8 @@ A source has two halves::
 * ``probe`` returns the *upstream* frontier (Kafka high watermarks, Postgres
   flush LSN, the generator's counter). It must not block for long and never
   goes backwards for a healthy upstream; a transient fault raises
-  :class:`~reclock.errors.TransientError` (the driver stalls and retries), a
-  definite one :class:`~reclock.errors.DefiniteError`.
+  :class:`~reclock.core.errors.TransientError` (the driver stalls and retries), a
+  definite one :class:`~reclock.core.errors.DefiniteError`.
 * ``plan(lower, upper, max_task, max_job)`` splits the FromTime interval
   ``[lower, upper)`` into picklable read tasks of at most ``max_task`` records
   each (one Kafka partition range per task), stopping at ``max_job`` records
@@ -40,11 +40,11 @@ from typing import Any, Generic, Protocol
 
 import pyarrow as pa
 
-from reclock.columns import (
+from reclock.core.columns import (
     POSITION_FIELDS,
 )
-from reclock.frontier import Antichain
-from reclock.time import T
+from reclock.core.frontier import Antichain
+from reclock.core.time import T
 
 #: The raw (undecoded) record schema: positions + key/value bytes.
 RAW_SCHEMA = pa.schema([*POSITION_FIELDS, pa.field("key", pa.binary()),
@@ -73,7 +73,7 @@ class SourceContext:
     """What a connector's config needs besides itself to build its source
     (:meth:`reclock.config.base.ConnectorConfig.build`)."""
 
-    clock: Any  # reclock.clock.Clock: milliseconds, injectable in tests
+    clock: Any  # reclock.core.clock.Clock: milliseconds, injectable in tests
     #: the pipeline's identity, minted once in the remap store: names of what
     #: the source creates upstream (slots, publications, consumer groups)
     #: carry it, so two pipelines never share them

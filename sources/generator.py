@@ -32,12 +32,12 @@ import pyarrow.compute as pc
 from pydantic import Field
 from pydantic_core import InitErrorDetails
 
-from reclock.clock import Clock
-from reclock.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.config.base import ConnectorConfig, _problem
-from reclock.errors import DefiniteError
-from reclock.frontier import Antichain
-from reclock.time import Counter
+from reclock.core.clock import Clock
+from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
+from reclock.core.errors import DefiniteError
+from reclock.core.frontier import Antichain
+from reclock.core.time import Counter
 from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
 
 CHUNK = 65_536

@@ -56,12 +56,12 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from pydantic import Field
 from pydantic_core import InitErrorDetails
 
-from reclock.clock import Clock
-from reclock.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.config.base import KAFKA_TOPIC_PATTERN, ConnectorConfig, DurationMs, _Model, _problem
-from reclock.errors import DefiniteError, FrontierRegression, TransientError
-from reclock.frontier import Antichain, kafka_frontier
-from reclock.time import Partitioned, kafka_offsets
+from reclock.core.clock import Clock
+from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
+from reclock.core.errors import DefiniteError, FrontierRegression, TransientError
+from reclock.core.frontier import Antichain, kafka_frontier
+from reclock.core.time import Partitioned, kafka_offsets
 from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
 
 BATCH = 50_000

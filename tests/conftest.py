@@ -73,7 +73,7 @@ def store_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """One Spark session for the whole test run (local[2])."""
-    from reclock.spark import spark_session
+    from reclock.runtime.spark import spark_session
 
     session = spark_session("local[2]", "reclock-tests", {"spark.sql.shuffle.partitions": "2"})
     yield session

@@ -422,8 +422,8 @@ class Outputs:
 
     def caught_up(self, name: str) -> bool:
         """Whether the lane's output holds everything written upstream."""
-        from reclock.frontier import Antichain
-        from reclock.time import kafka_offsets
+        from reclock.core.frontier import Antichain
+        from reclock.core.time import kafka_offsets
 
         lane = self.lanes[name]
         p = self.sinks[name].state().progress

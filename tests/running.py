@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from reclock.driver import SourceRunner
 from reclock.pipeline import run
+from reclock.runtime.driver import SourceRunner
 
 
 @contextmanager

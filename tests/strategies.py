@@ -6,9 +6,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from reclock.bindings import Binding, Bindings
-from reclock.frontier import Antichain, kafka_frontier
-from reclock.time import Counter, IntoTime, Lsn, Partitioned
+from reclock.core.bindings import Binding, Bindings
+from reclock.core.frontier import Antichain, kafka_frontier
+from reclock.core.time import Counter, IntoTime, Lsn, Partitioned
 
 
 @st.composite

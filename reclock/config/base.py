@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from reclock.errors import DefiniteError
+from reclock.core.errors import DefiniteError
 
 _M = TypeVar("_M", bound=BaseModel)
 

@@ -25,11 +25,11 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from reclock.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
-from reclock.errors import DefiniteError
+from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
+from reclock.core.errors import DefiniteError
 
 if TYPE_CHECKING:
-    from reclock.dataplane import OutputPlan
+    from reclock.runtime.dataplane import OutputPlan
 
 POS_COLUMNS = [SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS]
 

@@ -22,11 +22,11 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from reclock.config.base import _Model
+from reclock.core.errors import DefiniteError
 from reclock.envelopes.base import meta_columns, null_columns
-from reclock.errors import DefiniteError
 
 if TYPE_CHECKING:
-    from reclock.dataplane import OutputPlan
+    from reclock.runtime.dataplane import OutputPlan
 
 
 class DebeziumEnvelope(_Model):

@@ -12,7 +12,7 @@ from reclock.config.base import _Model
 from reclock.envelopes.base import decoded_rows
 
 if TYPE_CHECKING:
-    from reclock.dataplane import OutputPlan
+    from reclock.runtime.dataplane import OutputPlan
 
 
 class NoneEnvelope(_Model):

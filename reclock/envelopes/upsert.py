@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
-from reclock.columns import (
+from reclock.config.base import _Model
+from reclock.core.columns import (
     DIFF,
     ERROR,
     INTO_TIME,
@@ -29,12 +30,11 @@ from reclock.columns import (
     SRC_UNCHANGED,
     TRUNCATED,
 )
-from reclock.config.base import _Model
+from reclock.core.errors import DefiniteError
 from reclock.envelopes.base import decoded_rows
-from reclock.errors import DefiniteError
 
 if TYPE_CHECKING:
-    from reclock.dataplane import OutputPlan
+    from reclock.runtime.dataplane import OutputPlan
 
 
 class UpsertEnvelope(_Model):

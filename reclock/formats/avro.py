@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from reclock.errors import DefiniteError, TransientError
+from reclock.core.errors import DefiniteError, TransientError
 from reclock.formats.base import (
     DecodeResult,
     FormatError,
@@ -40,7 +40,7 @@ class SchemaRegistryResolver:
     ``GET {url}/schemas/ids/{id}``, cached by id for the life of the object
     (ids are immutable). A schema id the registry does not know (HTTP 404) is
     a definite fault of the records naming it; anything else (connection
-    refused, timeout, 5xx) raises :class:`~reclock.errors.TransientError`. Basic
+    refused, timeout, 5xx) raises :class:`~reclock.core.errors.TransientError`. Basic
     auth may be given as ``http://user:secret@host``; the secret never appears
     in a message. Picklable: the cache travels with it.
     """

@@ -16,7 +16,7 @@ The contract (every decoder, every format)::
   reason, and the caller records it with its source position (DESIGN:
   "bad input is data, not a crash"). Only two things raise from ``decode``:
   an input of the wrong Arrow type (a bug upstream) and a transient fault
-  (:class:`~reclock.errors.TransientError`, e.g. the schema registry is
+  (:class:`~reclock.core.errors.TransientError`, e.g. the schema registry is
   unreachable), which the data plane retries.
 * A null record (a Kafka tombstone) is the error :data:`NULL_REASON`, unless
   the decoder was made with ``allow_null=True`` (the upsert envelope, for
@@ -88,7 +88,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reclock.errors import DefiniteError
+from reclock.core.errors import DefiniteError
 from reclock.native import load_extension
 
 I64 = npt.NDArray[np.int64]

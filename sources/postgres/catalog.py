@@ -16,7 +16,7 @@ import psycopg.errors
 import pyarrow as pa
 from psycopg import sql
 
-from reclock.errors import DefiniteError, ReclockError, TransientError
+from reclock.core.errors import DefiniteError, ReclockError, TransientError
 from reclock.pgconn import connect_defaults, scrub
 from sources.postgres.types import SESSION_OPTIONS, PgType
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from reclock.errors import DefiniteError
+from reclock.core.errors import DefiniteError
 
 
 class ProtocolError(DefiniteError):

@@ -78,8 +78,8 @@ import psycopg
 import pyarrow as pa
 from psycopg import pq, sql
 
-from reclock.clock import Clock
-from reclock.columns import (
+from reclock.core.clock import Clock
+from reclock.core.columns import (
     SRC_DIFF,
     SRC_OFFSET,
     SRC_PART,
@@ -88,10 +88,10 @@ from reclock.columns import (
     SRC_UNCHANGED,
     TRUNCATED,
 )
-from reclock.errors import DefiniteError, Reopen, TransientError
-from reclock.frontier import Antichain
+from reclock.core.errors import DefiniteError, Reopen, TransientError
+from reclock.core.frontier import Antichain
+from reclock.core.time import Lsn
 from reclock.pgconn import parse_dsn, server_label
-from reclock.time import Lsn
 from sources.base import OutputSpec, ReadTask, SourceBase
 from sources.postgres import pgoutput as po
 from sources.postgres.catalog import (

@@ -21,7 +21,7 @@ Unconstrained ``numeric`` stays text because it has no fixed precision (a
 decimal128 would round). ``infinity``/``-infinity`` timestamps and dates map
 to the smallest/largest value Arrow can hold; a numeric ``NaN`` in a
 constrained column, and any text that does not parse, is a
-:class:`~reclock.errors.DefiniteError` naming the table, the column and the
+:class:`~reclock.core.errors.DefiniteError` naming the table, the column and the
 value. Vectorized casts do the work; only columns whose cast fails, and
 bytea, times and arrays, fall back to per-value conversion.
 """
@@ -36,7 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reclock.errors import DefiniteError
+from reclock.core.errors import DefiniteError
 
 BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 23, 25, 26
 JSON, XML, FLOAT4, FLOAT8, BPCHAR, VARCHAR = 114, 142, 700, 701, 1042, 1043

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reclock.bindings import UNBOUND, Binding, Bindings
-from reclock.errors import BindingError, SinceViolation
-from reclock.frontier import Antichain, kafka_frontier
-from reclock.time import IntoTime, Lsn, Partitioned
+from reclock.core.bindings import UNBOUND, Binding, Bindings
+from reclock.core.errors import BindingError, SinceViolation
+from reclock.core.frontier import Antichain, kafka_frontier
+from reclock.core.time import IntoTime, Lsn, Partitioned
 from tests.strategies import kafka_bindings, total_bindings
 
 

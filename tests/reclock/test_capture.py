@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reclock.capture import (
+from reclock.core.capture import (
     Capture,
     Event,
     Message,
@@ -24,9 +24,9 @@ from reclock.capture import (
     validate,
     write_events,
 )
-from reclock.errors import InvalidEventStream
-from reclock.frontier import Antichain
-from reclock.time import IntoTime, Partitioned
+from reclock.core.errors import InvalidEventStream
+from reclock.core.frontier import Antichain
+from reclock.core.time import IntoTime, Partitioned
 
 T0 = IntoTime(0)
 

@@ -33,7 +33,7 @@ from reclock.config import (
     redact_secrets,
     redacted_dump,
 )
-from reclock.errors import DefiniteError
+from reclock.core.errors import DefiniteError
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hunter2-s3cr3t"

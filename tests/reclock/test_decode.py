@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reclock.formats.base as decode_mod
-from reclock.errors import DefiniteError, TransientError
+from reclock.core.errors import DefiniteError, TransientError
 from reclock.formats import (
     NULL_REASON,
     TIMESTAMP,

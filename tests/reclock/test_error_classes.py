@@ -1,4 +1,4 @@
-"""Every error the driver meets is transient or definite (reclock.errors.classify):
+"""Every error the driver meets is transient or definite (reclock.core.errors.classify):
 reclock's own say so, library errors are classified by what they are, and
 anything else is flagged as unclassified (a bug) and retried."""
 
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from reclock.errors import DefiniteError, TransientError, classified, classify
+from reclock.core.errors import DefiniteError, TransientError, classified, classify
 
 
 def _kind(exc: BaseException) -> str:

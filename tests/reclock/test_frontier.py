@@ -7,8 +7,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reclock.frontier import Antichain, ChangeBatch, MutableAntichain
-from reclock.time import IntoTime, Partitioned
+from reclock.core.frontier import Antichain, ChangeBatch, MutableAntichain
+from reclock.core.time import IntoTime, Partitioned
 from tests.strategies import partitioned
 
 

@@ -25,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from reclock.config import ConfigError, PipelineConfig, load_config, parse_config
-from reclock.errors import DefiniteError
+from reclock.core.errors import DefiniteError
 from reclock.metrics import families, frontier_position, frontier_value, make_registry, render
 from reclock.pipeline import Runners, run
 from reclock.statuspage import History, StatusServer

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from reclock.config import load_config
-from reclock.driver import SourceRunner
 from reclock.pipeline import Pipeline, run
+from reclock.runtime.driver import SourceRunner
 from reclock.verify import verify_pipeline
 from tests.running import running, wait_for
 

@@ -85,8 +85,8 @@ def audit(ids: list[int], n: int) -> tuple[int, int, int]:
 
 def held(r: Any) -> int:
     """Records the output holds, by its durable progress (offsets summed)."""
-    from reclock.frontier import Antichain
-    from reclock.time import kafka_offsets
+    from reclock.core.frontier import Antichain
+    from reclock.core.time import kafka_offsets
 
     p = r.outputs[0].state.progress
     return 0 if p is None else sum(kafka_offsets(Antichain.decode_json("kafka", p))[0].values())

@@ -169,8 +169,8 @@ def test_a_failed_stage_or_commit_loses_no_key(
 
 
 def durable(r: Any) -> dict[int, int]:
-    from reclock.frontier import Antichain
-    from reclock.time import kafka_offsets
+    from reclock.core.frontier import Antichain
+    from reclock.core.time import kafka_offsets
 
     p = r.outputs[0].state.progress
     return {} if p is None else kafka_offsets(Antichain.decode_json("kafka", p))[0]

@@ -1,5 +1,5 @@
 """The C extensions load on executors whose reclock packages come from the
-driver's zip (``reclock.spark.package_zip``): Python cannot import an
+driver's zip (``reclock.runtime.spark.package_zip``): Python cannot import an
 extension from a zip, so ``reclock.native`` loads the installed build."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import reclock
 import sources
-from reclock.spark import package_zip
+from reclock.runtime.spark import package_zip
 
 PROBE = """
 import json, sources, reclock.decode as d, sources.kafka as k

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from reclock.config import load_config
-from reclock.driver import SourceRunner
-from reclock.errors import TransientError
+from reclock.core.errors import TransientError
 from reclock.pipeline import run
+from reclock.runtime.driver import SourceRunner
 from reclock.verify import verify_pipeline
 from sinks.delta import DeltaSink
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reclock.errors import InvalidTimeError
-from reclock.frontier import Antichain, kafka_frontier
-from reclock.time import (
+from reclock.core.errors import InvalidTimeError
+from reclock.core.frontier import Antichain, kafka_frontier
+from reclock.core.time import (
     Counter,
     IntoTime,
     Lsn,

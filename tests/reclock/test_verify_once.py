@@ -7,9 +7,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from reclock.bindings import Binding, Bindings
-from reclock.frontier import Antichain
-from reclock.time import IntoTime, Lsn
+from reclock.core.bindings import Binding, Bindings
+from reclock.core.frontier import Antichain
+from reclock.core.time import IntoTime, Lsn
 from reclock.verify import check_output
 from sinks.base import output_schema
 

@@ -9,18 +9,18 @@ from typing import Any
 
 import pytest
 
-from reclock.bindings import Binding, Bindings
-from reclock.clock import ManualClock, SystemClock
-from reclock.errors import (
+from reclock.core.bindings import Binding, Bindings
+from reclock.core.clock import ManualClock, SystemClock
+from reclock.core.errors import (
     BindingError,
     FrontierRegression,
     ShardNotFound,
     SinceViolation,
     UpperMismatch,
 )
-from reclock.frontier import Antichain, kafka_frontier
-from reclock.mint import RemapOperator
-from reclock.time import Counter, IntoTime, Lsn, Partitioned
+from reclock.core.frontier import Antichain, kafka_frontier
+from reclock.core.mint import RemapOperator
+from reclock.core.time import Counter, IntoTime, Lsn, Partitioned
 from remap_store import RemapStore, open_store, redact_url
 
 

@@ -20,8 +20,8 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
 import sinks.delta as delta_mod
-from reclock.clock import ManualClock
-from reclock.errors import DefiniteError
+from reclock.core.clock import ManualClock
+from reclock.core.errors import DefiniteError
 from sinks.base import SinkError, SinkFenced, SinkState, output_schema
 from sinks.delta import CLOSED, DeltaSink, DeltaStager
 from tests.sinks.rows import SCHEMA, USER, race_commits, updates

@@ -27,8 +27,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 import sinks.kafka as kafka_mod
-from reclock.clock import ManualClock
-from reclock.errors import DefiniteError, TransientError
+from reclock.core.clock import ManualClock
+from reclock.core.errors import DefiniteError, TransientError
 from sinks.base import SinkError, SinkFenced, SinkState, output_schema
 from sinks.kafka import (
     DATA_META,

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from reclock.core.errors import DefiniteError, TransientError
 from reclock.envelopes import UpsertState
-from reclock.errors import DefiniteError, TransientError
 from sinks.base import SinkError, SinkFenced, SinkState, conform, output_schema
 from sinks.postgres import PostgresSink, PostgresStager, pg_type, storage_type
 from tests.sinks.rows import SCHEMA, USER, updates

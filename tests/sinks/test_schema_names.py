@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from reclock.columns import META_NAMES
-from reclock.errors import DefiniteError
+from reclock.core.columns import META_NAMES
+from reclock.core.errors import DefiniteError
 from sinks.base import output_schema
 
 

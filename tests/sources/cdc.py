@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from reclock.time import Lsn
+from reclock.core.time import Lsn
 from sinks.consolidate import consolidate
 
 SCHEMA = """

@@ -17,8 +17,8 @@ import pytest
 from confluent_kafka import Producer
 
 from reclock.config import load_config
-from reclock.driver import SourceRunner
 from reclock.pipeline import Pipeline
+from reclock.runtime.driver import SourceRunner
 from reclock.verify import verify_pipeline
 from tests.running import running, wait_for
 from tests.tally import count
@@ -62,8 +62,8 @@ sources:
 
 def durable(r: SourceRunner) -> dict[int, int]:
     """Per partition, the next offset the first output has made durable."""
-    from reclock.frontier import Antichain
-    from reclock.time import kafka_offsets
+    from reclock.core.frontier import Antichain
+    from reclock.core.time import kafka_offsets
 
     p = r.outputs[0].state.progress
     return {} if p is None else kafka_offsets(Antichain.decode_json("kafka", p))[0]
@@ -425,7 +425,7 @@ def test_native_and_python_readers_read_the_same_records(kafka: Any) -> None:
 
     import pytest
 
-    from reclock.errors import DefiniteError
+    from reclock.core.errors import DefiniteError
     from sources.kafka import KafkaReader, native_reader
 
     assert native_reader() is not None, "the C extension was not built (is a compiler missing?)"

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from reclock import faults
-from reclock.time import Lsn
+from reclock.core.time import Lsn
 from tests.running import (
     close_driver,
     crash_env,

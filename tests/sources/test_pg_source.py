@@ -15,8 +15,8 @@ import psycopg
 import pyarrow as pa
 
 from reclock.config import load_config
+from reclock.core.time import Lsn
 from reclock.pipeline import Pipeline
-from reclock.time import Lsn
 from reclock.verify import verify_pipeline
 from tests.running import running, wait_for
 from tests.sources.cdc import (

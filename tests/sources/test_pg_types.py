@@ -8,7 +8,7 @@ import decimal
 import pyarrow as pa
 import pytest
 
-from reclock.errors import DefiniteError
+from reclock.core.errors import DefiniteError
 from sources.postgres.types import (
     DATE,
     INT4,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from reclock.errors import DefiniteError
+from reclock.core.errors import DefiniteError
 
 #: Position columns every raw batch carries (the record's FromTime coordinates).
 SRC_PART = "_src_part"  # int32: Kafka partition, 0 otherwise

@@ -32,9 +32,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TextIO
 
-from reclock.errors import InvalidEventStream, InvalidTimeError
-from reclock.frontier import Antichain, ChangeBatch, MutableAntichain
-from reclock.time import T, time_type
+from reclock.core.errors import InvalidEventStream, InvalidTimeError
+from reclock.core.frontier import Antichain, ChangeBatch, MutableAntichain
+from reclock.core.time import T, time_type
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +107,7 @@ def _apply(state: StreamState[T], index: int, ev: Event) -> None:
 def validate(events: Iterable[Event], minimum: T, initial_count: int = 1) -> StreamState[T]:
     """Check ``events`` against the protocol; return the final state.
 
-    Raises :class:`~reclock.errors.InvalidEventStream` naming the first
+    Raises :class:`~reclock.core.errors.InvalidEventStream` naming the first
     offending event, its index and the rule it breaks.
     """
     state: StreamState[T] = StreamState(_start(minimum, initial_count))

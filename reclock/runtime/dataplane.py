@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock import faults
-from reclock.bindings import UNBOUND, Bindings, beyond
-from reclock.columns import (
+from reclock.core.bindings import UNBOUND, Bindings, beyond
+from reclock.core.columns import (
     DIFF,
     ERROR,
     SRC_DIFF,
@@ -45,9 +45,9 @@ from reclock.columns import (
     SRC_UNCHANGED,
     TRUNCATED,
 )
+from reclock.core.errors import DefiniteError, ReclockError
+from reclock.core.frontier import Antichain
 from reclock.envelopes.base import Envelope, meta_columns
-from reclock.errors import DefiniteError, ReclockError
-from reclock.frontier import Antichain
 from sinks.base import Stager, output_schema, refuse_rows
 from sources.base import ReadTask, SourceReader
 

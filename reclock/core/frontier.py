@@ -25,8 +25,8 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any, Generic
 
-from reclock.errors import InvalidTimeError
-from reclock.time import Partitioned, T, time_type
+from reclock.core.errors import InvalidTimeError
+from reclock.core.time import Partitioned, T, time_type
 
 
 def _minimal(elements: Iterable[T]) -> tuple[T, ...]:

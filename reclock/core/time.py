@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
-from reclock.errors import InvalidTimeError
+from reclock.core.errors import InvalidTimeError
 
 JSON = Any
 

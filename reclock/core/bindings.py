@@ -40,9 +40,9 @@ from typing import Any, Generic
 import numpy as np
 import numpy.typing as npt
 
-from reclock.errors import BindingError, SinceViolation
-from reclock.frontier import Antichain
-from reclock.time import IntoTime, Partitioned, T, time_type
+from reclock.core.errors import BindingError, SinceViolation
+from reclock.core.frontier import Antichain
+from reclock.core.time import IntoTime, Partitioned, T, time_type
 
 INT64_MAX = np.iinfo(np.int64).max
 #: Sentinel in vectorized results: the record is not bound yet (it waits).

@@ -18,10 +18,10 @@ Rules:
 4. An unchanged frontier only advances the upper (no new binding); a finished
    source binds the empty frontier and closes the shard (empty upper).
 5. A frontier that went backwards is a definite error
-   (:class:`~reclock.errors.FrontierRegression`); nothing is appended.
+   (:class:`~reclock.core.errors.FrontierRegression`); nothing is appended.
 6. Only bindings read back from the store are used: after every append,
    successful or not, the operator re-reads the store from its last known
-   upper. A lost race (:class:`~reclock.errors.UpperMismatch`) is absorbed:
+   upper. A lost race (:class:`~reclock.core.errors.UpperMismatch`) is absorbed:
    the winner's bindings are read back and the next tick carries on.
 """
 
@@ -30,11 +30,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic
 
-from reclock.bindings import Binding, Bindings
-from reclock.clock import Clock
-from reclock.errors import FrontierRegression, UpperMismatch
-from reclock.frontier import Antichain
-from reclock.time import IntoTime, T
+from reclock.core.bindings import Binding, Bindings
+from reclock.core.clock import Clock
+from reclock.core.errors import FrontierRegression, UpperMismatch
+from reclock.core.frontier import Antichain
+from reclock.core.time import IntoTime, T
 from remap_store.base import RemapStore
 
 

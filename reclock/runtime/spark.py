@@ -51,7 +51,7 @@ def spark_session(
     conf: Mapping[str, str] | None = None,
 ) -> Any:
     """Get or create the process's SparkSession with reclock's defaults."""
-    os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "conf"))
+    os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent.parent / "conf"))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

@@ -21,9 +21,9 @@ pool. One tick of a source:
 6. **compact** -- the remap store's since follows the resumption frontier,
    keeping ``remap_retention`` of history for ``reclock verify``.
 
-Faults: a :class:`~reclock.errors.TransientError` stalls the source (health
+Faults: a :class:`~reclock.core.errors.TransientError` stalls the source (health
 ``stalled`` with the error) and retries with exponential backoff; a
-:class:`~reclock.errors.DefiniteError` also stalls it, with the hint, and
+:class:`~reclock.core.errors.DefiniteError` also stalls it, with the hint, and
 retries slowly (the operator fixes the cause). Neither closes a frontier.
 Shutdown and drop stop a source between steps or cancel its Spark job; a job
 that finishes after its source was dropped is discarded, never committed.
@@ -44,17 +44,17 @@ from typing import Any
 import pyarrow as pa
 
 from reclock import faults
-from reclock.bindings import Bindings
-from reclock.clock import Clock
-from reclock.columns import rename_columns
-from reclock.dataplane import JobContext, OutputPlan, TaskResult, run_job, run_local
+from reclock.core.bindings import Bindings
+from reclock.core.clock import Clock
+from reclock.core.columns import rename_columns
+from reclock.core.errors import DefiniteError, ReclockError, Reopen, classified, classify
+from reclock.core.frontier import Antichain, frontier_distance
+from reclock.core.mint import RemapOperator
+from reclock.core.time import IntoTime
 from reclock.envelopes import Envelope, NoneEnvelope, UpsertState, envelope_for
-from reclock.errors import DefiniteError, ReclockError, Reopen, classified, classify
-from reclock.frontier import Antichain, frontier_distance
-from reclock.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
-from reclock.mint import RemapOperator
-from reclock.progress_log import ProgressLog
-from reclock.time import IntoTime
+from reclock.runtime.dataplane import JobContext, OutputPlan, TaskResult, run_job, run_local
+from reclock.runtime.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
+from reclock.runtime.progress_log import ProgressLog
 from remap_store.base import RemapStore
 from sinks.base import PersistSink, SinkFenced, SinkState, Superseded, output_schema
 from sources.base import OutputSpec, Source

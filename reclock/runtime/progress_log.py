@@ -18,7 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from reclock.clock import Clock, SystemClock
+from reclock.core.clock import Clock, SystemClock
 
 
 class ProgressLog:
