@@ -19,7 +19,7 @@ in :data:`reclock.envelopes.ENVELOPES`, and one member of the schema's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -28,10 +28,43 @@ import pyarrow as pa
 from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.core.errors import DefiniteError
 
-if TYPE_CHECKING:
-    from reclock.runtime.dataplane import OutputPlan
-
 POS_COLUMNS = [SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS]
+
+
+class RowPlan(Protocol):
+    """What an envelope reads of an output's plan (the data plane's
+    ``OutputPlan``): its columns, its decoders and its key."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def user_schema(self) -> pa.Schema: ...
+
+    @property
+    def key_decoder(self) -> Any | None: ...
+
+    @property
+    def value_decoder(self) -> Any | None: ...
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The stored schema: user columns, then reclock's."""
+        ...
+
+    @property
+    def keyed(self) -> bool:
+        """Whether rows are intents the driver settles by key."""
+        ...
+
+    @property
+    def upstream_key(self) -> tuple[str, ...]:
+        """The key columns by their upstream names."""
+        ...
+
+    def picks(self) -> list[tuple[str, pa.Field]]:
+        """(upstream name, output field) of each user column."""
+        ...
 
 
 class Envelope(Protocol):
@@ -56,7 +89,7 @@ class Envelope(Protocol):
         when it does not fit."""
         ...
 
-    def rows(self, plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
+    def rows(self, plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
              ) -> tuple[pa.Table, int]:
         """Raw records -> stored rows (or intents of a keyed output), and how
         many of them are error rows."""
@@ -81,7 +114,7 @@ def meta_columns(
 
 
 
-def decoded_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64],
+def decoded_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64],
                  tombstones: bool) -> tuple[pa.Table, int]:
     """Decoded key/value records, each an insertion (``_diff`` 1); with
     ``tombstones``, a null value is a tombstone (an intent with ``_diff`` 0)."""

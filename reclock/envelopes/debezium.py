@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -23,10 +23,7 @@ import pyarrow as pa
 
 from reclock.config.base import _Model
 from reclock.core.errors import DefiniteError
-from reclock.envelopes.base import meta_columns, null_columns
-
-if TYPE_CHECKING:
-    from reclock.runtime.dataplane import OutputPlan
+from reclock.envelopes.base import RowPlan, meta_columns, null_columns
 
 
 class DebeziumEnvelope(_Model):
@@ -58,7 +55,7 @@ class DebeziumEnvelope(_Model):
                 f"({columns})", hint="name key columns that the format's schema has")
         return tuple(self.key)
 
-    def rows(self, plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
+    def rows(self, plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
              ) -> tuple[pa.Table, int]:
         return _debezium_rows(plan, batch, into)
 
@@ -120,7 +117,7 @@ def split_debezium(values: pa.Array) -> DebeziumSplit:
 
 
 
-def _debezium_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
+def _debezium_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
                    ) -> tuple[pa.Table, int]:
     """Before images retracted, after images inserted; with a key, intents
     instead (after images are values, deletes tombstones of the before image's
@@ -183,7 +180,7 @@ def _debezium_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np
 
 
 def _debezium_intents(
-    plan: OutputPlan, decoded: list[tuple[int, npt.NDArray[np.int64], Any]], after: pa.Array
+    plan: RowPlan, decoded: list[tuple[int, npt.NDArray[np.int64], Any]], after: pa.Array
 ) -> list[tuple[int, npt.NDArray[np.int64], Any]]:
     """Keyed debezium: (diff, event indices, images) as upsert intents. A
     delete (no after image) is a tombstone (diff 0) of its before image's key;

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from reclock.config.base import _Model
-from reclock.envelopes.base import decoded_rows
-
-if TYPE_CHECKING:
-    from reclock.runtime.dataplane import OutputPlan
+from reclock.envelopes.base import RowPlan, decoded_rows
 
 
 class NoneEnvelope(_Model):
@@ -29,6 +26,6 @@ class NoneEnvelope(_Model):
                 ) -> tuple[str, ...] | None:
         return None
 
-    def rows(self, plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
+    def rows(self, plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
              ) -> tuple[pa.Table, int]:
         return decoded_rows(plan, batch, into, tombstones=False)

@@ -11,7 +11,7 @@ outputs settle the same way.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -31,10 +31,7 @@ from reclock.core.columns import (
     TRUNCATED,
 )
 from reclock.core.errors import DefiniteError
-from reclock.envelopes.base import decoded_rows
-
-if TYPE_CHECKING:
-    from reclock.runtime.dataplane import OutputPlan
+from reclock.envelopes.base import RowPlan, decoded_rows
 
 
 class UpsertEnvelope(_Model):
@@ -62,7 +59,7 @@ class UpsertEnvelope(_Model):
                 "record key: set key_format with a schema naming the key columns")
         return tuple(self.key)
 
-    def rows(self, plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
+    def rows(self, plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
              ) -> tuple[pa.Table, int]:
         return decoded_rows(plan, batch, into, tombstones=True)
 

@@ -64,7 +64,7 @@ class OutputPlan:
     value_decoder: Any | None
     progress: Antichain[Any] | None  # positions not in it are durable already
     stager: Stager
-    envelope: Envelope = field(default_factory=lambda: _none())
+    envelope: Envelope
     key: tuple[str, ...] = ()  # keyed outputs: rows are intents the driver applies
     #: each user column's name upstream (as decoded), where the output renames
     #: it; empty: the same names
@@ -332,9 +332,3 @@ def _run_job(sc: Any, ctx: JobContext, tasks: Sequence[ReadTask], pool: str, gro
 def run_local(ctx: JobContext, tasks: Sequence[ReadTask]) -> list[TaskResult]:
     """The same tasks in this process (tests of the task logic, `reclock verify`)."""
     return [run_task(ctx, t) for t in tasks]
-
-
-def _none() -> Envelope:
-    from reclock.envelopes.none import NoneEnvelope
-
-    return NoneEnvelope()
