@@ -594,7 +594,8 @@ def test_json_matches_json_loads(items: list[tuple[bytes, dict[str, Any] | None]
                     raise ValueError
                 # escapes that decode to a lone surrogate are not Unicode: no
                 # Arrow string can hold them, so they are bad records too
-                json.dumps(again, ensure_ascii=False).encode()
+                # (in the schema's fields: the others are not read)
+                json.dumps({k: again.get(k) for k in SCHEMA}, ensure_ascii=False).encode()
                 obj = again
                 items[k] = (raw, obj)
             except (ValueError, UnicodeEncodeError):
