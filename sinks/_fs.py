@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 from reclock.core.errors import TransientError
 from sinks.base import SinkError
@@ -151,6 +152,20 @@ def vacuum_staged(output: str, root: Path, pattern: re.Pattern[str], grace_secon
             raise sink_os_error(output, entry.path, exc, "vacuum") from exc
         removed.append(entry.name)
     return sorted(removed)
+
+
+def check_descriptor(output: str, sink: str, d: Any, pattern: re.Pattern[str],
+                     fields: dict[str, type]) -> str:
+    """The staged file a descriptor names (see :meth:`sinks.base.Stager.stage`),
+    once its ``path`` matches the sink's file pattern and each of ``fields``
+    has its type; a ValueError naming the sink otherwise (a bug: descriptors
+    come from the sink's own stager)."""
+    name = d.get("path") if isinstance(d, dict) else None
+    ok = (isinstance(name, str) and pattern.fullmatch(name) is not None
+          and all(isinstance(d.get(k), t) for k, t in fields.items()))
+    if not ok:
+        raise ValueError(f"output {output!r}: not a {sink} staging descriptor: {d!r}")
+    return str(name)
 
 
 def check_staged_file(output: str, path: Path, size: int) -> None:

@@ -192,7 +192,11 @@ class Stager(Protocol):
 
     def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:
         """Write ``table`` (rows of :func:`output_schema`) so that a later commit
-        can make it visible; return JSON-able descriptors of what was staged."""
+        can make it visible; return JSON-able descriptors of what was staged:
+        per file its ``path`` (relative to the staging root or table), ``size``
+        (bytes; a commit checks the file still is), ``rows``, ``errors`` (error
+        rows among them) and sink-specific fields (Delta: ``stats``). The
+        sinks check them with :func:`sinks._fs.check_descriptor`."""
         ...
 
 

@@ -88,6 +88,7 @@ from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
 from sinks._fs import (
     atomic_write,
+    check_descriptor,
     check_stage_args,
     exclusive_lock,
     sink_os_error,
@@ -579,15 +580,7 @@ def _decode_txn(version: int) -> int | None:
 
 
 def _check_descriptor(output: str, d: dict[str, Any]) -> dict[str, Any]:
-    path = d.get("path")
-    ok = (
-        isinstance(path, str)
-        and (_STAGED.fullmatch(path) is not None)
-        and isinstance(d.get("size"), int)
-        and isinstance(d.get("stats"), str)
-    )
-    if not ok:
-        raise ValueError(f"output {output!r}: not a Delta staging descriptor: {d!r}")
+    check_descriptor(output, "Delta", d, _STAGED, {"size": int, "stats": str})
     return d
 
 

@@ -154,6 +154,7 @@ from reclock.core.errors import ReclockError, TransientError
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from sinks._fs import (
     atomic_write,
+    check_descriptor,
     check_stage_args,
     check_staged_file,
     remove_staged,
@@ -913,14 +914,8 @@ class KafkaSink:
         to crash or to take the broker down at a precise point."""
 
     def _check_descriptor(self, d: dict[str, Any]) -> Path:
-        name = d.get("path")
-        ok = (
-            isinstance(name, str) and _STAGED.fullmatch(name) is not None
-            and isinstance(d.get("size"), int) and isinstance(d.get("rows"), int)
-        )
-        if not ok:
-            raise ValueError(f"output {self.name!r}: not a Kafka staging descriptor: {d!r}")
-        path = self.staging_root / str(name)
+        name = check_descriptor(self.name, "Kafka", d, _STAGED, {"size": int, "rows": int})
+        path = self.staging_root / name
         check_staged_file(self.name, path, d["size"])
         return path
 

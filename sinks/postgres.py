@@ -136,6 +136,7 @@ from reclock.pgconn import connect_defaults, parse_dsn, scrub, server_label
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from sinks._fs import (
     atomic_write,
+    check_descriptor,
     check_stage_args,
     check_staged_file,
     remove_staged,
@@ -1098,12 +1099,8 @@ class PostgresSink:
         return False
 
     def _check_descriptor(self, d: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
-        name = d.get("path")
-        ok = (isinstance(name, str) and _STAGED.fullmatch(name) is not None
-              and isinstance(d.get("size"), int) and isinstance(d.get("rows"), int))
-        if not ok:
-            raise ValueError(f"output {self.name!r}: not a Postgres staging descriptor: {d!r}")
-        return self.staging_root / str(name), d
+        name = check_descriptor(self.name, "Postgres", d, _STAGED, {"size": int, "rows": int})
+        return self.staging_root / name, d
 
     def _open_staged(self, path: Path, d: dict[str, Any]) -> pa.Table:
         check_staged_file(self.name, path, d["size"])
