@@ -231,14 +231,6 @@ def test_closed_upper(sink: DeltaSink) -> None:
     sink.commit([], SinkState(None, "[]"), SinkState(None, "[]"))  # closed stays closed
 
 
-def test_upper_going_backwards_is_refused(sink: DeltaSink) -> None:
-    sink.commit([], SinkState(), SinkState(100))
-    with pytest.raises(ValueError, match="backwards"):
-        sink.commit([], SinkState(100), SinkState(50))
-    with pytest.raises(ValueError, match="backwards"):
-        sink.commit([], SinkState(None), SinkState(50))
-
-
 def test_two_outputs_in_one_table_keep_separate_states(tmp_path: Path) -> None:
     a = DeltaSink("s.a", tmp_path / "t")
     b = DeltaSink("s.b", tmp_path / "t")
@@ -251,19 +243,6 @@ def test_two_outputs_in_one_table_keep_separate_states(tmp_path: Path) -> None:
 
 
 # -- fencing -----------------------------------------------------------------------------
-
-
-def test_stale_expected_is_fenced_and_writes_nothing(sink: DeltaSink) -> None:
-    sink.commit([], SinkState(), SinkState(100, "p100"))
-    version = DeltaTable(str(sink.path)).version()
-    staged = sink.stager().stage("zombie", 0, updates(["z"], 50))
-    for stale in (SinkState(), SinkState(100, "other"), SinkState(100), SinkState(50, "p100")):
-        with pytest.raises(SinkFenced) as info:
-            sink.commit(staged, stale, SinkState(200, "p200"))
-        assert NAME in str(info.value)
-    assert DeltaTable(str(sink.path)).version() == version
-    assert sink.read_updates().num_rows == 0
-    assert sink.state() == SinkState(100, "p100")
 
 
 def test_delta_rs_rejects_a_stale_commit_of_the_same_app_id(tmp_path: Path) -> None:

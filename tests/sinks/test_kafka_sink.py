@@ -171,11 +171,6 @@ def test_state_is_read_back_by_a_new_sink_object(topics: Topics, sink: KafkaSink
     fresh.close()
 
 
-def test_a_closed_output_keeps_the_empty_frontier(topics: Topics, sink: KafkaSink) -> None:
-    sink.commit([], SinkState(), SinkState(None, '"done"'))
-    assert topics.sink().state() == SinkState(None, '"done"')
-
-
 def test_an_output_never_written_has_the_initial_state(kafka: KafkaCluster, tmp_path: Path) -> None:
     s = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=f"none-{uuid.uuid4().hex}",
                   staging_dir=tmp_path, timeout_s=5)

@@ -358,14 +358,6 @@ def test_closed_upper(sink: PostgresSink, pg_url: str, tmp_path: Path) -> None:
     sink.commit([], SinkState(None, "[]"), SinkState(None, "[]"))
 
 
-def test_upper_going_backwards_is_refused(sink: PostgresSink) -> None:
-    sink.commit([], SinkState(), SinkState(100))
-    with pytest.raises(ValueError, match="backwards"):
-        sink.commit([], SinkState(100), SinkState(50))
-    with pytest.raises(ValueError, match="backwards"):
-        sink.commit([], SinkState(None), SinkState(50))
-
-
 def test_two_outputs_share_the_upper_table(pg_url: str, tmp_path: Path) -> None:
     a = make(pg_url, tmp_path, name="s.a", table="a")
     b = make(pg_url, tmp_path, name="s.b", table="b")
@@ -378,18 +370,6 @@ def test_two_outputs_share_the_upper_table(pg_url: str, tmp_path: Path) -> None:
 
 
 # -- fencing and retries -------------------------------------------------------------------------
-
-
-def test_stale_expected_is_fenced_and_writes_nothing(sink: PostgresSink, pg_url: str) -> None:
-    sink.commit([], SinkState(), SinkState(100, "p100"))
-    staged = sink.stager().stage("zombie", 0, updates(["z"], 50))
-    for stale in (SinkState(), SinkState(100, "other"), SinkState(100), SinkState(50, "p100")):
-        with pytest.raises(SinkFenced) as info:
-            sink.commit(staged, stale, SinkState(200, "p200"))
-        assert NAME in str(info.value) and "nothing was written" in str(info.value)
-    assert count(pg_url) == 0
-    assert sink.state() == SinkState(100, "p100")
-    assert (sink.staging_root / staged[0]["path"]).exists()  # still there for a retry
 
 
 def test_fenced_on_a_brand_new_output(sink: PostgresSink, pg_url: str) -> None:

@@ -1,0 +1,179 @@
+"""The sink contract (sinks/base.py), once, for every sink: Delta, Postgres
+(log and state tables), Kafka and the console. Each sink's own test module
+keeps only what is its own (its storage layout, its concurrency, its types).
+
+Every sink, against a real peer (a Delta table on disk, the private
+PostgreSQL cluster, the shared Kafka broker):
+
+* a new output has the initial state, and reads back empty;
+* staged rows become visible only on commit, and a new sink object for the
+  same output reads back the same state and rows;
+* a closed upper stays closed; an upper never goes backwards;
+* a commit whose ``expected`` is stale is fenced and writes nothing, and its
+  staged files stay for a retry;
+* the stager is picklable, restaging the same part replaces it, and
+  ``screen`` keeps every row the sink can store.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from sinks.base import PersistSink, SinkFenced, SinkState
+from tests.sinks.rows import USER, updates
+
+NAME = "orders.main"
+
+
+@dataclass
+class Target:
+    """One sink kind: how to open its output, and where its staged files are."""
+
+    kind: str
+    open: Callable[[], PersistSink]
+    staged_file: Callable[[PersistSink, dict[str, Any]], Path | None]
+    keeps_rows: bool = True  # the console keeps only the state
+
+
+def _delta(tmp_path: Path, request: Any) -> Target:
+    from sinks.delta import DeltaSink
+
+    return Target("delta", lambda: DeltaSink(NAME, tmp_path / "out"),
+                  lambda s, d: s.path / d["path"])  # type: ignore[attr-defined]
+
+
+def _postgres(mode: str) -> Callable[[Path, Any], Target]:
+    def make(tmp_path: Path, request: Any) -> Target:
+        from sinks.postgres import PostgresSink
+
+        url = request.getfixturevalue("pg_url")
+        return Target(f"postgres-{mode}", lambda: PostgresSink(
+            NAME, dsn=url, table="orders", staging_dir=tmp_path / "staging", mode=mode,
+            key=("k",) if mode == "state" else ()),
+            lambda s, d: s.staging_root / d["path"])  # type: ignore[attr-defined]
+    return make
+
+
+def _kafka(tmp_path: Path, request: Any) -> Target:
+    from sinks.kafka import KafkaSink
+
+    kafka = request.getfixturevalue("kafka")
+    topic = f"contract-{uuid.uuid4().hex[:10]}"
+    kafka.create_topic(topic, 2)
+    return Target("kafka", lambda: KafkaSink(
+        NAME, bootstrap_servers=kafka.bootstrap, topic=topic, staging_dir=tmp_path / "staging",
+        timeout_s=10.0, key_columns=("k",)),
+        lambda s, d: s.staging_root / d["path"])  # type: ignore[attr-defined]
+
+
+def _console(tmp_path: Path, request: Any) -> Target:
+    from sinks.console import ConsoleSink
+
+    return Target("console", lambda: ConsoleSink(NAME, tmp_path / "console.json",
+                                                 out=io.StringIO()),
+                  lambda s, d: None, keeps_rows=False)
+
+
+KINDS = {"delta": _delta, "postgres-log": _postgres("log"),
+         "postgres-state": _postgres("state"), "kafka": _kafka, "console": _console}
+
+
+@pytest.fixture(params=list(KINDS))
+def target(request: Any, tmp_path: Path) -> Target:
+    return KINDS[request.param](tmp_path, request)
+
+
+@pytest.fixture
+def sink(target: Target) -> Iterator[PersistSink]:
+    s = target.open()
+    s.ensure(USER)
+    yield s
+    s.close()
+
+
+def held(s: PersistSink) -> list[str]:
+    t = s.read_updates()
+    ok = t.filter(pa.compute.is_null(t.column("_error")))
+    return sorted(ok.column("k").to_pylist())
+
+
+def test_a_new_output_has_the_initial_state(target: Target, sink: PersistSink) -> None:
+    assert sink.state() == SinkState()
+    if target.keeps_rows:
+        assert sink.read_updates().num_rows == 0
+
+
+def test_staged_rows_show_on_commit_and_read_back_in_a_new_sink(
+    target: Target, sink: PersistSink
+) -> None:
+    st = sink.stager()
+    staged = st.stage("b1", 0, updates(["a", "b"], 10)) + st.stage("b1", 1, updates(
+        ["c"], 10, offset=2, part=1))
+    assert sink.state() == SinkState()
+    if target.keeps_rows:
+        assert held(sink) == []  # staged is not visible
+    sink.commit(staged, SinkState(), SinkState(11, '"p11"'))
+    again = target.open()
+    assert again.state() == SinkState(11, '"p11"')
+    if target.keeps_rows:
+        assert held(again) == ["a", "b", "c"]
+        assert held(sink) == ["a", "b", "c"]
+
+
+def test_a_closed_upper_stays_closed(target: Target, sink: PersistSink) -> None:
+    sink.commit([], SinkState(), SinkState(100, '"p"'))
+    sink.commit([], SinkState(100, '"p"'), SinkState(None, "[]"))
+    assert sink.state() == SinkState(None, "[]")
+    assert target.open().state() == SinkState(None, "[]")
+    sink.commit([], SinkState(None, "[]"), SinkState(None, "[]"))  # closed stays closed
+    assert sink.state() == SinkState(None, "[]")
+
+
+def test_an_upper_never_goes_backwards(sink: PersistSink) -> None:
+    sink.commit([], SinkState(), SinkState(100))
+    with pytest.raises(ValueError, match="backwards"):
+        sink.commit([], SinkState(100), SinkState(50))
+    with pytest.raises(ValueError, match="backwards"):
+        sink.commit([], SinkState(None), SinkState(50))
+    assert sink.state() == SinkState(100)
+
+
+def test_a_stale_expected_is_fenced_and_writes_nothing(target: Target, sink: PersistSink) -> None:
+    sink.commit(sink.stager().stage("b1", 0, updates(["a"], 50)), SinkState(),
+                SinkState(100, '"p100"'))
+    staged = sink.stager().stage("zombie", 0, updates(["z"], 150, offset=1))
+    for stale in (SinkState(), SinkState(100, '"other"'), SinkState(100),
+                  SinkState(50, '"p100"')):
+        with pytest.raises(SinkFenced) as info:
+            sink.commit(staged, stale, SinkState(200, '"p200"'))
+        assert NAME in str(info.value)
+    assert sink.state() == SinkState(100, '"p100"')
+    assert target.open().state() == SinkState(100, '"p100"')
+    if target.keeps_rows:
+        assert held(sink) == ["a"]
+    path = target.staged_file(sink, staged[0])
+    if path is not None:
+        assert path.exists()  # kept for a retry
+
+
+def test_the_stager_is_picklable_restaging_replaces_and_screen_keeps_good_rows(
+    target: Target, sink: PersistSink
+) -> None:
+    st = pickle.loads(pickle.dumps(sink.stager()))
+    good = updates(["a", "b"], 10)
+    screened = st.screen(good)
+    assert screened.num_rows == 2 and screened.column("_error").null_count == 2
+    st.stage("b", 0, updates(["x", "y", "z"], 10))
+    staged = st.stage("b", 0, good)  # the same part again: replaces it
+    sink.commit(staged, SinkState(), SinkState(11))
+    if target.keeps_rows:
+        assert held(sink) == ["a", "b"]
