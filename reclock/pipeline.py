@@ -45,7 +45,7 @@ from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner
 from reclock.runtime.progress_log import ProgressLog
 from reclock.statuspage import History, StatusServer
 from remap_store import RemapStore, open_store
-from sinks.base import PersistSink, SinkContext, output_schema
+from sinks.base import PersistSink, SinkContext, check_output_names
 from sources.base import Source, SourceContext
 
 log = logging.getLogger("reclock")
@@ -151,15 +151,14 @@ class Pipeline:
             fields = list(key_dec.schema) if key_dec else []
             key_columns = [f.name for f in fields]
             user_schema = pa.schema(fields + list(value_dec.schema))
-        upsert_key = envelope.resolve(what, list(user_schema.names), key_columns)
+        upsert_key: tuple[str, ...] | None = None
         upstream: tuple[str, ...] = ()
-        if ocfg.rename:
-            user_schema, upstream, upsert_key = rename_columns(what, user_schema, ocfg.rename,
-                                                               upsert_key)
-        try:
-            output_schema(user_schema)  # names the output cannot hold: refused up front
-        except DefiniteError as exc:
-            raise DefiniteError(f"{what}: {exc}", hint=exc.hint) from None
+        if user_schema is not None:  # (typed rows described when the source opens: then)
+            upsert_key = envelope.resolve(what, list(user_schema.names), key_columns)
+            if ocfg.rename:
+                user_schema, upstream, upsert_key = rename_columns(
+                    what, user_schema, ocfg.rename, upsert_key)
+            check_output_names(what, user_schema)
         return OutputRuntime(
             index=index, name=spec.name, spec=spec, sink=self.sink(src, ocfg),
             user_schema=user_schema, key_decoder=key_dec, value_decoder=value_dec,

@@ -78,6 +78,15 @@ def output_schema(user: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_nullable(True) for f in user] + META_FIELDS)
 
 
+def check_output_names(what: str, user: pa.Schema) -> None:
+    """Refuse up front (a definite error naming ``what``) user columns that an
+    output cannot hold: twins by case, or reclock's own names."""
+    try:
+        output_schema(user)
+    except DefiniteError as exc:
+        raise DefiniteError(f"{what}: {exc}", hint=exc.hint) from None
+
+
 #: Raw bytes kept on an error row that a sink refused, at most (a refused row
 #: may be refused for its size).
 REFUSED_RAW_MAX = 64 * 1024

@@ -70,4 +70,3 @@ def rename_columns(what: str, schema: pa.Schema, rename: dict[str, str],
     out = pa.schema([f.with_name(n) for f, n in zip(schema, names, strict=True)])
     return out, tuple(schema.names), (None if key is None
                                       else tuple(rename.get(k, k) for k in key))
-

@@ -56,7 +56,14 @@ from reclock.runtime.dataplane import JobContext, OutputPlan, TaskResult, run_jo
 from reclock.runtime.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
 from reclock.runtime.progress_log import ProgressLog
 from remap_store.base import RemapStore
-from sinks.base import PersistSink, SinkFenced, SinkState, Superseded, output_schema
+from sinks.base import (
+    PersistSink,
+    SinkFenced,
+    SinkState,
+    Superseded,
+    check_output_names,
+    output_schema,
+)
 from sources.base import OutputSpec, Source
 
 log = logging.getLogger("reclock.driver")
@@ -307,6 +314,7 @@ class SourceRunner:
             out.user_schema, out.upstream, out.upsert_key = (
                 rename_columns(what, spec.schema, out.rename, key) if out.rename
                 else (spec.schema, (), key))
+            check_output_names(what, out.user_schema)
         missing = [o.name for o in self.outputs if o.user_schema is None]
         if missing:
             raise DefiniteError(f"source {self.name!r}: outputs {missing} have no schema")

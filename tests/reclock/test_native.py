@@ -18,7 +18,7 @@ import sources
 from reclock.runtime.spark import package_zip
 
 PROBE = """
-import json, sources, reclock.decode as d, sources.kafka as k
+import json, sources, reclock.formats.base as d, sources.kafka as k
 try:
     import sources._kafka_native
     plain = True
