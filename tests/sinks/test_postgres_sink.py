@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from reclock.core.clock import ManualClock
 from reclock.core.errors import DefiniteError, TransientError
 from reclock.envelopes import UpsertState
 from sinks.base import SinkError, SinkFenced, SinkState, conform, output_schema
@@ -789,7 +790,7 @@ def test_commit_before_ensure_is_a_sink_error(pg_url: str, tmp_path: Path) -> No
 def test_vacuum_orphans(sink: PostgresSink) -> None:
     staged = sink.stager().stage("crashed", 0, updates(["a"], 1))
     assert sink.vacuum_orphans(grace_seconds=3600) == []
-    sink._clock = lambda: time.time() + 7200
+    sink._clock = ManualClock(int((time.time() + 7200) * 1000))
     assert sink.vacuum_orphans(grace_seconds=3600) == [staged[0]["path"]]
 
 
