@@ -35,7 +35,7 @@ from typing import Any, Literal, TextIO
 import pyarrow as pa
 from pydantic import Field
 
-from reclock.config.base import _Model
+from reclock.config.base import SinkConfigBase
 from reclock.core.columns import DIFF, ERROR, INTO_TIME, META_FIELDS, META_NAMES
 from sinks._fs import atomic_write, exclusive_lock, sink_os_error
 from sinks.base import SinkContext, SinkError, SinkFenced, SinkState, output_schema
@@ -203,7 +203,7 @@ class ConsoleSink:
 # -- configuration ----------------------------------------------------------------
 
 
-class ConsoleSinkConfig(_Model):
+class ConsoleSinkConfig(SinkConfigBase):
     """Prints committed updates, for trying a pipeline out (the output's upper
     is kept; the rows are not)."""
 

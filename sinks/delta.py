@@ -63,12 +63,12 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO, ClassVar, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -83,7 +83,7 @@ from deltalake.transaction import (
     Transaction,
 )
 
-from reclock.config.base import _Model
+from reclock.config.base import SinkConfigBase
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
 from sinks._fs import (
@@ -689,7 +689,7 @@ def _delta_error(output: str, path: Path, exc: DeltaError, doing: str) -> SinkEr
 # -- configuration ----------------------------------------------------------------
 
 
-class FileSinkConfig(_Model):
+class FileSinkConfig(SinkConfigBase):
     """A durable table on the local filesystem (a Delta table: Parquet files and
     a log); data and the output's upper are committed in one atomic step."""
 
@@ -699,6 +699,16 @@ class FileSinkConfig(_Model):
     """Directory of the output. Relative paths resolve against the YAML file's
     directory; the default is ``<state_dir>/outputs/<source>/<output>`` (filled
     in when the pipeline is loaded)."""
+
+    TARGET: ClassVar[str] = "path"
+
+    @classmethod
+    def target_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+        if not isinstance(raw.get("path"), str):
+            return None
+        path = str(raw["path"])
+        scheme = path.split("://", 1)[0] + "://" if "://" in path else ""
+        return ("file", scheme + os.path.normpath(path[len(scheme):]))
 
     def build(self, ctx: SinkContext) -> DeltaSink:
         path = self.path or ctx.state_dir / "outputs" / ctx.source / ctx.output

@@ -136,7 +136,7 @@ from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 from pydantic import Field
 
-from reclock.config.base import KAFKA_TOPIC_PATTERN, _Model
+from reclock.config.base import KAFKA_TOPIC_PATTERN, SinkConfigBase
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import (
     DIFF,
@@ -1363,7 +1363,7 @@ class _quiet:
 # -- configuration ----------------------------------------------------------------
 
 
-class KafkaSinkConfig(_Model):
+class KafkaSinkConfig(SinkConfigBase):
     """A Kafka topic written exactly once: each commit is one Kafka transaction
     holding the rows and the output's progress record (on
     ``<topic>.reclock-progress``). Error rows go to ``<topic>.reclock-errors``.
@@ -1387,6 +1387,15 @@ class KafkaSinkConfig(_Model):
     """Columns whose JSON forms the record key (default: no key)."""
     properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
     """Extra librdkafka producer settings; secret-looking values are never printed."""
+
+    TARGET: ClassVar[str] = "topic"
+
+    @classmethod
+    def target_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+        if not isinstance(raw.get("topic"), str):
+            return None
+        servers = ",".join(sorted(str(raw.get("bootstrap_servers", "")).split(",")))
+        return ("kafka", servers, str(raw["topic"]))
 
     def build(self, ctx: SinkContext) -> KafkaSink:
         return KafkaSink(

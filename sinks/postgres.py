@@ -106,7 +106,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import psycopg
 import psycopg.errors
@@ -119,7 +119,7 @@ from psycopg.rows import TupleRow
 from pydantic import Field
 from pydantic_core import InitErrorDetails
 
-from reclock.config.base import _Model, _problem
+from reclock.config.base import SinkConfigBase, _problem
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import (
     DIFF,
@@ -1217,7 +1217,7 @@ def _temp_schema(conn: Connection) -> str:
 # -- configuration ----------------------------------------------------------------
 
 
-class PostgresSinkConfig(_Model):
+class PostgresSinkConfig(SinkConfigBase):
     """A PostgreSQL table, loaded with COPY; each commit is one transaction
     holding the rows and the output's upper (table ``reclock_uppers``)."""
 
@@ -1235,6 +1235,15 @@ class PostgresSinkConfig(_Model):
     the same transaction)."""
     key: tuple[str, ...] = ()
     """With ``mode: state``: the primary key columns."""
+
+    TARGET: ClassVar[str] = "table"
+
+    @classmethod
+    def target_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+        if not isinstance(raw.get("table"), str):
+            return None
+        return ("postgres", str(raw.get("dsn")), str(raw.get("schema") or "public"),
+                str(raw["table"]))
 
     @classmethod
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeAlias, TypeVar, get_args
+from typing import Annotated, Any, ClassVar, TypeAlias, TypeVar, get_args
 
 from pydantic import (
     AfterValidator,
@@ -332,4 +332,26 @@ class ConnectorConfig(_Model):
         """The connector's :class:`~sources.base.Source` named ``name``;
         ``ctx`` is a :class:`~sources.base.SourceContext` (the clock, the
         pipeline's identity, the configured outputs' names)."""
+        raise NotImplementedError
+
+
+class SinkConfigBase(_Model):
+    """Base of sink blocks: a sink's whole configuration, defined in the sink's
+    own module, discriminated on its ``type`` literal. A member of the
+    :data:`~reclock.config.SinkConfig` union is a sink kind; :meth:`build`
+    makes the :class:`~sinks.base.PersistSink` from it."""
+
+    #: What names the place the sink writes, for messages ("path", "table", "topic").
+    TARGET: ClassVar[str] = "target"
+
+    @classmethod
+    def target_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+        """Where a raw (unvalidated) block of this kind writes, comparable
+        across outputs (two outputs with equal targets would mix their rows);
+        ``None`` when the target derives from the output's own name. Its last
+        element is what messages show."""
+        return None
+
+    def build(self, ctx: Any) -> Any:
+        """The sink (``ctx`` is a :class:`~sinks.base.SinkContext`)."""
         raise NotImplementedError

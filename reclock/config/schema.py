@@ -58,6 +58,7 @@ from reclock.config.base import (
     DurationMs,
     KeyPath,
     Name,
+    SinkConfigBase,
     _duplicate_names,
     _get,
     _Model,
@@ -80,22 +81,16 @@ from sources.kafka import KafkaConfig, KafkaStartOffset
 from sources.postgres.config import PgTableConfig, PostgresConfig
 
 
-def _sink_target(sink: Any) -> tuple[str, ...] | None:
-    """What a raw sink entry writes to, comparable across outputs; ``None``
-    for sinks whose target is derived from the output's own name."""
+def _sink_target(sink: Any) -> tuple[type[SinkConfigBase], tuple[str, ...]] | None:
+    """The sink kind of a raw sink entry and what it writes to, comparable
+    across outputs; ``None`` for sinks whose target is derived from the
+    output's own name (each sink kind says, :meth:`SinkConfigBase.target_of`)."""
     if not isinstance(sink, Mapping):
         return None
-    kind = sink.get("type")
-    if kind == "file" and isinstance(sink.get("path"), str):
-        raw = str(sink["path"])
-        scheme = raw.split("://", 1)[0] + "://" if "://" in raw else ""
-        return ("file", scheme + os.path.normpath(raw[len(scheme):]))
-    if kind == "postgres" and isinstance(sink.get("table"), str):
-        return ("postgres", str(sink.get("dsn")), str(sink.get("schema") or "public"),
-                str(sink["table"]))
-    if kind == "kafka" and isinstance(sink.get("topic"), str):
-        servers = ",".join(sorted(str(sink.get("bootstrap_servers", "")).split(",")))
-        return ("kafka", servers, str(sink["topic"]))
+    for kind in _SINKS:
+        if sink.get("type") in get_args(kind.model_fields["type"].annotation):
+            target = kind.target_of(sink)
+            return None if target is None else (kind, target)
     return None
 
 
@@ -111,14 +106,15 @@ def _shared_targets(sources: Any) -> list[InitErrorDetails]:
         if not isinstance(outputs, Sequence) or isinstance(outputs, str):
             continue
         for j, o in enumerate(outputs):
-            target = _sink_target(_get(o, "sink"))
-            if target is None:
+            found = _sink_target(_get(o, "sink"))
+            if found is None:
                 continue
+            kind, target = found
             here: KeyPath = ("sources", i, "outputs", j, "sink")
             label = f"{_get(src, 'name')}.{_get(o, 'name')}"
             if target in first:
                 loc, other = first[target]
-                what = {"file": "path", "postgres": "table", "kafka": "topic"}[target[0]]
+                what = kind.TARGET
                 out.append(_problem(
                     here, f"output {label!r} writes the same {what} as output {other!r} "
                     f"({target[-1]!r}): their rows would mix; give each output its own {what}",
@@ -262,7 +258,7 @@ EnvelopeConfig = Annotated[
 # ---------------------------------------------------------------------------
 
 
-_SINKS: tuple[type[_Model], ...] = (FileSinkConfig, ConsoleSinkConfig, KafkaSinkConfig,
+_SINKS: tuple[type[SinkConfigBase], ...] = (FileSinkConfig, ConsoleSinkConfig, KafkaSinkConfig,
                                     PostgresSinkConfig)
 #: Where an output goes, discriminated on ``type``; ``file`` / ``console`` strings allowed.
 SinkConfig = Annotated[
