@@ -4,10 +4,9 @@ stamped with one system time (IntoTime), exactly once, resumable after a crash.
 The time model lives here:
 
 * :mod:`reclock.core.time` -- timestamp types (IntoTime, Lsn, Counter, Partitioned);
-* :mod:`reclock.core.frontier` -- Antichain, MutableAntichain, ChangeBatch;
+* :mod:`reclock.core.frontier` -- Antichain and the Kafka frontier helpers;
 * :mod:`reclock.core.bindings` -- the remap collection snapshot and reclocking;
 * :mod:`reclock.core.mint` -- the remap operator that mints bindings;
-* :mod:`reclock.core.capture` -- the capture/replay event protocol;
 * :mod:`reclock.core.clock` -- injected clocks;
 * :mod:`reclock.core.errors` -- the error hierarchy.
 """
@@ -15,7 +14,7 @@ The time model lives here:
 from reclock.core.bindings import UNBOUND, Binding, Bindings
 from reclock.core.clock import Clock, ManualClock, SystemClock
 from reclock.core.errors import DefiniteError, ReclockError, TransientError, UpperMismatch
-from reclock.core.frontier import Antichain, ChangeBatch, MutableAntichain, kafka_frontier
+from reclock.core.frontier import Antichain, kafka_frontier
 from reclock.core.time import Counter, IntoTime, Lsn, Partitioned, kafka_offsets
 
 __all__ = [
@@ -23,14 +22,12 @@ __all__ = [
     "Antichain",
     "Binding",
     "Bindings",
-    "ChangeBatch",
     "Clock",
     "Counter",
     "DefiniteError",
     "IntoTime",
     "Lsn",
     "ManualClock",
-    "MutableAntichain",
     "Partitioned",
     "ReclockError",
     "SystemClock",

@@ -40,20 +40,6 @@ class InvalidTimeError(DefiniteError, ValueError):
     """A timestamp or frontier could not be decoded or is out of range."""
 
 
-class InvalidEventStream(DefiniteError):
-    """A captured event stream breaks the capture/replay protocol.
-
-    ``index`` is the position of the offending event in its stream, ``rule``
-    names the broken rule.
-    """
-
-    def __init__(self, index: int, event: object, rule: str, detail: str) -> None:
-        self.index = index
-        self.event = event
-        self.rule = rule
-        super().__init__(f"event #{index} {event!r} breaks rule '{rule}': {detail}")
-
-
 class BindingError(DefiniteError):
     """Bindings that would break monotonicity or the half-open interval rules."""
 

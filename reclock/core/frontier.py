@@ -1,4 +1,4 @@
-"""Frontiers: antichains of times, and counted times that report frontier changes.
+"""Frontiers: antichains of times, and the Kafka frontier helpers.
 
 An :class:`Antichain` is a set of mutually incomparable times. As an *upper*
 it is exclusive: it "contains" (is ``<=``) a time ``t`` when some element ``f``
@@ -12,11 +12,10 @@ times they contain (their up-sets): ``A <= B`` when everything ``B`` contains,
 * ``A.meet(B)`` (greatest lower bound) is the frontier behind both:
   the minimal elements of the union.
 
-:class:`ChangeBatch` accumulates ``(time, diff)`` updates and consolidates them.
-:class:`MutableAntichain` counts times and tracks the frontier of the times
-with positive count, reporting each *discrete* change of that frontier as
-``(time, +1)`` (entered) or ``(time, -1)`` (left), like timely dataflow's
-progress tracking (``seeds/001``).
+Counted times that report frontier changes (``ChangeBatch``,
+``MutableAntichain``) and the seeds' capture/replay protocol live with the
+tests, in ``tests/capture.py``: the product never counts capabilities, and
+they serve there as the protocol's reference model.
 """
 
 from __future__ import annotations
@@ -161,134 +160,6 @@ class Antichain(Generic[T]):
         except json.JSONDecodeError as exc:
             raise InvalidTimeError(f"not JSON: {text[:80]!r}: {exc}") from None
         return Antichain.decode(kind, value)
-
-
-class ChangeBatch(Generic[T]):
-    """A consolidating collection of ``(time, diff)`` updates."""
-
-    __slots__ = ("_counts",)
-
-    def __init__(self, updates: Iterable[tuple[T, int]] = ()) -> None:
-        self._counts: dict[T, int] = {}
-        self.extend(updates)
-
-    def update(self, time: T, diff: int) -> None:
-        if diff == 0:
-            return
-        n = self._counts.get(time, 0) + diff
-        if n == 0:
-            del self._counts[time]
-        else:
-            self._counts[time] = n
-
-    def extend(self, updates: Iterable[tuple[T, int]]) -> None:
-        for t, d in updates:
-            self.update(t, d)
-
-    def is_empty(self) -> bool:
-        return not self._counts
-
-    def __len__(self) -> int:
-        return len(self._counts)
-
-    def get(self, time: T) -> int:
-        return self._counts.get(time, 0)
-
-    def items(self) -> list[tuple[T, int]]:
-        """The consolidated updates, non-zero diffs only, in canonical order."""
-        return sorted(self._counts.items(), key=lambda kv: kv[0].sort_key())
-
-    def drain(self) -> list[tuple[T, int]]:
-        out = self.items()
-        self._counts.clear()
-        return out
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ChangeBatch) and self._counts == other._counts
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"ChangeBatch({self.items()!r})"
-
-
-class MutableAntichain(Generic[T]):
-    """Counts per time, and the frontier of the times whose count is positive.
-
-    Counts may go negative transiently (updates arriving out of order), but
-    only positive counts hold the frontier back. :meth:`update_iter` applies
-    updates and returns the discrete changes of the frontier.
-    """
-
-    __slots__ = ("_counts", "_frontier")
-
-    def __init__(self, initial: Iterable[tuple[T, int]] = ()) -> None:
-        self._counts: ChangeBatch[T] = ChangeBatch(initial)
-        self._frontier: Antichain[T] = self._rebuild()
-
-    @classmethod
-    def new_bottom(cls, bottom: T) -> MutableAntichain[T]:
-        """Starts with count 1 at ``bottom`` (a source's minimum capability)."""
-        return cls([(bottom, 1)])
-
-    def _rebuild(self) -> Antichain[T]:
-        return Antichain(t for t, c in self._counts.items() if c > 0)
-
-    def frontier(self) -> Antichain[T]:
-        return self._frontier
-
-    def less_equal(self, time: T) -> bool:
-        """True when the frontier contains ``time``."""
-        return self._frontier.less_equal_time(time)
-
-    def less_than(self, time: T) -> bool:
-        return self._frontier.less_than_time(time)
-
-    def count_for(self, time: T) -> int:
-        return self._counts.get(time)
-
-    def is_empty(self) -> bool:
-        return self._frontier.is_empty()
-
-    def counts(self) -> list[tuple[T, int]]:
-        return self._counts.items()
-
-    def update_iter(self, updates: Iterable[tuple[T, int]]) -> list[tuple[T, int]]:
-        """Apply ``updates``; return the frontier's changes, consolidated.
-
-        The frontier is recomputed only when an update could move it: a
-        positive count at a time not already beyond the frontier, or a
-        decrement at a time on the frontier.
-        """
-        rebuild = False
-        for t, d in updates:
-            if d == 0:
-                continue
-            before = self._counts.get(t)
-            self._counts.update(t, d)
-            after = before + d
-            if (before > 0) != (after > 0):
-                if after > 0:
-                    # A newly positive time moves the frontier unless a time
-                    # already on the frontier is <= it.
-                    if not self._frontier.less_equal_time(t):
-                        rebuild = True
-                elif t in self._frontier.elements:
-                    rebuild = True
-        if not rebuild:
-            return []
-        old = self._frontier
-        new = self._rebuild()
-        self._frontier = new
-        changes: ChangeBatch[T] = ChangeBatch()
-        for t in old:
-            changes.update(t, -1)
-        for t in new:
-            changes.update(t, 1)
-        return changes.items()
-
-    def __repr__(self) -> str:
-        return f"MutableAntichain(frontier={self._frontier!r}, counts={self._counts.items()!r})"
 
 
 # -- Kafka frontiers, distances, rendering ------------------------------------------------

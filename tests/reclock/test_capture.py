@@ -11,9 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reclock.core.capture import (
+from reclock.core.frontier import Antichain
+from reclock.core.time import IntoTime, Partitioned
+from tests.capture import (
     Capture,
     Event,
+    InvalidEventStream,
     Message,
     Progress,
     combine,
@@ -24,9 +27,6 @@ from reclock.core.capture import (
     validate,
     write_events,
 )
-from reclock.core.errors import InvalidEventStream
-from reclock.core.frontier import Antichain
-from reclock.core.time import IntoTime, Partitioned
 
 T0 = IntoTime(0)
 

@@ -7,8 +7,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reclock.core.frontier import Antichain, ChangeBatch, MutableAntichain
+from reclock.core.frontier import Antichain
 from reclock.core.time import IntoTime, Partitioned
+from tests.capture import ChangeBatch, MutableAntichain
 from tests.strategies import partitioned
 
 
