@@ -25,7 +25,7 @@ import ctypes
 import os
 import threading
 
-from reclock.librdkafka import library_path
+from reclock.clients.librdkafka import library_path
 
 RD_KAFKA_PRODUCER = 0
 

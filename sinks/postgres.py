@@ -119,6 +119,7 @@ from psycopg.rows import TupleRow
 from pydantic import Field
 from pydantic_core import InitErrorDetails
 
+from reclock.clients.postgres import connect_defaults, parse_dsn, scrub, server_label
 from reclock.config.base import SinkConfigBase, _problem
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import (
@@ -132,7 +133,6 @@ from reclock.core.columns import (
     SRC_SEQ,
 )
 from reclock.core.errors import ReclockError, TransientError
-from reclock.pgconn import connect_defaults, parse_dsn, scrub, server_label
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from sinks._fs import (
     atomic_write,

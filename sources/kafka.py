@@ -77,8 +77,8 @@ def native_reader() -> Any:
     global _native
     if _native is None:
         try:
-            from reclock.librdkafka import library_path
-            from reclock.native import load_extension
+            from reclock.clients.librdkafka import library_path
+            from reclock.clients.native import load_extension
 
             mod = load_extension("sources", "_kafka_native")
             if mod is None:

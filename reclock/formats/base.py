@@ -88,8 +88,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reclock.clients.native import load_extension
 from reclock.core.errors import DefiniteError
-from reclock.native import load_extension
 
 I64 = npt.NDArray[np.int64]
 

@@ -86,7 +86,7 @@ def package_zip() -> Path:
             pkg = Path(importlib.import_module(name).__file__ or "").parent
             for f in sorted(pkg.rglob("*")):
                 # (C extensions cannot load from a zip: executors load their
-                # installed build instead, see reclock.native)
+                # installed build instead, see reclock.clients.native)
                 if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (
                         ".pyc", ".so", ".pyd"):
                     z.write(f, str(Path(name) / f.relative_to(pkg)))

@@ -16,8 +16,8 @@ import psycopg.errors
 import pyarrow as pa
 from psycopg import sql
 
+from reclock.clients.postgres import connect_defaults, scrub
 from reclock.core.errors import DefiniteError, ReclockError, TransientError
-from reclock.pgconn import connect_defaults, scrub
 from sources.postgres.types import SESSION_OPTIONS, PgType
 
 Connection = psycopg.Connection[Any]

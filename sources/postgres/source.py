@@ -78,6 +78,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import pq, sql
 
+from reclock.clients.postgres import parse_dsn, server_label
 from reclock.core.clock import Clock
 from reclock.core.columns import (
     SRC_DIFF,
@@ -91,7 +92,6 @@ from reclock.core.columns import (
 from reclock.core.errors import DefiniteError, Reopen, TransientError
 from reclock.core.frontier import Antichain
 from reclock.core.time import Lsn
-from reclock.pgconn import parse_dsn, server_label
 from sources.base import OutputSpec, ReadTask, SourceBase
 from sources.postgres import pgoutput as po
 from sources.postgres.catalog import (

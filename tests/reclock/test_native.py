@@ -1,6 +1,6 @@
 """The C extensions load on executors whose reclock packages come from the
 driver's zip (``reclock.runtime.spark.package_zip``): Python cannot import an
-extension from a zip, so ``reclock.native`` loads the installed build."""
+extension from a zip, so ``reclock.clients.native`` loads the installed build."""
 
 from __future__ import annotations
 
