@@ -53,6 +53,16 @@ def kafka_version() -> str:
     return jar.name.removeprefix("kafka_2.13-").removesuffix(".jar")
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id: 16 bytes in URL-safe base64. Like Kafka's
+    own ``Uuid.randomUuid``, never one that starts with ``-``: the storage
+    tool would read it as an option (``-t -x...``: "expected one argument")."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -87,19 +97,24 @@ class _Node:
 class KafkaCluster:
     """``start()`` -> ``bootstrap``; admin helpers; ``kill``/``start_node``; ``close``."""
 
+    #: The tests' JVM: starts fast (C1 only), small heap.
+    TEST_JVM = ("-Xms128m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+
     def __init__(self, nodes: int = 1, *, partitions: int = 4,
-                 settings: dict[str, str] | None = None) -> None:
+                 settings: dict[str, str] | None = None,
+                 jvm: tuple[str, ...] = TEST_JVM) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="reclock-kafka-"))
         self.libs = libs_dir()
         self.partitions = partitions
         self.replication = min(3, nodes)
         self.settings = settings or {}
+        self.jvm = jvm
         self.nodes = [_Node(i, _free_port(), _free_port(), self.dir / f"node{i}")
                       for i in range(1, nodes + 1)]
         self.bootstrap = ",".join(n.address for n in self.nodes)
         self.bootstrap_servers = self.bootstrap
         self._admin: AdminClient | None = None
-        self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        self.cluster_id = new_cluster_id()
 
     # -- lifecycle --------------------------------------------------------------------
     def _properties(self, node: _Node) -> str:
@@ -134,8 +149,7 @@ class KafkaCluster:
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
     def _java(self, node: _Node, main: str, *args: str) -> list[str]:
-        return ["java", "-Xms128m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                "-Djava.awt.headless=true",
+        return ["java", *self.jvm, "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={node.dir / 'log4j2.properties'}",
                 "-cp", f"{self.libs}/*", main, *args]
 
@@ -146,7 +160,8 @@ class KafkaCluster:
             (node.dir / "log4j2.properties").write_text(
                 _LOG4J2.format(log=node.dir / "server.log"))
             done = subprocess.run(
-                self._java(node, "kafka.tools.StorageTool", "format", "-t", self.cluster_id,
+                self._java(node, "kafka.tools.StorageTool", "format",
+                           f"--cluster-id={self.cluster_id}",
                            "-c", str(node.dir / "server.properties")),
                 capture_output=True, text=True)
             if done.returncode:
