@@ -8,6 +8,12 @@
   (see tests/kafkabroker.py; tests/setup.sh fetches the jars).
 * ``sqlite_url`` -- a SQLite file in a temporary directory.
 * ``store_url`` -- parametrized over both.
+
+Every test is marked ``integration`` when it talks to a real peer (one of
+:data:`PEERS` among its fixtures, or its module says so with
+``pytestmark = pytest.mark.integration``: it starts Spark or ``reclock run``
+processes itself), else ``unit``: ``pytest -m unit`` is the fast loop
+(seconds, no PostgreSQL, Kafka or Spark).
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'remap.db'}"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
 def store_url(request: pytest.FixtureRequest) -> str:
     if request.param == "sqlite":
         return str(request.getfixturevalue("sqlite_url"))
@@ -133,6 +139,18 @@ def pg_logical() -> Iterator[object]:
     cluster = PgCluster().start()
     yield cluster
     cluster.stop()
+
+
+#: Fixtures that start or reach a real peer (PostgreSQL, Kafka, Spark).
+PEERS = frozenset({"pg_admin_url", "pg_logical", "spark", "kafka", "kafka_cluster"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("integration") is not None:
+            continue
+        uses = set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.integration if uses & PEERS else pytest.mark.unit)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

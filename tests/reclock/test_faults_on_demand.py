@@ -33,6 +33,7 @@ def test_unknown_failure_point_is_refused() -> None:
         faults.arm("stag")
 
 
+@pytest.mark.integration  # runs `reclock run` processes (Spark) of its own
 @pytest.mark.timeout(300)
 def test_injected_faults_lose_nothing_and_leave_no_orphans(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"

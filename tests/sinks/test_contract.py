@@ -87,7 +87,12 @@ KINDS = {"delta": _delta, "postgres-log": _postgres("log"),
          "postgres-state": _postgres("state"), "kafka": _kafka, "console": _console}
 
 
-@pytest.fixture(params=list(KINDS))
+#: The kinds that need a real peer (PostgreSQL, Kafka).
+PEER_KINDS = {"postgres-log", "postgres-state", "kafka"}
+
+
+@pytest.fixture(params=[pytest.param(k, marks=pytest.mark.integration) if k in PEER_KINDS else k
+                        for k in KINDS])
 def target(request: Any, tmp_path: Path) -> Target:
     return KINDS[request.param](tmp_path, request)
 
