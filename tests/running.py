@@ -19,6 +19,19 @@ from reclock.pipeline import run
 from reclock.runtime.driver import SourceRunner
 
 
+def counter_source(rate: int, total: int, bad_every: int, sink: str = "file") -> str:
+    """The YAML of the crash tests' counter source (under ``sources:``): JSON
+    values with a malformed record every ``bad_every``, into one output."""
+    return (
+        "  - name: counter\n"
+        f"    generator: {{kind: counter, rate: {rate}, max_records: {total}, "
+        f"bad_every: {bad_every}}}\n"
+        "    outputs:\n"
+        "      - name: value\n"
+        "        format: {type: json, schema: {n: int64, payload: string}}\n"
+        f"        sink: {sink}")
+
+
 @contextmanager
 def running(cfg: Any, spark: Any) -> Iterator[list[SourceRunner]]:
     """Run ``cfg`` on ``spark`` until the block ends; yields the runners."""

@@ -21,7 +21,15 @@ from reclock.config import load_config
 from reclock.pipeline import Pipeline
 from reclock.verify import verify_pipeline
 from sinks.consolidate import consolidate
-from tests.running import close_driver, running, start_driver, stop_driver, wait_for, wait_running
+from tests.running import (
+    close_driver,
+    counter_source,
+    running,
+    start_driver,
+    stop_driver,
+    wait_for,
+    wait_running,
+)
 from tests.sparkcluster import SparkCluster
 
 TOTAL = 120_000
@@ -39,12 +47,7 @@ spark:
     spark.cores.max: 2
     spark.driver.extraJavaOptions: "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 sources:
-  - name: counter
-    generator: {{kind: counter, rate: 15000, max_records: {total}, bad_every: 97}}
-    outputs:
-      - name: value
-        format: {{type: json, schema: {{n: int64, payload: string}}}}
-        sink: file
+{counter}
   - name: events
     kafka: {{bootstrap_servers: "{bootstrap}", topic: {topic}, timeout: 5s}}
     outputs:
@@ -103,7 +106,8 @@ def test_standalone_cluster_driver_and_executor_kills(
     state = tmp_path / "state"
     path = tmp_path / "cluster.yaml"
     path.write_text(PIPELINE.format(state=state, master=cluster.master, total=TOTAL,
-                                    bootstrap=kafka.bootstrap, topic=topic))
+                                    bootstrap=kafka.bootstrap, topic=topic,
+                                    counter=counter_source(15000, TOTAL, 97)))
     cfg = load_config(path)
     # 1. the driver dies mid-run
     proc = start_driver(path)
@@ -140,7 +144,8 @@ def test_standalone_cluster_driver_and_executor_kills(
     # the same pipeline on local[2] gives the same outputs
     local_path = tmp_path / "local.yaml"
     local_path.write_text(PIPELINE.format(state=tmp_path / "local", master="local[2]",
-                                          total=TOTAL, bootstrap=kafka.bootstrap, topic=topic))
+                                          total=TOTAL, bootstrap=kafka.bootstrap, topic=topic,
+                                          counter=counter_source(15000, TOTAL, 97)))
     local = load_config(local_path)
     with running(local, spark):
         wait_for(lambda: _done(local), 240, "the local run")

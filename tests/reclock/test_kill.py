@@ -25,6 +25,7 @@ from reclock.verify import verify_pipeline
 from tests.kafkabroker import read_committed
 from tests.running import (
     close_driver,
+    counter_source,
     crash_env,
     start_driver,
     stop_driver,
@@ -44,12 +45,7 @@ spark:
   conf:
     spark.driver.extraJavaOptions: "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 sources:
-  - name: counter
-    generator: {{kind: counter, rate: 4000, max_records: {total}, bad_every: 97}}
-    outputs:
-      - name: value
-        format: {{type: json, schema: {{n: int64, payload: string}}}}
-        sink: file
+{counter}
   - name: shop
     generator: {{kind: orders, rate: 4000, max_records: {total}, seed: 7}}
     outputs:
@@ -131,7 +127,8 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
     # Kafka-to-Kafka; the sink creates its errors and progress topics.
     kafka.create_topic(f"{topic}-out", 8)
     path = tmp_path / "pipeline.yaml"
-    path.write_text(PIPELINE.format(total=TOTAL, bootstrap=kafka.bootstrap, topic=topic))
+    path.write_text(PIPELINE.format(total=TOTAL, bootstrap=kafka.bootstrap, topic=topic,
+                                    counter=counter_source(4000, TOTAL, 97)))
     producing = Producing(kafka.bootstrap, topic)
     ack_checks = 0
     state = tmp_path / "state"

@@ -15,7 +15,14 @@ import pytest
 
 from reclock.config import load_config
 from reclock.verify import verify_pipeline
-from tests.running import close_driver, start_driver, stop_driver, wait_for, wait_running
+from tests.running import (
+    close_driver,
+    counter_source,
+    start_driver,
+    stop_driver,
+    wait_for,
+    wait_running,
+)
 from tests.tally import count
 
 TOTAL = 80_000
@@ -34,12 +41,7 @@ spark:
   conf:
     spark.driver.extraJavaOptions: "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 sources:
-  - name: counter
-    generator: {{kind: counter, rate: 6000, max_records: {TOTAL}, bad_every: 89}}
-    outputs:
-      - name: value
-        format: {{type: json, schema: {{n: int64, payload: string}}}}
-        sink: file
+{counter_source(6000, TOTAL, 89)}
   - name: shop
     generator: {{kind: orders, rate: 6000, max_records: {TOTAL}, seed: 3}}
     outputs:

@@ -14,7 +14,7 @@ import pytest
 
 from reclock.config import load_config
 from reclock.verify import verify_pipeline
-from tests.running import running, wait_for
+from tests.running import counter_source, running, wait_for
 from tests.tally import count
 
 TOTAL = 150_000
@@ -44,13 +44,7 @@ def test_disk_full_and_read_only_file_sink(tmp_path: Path, spark: Any, tiny_fs: 
 state_dir: {tmp_path}/state
 timestamp_interval: 200ms
 sources:
-  - name: counter
-    generator: {{kind: counter, rate: 30000, max_records: {TOTAL}, bad_every: 101}}
-    outputs:
-      - name: value
-        format: {{type: json, schema: {{n: int64, payload: string}}}}
-        sink: {{type: file, path: {tiny_fs}/value}}
-""")
+{counter_source(30000, TOTAL, 101, f"{{type: file, path: {tiny_fs}/value}}")}""")
     cfg = load_config(path)
     with running(cfg, spark) as runners:
         r = runners[0]
