@@ -73,7 +73,7 @@ from typing import Any, BinaryIO, ClassVar, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, Field, Schema
+from deltalake import DeltaTable, Field, Schema, TableFeatures
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import (
     AddAction,
@@ -327,6 +327,7 @@ class DeltaSink:
                         log.info("output %r: adding columns %s", self.name, names)
                         dt.alter.add_columns(missing)
                         dt = self._load()
+                dt = self._list_legacy_features(dt)
             except OSError as exc:
                 raise sink_os_error(self.name, self.path, exc, "create") from exc
             except DeltaError as exc:
@@ -335,6 +336,24 @@ class DeltaSink:
             # The first state() after ensure() (the driver's open) reuses this
             # snapshot instead of loading the log again.
             self._fresh = dt
+
+    def _list_legacy_features(self, dt: DeltaTable) -> DeltaTable:
+        """List ``invariants`` among the writer features of a table on table
+        features (writer version 7, which a timestamp without a zone needs).
+
+        delta-rs lists only the features it needs itself when a table moves to
+        table features, not the legacy ones its metadata implies: reclock's
+        NOT NULL columns (``_into_time``, ``_diff``, positions) imply
+        ``invariants``, and Spark's Delta refuses such a table
+        (``DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH``). A commit of its own,
+        so a table created before this fix is mended when it is next opened."""
+        p = dt.protocol()
+        if (p.min_writer_version < 7 or "invariants" in (p.writer_features or [])
+                or all(f.nullable for f in dt.schema().fields)):
+            return dt
+        log.info("output %r: listing the invariants writer feature (Spark needs it)", self.name)
+        dt.alter.add_feature(TableFeatures.Invariants)
+        return self._load()
 
     def stager(self) -> DeltaStager:
         if self._schema is None:

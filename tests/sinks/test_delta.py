@@ -148,6 +148,28 @@ def test_timestamps_are_stored_as_delta_timestamps(tmp_path: Path) -> None:
     assert got == rows.column("at")[0].as_py()
 
 
+def test_a_table_on_table_features_lists_the_invariants_spark_requires(tmp_path: Path) -> None:
+    """A timestamp without a zone moves a table to table features (writer
+    version 7); delta-rs then listed only ``timestampNtz``, and Spark's Delta
+    refused the table because reclock's NOT NULL columns imply
+    ``invariants`` (tests/sinks/test_delta_interop.py reads it with Spark).
+    A table made before the fix is mended when the sink next opens it."""
+    user = pa.schema([("at", pa.timestamp("us"))])
+    s = DeltaSink(NAME, tmp_path / "ntz")
+    s.ensure(user)
+    p = DeltaTable(str(tmp_path / "ntz")).protocol()
+    assert p.min_writer_version == 7
+    assert set(p.writer_features or []) == {"timestampNtz", "invariants"}
+    old = tmp_path / "old"
+    DeltaTable.create(str(old), Schema.from_arrow(output_schema(user)))
+    assert "invariants" not in (DeltaTable(str(old)).protocol().writer_features or [])
+    DeltaSink(NAME, old).ensure(user)
+    assert "invariants" in (DeltaTable(str(old)).protocol().writer_features or [])
+    plain = tmp_path / "plain"  # a zoned timestamp: legacy protocol, nothing to list
+    DeltaSink(NAME, plain).ensure(pa.schema([("at", pa.timestamp("us", tz="UTC"))]))
+    assert DeltaTable(str(plain)).protocol().min_writer_version < 7
+
+
 def test_nanoseconds_delta_cannot_store_are_error_rows(tmp_path: Path) -> None:
     """Bad input is data: a timestamp or duration with a sub-microsecond part
     (Delta keeps microseconds) used to fail the whole stage for good; now that
