@@ -25,6 +25,22 @@ insert into ledger (txn, acct, amount, tags)
   select 0, g % {accounts} + 1, g, array['seed'] from generate_series(1, {ledger}) g;
 """
 
+#: A table of every PostgreSQL type the source maps, and a row of it (``ROW % id``).
+ALL_TYPES = """
+create table kinds (
+  id int primary key, b bool, i2 int2, i4 int4, i8 int8, f4 float4, f8 float8,
+  n numeric(12,3), nu numeric, t text, vc varchar(20), ch char(3), j json, jb jsonb,
+  ts timestamp, tz timestamptz, d date, tm time, ba bytea, u uuid, ia int[], ta text[],
+  iv interval, ip inet);
+alter table kinds replica identity full;
+"""
+
+ROW = ("(%s, true, 32767, -2147483648, 9223372036854775807, 1.5, 'NaN', 123456789.125, "
+       "'1e-40', 'a \"quoted\" \\ and ''x''', 'vc', 'ab', '{\"a\": [1, 2]}', "
+       "'{\"b\": null}', '2024-02-29 12:34:56.789012', '2024-01-01 00:00:00+05:30', "
+       "'2024-03-01', '23:59:59.999999', '\\x00ff10', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', "
+       "'{1,NULL,3}', '{\"x,y\",\"\",NULL,\"q\\\"\"}', '1 day 02:00:00', '10.0.0.1/8')")
+
 
 def create_schema(url: str, accounts: int = 2000, ledger: int = 5000) -> None:
     with psycopg.connect(url, autocommit=True) as c:

@@ -20,6 +20,8 @@ from reclock.pipeline import Pipeline
 from reclock.verify import verify_pipeline
 from tests.running import running, wait_for
 from tests.sources.cdc import (
+    ALL_TYPES,
+    ROW,
     Writer,
     create_schema,
     flushed_lsn,
@@ -136,22 +138,6 @@ def test_snapshot_under_concurrent_writes_keeps_transactions_whole(
     [report] = verify_pipeline(cfg)
     assert report.ok, [(o.output, o.breaches, o.samples) for o in report.outputs]
     assert any("current-state table" in n for n in report.notes)  # the replica
-
-
-ALL_TYPES = """
-create table kinds (
-  id int primary key, b bool, i2 int2, i4 int4, i8 int8, f4 float4, f8 float8,
-  n numeric(12,3), nu numeric, t text, vc varchar(20), ch char(3), j json, jb jsonb,
-  ts timestamp, tz timestamptz, d date, tm time, ba bytea, u uuid, ia int[], ta text[],
-  iv interval, ip inet);
-alter table kinds replica identity full;
-"""
-
-ROW = ("(%s, true, 32767, -2147483648, 9223372036854775807, 1.5, 'NaN', 123456789.125, "
-       "'1e-40', 'a \"quoted\" \\ and ''x''', 'vc', 'ab', '{\"a\": [1, 2]}', "
-       "'{\"b\": null}', '2024-02-29 12:34:56.789012', '2024-01-01 00:00:00+05:30', "
-       "'2024-03-01', '23:59:59.999999', '\\x00ff10', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', "
-       "'{1,NULL,3}', '{\"x,y\",\"\",NULL,\"q\\\"\"}', '1 day 02:00:00', '10.0.0.1/8')")
 
 
 def test_every_type_reads_the_same_from_the_snapshot_and_the_stream(

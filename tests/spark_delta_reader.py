@@ -1,0 +1,107 @@
+"""Spark reads Delta tables: the reader side of the Delta interoperability test.
+
+Runs under its own Python (``$RECLOCK_CACHE/spark-peer``, a PySpark for which
+delta-spark is released; tests/setup.sh makes it) in a JVM of its own, as any
+Spark job reading reclock's outputs would. For each table path it prints, as
+one JSON document on stdout:
+
+* ``types``: each column's Spark type (``simpleString``);
+* ``rows``: every row, each value in a form that compares exactly with what
+  the test computes from ``deltalake``: timestamps as microseconds since the
+  epoch, dates as days, decimals as their text, binary as hex, nested values
+  as JSON, floats as ``repr`` (NaN and infinities included);
+* ``version``: the table version Spark read; ``txns``: the application
+  transactions (``appId -> version``) of that snapshot, as Delta's own
+  ``DeltaLog`` sees them.
+
+``--resolve`` only resolves delta-spark into the Ivy cache (``--ivy``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+DELTA = "io.delta:delta-spark_2.13:4.4.0"
+
+
+def session(ivy: str):  # type: ignore[no-untyped-def]
+    from pyspark.sql import SparkSession
+
+    jars = sorted(glob.glob(os.path.join(ivy, "jars", "*.jar")))
+    b = (SparkSession.builder.master("local[1]").appName("delta-interop-reader")
+         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+         .config("spark.sql.catalog.spark_catalog",
+                 "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+         .config("spark.sql.session.timeZone", "UTC")
+         .config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.shuffle.partitions", "1")
+         .config("spark.databricks.delta.snapshotPartitions", "1")
+         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1"))
+    if any("delta-spark" in j for j in jars):
+        b = b.config("spark.jars", ",".join(jars))
+    else:
+        b = b.config("spark.jars.packages", DELTA).config("spark.jars.ivy", ivy)
+    return b.getOrCreate()
+
+
+def plain(field):  # type: ignore[no-untyped-def]
+    """A column as a value that survives JSON exactly."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    c, t = F.col(f"`{field.name}`"), field.dataType
+    if isinstance(t, T.TimestampType):
+        return F.unix_micros(c)
+    if isinstance(t, T.TimestampNTZType):
+        return F.unix_micros(c.cast("timestamp"))  # the session time zone is UTC
+    if isinstance(t, T.DateType):
+        return F.unix_date(c)
+    if isinstance(t, T.DecimalType):
+        return c.cast("string")
+    if isinstance(t, T.BinaryType):
+        return F.hex(c)
+    if isinstance(t, T.ArrayType | T.StructType | T.MapType):
+        return F.to_json(c)
+    return c
+
+
+def read(spark, path: str) -> dict:  # type: ignore[no-untyped-def]
+    df = spark.read.format("delta").load(path)
+    rows = df.select([plain(f).alias(f.name) for f in df.schema.fields]).collect()
+    jvm = spark.sparkContext._jvm
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    snap = log.unsafeVolatileSnapshot()
+    txns = jvm.scala.jdk.javaapi.CollectionConverters.asJava(snap.transactions())
+    return {
+        "types": {f.name: f.dataType.simpleString() for f in df.schema.fields},
+        "rows": [[repr(v) if isinstance(v, float) else v for v in r] for r in rows],
+        "version": int(snap.version()),
+        "txns": {str(k): int(txns.get(k)) for k in txns.keySet()},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ivy", required=True)
+    ap.add_argument("--resolve", action="store_true")
+    ap.add_argument("paths", nargs="*")
+    args = ap.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = session(args.ivy)
+    try:
+        if not args.resolve:
+            spark.sparkContext.setLogLevel("ERROR")
+            out = {p: read(spark, p) for p in args.paths}
+            sys.stdout.write(json.dumps(out) + "\n")
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
