@@ -1,11 +1,14 @@
-"""Peer benchmark: reclock against Bytewax, Quix Streams and a raw consumer, one Kafka topic.
+"""Peer benchmark: reclock against Spark Structured Streaming, Bytewax, Quix Streams and a
+raw consumer, one Kafka topic.
 
-One command. It starts librdkafka's mock Kafka cluster in this process
-(``reclock.devkafka.MockKafka``), produces ``--records`` JSON records of about
+One command. It starts a real Apache Kafka broker (one KRaft node in a JVM of
+its own, from the jars ``tests/setup.sh`` resolves; ``--broker mock``: librdkafka's
+mock cluster in this process, ``reclock.devkafka.MockKafka``, which keeps only
+~5 MB per partition), produces ``--records`` JSON records of about
 100 bytes (``{"id", "user", "amount", "ts", "pad"}``, key = the id) over
 ``--partitions`` partitions of one topic with confluent-kafka (linger and large
-batches), checks that every partition still holds all of its records (the
-mock keeps only ~5 MB per partition), and then runs each contender as a
+batches), checks that every partition holds all of its records, and then runs
+each contender as a
 subprocess, in its own session, reading the whole topic from the beginning
 into local files with resumability on. "Durable" means, for everyone, the
 Kafka offsets that a restart would not read again:
@@ -30,7 +33,16 @@ Kafka offsets that a restart would not read again:
    Durable: the consumer group's committed offsets (committed after the sink
    flushed). The mock broker answers no ``DescribeConfigs``, which Quix calls
    for every topic; the app replaces that one start-up call (see its docstring).
-4. **raw confluent-kafka** (``bench/peers/raw_consumer.py``): every partition
+4. **Spark Structured Streaming** (PySpark 4.2.0 in its own virtualenv, the
+   newest Spark that delta-spark is released for; ``bench/peers/spark_streaming.py``):
+   Spark's Kafka source (``spark-sql-kafka-0-10``), ``from_json`` with the
+   same schema, Delta's streaming sink (``delta-spark``) with a checkpoint:
+   exactly once, ``local[2]``, a ``processingTime`` trigger of ``--interval``.
+   One contender per ``--spark-max-offsets`` entry (``maxOffsetsPerTrigger``;
+   0 = Spark's default, one batch takes the whole backlog). Durable: the
+   offsets of the last batch in the checkpoint's ``commits/``. Spark's Kafka
+   client keeps its own defaults (it is not librdkafka).
+5. **raw confluent-kafka** (``bench/peers/raw_consumer.py``): every partition
    assigned, ``Consumer.consume(num_messages=10000)`` in a loop, with and
    without ``json.loads`` of each value, no output: the Python floor.
 
@@ -58,9 +70,11 @@ Per contender it measures, on a fresh output:
   record is durable, and the output is checked: rows, distinct ids,
   duplicates, missing ids.
 
-The table at the end shows each contender's ratio to the fastest peer
-(Bytewax/Quix) and to the raw consume rate, and PASS/MISS for the issue's
-targets: reclock >= 2x the fastest peer and >= 60% of the raw consume rate. A
+The table at the end shows each contender's ratio to the fastest Python peer
+(Bytewax/Quix), to Spark Structured Streaming at its best set-up and to the
+raw consume rate, and PASS/MISS for the targets: reclock >= 2x the fastest
+Python peer, >= 2x Spark Structured Streaming at its best, >= 70% of the raw
+consume rate, and a resume after kill no slower than Spark's. A
 miss does not change the exit status; a contender that cannot run is reported
 with its error. Logs and progress traces stay in the temporary directory with
 ``--keep``.
@@ -115,7 +129,8 @@ PAD = "x" * 24
 POLL_S = 0.05
 RSS_EVERY_S = 0.1
 TARGET_PEER_RATIO = 2.0
-TARGET_RAW_SHARE = 0.6
+TARGET_RAW_SHARE = 0.7
+TARGET_SPARK_RATIO = 2.0
 
 
 def log(msg: str) -> None:
@@ -153,12 +168,69 @@ class Topic:
     max_partition_bytes: int
 
 
-def start_broker(records: int, partitions: int) -> tuple[Any, Topic]:
+class RealBroker:
+    """A real Apache Kafka broker (KRaft, one node) from the jars that
+    ``tests/setup.sh`` resolves (``tests/kafkabroker.py``), with a server JVM
+    (the tests' fast-start flags would slow the broker down)."""
+
+    def __init__(self, partitions: int) -> None:
+        from tests.kafkabroker import KafkaCluster, kafka_version
+
+        self.cluster = KafkaCluster(1, partitions=partitions, jvm=(
+            "-Xms1g", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20"))
+        self.cluster.start()
+        self.bootstrap = self.cluster.bootstrap
+        self.version = f"Apache Kafka {kafka_version()} (KRaft, one node, a JVM of its own)"
+        self.pid = self.cluster.nodes[0].proc.pid  # type: ignore[union-attr]
+
+    def create_topic(self, topic: str, partitions: int) -> None:
+        self.cluster.create_topic(topic, partitions)
+        self.cluster.wait_leaders(topic, partitions)
+
+    def cpu(self) -> float:
+        """The broker JVM's CPU seconds so far."""
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return sum(int(x) for x in fields[11:13]) / TICK
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
+class MockBroker:
+    """librdkafka's mock cluster in this process (``reclock.devkafka``): no
+    disk, no replication; it keeps only ~5 MB per partition."""
+
+    def __init__(self) -> None:
+        from reclock.devkafka import MockKafka
+
+        self.mock = MockKafka(1)
+        self.bootstrap = self.mock.bootstrap
+        self.version = "librdkafka's mock broker (in the benchmark's process)"
+
+    def create_topic(self, topic: str, partitions: int) -> None:
+        self.mock.create_topic(topic, partitions)
+
+    def cpu(self) -> float:
+        return time.process_time()
+
+    def close(self) -> None:
+        self.mock.close()
+
+
+#: The broker's CPU seconds so far (set by main; the mock: this whole process).
+broker_cpu: Callable[[], float] = time.process_time
+
+
+def start_broker(records: int, partitions: int, real: bool) -> tuple[Any, Topic]:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    from reclock.devkafka import MockKafka
-
-    mock = MockKafka(1)
+    mock = RealBroker(partitions) if real else MockBroker()
+    global broker_cpu
+    broker_cpu = mock.cpu
     mock.create_topic(TOPIC, partitions)
     producer = Producer({
         "bootstrap.servers": mock.bootstrap, "linger.ms": 100, "batch.size": 1_000_000,
@@ -190,7 +262,7 @@ def start_broker(records: int, partitions: int) -> tuple[Any, Topic]:
         raise SystemExit(f"producer: {left} records not delivered")
     # Payload plus ~20 bytes of per-record framing must stay under the mock's retention.
     max_bytes = max(b + 20 * c for b, c in zip(per_part, counts, strict=True))
-    if max_bytes > MAX_PARTITION_BYTES:
+    if not real and max_bytes > MAX_PARTITION_BYTES:
         raise SystemExit(
             f"{max_bytes / 2**20:.1f} MB in one partition: the mock keeps only ~5 MB per "
             f"partition; use more --partitions (>= {records * 120 // MAX_PARTITION_BYTES + 1})")
@@ -677,6 +749,100 @@ class Bytewax(Contender):
                 f"{max(1, round(self.args.interval))} s")
 
 
+SPARK_PEER_VERSION = "4.2.0"  # the newest Spark that delta-spark is released for
+SPARK_PEER_PACKAGES = ("io.delta:delta-spark_2.13:4.4.0,"
+                       f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_PEER_VERSION}")
+
+
+def spark_peer_jars(py: Path, cache: Path) -> list[str]:
+    """The connector jars (delta-spark, spark-sql-kafka and what they need),
+    resolved once from Maven Central into ``cache/ivy`` by a session that
+    only resolves (``spark_streaming.py --resolve``)."""
+    ivy = cache / "ivy"
+    jars = sorted(str(j) for j in (ivy / "jars").glob("*.jar"))
+    if any("delta-spark" in j for j in jars) and any("spark-sql-kafka" in j for j in jars):
+        return jars
+    log(f"resolving {SPARK_PEER_PACKAGES} into {ivy} ...")
+    r = subprocess.run([str(py), str(PEERS / "spark_streaming.py"), "--resolve",
+                        "--bootstrap", "-", "--topic", "-", "--out", "-", "--checkpoint", "-",
+                        "--packages", SPARK_PEER_PACKAGES, "--ivy", str(ivy)],
+                       capture_output=True, text=True, env=venv_env())
+    if r.returncode != 0:
+        raise RuntimeError(f"resolving the Spark connectors failed: {r.stderr[-600:]}")
+    return sorted(str(j) for j in (ivy / "jars").glob("*.jar"))
+
+
+class SparkStreaming(Contender):
+    """Spark Structured Streaming (``bench/peers/spark_streaming.py``): the
+    Kafka source, ``from_json``, Delta's streaming sink with a checkpoint."""
+
+    def __init__(self, args: argparse.Namespace, topic: Topic, props: dict[str, Any],
+                 py: Path, max_offsets: int) -> None:
+        super().__init__(args, topic, props)
+        self.py = py
+        self.max_offsets = max_offsets
+        self.jars = spark_peer_jars(py, args.cache_dir)
+        delta = next((Path(j).name for j in self.jars if "delta-spark" in j), "?")
+        self.version = f"PySpark {SPARK_PEER_VERSION}, {delta.removesuffix('.jar')}"
+        self.name = ("Spark Structured Streaming" if not max_offsets else
+                     f"Spark Structured Streaming, maxOffsetsPerTrigger {max_offsets:,}")
+        self.slug = f"sss_{max_offsets}"
+
+    def prepare(self, run: Path) -> None:
+        run.mkdir(parents=True, exist_ok=True)
+
+    def launch(self, run: Path, tag: str) -> Proc:
+        env = venv_env()
+        env.update(PYSPARK_PYTHON=str(self.py), PYSPARK_DRIVER_PYTHON=str(self.py))
+        argv = [str(self.py), str(PEERS / "spark_streaming.py"),
+                "--bootstrap", self.topic.bootstrap, "--topic", TOPIC,
+                "--out", str(run / "out"), "--checkpoint", str(run / "checkpoint"),
+                "--trigger", str(self.args.interval), "--max-offsets", str(self.max_offsets),
+                "--jars", ",".join(self.jars)]
+        return Proc(argv, env, run, run / "logs", tag)
+
+    def probe(self, run: Path) -> Callable[[], int]:
+        """The offsets of the last committed micro-batch: Delta's streaming sink
+        commits batch N's data with app transaction N before the checkpoint
+        records ``commits/N``; a restart resumes after the last ``commits/N``
+        (and a batch whose data is in the table but not in ``commits/`` is
+        planned again with the same offsets and skipped by the sink)."""
+        ckpt = run / "checkpoint"
+        state = {"batch": -1, "durable": 0}
+
+        def poll() -> int:
+            try:
+                names = os.listdir(ckpt / "commits")
+            except FileNotFoundError:
+                return state["durable"]
+            done = max((int(n) for n in names if n.isdigit()), default=-1)
+            if done > state["batch"]:
+                try:
+                    lines = (ckpt / "offsets" / str(done)).read_text().splitlines()
+                    offsets = json.loads(lines[2])[TOPIC]
+                except (OSError, IndexError, ValueError, KeyError):
+                    return state["durable"]
+                state["batch"] = done
+                state["durable"] = sum(int(v) for v in offsets.values())
+            return state["durable"]
+
+        return poll
+
+    def verify(self, run: Path) -> tuple[int, int]:
+        import pyarrow.compute as pc
+        from deltalake import DeltaTable
+
+        ids = DeltaTable(str(run / "out")).to_pyarrow_table(columns=["id"]).column("id")
+        return len(ids), int(pc.count_distinct(ids).as_py())
+
+    def notes(self, outcome: Outcome) -> str:
+        limit = (f"maxOffsetsPerTrigger {self.max_offsets:,}" if self.max_offsets
+                 else "no maxOffsetsPerTrigger (a batch takes the whole backlog)")
+        return (f"local[2], processingTime {self.args.interval:g} s, {limit}, Delta streaming "
+                "sink with a checkpoint (exactly once), spark.sql.shuffle.partitions 2, "
+                "spark.databricks.delta.snapshotPartitions 2; Spark's Kafka client, its defaults")
+
+
 class Quix(Contender):
     name = "Quix Streams"
     slug = "quix"
@@ -757,7 +923,7 @@ def monitor(c: Contender, run: Path, tag: str, target: int, kill_at: int | None 
                 durable - start >= c.args.steady_from * (target - start)):
             out.first, out.first_count = now, durable
             proc.sample(force=True)
-            out.cpu_first, out.self_first = proc.cpu, time.process_time()
+            out.cpu_first, out.self_first = proc.cpu, broker_cpu()
         elif out.first is not None and durable > before:
             out.steps += 1
         if out.vis_first is None and seen > start and (
@@ -774,7 +940,7 @@ def monitor(c: Contender, run: Path, tag: str, target: int, kill_at: int | None 
         if durable >= target:
             out.done = now
             proc.sample(force=True)
-            out.cpu_done, out.self_done = proc.cpu, time.process_time()
+            out.cpu_done, out.self_done = proc.cpu, broker_cpu()
             break
         rc = proc.exited()
         if rc is not None:
@@ -806,6 +972,11 @@ class Result:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     peak_rss: int = 0
+    totals: list[float | None] = field(default_factory=list)  # launch -> all durable, s
+
+    @property
+    def total(self) -> float | None:
+        return self._median(self.totals)
 
     @staticmethod
     def _median(values: list[float | None]) -> float | None:
@@ -851,6 +1022,7 @@ def full_run(c: Contender, res: Result, base: Path, n: int, i: int) -> None:
     res.rates.append(out.steady(n))
     res.vis_rates.append(out.visible_rate(n))
     res.startups.append(out.startup)
+    res.totals.append(None if out.done is None else out.done - out.launched)
     res.cpus.append(out.steady_cpu(n))
     res.few_steps |= out.steps < 3
     log(f"{c.name}: start-up {fmt_s(out.startup)} s, steady {fmt_rate(out.steady(n))} "
@@ -899,7 +1071,7 @@ def raw_run(res: Result, base: Path, topic: Topic, props: dict[str, Any], parse:
         argv.append("--json")
     log(f"{res.name} ...")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    self_before = time.process_time()
+    self_before = broker_cpu()
     proc = Proc(argv, venv_env(), ROOT, base / "raw", tag)
     deadline = proc.started + 120 + topic.records / 5_000
     while proc.exited() is None and time.monotonic() < deadline:
@@ -925,7 +1097,7 @@ def raw_run(res: Result, base: Path, topic: Topic, props: dict[str, Any], parse:
     res.startups.append(out.startup)
     # the whole process (start-up included), approximately the same as its steady phase
     res.cpus.append((cpu / topic.records * 1e6, cpu / wall,
-                     (time.process_time() - self_before) / wall))
+                     (broker_cpu() - self_before) / wall))
     log(f"{res.name}: {fmt_rate(out.steady(topic.records))} rec/s, first message after "
         f"{fmt_s(out.startup)} s")
 
@@ -940,8 +1112,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="1M records in 32 partitions")
     ap.add_argument("--skip-peers", action="store_true",
                     help="reclock and the raw consumer only (no virtualenvs)")
-    ap.add_argument("--only", default="raw,reclock,bytewax,quix",
-                    help="comma-separated subset of raw,reclock,bytewax,quix")
+    ap.add_argument("--only", default="raw,reclock,spark,bytewax,quix",
+                    help="comma-separated subset of raw,reclock,spark,bytewax,quix")
+    ap.add_argument("--broker", choices=("real", "mock"), default="real",
+                    help="real: an Apache Kafka broker (KRaft) from tests/setup.sh's jars; "
+                    "mock: librdkafka's mock cluster in this process (~5 MB per partition)")
+    ap.add_argument("--spark-max-offsets", default="auto",
+                    help="Spark Structured Streaming set-ups, each a contender: "
+                    "maxOffsetsPerTrigger values, 0 = Spark's default (no limit); auto: "
+                    "0, a sixteenth and a quarter of --records")
     ap.add_argument("--no-kill", action="store_true", help="skip the kill/resume runs")
     ap.add_argument("--repeat", type=int, default=1,
                     help="full runs per contender (the median steady rate is reported)")
@@ -982,7 +1161,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.reclock_job = max(1, args.records // 16)
     args.only = {s.strip().lower() for s in args.only.split(",") if s.strip()}
     if args.skip_peers:
-        args.only -= {"bytewax", "quix"}
+        args.only -= {"bytewax", "quix", "spark"}
+    if args.spark_max_offsets == "auto":
+        args.spark_max_offsets = f"0,{args.records // 16},{args.records // 4}"
+    args.spark_max_offsets = [int(x) for x in args.spark_max_offsets.split(",") if x.strip()]
     return args
 
 
@@ -1003,7 +1185,9 @@ def main(argv: list[str] | None = None) -> int:
             ("bytewax", "bytewax", f"bytewax[kafka]=={BYTEWAX_VERSION}", "bytewax",
              BYTEWAX_VERSION),
             ("quix", "quixstreams", f"quixstreams=={QUIX_VERSION}", "quixstreams",
-             QUIX_VERSION)):
+             QUIX_VERSION),
+            ("spark", "pyspark", f"pyspark=={SPARK_PEER_VERSION}", "pyspark",
+             SPARK_PEER_VERSION)):
         if key in args.only:
             py, err = venv_python(args.cache_dir, name, spec, dist, version)
             if py is None:
@@ -1011,8 +1195,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 pys[key] = py
     log(f"producing {args.records:,} records into {args.partitions} partitions ...")
-    mock, topic = start_broker(args.records, args.partitions)
-    log(f"mock broker {topic.bootstrap}: {topic.records:,} records of {topic.value_bytes:.0f} B "
+    mock, topic = start_broker(args.records, args.partitions, args.broker == "real")
+    log(f"{mock.version} {topic.bootstrap}: {topic.records:,} records of {topic.value_bytes:.0f} B "
         f"in {topic.produce_s:.1f} s ({topic.records / topic.produce_s:,.0f}/s); largest "
         f"partition {topic.max_partition_bytes / 2**20:.2f} MB (payload + framing estimate)")
     base = Path(tempfile.mkdtemp(prefix="peerbench_"))  # no '-': Quix's FileSink rejects it
@@ -1035,6 +1219,12 @@ def main(argv: list[str] | None = None) -> int:
                 contenders.append(Bytewax(args, topic, props, pys["bytewax"], mode.strip()))
         if "quix" in pys:
             contenders.append(Quix(args, topic, props, pys["quix"]))
+        if "spark" in pys:
+            try:
+                for m in args.spark_max_offsets:
+                    contenders.append(SparkStreaming(args, topic, props, pys["spark"], m))
+            except RuntimeError as exc:
+                failed["spark"] = str(exc)
         measured = [Result(c.name, c.version) for c in contenders]
         results = [r for r, *_ in raws] + measured
         # Round-robin, so that the machine's other load hits every contender alike.
@@ -1052,9 +1242,9 @@ def main(argv: list[str] | None = None) -> int:
         for c in contenders:
             c.close()
         for key, err in failed.items():
-            results.append(Result({"bytewax": "Bytewax", "quix": "Quix Streams"}[key], "-",
-                                  error=err))
-        report(args, topic, props, results)
+            results.append(Result({"bytewax": "Bytewax", "quix": "Quix Streams",
+                                   "spark": "Spark Structured Streaming"}[key], "-", error=err))
+        report(args, topic, props, results, mock.version)
     finally:
         for proc in Proc.live:
             proc.kill(signal.SIGKILL)
@@ -1077,10 +1267,12 @@ def guarded(c: Contender, res: Result, fn: Callable[..., None], *a: Any) -> None
 
 
 def report(args: argparse.Namespace, topic: Topic, props: dict[str, Any],
-           results: list[Result]) -> None:
+           results: list[Result], broker: str) -> None:
     n = topic.records
     peers = [r.rate for r in results if r.name.startswith(("Bytewax", "Quix")) and r.rate]
     fastest_peer = max(peers) if peers else None
+    sparks = [r.rate for r in results if r.name.startswith("Spark") and r.rate]
+    best_spark = max(sparks) if sparks else None
     raw = next((r.rate for r in results if r.name == "raw consume"), None)
     rows = []
     for r in results:
@@ -1095,21 +1287,23 @@ def report(args: argparse.Namespace, topic: Topic, props: dict[str, Any],
         if r.resume is not None:
             resume = f"{fmt_s(r.resume.startup)} (killed at {r.restart_count / n:.0%})"
         rows.append([
-            r.name, r.version, fmt_s(r.startup),
+            r.name, r.version, fmt_s(r.startup), fmt_s(r.total),
             fmt_rate(r.rate) + (" *" if r.few_steps and r.rate else ""), fmt_rate(r.vis_rate),
-            fmt_ratio(r.rate, fastest_peer), fmt_ratio(r.rate, raw, pct=True), r.cpu,
+            fmt_ratio(r.rate, fastest_peer), fmt_ratio(r.rate, best_spark),
+            fmt_ratio(r.rate, raw, pct=True), r.cpu,
             f"{r.peak_rss / 2**20:,.0f}" if r.peak_rss else "-", resume, out,
         ])
     print()
     print(f"Peer benchmark, {time.strftime('%Y-%m-%d %H:%M')}: {n:,} JSON records of "
           f"~{topic.value_bytes:.0f} B in {topic.partitions} partitions of one topic on "
-          f"librdkafka's mock broker (in the benchmark's process)")
+          f"{broker}")
     print(f"machine: {machine()}")
     print(f"every consumer: {props or 'librdkafka defaults'}; durability interval "
           f"{args.interval:g} s (reclock timestamp_interval, Bytewax snapshots, Quix commits)")
     print()
-    print(table("", ["contender", "version", "start-up s", "steady rec/s", "visible rec/s",
-                 "vs fastest peer", "vs raw", "CPU us/rec (cores)", "peak RSS MB",
+    print(table("", ["contender", "version", "start-up s", "all durable s", "steady rec/s",
+                 "visible rec/s", "vs fastest peer", "vs best Spark", "vs raw",
+                 "CPU us/rec (cores)", "peak RSS MB",
                  "resume after kill s", "output after kill: rows / distinct / dups / missing"],
                 rows, left=(0, 1)))
     if any(r.few_steps and r.rate for r in results):
@@ -1122,7 +1316,7 @@ def report(args: argparse.Namespace, topic: Topic, props: dict[str, Any],
                   + ", ".join(fmt_rate(x) for x in r.rates))
         broker = [c[2] for c in r.cpus if c is not None]
         if broker:
-            print(f"{r.name}: the mock broker (and this script) used "
+            print(f"{r.name}: the broker used "
                   f"{statistics.median(broker):.2f} cores meanwhile")
         for note in r.notes:
             print(f"{r.name}: {note}")
@@ -1140,10 +1334,21 @@ def report(args: argparse.Namespace, topic: Topic, props: dict[str, Any],
                   f"{'PASS' if ok else 'MISS'} ({rc.rate / fastest_peer:.2f}x)")
         else:
             print("target reclock >= 2x the fastest peer: no peer rate (not run or failed)")
+        if best_spark:
+            ok = rc.rate >= TARGET_SPARK_RATIO * best_spark
+            print(f"target reclock >= {TARGET_SPARK_RATIO:g}x Spark Structured Streaming at "
+                  f"its best: {'PASS' if ok else 'MISS'} ({rc.rate / best_spark:.2f}x)")
         if raw:
             ok = rc.rate >= TARGET_RAW_SHARE * raw
             print(f"target reclock >= {TARGET_RAW_SHARE:.0%} of the raw consume rate: "
                   f"{'PASS' if ok else 'MISS'} ({rc.rate / raw:.0%})")
+        spark_resumes = [r.resume.startup for r in results if r.name.startswith("Spark")
+                         and r.resume is not None and r.resume.startup is not None]
+        if rc.resume is not None and rc.resume.startup is not None and spark_resumes:
+            ok = rc.resume.startup <= min(spark_resumes)
+            print(f"target reclock's resume after kill <= Spark Structured Streaming's: "
+                  f"{'PASS' if ok else 'MISS'} ({rc.resume.startup:.2f} s against "
+                  f"{min(spark_resumes):.2f} s)")
 
 
 if __name__ == "__main__":
