@@ -140,6 +140,10 @@ def test_snapshot_under_concurrent_writes_keeps_transactions_whole(
     assert any("current-state table" in n for n in report.notes)  # the replica
 
 
+TRICKY = ("insert into kinds (id, t, vc, ch, ta, j) values (%s, E'two\\nlines,\\r\"q\" \\\\N', "
+          "'', 'a', array[E'x\\ny', '', null, ','], '\"\\\\n\"')")
+
+
 def test_every_type_reads_the_same_from_the_snapshot_and_the_stream(
         tmp_path: Path, spark: Any, cdc_url: str) -> None:
     with psycopg.connect(cdc_url, autocommit=True) as c:
@@ -148,6 +152,7 @@ def test_every_type_reads_the_same_from_the_snapshot_and_the_stream(
         c.execute("insert into kinds (id) values (2)")  # all nulls
         c.execute("insert into kinds (id, ts, d, f4) values (3, 'infinity', '-infinity', "
                   "'-Infinity')")
+        c.execute(TRICKY % 4)  # the snapshot reads CSV: line breaks, quotes, \N, empty
     path = tmp_path / "p.yaml"
     path.write_text(f"""
 state_dir: {tmp_path}/state
@@ -167,6 +172,7 @@ sources:
             c.execute("insert into kinds (id) values (12)")
             c.execute("insert into kinds (id, ts, d, f4) values (13, 'infinity', '-infinity', "
                       "'-Infinity')")
+            c.execute(TRICKY % 14)
         target = flushed_lsn(cdc_url)
         wait_for(resumed_past(runners, target), 60, "the stream")
     updates = _updates(cfg, "bank", "kinds")
@@ -181,7 +187,7 @@ sources:
     }
     for name, typ in expect.items():
         assert schema.field(name).type == typ, (name, schema.field(name).type)
-    assert sorted(updates.column("id").to_pylist()) == [1, 2, 3, 11, 12, 13]
+    assert sorted(updates.column("id").to_pylist()) == [1, 2, 3, 4, 11, 12, 13, 14]
     # infinities: the extremes of the Arrow types (no Python datetime holds them)
     inf = updates.filter(pa.compute.is_in(updates.column("id"), pa.array([3, 13])))
     assert inf.column("ts").cast(pa.int64()).to_pylist() == [2**63 - 1] * 2
@@ -190,10 +196,13 @@ sources:
     finite = updates.filter(pa.compute.invert(pa.compute.is_in(updates.column("id"),
                                                                pa.array([3, 13]))))
     rows = {r["id"]: r for r in finite.to_pylist()}
-    for snap, streamed in ((1, 11), (2, 12)):
+    for snap, streamed in ((1, 11), (2, 12), (4, 14)):
         a = {k: v for k, v in rows[snap].items() if not k.startswith("_") and k != "id"}
         b = {k: v for k, v in rows[streamed].items() if not k.startswith("_") and k != "id"}
         assert repr(a) == repr(b), (a, b)  # repr: NaN equals NaN
+    r4 = rows[4]
+    assert (r4["t"], r4["vc"], r4["ch"]) == ('two\nlines,\r"q" \\N', "", "a  ")
+    assert r4["ta"] == ["x\ny", "", None, ","] and r4["j"] == '"\\\\n"'
     r = rows[1]
     assert r["b"] is True and r["i2"] == 32767 and r["i4"] == -(2**31) and r["i8"] == 2**63 - 1
     assert r["f4"] == 1.5 and r["f8"] != r["f8"]
