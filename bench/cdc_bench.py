@@ -516,14 +516,21 @@ def probe_freshness(url: str, script: str, tps: float, seconds: float,
                     pending += 1
                 time.sleep(0.01)
 
-    threads = [threading.Thread(target=probe), threading.Thread(target=poll)]
+    under_writers([probe, poll], stop, url, script, tps, seconds)
+    return lat
+
+
+def under_writers(work: list[Any], stop: threading.Event, url: str, script: str, tps: float,
+                  seconds: float) -> None:
+    """Run ``work`` in threads while ``pgbench`` writes at ``tps``; then set
+    ``stop`` and wait for them."""
+    threads = [threading.Thread(target=w) for w in work]
     for t in threads:
         t.start()
     pgbench(url, script, 2, seconds=seconds, rate=tps)
     stop.set()
     for t in threads:
         t.join(120)
-    return lat
 
 
 def debezium_freshness(dbz: Debezium, bootstrap: str, url: str, script: str, tps: float,
@@ -574,13 +581,7 @@ def debezium_freshness(dbz: Debezium, bootstrap: str, url: str, script: str, tps
             if at is not None:
                 lat.append(now - at)
 
-    threads = [threading.Thread(target=probe), threading.Thread(target=read)]
-    for t in threads:
-        t.start()
-    pgbench(url, script, 2, seconds=seconds, rate=tps)
-    stop.set()
-    for t in threads:
-        t.join(120)
+    under_writers([probe, read], stop, url, script, tps, seconds)
     consumer.close()
     dbz.stop()
     return lat
