@@ -84,8 +84,10 @@ sources:
         assert late == []
         assert upper_before is not None
         light_records = light.records
-        time.sleep(1.5)
-        assert light.alive and light.records > light_records  # the other source goes on
+        # the other source goes on (on a loaded machine its next job may
+        # wait behind the heavy job being cancelled: no fixed deadline)
+        wait_for(lambda: light.records > light_records, 60, "the light source to go on")
+        assert light.alive
     # outputs are kept and still consistent
     reports = {r.source: r for r in verify_pipeline(cfg)}
     assert reports["heavy"].ok and reports["heavy"].outputs[0].rows > 0
