@@ -792,14 +792,8 @@ class _Buffer:
 
     def take(self, binary: bool) -> pa.RecordBatch:
         t = self.table
-        arrays: list[pa.Array] = []
-        for c, vals, typ in zip(t.columns, self.cols, self.types, strict=True):
-            raw = pa.array(vals, pa.binary() if binary else pa.string())
-            arr = convert(raw, typ, f"table {t.qualified} column {c.name!r}")
-            want = c.type.arrow
-            if arr.type != want:
-                arr = arr.cast(want)
-            arrays.append(arr)
+        arrays = self._converted([pa.array(vals, pa.binary() if binary else pa.string())
+                                  for vals in self.cols])
         names = [c.name for c in t.columns]
         arrays += [pa.array(self.part, pa.int32()), pa.array(self.off, pa.int64()),
                    pa.array(self.seq, pa.int32()), pa.array(self.ts, pa.int64()),
