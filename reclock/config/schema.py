@@ -64,6 +64,7 @@ from reclock.config.base import (
     _Model,
     _problem,
     _shorthand,
+    _tags,
     check_column_type,
     redact_secrets,
     redacted_dump,
@@ -88,7 +89,7 @@ def _sink_target(sink: Any) -> tuple[type[SinkConfigBase], tuple[str, ...]] | No
     if not isinstance(sink, Mapping):
         return None
     for kind in _SINKS:
-        if sink.get("type") in get_args(kind.model_fields["type"].annotation):
+        if sink.get("type") in _tags([kind]):
             target = kind.target_of(sink)
             return None if target is None else (kind, target)
     return None
@@ -258,8 +259,8 @@ EnvelopeConfig = Annotated[
 # ---------------------------------------------------------------------------
 
 
-_SINKS: tuple[type[SinkConfigBase], ...] = (FileSinkConfig, ConsoleSinkConfig, KafkaSinkConfig,
-                                    PostgresSinkConfig)
+_SINKS: tuple[type[SinkConfigBase], ...] = (FileSinkConfig, ConsoleSinkConfig,
+                                             KafkaSinkConfig, PostgresSinkConfig)
 #: Where an output goes, discriminated on ``type``; ``file`` / ``console`` strings allowed.
 SinkConfig = Annotated[
     FileSinkConfig | ConsoleSinkConfig | KafkaSinkConfig | PostgresSinkConfig,
