@@ -19,6 +19,16 @@ from reclock.pipeline import run
 from reclock.runtime.driver import SourceRunner
 
 
+def durable(r: SourceRunner) -> dict[int, int]:
+    """Per partition, the next offset the first output of a Kafka source has
+    made durable."""
+    from reclock.core.frontier import Antichain
+    from reclock.core.time import kafka_offsets
+
+    p = r.outputs[0].state.progress
+    return {} if p is None else kafka_offsets(Antichain.decode_json("kafka", p))[0]
+
+
 def counter_source(rate: int, total: int, bad_every: int, sink: str = "file") -> str:
     """The YAML of the crash tests' counter source (under ``sources:``): JSON
     values with a malformed record every ``bad_every``, into one output."""

@@ -28,10 +28,8 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from reclock.config import load_config
-from reclock.core.frontier import Antichain
-from reclock.core.time import kafka_offsets
 from tests.kafkabroker import cache_dir
-from tests.running import running, wait_for
+from tests.running import durable, running, wait_for
 from tests.sources.cdc import ALL_TYPES, ROW, flushed_lsn, resumed_past
 
 READER = Path(__file__).resolve().parents[1] / "spark_delta_reader.py"
@@ -143,14 +141,8 @@ sources:
         assert set(by_name) == {"bank", "events"}
         target = flushed_lsn(cdc_url)
         wait_for(resumed_past([by_name["bank"]], target), 90, "the snapshot")
-        events = by_name["events"]
-
-        def durable() -> int:
-            p = events.outputs[0].state.progress
-            return 0 if p is None else sum(
-                kafka_offsets(Antichain.decode_json("kafka", p))[0].values())
-
-        wait_for(lambda: durable() >= records, 90, "the Kafka records")
+        wait_for(lambda: sum(durable(by_name["events"]).values()) >= records, 90,
+                 "the Kafka records")
     paths = [tmp_path / "state" / "outputs" / "bank" / "kinds",
              tmp_path / "state" / "outputs" / "events" / "events"]
     seen = spark_reads(paths)

@@ -20,7 +20,7 @@ from reclock.config import load_config
 from reclock.pipeline import Pipeline
 from reclock.runtime.driver import SourceRunner
 from reclock.verify import verify_pipeline
-from tests.running import running, wait_for
+from tests.running import durable, running, wait_for
 from tests.tally import count
 
 
@@ -58,15 +58,6 @@ sources:
         sink: file
 """)
     return path
-
-
-def durable(r: SourceRunner) -> dict[int, int]:
-    """Per partition, the next offset the first output has made durable."""
-    from reclock.core.frontier import Antichain
-    from reclock.core.time import kafka_offsets
-
-    p = r.outputs[0].state.progress
-    return {} if p is None else kafka_offsets(Antichain.decode_json("kafka", p))[0]
 
 
 def rows(cfg: Any) -> Any:
