@@ -188,13 +188,8 @@ class RealBroker:
         self.cluster.wait_leaders(topic, partitions)
 
     def cpu(self) -> float:
-        """The broker JVM's CPU seconds so far."""
-        try:
-            with open(f"/proc/{self.pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return sum(int(x) for x in fields[11:13]) / TICK
+        """The broker JVM's CPU seconds so far (it runs in a session of its own)."""
+        return session_stats(self.pid)[2]
 
     def close(self) -> None:
         self.cluster.close()
@@ -228,12 +223,12 @@ broker_cpu: Callable[[], float] = time.process_time
 def start_broker(records: int, partitions: int, real: bool) -> tuple[Any, Topic]:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    mock = RealBroker(partitions) if real else MockBroker()
+    broker = RealBroker(partitions) if real else MockBroker()
     global broker_cpu
-    broker_cpu = mock.cpu
-    mock.create_topic(TOPIC, partitions)
+    broker_cpu = broker.cpu
+    broker.create_topic(TOPIC, partitions)
     producer = Producer({
-        "bootstrap.servers": mock.bootstrap, "linger.ms": 100, "batch.size": 1_000_000,
+        "bootstrap.servers": broker.bootstrap, "linger.ms": 100, "batch.size": 1_000_000,
         "batch.num.messages": 100_000, "queue.buffering.max.messages": 2_000_000,
         "queue.buffering.max.kbytes": 1_048_576, "acks": 1, "log_level": 3})
     per_part = [0] * partitions
@@ -266,13 +261,14 @@ def start_broker(records: int, partitions: int, real: bool) -> tuple[Any, Topic]
         raise SystemExit(
             f"{max_bytes / 2**20:.1f} MB in one partition: the mock keeps only ~5 MB per "
             f"partition; use more --partitions (>= {records * 120 // MAX_PARTITION_BYTES + 1})")
-    c = Consumer({"bootstrap.servers": mock.bootstrap, "group.id": "peer-bench-check"})
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "peer-bench-check"})
     for p in range(partitions):
         lo, hi = c.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)
         if lo != 0 or hi != counts[p]:
             raise SystemExit(f"partition {p} holds offsets {lo}..{hi}, expected 0..{counts[p]}")
     c.close()
-    return mock, Topic(mock.bootstrap, records, partitions, produce_s, total / records, max_bytes)
+    return broker, Topic(broker.bootstrap, records, partitions, produce_s, total / records,
+                         max_bytes)
 
 
 # -- processes ---------------------------------------------------------------------------
@@ -1195,9 +1191,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 pys[key] = py
     log(f"producing {args.records:,} records into {args.partitions} partitions ...")
-    mock, topic = start_broker(args.records, args.partitions, args.broker == "real")
-    log(f"{mock.version} {topic.bootstrap}: {topic.records:,} records of {topic.value_bytes:.0f} B "
-        f"in {topic.produce_s:.1f} s ({topic.records / topic.produce_s:,.0f}/s); largest "
+    broker, topic = start_broker(args.records, args.partitions, args.broker == "real")
+    log(f"{broker.version} {topic.bootstrap}: {topic.records:,} records of "
+        f"{topic.value_bytes:.0f} B in {topic.produce_s:.1f} s "
+        f"({topic.records / topic.produce_s:,.0f}/s); largest "
         f"partition {topic.max_partition_bytes / 2**20:.2f} MB (payload + framing estimate)")
     base = Path(tempfile.mkdtemp(prefix="peerbench_"))  # no '-': Quix's FileSink rejects it
     results: list[Result] = []
@@ -1244,7 +1241,7 @@ def main(argv: list[str] | None = None) -> int:
         for key, err in failed.items():
             results.append(Result({"bytewax": "Bytewax", "quix": "Quix Streams",
                                    "spark": "Spark Structured Streaming"}[key], "-", error=err))
-        report(args, topic, props, results, mock.version)
+        report(args, topic, props, results, broker.version)
     finally:
         for proc in Proc.live:
             proc.kill(signal.SIGKILL)
@@ -1253,7 +1250,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"outputs and logs kept in {base}")
         else:
             shutil.rmtree(base, ignore_errors=True)
-        mock.close()
+        broker.close()
     return 0
 
 
