@@ -136,7 +136,7 @@ from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 from pydantic import Field
 
-from reclock.config.base import KAFKA_TOPIC_PATTERN, SinkConfigBase
+from reclock.config.base import KAFKA_TOPIC_PATTERN, DurationMs, SinkConfigBase
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import (
     DIFF,
@@ -1387,6 +1387,10 @@ class KafkaSinkConfig(SinkConfigBase):
     """Columns whose JSON forms the record key (default: no key)."""
     properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
     """Extra librdkafka producer settings; secret-looking values are never printed."""
+    timeout: DurationMs = Field(default=int(DEFAULT_TIMEOUT_S * 1000), gt=0)
+    """Bound on one blocking broker call (a flush, a commit, a metadata or
+    offset request); past it the output reports a transient stall and the
+    commit is retried."""
 
     TARGET: ClassVar[str] = "topic"
 
@@ -1402,4 +1406,5 @@ class KafkaSinkConfig(SinkConfigBase):
             ctx.name, bootstrap_servers=self.bootstrap_servers, topic=self.topic,
             staging_dir=ctx.state_dir / "staging", progress_topic=self.progress_topic,
             transactional_id=self.transactional_id or f"reclock-{ctx.identity}-{ctx.name}",
-            key_columns=self.key_columns, properties=dict(self.properties))
+            key_columns=self.key_columns, properties=dict(self.properties),
+            timeout_s=self.timeout / 1000.0)

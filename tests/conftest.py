@@ -102,7 +102,11 @@ def kafka_cluster() -> Iterator[object]:
     min.insync.replicas=2) for the failover tests, started on first use."""
     from tests.kafkabroker import KafkaCluster
 
-    cluster = KafkaCluster(nodes=3).start()
+    # A SIGKILLed broker is fenced, and its partitions move, after the
+    # controller misses its heartbeats for broker.session.timeout.ms (9 s by
+    # default); 3 s keeps the failover test's waits short.
+    cluster = KafkaCluster(nodes=3, settings={"broker.session.timeout.ms": "3000",
+                                              "broker.heartbeat.interval.ms": "500"}).start()
     yield cluster
     cluster.close()
 

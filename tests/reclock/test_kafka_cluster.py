@@ -40,7 +40,7 @@ sources:
       - name: relay
         format: {{type: json, schema: {{id: int64}}}}
         sink: {{type: kafka, bootstrap_servers: "{bootstrap}", topic: {topic}-out,
-               properties: {{transaction.timeout.ms: 30000}}}}
+               timeout: 10s, properties: {{transaction.timeout.ms: 30000}}}}
 """
 
 
