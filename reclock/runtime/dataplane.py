@@ -20,6 +20,7 @@ names. Data moves as Arrow batches, never row by row.
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 from collections import deque
@@ -247,7 +248,31 @@ def _injected_refusal(table: pa.Table) -> pa.Table:
     return refuse_rows(table, first, "injected refusal (RECLOCK_FAIL_AT=refuse)")
 
 
+_tasks_in_worker = 0
+
+
+def _freeze_worker_heap() -> None:
+    """At a Python worker's second task: move what the worker holds out of
+    the cyclic collector's reach (``gc.freeze``).
+
+    PySpark's daemon runs ``gc.collect()`` after every task of a reused
+    worker. That full collection walks every object the worker holds --
+    PySpark, pyarrow, numpy, deltalake and reclock's modules: about 100k --
+    and took 100-200 ms after each 0.2 s task on the real-broker benchmark
+    (bench/README.md, "Where the time goes on the real broker"). The first
+    task imports what the sources and sinks need, and the daemon's collection
+    after it leaves only live objects, so the second task freezes them.
+    Frozen objects are still freed by reference counting; only a reference
+    cycle among them would never be collected, and they are the modules and
+    the first job's context, held once per worker."""
+    global _tasks_in_worker
+    _tasks_in_worker += 1
+    if _tasks_in_worker == 2:
+        gc.freeze()
+
+
 def _run_partition(bc: Any, tasks: Iterable[ReadTask]) -> Iterator[TaskResult]:
+    _freeze_worker_heap()
     ctx: JobContext = bc.value
     for task in tasks:
         try:
