@@ -81,6 +81,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NamedTuple, Protocol, TypeAlias
 
 import numpy as np
@@ -616,10 +617,11 @@ def _isolate(
 
 @dataclass
 class _Joined:
-    """Candidate records joined by ``\\n`` into one buffer, with their spans."""
+    """Candidate records with their spans in the records joined by ``\n``;
+    the joined buffer itself is built on first use (the C JSON parser reads
+    the records where they are and never needs it)."""
 
     records: pa.Array  # the candidates, binary or large_binary
-    buf: pa.Buffer
     starts: I64
     ends: I64
 
@@ -629,13 +631,18 @@ class _Joined:
         if pa.types.is_binary(records.type) and int(off[-1] - off[0]) + len(records) >= 2**31:
             records = records.cast(pa.large_binary())  # the joined value needs 64-bit offsets
             off, _ = _offsets(records)
-        lists = pa.ListArray.from_arrays(pa.array([0, len(records)], pa.int32()), records)
-        sep = pa.scalar(b"\n", records.type)
-        buf = pc.binary_join(lists, sep)[0].as_buffer()
         pos = np.arange(len(records), dtype=np.int64)
         starts = off[:-1] - off[0] + pos
         ends = off[1:] - off[0] + pos
-        return cls(records, buf, starts, ends)
+        return cls(records, starts, ends)
+
+    @cached_property
+    def buf(self) -> pa.Buffer:
+        """The records joined by ``\n`` into one buffer."""
+        lists = pa.ListArray.from_arrays(pa.array([0, len(self.records)], pa.int32()),
+                                         self.records)
+        sep = pa.scalar(b"\n", self.records.type)
+        return pc.binary_join(lists, sep)[0].as_buffer()
 
     def span(self, lo: int, hi: int) -> pa.Buffer:
         """Records ``[lo, hi)`` as one buffer, separated by ``\\n``."""
