@@ -18,6 +18,10 @@ incident reproduces each fault from the command line::
 
     RECLOCK_FAIL_AT=stage,commit:2 reclock run pipeline.yaml
 
+``RECLOCK_SKIP_DRIVER_LOCK=1`` runs a driver without the one-driver lock
+(:mod:`reclock.runtime.lock`), as a driver that lost its store session would
+go on running: the way to rehearse a zombie, which the commits must fence.
+
 Failure points: ``source`` (the source's probe of its upstream frontier),
 ``stage`` (the driver stages the updates of a keyed output), ``commit`` (just
 before a sink commit), ``refuse`` (a task's sink refuses the first row it
@@ -125,3 +129,8 @@ def disarm() -> None:
     """Clear every armed failure point."""
     with _FAILS_LOCK:
         _FAILS.clear()
+
+
+def driver_lock_skipped() -> bool:
+    """``RECLOCK_SKIP_DRIVER_LOCK=1``: run without the one-driver lock."""
+    return os.environ.get("RECLOCK_SKIP_DRIVER_LOCK", "") == "1"

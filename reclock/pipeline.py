@@ -36,12 +36,14 @@ from typing import Any, TextIO, cast
 
 import pyarrow as pa
 
+from reclock import faults
 from reclock.config import OutputConfig, PipelineConfig, SourceConfig
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import rename_columns
 from reclock.core.errors import DefiniteError
 from reclock.envelopes import Envelope, NoneEnvelope, envelope_for
 from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner
+from reclock.runtime.lock import DriverLock, holder_info
 from reclock.runtime.progress_log import ProgressLog
 from reclock.statuspage import History, StatusServer
 from remap_store import RemapStore, open_store
@@ -262,6 +264,41 @@ def run(
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
     pipe.state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        release = _lock(pipe)
+    except BaseException:
+        pipe.close()
+        raise
+    try:
+        return _run(pipe, cfg, spark, duration, stop, out, on_ready, use_spark)
+    finally:
+        release()
+
+
+def _lock(pipe: Pipeline) -> Callable[[], None]:
+    """One driver per pipeline (:mod:`reclock.runtime.lock`): the state
+    directory's lock, then the remap store's where it has one. Returns the
+    release of both."""
+    if faults.driver_lock_skipped():
+        return lambda: None
+    lock = DriverLock.acquire(pipe.state_dir)
+    try:
+        store_release = pipe.store.lock_driver(holder_info())
+    except BaseException:
+        lock.release()
+        raise
+
+    def release() -> None:
+        if store_release is not None:
+            store_release()
+        lock.release()
+
+    return release
+
+
+def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float | None,
+         stop: threading.Event, out: TextIO | None,
+         on_ready: Callable[[list[SourceRunner]], None] | None, use_spark: bool) -> Runners:
     events = ProgressLog(pipe.state_dir / "progress.jsonl" if cfg.progress_log else None,
                          pipe.clock)
     if use_spark and spark is None:

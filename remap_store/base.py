@@ -25,7 +25,7 @@ A store must never block indefinitely: every call either completes or raises
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from reclock.core.bindings import Binding, Bindings
@@ -117,6 +117,14 @@ class RemapStore(Protocol):
 
     def drop_shard(self, shard: str) -> None:
         """Remove the shard and its bindings (``reclock drop`` with cleanup)."""
+        ...
+
+    def lock_driver(self, holder: dict[str, Any]) -> Callable[[], None] | None:
+        """Claim the pipeline for one driver where the store is shared between
+        hosts: returns the release, or ``None`` when the store needs no lock
+        of its own (a file store: the state directory's lock covers it).
+        Raises :class:`~reclock.core.errors.AlreadyRunning` with the holder's
+        record when another driver holds it."""
         ...
 
     def close(self) -> None:

@@ -18,6 +18,8 @@ the upper: roll back and raise :class:`~reclock.core.errors.UpperMismatch`.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -32,6 +34,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from reclock.core.bindings import Binding, Bindings, check_appendable, compact_bindings
 from reclock.core.errors import (
+    AlreadyRunning,
     BindingError,
     ShardNotFound,
     SinceViolation,
@@ -420,6 +423,52 @@ class SqlRemapStore:
         with self._tx() as conn:
             conn.execute(sa.delete(bindings_table).where(bindings_table.c.shard == shard))
             conn.execute(sa.delete(shards_table).where(shards_table.c.shard == shard))
+
+    def lock_driver(self, holder: dict[str, Any]) -> Callable[[], None] | None:
+        """PostgreSQL: a session advisory lock keyed on the pipeline's
+        identity, on a connection of its own held until the release; the
+        holder's record goes to ``remap_pipeline`` (key ``driver``) for the
+        refusal message. The server drops the lock with the session, so a
+        killed driver's lock goes when its connection does. SQLite: ``None``
+        (the file lives with the state, whose lock covers it)."""
+        if self.dialect != "postgresql":
+            return None
+        key = f"reclock-driver:{self.identity()}"
+        conn = self._retry(lambda: self.engine.connect().execution_options(
+            isolation_level="AUTOCOMMIT"))
+        try:
+            taken = conn.execute(sa.text("SELECT pg_try_advisory_lock(hashtextextended(:k, 0))"),
+                                 {"k": key}).scalar()
+        except BaseException:
+            conn.close()
+            raise
+        sel = sa.select(pipeline_table.c.value).where(pipeline_table.c.key == "driver")
+        if not taken:
+            conn.close()
+            with self._tx(readonly=True) as tx:
+                raw = tx.execute(sel).scalar()
+            try:
+                rec = json.loads(raw) if raw else None
+            except ValueError:
+                rec = None
+            raise AlreadyRunning(rec if isinstance(rec, dict) else None,
+                                 f"advisory lock in the remap store {redact_url(self.url)}")
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        value = json.dumps(holder, sort_keys=True)
+        with self._tx() as tx:
+            ins = pg_insert(pipeline_table).values(key="driver", value=value)
+            tx.execute(ins.on_conflict_do_update(index_elements=["key"], set_={"value": value}))
+
+        def release() -> None:
+            # Close the session itself (not back to the pool, where it would
+            # keep the lock): the server drops the lock with it.
+            with contextlib.suppress(Exception):
+                conn.invalidate()
+            with contextlib.suppress(Exception):
+                conn.close()
+
+        return release
 
     def close(self) -> None:
         self.engine.dispose()

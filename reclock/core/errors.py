@@ -36,6 +36,22 @@ class DefiniteError(ReclockError):
     """A fault that retrying cannot fix: record it where it belongs and go on."""
 
 
+class AlreadyRunning(DefiniteError):
+    """Another driver holds this pipeline's lock. ``holder`` is what that
+    driver recorded about itself (pid, host, since), when it could be read."""
+
+    def __init__(self, holder: dict[str, object] | None, where: str) -> None:
+        self.holder = holder
+        if holder:
+            who = (f"as pid {holder.get('pid', '?')} on host {holder.get('host', '?')} "
+                   f"since {holder.get('since', '?')}")
+        else:
+            who = "(its holder has not recorded itself yet)"
+        super().__init__(f"this pipeline is already running {who} ({where})",
+                         hint="stop that driver first (Ctrl-C or SIGTERM), or wait for it "
+                              "to exit; a driver killed with kill -9 holds no lock")
+
+
 class InvalidTimeError(DefiniteError, ValueError):
     """A timestamp or frontier could not be decoded or is out of range."""
 

@@ -1,5 +1,6 @@
 """A zombie: a second driver started on the same pipeline and state while the
-first one runs. Both mint and commit; the remap store's compare-and-append
+first one runs (without the one-driver lock, which refuses a plain second
+``run``, as this test checks first). Both mint and commit; the remap store's compare-and-append
 and the sinks' fenced commits make them take turns. Afterwards the bindings
 are valid, every record is in its output exactly once at the IntoTime its
 bindings give (``reclock verify``)."""
@@ -7,7 +8,11 @@ bindings give (``reclock verify``)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -53,7 +58,17 @@ sources:
     state = tmp_path / "state"
     first = start_driver(path)
     assert wait_running(state, first)
-    zombie = start_driver(path)  # same file, same state, same remap store
+    # A second run of the same file is refused at once, naming the first...
+    refused = subprocess.run([sys.executable, "-m", "reclock.cli", "run", str(path)],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert f"already running as pid {first.pid} on host {socket.gethostname()}" in \
+        refused.stderr, refused.stderr[-2000:]
+    assert "Traceback" not in refused.stderr
+    # ... so the zombie is one that runs without the lock, as a driver that
+    # lost its store session would: same file, same state, same remap store.
+    zombie = start_driver(path, {**os.environ, "PYTHONUNBUFFERED": "1",
+                                 "RECLOCK_SKIP_DRIVER_LOCK": "1"})
     assert wait_running(state, zombie)
     # Both run side by side; the first dies well before the generators'
     # rate lets them finish (~TOTAL / 6000 s after the first started).
