@@ -106,7 +106,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import psycopg
 import psycopg.errors
@@ -116,10 +116,16 @@ from psycopg import sql
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 from psycopg.rows import TupleRow
-from pydantic import Field
+from pydantic import AfterValidator, Field
 from pydantic_core import InitErrorDetails
 
-from reclock.clients.postgres import connect_defaults, parse_dsn, scrub, server_label
+from reclock.clients.postgres import (
+    checked_dsn,
+    connect_defaults,
+    parse_dsn,
+    scrub,
+    server_label,
+)
 from reclock.config.base import SinkConfigBase, _problem
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import (
@@ -1223,7 +1229,7 @@ class PostgresSinkConfig(SinkConfigBase):
 
     type: Literal["postgres"] = "postgres"
     """``postgres``."""
-    dsn: str = Field(min_length=1)
+    dsn: Annotated[str, AfterValidator(checked_dsn)] = Field(min_length=1)
     """``postgresql://user:${PGPASSWORD}@host:port/db``; the password is never printed."""
     table: str = Field(min_length=1, max_length=63)
     """Target table (created with matching types when absent)."""

@@ -27,14 +27,32 @@ _SECRET_PARAM = re.compile(r"(?P<pre>\b(?:password|sslpassword)\s*=\s*)('[^']*'|
                            re.IGNORECASE)
 
 
+#: ``user:password@`` without a well-formed ``scheme://`` before it (a DSN
+#: that failed to parse, quoted back by the parser).
+_LOOSE_USERINFO = re.compile(r"(?P<pre>[^\s:/@\"']+):(?P<pw>[^\s@\"']*)@")
+
+
 def scrub(text: str, secrets: Sequence[str] = ()) -> str:
     """``text`` without URL credentials, ``password=`` values and ``secrets``."""
     text = _URL_USERINFO.sub(lambda m: f"{m['pre']}:***@", text)
+    text = _LOOSE_USERINFO.sub(lambda m: f"{m['pre']}:***@", text)
     text = _SECRET_PARAM.sub(lambda m: f"{m['pre']}***", text)
     for s in secrets:
         if len(s) >= 3:
             text = text.replace(s, "***")
     return text
+
+
+def checked_dsn(dsn: str) -> str:
+    """A configuration validator: ``dsn`` parses as a PostgreSQL connection
+    string, else a ``ValueError`` whose message quotes no password (the
+    loader then names the file and line)."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        raise ValueError(f"invalid PostgreSQL DSN: {scrub(str(exc).strip())}; use "
+                         "postgresql://user@host:port/dbname or 'host=... dbname=...'") from None
+    return dsn
 
 
 def parse_dsn(dsn: str, owner: str, error: type[DefiniteError] = DefiniteError

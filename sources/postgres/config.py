@@ -7,9 +7,10 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 from pydantic_core import InitErrorDetails
 
+from reclock.clients.postgres import checked_dsn
 from reclock.config.base import (
     NAME_PATTERN,
     SLOT_PATTERN,
@@ -50,7 +51,7 @@ class PostgresConfig(ConnectorConfig):
     FromTime is the LSN, every transaction stamped at its commit LSN. One
     output per table, named after the table unless given."""
 
-    dsn: str = Field(min_length=1)
+    dsn: Annotated[str, AfterValidator(checked_dsn)] = Field(min_length=1)
     """``postgresql://user:${PGPASSWORD}@host:port/db``; the password is never
     printed. The role needs REPLICATION (or superuser) and SELECT on the tables."""
     tables: tuple[Annotated[PgTableConfig, BeforeValidator(_table_entry)], ...] | None = None

@@ -676,6 +676,29 @@ def test_secrets_never_reach_error_messages(tmp_path: Path) -> None:
     assert SECRET not in line
 
 
+def test_a_malformed_dsn_is_a_located_error_without_its_password(tmp_path: Path) -> None:
+    """``postgres//`` (the ``:`` missing) is not a URL, so URL scrubbing did not
+    apply: the password reached ``reclock status``'s output."""
+    path = write(tmp_path, f"""
+        sources:
+          - name: pg
+            postgres: {{dsn: "postgres//user:{SECRET}@host/db", tables: [t]}}
+            outputs:
+              - name: t
+                sink: {{type: postgres, dsn: "host=h password={SECRET} dbname", table: x}}
+        """)
+    lines = errors_of(path)
+    first, second = at(path, 3, '"postgres//'), at(path, 6, '"host=h')
+    assert lines == [
+        f"{first}: sources[0].postgres.dsn: invalid PostgreSQL DSN: "
+        'missing "=" after "postgres//user:***@host/db" in connection info string; use '
+        "postgresql://user@host:port/dbname or 'host=... dbname=...'",
+        f"{second}: sources[0].outputs[0].sink.dsn: invalid PostgreSQL DSN: "
+        'missing "=" after "dbname" in connection info string; use '
+        "postgresql://user@host:port/dbname or 'host=... dbname=...'",
+    ]
+
+
 class _WithSecret(_Model):
     """A test-only model with a secret field."""
 
