@@ -326,7 +326,8 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
             server = StatusServer(
                 cfg.http.host, cfg.http.port,
                 lambda: status_document(runners, dropped, pipe.clock, runners.http_url),
-                history)
+                history, max_connections=cfg.http.max_connections,
+                timeout_s=cfg.http.request_timeout / 1000.0)
             runners.http_url = server.url
             server.start()
             log.info("http: serving %s", server.url)

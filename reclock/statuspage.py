@@ -142,9 +142,44 @@ def _finite(value: Any) -> Any:
     return value
 
 
+_BUSY_BODY = b"too many connections, retry\n"
+#: The whole answer to a connection past the cap.
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+         b"Content-Length: %d\r\nRetry-After: 1\r\nConnection: close\r\n\r\n%s"
+         % (len(_BUSY_BODY), _BUSY_BODY))
+#: Largest ``since`` that /history.json accepts (int64 milliseconds).
+_MAX_MS = 2**63 - 1
+
+
 class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``slots`` at once: one more is
+    answered 503 from the accepting thread and closed. Accepted connections
+    queue in a listen backlog of :attr:`request_queue_size`."""
+
     daemon_threads = True
+    request_queue_size = 128
     app: StatusServer
+    slots: threading.BoundedSemaphore
+    timeout_s: float
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.settimeout(1.0)
+                request.sendall(_BUSY)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class _Server6(_Server):
@@ -153,6 +188,12 @@ class _Server6(_Server):
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "reclock"
+
+    def setup(self) -> None:
+        super().setup()
+        # Bounds reading the request and writing the answer (a slow client
+        # is disconnected: handle_one_request sees the timeout and closes).
+        self.connection.settimeout(cast(_Server, self.server).timeout_s)
 
     def do_GET(self) -> None:
         app = cast(_Server, self.server).app
@@ -165,12 +206,12 @@ class _Handler(BaseHTTPRequestHandler):
             elif url.path == "/status.json":
                 self._send(200, "application/json", _dumps(app.document()))
             elif url.path == "/history.json":
-                raw = parse_qs(url.query).get("since", [None])[0]
                 try:
-                    since = None if raw in (None, "") else int(float(str(raw)))
+                    since = _since(parse_qs(url.query).get("since", [""])[0])
                 except ValueError:
                     self._send(400, "text/plain; charset=utf-8",
-                               b"since: expected milliseconds since the epoch\n")
+                               b"since: expected whole milliseconds since the epoch "
+                               b"(0 to 9223372036854775807)\n")
                     return
                 self._send(200, "application/json", _dumps(app.history.snapshot(since)))
             else:
@@ -196,6 +237,19 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http %s - " + format, self.address_string(), *args)
 
 
+def _since(raw: str) -> int | None:
+    """``since`` of /history.json: ``None`` when absent, else the
+    milliseconds; ``ValueError`` unless it is a whole number of int64
+    milliseconds (no floats: ``1e400`` once reached ``int(float(...))`` and
+    answered 500)."""
+    if raw == "":
+        return None
+    text = raw.strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 19 or int(text) > _MAX_MS:
+        raise ValueError(raw)
+    return int(text)
+
+
 class StatusServer:
     """The HTTP endpoint over ``document`` (a function returning the current
     status document) and ``history``. Binds in the constructor (so a port in
@@ -203,7 +257,8 @@ class StatusServer:
     thread, :meth:`close` stops it."""
 
     def __init__(self, host: str, port: int, document: Callable[[], StatusDocument],
-                 history: History, registry: CollectorRegistry | None = None) -> None:
+                 history: History, registry: CollectorRegistry | None = None, *,
+                 max_connections: int = 32, timeout_s: float = 5.0) -> None:
         self.document = document
         self.history = history
         self.registry = registry if registry is not None else make_registry(document)
@@ -216,6 +271,8 @@ class StatusServer:
                 hint="choose another http.port (0 picks a free one) or stop what uses it",
             ) from None
         self._httpd.app = self
+        self._httpd.slots = threading.BoundedSemaphore(max_connections)
+        self._httpd.timeout_s = timeout_s
         self._thread: threading.Thread | None = None
 
     @property

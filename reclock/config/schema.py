@@ -415,6 +415,12 @@ class HttpConfig(_Model):
     authentication)."""
     port: int = Field(default=9464, ge=0, le=65535)
     """The TCP port (default 9464); ``0`` picks a free one (see ``status.json``)."""
+    max_connections: int = Field(default=32, ge=1, le=1024)
+    """Connections served at once; one more is answered ``503`` at once and
+    closed, so that slow or stuck clients cannot pile up threads."""
+    request_timeout: DurationMs = Field(default=5000, ge=100, le=600_000)
+    """How long a connection may take to send its request and to take the
+    answer; a client slower than that is disconnected."""
 
 
 class HousekeepingConfig(_Model):

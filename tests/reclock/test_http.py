@@ -4,6 +4,7 @@ status page (rendered by a headless Chromium), against a running pipeline."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -13,6 +14,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 import zlib
@@ -241,7 +243,7 @@ def test_http_config(tmp_path: Path) -> None:
         parse_config("http: {port: 70000, prot: 1}\n" + MINIMAL, "p.yaml", base_dir=tmp_path)
     assert str(e.value).splitlines() == [
         "p.yaml:1:14: http.port: expected a number <= 65535",
-        "p.yaml:1:21: http: unknown key 'prot' (expected one of: host, port)",
+        "p.yaml:1:21: http: unknown key 'prot' (expected one of: host, max_connections, port, request_timeout)",
     ]
     assert "http" in PipelineConfig.model_fields
 
@@ -284,6 +286,63 @@ def test_server_routes_on_a_fake_document() -> None:
         server.close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+
+
+def test_bad_query_parameters_are_answered_400(caplog: pytest.LogCaptureFixture) -> None:
+    doc = fake_doc()
+    history = History()
+    history.record(doc)
+    server = StatusServer("127.0.0.1", 0, lambda: doc, history).start()
+    try:
+        for bad in ("1e400", "nan", "inf", "-1", "1.5", "99999999999999999999",
+                    "9223372036854775808", "%E2%91%A0", "0x10"):
+            code, _ctype, body = get(server.url + f"/history.json?since={bad}")
+            assert (code, body[:6]) == (400, b"since:"), (bad, code, body)
+        assert get(server.url + "/history.json?since=9223372036854775807")[0] == 200
+        assert get(server.url + "/history.json?since=")[0] == 200
+    finally:
+        server.close()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def _slow_client(port: int) -> socket.socket:
+    """A connection that sends half a request line and then nothing."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"GET /metr")
+    return sock
+
+
+def test_slow_clients_neither_pile_up_nor_block_the_endpoint() -> None:
+    """Slow clients are cut off after the request timeout; while they hold
+    connections, others are still served up to the cap, and past the cap a
+    client gets 503 at once instead of waiting behind them."""
+    doc = fake_doc()
+    history = History()
+    server = StatusServer("127.0.0.1", 0, lambda: doc, history, max_connections=12,
+                          timeout_s=1.5).start()
+    held: list[socket.socket] = []
+    try:
+        held = [_slow_client(server.port) for _ in range(8)]
+        time.sleep(0.2)
+        for _ in range(10):  # under the cap: served alongside the slow ones
+            assert get(server.url + "/metrics", timeout=5)[0] == 200
+        held += [_slow_client(server.port) for _ in range(4)]  # the cap is reached
+        time.sleep(0.2)
+        started = time.monotonic()
+        code, _ctype, body = get(server.url + "/metrics", timeout=5)
+        assert (code, body) == (503, b"too many connections, retry\n")
+        assert time.monotonic() - started < 1.0
+        # The server hangs up on every slow client once its timeout passes...
+        for sock in held:
+            sock.settimeout(5)
+            assert sock.recv(100) == b""  # closed without an answer
+        # ... which frees the slots.
+        assert get(server.url + "/metrics", timeout=5)[0] == 200
+        assert threading.active_count() < 40
+    finally:
+        for sock in held:
+            sock.close()
+        server.close()
 
 
 # ---------------------------------------------------------------------------
