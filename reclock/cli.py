@@ -1,4 +1,5 @@
-"""The ``reclock`` command line.
+"""reclock: changes from Kafka and PostgreSQL, stamped with one system time,
+landed exactly once.
 
     reclock run FILE                      run the pipeline (Ctrl-C / SIGTERM stop cleanly)
     reclock status FILE [--json]          health, frontiers, uppers and lag per source/output
@@ -7,8 +8,14 @@
     reclock drop FILE SOURCE              stop a source promptly, keep its outputs
     reclock verify FILE                   audit every output against the bindings
 
-Errors are one line on stderr (no traceback) and exit code 2; ``verify``
-exits 1 when it finds a breach.
+Exit codes:
+
+    0  done; for status: the driver runs and no source is stalled
+    1  run: a source was stalled when the run ended; status: a source is
+       stalled; verify: an output breaches its bindings
+    2  an error (a bad configuration, an unreachable store, ...), on one line
+    3  status: the driver is not running
+    130  interrupted before the pipeline started
 """
 
 from __future__ import annotations
@@ -71,6 +78,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from reclock.pipeline import progress_line
 
         sys.stderr.write(progress_line(r.status()) + "\n")
+    if runners.stalled:
+        sys.stderr.write(f"reclock: stopped; stalled at the end: {', '.join(runners.stalled)}\n")
+        return 1
     sys.stderr.write("reclock: stopped\n")
     return 0
 
@@ -150,7 +160,7 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
                 st = o.sink.state()
                 uppers.append(st.upper)
                 outs.append({"output": o.name, "sink_upper": st.upper,
-                             "lag_ms": None if st.upper is None else max(0, now - st.upper),
+                             "lag_ms": None if not st.upper else max(0, now - st.upper),
                              "health": None})
             entry["outputs"] = outs
             finite = [u for u in uppers if u is not None]
@@ -180,11 +190,24 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
     return out
 
 
+def status_exit_code(doc: dict[str, Any]) -> int:
+    """``reclock status``'s exit code (the table in the module's docstring):
+    3 when the driver is not running, 1 when a source or an output is
+    stalled, else 0."""
+    if not doc["driver_running"]:
+        return 3
+    for s in doc["sources"]:
+        if s["health"].get("status") == "stalled" or any(
+                (o.get("health") or {}).get("status") == "stalled" for o in s["outputs"]):
+            return 1
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     doc = collect_status(args.file, args.history)
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
-        return 0
+        return status_exit_code(doc)
     print(f"state: {doc['state_dir']}  driver: {'running' if doc['driver_running'] else 'stopped'}")
     for s in doc["sources"]:
         h = s["health"]
@@ -196,13 +219,16 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"  (IntoTime {fmt_time(s['resume_into'])})")
         print(f"  bindings: {s['bindings']}, remap upper {fmt_time(s['remap_upper'])}")
         for o in s["outputs"]:
+            if not o["sink_upper"] and o["sink_upper"] is not None:
+                print(f"  output {o['output']}: nothing committed yet")
+                continue
             print(f"  output {o['output']}: sink upper {fmt_time(o['sink_upper'])}, "
                   f"lag {o['lag_ms'] if o['lag_ms'] is not None else '-'} ms")
         for ev in s.get("history", []):
             print(f"    {fmt_time(ev['ts'])} {ev['kind']} "
                   + " ".join(f"{k}={v}" for k, v in ev.items()
                              if k not in ("ts", "kind", "source")))
-    return 0
+    return status_exit_code(doc)
 
 
 def cmd_bindings(args: argparse.Namespace) -> int:
@@ -243,6 +269,9 @@ def cmd_read(args: argparse.Namespace) -> int:
     from reclock.pipeline import Pipeline
     from sinks.consolidate import consolidate, errors
 
+    if args.csv and len(args.outputs) > 1:
+        raise ReclockError("--csv takes one output (each has its own columns and header); "
+                           "run read once per output, or use --json")
     cfg = _load(args.file)
     pipe = Pipeline(cfg)
     try:
@@ -331,8 +360,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for r in reports:
         if args.json:
             continue
-        print(f"source {r.source}: {'OK' if r.ok else 'BREACH'}"
-              f" ({r.complete_checked} source records re-read)")
+        checked = sum(o.checked for o in r.outputs)
+        if r.ok and not checked and not r.complete_checked:
+            print(f"source {r.source}: nothing to audit yet (no output holds a row)")
+        else:
+            print(f"source {r.source}: {'OK' if r.ok else 'BREACH'}"
+                  f" ({r.complete_checked} source records re-read)")
         for n in r.notes:
             print(f"  note: {n}")
         for o in r.outputs:
@@ -360,41 +393,63 @@ def cmd_dev_kafka(args: argparse.Namespace) -> int:
     return 0
 
 
+def version_line() -> str:
+    """``reclock X (PySpark Y, Python Z)``, from the installed distributions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (f"reclock {of('reclock')} (PySpark {of('pyspark')}, "
+            f"Python {sys.version.split()[0]})")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="reclock", description=__doc__.splitlines()[0])
+    doc = __doc__ or ""
+    p = argparse.ArgumentParser(prog="reclock", description=doc.split("\n\n", 1)[0],
+                                epilog=doc.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="command", required=True)
+    file_help = "the pipeline's YAML file"
     r = sub.add_parser("run", help="run the pipeline")
-    r.add_argument("file")
+    r.add_argument("file", help=file_help)
     r.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     r.set_defaults(fn=cmd_run)
     s = sub.add_parser("status", help="health, frontiers, uppers and lag")
-    s.add_argument("file")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("file", help=file_help)
+    s.add_argument("--json", action="store_true", help="the whole status document as JSON")
     s.add_argument("--history", type=int, default=0, help="show the last N progress events")
     s.set_defaults(fn=cmd_status)
     b = sub.add_parser("bindings", help="a source's bindings IntoTime -> frontier")
-    b.add_argument("file")
-    b.add_argument("source")
-    b.add_argument("--json", action="store_true")
-    b.add_argument("--at", default=None, help="the source frontier as of this IntoTime")
+    b.add_argument("file", help=file_help)
+    b.add_argument("source", help="the source's name")
+    b.add_argument("--json", action="store_true", help="as JSON")
+    b.add_argument("--at", default=None, help="the source frontier as of this IntoTime "
+                                              "(milliseconds or ISO-8601)")
     b.set_defaults(fn=cmd_bindings)
     rd = sub.add_parser("read", help="consolidated outputs as of one IntoTime")
-    rd.add_argument("file")
-    rd.add_argument("outputs", nargs="+")
-    rd.add_argument("--as-of", default=None)
+    rd.add_argument("file", help=file_help)
+    rd.add_argument("outputs", nargs="+", help="OUTPUT or SOURCE.OUTPUT, one or more")
+    rd.add_argument("--as-of", default=None,
+                    help="the IntoTime to read as of (milliseconds or ISO-8601; default: "
+                         "the latest time every named output holds)")
     rd.add_argument("--errors", action="store_true", help="show the error collection")
-    rd.add_argument("--limit", type=int, default=0)
+    rd.add_argument("--limit", type=int, default=0, help="at most N rows per output (0: all)")
     g = rd.add_mutually_exclusive_group()
-    g.add_argument("--json", action="store_true")
-    g.add_argument("--csv", action="store_true")
+    g.add_argument("--json", action="store_true", help="one JSON object per row")
+    g.add_argument("--csv", action="store_true", help="CSV with a header (one output only)")
     rd.set_defaults(fn=cmd_read)
     d = sub.add_parser("drop", help="stop a source promptly; keep its outputs")
-    d.add_argument("file")
-    d.add_argument("source")
+    d.add_argument("file", help=file_help)
+    d.add_argument("source", help="the source's name")
     d.set_defaults(fn=cmd_drop)
     v = sub.add_parser("verify", help="audit outputs against the bindings")
-    v.add_argument("file")
-    v.add_argument("--json", action="store_true")
+    v.add_argument("file", help=file_help)
+    v.add_argument("--json", action="store_true", help="the reports as JSON")
     v.set_defaults(fn=cmd_verify)
     dev = sub.add_parser("dev", help="development helpers")
     dsub = dev.add_subparsers(dest="dev_command", required=True)

@@ -43,6 +43,7 @@ from reclock.core.columns import rename_columns
 from reclock.core.errors import DefiniteError
 from reclock.envelopes import Envelope, NoneEnvelope, envelope_for
 from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner
+from reclock.runtime.health import STALLED
 from reclock.runtime.lock import DriverLock, holder_info
 from reclock.runtime.progress_log import ProgressLog
 from reclock.statuspage import History, StatusServer
@@ -241,6 +242,12 @@ class Runners(list[SourceRunner]):
     ``http_url``, where the HTTP endpoint listens (``None`` when off)."""
 
     http_url: str | None = None
+    #: Sources that were stalled when the run ended (``reclock run`` exits 1).
+    stalled: list[str]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled = []
 
 
 def run(
@@ -260,9 +267,11 @@ def run(
     ``http_url`` set when the configuration enables the HTTP endpoint."""
     pipe = Pipeline(cfg, clock)
     stop = stop or threading.Event()
+    handler: Callable[..., None] | None = None
     if install_signals and threading.current_thread() is threading.main_thread():
+        handler = _stop_on(stop)
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, handler)
     pipe.state_dir.mkdir(parents=True, exist_ok=True)
     try:
         release = _lock(pipe)
@@ -270,9 +279,19 @@ def run(
         pipe.close()
         raise
     try:
-        return _run(pipe, cfg, spark, duration, stop, out, on_ready, use_spark)
+        return _run(pipe, cfg, spark, duration, stop, out, on_ready, use_spark, handler)
     finally:
         release()
+
+
+def _stop_on(stop: threading.Event) -> Callable[..., None]:
+    """The SIGINT/SIGTERM handler: ask the loop to stop (it finishes or
+    abandons the tick in flight and prints each source's final line)."""
+
+    def handler(*_args: object) -> None:
+        stop.set()
+
+    return handler
 
 
 def _lock(pipe: Pipeline) -> Callable[[], None]:
@@ -298,13 +317,18 @@ def _lock(pipe: Pipeline) -> Callable[[], None]:
 
 def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float | None,
          stop: threading.Event, out: TextIO | None,
-         on_ready: Callable[[list[SourceRunner]], None] | None, use_spark: bool) -> Runners:
+         on_ready: Callable[[list[SourceRunner]], None] | None, use_spark: bool,
+         handler: Callable[..., None] | None) -> Runners:
     events = ProgressLog(pipe.state_dir / "progress.jsonl" if cfg.progress_log else None,
                          pipe.clock)
     if use_spark and spark is None:
         from reclock.runtime.spark import spark_session
 
         spark = spark_session(cfg.spark.master, cfg.spark.app_name, cfg.spark.conf)
+        if signal.getsignal(signal.SIGINT) is not handler and handler is not None:
+            # PySpark's SparkContext installs its own SIGINT handler (cancel
+            # every job, raise KeyboardInterrupt); Ctrl-C stops reclock cleanly.
+            signal.signal(signal.SIGINT, handler)
     started = time.monotonic()
     runners = Runners()
     dropped: list[str] = []
@@ -356,6 +380,7 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
                 break
             stop.wait(1.0)
     finally:
+        runners.stalled = [r.name for r in runners if r.health.status == STALLED]
         for r in runners:
             r.stop()
         for r in runners:

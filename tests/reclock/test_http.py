@@ -243,7 +243,8 @@ def test_http_config(tmp_path: Path) -> None:
         parse_config("http: {port: 70000, prot: 1}\n" + MINIMAL, "p.yaml", base_dir=tmp_path)
     assert str(e.value).splitlines() == [
         "p.yaml:1:14: http.port: expected a number <= 65535",
-        "p.yaml:1:21: http: unknown key 'prot' (expected one of: host, max_connections, port, request_timeout)",
+        "p.yaml:1:21: http: unknown key 'prot' (expected one of: host, max_connections, port, "
+        "request_timeout)",
     ]
     assert "http" in PipelineConfig.model_fields
 

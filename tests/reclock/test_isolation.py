@@ -4,10 +4,12 @@ discarded."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from reclock.cli import collect_status, status_exit_code
 from reclock.config import load_config
 from reclock.pipeline import Pipeline, run
 from reclock.runtime.driver import SourceRunner
@@ -33,8 +35,28 @@ sources:
 """)
     cfg = load_config(cfg_path)
     runners: list[SourceRunner] = []
-    run(cfg, spark=spark, duration=20, out=None, install_signals=False,
-        on_ready=runners.extend)
+    codes: list[int] = []
+
+    def watch_status(started: list[SourceRunner]) -> None:
+        """``reclock status`` while the run goes on: exit 1 once a source stalls."""
+        runners.extend(started)
+
+        def poll() -> None:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                doc = collect_status(str(cfg_path))
+                if any(s["health"]["status"] == "stalled" for s in doc["sources"]):
+                    codes.append(status_exit_code(doc))
+                    return
+                time.sleep(0.5)
+
+        threading.Thread(target=poll, daemon=True).start()
+
+    result = run(cfg, spark=spark, duration=20, out=None, install_signals=False,
+                 on_ready=watch_status)
+    assert codes == [1]
+    assert result.stalled == ["broken"]  # so reclock run exits 1
+    assert status_exit_code(collect_status(str(cfg_path))) == 3  # the driver stopped
     by = {r.name: r for r in runners}
     assert by["healthy"].health.status == "finished"
     broken = by["broken"].health
