@@ -97,6 +97,8 @@ def _driver_status(state_dir: Path) -> dict[str, Any] | None:
             os.kill(int(pid), 0)
     except OSError:
         doc["stale"] = True
+    if doc.get("stopped"):
+        doc["stale"] = True  # the run ended (its process may live on: an embedding app)
     return doc
 
 

@@ -228,9 +228,13 @@ def status_document(runners: list[SourceRunner], dropped: list[str], clock: Cloc
 
 
 def write_status(path: Path, runners: list[SourceRunner], dropped: list[str], clock: Clock,
-                 http: str | None = None) -> dict[str, Any]:
-    """Write the status document to ``path`` (atomically) and return it."""
+                 http: str | None = None, *, final: bool = False) -> dict[str, Any]:
+    """Write the status document to ``path`` (atomically) and return it;
+    ``final``: the run ended (``"stopped": true``, so ``reclock status`` knows
+    the driver is gone even while its process lives on)."""
     doc = status_document(runners, dropped, clock, http)
+    if final:
+        doc["stopped"] = True
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, default=str))
     os.replace(tmp, path)
@@ -385,7 +389,7 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
             r.stop()
         for r in runners:
             r.join(timeout=60)
-        write_status(status_path, runners, dropped, pipe.clock, runners.http_url)
+        write_status(status_path, runners, dropped, pipe.clock, runners.http_url, final=True)
         if server is not None:
             server.close()
         pipe.close()
