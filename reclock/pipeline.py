@@ -355,7 +355,8 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
                 cfg.http.host, cfg.http.port,
                 lambda: status_document(runners, dropped, pipe.clock, runners.http_url),
                 history, max_connections=cfg.http.max_connections,
-                timeout_s=cfg.http.request_timeout / 1000.0)
+                timeout_s=cfg.http.request_timeout / 1000.0,
+                ready_max_lag_ms=cfg.http.ready_max_lag)
             runners.http_url = server.url
             server.start()
             log.info("http: serving %s", server.url)

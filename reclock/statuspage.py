@@ -14,6 +14,13 @@ thread, shut down when the run ends. Routes (``GET``):
     The recent past kept in memory by the pipeline loop (:class:`History`):
     one point per source per second, the last :data:`HISTORY_POINTS`; with
     ``since``, only points after that time.
+``/healthz``
+    Liveness: 200 while the driver loop ticks (it records the history once a
+    second), 503 once it has not for 30 s.
+``/readyz``
+    Readiness: 200 when every source is running or finished and no output
+    lags more than ``http.ready_max_lag`` (60 s) or has committed nothing
+    yet; else 503. Both answer ``{"ready", "problems": [...]}`` in JSON.
 ``/``
     An HTML page (``reclock/static/index.html``, no external resources) that
     polls the two JSON routes every second and shows a table of sources and
@@ -28,6 +35,7 @@ import logging
 import math
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -71,8 +79,12 @@ class History:
         self.maxlen = maxlen
         self._lock = threading.Lock()
         self._series: dict[str, tuple[str, deque[dict[str, Any]]]] = {}
+        #: ``time.monotonic()`` of the last :meth:`record`: the driver loop's
+        #: heartbeat (it records once a second), for ``/healthz``.
+        self.last_recorded = time.monotonic()
 
     def record(self, doc: StatusDocument) -> None:
+        self.last_recorded = time.monotonic()
         t = doc.get("updated_ms")
         if t is None:
             return
@@ -203,6 +215,17 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, "text/html; charset=utf-8", page())
             elif url.path == "/metrics":
                 self._send(200, CONTENT_TYPE_LATEST, render(app.registry))
+            elif url.path == "/healthz":
+                idle = time.monotonic() - app.history.last_recorded
+                if idle <= app.live_within_s:
+                    self._send(200, "text/plain; charset=utf-8", b"ok\n")
+                else:
+                    self._send(503, "text/plain; charset=utf-8",
+                               f"the driver loop has not ticked for {idle:.0f} s\n".encode())
+            elif url.path == "/readyz":
+                problems = readiness(app.document(), app.ready_max_lag_ms)
+                body = _dumps({"ready": not problems, "problems": problems})
+                self._send(503 if problems else 200, "application/json", body)
             elif url.path == "/status.json":
                 self._send(200, "application/json", _dumps(app.document()))
             elif url.path == "/history.json":
@@ -216,7 +239,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, "application/json", _dumps(app.history.snapshot(since)))
             else:
                 self._send(404, "text/plain; charset=utf-8",
-                           b"not found; try /, /metrics, /status.json, /history.json\n")
+                           b"not found; try /, /metrics, /status.json, /history.json, "
+                           b"/healthz, /readyz\n")
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception as exc:
@@ -235,6 +259,30 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s - " + format, self.address_string(), *args)
+
+
+def readiness(doc: StatusDocument, max_lag_ms: int) -> list[str]:
+    """Why the pipeline is not ready (empty: ready): a source that is not
+    running or finished, or an output whose lag exceeds ``max_lag_ms`` or
+    that has committed nothing yet. What ``/readyz`` answers."""
+    problems = []
+    for st in doc.get("sources") or []:
+        name = st.get("source")
+        status = (st.get("health") or {}).get("status")
+        if status not in ("running", "finished"):
+            err = (st.get("health") or {}).get("error")
+            problems.append(f"source {name} is {status}" + (f": {err}" if err else ""))
+            continue
+        if status == "finished":
+            continue
+        for o in st.get("outputs") or []:
+            lag = o.get("lag_ms")
+            if lag is None and o.get("upper") is not None:
+                problems.append(f"output {name}.{o.get('name')} has committed nothing yet")
+            elif lag is not None and lag > max_lag_ms:
+                problems.append(f"output {name}.{o.get('name')} lags {lag / 1000:.1f} s "
+                                f"(more than {max_lag_ms / 1000:g} s)")
+    return problems
 
 
 def _since(raw: str) -> int | None:
@@ -258,8 +306,11 @@ class StatusServer:
 
     def __init__(self, host: str, port: int, document: Callable[[], StatusDocument],
                  history: History, registry: CollectorRegistry | None = None, *,
-                 max_connections: int = 32, timeout_s: float = 5.0) -> None:
+                 max_connections: int = 32, timeout_s: float = 5.0,
+                 ready_max_lag_ms: int = 60_000, live_within_s: float = 30.0) -> None:
         self.document = document
+        self.ready_max_lag_ms = ready_max_lag_ms
+        self.live_within_s = live_within_s
         self.history = history
         self.registry = registry if registry is not None else make_registry(document)
         cls = _Server6 if ":" in host else _Server

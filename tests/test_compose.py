@@ -432,8 +432,8 @@ def test_pipeline_yaml_as_compose_runs_it(services: dict[str, dict[str, Any]]) -
     assert cfg.http is not None and cfg.http.host == "0.0.0.0"
     assert [expand(p).rsplit(":", 1)[1] for p in services["pipeline"]["ports"]] == \
         [str(cfg.http.port)]
-    assert f"127.0.0.1:{cfg.http.port}/status.json" in (healthcheck_code(services["pipeline"])
-                                                        or "")
+    assert f"127.0.0.1:{cfg.http.port}/readyz" in (healthcheck_code(services["pipeline"])
+                                                   or "")
 
 
 def test_producer_and_pipeline_agree(services: dict[str, dict[str, Any]],

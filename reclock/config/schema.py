@@ -418,6 +418,9 @@ class HttpConfig(_Model):
     max_connections: int = Field(default=32, ge=1, le=1024)
     """Connections served at once; one more is answered ``503`` at once and
     closed, so that slow or stuck clients cannot pile up threads."""
+    ready_max_lag: DurationMs = Field(default=60_000, ge=1000)
+    """``/readyz`` answers 503 while an output lags more than this (or has
+    committed nothing yet), or a source is not running or finished."""
     request_timeout: DurationMs = Field(default=5000, ge=100, le=600_000)
     """How long a connection may take to send its request and to take the
     answer; a client slower than that is disconnected."""

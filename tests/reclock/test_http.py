@@ -244,7 +244,7 @@ def test_http_config(tmp_path: Path) -> None:
     assert str(e.value).splitlines() == [
         "p.yaml:1:14: http.port: expected a number <= 65535",
         "p.yaml:1:21: http: unknown key 'prot' (expected one of: host, max_connections, port, "
-        "request_timeout)",
+        "ready_max_lag, request_timeout)",
     ]
     assert "http" in PipelineConfig.model_fields
 
@@ -304,6 +304,36 @@ def test_bad_query_parameters_are_answered_400(caplog: pytest.LogCaptureFixture)
     finally:
         server.close()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_healthz_follows_the_loop_and_readyz_the_sources() -> None:
+    doc = fake_doc()
+    history = History()
+    history.record(doc)
+    server = StatusServer("127.0.0.1", 0, lambda: doc, history, ready_max_lag_ms=5000,
+                          live_within_s=1.0).start()
+    try:
+        assert get(server.url + "/healthz")[:3:2] == (200, b"ok\n")
+        code, ctype, body = get(server.url + "/readyz")
+        assert (code, ctype) == (503, "application/json")
+        assert json.loads(body) == {"ready": False, "problems": [
+            "source topic is stalled: TransientError: broker down"]}
+        doc["sources"] = doc["sources"][:1]  # without the stalled source: ready
+        assert json.loads(get(server.url + "/readyz")[2]) == {"ready": True, "problems": []}
+        doc["sources"][0]["outputs"][0]["lag_ms"] = 7500  # over the bound
+        code, _ctype, body = get(server.url + "/readyz")
+        assert code == 503 and json.loads(body)["problems"] == [
+            "output gen.value lags 7.5 s (more than 5 s)"]
+        doc["sources"][0]["outputs"][0].update(upper=0, lag_ms=None)  # never committed
+        assert json.loads(get(server.url + "/readyz")[2])["problems"] == [
+            "output gen.value has committed nothing yet"]
+        time.sleep(1.2)  # the loop stops recording: no longer live
+        code, _ctype, body = get(server.url + "/healthz")
+        assert code == 503 and body.startswith(b"the driver loop has not ticked for 1 s")
+        history.record(doc)
+        assert get(server.url + "/healthz")[0] == 200
+    finally:
+        server.close()
 
 
 def _slow_client(port: int) -> socket.socket:
