@@ -397,16 +397,10 @@ def cmd_dev_kafka(args: argparse.Namespace) -> int:
 
 def version_line() -> str:
     """``reclock X (PySpark Y, Python Z)``, from the installed distributions."""
-    from importlib.metadata import PackageNotFoundError, version
+    from reclock.metrics import versions
 
-    def of(dist: str) -> str:
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            return "not installed"
-
-    return (f"reclock {of('reclock')} (PySpark {of('pyspark')}, "
-            f"Python {sys.version.split()[0]})")
+    ours, pyspark, python = versions()
+    return f"reclock {ours} (PySpark {pyspark}, Python {python})"
 
 
 def build_parser() -> argparse.ArgumentParser:

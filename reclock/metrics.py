@@ -11,49 +11,58 @@ document on every scrape (no background thread updates gauges), and
 :class:`~prometheus_client.CollectorRegistry` (one per pipeline run, so several
 pipelines can share a process).
 
-Metrics (labels in braces; ``*_ms`` values are IntoTime, milliseconds since
-the epoch, or durations in ms; an empty frontier or a closed upper -- the
-source or output is complete -- is ``+Inf``; unknown values are left out):
+Metrics (labels in braces), in Prometheus' base units: ``*_timestamp_seconds``
+are IntoTimes (seconds since the epoch), ``*_seconds`` durations. An empty
+frontier or a closed upper -- the source or output is complete -- is
+``+Inf``; unknown values are left out:
 
-========================================  ==============================================
-``reclock_source_info{source,kind}``      1 per source; ``kind`` is its FromTime kind
-``reclock_source_health{source,status}``  1 for the current health status, 0 for the others
-``reclock_source_frontier{source,         a totally ordered source's frontier value
-frontier}``                               (``counter``: records, ``lsn``: WAL byte
-                                          position); ``frontier`` is ``probe``
-                                          (upstream), ``bound`` (last binding),
-                                          ``read_from`` (read so far) or ``resume``
-``reclock_source_partition_offset{source, a Kafka source's next offset per partition, for
-frontier,partition}``                     the same four frontiers
-``reclock_source_partitions{source,       Kafka: the partitions a frontier knows
-frontier}``
-``reclock_source_lag_records{source}``    positions upstream has that were not read yet
-``reclock_source_records_total{source}``  records read since the driver started
-                                          (counters restart with the driver)
-``reclock_source_records_per_second``     the driver's records rate over ~10 s
-``reclock_source_job_seconds_total``      time spent in Spark jobs
-``reclock_source_bindings{source}``       bindings held by the remap store
-``reclock_source_remap_upper_ms{source}`` the remap collection's upper (IntoTime)
-``reclock_output_upper_ms{source,output}``  the sink's upper (IntoTime): complete below
-``reclock_output_lag_ms{source,output}``  now minus the sink's upper
-``reclock_output_rows_total``             data rows committed (not the error rows)
-``reclock_output_errors_total``           error rows committed
-``reclock_output_health{source,output,    1 for the output's current health status
-status}``
-``reclock_status_updated_ms``             when the status document was assembled
-========================================  ==============================================
+===============================================  ==============================================
+``reclock_build_info{version,pyspark,python}``   1: the versions running
+``reclock_source_info{source,kind}``             1 per source; ``kind`` is its FromTime kind
+``reclock_source_health{source,status}``         1 for the current health status, 0 for the
+                                                 others
+``reclock_source_frontier{source,frontier}``     a totally ordered source's frontier value
+                                                 (``counter``: records, ``lsn``: WAL byte
+                                                 position); ``frontier`` is ``probe``
+                                                 (upstream), ``bound`` (last binding),
+                                                 ``read_from`` (read so far) or ``resume``
+``reclock_source_partition_offset{source,        a Kafka source's next offset per partition,
+frontier,partition}``                            for the same four frontiers
+``reclock_source_partitions{source,frontier}``   Kafka: the partitions a frontier knows
+``reclock_source_lag_records{source}``           positions upstream has that were not read yet
+``reclock_source_records_total{source}``         records read since the driver started
+                                                 (counters restart with the driver; use
+                                                 ``rate()``)
+``reclock_source_job_seconds_total{source}``     time spent in Spark jobs
+``reclock_source_bindings{source}``              bindings held by the remap store
+``reclock_source_remap_upper_timestamp_seconds``  the remap collection's upper (IntoTime)
+``reclock_output_upper_timestamp_seconds{source,  the sink's upper (IntoTime): complete below
+output}``
+``reclock_output_lag_seconds{source,output}``    now minus the sink's upper; an output that has
+                                                 committed nothing yet lags from the driver's
+                                                 start, so the series exists from the start
+``reclock_output_rows_total``                    data rows committed (not the error rows)
+``reclock_output_errors_total``                  error rows committed
+``reclock_output_health{source,output,status}``  1 for the output's current health status
+``reclock_status_updated_timestamp_seconds``     when the status document was assembled
+``process_*``                                    the driver process: CPU seconds, resident and
+                                                 virtual memory, open files, start time
+                                                 (``prometheus_client``'s process collector)
+===============================================  ==============================================
 
-Rates for rows and errors come from the ``_total`` counters (``rate()`` in
-PromQL); the status page computes them from ``/history.json``.
+Rates of records, rows and errors come from the ``_total`` counters
+(``rate()`` in PromQL); the status page computes them from ``/history.json``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -104,8 +113,9 @@ def frontier_position(kind: str, encoded: Any) -> float | None:
 
 
 def _upper(value: Any) -> float:
-    """An IntoTime upper from a status dict: ``None`` is the empty upper (+inf)."""
-    return math.inf if value is None else float(value)
+    """An IntoTime upper (ms) from a status dict, in seconds: ``None`` is the
+    empty upper (+inf)."""
+    return math.inf if value is None else float(value) / 1000.0
 
 
 # -- the collector ---------------------------------------------------------------------------
@@ -134,20 +144,19 @@ def families(doc: StatusDocument) -> list[Metric]:
                                     labels=src_l)
     records = CounterMetricFamily("reclock_source_records",
                                   "Records read since the driver started", labels=src_l)
-    rate = GaugeMetricFamily("reclock_source_records_per_second",
-                             "Records read per second over the last ~10 s", labels=src_l)
     job_s = CounterMetricFamily("reclock_source_job_seconds",
                                 "Seconds spent in Spark jobs", labels=src_l)
     bindings = GaugeMetricFamily("reclock_source_bindings", "Bindings in the remap store",
                                  labels=src_l)
-    remap_upper = GaugeMetricFamily("reclock_source_remap_upper_ms",
-                                    "The remap collection's upper (IntoTime, ms); +Inf: closed",
+    remap_upper = GaugeMetricFamily("reclock_source_remap_upper_timestamp_seconds",
+                                    "The remap collection's upper (IntoTime); +Inf: closed",
                                     labels=src_l)
-    o_upper = GaugeMetricFamily("reclock_output_upper_ms",
-                                "The sink's upper (IntoTime, ms): complete below it; "
+    o_upper = GaugeMetricFamily("reclock_output_upper_timestamp_seconds",
+                                "The sink's upper (IntoTime): complete below it; "
                                 "+Inf: closed", labels=out_l)
-    o_lag = GaugeMetricFamily("reclock_output_lag_ms", "Now minus the sink's upper (ms)",
-                              labels=out_l)
+    o_lag = GaugeMetricFamily("reclock_output_lag_seconds",
+                              "Now minus the sink's upper (from the driver's start while "
+                              "nothing is committed)", labels=out_l)
     o_rows = CounterMetricFamily("reclock_output_rows",
                                  "Data rows committed since the driver started (errors apart)",
                                  labels=out_l)
@@ -183,8 +192,6 @@ def families(doc: StatusDocument) -> list[Metric]:
         if st.get("lag_records") is not None:
             lag_records.add_metric([name], float(st["lag_records"]))
         records.add_metric([name], float(st.get("records") or 0))
-        if st.get("records_per_s") is not None:
-            rate.add_metric([name], float(st["records_per_s"]))
         job_s.add_metric([name], float(st.get("job_seconds") or 0))
         bindings.add_metric([name], float(st.get("bindings") or 0))
         if "remap_upper" in st:
@@ -193,7 +200,7 @@ def families(doc: StatusDocument) -> list[Metric]:
             labels = [name, str(o["name"])]
             o_upper.add_metric(labels, _upper(o.get("upper")))
             if o.get("lag_ms") is not None:
-                o_lag.add_metric(labels, float(o["lag_ms"]))
+                o_lag.add_metric(labels, float(o["lag_ms"]) / 1000.0)
             o_rows.add_metric(labels, float(o.get("rows") or 0))
             o_errors.add_metric(labels, float(o.get("errors") or 0))
             ostatus = str((o.get("health") or {}).get("status", "unknown"))
@@ -206,14 +213,31 @@ def families(doc: StatusDocument) -> list[Metric]:
         # dropped before this run started: no runner, only the status
         for s in HEALTH_STATES:
             health.add_metric([str(name), s], 1.0 if s == "dropped" else 0.0)
-    out: list[Metric] = [info, health, frontier, offsets, partitions, lag_records, records,
-                         rate, job_s, bindings, remap_upper, o_upper, o_lag, o_rows, o_errors,
-                         o_health]
+    build = GaugeMetricFamily("reclock_build_info", "The versions running (value 1)",
+                              labels=["version", "pyspark", "python"])
+    build.add_metric(list(versions()), 1.0)
+    out: list[Metric] = [build, info, health, frontier, offsets, partitions, lag_records,
+                         records, job_s, bindings, remap_upper, o_upper, o_lag, o_rows,
+                         o_errors, o_health]
     if doc.get("updated_ms") is not None:
-        out.append(GaugeMetricFamily("reclock_status_updated_ms",
-                                     "When the status was assembled (ms since the epoch)",
-                                     value=float(doc["updated_ms"])))
+        out.append(GaugeMetricFamily("reclock_status_updated_timestamp_seconds",
+                                     "When the status was assembled",
+                                     value=float(doc["updated_ms"]) / 1000.0))
     return out
+
+
+@functools.cache
+def versions() -> tuple[str, str, str]:
+    """(reclock, PySpark, Python) versions, from the installed distributions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "unknown"
+
+    return of("reclock"), of("pyspark"), platform.python_version()
 
 
 class StatusCollector(Collector):
@@ -233,6 +257,7 @@ def make_registry(document: Callable[[], StatusDocument]) -> CollectorRegistry:
     """A private registry holding one :class:`StatusCollector` for ``document``."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatusCollector(document))
+    ProcessCollector(registry=registry)  # process_cpu_seconds_total, ..._memory_bytes, ...
     return registry
 
 

@@ -277,7 +277,7 @@ def readiness(doc: StatusDocument, max_lag_ms: int) -> list[str]:
             continue
         for o in st.get("outputs") or []:
             lag = o.get("lag_ms")
-            if lag is None and o.get("upper") is not None:
+            if o.get("upper") == 0:
                 problems.append(f"output {name}.{o.get('name')} has committed nothing yet")
             elif lag is not None and lag > max_lag_ms:
                 problems.append(f"output {name}.{o.get('name')} lags {lag / 1000:.1f} s "

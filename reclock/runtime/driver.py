@@ -154,6 +154,9 @@ class SourceRunner:
         self.spark = spark
         self._slots: int | None = None
         self.clock = clock
+        #: When this runner was made: an output that has committed nothing
+        #: yet lags from here (so a lag alert fires for it too).
+        self.started_ms = clock.now()
         self.settings = settings
         self.events = events
         self.as_of = as_of
@@ -589,7 +592,9 @@ class SourceRunner:
         for o in self.outputs:
             outs.append({
                 "name": o.name, "upper": o.state.upper,
-                "lag_ms": None if not o.state.upper else max(0, now - o.state.upper),
+                # None: closed (complete, no lag); 0: nothing committed yet
+                "lag_ms": (None if o.state.upper is None
+                           else max(0, now - (o.state.upper or self.started_ms))),
                 "rows": o.rows, "errors": o.errors, "health": o.health.as_dict(),
             })
         return {

@@ -70,8 +70,8 @@ def get_json(url: str) -> Any:
 
 
 def upper_metric(v: int | None) -> float:
-    """A JSON upper as the metric shows it: ``None`` (closed) is +Inf."""
-    return math.inf if v is None else float(v)
+    """A JSON upper (ms) as the metric shows it, in seconds: ``None`` (closed) is +Inf."""
+    return math.inf if v is None else v / 1000
 
 
 # ---------------------------------------------------------------------------
@@ -124,10 +124,10 @@ def test_collector_renders_the_status_document() -> None:
     assert v("reclock_source_frontier", source="gen", frontier="resume") == 900
     assert v("reclock_source_lag_records", source="gen") == 500
     assert v("reclock_source_records_total", source="gen") == 1000
-    assert v("reclock_source_records_per_second", source="gen") == 250.5
+    assert v("reclock_source_records_per_second", source="gen") is None  # rate() does that
     assert v("reclock_source_job_seconds_total", source="gen") == 1.25
     assert v("reclock_source_bindings", source="gen") == 7
-    assert v("reclock_source_remap_upper_ms", source="gen") == 1_700_000_009_001
+    assert v("reclock_source_remap_upper_timestamp_seconds", source="gen") == 1_700_000_009.001
     # health: a labelled gauge, 1 for the current status only
     gen_health = {dict(k[1])["status"]: val for k, val in ss.items()
                   if k[0] == "reclock_source_health" and dict(k[1])["source"] == "gen"}
@@ -138,10 +138,12 @@ def test_collector_renders_the_status_document() -> None:
     assert v("reclock_source_health", source="old", status="dropped") == 1
     assert v("reclock_source_health", source="topic", status="dropped") == 0
     # per output
-    assert v("reclock_output_upper_ms", source="gen", output="value") == 1_700_000_008_000
-    assert v("reclock_output_upper_ms", source="gen", output="done") == math.inf
-    assert v("reclock_output_lag_ms", source="gen", output="value") == 2000
-    assert v("reclock_output_lag_ms", source="gen", output="done") is None  # unknown: no sample
+    assert v("reclock_output_upper_timestamp_seconds", source="gen", output="value") == \
+        1_700_000_008.0
+    assert v("reclock_output_upper_timestamp_seconds", source="gen", output="done") == math.inf
+    assert v("reclock_output_lag_seconds", source="gen", output="value") == 2.0
+    # complete: no lag, no sample
+    assert v("reclock_output_lag_seconds", source="gen", output="done") is None
     assert v("reclock_output_rows_total", source="gen", output="value") == 990
     assert v("reclock_output_errors_total", source="gen", output="value") == 10
     assert v("reclock_output_health", source="gen", output="done", status="finished") == 1
@@ -156,14 +158,19 @@ def test_collector_renders_the_status_document() -> None:
     assert v("reclock_source_partitions", source="topic", frontier="probe") == 2
     assert v("reclock_source_partitions", source="topic", frontier="resume") == 0
     assert v("reclock_source_frontier", source="topic", frontier="probe") is None
-    assert v("reclock_source_remap_upper_ms", source="topic") == math.inf
-    assert v("reclock_output_upper_ms", source="topic", output="value") == 0
+    assert v("reclock_source_remap_upper_timestamp_seconds", source="topic") == math.inf
+    assert v("reclock_output_upper_timestamp_seconds", source="topic", output="value") == 0
     # LSN: the WAL position as a number
     assert v("reclock_source_frontier", source="pg", frontier="probe") == (1 << 32) + 0x10
     assert v("reclock_source_frontier", source="pg", frontier="bound") is None
-    assert v("reclock_status_updated_ms") == 1_700_000_010_000
+    assert v("reclock_status_updated_timestamp_seconds") == 1_700_000_010.0
+    # build and process metrics
+    [(_, build)] = [(k, val) for k, val in ss.items() if k[0] == "reclock_build_info"]
+    assert build == 1
+    assert (v("process_resident_memory_bytes") or 0) > 10_000_000
+    assert v("process_cpu_seconds_total") is not None
     # the documentation of every family is there
-    assert "# HELP reclock_output_lag_ms" in text
+    assert "# HELP reclock_output_lag_seconds" in text
     assert "# TYPE reclock_output_rows_total counter" in text
 
 
@@ -182,10 +189,11 @@ def test_collector_reads_at_scrape_time_on_a_private_registry() -> None:
     from prometheus_client import REGISTRY, generate_latest
 
     assert b"reclock_" not in generate_latest(REGISTRY)
-    # an empty document renders no samples but is valid
-    assert samples(render(make_registry(lambda: {"sources": []})).decode()) == {}
+    # an empty document renders only the build and process samples, and is valid
+    assert {k[0] for k in samples(render(make_registry(lambda: {"sources": []})).decode())
+            if not k[0].startswith("process_")} == {"reclock_build_info"}
     assert [f.name for f in families({"sources": [], "dropped": ["x"]})
-            if f.samples] == ["reclock_source_health"]
+            if f.samples] == ["reclock_build_info", "reclock_source_health"]
 
 
 def test_frontier_numbers() -> None:
@@ -324,7 +332,7 @@ def test_healthz_follows_the_loop_and_readyz_the_sources() -> None:
         code, _ctype, body = get(server.url + "/readyz")
         assert code == 503 and json.loads(body)["problems"] == [
             "output gen.value lags 7.5 s (more than 5 s)"]
-        doc["sources"][0]["outputs"][0].update(upper=0, lag_ms=None)  # never committed
+        doc["sources"][0]["outputs"][0].update(upper=0, lag_ms=900)  # never committed
         assert json.loads(get(server.url + "/readyz")[2])["problems"] == [
             "output gen.value has committed nothing yet"]
         time.sleep(1.2)  # the loop stops recording: no longer live
@@ -460,7 +468,7 @@ def test_metrics_match_reclock_status_json(live: Live) -> None:
     assert v("reclock_source_info", kind=s["kind"]) == 1
     assert v("reclock_source_records_total") == s["records"] == 2000
     assert v("reclock_source_bindings") == s["bindings"] > 0
-    assert v("reclock_source_remap_upper_ms") == upper_metric(s["remap_upper"])
+    assert v("reclock_source_remap_upper_timestamp_seconds") == upper_metric(s["remap_upper"])
     assert v("reclock_source_frontier", frontier="bound") == frontier_value(
         s["kind"], s["from_upper"]) == math.inf  # finished: the empty frontier
     assert v("reclock_source_frontier", frontier="probe") == frontier_value(s["kind"], s["probe"])
@@ -472,13 +480,12 @@ def test_metrics_match_reclock_status_json(live: Live) -> None:
     assert v("reclock_source_job_seconds_total") == s["job_seconds"]
     [o] = s["outputs"]
     ov = lambda name, **kw: v(name, output=o["output"], **kw)  # noqa: E731
-    assert ov("reclock_output_upper_ms") == upper_metric(o["sink_upper"]) == math.inf
-    assert ov("reclock_output_lag_ms") == o["lag_ms"]
+    assert ov("reclock_output_upper_timestamp_seconds") == upper_metric(o["sink_upper"]) == \
+        math.inf
+    assert ov("reclock_output_lag_seconds") is None and o["lag_ms"] is None  # complete
     assert ov("reclock_output_rows_total") == o["rows"] == 1980
     assert ov("reclock_output_errors_total") == o["errors"] == 20
     assert ov("reclock_output_health", status=o["health"]["status"]) == 1
-    # the records rate is a rate over wall time: present in both, not compared exactly
-    assert v("reclock_source_records_per_second") is not None and "records_per_s" in s
     # `live` keeps moving: the same series exist, counters only grow
     s = by["live"]
     lv = lambda name, **kw: value(ss, name, source="live", **kw)  # noqa: E731
@@ -487,7 +494,8 @@ def test_metrics_match_reclock_status_json(live: Live) -> None:
     assert (lv("reclock_source_records_total") or 0) > 0 and s["records"] > 0
     for f in ("probe", "bound", "read_from", "resume"):
         assert lv("reclock_source_frontier", frontier=f) is not None
-    assert lv("reclock_output_upper_ms", output="value") is not None
+    assert lv("reclock_output_upper_timestamp_seconds", output="value") is not None
+    assert lv("reclock_output_lag_seconds", output="value") is not None
     # the in-process status collector gives `reclock status` the same document
     from reclock.cli import collect_status
 
