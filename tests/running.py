@@ -15,7 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from reclock.pipeline import run
+import pyarrow as pa
+
+from reclock.pipeline import Pipeline, run
 from reclock.runtime.driver import SourceRunner
 
 
@@ -27,6 +29,16 @@ def durable(r: SourceRunner) -> dict[int, int]:
 
     p = r.outputs[0].state.progress
     return {} if p is None else kafka_offsets(Antichain.decode_json("kafka", p))[0]
+
+
+def read_updates(cfg: Any, source: str, output: str) -> pa.Table:
+    """Every update row an output holds (errors too), read through its sink."""
+    pipe = Pipeline(cfg)
+    try:
+        src = pipe.source_config(source)
+        return pipe.sink(src, src.output(output)).read_updates()
+    finally:
+        pipe.close()
 
 
 def counter_source(rate: int, total: int, bad_every: int, sink: str = "file") -> str:

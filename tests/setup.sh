@@ -14,6 +14,8 @@
 #     tests/broker/pom.xml into $RECLOCK_CACHE/kafka-broker (default
 #     ~/.cache/reclock), and the tests start real KRaft brokers from them
 #     (tests/kafkabroker.py).
+#   * promtool (Debian's prometheus package), which checks and unit-tests
+#     the alert rules in examples/monitoring/ (tests/test_monitoring.py).
 #   * A second Spark (PySpark 4.2.0 in $RECLOCK_CACHE/spark-peer) with
 #     delta-spark, which reads reclock's Delta outputs in the interoperability
 #     test (about 450 MB from PyPI and 33 jars from Maven Central, once).
@@ -70,6 +72,14 @@ if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null;
     apt_install chromium
 fi
 say "Chromium: $( (chromium --version || chromium-browser --version) 2>/dev/null | head -n 1)"
+
+# 2b. promtool for the alert rules' tests. The package's own Prometheus
+#     server is not needed: stop it if the package's scripts started one.
+if ! command -v promtool >/dev/null; then
+    apt_install prometheus
+    if command -v service >/dev/null; then service prometheus stop >/dev/null 2>&1 || true; fi
+fi
+say "promtool: $(promtool --version 2>&1 | head -n 1)"
 
 # 3. Java and Maven, then the Kafka broker's jars
 if ! command -v java >/dev/null; then apt_install openjdk-17-jre-headless; fi

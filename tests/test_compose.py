@@ -42,8 +42,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from reclock.cli import build_parser, cmd_run
 from reclock.config import FileSinkConfig, PostgresSinkConfig, load_config
-from reclock.pipeline import Pipeline
-from tests.running import running, wait_for
+from tests.running import read_updates, running, wait_for
 from tests.sources.cdc import flushed_lsn, resumed_past
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,7 +52,8 @@ EXAMPLES = REPO / "examples" / "compose"
 PRODUCER = EXAMPLES / "producer.py"
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 
-SERVICES = {"kafka", "postgres", "spark-master", "spark-worker", "pipeline", "producer"}
+SERVICES = {"kafka", "postgres", "spark-master", "spark-worker", "pipeline", "producer",
+            "prometheus", "grafana"}
 BUILT = {"spark-master", "spark-worker", "pipeline", "producer"}
 #: Where the Dockerfile puts the repository (``WORKDIR`` + ``COPY . .``).
 APP_DIR = PurePosixPath("/app")
@@ -192,8 +192,9 @@ def test_services_and_images(services: dict[str, dict[str, Any]]) -> None:
         assert image, f"{name}: no image"
         repo, _, tag = image.rpartition(":")
         assert repo and "/" not in tag, f"{name}: image {image!r} has no tag"
-        # major.minor.patch; PostgreSQL (since 10) numbers its releases major.minor
-        assert tag != "latest" and re.fullmatch(r"\d+\.\d+(\.\d+)?(-[a-z0-9.]+)?", tag), \
+        # major.minor.patch (Prometheus tags them vX.Y.Z); PostgreSQL (since 10)
+        # numbers its releases major.minor
+        assert tag != "latest" and re.fullmatch(r"v?\d+\.\d+(\.\d+)?(-[a-z0-9.]+)?", tag), \
             f"{name}: image {image!r} is not pinned to an exact version"
         if name in BUILT:
             build = svc.get("build")
@@ -243,13 +244,15 @@ def test_ports_are_unique(services: dict[str, dict[str, Any]]) -> None:
             seen[host] = name
             if len(parts) == 3:
                 assert parts[0] == "127.0.0.1"  # by default, this machine only
-    assert set(seen.values()) == {"kafka", "postgres", "spark-master", "pipeline"}
+    assert set(seen.values()) == {"kafka", "postgres", "spark-master", "pipeline",
+                                  "prometheus", "grafana"}
 
 
 def test_named_volumes(compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
     declared = set(compose.get("volumes") or {})
     used = {src for svc in services.values() for src, _, _ in mounts(svc) if not is_bind(src)}
-    assert used == declared == {"kafka-data", "postgres-data", "pipeline-state"}
+    assert used == declared == {"kafka-data", "postgres-data", "pipeline-state",
+                                "prometheus-data"}
     targets = {name: {t for s, t, _ in mounts(svc) if s == "pipeline-state"}
                for name, svc in services.items()}
     # The state dir is shared by the driver and the executors (file outputs stage there).
@@ -677,12 +680,7 @@ def test_compose_pipeline_end_to_end(services: dict[str, dict[str, Any]], compos
                   "FROM demo_events GROUP BY id")
     assert len(rows) == counts["records"] and all(n == 1 and not e for _, n, e in rows)
     # The Delta output: the orders that exist upstream, each once.
-    pipe = Pipeline(cfg)
-    try:
-        src = pipe.source_config("shop")
-        updates = pipe.sink(src, src.output("orders")).read_updates()
-    finally:
-        pipe.close()
+    updates = read_updates(cfg, "shop", "orders")
     net: dict[int, int] = {}
     for oid, diff in zip(updates.column("id").to_pylist(), updates.column("_diff").to_pylist(),
                          strict=True):

@@ -18,9 +18,8 @@ import pyarrow.compute as pc
 import pytest
 
 from reclock.config import load_config
-from reclock.pipeline import Pipeline
 from reclock.verify import verify_pipeline
-from tests.running import wait_running
+from tests.running import read_updates, wait_running
 
 pytestmark = pytest.mark.integration
 
@@ -72,11 +71,6 @@ def test_a_signal_stops_the_run_cleanly(tmp_path: Path, how: str) -> None:
         err[-3000:]
     cfg = load_config(path)
     assert all(r.ok for r in verify_pipeline(cfg))
-    pipe = Pipeline(cfg)
-    try:
-        src = pipe.source_config("counter")
-        table = pipe.sink(src, src.output("value")).read_updates()
-    finally:
-        pipe.close()
+    table = read_updates(cfg, "counter", "value")
     ns = sorted(table.filter(pc.is_null(table.column("_error"))).column("n").to_pylist())
     assert ns and ns == list(range(len(ns)))  # a prefix of the counter, each value once
