@@ -139,14 +139,14 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
             if lv is not None:
                 entry["bindings"] = lv.get("bindings")
                 entry["remap_upper"] = lv.get("remap_upper")
-                entry["from_upper"] = lv.get("bound")
+                entry["bound"] = lv.get("bound")
                 for k in ("probe", "read_from", "records", "records_per_s", "lag_records",
                           "job_seconds"):
                     entry[k] = lv.get(k)
             else:
                 entry["bindings"] = 0 if b is None else len(b)
                 entry["remap_upper"] = None if b is None else b.upper.as_option()
-                entry["from_upper"] = (None if b is None or not b.bindings
+                entry["bound"] = (None if b is None or not b.bindings
                                        else b.bindings[-1].frontier.encode())
             live_outs = {o["name"]: o for o in (lv or {}).get("outputs") or []}
             outs = []
@@ -155,13 +155,13 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
                 lo = live_outs.get(o.name)
                 if lo is not None:
                     uppers.append(lo.get("upper"))
-                    outs.append({"output": o.name, "sink_upper": lo.get("upper"),
+                    outs.append({"name": o.name, "upper": lo.get("upper"),
                                  "lag_ms": lo.get("lag_ms"), "rows": lo.get("rows"),
                                  "errors": lo.get("errors"), "health": lo.get("health")})
                     continue
                 st = o.sink.state()
                 uppers.append(st.upper)
-                outs.append({"output": o.name, "sink_upper": st.upper,
+                outs.append({"name": o.name, "upper": st.upper,
                              "lag_ms": None if not st.upper else max(0, now - st.upper),
                              "health": None})
             entry["outputs"] = outs
@@ -169,7 +169,7 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
             resume_into = min(finite) if finite else None
             entry["resume_into"] = resume_into
             if lv is not None and lv.get("resume") is not None:
-                entry["resume_upper"] = lv["resume"]
+                entry["resume"] = lv["resume"]
             elif b is not None and b.bindings:
                 from reclock.core.frontier import Antichain
                 from reclock.core.time import IntoTime
@@ -177,11 +177,11 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
                 ri = (Antichain.empty() if resume_into is None
                       else Antichain.from_elem(IntoTime(resume_into)))
                 try:
-                    entry["resume_upper"] = b.source_upper_at(ri).encode()
+                    entry["resume"] = b.source_upper_at(ri).encode()
                 except ReclockError as exc:
-                    entry["resume_upper"] = f"unavailable: {exc}"
+                    entry["resume"] = f"unavailable: {exc}"
             else:
-                entry["resume_upper"] = built.source.initial_frontier().encode()
+                entry["resume"] = built.source.initial_frontier().encode()
             if lv is not None:
                 entry["live"] = lv
             if history:
@@ -216,15 +216,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         err = f" -- {h['error']}" if h.get("error") else ""
         hint = f" (hint: {h['hint']})" if h.get("hint") else ""
         print(f"source {s['source']} [{s['kind']}]: {h['status']}{err}{hint}")
-        print(f"  from upper:   {render_frontier(s['kind'], s['from_upper'])}")
-        print(f"  resume upper: {render_frontier(s['kind'], s['resume_upper'])}"
+        print(f"  from upper:   {render_frontier(s['kind'], s['bound'])}")
+        print(f"  resume upper: {render_frontier(s['kind'], s['resume'])}"
               f"  (IntoTime {fmt_time(s['resume_into'])})")
         print(f"  bindings: {s['bindings']}, remap upper {fmt_time(s['remap_upper'])}")
         for o in s["outputs"]:
-            if not o["sink_upper"] and o["sink_upper"] is not None:
-                print(f"  output {o['output']}: nothing committed yet")
+            if not o["upper"] and o["upper"] is not None:
+                print(f"  output {o['name']}: nothing committed yet")
                 continue
-            print(f"  output {o['output']}: sink upper {fmt_time(o['sink_upper'])}, "
+            print(f"  output {o['name']}: sink upper {fmt_time(o['upper'])}, "
                   f"lag {o['lag_ms'] if o['lag_ms'] is not None else '-'} ms")
         for ev in s.get("history", []):
             print(f"    {fmt_time(ev['ts'])} {ev['kind']} "

@@ -470,22 +470,30 @@ def test_metrics_match_reclock_status_json(live: Live) -> None:
     assert v("reclock_source_bindings") == s["bindings"] > 0
     assert v("reclock_source_remap_upper_timestamp_seconds") == upper_metric(s["remap_upper"])
     assert v("reclock_source_frontier", frontier="bound") == frontier_value(
-        s["kind"], s["from_upper"]) == math.inf  # finished: the empty frontier
+        s["kind"], s["bound"]) == math.inf  # finished: the empty frontier
     assert v("reclock_source_frontier", frontier="probe") == frontier_value(s["kind"], s["probe"])
     assert v("reclock_source_frontier", frontier="read_from") == frontier_value(
         s["kind"], s["read_from"])
     assert v("reclock_source_frontier", frontier="resume") == frontier_value(
-        s["kind"], s["resume_upper"])
+        s["kind"], s["resume"])
     assert v("reclock_source_lag_records") == s["lag_records"]  # None: no sample either
     assert v("reclock_source_job_seconds_total") == s["job_seconds"]
     [o] = s["outputs"]
-    ov = lambda name, **kw: v(name, output=o["output"], **kw)  # noqa: E731
-    assert ov("reclock_output_upper_timestamp_seconds") == upper_metric(o["sink_upper"]) == \
+    ov = lambda name, **kw: v(name, output=o["name"], **kw)  # noqa: E731
+    assert ov("reclock_output_upper_timestamp_seconds") == upper_metric(o["upper"]) == \
         math.inf
     assert ov("reclock_output_lag_seconds") is None and o["lag_ms"] is None  # complete
     assert ov("reclock_output_rows_total") == o["rows"] == 1980
     assert ov("reclock_output_errors_total") == o["errors"] == 20
     assert ov("reclock_output_health", status=o["health"]["status"]) == 1
+    # `reclock status --json` names every field as /status.json does
+    served = {x["source"]: x for x in get_json(live.url + "/status.json")["sources"]}["done"]
+    for key in ("health", "probe", "bound", "read_from", "resume", "remap_upper", "bindings",
+                "records", "lag_records", "job_seconds"):
+        assert s[key] == served[key], key
+    fields = ("name", "upper", "lag_ms", "rows", "errors", "health")
+    assert [{k: x[k] for k in fields} for x in s["outputs"]] == \
+        [{k: x[k] for k in fields} for x in served["outputs"]]
     # `live` keeps moving: the same series exist, counters only grow
     s = by["live"]
     lv = lambda name, **kw: value(ss, name, source="live", **kw)  # noqa: E731
