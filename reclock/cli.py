@@ -6,6 +6,7 @@ landed exactly once.
     reclock bindings FILE SOURCE [--at T] the bindings IntoTime -> frontier (or R(T))
     reclock read FILE OUTPUT... [--as-of T]   consolidated contents as of one IntoTime
     reclock drop FILE SOURCE              stop a source promptly, keep its outputs
+    reclock undrop FILE SOURCE            the next run resumes a dropped source
     reclock verify FILE                   audit every output against the bindings
 
 Exit codes:
@@ -354,6 +355,19 @@ def cmd_drop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_undrop(args: argparse.Namespace) -> int:
+    from reclock.pipeline import Pipeline
+
+    pipe = Pipeline(_load(args.file))
+    try:
+        pipe.undrop(args.source)
+    finally:
+        pipe.close()
+    print(f"source {args.source} undropped: the next run resumes it from its outputs' "
+          "frontier (a running driver does not restart it)")
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from reclock.verify import verify_pipeline
 
@@ -443,6 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("file", help=file_help)
     d.add_argument("source", help="the source's name")
     d.set_defaults(fn=cmd_drop)
+    u = sub.add_parser("undrop", help="bring a dropped source back at the next run")
+    u.add_argument("file", help=file_help)
+    u.add_argument("source", help="the source's name")
+    u.set_defaults(fn=cmd_undrop)
     v = sub.add_parser("verify", help="audit outputs against the bindings")
     v.add_argument("file", help=file_help)
     v.add_argument("--json", action="store_true", help="the reports as JSON")

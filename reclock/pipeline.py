@@ -189,12 +189,40 @@ class Pipeline:
     def release_upstream(self, source: str) -> str | None:
         """After a drop: release what the source holds upstream when it is
         configured to (a Postgres slot with ``drop_slot: true``): the source's
-        optional ``drop()``. Says what was released (None: nothing)."""
+        optional ``drop()``. Says what was released (None: nothing), and
+        records it in the drop marker: such a source cannot be undropped."""
         conn = self._connector(self.source_config(source))
         try:
-            return conn.drop()
+            released = conn.drop()
         finally:
             conn.close()
+        if released:
+            m = self.drop_marker(source)
+            mark = json.loads(m.read_text()) if m.exists() else {}
+            m.write_text(json.dumps({**mark, "released": released}))
+        return released
+
+    def undrop(self, source: str) -> None:
+        """Bring a dropped source back: the next run resumes it from its
+        outputs' resumption frontier. Refused when the drop released what
+        the source held upstream (its slot): resuming would skip the changes
+        made since."""
+        self.source_config(source)  # must exist
+        m = self.drop_marker(source)
+        if not m.exists():
+            raise DefiniteError(f"source {source!r} is not dropped")
+        try:
+            mark = json.loads(m.read_text())
+        except ValueError:
+            mark = {}
+        if mark.get("released"):
+            raise DefiniteError(
+                f"source {source!r} cannot be undropped: its drop released what it held "
+                f"upstream ({mark['released']}), so the changes made since are gone from "
+                "the source",
+                hint="start the source over under a new name (its outputs then snapshot "
+                     "again), or keep it dropped")
+        m.unlink()
 
     def settings(self, src: SourceConfig) -> Settings:
         sp = self.cfg.spark
@@ -345,6 +373,9 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
             built.source, built.outputs, pipe.store, spark if use_spark else None, pipe.clock,
             pipe.settings(src), events,
         ))
+    if dropped and out is not None:
+        out.write(f"reclock: not running dropped source(s) {', '.join(dropped)} "
+                  "(reclock undrop FILE SOURCE brings one back)\n")
     history = History()
     server: StatusServer | None = None
     status_path = pipe.state_dir / "status.json"

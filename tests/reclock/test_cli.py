@@ -52,3 +52,17 @@ def test_commands_on_a_pipeline_that_never_ran(tmp_path: Path) -> None:
     csv = reclock("read", str(path), "a", "b", "--csv")
     assert csv.returncode == 2 and csv.stdout == ""
     assert csv.stderr.startswith("reclock: --csv takes one output"), csv.stderr
+
+
+def test_drop_and_undrop_without_a_driver(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(PIPELINE.format(state=tmp_path / "state"))
+    assert reclock("undrop", str(path), "counter").stderr == \
+        "reclock: source 'counter' is not dropped\n"
+    assert reclock("drop", str(path), "counter").returncode == 0
+    assert "source counter [counter]: dropped" in reclock("status", str(path)).stdout
+    undrop = reclock("undrop", str(path), "counter")
+    assert undrop.returncode == 0, undrop.stderr
+    assert undrop.stdout.startswith("source counter undropped: the next run resumes it")
+    assert "source counter [counter]: not running" in reclock("status", str(path)).stdout
+

@@ -117,4 +117,11 @@ sources:
     runners2: list[SourceRunner] = []
     run(cfg, spark=spark, duration=2, out=None, install_signals=False, on_ready=runners2.extend)
     assert [r.name for r in runners2] == ["light"]
+    # undrop: the next run resumes it from its outputs, which stay consistent
+    pipe.undrop("heavy")
+    runners3: list[SourceRunner] = []
+    run(cfg, spark=spark, duration=3, out=None, install_signals=False, on_ready=runners3.extend)
+    assert sorted(r.name for r in runners3) == ["heavy", "light"]
+    reports = {r.source: r for r in verify_pipeline(cfg)}
+    assert reports["heavy"].ok and reports["light"].ok
     pipe.close()

@@ -263,6 +263,14 @@ def test_slot_dropped_behind_the_back_and_reclock_drop(tmp_path: Path, spark: An
     with psycopg.connect(cdc_url) as c:
         assert c.execute("select count(*) from pg_replication_slots where slot_name = 'victim'"
                          ).fetchone() == (0,)
+    # ... and the source cannot come back: resuming without its slot would skip changes
+    out = subprocess.run([sys.executable, "-m", "reclock", "undrop",
+                          str(tmp_path / "p.yaml"), "db"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("reclock: source 'db' cannot be undropped: its drop released "
+                                 "what it held upstream (replication slot 'victim' dropped"), \
+        out.stderr
 
 
 @pytest.mark.timeout(300)
