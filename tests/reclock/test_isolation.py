@@ -4,6 +4,7 @@ discarded."""
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from pathlib import Path
@@ -115,8 +116,11 @@ sources:
     assert reports["heavy"].ok and reports["heavy"].outputs[0].rows > 0
     # a restart does not start the dropped source
     runners2: list[SourceRunner] = []
-    run(cfg, spark=spark, duration=2, out=None, install_signals=False, on_ready=runners2.extend)
+    said = io.StringIO()
+    run(cfg, spark=spark, duration=2, out=said, install_signals=False, on_ready=runners2.extend)
     assert [r.name for r in runners2] == ["light"]
+    assert "reclock: not running dropped source(s) heavy (reclock undrop FILE SOURCE" in \
+        said.getvalue()
     # undrop: the next run resumes it from its outputs, which stay consistent
     pipe.undrop("heavy")
     runners3: list[SourceRunner] = []
