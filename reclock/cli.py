@@ -182,7 +182,10 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
                 except ReclockError as exc:
                     entry["resume"] = f"unavailable: {exc}"
             else:
-                entry["resume"] = built.source.initial_frontier().encode()
+                try:  # asks upstream (a Kafka source: the topic's partitions)
+                    entry["resume"] = built.source.initial_frontier().encode()
+                except ReclockError as exc:
+                    entry["resume"] = f"unavailable: {exc}"
             if lv is not None:
                 entry["live"] = lv
             if history:
@@ -218,7 +221,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         hint = f" (hint: {h['hint']})" if h.get("hint") else ""
         print(f"source {s['source']} [{s['kind']}]: {h['status']}{err}{hint}")
         print(f"  from upper:   {render_frontier(s['kind'], s['bound'])}")
-        print(f"  resume upper: {render_frontier(s['kind'], s['resume'])}"
+        resume = s["resume"]  # a frontier, or why it is unavailable
+        print(f"  resume upper: "
+              f"{resume if isinstance(resume, str) else render_frontier(s['kind'], resume)}"
               f"  (IntoTime {fmt_time(s['resume_into'])})")
         print(f"  bindings: {s['bindings']}, remap upper {fmt_time(s['remap_upper'])}")
         for o in s["outputs"]:

@@ -66,3 +66,21 @@ def test_drop_and_undrop_without_a_driver(tmp_path: Path) -> None:
     assert undrop.stdout.startswith("source counter undropped: the next run resumes it")
     assert "source counter [counter]: not running" in reclock("status", str(path)).stdout
 
+
+def test_status_of_a_source_whose_broker_is_unreachable(tmp_path: Path) -> None:
+    """``status`` reports each source: one whose upstream cannot be reached
+    says why, instead of failing the whole command."""
+    path = tmp_path / "p.yaml"
+    path.write_text(PIPELINE.format(state=tmp_path / "state") + """
+  - name: stuck
+    kafka: {bootstrap_servers: "127.0.0.1:9", topic: nowhere, timeout: 1s}
+    outputs: [{name: c, sink: file}]
+""")
+    status = reclock("status", str(path))
+    assert status.returncode == 3, status.stderr
+    assert "Traceback" not in status.stderr
+    assert "source stuck [kafka]: not running" in status.stdout
+    assert "  resume upper: unavailable: source 'stuck': metadata of topic 'nowhere'" in \
+        status.stdout, status.stdout
+    assert "source counter [counter]: not running" in status.stdout
+

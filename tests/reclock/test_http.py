@@ -404,6 +404,15 @@ sources:
       - name: value
         format: {type: json, schema: {n: int64, payload: string, even: bool}}
         sink: file
+  - name: shop  # two outputs that share their upper: two distinguishable lines
+    generator: {kind: orders, rate: 200}
+    outputs:
+      - {name: customers, sink: file}
+      - {name: orders, sink: file}
+  - name: stuck  # no broker there: stalled from the start, never binds anything
+    kafka: {bootstrap_servers: "127.0.0.1:9", topic: nowhere, timeout: 1s}
+    outputs:
+      - {name: value, sink: file}
 """
 
 
@@ -443,8 +452,9 @@ def live(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]
                     # `reclock status` reads the file, written once a second
                     and on_disk.get("done", {}).get("health", {}).get("status") == "finished"
                     and st["live"]["records"] > 0
+                    and st["stuck"]["health"]["status"] == "stalled"
                     and all(len(hist.get(n, {}).get("points", [])) >= 3
-                            for n in ("done", "live")))
+                            for n in ("done", "live", "shop")))
 
         wait_for(ready, timeout=180, what="source done to finish and history to fill")
         yield Live(path, url)
@@ -456,7 +466,7 @@ def test_metrics_match_reclock_status_json(live: Live) -> None:
     ss = samples(body.decode())
     proc = subprocess.run([sys.executable, "-m", "reclock", "status", str(live.path), "--json"],
                           capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # `stuck` is stalled
     st = json.loads(proc.stdout)
     assert st["driver_running"] and st["http"] == live.url
     by = {s["source"]: s for s in st["sources"]}
@@ -517,7 +527,7 @@ def test_status_json_route(live: Live) -> None:
     on_disk = json.loads((live.path.parent / "state" / "status.json").read_text())
     assert set(doc) == set(on_disk) == {"pid", "updated_ms", "http", "sources", "dropped"}
     assert doc["http"] == live.url and doc["pid"] == os.getpid()
-    assert [s["source"] for s in doc["sources"]] == ["done", "live"]
+    assert [s["source"] for s in doc["sources"]] == ["done", "live", "shop", "stuck"]
     done = doc["sources"][0]
     assert done == next(s for s in on_disk["sources"] if s["source"] == "done") | {
         "records_per_s": done["records_per_s"]}  # final, except the decaying rate
@@ -525,8 +535,9 @@ def test_status_json_route(live: Live) -> None:
 
 def test_history_route(live: Live) -> None:
     h = get_json(live.url + "/history.json")["sources"]
-    assert set(h) == {"done", "live"}
-    for name, series in h.items():
+    assert set(h) == {"done", "live", "shop", "stuck"}
+    for name in ("done", "live"):
+        series = h[name]
         pts = series["points"]
         assert series["kind"] == "counter"
         ts = [p["t"] for p in pts]
@@ -652,6 +663,18 @@ def test_status_page_in_chromium(live: Live, tmp_path: Path) -> None:
     # the sink uppers chart and the tables
     uppers = re.search(r'<svg id="uppers".*?</svg>', dom, re.S)
     assert uppers and 'data-output="live.value"' in uppers.group(0)
+    # one source's two outputs share their upper, yet their lines differ
+    lines = {o: re.search(rf'<path [^>]*d="([^"]*)"[^>]*data-output="shop.{o}"',
+                          uppers.group(0)) for o in ("customers", "orders")}
+    assert all(lines.values()), uppers.group(0)[:2000]
+    assert lines["customers"].group(1) != lines["orders"].group(1)  # type: ignore[union-attr]
+    assert "the outputs of one source are drawn 3 px apart" in uppers.group(0)
+    # a source stalled from the start has no data yet: it is not "complete"
+    stuck = re.search(r'<g class="panel" data-source="stuck">(.*?)</g>', chart, re.S)
+    assert stuck and "no data yet" in stuck.group(1) and "complete" not in stuck.group(1)
+    # every column explains itself
+    heads = re.findall(r"<th[ >][^>]*>", dom)
+    assert len(heads) == 24 and all("title=" in h for h in heads), heads
     assert "finished" in dom and "running" in dom
     assert re.search(r"<td[^>]*>done</td><td[^>]*>value</td>", dom)
     box = json.loads(re.search(r"data-box=\"([^\"]+)\"", chart).group(1)  # type: ignore[union-attr]
