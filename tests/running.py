@@ -36,7 +36,11 @@ def read_updates(cfg: Any, source: str, output: str) -> pa.Table:
     pipe = Pipeline(cfg)
     try:
         src = pipe.source_config(source)
-        return pipe.sink(src, src.output(output)).read_updates()
+        sink = pipe.sink(src, src.output(output))
+        try:
+            return sink.read_updates()
+        finally:
+            sink.close()
     finally:
         pipe.close()
 

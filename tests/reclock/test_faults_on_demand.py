@@ -22,8 +22,8 @@ import pytest
 
 from reclock import faults
 from reclock.config import load_config
-from reclock.pipeline import Pipeline
 from reclock.verify import verify_pipeline
+from tests.running import read_updates
 
 TOTAL = 4000
 
@@ -69,10 +69,7 @@ sources:
     assert rc == 0, text[-3000:]
     assert text.count("injected failure at 'commit'") >= 1, text[-3000:]
     cfg = load_config(path)
-    pipe = Pipeline(cfg)
-    src = pipe.source_config("counter")
-    sink = pipe.sink(src, src.output("value"))
-    table = sink.read_updates()
+    table = read_updates(cfg, "counter", "value")
     good = table.filter(pc.is_null(table.column("_error"))).column("n").to_pylist()
     refused = [json.loads(r["_raw_value"])["n"] for r in table.filter(
         pc.invert(pc.is_null(table.column("_error")))).to_pylist()

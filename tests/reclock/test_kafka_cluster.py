@@ -27,7 +27,7 @@ from confluent_kafka import Producer
 from reclock.config import load_config
 from reclock.verify import verify_pipeline
 from tests.kafkabroker import read_committed
-from tests.running import running, wait_for
+from tests.running import durable, running, wait_for
 from tests.tally import count
 
 RELAY = """
@@ -85,11 +85,7 @@ def audit(ids: list[int], n: int) -> tuple[int, int, int]:
 
 def held(r: Any) -> int:
     """Records the output holds, by its durable progress (offsets summed)."""
-    from reclock.core.frontier import Antichain
-    from reclock.core.time import kafka_offsets
-
-    p = r.outputs[0].state.progress
-    return 0 if p is None else sum(kafka_offsets(Antichain.decode_json("kafka", p))[0].values())
+    return sum(durable(r).values())
 
 
 @pytest.mark.timeout(600)

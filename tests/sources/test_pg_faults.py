@@ -16,9 +16,9 @@ import pytest
 from reclock.config import load_config
 from reclock.verify import verify_pipeline
 from sinks.consolidate import consolidate
-from tests.running import running, wait_for
+from tests.running import read_updates, running, wait_for
 from tests.sources.cdc import Writer, create_schema, flushed_lsn, resumed_past, source_rows
-from tests.sources.test_pg_source import _rows, _updates
+from tests.sources.test_pg_source import _rows
 from tests.tally import count
 
 
@@ -126,7 +126,7 @@ def test_toasted_values_an_update_did_not_send(tmp_path: Path, spark: Any, cdc_u
         wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 60, "the updates")
         assert runners[0].health.status == "running", runners[0].health
     for output in ("docs", "docs_full"):
-        got = consolidate(_updates(cfg, "db", output), None, ["id", "flag", "body", "note"])
+        got = consolidate(read_updates(cfg, "db", output), None, ["id", "flag", "body", "note"])
         rows = {(r["id"], r["flag"], len(r["body"]), len(r["note"]) if r["note"] else None)
                 for r in got.to_pylist()}
         assert rows == {(2, 2, 50_000, 5), (3, 3, 50_000, 40_000)}, (output, rows)
@@ -186,7 +186,7 @@ def test_truncate_retracts_a_keyed_table_and_names_a_diff_log(tmp_path: Path, sp
             c.execute("truncate kept")
             c.execute("insert into kept values (1, 'last')")
         wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 60, "the second truncate")
-    log = _updates(log_cfg, "db", "kept")
+    log = read_updates(log_cfg, "db", "kept")
     assert [(r["id"], r["v"], r["_count"]) for r in consolidate(log, None, ["id", "v"])
             .to_pylist()] == [(1, "last", 1)]
     retracted = [r["id"] for r in log.to_pylist() if r["_diff"] == -1]
@@ -202,7 +202,7 @@ def test_truncate_retracts_a_keyed_table_and_names_a_diff_log(tmp_path: Path, sp
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute("truncate logged")
         _stalled_with(runners, '"public"."logged"', "truncated", "primary key", "publish")
-    assert _updates(full_cfg, "db", "logged").num_rows == 10  # what was accepted stays
+    assert read_updates(full_cfg, "db", "logged").num_rows == 10  # what was accepted stays
 
 
 def test_schema_changes_evolve_the_output_or_name_the_column(tmp_path: Path, spark: Any,
@@ -228,7 +228,7 @@ def test_schema_changes_evolve_the_output_or_name_the_column(tmp_path: Path, spa
         h = _stalled_with(runners, '"public"."evo"', "'c'", "changed type")
         assert h.definite
     rows = sorted((r["id"], r["a"], r["b"], r["c"], r["d"])
-                  for r in _updates(cfg, "db", "evo").to_pylist())
+                  for r in read_updates(cfg, "db", "evo").to_pylist())
     assert rows == [(1, 1, "one", 1, None), (2, 2, "two", 2, None),
                     (3, 3, "three", 3, "dee"), (4, 4, None, 4, "four")]
 
@@ -324,8 +324,8 @@ sources:
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute("insert into b values (2, 'y')")
         wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 60, "the stream")
-    assert [r["v"] for r in _updates(cfg, "db", "a").to_pylist()] == ["x"]
-    assert [r["v"] for r in _updates(cfg, "db", "b").to_pylist()] == ["y"]
+    assert [r["v"] for r in read_updates(cfg, "db", "a").to_pylist()] == ["x"]
+    assert [r["v"] for r in read_updates(cfg, "db", "b").to_pylist()] == ["y"]
 
 
 def test_hostile_table_names_feed_the_outputs_they_are_given(tmp_path: Path, spark: Any,
@@ -368,7 +368,7 @@ sources:
         assert runners[0].health.status == "running", runners[0].health
     for output, (s, t) in {"items": (odd_schema, odd_table), "shop_orders": (odd_schema, "orders"),
                            "orders": ("public", "orders")}.items():
-        got = [(r["v"], r["_diff"]) for r in _updates(cfg, "db", output).to_pylist()]
+        got = [(r["v"], r["_diff"]) for r in read_updates(cfg, "db", output).to_pylist()]
         assert sorted(got) == sorted([(f"{s}/{t} before", 1), (f"{s}/{t} before", -1),
                                       (f"{s}/{t} after", 1)]), (output, got)
     # Publications whose tables cannot name outputs by themselves: named, with the fix.
@@ -395,12 +395,7 @@ sources:
 
 
 def _ids(cfg: Any, output: str = "t") -> list[int]:
-    from reclock.pipeline import Pipeline
-
-    pipe = Pipeline(cfg)
-    src = pipe.source_config("db")
-    t = pipe.sink(src, src.output(output)).read_updates()
-    pipe.close()
+    t = read_updates(cfg, "db", output)
     import pyarrow.compute as pc
 
     rows = consolidate(t.filter(pc.is_null(t.column("_error"))), None, ["id"])

@@ -16,9 +16,8 @@ import pyarrow as pa
 
 from reclock.config import load_config
 from reclock.core.time import Lsn
-from reclock.pipeline import Pipeline
 from reclock.verify import verify_pipeline
-from tests.running import running, wait_for
+from tests.running import read_updates, running, wait_for
 from tests.sources.cdc import (
     ALL_TYPES,
     ROW,
@@ -57,16 +56,6 @@ def _norm(v: Any) -> Any:
 
 def _rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return sorted((tuple(_norm(v) for v in r) for r in rows), key=repr)
-
-
-def _updates(cfg: Any, source: str, output: str) -> pa.Table:
-    pipe = Pipeline(cfg)
-    src = pipe.source_config(source)
-    sink = pipe.sink(src, src.output(output))
-    try:
-        return sink.read_updates()
-    finally:
-        sink.close()
 
 
 def _slot(url: str) -> tuple[int, int, int]:
@@ -114,7 +103,7 @@ def test_snapshot_under_concurrent_writes_keeps_transactions_whole(
     assert _rows(source_rows(cdc_url, "select id, owner, bal, note from acct")) == \
         _rows(source_rows(cdc_url, "select id, owner, bal, note from acct_replica"))
     # the diff log (FULL identity) consolidates to the source table
-    updates = _updates(cfg, "bank", "ledger")
+    updates = read_updates(cfg, "bank", "ledger")
     assert _rows(output_rows(updates, LEDGER_COLS)) == \
         _rows(source_rows(cdc_url, f"select {', '.join(LEDGER_COLS)} from ledger"))
     # every transaction's rows first appear at one IntoTime
@@ -175,7 +164,7 @@ sources:
             c.execute(TRICKY % 14)
         target = flushed_lsn(cdc_url)
         wait_for(resumed_past(runners, target), 60, "the stream")
-    updates = _updates(cfg, "bank", "kinds")
+    updates = read_updates(cfg, "bank", "kinds")
     schema = updates.schema
     expect = {
         "b": pa.bool_(), "i2": pa.int16(), "i4": pa.int32(), "i8": pa.int64(),
