@@ -43,6 +43,15 @@ def scrub(text: str, secrets: Sequence[str] = ()) -> str:
     return text
 
 
+#: What a DSN that does not parse should look like.
+_DSN_FORMS = "postgresql://user@host:port/dbname or 'host=... dbname=...'"
+
+
+def _unparsed(exc: psycopg.Error) -> str:
+    """Why a DSN did not parse. The parser quotes pieces of the DSN: scrubbed."""
+    return f"invalid PostgreSQL DSN: {scrub(str(exc).strip())}"
+
+
 def checked_dsn(dsn: str) -> str:
     """A configuration validator: ``dsn`` parses as a PostgreSQL connection
     string, else a ``ValueError`` whose message quotes no password (the
@@ -50,8 +59,7 @@ def checked_dsn(dsn: str) -> str:
     try:
         conninfo_to_dict(dsn)
     except psycopg.Error as exc:
-        raise ValueError(f"invalid PostgreSQL DSN: {scrub(str(exc).strip())}; use "
-                         "postgresql://user@host:port/dbname or 'host=... dbname=...'") from None
+        raise ValueError(f"{_unparsed(exc)}; use {_DSN_FORMS}") from None
     return dsn
 
 
@@ -61,11 +69,8 @@ def parse_dsn(dsn: str, owner: str, error: type[DefiniteError] = DefiniteError
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.Error as exc:
-        # The parser quotes pieces of the DSN: scrub, and do not chain.
-        raise error(
-            f"{owner}: invalid PostgreSQL DSN: {scrub(str(exc).strip())}",
-            hint="use postgresql://user@host:port/dbname or 'host=... dbname=...'",
-        ) from None
+        # not chained: the parser's exception quotes the DSN
+        raise error(f"{owner}: {_unparsed(exc)}", hint=f"use {_DSN_FORMS}") from None
     secrets = []
     for k in ("password", "sslpassword"):
         v = params.get(k)
