@@ -197,10 +197,21 @@ class Pipeline:
         finally:
             conn.close()
         if released:
-            m = self.drop_marker(source)
-            mark = json.loads(m.read_text()) if m.exists() else {}
-            m.write_text(json.dumps({**mark, "released": released}))
+            mark = self._drop_mark(source) or {}
+            self.drop_marker(source).write_text(json.dumps({**mark, "released": released}))
         return released
+
+    def _drop_mark(self, source: str) -> dict[str, Any] | None:
+        """What the drop marker records (``None``: the source is not dropped;
+        an unreadable marker records nothing)."""
+        m = self.drop_marker(source)
+        if not m.exists():
+            return None
+        try:
+            mark = json.loads(m.read_text())
+        except ValueError:
+            return {}
+        return mark if isinstance(mark, dict) else {}
 
     def undrop(self, source: str) -> None:
         """Bring a dropped source back: the next run resumes it from its
@@ -208,13 +219,9 @@ class Pipeline:
         the source held upstream (its slot): resuming would skip the changes
         made since."""
         self.source_config(source)  # must exist
-        m = self.drop_marker(source)
-        if not m.exists():
+        mark = self._drop_mark(source)
+        if mark is None:
             raise DefiniteError(f"source {source!r} is not dropped")
-        try:
-            mark = json.loads(m.read_text())
-        except ValueError:
-            mark = {}
         if mark.get("released"):
             raise DefiniteError(
                 f"source {source!r} cannot be undropped: its drop released what it held "
@@ -222,7 +229,7 @@ class Pipeline:
                 "the source",
                 hint="start the source over under a new name (its outputs then snapshot "
                      "again), or keep it dropped")
-        m.unlink()
+        self.drop_marker(source).unlink()
 
     def settings(self, src: SourceConfig) -> Settings:
         sp = self.cfg.spark
