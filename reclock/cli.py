@@ -148,7 +148,7 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
                 entry["bindings"] = 0 if b is None else len(b)
                 entry["remap_upper"] = None if b is None else b.upper.as_option()
                 entry["bound"] = (None if b is None or not b.bindings
-                                       else b.bindings[-1].frontier.encode())
+                                  else b.bindings[-1].frontier.encode())
             live_outs = {o["name"]: o for o in (lv or {}).get("outputs") or []}
             outs = []
             uppers = []
