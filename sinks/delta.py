@@ -1,10 +1,11 @@
-"""Delta Lake persist sink: one output is one Delta table on the local filesystem.
+"""Delta Lake persist sink: one output is one Delta table, in a local directory
+or under an S3 prefix (``s3://bucket/prefix``, see :mod:`sinks._store`).
 
 Layout of an output at ``path``::
 
     path/
       _delta_log/00000000000000000007.json     the Delta log (written by delta-rs)
-      _reclock.lock                            flock held across check + commit
+      _reclock.lock                            flock held across check + commit (local)
       part-{batch}-{part:05d}-{n:03d}.parquet  data files (staged, then committed)
 
 The commit path (numbering of :mod:`sinks.base`)::
@@ -47,6 +48,15 @@ that an ``flock`` on ``_reclock.lock`` serializes committers and
 file that a commit is about to reference. ``flock`` is local only (unreliable
 on NFS); it is not what makes the fence correct.
 
+On S3 the put-if-absent is S3's conditional write (``If-None-Match: *``),
+which delta-rs 1.x uses for every log entry: two committers of one version
+cannot both succeed, with no locking provider. There is no ``flock`` there;
+:meth:`DeltaSink.vacuum_orphans` relies on its grace period alone (a staged
+file younger than it is never deleted). A commit whose request reached S3 but
+whose answer was lost is ambiguous only until the next state read: a retry
+finds the log entry there and is fenced, and the driver re-reads the state
+it itself committed.
+
 Types. Delta has no time of day, duration, unsigned or half-float types:
 such columns are stored as :func:`storage_type` says (times and durations as
 int64 microseconds) and read back in the stored type.
@@ -68,7 +78,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar, Literal
+from typing import Annotated, Any, BinaryIO, ClassVar, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -82,17 +92,20 @@ from deltalake.transaction import (
     RemoveAction,
     Transaction,
 )
+from pydantic import AfterValidator, BeforeValidator, SecretStr
+from pydantic_core import InitErrorDetails
 
-from reclock.config.base import SinkConfigBase
+from reclock.config.base import SinkConfigBase, _Model, _problem
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
+from reclock.core.errors import ReclockError
 from sinks._fs import (
-    atomic_write,
     check_descriptor,
     check_stage_args,
     exclusive_lock,
     sink_os_error,
 )
+from sinks._store import Location, S3Access, split_uri, store_error
 from sinks.base import (
     SinkContext,
     SinkError,
@@ -147,7 +160,7 @@ class DeltaStager:
     """
 
     name: str
-    root: str
+    location: Location
     schema: pa.Schema
     rows_per_file: int = ROWS_PER_FILE
 
@@ -191,16 +204,12 @@ class DeltaStager:
                 f"{nfiles} files (at most {_MAX_FILES_PER_PART})",
                 hint="stage smaller parts",
             )
-        root = Path(self.root)
         staged = []
         for n in range(nfiles):
             chunk = data.slice(n * self.rows_per_file, self.rows_per_file)
-            target = root / f"part-{batch_id}-{part:05d}-{n:03d}.parquet"
-            try:
-                size = atomic_write(target, partial(_write_parquet, chunk))
-            except OSError as exc:
-                raise sink_os_error(self.name, target, exc) from exc
-            staged.append({"path": target.name, "size": size, "rows": chunk.num_rows,
+            target = f"part-{batch_id}-{part:05d}-{n:03d}.parquet"
+            size = self.location.write(target, partial(_write_parquet, chunk))
+            staged.append({"path": target, "size": size, "rows": chunk.num_rows,
                            "errors": chunk.num_rows - chunk.column(ERROR).null_count,
                            "stats": stats(chunk)})
         return staged
@@ -263,7 +272,9 @@ def stats(table: pa.Table) -> str:
 
 
 class DeltaSink:
-    """A :class:`~sinks.base.PersistSink` backed by a Delta table at ``path``.
+    """A :class:`~sinks.base.PersistSink` backed by a Delta table at ``path``
+    (a local directory or ``s3://bucket/prefix``; ``storage`` says how to
+    reach S3, by default from the ``AWS_*`` environment variables).
 
     ``lock=False`` drops the local ``flock`` and relies on delta-rs's conflict
     detection alone (the tests use it to show that the fence holds without
@@ -279,12 +290,14 @@ class DeltaSink:
         name: str,
         path: str | Path,
         *,
+        storage: S3Access | None = None,
         lock: bool = True,
         rows_per_file: int = ROWS_PER_FILE,
         clock: Clock | None = None,
     ) -> None:
         self.name = name
-        self.path = Path(path).absolute()
+        self.location = Location.of(name, path, storage)
+        self.uri = self.location.uri
         self.app_id = f"reclock:{name}"
         self._lock = lock
         self._rows_per_file = rows_per_file
@@ -293,7 +306,14 @@ class DeltaSink:
         self._fresh: DeltaTable | None = None  # snapshot loaded by ensure(), used once
 
     def __repr__(self) -> str:
-        return f"DeltaSink({self.name!r}, {str(self.path)!r})"
+        return f"DeltaSink({self.name!r}, {self.uri!r})"
+
+    @property
+    def path(self) -> Path:
+        """The table's local directory (a ValueError for a table on S3)."""
+        if not self.location.local:
+            raise ValueError(f"output {self.name!r} is not on the local filesystem: {self.uri}")
+        return Path(self.location.root)
 
     # -- schema ----------------------------------------------------------------------------
     def ensure(self, user_schema: pa.Schema) -> None:
@@ -304,21 +324,19 @@ class DeltaSink:
         the columns."""
         want = Schema.from_arrow(output_schema(pa.schema(
             [f.with_type(storage_type(f.type)) for f in user_schema])))
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise sink_os_error(self.name, self.path, exc, "create") from exc
+        self.location.makedirs()
         with self._locked():
             try:
                 try:
-                    dt = DeltaTable(str(self.path))
+                    dt = self._open()
                 except TableNotFoundError:
-                    dt = DeltaTable.create(str(self.path), want, mode="error")
+                    dt = DeltaTable.create(self.uri, want, mode="error",
+                                           storage_options=self.location.storage_options())
                 else:
                     missing, clashes = _compare(dt.schema(), want)
                     if clashes:
                         raise SinkError(
-                            f"output {self.name!r} at {self.path}: the stored schema differs: "
+                            f"output {self.name!r} at {self.uri}: the stored schema differs: "
                             + "; ".join(clashes),
                             hint="write to a new path, or migrate the table",
                         )
@@ -329,9 +347,9 @@ class DeltaSink:
                         dt = self._load()
                 dt = self._list_legacy_features(dt)
             except OSError as exc:
-                raise sink_os_error(self.name, self.path, exc, "create") from exc
+                raise self._os_error(exc, "create") from exc
             except DeltaError as exc:
-                raise _delta_error(self.name, self.path, exc, "create") from exc
+                raise _delta_error(self.name, self.location, exc, "create") from exc
             self._schema = pa.schema(dt.schema().to_arrow())
             # The first state() after ensure() (the driver's open) reuses this
             # snapshot instead of loading the log again.
@@ -358,7 +376,7 @@ class DeltaSink:
     def stager(self) -> DeltaStager:
         if self._schema is None:
             self._schema = pa.schema(self._load().schema().to_arrow())
-        return DeltaStager(self.name, str(self.path), self._schema, self._rows_per_file)
+        return DeltaStager(self.name, self.location, self._schema, self._rows_per_file)
 
     # -- state -----------------------------------------------------------------------------
     def state(self) -> SinkState:
@@ -368,7 +386,7 @@ class DeltaSink:
             dt.update_incremental()  # only the log entries since ensure()
         else:
             try:
-                dt = DeltaTable(str(self.path))
+                dt = self._open()
             except TableNotFoundError:
                 return SinkState()
         return self._state_of(dt)
@@ -387,11 +405,9 @@ class DeltaSink:
         that commit's log entry was cleaned up, or the log disagrees with
         itself, this is a :class:`SinkError` (an upper without its progress
         would make the driver write records again)."""
-        logdir = self.path / "_delta_log"
         for v in range(version, -1, -1):
-            try:
-                text = (logdir / f"{v:020d}.json").read_text(encoding="utf-8")
-            except FileNotFoundError:
+            text = self.location.read_text(f"_delta_log/{v:020d}.json")
+            if text is None:
                 raise SinkError(
                     f"output {self.name!r}: the Delta log no longer holds the commit that "
                     f"carries this output's progress (entries up to v{v} were cleaned up, "
@@ -451,7 +467,7 @@ class DeltaSink:
                 actual = self._state_of(dt)
                 if actual != expected:
                     raise SinkFenced(
-                        f"output {self.name!r} at {self.path}: durable state is {actual}, "
+                        f"output {self.name!r} at {self.uri}: durable state is {actual}, "
                         f"expected {expected}; nothing was written",
                         hint="another pipeline committed this output; re-read its state",
                     )
@@ -465,32 +481,28 @@ class DeltaSink:
                     last = exc  # someone committed after v: re-check from a new snapshot
                     continue
                 except OSError as exc:
-                    raise sink_os_error(self.name, self.path, exc, "commit to") from exc
+                    raise self._os_error(exc, "commit to") from exc
                 except DeltaError as exc:
-                    raise _delta_error(self.name, self.path, exc, "commit to") from exc
+                    raise _delta_error(self.name, self.location, exc, "commit to") from exc
                 break
             else:
                 raise SinkFenced(
-                    f"output {self.name!r} at {self.path}: {COMMIT_ATTEMPTS} commit attempts "
+                    f"output {self.name!r} at {self.uri}: {COMMIT_ATTEMPTS} commit attempts "
                     f"lost to concurrent commits (last: {last})",
                     hint="another writer is busy on this table; retry",
                 )
         self._housekeep(dt)
 
     def _add_action(self, d: dict[str, Any]) -> AddAction:
-        path = self.path / d["path"]
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            st = None
-        if st is None or st.st_size != d["size"]:
+        st = self.location.stat(d["path"])
+        if st is None or st[0] != d["size"]:
             raise SinkError(
-                f"output {self.name!r}: staged file {path} is "
-                + ("gone" if st is None else f"{st.st_size} bytes, staged as {d['size']}"),
+                f"output {self.name!r}: staged file {self.location.child(d['path'])} is "
+                + ("gone" if st is None else f"{st[0]} bytes, staged as {d['size']}"),
                 hint="restage the batch (was vacuum_orphans' grace period shorter than "
                 "the time from stage to commit, or was the batch id reused?)",
             )
-        return AddAction(d["path"], d["size"], {}, st.st_mtime_ns // 1_000_000, True, d["stats"])
+        return AddAction(d["path"], d["size"], {}, st[1], True, d["stats"])
 
     def _housekeep(self, dt: DeltaTable) -> None:
         try:
@@ -509,9 +521,9 @@ class DeltaSink:
 
     def _last_checkpoint(self) -> int:
         try:
-            doc = json.loads((self.path / "_delta_log" / "_last_checkpoint").read_text())
+            doc = json.loads(self.location.read_text("_delta_log/_last_checkpoint") or "{}")
             return int(doc["version"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ReclockError, ValueError, KeyError, TypeError):
             return 0
 
     # -- reading ---------------------------------------------------------------------------
@@ -522,7 +534,7 @@ class DeltaSink:
         never seen. An output never created reads as an empty table of
         reclock's own columns (its user columns are not known yet).
         """
-        if not DeltaTable.is_deltatable(str(self.path)):
+        if not self._exists():
             return pa.schema(META_FIELDS).empty_table()
         dataset = self._load().to_pyarrow_dataset()
         if as_of is None:
@@ -541,24 +553,19 @@ class DeltaSink:
         writes commits of its own. Under the commit lock, a file cannot be
         deleted between a commit's existence check and its Delta commit.
         """
-        if not DeltaTable.is_deltatable(str(self.path)):
+        if not self._exists():
             return []
         removed = []
         with self._locked():
             referenced = set(self._referenced(self._load()))
             now = self._clock.now() / 1000.0
-            try:
-                for entry in os.scandir(self.path):
-                    if not (_STAGED.fullmatch(entry.name) or _STAGED_TMP.fullmatch(entry.name)):
-                        continue
-                    if entry.name in referenced or not entry.is_file(follow_symlinks=False):
-                        continue
-                    if now - entry.stat(follow_symlinks=False).st_mtime < grace_seconds:
-                        continue  # may belong to a job still running
-                    os.unlink(entry.path)
-                    removed.append(entry.name)
-            except OSError as exc:
-                raise sink_os_error(self.name, self.path, exc, "vacuum") from exc
+            for name, _size, mtime in self.location.files():
+                if not (_STAGED.fullmatch(name) or _STAGED_TMP.fullmatch(name)):
+                    continue
+                if name in referenced or now - mtime < grace_seconds:
+                    continue  # committed, or may belong to a job still running
+                self.location.delete(name)
+                removed.append(name)
         if removed:
             log.info("output %r: removed %d orphan files", self.name, len(removed))
         return sorted(removed)
@@ -572,16 +579,38 @@ class DeltaSink:
         """Nothing to release: every call opens what it needs."""
 
     # -- helpers ---------------------------------------------------------------------------
+    def _open(self) -> DeltaTable:
+        """The newest snapshot (TableNotFoundError if there is no table)."""
+        try:
+            return DeltaTable(self.uri, storage_options=self.location.storage_options())
+        except TableNotFoundError:
+            raise
+        except OSError as exc:
+            raise self._os_error(exc, "open") from exc
+        except DeltaError as exc:
+            raise _delta_error(self.name, self.location, exc, "open") from exc
+
+    def _exists(self) -> bool:
+        try:
+            return DeltaTable.is_deltatable(self.uri, self.location.storage_options())
+        except (OSError, DeltaError) as exc:
+            raise store_error(self.name, self.uri, exc, "open") from exc
+
     def _load(self) -> DeltaTable:
         try:
-            return DeltaTable(str(self.path))
+            return self._open()
         except TableNotFoundError as exc:
             raise SinkError(
-                f"output {self.name!r}: no Delta table at {self.path}", hint="call ensure() first"
+                f"output {self.name!r}: no Delta table at {self.uri}", hint="call ensure() first"
             ) from exc
 
+    def _os_error(self, exc: OSError, doing: str) -> ReclockError:
+        if self.location.local:
+            return sink_os_error(self.name, self.uri, exc, doing)
+        return store_error(self.name, self.uri, exc, doing)
+
     def _locked(self) -> AbstractContextManager[None]:
-        if not self._lock:
+        if not self._lock or not self.location.local:
             return nullcontext()
         return exclusive_lock(self.path / LOCK_NAME, output=self.name)
 
@@ -691,7 +720,11 @@ def _compare(have: Schema, want: Schema) -> tuple[list[Field], list[str]]:
     return missing, clashes
 
 
-def _delta_error(output: str, path: Path, exc: DeltaError, doing: str) -> SinkError:
+def _delta_error(output: str, where: Location, exc: DeltaError, doing: str) -> ReclockError:
+    """A located error for a delta-rs failure: on S3 sorted like any object
+    store failure (:func:`sinks._store.store_error`), locally by its reason."""
+    if not where.local:
+        return store_error(output, where.uri, exc, doing)
     text = str(exc)
     lower = text.lower()
     if "no space left" in lower:
@@ -702,22 +735,72 @@ def _delta_error(output: str, path: Path, exc: DeltaError, doing: str) -> SinkEr
         reason = "read-only file system"
     else:
         reason = text
-    return SinkError(f"output {output!r}: cannot {doing} {path}: {reason}")
+    return SinkError(f"output {output!r}: cannot {doing} {where.uri}: {reason}")
 
 
 # -- configuration ----------------------------------------------------------------
 
 
+class S3StorageConfig(_Model):
+    """How to reach the S3-compatible store of an ``s3://`` output. Every
+    setting left out comes from the driver's standard ``AWS_*`` environment
+    variables (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_ALLOW_HTTP``); the
+    driver ships what it resolved to its executors with the job. Write secrets
+    as ``${VAR}`` references: they are never printed."""
+
+    endpoint: str | None = None
+    """Endpoint URL of an S3-compatible store (MinIO, R2, a local test
+    server), e.g. ``http://minio:9000``; AWS itself needs none."""
+    region: str | None = None
+    """Region of the bucket."""
+    access_key_id: str | None = None
+    """Access key id."""
+    secret_access_key: SecretStr | None = None
+    """Secret access key (write ``${AWS_SECRET_ACCESS_KEY}``, never the key)."""
+    session_token: SecretStr | None = None
+    """Session token of temporary credentials."""
+    allow_http: bool | None = None
+    """Allow plain HTTP (default: only when ``endpoint`` starts with ``http://``)."""
+
+    def access(self) -> S3Access:
+        return S3Access.resolve({
+            "endpoint": self.endpoint, "region": self.region,
+            "access_key_id": self.access_key_id,
+            "secret_access_key": _unwrap(self.secret_access_key),
+            "session_token": _unwrap(self.session_token), "allow_http": self.allow_http})
+
+
+def _unwrap(secret: SecretStr | None) -> str | None:
+    return None if secret is None else secret.get_secret_value()
+
+
+def _path_text(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _check_target(value: str | None) -> str | None:
+    if value is not None:
+        split_uri(value)  # a ValueError names the schemes that work
+    return value
+
+
 class FileSinkConfig(SinkConfigBase):
-    """A durable table on the local filesystem (a Delta table: Parquet files and
-    a log); data and the output's upper are committed in one atomic step."""
+    """A durable table (a Delta table: Parquet files and a log) in a local
+    directory or under an ``s3://`` prefix; data and the output's upper are
+    committed in one atomic step."""
 
     type: Literal["file"] = "file"
     """``file``."""
-    path: Path | None = None
-    """Directory of the output. Relative paths resolve against the YAML file's
-    directory; the default is ``<state_dir>/outputs/<source>/<output>`` (filled
-    in when the pipeline is loaded)."""
+    path: Annotated[str | None, BeforeValidator(_path_text), AfterValidator(_check_target)] = None
+    """Where the output lives: a directory (relative paths resolve against the
+    YAML file's directory), ``file:///abs/path``, or ``s3://bucket/prefix``.
+    Any other scheme is an error. The default is
+    ``<state_dir>/outputs/<source>/<output>`` (filled in when the pipeline is
+    loaded)."""
+    storage: S3StorageConfig | None = None
+    """For an ``s3://`` path: endpoint, region and credentials (all optional;
+    the ``AWS_*`` environment variables otherwise)."""
 
     TARGET: ClassVar[str] = "path"
 
@@ -726,9 +809,32 @@ class FileSinkConfig(SinkConfigBase):
         if not isinstance(raw.get("path"), str):
             return None
         path = str(raw["path"])
-        scheme = path.split("://", 1)[0] + "://" if "://" in path else ""
-        return ("file", scheme + os.path.normpath(path[len(scheme):]))
+        try:
+            scheme, rest = split_uri(path)
+        except ValueError:
+            return None  # reported by the field's own validator
+        if scheme:
+            return ("file", f"{scheme}://{rest}")
+        return ("file", os.path.normpath(rest))
+
+    def resolved(self, default: Path, base: Path) -> FileSinkConfig:
+        """A copy whose path is absolute (local) or a canonical ``s3://`` URI."""
+        scheme, rest = split_uri(str(self.path)) if self.path is not None else ("", str(default))
+        path = (f"{scheme}://{rest}" if scheme
+                else os.path.abspath(base / Path(rest).expanduser()))
+        return self.model_copy(update={"path": path})
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        path = data.get("path")
+        if data.get("storage") is not None and not (
+                isinstance(path, str) and path.lower().startswith(("s3://", "s3a://"))):
+            return [_problem(("storage",), "only applies to an s3:// path", on_key=True)]
+        return []
 
     def build(self, ctx: SinkContext) -> DeltaSink:
-        path = self.path or ctx.state_dir / "outputs" / ctx.source / ctx.output
-        return DeltaSink(ctx.name, path)
+        path = self.path or str(ctx.state_dir / "outputs" / ctx.source / ctx.output)
+        storage = None
+        if split_uri(path)[0] == "s3":
+            storage = (self.storage or S3StorageConfig()).access()
+        return DeltaSink(ctx.name, path, storage=storage)

@@ -87,6 +87,16 @@ def spark() -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
+def s3() -> Iterator[object]:
+    """A local S3 endpoint (moto's server) for the whole run; tests make
+    their own buckets (see tests/s3server.py)."""
+    from tests.s3server import s3_server
+
+    with s3_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def kafka() -> Iterator[object]:
     """A real single-node Apache Kafka broker (KRaft) for the whole run."""
     from tests.kafkabroker import KafkaCluster

@@ -437,6 +437,18 @@ class HousekeepingConfig(_Model):
     (the source has no job in flight when the check runs)."""
 
 
+def _local_dir(value: Any) -> Any:
+    """``state_dir`` is a directory of this machine: a URI such as
+    ``s3://bucket/state`` would otherwise become a local ``s3:`` directory."""
+    if isinstance(value, str) and "://" in value:
+        raise ValueError(
+            "state_dir must be a local directory (it holds the driver's lock, its status "
+            "and, by default, the SQLite bindings); put outputs on object storage with the "
+            "file sink's path (s3://...) and share the bindings through a PostgreSQL "
+            "remap_store")
+    return value
+
+
 class PipelineConfig(_Model):
     """A pipeline: its sources, their outputs, and where reclock keeps state.
 
@@ -445,9 +457,11 @@ class PipelineConfig(_Model):
     can hold YAML anchors (``x-sink: &sink {type: file}``, then ``sink: *sink``).
     """
 
-    state_dir: Path = Path("./state")
+    state_dir: Annotated[Path, BeforeValidator(_local_dir)] = Path("./state")
     """Where reclock keeps its state (remap store, outputs, logs). Relative
-    paths resolve against the YAML file's directory."""
+    paths resolve against the YAML file's directory. A local directory: it
+    holds the driver's lock file; outputs may live on ``s3://`` and the
+    bindings in a PostgreSQL ``remap_store``."""
     remap_store: str | None = None
     """URL of the remap store that holds the bindings: ``sqlite:///path`` or
     ``postgresql://user:password@host/db``. Default:
@@ -533,8 +547,8 @@ def _absolute(path: Path, base: Path) -> Path:
 def _resolve_output(o: OutputConfig, source: str, state_dir: Path, base: Path) -> OutputConfig:
     if not isinstance(o.sink, FileSinkConfig):
         return o
-    path = state_dir / "outputs" / source / o.name if o.sink.path is None else o.sink.path
-    return o.model_copy(update={"sink": o.sink.model_copy(update={"path": _absolute(path, base)})})
+    sink = o.sink.resolved(state_dir / "outputs" / source / o.name, base)
+    return o.model_copy(update={"sink": sink})
 
 
 def _resolve_sqlite(url: str, base: Path) -> str:

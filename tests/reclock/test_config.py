@@ -316,7 +316,7 @@ def test_unknown_key(tmp_path: Path) -> None:
     [line] = errors_of(path)
     assert line == (
         f"{at(path, 10, 'pth')}: sources[0].outputs[1].sink: unknown key 'pth' "
-        "(expected one of: path, type)"
+        "(expected one of: path, storage, type)"
     )
 
 
@@ -745,7 +745,8 @@ def test_redacted_dump(tmp_path: Path) -> None:
     out = dumped["sources"][0]["outputs"][0]
     assert out["format"] == {"type": "avro", "schema": None,
                              "registry_url": "https://u:***@registry/", "subject": "s"}
-    assert out["sink"] == {"type": "file", "path": str(tmp_path / "state/outputs/counter/main")}
+    assert out["sink"] == {"type": "file", "path": str(tmp_path / "state/outputs/counter/main"),
+                           "storage": None}
     assert dumped["timestamp_interval"] == 1000 and dumped["state_dir"] == str(tmp_path / "state")
     text = repr(dumped) + repr(cfg) + str(cfg)
     for pw in ("pw@", "pw2", "pw3", "pw4"):

@@ -22,6 +22,7 @@ from deltalake.transaction import CommitProperties, Transaction
 import sinks.delta as delta_mod
 from reclock.core.clock import ManualClock
 from reclock.core.errors import DefiniteError
+from sinks._store import Location
 from sinks.base import SinkError, SinkFenced, SinkState, output_schema
 from sinks.delta import CLOSED, DeltaSink, DeltaStager
 from tests.sinks.rows import SCHEMA, USER, race_commits, updates
@@ -530,7 +531,7 @@ def test_ensure_on_an_unwritable_path_names_the_path(unwritable: Path) -> None:
 
 
 def test_stage_on_an_unwritable_path_names_the_path(unwritable: Path) -> None:
-    stager = DeltaStager(NAME, str(unwritable), SCHEMA)
+    stager = DeltaStager(NAME, Location.of(NAME, unwritable), SCHEMA)
     with pytest.raises(SinkError) as info:
         stager.stage("b", 0, updates(["a"], 1))
     msg = str(info.value)

@@ -1,0 +1,303 @@
+"""Where a file-backed output lives: a local directory or an S3 prefix.
+
+A :class:`Location` names the place (``/abs/dir`` or ``s3://bucket/prefix``)
+and does the few file operations the Delta sink needs beside delta-rs itself:
+write a staged file whole, look one up, list the direct children, read a log
+entry, delete. It is picklable, so executors write their staged files to the
+same place the driver commits from (the data and its staging share a bucket).
+
+Atomicity of one file. Locally a write goes to a dot-named temp file, is
+``fsync``-ed and renamed (:func:`sinks._fs.atomic_write`). On S3 an object
+appears whole when its upload completes, or not at all, so it is written in
+place; an upload cut off by a crash leaves no object (at most an incomplete
+multipart upload, which a bucket lifecycle rule aborts).
+
+Credentials. :class:`S3Access` takes each setting from the output's
+``storage`` block, else from the standard ``AWS_*`` environment variables of
+the driver, resolved once on the driver and shipped to the executors with the
+stager. Secrets never appear in a ``repr``, a log line or an error message.
+
+Errors. :func:`store_error` sorts an object store failure: refused access, a
+missing bucket or a bad key are definite (:class:`~sinks.base.SinkError`, the
+operator must act); anything else (connection refused, a timeout, a 5xx, a
+throttle) is a :class:`~reclock.core.errors.TransientError` the driver retries.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pyarrow.fs as pafs
+
+from reclock.core.errors import ReclockError, TransientError
+from sinks._fs import atomic_write, fsync_dir, sink_os_error
+from sinks.base import SinkError
+
+#: URI schemes a file output may use; anything else is a config error.
+SCHEMES = ("file", "s3", "s3a")
+
+_DEFINITE = re.compile(
+    r"AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|NoSuchBucket|"
+    r"\b403\b|Forbidden|InvalidBucketName|missing credentials|no credentials",
+    re.IGNORECASE)
+
+
+def split_uri(text: str) -> tuple[str, str]:
+    """``(scheme, rest)``: ``("", text)`` for a plain path. Raises ValueError
+    naming the schemes that work for any other scheme (``gs://``, ``hdfs://``,
+    ``s3:/one-slash``): a URI reclock cannot write must never become a local
+    directory named after it."""
+    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):/", text)
+    if m is None:
+        return "", text
+    scheme = m[1].lower()
+    if scheme not in SCHEMES:
+        raise ValueError(f"unsupported URI scheme {scheme!r} in {text!r}: use a local path, "
+                         "file:///abs/path or s3://bucket/prefix")
+    if not text[m.end():].startswith("/"):
+        raise ValueError(f"malformed URI {text!r}: expected {scheme}://...")
+    if scheme == "file":
+        url = urlsplit(text)
+        if url.netloc not in ("", "localhost"):
+            raise ValueError(f"file URI {text!r} names a host; use file:///abs/path")
+        return "", url.path
+    url = urlsplit(text)
+    if not url.netloc or url.query or url.fragment or url.username or url.password:
+        raise ValueError(f"malformed S3 URI {text!r}: expected s3://bucket/prefix (no "
+                         "credentials, query or fragment in it)")
+    return "s3", f"{url.netloc}/{url.path.strip('/')}".rstrip("/")
+
+
+@dataclass(frozen=True)
+class S3Access:
+    """How to reach an S3-compatible store. ``None`` fields fall back to
+    what the AWS SDKs read themselves (instance roles and the like)."""
+
+    endpoint: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    allow_http: bool = False
+
+    @classmethod
+    def resolve(cls, given: Mapping[str, Any] | None = None,
+                env: Mapping[str, str] | None = None) -> S3Access:
+        """Settings from ``given`` (the config's ``storage`` block, secrets
+        already unwrapped), else from ``env`` (default: the process's)."""
+        g = {k: v for k, v in (given or {}).items() if v is not None}
+        e = os.environ if env is None else env
+        endpoint = g.get("endpoint") or e.get("AWS_ENDPOINT_URL_S3") or e.get("AWS_ENDPOINT_URL")
+        allow = g.get("allow_http")
+        if allow is None:
+            allow = (e.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true", "yes")
+                     or (endpoint or "").startswith("http://"))
+        return cls(
+            endpoint=endpoint,
+            region=g.get("region") or e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION"),
+            access_key_id=g.get("access_key_id") or e.get("AWS_ACCESS_KEY_ID"),
+            secret_access_key=g.get("secret_access_key") or e.get("AWS_SECRET_ACCESS_KEY"),
+            session_token=g.get("session_token") or e.get("AWS_SESSION_TOKEN"),
+            allow_http=bool(allow),
+        )
+
+    def delta_options(self) -> dict[str, str]:
+        """delta-rs ``storage_options``. Commits use S3's conditional writes
+        (``If-None-Match``), so no locking provider is needed."""
+        opts = {"AWS_ALLOW_HTTP": "true" if self.allow_http else "false"}
+        for key, value in (("AWS_ENDPOINT_URL", self.endpoint), ("AWS_REGION", self.region),
+                           ("AWS_ACCESS_KEY_ID", self.access_key_id),
+                           ("AWS_SECRET_ACCESS_KEY", self.secret_access_key),
+                           ("AWS_SESSION_TOKEN", self.session_token)):
+            if value:
+                opts[key] = value
+        return opts
+
+    def filesystem(self) -> pafs.FileSystem:
+        """A pyarrow S3 filesystem, one per process and setting."""
+        with _FS_LOCK:
+            fs = _FS_CACHE.get(self)
+            if fs is None:
+                kw: dict[str, Any] = {}
+                if self.endpoint:
+                    url = urlsplit(self.endpoint)
+                    kw["endpoint_override"] = url.netloc or self.endpoint
+                    kw["scheme"] = url.scheme or ("http" if self.allow_http else "https")
+                if self.region:
+                    kw["region"] = self.region
+                if self.access_key_id:
+                    kw.update(access_key=self.access_key_id, secret_key=self.secret_access_key,
+                              session_token=self.session_token)
+                fs = _FS_CACHE[self] = pafs.S3FileSystem(
+                    **kw, connect_timeout=10, request_timeout=60,
+                    retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=3))
+            return fs
+
+
+_FS_CACHE: dict[S3Access, pafs.FileSystem] = {}
+_FS_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Location:
+    """A directory: ``root`` is an absolute local path, or ``bucket/prefix``
+    when ``s3`` is set. ``name`` is the output, for messages."""
+
+    name: str
+    root: str
+    s3: S3Access | None = None
+
+    @classmethod
+    def of(cls, name: str, target: str | Path, s3: S3Access | None = None) -> Location:
+        scheme, rest = split_uri(str(target))
+        if scheme == "s3":
+            return cls(name, rest, s3 or S3Access.resolve())
+        return cls(name, os.path.abspath(rest))
+
+    @property
+    def local(self) -> bool:
+        return self.s3 is None
+
+    @property
+    def uri(self) -> str:
+        """What delta-rs opens, and what messages show (never a secret)."""
+        return self.root if self.s3 is None else f"s3://{self.root}"
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def storage_options(self) -> dict[str, str] | None:
+        return None if self.s3 is None else self.s3.delta_options()
+
+    def child(self, name: str) -> str:
+        return f"{self.uri}/{name}"
+
+    # -- file operations -------------------------------------------------------------------
+    def makedirs(self) -> None:
+        if self.s3 is None:
+            try:
+                Path(self.root).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise sink_os_error(self.name, self.root, exc, "create") from exc
+
+    def write(self, name: str, write: Callable[[Any], None]) -> int:
+        """Write the file ``name`` whole (``write`` gets a binary file);
+        return its size."""
+        if self.s3 is None:
+            target = Path(self.root) / name
+            try:
+                return atomic_write(target, write)
+            except OSError as exc:
+                raise sink_os_error(self.name, target, exc) from exc
+        fs = self.s3.filesystem()
+        key = f"{self.root}/{name}"
+        try:
+            with fs.open_output_stream(key) as f:
+                write(f)
+            return int(fs.get_file_info(key).size)
+        except OSError as exc:
+            raise store_error(self.name, self.child(name), exc, "write") from exc
+
+    def stat(self, name: str) -> tuple[int, int] | None:
+        """``(size, mtime in ms)`` of the file ``name``, ``None`` if absent."""
+        if self.s3 is None:
+            try:
+                st = os.stat(Path(self.root) / name)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise sink_os_error(self.name, Path(self.root) / name, exc, "read") from exc
+            return st.st_size, st.st_mtime_ns // 1_000_000
+        try:
+            info = self.s3.filesystem().get_file_info(f"{self.root}/{name}")
+        except OSError as exc:
+            raise store_error(self.name, self.child(name), exc, "read") from exc
+        if info.type != pafs.FileType.File:
+            return None
+        mtime = info.mtime_ns // 1_000_000 if info.mtime_ns is not None else 0
+        return int(info.size), mtime
+
+    def read_text(self, name: str) -> str | None:
+        """The text of file ``name`` (a relative path), ``None`` if absent."""
+        if self.s3 is None:
+            try:
+                return (Path(self.root) / name).read_text(encoding="utf-8")
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise sink_os_error(self.name, Path(self.root) / name, exc, "read") from exc
+        try:
+            with self.s3.filesystem().open_input_stream(f"{self.root}/{name}") as f:
+                return bytes(f.read()).decode("utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise store_error(self.name, self.child(name), exc, "read") from exc
+
+    def files(self) -> list[tuple[str, int, float]]:
+        """``(name, size, mtime in seconds)`` of the direct children that are
+        files (no directories, no symlinks followed)."""
+        if self.s3 is None:
+            out = []
+            try:
+                for entry in os.scandir(self.root):
+                    if entry.is_file(follow_symlinks=False):
+                        st = entry.stat(follow_symlinks=False)
+                        out.append((entry.name, st.st_size, st.st_mtime))
+            except FileNotFoundError:
+                return []
+            except OSError as exc:
+                raise sink_os_error(self.name, self.root, exc, "list") from exc
+            return out
+        try:
+            infos = self.s3.filesystem().get_file_info(
+                pafs.FileSelector(self.root, recursive=False, allow_not_found=True))
+        except OSError as exc:
+            raise store_error(self.name, self.uri, exc, "list") from exc
+        return [(i.base_name, int(i.size), (i.mtime_ns or 0) / 1e9)
+                for i in infos if i.type == pafs.FileType.File]
+
+    def delete(self, name: str) -> None:
+        """Delete file ``name``; an absent file is not an error."""
+        if self.s3 is None:
+            try:
+                os.unlink(Path(self.root) / name)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise sink_os_error(self.name, Path(self.root) / name, exc, "delete") from exc
+            return
+        try:
+            self.s3.filesystem().delete_file(f"{self.root}/{name}")
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise store_error(self.name, self.child(name), exc, "delete") from exc
+
+    def sync(self) -> None:
+        """Make new entries in a local directory durable (nothing on S3)."""
+        if self.s3 is None:
+            fsync_dir(Path(self.root))
+
+
+def store_error(output: str, where: str, exc: BaseException, doing: str) -> ReclockError:
+    """A definite :class:`SinkError` for refused access or a missing bucket,
+    a :class:`TransientError` for anything else an object store reports."""
+    text = " ".join(str(exc).split())[:300]
+    if _DEFINITE.search(text):
+        err: ReclockError = SinkError(
+            f"output {output!r}: cannot {doing} {where}: {text}",
+            hint="check the bucket exists and the credentials (storage: block or AWS_* "
+                 "environment variables) may read, write and delete under the prefix")
+    else:
+        err = TransientError(f"output {output!r}: cannot {doing} {where}: {text}",
+                             hint="the object store is unreachable or busy; retrying")
+    err.__cause__ = exc
+    return err
