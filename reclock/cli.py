@@ -27,6 +27,7 @@ import datetime as dt
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     sys.stderr.write(f"reclock: running {len(cfg.sources)} source(s); state in {cfg.state_dir}\n")
     runners = run(cfg, duration=args.duration)
+    # The run is over and is only shutting down now. Python puts the default
+    # handlers back while it finalizes, so a stop request arriving then (a
+    # supervisor's SIGTERM racing the pipeline's own end) would kill the
+    # process with status -15 instead of letting it exit 0: ignore it.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     for r in runners:
         from reclock.pipeline import progress_line
 
@@ -158,7 +165,8 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
                     uppers.append(lo.get("upper"))
                     outs.append({"name": o.name, "upper": lo.get("upper"),
                                  "lag_ms": lo.get("lag_ms"), "rows": lo.get("rows"),
-                                 "errors": lo.get("errors"), "health": lo.get("health")})
+                                 "errors": lo.get("errors"), "health": lo.get("health"),
+                                 "snapshot": lo.get("snapshot")})
                     continue
                 st = o.sink.state()
                 uppers.append(st.upper)
@@ -210,6 +218,8 @@ def status_exit_code(doc: dict[str, Any]) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from reclock.runtime.snapshot_progress import describe as describe_snapshot
+
     doc = collect_status(args.file, args.history)
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
@@ -229,9 +239,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         for o in s["outputs"]:
             if not o["upper"] and o["upper"] is not None:
                 print(f"  output {o['name']}: nothing committed yet")
-                continue
-            print(f"  output {o['name']}: sink upper {fmt_time(o['upper'])}, "
-                  f"lag {o['lag_ms'] if o['lag_ms'] is not None else '-'} ms")
+            else:
+                print(f"  output {o['name']}: sink upper {fmt_time(o['upper'])}, "
+                      f"lag {o['lag_ms'] if o['lag_ms'] is not None else '-'} ms")
+            snap = describe_snapshot(o["name"], o.get("snapshot"))
+            if snap is not None:  # while the output's initial snapshot is read
+                print(f"    {snap}")
         for ev in s.get("history", []):
             print(f"    {fmt_time(ev['ts'])} {ev['kind']} "
                   + " ".join(f"{k}={v}" for k, v in ev.items()

@@ -5,8 +5,11 @@ For every source and each of its outputs (read as they are durable now):
 * **time** -- every row's ``_into_time`` is the IntoTime its source position
   maps to under the bindings (rows below the remap ``since`` can only be
   checked to lie at or below it: that history was compacted);
-* **upper** -- no row at or beyond the output's upper is visible, and the
-  output's upper is not beyond the remap upper;
+* **upper** -- no row beyond the output's upper is visible, and the
+  output's upper is not beyond the remap upper. A row *at* the upper is
+  legitimate only before the output's progress: a binding too large for one
+  job is committed in several, each moving the progress while the upper
+  stays at the binding's time until all of it is durable;
 * **once** -- no source position appears twice with the same sign;
 * **complete** -- for sources that can be re-read (generators, Kafka while
   retention keeps the data) every record the source holds below the output's
@@ -84,11 +87,13 @@ def _positions(t: pa.Table) -> list[tuple[int, int, int]]:
 
 def check_output(
     name: str, updates: pa.Table, bindings: Bindings[Any], upper: int | None,
-    key: tuple[str, ...] | None = None,
+    key: tuple[str, ...] | None = None, progress: Antichain[Any] | None = None,
 ) -> OutputReport:
     """The time, upper and once checks of one output. ``key``: an upsert
     output's key columns; one position (a truncate) may then retract many
-    keys, but each key at most once."""
+    keys, but each key at most once. ``progress``: the output's committed
+    FromTime progress (rows at the upper must lie before it; without it, no
+    row at the upper is allowed)."""
     rep = OutputReport(name, rows=updates.num_rows)
     if updates.num_rows == 0:
         return rep
@@ -98,9 +103,12 @@ def check_output(
     off = updates.column(SRC_OFFSET).to_numpy().astype(np.int64)
     # upper
     if upper is not None:
-        beyond = into >= upper
-        rep.breach("beyond-upper", int(beyond.sum()),
-                   _positions(updates.filter(pa.array(beyond))))
+        past = into >= upper
+        if progress is not None:
+            past = (into > upper) | ((into == upper)
+                                     & beyond(bindings.kind, progress, part, off))
+        rep.breach("beyond-upper", int(past.sum()),
+                   _positions(updates.filter(pa.array(past))))
     remap_upper = bindings.upper.as_option()
     if upper is not None and remap_upper is not None and upper > int(remap_upper):
         rep.breach("upper-beyond-bindings", 1, [(upper, int(remap_upper))])
@@ -279,8 +287,8 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
                     continue
                 updates = o.sink.read_updates()
                 tables.append(updates)
-                rep = check_output(o.name, updates, b, st.upper,
-                                   o.upsert_key)
+                rep = check_output(o.name, updates, b, st.upper, o.upsert_key,
+                                   st.held(kind))
                 report.outputs.append(rep)
                 if st.progress is None:
                     if updates.num_rows:

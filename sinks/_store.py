@@ -49,6 +49,10 @@ _DEFINITE = re.compile(
     re.IGNORECASE)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_S3_CODE = re.compile(r"<Code>([^<]+)</Code>\s*<Message>([^<]*)</Message>")
+
+
 def split_uri(text: str) -> tuple[str, str]:
     """``(scheme, rest)``: ``("", text)`` for a plain path. Raises ValueError
     naming the schemes that work for any other scheme (``gs://``, ``hdfs://``,
@@ -72,7 +76,8 @@ def split_uri(text: str) -> tuple[str, str]:
     if not url.netloc or url.query or url.fragment or url.username or url.password:
         raise ValueError(f"malformed S3 URI {text!r}: expected s3://bucket/prefix (no "
                          "credentials, query or fragment in it)")
-    return "s3", f"{url.netloc}/{url.path.strip('/')}".rstrip("/")
+    # Empty segments collapse, as delta-rs's object store paths do.
+    return "s3", f"{url.netloc}/{re.sub('/+', '/', url.path).strip('/')}".rstrip("/")
 
 
 @dataclass(frozen=True)
@@ -290,8 +295,14 @@ class Location:
 def store_error(output: str, where: str, exc: BaseException, doing: str) -> ReclockError:
     """A definite :class:`SinkError` for refused access or a missing bucket,
     a :class:`TransientError` for anything else an object store reports."""
-    text = " ".join(str(exc).split())[:300]
-    if _DEFINITE.search(text):
+    full = _ANSI.sub("", str(exc))
+    code = _S3_CODE.search(full)
+    text = " ".join(full.split())
+    if code is not None:  # S3's own error code and message say it best
+        text = f"S3 answered {code[1]}: {code[2]}"
+    elif len(text) > 300:
+        text = text[:300] + "..."
+    if _DEFINITE.search(full):
         err: ReclockError = SinkError(
             f"output {output!r}: cannot {doing} {where}: {text}",
             hint="check the bucket exists and the credentials (storage: block or AWS_* "

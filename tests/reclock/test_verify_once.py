@@ -41,3 +41,17 @@ def test_a_key_retracted_twice_or_two_insertions_at_one_position_breach() -> Non
     assert check_output("o", twice, B, 1001, ("id",)).breaches == {"duplicate-position": 1}
     inserts = rows((1, 1, 10, 1), (2, 1, 10, 1))
     assert check_output("o", inserts, B, 1001, ("id",)).breaches == {"duplicate-position": 1}
+
+
+def test_rows_at_the_upper_are_fine_only_before_the_progress() -> None:
+    """A binding committed in several jobs: its rows sit at the upper's time
+    while the progress says how far it got."""
+    part = rows((1, 1, 10, 0), (2, 1, 20, 0))  # both at IntoTime 1000
+    assert check_output("o", part, B, 1000).breaches == {"beyond-upper": 2}
+    assert check_output("o", part, B, 1000, progress=Antichain.from_elem(Lsn(21))).breaches == {}
+    # a row the progress says was not written yet is beyond the upper
+    got = check_output("o", part, B, 1000, progress=Antichain.from_elem(Lsn(15)))
+    assert got.breaches == {"beyond-upper": 1} and got.samples["beyond-upper"] == [(0, 20, 0)]
+    # and nothing may lie past the upper, whatever the progress
+    assert check_output("o", part, B, 999,
+                        progress=Antichain.from_elem(Lsn(21))).breaches == {"beyond-upper": 2}
