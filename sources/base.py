@@ -85,12 +85,31 @@ class SourceContext:
 @dataclass(frozen=True)
 class ReadTask:
     """A picklable unit of reading: ``[lower, upper)`` of one source, in the
-    source's own encoding (``spec``), with an estimated record count."""
+    source's own encoding (``spec``), with an estimated record count.
+
+    ``snapshot``: the task reads a chunk of output ``snapshot``'s initial
+    snapshot (a Postgres table's existing rows); its records count as that
+    snapshot's rows read (:mod:`reclock.runtime.snapshot_progress`). Every
+    chunk of one output's snapshot is planned into one job: the output holds
+    its snapshot once that job commits."""
 
     source: str
     index: int
     spec: Any
     records: int
+    snapshot: int | None = None
+
+
+@dataclass(frozen=True)
+class SnapshotSize:
+    """How many rows an output's initial snapshot holds, as far as its source
+    knows: ``rows`` None while unknown; ``exact`` False while it is an
+    estimate (e.g. from the catalog's statistics). ``table`` names what is
+    read (``schema.table``)."""
+
+    rows: int | None
+    exact: bool
+    table: str = ""
 
 
 class SourceReader(Protocol):
@@ -161,6 +180,13 @@ class Source(Protocol, Generic[T]):
         """The picklable executor-side reader."""
         ...
 
+    def snapshot_sizes(self) -> dict[int, SnapshotSize]:
+        """Per output whose initial snapshot the source is taking (from the
+        open that decided to take it until it is durable everywhere): the
+        rows it holds. Called from the status thread, concurrently with the
+        source's own loop: must not block on upstream (report what is known)."""
+        ...
+
     def acknowledge(self, frontier: Antichain[T]) -> bool | None:
         """Release upstream resources before ``frontier`` (durable everywhere).
         ``False``: it could not be done just now (e.g. a replication slot in
@@ -174,7 +200,8 @@ class Source(Protocol, Generic[T]):
 
 class SourceBase:
     """The capabilities' defaults, for connectors to inherit: not replayable,
-    the pipeline's jobs in flight, outputs as declared, nothing to release."""
+    the pipeline's jobs in flight, outputs as declared, nothing to release,
+    no snapshot."""
 
     replayable: bool = False
     jobs_in_flight: int | None = None
@@ -187,6 +214,9 @@ class SourceBase:
 
     def drop(self) -> str | None:
         return None
+
+    def snapshot_sizes(self) -> dict[int, SnapshotSize]:
+        return {}
 
 
 def take_position_columns(batch: pa.RecordBatch) -> dict[str, pa.Array]:

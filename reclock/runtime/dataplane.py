@@ -272,14 +272,64 @@ def _freeze_worker_heap() -> None:
         gc.freeze()
 
 
-def _run_partition(bc: Any, tasks: Iterable[ReadTask]) -> Iterator[TaskResult]:
+def _run_partition(bc: Any, acc: Any, tasks: Iterable[ReadTask]) -> Iterator[TaskResult]:
     _freeze_worker_heap()
     ctx: JobContext = bc.value
     for task in tasks:
         try:
-            yield run_task(ctx, task)
+            res = run_task(ctx, task)
         except ReclockError as exc:
             yield TaskResult(task.index, error=exc)
+            continue
+        if acc is not None:
+            acc.add({task.index: res.records})
+        yield res
+
+
+class _RecordsByTask:
+    """The ``AccumulatorParam`` of ``{task index: records read}`` (PySpark
+    needs only these two methods; not importing PySpark here keeps the
+    driver's import light). Each merge makes a new dict, so a reader on
+    another thread never sees one being changed."""
+
+    def zero(self, value: dict[int, int]) -> dict[int, int]:
+        return {}
+
+    def addInPlace(self, value1: dict[int, int], value2: dict[int, int]) -> dict[int, int]:
+        out = dict(value1)
+        for k, v in value2.items():
+            out[k] = out.get(k, 0) + v
+        return out
+
+
+class TaskProgress:
+    """The records read by each task of a running job that has finished, by
+    task index, while the job still runs (its results only arrive when every
+    task is done). On Spark, a job's tasks add to an accumulator, which
+    Spark merges into the driver as each task succeeds (once per task, also
+    when a task is retried); :meth:`done` may be called from any thread.
+
+    An accumulator stays registered in PySpark for the life of the
+    SparkContext, so only jobs whose progress is shown get one (those
+    reading a snapshot)."""
+
+    def __init__(self) -> None:
+        self._acc: Any = None
+        self._local: dict[int, int] = {}
+
+    def accumulator(self, sc: Any) -> Any:
+        if self._acc is None:
+            self._acc = sc.accumulator({}, _RecordsByTask())
+        return self._acc
+
+    def finished(self, task: int, records: int) -> None:
+        """A task that ran in this process (:func:`run_local`)."""
+        self._local = {**self._local, task: records}
+
+    def done(self) -> dict[int, int]:
+        if self._acc is not None:
+            return dict(self._acc.value)
+        return self._local
 
 
 class JobGate:
@@ -329,32 +379,43 @@ def _gate(sc: Any) -> JobGate:
 
 
 def run_job(
-    spark: Any, ctx: JobContext, tasks: Sequence[ReadTask], *, pool: str, group: str
+    spark: Any, ctx: JobContext, tasks: Sequence[ReadTask], *, pool: str, group: str,
+    progress: TaskProgress | None = None,
 ) -> list[TaskResult]:
     """Run ``tasks`` as one Spark job in the FAIR pool ``pool``; one task per
     Spark partition; admitted through the session's :class:`JobGate`.
-    Cancellable with ``sc.cancelJobGroup(group)``."""
+    Cancellable with ``sc.cancelJobGroup(group)``. ``progress`` learns of each
+    task as it finishes."""
     if not tasks:
         return []
     sc = spark.sparkContext
     with _gate(sc):
-        return _run_job(sc, ctx, tasks, pool, group)
+        return _run_job(sc, ctx, tasks, pool, group, progress)
 
 
-def _run_job(sc: Any, ctx: JobContext, tasks: Sequence[ReadTask], pool: str, group: str
-             ) -> list[TaskResult]:
+def _run_job(sc: Any, ctx: JobContext, tasks: Sequence[ReadTask], pool: str, group: str,
+             progress: TaskProgress | None) -> list[TaskResult]:
     sc.setLocalProperty("spark.scheduler.pool", pool)
     sc.setJobGroup(group, f"reclock {ctx.source} {ctx.batch_id}", True)
     bc = sc.broadcast(ctx)
+    acc = None if progress is None else progress.accumulator(sc)
     try:
         rdd = sc.parallelize(list(tasks), len(tasks))
-        results: list[TaskResult] = rdd.mapPartitions(partial(_run_partition, bc)).collect()
+        results: list[TaskResult] = rdd.mapPartitions(
+            partial(_run_partition, bc, acc)).collect()
     finally:
         with contextlib.suppress(Exception):  # best effort, also on shutdown
             bc.destroy()
     return sorted(results, key=lambda r: r.task)
 
 
-def run_local(ctx: JobContext, tasks: Sequence[ReadTask]) -> list[TaskResult]:
+def run_local(ctx: JobContext, tasks: Sequence[ReadTask],
+              progress: TaskProgress | None = None) -> list[TaskResult]:
     """The same tasks in this process (tests of the task logic, `reclock verify`)."""
-    return [run_task(ctx, t) for t in tasks]
+    results = []
+    for t in tasks:
+        res = run_task(ctx, t)
+        results.append(res)
+        if progress is not None:
+            progress.finished(t.index, res.records)
+    return results

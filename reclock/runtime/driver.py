@@ -52,9 +52,17 @@ from reclock.core.frontier import Antichain, frontier_distance
 from reclock.core.mint import RemapOperator
 from reclock.core.time import IntoTime
 from reclock.envelopes import Envelope, NoneEnvelope, UpsertState, envelope_for
-from reclock.runtime.dataplane import JobContext, OutputPlan, TaskResult, run_job, run_local
+from reclock.runtime.dataplane import (
+    JobContext,
+    OutputPlan,
+    TaskProgress,
+    TaskResult,
+    run_job,
+    run_local,
+)
 from reclock.runtime.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
 from reclock.runtime.progress_log import ProgressLog
+from reclock.runtime.snapshot_progress import SnapshotProgress
 from remap_store.base import RemapStore
 from sinks.base import (
     PersistSink,
@@ -122,6 +130,8 @@ class _Job:
 
     future: Future[list[TaskResult]]
     reached: Antichain[Any]
+    #: followed as its tasks finish: the job reads snapshot chunks
+    progress: TaskProgress | None = None
 
     def discard(self) -> None:
         """Wait for it and drop its results: what it staged is never committed
@@ -178,6 +188,9 @@ class SourceRunner:
         self._opened = False
         self._count_lock = threading.Lock()
         self._jobs: ThreadPoolExecutor | None = None  # the job read while one commits
+        self.snapshots = SnapshotProgress()
+        #: by batch id: the progress of a submitted job that reads snapshot chunks
+        self._progress: dict[str, TaskProgress] = {}
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -399,6 +412,9 @@ class SourceRunner:
                         failed = exc  # planning the next job failed: commit this one first
                 faults.crash_point("after_stage")
                 self._commit(b, results, job.reached)
+                if job.progress is not None:  # the outputs hold their snapshots
+                    self.snapshots.committed(job.progress, results,
+                                             self.source.snapshot_sizes())
                 self.read_from = job.reached
                 self.events.log(self.name, "read", frontier=job.reached.encode(),
                                 records=sum(r.records for r in results))
@@ -408,6 +424,7 @@ class SourceRunner:
         finally:
             for job in pending:
                 job.discard()  # a commit failed or the source stops
+            self.snapshots.abandoned()  # no job in flight: uncommitted reads are gone
         if self.read_from == bound:
             # Nothing left to read: idle outputs still advance to the remap upper.
             self._commit(b, [], bound, only_if_moves=True)
@@ -432,7 +449,10 @@ class SourceRunner:
         ctx = self._context(b)
         if self._jobs is None:
             self._jobs = ThreadPoolExecutor(self._depth(), thread_name_prefix=f"jobs-{self.name}")
-        return _Job(self._jobs.submit(self._execute, ctx, tasks), reached)
+        progress = self.snapshots.submitted(tasks)
+        if progress is not None:
+            self._progress[ctx.batch_id] = progress
+        return _Job(self._jobs.submit(self._execute, ctx, tasks), reached, progress)
 
     def _depth(self) -> int:
         """Jobs of this source that read at once (the source may allow fewer)."""
@@ -462,11 +482,13 @@ class SourceRunner:
         return JobContext(self.name, self.source.kind, batch_id, b, self.source.reader(), plans)
 
     def _execute(self, ctx: JobContext, tasks: list[Any]) -> list[TaskResult]:
+        progress = self._progress.pop(ctx.batch_id, None)
         t0 = time.monotonic()
         if self.spark is None:
-            results = run_local(ctx, tasks)
+            results = run_local(ctx, tasks, progress)
         else:
-            results = run_job(self.spark, ctx, tasks, pool=self.name, group=self.job_group)
+            results = run_job(self.spark, ctx, tasks, pool=self.name, group=self.job_group,
+                              progress=progress)
         failed = next((r.error for r in results if r.error is not None), None)
         if failed is not None:
             raise failed
@@ -588,6 +610,7 @@ class SourceRunner:
     def status(self) -> dict[str, Any]:
         b = self.operator.bindings if self.operator is not None else None
         now = self.clock.now()
+        snapshots = self.snapshots.status(self.source.snapshot_sizes())
         outs = []
         for o in self.outputs:
             outs.append({
@@ -596,6 +619,8 @@ class SourceRunner:
                 "lag_ms": (None if o.state.upper is None
                            else max(0, now - (o.state.upper or self.started_ms))),
                 "rows": o.rows, "errors": o.errors, "health": o.health.as_dict(),
+                # the initial snapshot's rows read and in all (None: none in this run)
+                "snapshot": snapshots.get(o.index),
             })
         return {
             "source": self.name,
