@@ -73,6 +73,11 @@ class PostgresConfig(ConnectorConfig):
     snapshot: bool = True
     """Read the tables' existing rows first (an exported snapshot, in parallel
     Spark tasks), then continue from exactly that point. ``false``: changes only."""
+    snapshot_count: bool = True
+    """Count each table's rows under the snapshot, in the background while it
+    is read, so that snapshot progress (``reclock status``, the metrics) has
+    an exact total: one more scan of each table, stopped when the snapshot is
+    read. ``false``: the catalog's estimate (``pg_class.reltuples``) only."""
     drop_slot: bool = False
     """``reclock drop`` also drops the replication slot (releasing its WAL)."""
     timeout: DurationMs = 30_000
@@ -119,6 +124,7 @@ class PostgresConfig(ConnectorConfig):
         return PostgresSource(
             name, self.dsn, ctx.clock, publication=self.publication, slot=self.slot,
             identity=ctx.identity, tables=self.table_outputs(), snapshot=self.snapshot,
-            drop_slot=self.drop_slot, timeout_s=self.timeout / 1000.0,
+            snapshot_count=self.snapshot_count, drop_slot=self.drop_slot,
+            timeout_s=self.timeout / 1000.0,
             output_names=list(ctx.output_names),
         )

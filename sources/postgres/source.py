@@ -6,7 +6,9 @@ table. Driver side (:class:`PostgresSource`)::
     open(...)      check wal_level and the role; describe the tables; create the
                    publication and the slot when absent (a slot missing while
                    outputs hold data is a definite error: changes are lost);
-                   for outputs that hold nothing yet, export a snapshot
+                   for outputs that hold nothing yet, export a snapshot (and
+                   count its rows in the background, for snapshot progress:
+                   see :mod:`sources.postgres.snapshot_size`)
     probe()        pg_current_wal_flush_lsn(), and the slot's health
     plan(lo, hi)   one replication task for [lo, hi) (one walsender per slot),
                    plus, in the job that covers the snapshot point, the
@@ -94,7 +96,7 @@ from reclock.core.columns import (
 from reclock.core.errors import DefiniteError, Reopen, TransientError
 from reclock.core.frontier import Antichain
 from reclock.core.time import Lsn
-from sources.base import OutputSpec, ReadTask, SourceBase
+from sources.base import OutputSpec, ReadTask, SnapshotSize, SourceBase
 from sources.postgres import pgoutput as po
 from sources.postgres.catalog import (
     Connection,
@@ -113,6 +115,7 @@ from sources.postgres.catalog import (
     slot_info,
     slot_invalidation,
 )
+from sources.postgres.snapshot_size import SnapshotSizes
 from sources.postgres.types import PgType, convert, widens_to
 
 log = logging.getLogger("reclock.postgres")
@@ -160,6 +163,8 @@ class _Snapshot:
     name: str
     lsn: int
     outputs: tuple[int, ...]
+    #: the rows of each output's table under it (snapshot progress)
+    sizes: SnapshotSizes | None = None
 
     @property
     def alive(self) -> bool:
@@ -222,6 +227,7 @@ class PostgresSource(SourceBase):
         slot: str | None = None,
         tables: Sequence[tuple[str, str, str]] | None = None,
         snapshot: bool = True,
+        snapshot_count: bool = True,
         drop_slot: bool = False,
         timeout_s: float = 30.0,
         output_names: Sequence[str] = (),
@@ -239,6 +245,7 @@ class PostgresSource(SourceBase):
         self._legacy = None if (slot or identity is None) else default_name(name, None)
         self._explicit = (slot is not None, publication is not None)
         self.snapshot = snapshot
+        self.snapshot_count = snapshot_count
         self.drop_slot_on_drop = drop_slot
         self.timeout_s = timeout_s
         self.who = f"source {name!r} ({self.server})"
@@ -516,6 +523,7 @@ class PostgresSource(SourceBase):
             r.close()
 
     def _take_snapshot(self, outputs: tuple[int, ...]) -> None:
+        stats = self._table_stats([self.tables[i].oid for i in outputs])  # for estimates
         r = self._replication_conn()
         tmp = f"reclock_snap_{uuid.uuid4().hex[:16]}"
         res = r.pgconn.exec_(f'CREATE_REPLICATION_SLOT "{tmp}" TEMPORARY LOGICAL pgoutput '
@@ -528,15 +536,32 @@ class PostgresSource(SourceBase):
         lsn = lsn_int(_val(res, 1))
         name = _val(res, 2)
         assert lsn is not None and name is not None
-        self._snap = _Snapshot(r, name, lsn, outputs)
+        sizes = SnapshotSizes({i: self.tables[i] for i in outputs},
+                              {i: stats.get(self.tables[i].oid, (0, -1, 0)) for i in outputs})
+        self._snap = _Snapshot(r, name, lsn, outputs, sizes)
         log.info("%s: snapshot %s at %s for %s", self.who, name, lsn_text(lsn),
                  [self.tables[i].output for i in outputs])
+        if self.snapshot_count:  # in the background: the chunks are read meanwhile
+            sizes.start(self.dsn, self.params, self.secrets, name, self.who,
+                        f"reclock {self.name} snapshot count", self.timeout_s)
 
     def _release_snapshot(self) -> None:
         s, self._snap = self._snap, None
         if s is not None:
+            if s.sizes is not None:
+                s.sizes.cancel()
             with contextlib.suppress(psycopg.Error):
                 s.conn.close()
+
+    def snapshot_sizes(self) -> dict[int, SnapshotSize]:
+        """The rows of each output's table under the snapshot being taken:
+        the catalog's estimate, then an exact count
+        (:mod:`sources.postgres.snapshot_size`). Any thread."""
+        snap = self._snap
+        if snap is None or snap.sizes is None:
+            return {}
+        outputs = snap.outputs
+        return {i: s for i, s in snap.sizes.current().items() if i in outputs}
 
     # -- probe -----------------------------------------------------------------------
     def probe(self) -> Antichain[Lsn]:
@@ -578,13 +603,17 @@ class PostgresSource(SourceBase):
                                   max(1, (end - start) // WAL_BYTES_PER_CHANGE)))
         return tasks, Antichain.from_elem(Lsn(end))
 
-    def _chunk_tasks(self, snap: _Snapshot, max_task: int) -> list[ReadTask]:
-        out: list[ReadTask] = []
+    def _table_stats(self, oids: list[int]) -> dict[int, tuple[int, float, int]]:
+        """Per table oid: (pages now, ``reltuples``, ``relpages``)."""
         rows = self._query("cannot size the tables",
                            "SELECT oid, pg_relation_size(oid) / current_setting('block_size')"
                            "::int, reltuples, relpages FROM pg_class WHERE oid = ANY(%s)",
-                           ([self.tables[i].oid for i in snap.outputs],))
-        sizes = {r[0]: r[1:] for r in rows}
+                           (oids,))
+        return {r[0]: (int(r[1] or 0), float(r[2]), int(r[3] or 0)) for r in rows}
+
+    def _chunk_tasks(self, snap: _Snapshot, max_task: int) -> list[ReadTask]:
+        out: list[ReadTask] = []
+        sizes = self._table_stats([self.tables[i].oid for i in snap.outputs])
         for i in snap.outputs:
             pages, tuples, relpages = sizes.get(self.tables[i].oid, (0, 0, 0))
             per_page = (tuples / relpages) if relpages and tuples and tuples > 0 else 100.0
@@ -595,7 +624,7 @@ class PostgresSource(SourceBase):
                 final = last >= pages
                 out.append(ReadTask(self.name, len(out), ChunkSpec(
                     i, snap.name, snap.lsn, chunk, first, None if final else last),
-                    int(step * per_page)))
+                    int(step * per_page), snapshot=i))
                 if final:
                     break
                 first, chunk = last, chunk + 1
