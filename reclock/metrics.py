@@ -44,6 +44,17 @@ output}``
 ``reclock_output_rows_total``                    data rows committed (not the error rows)
 ``reclock_output_errors_total``                  error rows committed
 ``reclock_output_health{source,output,status}``  1 for the output's current health status
+``reclock_snapshot_rows_read{source,output}``    rows of the output's initial snapshot (a
+                                                 Postgres table's existing rows) read so far:
+                                                 chunks finished in Spark, all of them once
+                                                 committed
+``reclock_snapshot_rows{source,output}``         rows that snapshot holds: the exact count
+                                                 under it, or the catalog's estimate until that
+                                                 count is done (left out while neither is
+                                                 known); equal to ``_rows_read`` once done
+``reclock_snapshot_rows_exact{source,output}``   1 when ``reclock_snapshot_rows`` is exact, 0
+                                                 while it is an estimate
+``reclock_snapshot_done{source,output}``         1 once the output holds its whole snapshot
 ``reclock_status_updated_timestamp_seconds``     when the status document was assembled
 ``process_*``                                    the driver process: CPU seconds, resident and
                                                  virtual memory, open files, start time
@@ -52,6 +63,9 @@ output}``
 
 Rates of records, rows and errors come from the ``_total`` counters
 (``rate()`` in PromQL); the status page computes them from ``/history.json``.
+The ``reclock_snapshot_*`` series exist for outputs that take a snapshot in
+this run of the driver, and stay (at ``_rows_read == _rows``) once it is done;
+the progress of one is ``reclock_snapshot_rows_read / reclock_snapshot_rows``.
 """
 
 from __future__ import annotations
@@ -166,6 +180,18 @@ def families(doc: StatusDocument) -> list[Metric]:
     o_health = GaugeMetricFamily("reclock_output_health",
                                  "1 for the output's current health status, 0 for the others",
                                  labels=["source", "output", "status"])
+    snap_read = GaugeMetricFamily("reclock_snapshot_rows_read",
+                                  "Rows of the output's initial snapshot read so far",
+                                  labels=out_l)
+    snap_rows = GaugeMetricFamily("reclock_snapshot_rows",
+                                  "Rows the output's initial snapshot holds (an estimate while "
+                                  "reclock_snapshot_rows_exact is 0)", labels=out_l)
+    snap_exact = GaugeMetricFamily("reclock_snapshot_rows_exact",
+                                   "1 when reclock_snapshot_rows is exact, 0 for an estimate",
+                                   labels=out_l)
+    snap_done = GaugeMetricFamily("reclock_snapshot_done",
+                                  "1 once the output holds its whole initial snapshot",
+                                  labels=out_l)
 
     def states(current: str) -> Sequence[str]:
         return HEALTH_STATES if current in HEALTH_STATES else (*HEALTH_STATES, current)
@@ -206,6 +232,13 @@ def families(doc: StatusDocument) -> list[Metric]:
             ostatus = str((o.get("health") or {}).get("status", "unknown"))
             for s in states(ostatus):
                 o_health.add_metric([*labels, s], 1.0 if s == ostatus else 0.0)
+            snap = o.get("snapshot")
+            if snap:
+                snap_read.add_metric(labels, float(snap.get("rows_read") or 0))
+                if snap.get("rows_total") is not None:
+                    snap_rows.add_metric(labels, float(snap["rows_total"]))
+                snap_exact.add_metric(labels, 1.0 if snap.get("exact") else 0.0)
+                snap_done.add_metric(labels, 1.0 if snap.get("done") else 0.0)
     running = {str(st["source"]) for st in doc.get("sources") or []}
     for name in doc.get("dropped") or []:
         if str(name) in running:
@@ -218,7 +251,7 @@ def families(doc: StatusDocument) -> list[Metric]:
     build.add_metric(list(versions()), 1.0)
     out: list[Metric] = [build, info, health, frontier, offsets, partitions, lag_records,
                          records, job_s, bindings, remap_upper, o_upper, o_lag, o_rows,
-                         o_errors, o_health]
+                         o_errors, o_health, snap_read, snap_rows, snap_exact, snap_done]
     if doc.get("updated_ms") is not None:
         out.append(GaugeMetricFamily("reclock_status_updated_timestamp_seconds",
                                      "When the status was assembled",

@@ -46,6 +46,7 @@ from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner
 from reclock.runtime.health import STALLED
 from reclock.runtime.lock import DriverLock, holder_info
 from reclock.runtime.progress_log import ProgressLog
+from reclock.runtime.snapshot_progress import describe as describe_snapshot
 from reclock.statuspage import History, StatusServer
 from remap_store import RemapStore, open_store
 from sinks.base import PersistSink, SinkContext, check_output_names
@@ -446,9 +447,11 @@ def progress_line(st: dict[str, Any]) -> str:
 
     lag_ms = f"{max(lags)} ms" if lags else "-"
     lag_rec = st.get("lag_records")
+    snaps = [d for o in outs if (d := describe_snapshot(o["name"], o.get("snapshot"))) is not None]
     return (
         f"[{st['source']}] {health}{err}  bound {render_frontier(st['kind'], st.get('bound'))}  "
         f"into upper {upper if upper is not None else '-'}  {st['records']} records  "
         f"{st['records_per_s']:.0f}/s  lag {lag_ms}"
         + (f", {lag_rec} records" if lag_rec is not None else "")
+        + "".join(f"; {d}" for d in snaps)
     )

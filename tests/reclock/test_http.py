@@ -674,7 +674,7 @@ def test_status_page_in_chromium(live: Live, tmp_path: Path) -> None:
     assert stuck and "no data yet" in stuck.group(1) and "complete" not in stuck.group(1)
     # every column explains itself
     heads = re.findall(r"<th[ >][^>]*>", dom)
-    assert len(heads) == 24 and all("title=" in h for h in heads), heads
+    assert len(heads) == 25 and all("title=" in h for h in heads), heads
     assert "finished" in dom and "running" in dom
     assert re.search(r"<td[^>]*>done</td><td[^>]*>value</td>", dom)
     box = json.loads(re.search(r"data-box=\"([^\"]+)\"", chart).group(1)  # type: ignore[union-attr]
