@@ -7,6 +7,7 @@ landed exactly once.
     reclock read FILE OUTPUT... [--as-of T]   consolidated contents as of one IntoTime
     reclock drop FILE SOURCE              stop a source promptly, keep its outputs
     reclock undrop FILE SOURCE            the next run resumes a dropped source
+    reclock resnapshot FILE SOURCE OUTPUT read one output's table again, replacing its rows
     reclock verify FILE                   audit every output against the bindings
 
 Exit codes:
@@ -386,6 +387,20 @@ def cmd_undrop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_resnapshot(args: argparse.Namespace) -> int:
+    from reclock.pipeline import Pipeline
+
+    pipe = Pipeline(_load(args.file))
+    try:
+        pipe.request_resnapshot(args.source, args.output)
+    finally:
+        pipe.close()
+    print(f"output {args.output} of source {args.source}: re-snapshot requested; a running "
+          "driver takes it up within a tick (otherwise the next run does): its table is read "
+          "under a new snapshot, and the output's rows are replaced by it in one commit")
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from reclock.verify import verify_pipeline
 
@@ -479,6 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("file", help=file_help)
     u.add_argument("source", help="the source's name")
     u.set_defaults(fn=cmd_undrop)
+    rs = sub.add_parser("resnapshot", help="read one output's table again under a new "
+                        "snapshot, replacing the output's rows (heals a damaged output)")
+    rs.add_argument("file", help=file_help)
+    rs.add_argument("source", help="the source's name")
+    rs.add_argument("output", help="the output's name")
+    rs.set_defaults(fn=cmd_resnapshot)
     v = sub.add_parser("verify", help="audit outputs against the bindings")
     v.add_argument("file", help=file_help)
     v.add_argument("--json", action="store_true", help="the reports as JSON")

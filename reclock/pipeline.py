@@ -16,6 +16,7 @@ State directory layout::
       outputs/<source>/<output>/   Delta tables (default file sinks)
       console/<source>.<output>.json   console sinks' state
       dropped/<source>      drop markers (``reclock drop``)
+      resnapshot/<source>/  requests of ``reclock resnapshot`` (one file per output)
       progress.jsonl        the progress log
       status.json           the running driver's view, refreshed every second
 """
@@ -46,6 +47,7 @@ from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner
 from reclock.runtime.health import STALLED
 from reclock.runtime.lock import DriverLock, holder_info
 from reclock.runtime.progress_log import ProgressLog
+from reclock.runtime.resnapshot import Requests
 from reclock.runtime.snapshot_progress import describe as describe_snapshot
 from reclock.statuspage import History, StatusServer
 from remap_store import RemapStore, open_store
@@ -232,6 +234,31 @@ class Pipeline:
                      "again), or keep it dropped")
         self.drop_marker(source).unlink()
 
+    # -- resnapshot requests ------------------------------------------------------------
+    def request_resnapshot(self, source: str, output: str) -> None:
+        """Ask for ``output`` to be read again from scratch (see
+        :mod:`reclock.runtime.resnapshot`); refused for a source that cannot
+        (only a Postgres source can), an unknown output or a dropped source."""
+        src = self.source_config(source)
+        if output not in {o.name for o in src.outputs}:
+            raise DefiniteError(f"source {source!r} has no output {output!r}",
+                                hint=f"its outputs: {', '.join(o.name for o in src.outputs)}")
+        if self.is_dropped(source):
+            raise DefiniteError(f"source {source!r} is dropped",
+                                hint="reclock undrop it first")
+        conn = self._connector(src)
+        try:
+            able = conn.can_resnapshot
+        finally:
+            conn.close()
+        if not able:
+            raise DefiniteError(
+                f"source {source!r} cannot re-snapshot an output: only a Postgres source "
+                "reads a table again under a new snapshot",
+                hint="to rebuild the output of another source, drop it and start the source "
+                     "over under a new name")
+        Requests(self.state_dir, source).request(output, self.clock.now())
+
     def settings(self, src: SourceConfig) -> Settings:
         sp = self.cfg.spark
         return Settings(
@@ -379,7 +406,7 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
         built = pipe.build_source(src)
         runners.append(SourceRunner(
             built.source, built.outputs, pipe.store, spark if use_spark else None, pipe.clock,
-            pipe.settings(src), events,
+            pipe.settings(src), events, requests=Requests(pipe.state_dir, src.name),
         ))
     if dropped and out is not None:
         out.write(f"reclock: not running dropped source(s) {', '.join(dropped)} "

@@ -156,11 +156,24 @@ class Source(Protocol, Generic[T]):
         ...
 
     def open(self, resume: Antichain[T], bound: Antichain[T],
-             held: Sequence[Antichain[T] | None] = ()) -> None:
+             held: Sequence[Antichain[T] | None] = (),
+             resnapshot: Sequence[int] = ()) -> None:
         """Called before the first probe (and again after a re-open) with the
         resumption frontier, the last bound frontier, and per output the
         FromTime frontier it holds (``None``: nothing committed yet), all read
-        back from durable state."""
+        back from durable state. ``resnapshot``: outputs to read from scratch
+        although they hold data (``reclock resnapshot``; only when
+        :attr:`can_resnapshot`), as for an output that holds nothing."""
+        ...
+
+    can_resnapshot: bool
+    """Whether :meth:`open` can snapshot an output that holds data again."""
+
+    def snapshot_position(self, output: int) -> tuple[int, int] | None:
+        """Where the rows of ``output``'s snapshot being taken are stamped:
+        ``(_src_part, _src_offset)`` of a position that reclocks to the
+        snapshot's IntoTime (a Postgres snapshot at ``s``: ``(0, s - 1)``);
+        ``None`` when no snapshot of it is being taken."""
         ...
 
     def probe(self) -> Antichain[T]:
@@ -201,10 +214,14 @@ class Source(Protocol, Generic[T]):
 class SourceBase:
     """The capabilities' defaults, for connectors to inherit: not replayable,
     the pipeline's jobs in flight, outputs as declared, nothing to release,
-    no snapshot."""
+    no snapshot (and none again)."""
 
     replayable: bool = False
     jobs_in_flight: int | None = None
+    can_resnapshot: bool = False
+
+    def snapshot_position(self, output: int) -> tuple[int, int] | None:
+        return None
 
     def outputs(self) -> list[OutputSpec]:
         raise NotImplementedError

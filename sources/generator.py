@@ -229,7 +229,8 @@ class GeneratorSource(SourceBase):
         return Antichain.from_elem(Counter(self.start))
 
     def open(self, resume: Antichain[Counter], bound: Antichain[Counter],
-             held: Sequence[Antichain[Counter] | None] = ()) -> None:
+             held: Sequence[Antichain[Counter] | None] = (),
+             resnapshot: Sequence[int] = ()) -> None:
         b = bound.as_option()
         value = self.start if b is None else max(int(b), self.start)
         self._anchor = (value, self.clock.now())

@@ -500,7 +500,8 @@ class KafkaSource(SourceBase):
         return self._initial
 
     def open(self, resume: Antichain[Partitioned], bound: Antichain[Partitioned],
-             held: Sequence[Antichain[Partitioned] | None] = ()) -> None:
+             held: Sequence[Antichain[Partitioned] | None] = (),
+             resnapshot: Sequence[int] = ()) -> None:
         self._known, _ = kafka_offsets(bound)
 
     def probe(self) -> Antichain[Partitioned]:

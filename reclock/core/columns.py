@@ -27,6 +27,10 @@ RAW_VALUE = "_raw_value"  # binary: an error row's value bytes
 #: ``TRUNCATED`` = every key removed (the other columns are null).
 SRC_DIFF = DIFF
 TRUNCATED = -2
+#: The ``_src_part`` of what a re-snapshot retracts (``reclock resnapshot``):
+#: apart from every snapshot chunk's part (-1 - chunk) and below them, so
+#: that ordered by position the retraction comes before what replaces it.
+RESNAPSHOT_PART = -(2**31)
 #: Optional column of typed upsert intents (list<int32>): positions of user
 #: columns the change left as they were without sending them (Postgres'
 #: unchanged TOASTed values); the key state fills them from the current row.

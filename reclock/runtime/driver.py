@@ -41,12 +41,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from reclock import faults
 from reclock.core.bindings import Bindings
 from reclock.core.clock import Clock
-from reclock.core.columns import rename_columns
+from reclock.core.columns import (
+    DIFF,
+    INTO_TIME,
+    RESNAPSHOT_PART,
+    SRC_OFFSET,
+    SRC_PART,
+    SRC_SEQ,
+    rename_columns,
+)
 from reclock.core.errors import DefiniteError, ReclockError, Reopen, classified, classify
 from reclock.core.frontier import Antichain, frontier_distance
 from reclock.core.mint import RemapOperator
@@ -62,6 +72,7 @@ from reclock.runtime.dataplane import (
 )
 from reclock.runtime.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
 from reclock.runtime.progress_log import ProgressLog
+from reclock.runtime.resnapshot import Requests
 from reclock.runtime.snapshot_progress import SnapshotProgress
 from remap_store.base import RemapStore
 from sinks.base import (
@@ -72,6 +83,7 @@ from sinks.base import (
     check_output_names,
     output_schema,
 )
+from sinks.consolidate import COUNT, consolidate
 from sources.base import OutputSpec, Source
 
 log = logging.getLogger("reclock.driver")
@@ -132,6 +144,8 @@ class _Job:
     reached: Antichain[Any]
     #: followed as its tasks finish: the job reads snapshot chunks
     progress: TaskProgress | None = None
+    #: the outputs whose snapshot chunks the job reads
+    snapshots: frozenset[int] = frozenset()
 
     def discard(self) -> None:
         """Wait for it and drop its results: what it staged is never committed
@@ -156,6 +170,7 @@ class SourceRunner:
         events: ProgressLog,
         *,
         as_of: int | None = None,
+        requests: Requests | None = None,
     ) -> None:
         self.source = source
         self.name = source.name
@@ -189,6 +204,10 @@ class SourceRunner:
         self._count_lock = threading.Lock()
         self._jobs: ThreadPoolExecutor | None = None  # the job read while one commits
         self.snapshots = SnapshotProgress()
+        #: ``reclock resnapshot`` requests (None: not taken), and those taken
+        #: up by the last open: output index -> when it was requested
+        self.requests = requests
+        self._resnap: dict[int, int] = {}
         #: by batch id: the progress of a submitted job that reads snapshot chunks
         self._progress: dict[str, TaskProgress] = {}
 
@@ -288,11 +307,17 @@ class SourceRunner:
             timestamp_interval_ms=self.settings.timestamp_interval_ms, as_of=self.as_of,
         )
         self._describe_outputs()
+        self._resnap = self._requested()
         for out in self.outputs:
             out.sink.ensure(out.user_schema)
             out.state = out.sink.state()
             out.upsert = None
-            if out.upsert_key is not None:
+            if out.upsert_key is not None and out.index in self._resnap:
+                # Read again from scratch: the snapshot's rows start from no
+                # keys (what the output holds now is retracted as a whole,
+                # however damaged: see _replaced).
+                out.upsert = UpsertState([f.name for f in out.user_schema], out.upsert_key)
+            elif out.upsert_key is not None:
                 # the key state is exactly that of the committed output
                 out.upsert = UpsertState.rebuild(
                     out.sink.read_updates(), [f.name for f in out.user_schema], out.upsert_key)
@@ -306,10 +331,21 @@ class SourceRunner:
             bound = initial
         self.read_from = self._read_start(b, self.resume)
         held = [o.state.held(self.source.kind) for o in self.outputs]
-        self.source.open(self.resume, bound, held)
+        if self._resnap:
+            names = [self.outputs[i].name for i in sorted(self._resnap)]
+            log.warning("source %s: re-snapshotting %s (reclock resnapshot)", self.name, names)
+            self.events.log(self.name, "resnapshot", outputs=names, state="taken")
+        self.source.open(self.resume, bound, held, resnapshot=sorted(self._resnap))
         self._opened = True
         self.events.log(self.name, "open", resume=self.resume.encode(),
                         read_from=self.read_from.encode(), bound=bound.encode())
+
+    def _requested(self) -> dict[int, int]:
+        """The pending resnapshot requests of this source's outputs."""
+        if self.requests is None or not self.source.can_resnapshot:
+            return {}
+        index = {o.name: o.index for o in self.outputs}
+        return {index[n]: t for n, t in self.requests.pending().items() if n in index}
 
     def _describe_outputs(self) -> None:
         """Typed outputs take their schema (and the envelope their rows need)
@@ -356,6 +392,9 @@ class SourceRunner:
         """
         assert self.operator is not None and self.read_from is not None
         self.ticks += 1
+        if self._requested().items() - self._resnap.items():
+            self._opened = False  # a new resnapshot request: re-open (next round)
+            return False
 
         def probe() -> Antichain[Any]:
             faults.fail_point("source")
@@ -411,7 +450,7 @@ class SourceRunner:
                     except ReclockError as exc:
                         failed = exc  # planning the next job failed: commit this one first
                 faults.crash_point("after_stage")
-                self._commit(b, results, job.reached)
+                self._commit(b, results, job.reached, snapshots=job.snapshots)
                 if job.progress is not None:  # the outputs hold their snapshots
                     self.snapshots.committed(job.progress, results,
                                              self.source.snapshot_sizes())
@@ -452,7 +491,8 @@ class SourceRunner:
         progress = self.snapshots.submitted(tasks)
         if progress is not None:
             self._progress[ctx.batch_id] = progress
-        return _Job(self._jobs.submit(self._execute, ctx, tasks), reached, progress)
+        snaps = frozenset(t.snapshot for t in tasks if t.snapshot is not None)
+        return _Job(self._jobs.submit(self._execute, ctx, tasks), reached, progress, snaps)
 
     def _depth(self) -> int:
         """Jobs of this source that read at once (the source may allow fewer)."""
@@ -509,9 +549,11 @@ class SourceRunner:
 
     def _commit(
         self, b: Bindings[Any], results: list[TaskResult], reached: Antichain[Any],
-        only_if_moves: bool = False,
+        only_if_moves: bool = False, snapshots: frozenset[int] = frozenset(),
     ) -> None:
-        """Per output: staged data + (upper, progress) in one atomic, fenced step."""
+        """Per output: staged data + (upper, progress) in one atomic, fenced step.
+        ``snapshots``: outputs whose snapshot chunks ``results`` hold; one being
+        re-snapshotted retracts what it held in the same step (:meth:`_replaced`)."""
         new_upper = _upper_value(b.reclock_frontier(reached))
         progress = reached.encode_json()
         for out in self.outputs:
@@ -538,6 +580,13 @@ class SourceRunner:
             # not touch it, so a failed stage or commit leaves it as it was.
             pending = None
             intents = [r.intents[out.index] for r in results if out.index in r.intents]
+            replacing = out.index in self._resnap and out.index in snapshots
+            if replacing:
+                extra = self._replaced(b, out)
+                if extra.num_rows:
+                    faults.fail_point("stage")
+                    staged += out.sink.stager().stage(
+                        f"{self.clock.now()}-resnap-{uuid.uuid4().hex[:10]}", 0, extra)
             if intents and out.upsert is not None:
                 updates, pending = out.upsert.apply(
                     pa.concat_tables(intents, promote_options="default"),
@@ -551,6 +600,10 @@ class SourceRunner:
             if pending is not None and out.upsert is not None:
                 out.upsert.accept(pending)
             out.state = new
+            if replacing and self.requests is not None:
+                self.requests.done(out.name, self._resnap.pop(out.index))
+                self.events.log(self.name, "resnapshot", outputs=[out.name], state="committed")
+                log.warning("source %s: output %s re-snapshotted", self.name, out.name)
             out.rows += sum(r.rows.get(out.index, 0) for r in results)
             out.errors += sum(r.errors.get(out.index, 0) for r in results)
             out.health = Health(RUNNING, since_ms=self.clock.now())
@@ -560,6 +613,33 @@ class SourceRunner:
                             errors=sum(r.errors.get(out.index, 0) for r in results))
             faults.crash_point("after_sink_commit")
         faults.crash_point("after_upper_advance")
+
+    def _replaced(self, b: Bindings[Any], out: OutputRuntime) -> pa.Table:
+        """What a re-snapshotted output retracts, at its snapshot's position
+        and IntoTime: everything it holds, read back and consolidated (a row
+        held ``n`` times is retracted ``n`` times; a row a damaged log holds
+        ``-1`` times is put back once). Its snapshot's rows then insert the
+        table's contents (a keyed output's key state starts empty for them:
+        see :meth:`open`), so the output holds exactly the snapshot and its
+        log stays a valid history whatever was done to it behind our back."""
+        pos = self.source.snapshot_position(out.index)
+        if pos is None:
+            raise AssertionError(f"output {out.name!r}: a snapshot job without its snapshot")
+        into = int(b.reclock_positions(np.array([pos[0]]), np.array([pos[1]]))[0])
+        schema = output_schema(out.user_schema)
+        names = list(out.user_schema.names)
+        counts = consolidate(out.sink.read_updates(), None, names)
+        n = counts.num_rows
+        cols: dict[str, Any] = {c: counts.column(c) for c in names}
+        cols.update({
+            INTO_TIME: pa.array(np.full(n, into, np.int64)),
+            DIFF: pc.negate(counts.column(COUNT)),
+            SRC_PART: pa.array(np.full(n, RESNAPSHOT_PART, np.int32)),
+            SRC_OFFSET: pa.array(np.full(n, pos[1], np.int64)),
+            SRC_SEQ: pa.array(np.arange(n, dtype=np.int32)),
+        })
+        return pa.table({f.name: cols[f.name] if f.name in cols else pa.nulls(n, f.type)
+                         for f in schema}).cast(schema)
 
     def _resume_and_acknowledge(self, b: Bindings[Any]) -> None:
         resume = b.source_upper_at(self._resume_into())

@@ -374,10 +374,15 @@ class PostgresSource(SourceBase):
         return Antichain.from_elem(Lsn(0))
 
     # -- open ------------------------------------------------------------------------
+    can_resnapshot = True
+
     def open(self, resume: Antichain[Lsn], bound: Antichain[Lsn],
-             held: Sequence[Antichain[Lsn] | None] = ()) -> None:
+             held: Sequence[Antichain[Lsn] | None] = (),
+             resnapshot: Sequence[int] = ()) -> None:
         """Checks, publication, slot, and a snapshot for the outputs in
-        ``held`` that hold nothing yet (``None`` or the initial frontier)."""
+        ``held`` that hold nothing yet (``None`` or the initial frontier) and
+        for those in ``resnapshot`` (read again although they hold data: the
+        same hand-off, their changes before the new snapshot point dropped)."""
         conn = self._connection()
         try:
             check_server(conn, self.who)
@@ -397,9 +402,10 @@ class PostgresSource(SourceBase):
                         f"updates and deletes (REPLICA IDENTITY {_IDENT[t.identity]}, "
                         f"{'no primary key' if t.identity == 'd' else 'no key'})",
                         hint=_identity_hint(t))
-        empty = [i for i in range(len(tables))
-                 if i >= len(held) or held[i] is None or _initial(held[i])]
-        holding = len(empty) < len(tables)
+        bare = [i for i in range(len(tables))
+                if i >= len(held) or held[i] is None or _initial(held[i])]
+        holding = len(bare) < len(tables)
+        empty = sorted(set(bare) | {i for i in resnapshot if 0 <= i < len(tables)})
         self._ensure_slot(holding, resume)
         self._check_not_advanced_elsewhere(holding, resume)
         if self._snap is not None and (not self._snap.alive
@@ -552,6 +558,12 @@ class PostgresSource(SourceBase):
                 s.sizes.cancel()
             with contextlib.suppress(psycopg.Error):
                 s.conn.close()
+
+    def snapshot_position(self, output: int) -> tuple[int, int] | None:
+        snap = self._snap
+        if snap is None or output not in snap.outputs:
+            return None
+        return 0, snap.lsn - 1  # where its chunk rows are stamped
 
     def snapshot_sizes(self) -> dict[int, SnapshotSize]:
         """The rows of each output's table under the snapshot being taken:
