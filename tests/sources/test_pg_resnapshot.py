@@ -138,3 +138,85 @@ def test_resnapshot_is_refused_where_it_cannot_work(tmp_path: Path, cdc_url: str
     assert r.returncode == 2 and "has no output 'nope'" in r.stderr, r.stderr
     assert Requests(tmp_path / "state", "bank").pending() == {}
     assert Requests(tmp_path / "state", "gen").pending() == {}
+
+
+KILLED = """
+state_dir: {tmp}/state
+timestamp_interval: 300ms
+spark:
+  master: local[2]
+  max_records_per_task: 2000
+  conf:
+    spark.driver.extraJavaOptions: "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+sources:
+  - name: bank
+    postgres: {{dsn: "{url}", tables: [acct, ledger]}}
+    outputs:
+      - name: acct
+        sink: {{type: postgres, dsn: "{url}", table: acct_replica, mode: state, key: [id]}}
+      - {{name: ledger, sink: file}}
+"""
+
+
+def test_a_resnapshot_killed_midway_is_taken_again_by_the_next_run(
+        tmp_path: Path, cdc_url: str) -> None:
+    """kill -9 while re-snapshotting (a Postgres current-state replica and a
+    Delta log, both damaged): the request survives, the next run re-reads,
+    and both end equal to their tables."""
+    import os
+    import random
+    import signal
+
+    import psycopg
+
+    from tests.running import close_driver, start_driver, stop_driver, wait_exit, wait_running
+
+    create_schema(cdc_url, accounts=2000, ledger=8000)
+    path = tmp_path / "p.yaml"
+    path.write_text(KILLED.format(tmp=tmp_path, url=cdc_url))
+    cfg = load_config(path)
+    state = tmp_path / "state"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    requests = Requests(state, "bank")
+    proc = start_driver(path, env)
+    try:
+        assert wait_running(state, proc)
+        wait_for(lambda: _held(cfg, "ledger", LEDGER) == _table(cdc_url, "ledger", LEDGER), 90,
+                 "the first snapshot")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        wait_exit(proc, 30)
+        close_driver(proc)
+    rng = random.Random(7)
+    killed = 0
+    for _ in range(2):
+        with psycopg.connect(cdc_url, autocommit=True) as c:  # damage the replica
+            c.execute("delete from acct_replica where id % 3 = 0")
+            c.execute("update acct_replica set owner = 'damaged' where id % 5 = 0")
+        DeltaTable(str(state / "outputs" / "bank" / "ledger")).delete("id % 4 = 0")
+        for output in ("acct", "ledger"):
+            requests.request(output, int(time.time() * 1000))
+        proc = start_driver(path, env)
+        try:
+            assert wait_running(state, proc)
+            time.sleep(rng.uniform(0.5, 2.5))
+            if requests.pending():
+                killed += 1
+            proc.send_signal(signal.SIGKILL)
+            wait_exit(proc, 30)
+        finally:
+            close_driver(proc)
+    assert killed >= 1  # at least one kill landed before the replacement was durable
+    proc = start_driver(path, env)
+    try:
+        assert wait_running(state, proc)
+        wait_for(lambda: not requests.pending(), 90, "the resnapshots to be committed")
+        wait_for(lambda: _held(cfg, "ledger", LEDGER) == _table(cdc_url, "ledger", LEDGER), 60,
+                 "the ledger to catch up")
+    finally:
+        rc, err = stop_driver(proc)
+    assert rc == 0 and "Traceback" not in err, err[-3000:]
+    assert (_table(cdc_url, "acct_replica", ACCT) == _table(cdc_url, "acct", ACCT))
+    assert _held(cfg, "ledger", LEDGER) == _table(cdc_url, "ledger", LEDGER)
+    [report] = verify_pipeline(cfg)
+    assert report.ok, [(o.output, o.breaches, o.samples) for o in report.outputs]
