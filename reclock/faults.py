@@ -7,7 +7,11 @@ with SIGKILL there, exactly as ``kill -9`` would: no cleanup, no flush. With no
 variable set this costs one dictionary lookup.
 
 Points, in commit order: ``after_mint``, ``after_stage``, ``after_sink_commit``
-(between outputs), ``after_upper_advance``, ``after_acknowledge``.
+(between outputs), ``after_upper_advance``, ``after_acknowledge``. Maintenance
+points (:data:`MAINTENANCE_POINTS`, passed only when an output compacts its
+files between ticks): ``mid_compaction`` (the compacted files are written, the
+Delta commit that swaps them in is not) and ``after_compaction`` (that commit
+is durable, nothing after it ran).
 
 ``RECLOCK_FAIL_AT`` injects a *failure* instead, once (``point``) or ``n``
 times (``point:n``), several separated by commas: the running pipeline meets a
@@ -46,6 +50,14 @@ POINTS = (
     "after_acknowledge",
 )
 
+#: Crash points of output maintenance (compaction): apart from :data:`POINTS`,
+#: which the kill tests cycle through on every run, since they are passed only
+#: when a compaction is due.
+MAINTENANCE_POINTS = (
+    "mid_compaction",
+    "after_compaction",
+)
+
 
 def _items(var: str, spec: str, known: tuple[str, ...], what: str) -> list[tuple[str, str]]:
     """``name`` or ``name:arg`` items of a comma-separated ``spec``."""
@@ -63,7 +75,8 @@ def _items(var: str, spec: str, known: tuple[str, ...], what: str) -> list[tuple
 
 def _parse(spec: str) -> dict[str, float]:
     return {name: float(p) if p else 1.0
-            for name, p in _items("RECLOCK_CRASH_AT", spec, POINTS, "crash point")}
+            for name, p in _items("RECLOCK_CRASH_AT", spec, POINTS + MAINTENANCE_POINTS,
+                                  "crash point")}
 
 
 _SPEC = _parse(os.environ.get("RECLOCK_CRASH_AT", ""))

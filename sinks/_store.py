@@ -3,8 +3,9 @@
 A :class:`Location` names the place (``/abs/dir`` or ``s3://bucket/prefix``)
 and does the few file operations the Delta sink needs beside delta-rs itself:
 write a staged file whole, look one up, list the direct children, read a log
-entry, delete. It is picklable, so executors write their staged files to the
-same place the driver commits from (the data and its staging share a bucket).
+entry or a data file (compaction), delete. It is picklable, so executors write
+their staged files to the same place the driver commits from (the data and its
+staging share a bucket).
 
 Atomicity of one file. Locally a write goes to a dot-named temp file, is
 ``fsync``-ed and renamed (:func:`sinks._fs.atomic_write`). On S3 an object
@@ -34,7 +35,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from reclock.core.errors import ReclockError, TransientError
 from sinks._fs import atomic_write, fsync_dir, sink_os_error
@@ -243,6 +246,19 @@ class Location:
                 return bytes(f.read()).decode("utf-8")
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise store_error(self.name, self.child(name), exc, "read") from exc
+
+    def read_parquet(self, name: str) -> pa.Table:
+        """The rows of the Parquet file ``name`` (a relative path), whole."""
+        if self.s3 is None:
+            path = Path(self.root) / name
+            try:
+                return pq.read_table(path)
+            except OSError as exc:  # FileNotFoundError included: a referenced file is gone
+                raise sink_os_error(self.name, path, exc, "read") from exc
+        try:
+            return pq.read_table(f"{self.root}/{name}", filesystem=self.s3.filesystem())
         except OSError as exc:
             raise store_error(self.name, self.child(name), exc, "read") from exc
 

@@ -244,6 +244,17 @@ class PersistSink(Protocol):
         return their names. A commit whose staged file is gone fails cleanly."""
         ...
 
+    def maintain(self, now_ms: int) -> dict[str, int]:
+        """Optional upkeep of the output, called by the driver between ticks
+        (none of the source's jobs in flight, no commit of it under way) on
+        every tick with the driver clock's ``now_ms``: the sink decides itself
+        whether anything is due (the Delta sink compacts small files and
+        deletes the ones a compaction removed once they are past their
+        retention). Upkeep changes neither the rows an output holds nor its
+        :class:`SinkState`. Returns what it did as counts (``{}``: nothing);
+        sinks with nothing to maintain return ``{}``."""
+        ...
+
     def close(self) -> None:
         ...
 

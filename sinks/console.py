@@ -195,6 +195,10 @@ class ConsoleSink:
         """Stages nothing that could be orphaned."""
         return []
 
+    def maintain(self, now_ms: int) -> dict[str, int]:
+        """Nothing to maintain."""
+        return {}
+
     def close(self) -> None:
         out = self._out if self._out is not None else sys.stdout
         out.flush()

@@ -6,7 +6,8 @@ Layout of an output at ``path``::
     path/
       _delta_log/00000000000000000007.json     the Delta log (written by delta-rs)
       _reclock.lock                            flock held across check + commit (local)
-      part-{batch}-{part:05d}-{n:03d}.parquet  data files (staged, then committed)
+      part-{batch}-{part:05d}-{n:03d}.parquet  data files (staged, then committed;
+                                               compacted files too: batch "<ms>-compact-<id>")
 
 The commit path (numbering of :mod:`sinks.base`)::
 
@@ -57,6 +58,43 @@ whose answer was lost is ambiguous only until the next state read: a retry
 finds the log entry there and is fenced, and the driver re-reads the state
 it itself committed.
 
+Compaction (:meth:`DeltaSink.compact`, run on a schedule by
+:meth:`DeltaSink.maintain`, which the driver calls between ticks). An output
+commits every interval, so its table gathers a small file per commit, and
+every reader slows with their number. A compaction pass merges the files
+smaller than ``target_size``, in IntoTime order, into files of about that size,
+and swaps them in with ONE Delta transaction from snapshot v: a remove action
+per merged file, an add action per new file (both ``dataChange: false``: the
+rows are the same ones; streaming readers skip the commit), and the output's
+txn and commitInfo (upper, progress) exactly as snapshot v has them. So the
+state read after a compaction is the state before it, and a compaction is
+fenced like a commit: delta-rs rejects it when a commit after v carries our
+txn (a commit of this output, or a compaction by another driver), and a commit
+built on a snapshot older than the compaction is rejected, re-checked (the
+state is unchanged) and retried by :meth:`DeltaSink.commit`. delta-rs's own
+``optimize.compact`` is not used: it drops the ``app_transactions`` of its
+commit properties (so nothing fences it), and two of its compactions from one
+snapshot both commit -- delta-rs 1.6.6 lets concurrent removes of one file
+through when ``dataChange`` is false -- which duplicates every row both merged
+(tests/sinks/test_delta_compaction.py pins both). A kill during a pass leaves
+at most new files no commit references, named like staged files:
+:meth:`DeltaSink.vacuum_orphans` deletes them.
+
+Retention. Files a compaction removed stay ``retention`` long, so that readers
+of older versions (time travel, a reader still scanning one) keep working;
+then :meth:`DeltaSink.expire_removed` (delta-rs's ``vacuum`` in lite mode: only
+files a remove action names, once that remove is older than the retention by
+the wall clock) deletes them, writing commits of its own (``VACUUM START`` and
+``VACUUM END``: no txn, so the state is found behind them like behind any
+other writer's commit). The table's ``delta.deletedFileRetentionDuration`` is
+set to the retention plus an hour: a checkpoint drops the remove actions older
+than that (and delta-rs's vacuum no longer sees them), so the extra hour lets a
+pass find each removed file past its retention; other Delta tools (Spark's
+``VACUUM``) honour it too. :meth:`DeltaSink.vacuum_orphans` never deletes a
+file a remove action of the log names; a removed file whose remove action a
+checkpoint dropped (the driver was down meanwhile) is past its retention, and
+is deleted by it like an orphan when named like ours.
+
 Types. Delta has no time of day, duration, unsigned or half-float types:
 such columns are stored as :func:`storage_type` says (times and durations as
 int64 microseconds) and read back in the stored type.
@@ -73,7 +111,10 @@ import json
 import logging
 import os
 import re
+import time
+import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -93,9 +134,11 @@ from deltalake.transaction import (
     Transaction,
 )
 from pydantic import AfterValidator, BeforeValidator, SecretStr
+from pydantic import Field as Setting
 from pydantic_core import InitErrorDetails
 
-from reclock.config.base import SinkConfigBase, _Model, _problem
+from reclock import faults
+from reclock.config.base import ByteSize, DurationMs, SinkConfigBase, _Model, _problem
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
 from reclock.core.errors import ReclockError
@@ -131,10 +174,28 @@ COMMIT_ATTEMPTS = 8
 #: Default age before an unreferenced staged file counts as an orphan.
 ORPHAN_GRACE_SECONDS = 6 * 3600.0
 
+#: Compaction defaults (the file sink's ``compact`` block): a pass every 10
+#: minutes when at least 50 files are below 128 MiB; removed files kept a day.
+COMPACT_EVERY_MS = 10 * 60_000
+COMPACT_MIN_FILES = 50
+COMPACT_TARGET_SIZE = 128 * 2**20
+RETENTION_MS = 24 * 3600_000
+#: At most this many files are merged by one pass, so that a pass over a
+#: table that never was compacted keeps the source's tick short; the next
+#: pass follows on the next tick while enough small files are left.
+COMPACT_MAX_FILES = 10_000
+#: Rows per Parquet row group of a compacted file (what a reader can skip).
+COMPACT_ROW_GROUP = 128 * 1024
+#: Small files read at once while compacting (an object store's latency).
+COMPACT_READERS = 8
+
 LOCK_NAME = "_reclock.lock"
 KEY_UPPER = "reclock.upper"
 KEY_PROGRESS = "reclock.progress"
 KEY_OUTPUT = "reclock.output"
+#: commitInfo key of maintenance commits: ``compact``, ``expire``, ``retention``.
+KEY_MAINTENANCE = "reclock.maintenance"
+RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
 
 # Batch ids become part of file names: keep them to characters that need no
 # escaping in a path or in the Delta log's URL-encoded paths.
@@ -253,22 +314,79 @@ def stats(table: pa.Table) -> str:
     IntoTime and source offset (what readers prune ``as of`` queries on) and
     null counts of the flat columns. Readers trust these to skip files, so
     they are computed from exactly the rows written."""
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    for name in (INTO_TIME, SRC_OFFSET):
-        mm = pc.min_max(table.column(name))
-        mins[name] = mm["min"].as_py()
-        maxs[name] = mm["max"].as_py()
-    nulls = {
-        f.name: table.column(f.name).null_count
-        for f in table.schema
-        if not pa.types.is_nested(f.type)
-    }
-    doc = {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
-    return json.dumps(doc, separators=(",", ":"))
+    return FileStats().add(table).json()
+
+
+class FileStats:
+    """:func:`stats` of a file written in pieces (a compacted file): the
+    same document as for the pieces' concatenation."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self._mins: dict[str, Any] = {INTO_TIME: None, SRC_OFFSET: None}
+        self._maxs: dict[str, Any] = {INTO_TIME: None, SRC_OFFSET: None}
+        self._nulls: dict[str, int] = {}
+
+    def add(self, table: pa.Table) -> FileStats:
+        self.rows += table.num_rows
+        for name in (INTO_TIME, SRC_OFFSET):
+            mm = pc.min_max(table.column(name))
+            lo, hi = mm["min"].as_py(), mm["max"].as_py()
+            if lo is not None:
+                old = self._mins[name]
+                self._mins[name] = lo if old is None else min(old, lo)
+                old = self._maxs[name]
+                self._maxs[name] = hi if old is None else max(old, hi)
+        for f in table.schema:
+            if not pa.types.is_nested(f.type):
+                self._nulls[f.name] = self._nulls.get(f.name, 0) + table.column(f.name).null_count
+        return self
+
+    def json(self) -> str:
+        doc = {"numRecords": self.rows, "minValues": self._mins, "maxValues": self._maxs,
+               "nullCount": self._nulls}
+        return json.dumps(doc, separators=(",", ":"))
 
 
 # -- driver side --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """When :meth:`DeltaSink.maintain` compacts an output, and how long the
+    files a compaction removed are kept (the file sink's ``compact`` block)."""
+
+    every_ms: int = COMPACT_EVERY_MS
+    min_files: int = COMPACT_MIN_FILES
+    target_size: int = COMPACT_TARGET_SIZE
+    retention_ms: int = RETENTION_MS
+
+    @property
+    def retention_hours(self) -> int:
+        """The retention in whole hours, rounded up (delta-rs vacuums in hours)."""
+        return -(-self.retention_ms // 3_600_000)
+
+    @property
+    def removes_kept_hours(self) -> int:
+        """The table's ``delta.deletedFileRetentionDuration``: how long
+        checkpoints keep remove actions. An hour past the retention, so that a
+        pass sees each removed file past its retention before a checkpoint
+        drops its remove action (a file it misses is deleted by
+        :meth:`DeltaSink.vacuum_orphans`)."""
+        return self.retention_hours + 1
+
+
+@dataclass(frozen=True)
+class _Small:
+    """A data file a compaction may merge."""
+
+    path: str
+    size: int
+    order: tuple[int, int, int]  # (min IntoTime, min offset, modification time)
+
+
+# Names of data files a compaction reads (plain names, no escaping needed).
+_PLAIN = re.compile(r"[A-Za-z0-9_.=-]+\.parquet")
 
 
 class DeltaSink:
@@ -280,7 +398,9 @@ class DeltaSink:
     detection alone (the tests use it to show that the fence holds without
     it); keep it on in production so that :meth:`vacuum_orphans` cannot race a
     commit. ``clock`` (seconds since the epoch) only decides file ages for
-    :meth:`vacuum_orphans`.
+    :meth:`vacuum_orphans` and the schedule of :meth:`maintain`.
+    ``compaction``: compact on a schedule (see :meth:`maintain`); ``None``
+    (the default here; the file sink's config turns it on) never does.
     """
 
     holds_state = False  # an update log
@@ -294,6 +414,7 @@ class DeltaSink:
         lock: bool = True,
         rows_per_file: int = ROWS_PER_FILE,
         clock: Clock | None = None,
+        compaction: Compaction | None = None,
     ) -> None:
         self.name = name
         self.location = Location.of(name, path, storage)
@@ -304,6 +425,9 @@ class DeltaSink:
         self._clock: Clock = clock or SystemClock()  # ms; file ages compare in seconds
         self._schema: pa.Schema | None = None  # cached stored schema, for stager()
         self._fresh: DeltaTable | None = None  # snapshot loaded by ensure(), used once
+        self.compaction = compaction
+        self._maintain_at = 0  # clock ms of the next maintenance pass (the first: at once)
+        self._retention_set = False  # the table's retention property checked once
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.name!r}, {self.uri!r})"
@@ -330,7 +454,9 @@ class DeltaSink:
                 try:
                     dt = self._open()
                 except TableNotFoundError:
-                    dt = DeltaTable.create(self.uri, want, mode="error",
+                    conf = (None if self.compaction is None else
+                            {RETENTION_PROPERTY: _interval(self.compaction.removes_kept_hours)})
+                    dt = DeltaTable.create(self.uri, want, mode="error", configuration=conf,
                                            storage_options=self.location.storage_options())
                 else:
                     missing, clashes = _compare(dt.schema(), want)
@@ -493,7 +619,7 @@ class DeltaSink:
                 )
         self._housekeep(dt)
 
-    def _add_action(self, d: dict[str, Any]) -> AddAction:
+    def _add_action(self, d: dict[str, Any], data_change: bool = True) -> AddAction:
         st = self.location.stat(d["path"])
         if st is None or st[0] != d["size"]:
             raise SinkError(
@@ -502,13 +628,16 @@ class DeltaSink:
                 hint="restage the batch (was vacuum_orphans' grace period shorter than "
                 "the time from stage to commit, or was the batch id reused?)",
             )
-        return AddAction(d["path"], d["size"], {}, st[1], True, d["stats"])
+        return AddAction(d["path"], d["size"], {}, st[1], data_change, d["stats"])
 
-    def _housekeep(self, dt: DeltaTable) -> None:
+    def _housekeep(self, dt: DeltaTable, checkpoint: bool = False) -> None:
+        """Checkpoint every :data:`CHECKPOINT_INTERVAL` versions (or now, with
+        ``checkpoint``: after a compaction, so that readers need not replay
+        its long log entry), log cleanup now and then."""
         try:
             dt.update_incremental()
             version = dt.version()
-            if version - self._last_checkpoint() < CHECKPOINT_INTERVAL:
+            if not checkpoint and version - self._last_checkpoint() < CHECKPOINT_INTERVAL:
                 return
             dt.create_checkpoint()
             if (version // CHECKPOINT_INTERVAL) % CLEANUP_EVERY_CHECKPOINTS == 0:
@@ -547,28 +676,279 @@ class DeltaSink:
         ``grace_seconds``; return their names.
 
         Only files named like ours (and our temp files) are considered, so
-        files of other writers -- including ones an external OPTIMIZE removed
-        but older versions still reference -- are left alone. deltalake's own
-        ``vacuum`` is not used: it works in whole hours from the wall clock and
-        writes commits of its own. Under the commit lock, a file cannot be
-        deleted between a commit's existence check and its Delta commit.
+        files of other writers are left alone, and so is every file a remove
+        action of the log names (a compaction's, or an external OPTIMIZE's):
+        older versions still reference it until :meth:`expire_removed` deletes
+        it past its retention. deltalake's own ``vacuum`` is not used here: it
+        works in whole hours from the wall clock and writes commits of its
+        own. Under the commit lock, a file cannot be deleted between a
+        commit's existence check and its Delta commit.
         """
         if not self._exists():
             return []
         removed = []
         with self._locked():
-            referenced = set(self._referenced(self._load()))
+            dt = self._load()
+            referenced = set(self._referenced(dt))
             now = self._clock.now() / 1000.0
-            for name, _size, mtime in self.location.files():
-                if not (_STAGED.fullmatch(name) or _STAGED_TMP.fullmatch(name)):
-                    continue
-                if name in referenced or now - mtime < grace_seconds:
-                    continue  # committed, or may belong to a job still running
+            stale = [name for name, _size, mtime in self.location.files()
+                     if (_STAGED.fullmatch(name) or _STAGED_TMP.fullmatch(name))
+                     # committed, or may belong to a job still running
+                     and name not in referenced and now - mtime >= grace_seconds]
+            if stale:
+                kept = self._removed(dt)
+                stale = [name for name in stale if name not in kept]
+            for name in stale:
                 self.location.delete(name)
                 removed.append(name)
         if removed:
             log.info("output %r: removed %d orphan files", self.name, len(removed))
         return sorted(removed)
+
+    def _removed(self, dt: DeltaTable) -> set[str]:
+        """The files that remove actions of snapshot ``dt`` name and that
+        are still there (a lite vacuum's dry run with no retention lists
+        exactly those; it writes nothing)."""
+        try:
+            names = dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)
+        except OSError as exc:
+            raise self._os_error(exc, "list") from exc
+        except DeltaError as exc:
+            raise _delta_error(self.name, self.location, exc, "list") from exc
+        return {os.path.basename(n) for n in names}
+
+    def maintain(self, now_ms: int) -> dict[str, int]:
+        """Compact the output and expire what compactions removed, when due
+        (see the module docstring): nothing without :attr:`compaction`.
+
+        The first pass runs on the first call (a driver that restarts often
+        still compacts), then one every ``every_ms``; while a pass leaves at
+        least ``min_files`` small files (it merges at most
+        :data:`COMPACT_MAX_FILES`), the next pass runs on the next call. A pass
+        that fails is not retried before its time. Each pass: set the table's
+        retention property (first pass only, when it differs), :meth:`compact`
+        when at least ``min_files`` files are below ``target_size``, then
+        :meth:`expire_removed`. Returns the counts of :meth:`compact` and
+        ``files_expired`` (``{}``: nothing was done or due)."""
+        c = self.compaction
+        if c is None or now_ms < self._maintain_at:
+            return {}
+        self._maintain_at = now_ms + c.every_ms
+        if not self._exists():
+            return {}
+        if not self._retention_set:
+            self._set_retention(c.removes_kept_hours)
+            self._retention_set = True
+        done = self.compact(c.target_size, c.min_files, COMPACT_MAX_FILES)
+        if done.pop("files_left", 0) >= c.min_files:
+            self._maintain_at = now_ms  # catching up: the next pass on the next tick
+        expired = self.expire_removed(c.retention_ms)
+        if expired:
+            done["files_expired"] = len(expired)
+        return done
+
+    def compact(self, target_size: int = COMPACT_TARGET_SIZE, min_files: int = 2,
+                max_files: int = COMPACT_MAX_FILES) -> dict[str, int]:
+        """One compaction pass, if at least ``min_files`` data files are
+        smaller than ``target_size`` (see the module docstring).
+
+        Under the local lock, from snapshot v: the small files in IntoTime
+        order (at most ``max_files``) are cut into runs of at most
+        ``target_size`` bytes; each run of two or more files is merged into
+        one new file named like a staged file; then one transaction removes
+        the merged files and adds the new ones, carrying the output's txn and
+        progress unchanged from v. A commit of this output after v (or another
+        compaction) makes delta-rs refuse it: the pass is dropped (its files
+        deleted) and nothing changed. Returns ``files_removed``,
+        ``files_added``, ``bytes_removed``, ``bytes_added`` and ``files_left``
+        (small files this pass did not take); ``{}`` when nothing was merged.
+        Tables whose files a raw Parquet read cannot merge (deletion vectors,
+        column mapping) are never compacted."""
+        if not self._exists():
+            return {}
+        with self._locked():
+            try:
+                dt = self._load()
+                txn = dt.transaction_version(self.app_id)
+                if txn is None or not self._can_merge(dt):
+                    return {}  # nothing of ours committed yet, or files we cannot merge
+                small = self._small_files(dt, target_size)
+                if len(small) < max(2, min_files):
+                    return {}
+                runs = _runs(small[:max_files], target_size)
+                if not runs:
+                    return {}
+                state = self._state_of(dt)
+                done = self._merge_and_swap(dt, runs, txn, state)
+            except OSError as exc:
+                raise self._os_error(exc, "compact") from exc
+            except DeltaError as exc:
+                raise _delta_error(self.name, self.location, exc, "compact") from exc
+            if not done:
+                return {}
+            done["files_left"] = max(0, len(small) - max_files)
+        log.info("output %r: compacted %d files into %d", self.name, done["files_removed"],
+                 done["files_added"])
+        faults.crash_point("after_compaction")
+        self._housekeep(dt, checkpoint=True)
+        return done
+
+    def _merge_and_swap(self, dt: DeltaTable, runs: list[list[_Small]], txn: int,
+                        state: SinkState) -> dict[str, int]:
+        """Write one file per run, then the one transaction that swaps them
+        in (the caller holds the lock). ``{}`` when a concurrent commit of
+        this output won: the new files are deleted again."""
+        schema = pa.schema(dt.schema().to_arrow())
+        batch = f"{self._clock.now()}-compact-{uuid.uuid4().hex[:10]}"
+        written: list[dict[str, Any]] = []
+        try:
+            with ThreadPoolExecutor(COMPACT_READERS, thread_name_prefix="compact") as pool:
+                for i, run in enumerate(runs):
+                    written.append(self._merge(pool, run, f"part-{batch}-{i:05d}-000.parquet",
+                                               schema))
+                    faults.crash_point("mid_compaction")
+            now = int(time.time() * 1000)  # delta-rs's vacuum ages removes by the wall clock
+            actions: list[AddAction | RemoveAction] = [
+                RemoveAction(f.path, False, now, f.size) for run in runs for f in run]
+            actions += [self._add_action(d, data_change=False) for d in written]
+            props = CommitProperties(
+                app_transactions=[Transaction(self.app_id, txn)],
+                custom_metadata={KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(txn),
+                                 KEY_PROGRESS: state.progress, KEY_MAINTENANCE: "compact"})
+            dt.create_write_transaction(actions, "append", dt.schema(), commit_properties=props,
+                                        post_commithook_properties=_NO_HOOKS)
+        except CommitFailedError as exc:
+            log.info("output %r: compaction dropped, a concurrent commit came first: %s",
+                     self.name, exc)
+            for d in written:
+                self.location.delete(d["path"])
+            return {}
+        return {"files_removed": sum(len(r) for r in runs), "files_added": len(written),
+                "bytes_removed": sum(f.size for r in runs for f in r),
+                "bytes_added": sum(int(d["size"]) for d in written)}
+
+    def _merge(self, pool: ThreadPoolExecutor, run: list[_Small], name: str,
+               schema: pa.Schema) -> dict[str, Any]:
+        """Write the rows of ``run``'s files, in order, as file ``name`` in
+        row groups of :data:`COMPACT_ROW_GROUP` rows (a few small files are
+        read at once); its descriptor, as :meth:`DeltaStager.stage` gives."""
+        acc = FileStats()
+
+        def read(f: _Small) -> pa.Table:
+            return conform(self.name, self.location.read_parquet(f.path), schema)
+
+        def write(out: BinaryIO) -> None:
+            writer: pq.ParquetWriter | None = None
+            buffered: list[pa.Table] = []
+
+            def flush() -> None:
+                nonlocal writer
+                t = pa.concat_tables(buffered)
+                buffered.clear()
+                if writer is None:
+                    writer = pq.ParquetWriter(out, schema, use_dictionary=dictionary_columns(t))
+                writer.write_table(t, row_group_size=COMPACT_ROW_GROUP)
+                acc.add(t)
+
+            step = COMPACT_READERS * 4
+            for i in range(0, len(run), step):
+                for t in pool.map(read, run[i:i + step]):
+                    buffered.append(t)
+                    if sum(b.num_rows for b in buffered) >= COMPACT_ROW_GROUP:
+                        flush()
+            if buffered or writer is None:
+                flush()
+            assert writer is not None
+            writer.close()
+
+        size = self.location.write(name, write)
+        return {"path": name, "size": size, "rows": acc.rows, "stats": acc.json()}
+
+    def _small_files(self, dt: DeltaTable, target_size: int) -> list[_Small]:
+        """The data files below ``target_size`` a compaction may merge, in
+        IntoTime order (then source offset, then age), from their statistics."""
+        adds = pa.table(dt.get_add_actions(flatten=True))
+        n = adds.num_rows
+
+        def col(name: str) -> list[Any]:
+            return adds.column(name).to_pylist() if name in adds.column_names else [None] * n
+
+        out = []
+        for path, size, mtime, t0, o0 in zip(
+                col("path"), col("size_bytes"), col("modification_time"),
+                col(f"min.{INTO_TIME}"), col(f"min.{SRC_OFFSET}"), strict=True):
+            if size < target_size and _PLAIN.fullmatch(str(path)):
+                out.append(_Small(str(path), int(size), (
+                    -1 if t0 is None else int(t0), -1 if o0 is None else int(o0), int(mtime))))
+        out.sort(key=lambda f: (f.order, f.path))
+        return out
+
+    def _can_merge(self, dt: DeltaTable) -> bool:
+        """Whether merging raw Parquet files keeps the table's rows: not with
+        deletion vectors (rows deleted outside the file) or column mapping
+        (stored column names differ)."""
+        p = dt.protocol()
+        conf = dt.metadata().configuration or {}
+        if "deletionVectors" in (p.reader_features or []) or conf.get(
+                "delta.columnMapping.mode", "none") != "none":
+            log.warning("output %r: not compacted: its table uses deletion vectors or "
+                        "column mapping", self.name)
+            return False
+        return True
+
+    def expire_removed(self, retention_ms: int) -> list[str]:
+        """Delete the files that remove actions name (compactions' removals)
+        once those removes are ``retention_ms`` old by the wall clock, rounded
+        up to whole hours (delta-rs's lite ``vacuum``: files no log entry
+        removed are never touched); return their names. Writes two commits
+        when it deletes anything (``VACUUM START``/``END``), none otherwise:
+        a dry run first tells whether any such file is still there (the
+        remove actions outlive their files until a checkpoint drops them)."""
+        if not self._exists():
+            return []
+        hours = -(-retention_ms // 3_600_000)
+        props = CommitProperties(custom_metadata={KEY_OUTPUT: self.name,
+                                                  KEY_MAINTENANCE: "expire"})
+        with self._locked():
+            try:
+                dt = self._load()
+                due = {os.path.basename(n) for n in dt.vacuum(
+                    retention_hours=hours, dry_run=True, enforce_retention_duration=False)}
+                present = due & {name for name, _, _ in self.location.files()} if due else set()
+                if not present:
+                    return []
+                dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False,
+                          commit_properties=props, post_commithook_properties=_NO_HOOKS)
+            except OSError as exc:
+                raise self._os_error(exc, "vacuum") from exc
+            except DeltaError as exc:
+                raise _delta_error(self.name, self.location, exc, "vacuum") from exc
+        log.info("output %r: deleted %d files removed more than %d h ago", self.name,
+                 len(present), hours)
+        return sorted(present)
+
+    def _set_retention(self, hours: int) -> None:
+        """Set the table's ``delta.deletedFileRetentionDuration`` to ``hours``
+        if it says otherwise (a metadata commit of its own; a concurrent
+        commit of ours retries over it)."""
+        want = _interval(hours)
+        with self._locked():
+            try:
+                dt = self._load()
+                have = (dt.metadata().configuration or {}).get(RETENTION_PROPERTY)
+                if have == want or (have is None and hours == DEFAULT_RETENTION_HOURS):
+                    return
+                log.info("output %r: setting %s to %r (was %r)", self.name, RETENTION_PROPERTY,
+                         want, have)
+                dt.alter.set_table_properties(
+                    {RETENTION_PROPERTY: want},
+                    commit_properties=CommitProperties(custom_metadata={
+                        KEY_OUTPUT: self.name, KEY_MAINTENANCE: "retention"}),
+                    post_commithook_properties=_NO_HOOKS)
+            except OSError as exc:
+                raise self._os_error(exc, "configure") from exc
+            except DeltaError as exc:
+                raise _delta_error(self.name, self.location, exc, "configure") from exc
 
     def _referenced(self, dt: DeltaTable) -> Iterator[str]:
         paths = pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()
@@ -613,6 +993,32 @@ class DeltaSink:
         if not self._lock or not self.location.local:
             return nullcontext()
         return exclusive_lock(self.path / LOCK_NAME, output=self.name)
+
+
+#: delta-rs's retention of removed files when the table does not set it (a week).
+DEFAULT_RETENTION_HOURS = 168
+
+
+def _interval(hours: int) -> str:
+    """A Delta interval property value of ``hours`` hours."""
+    return f"interval {hours} hours"
+
+
+def _runs(files: list[_Small], target_size: int) -> list[list[_Small]]:
+    """``files`` cut, in order, into runs of at most ``target_size`` bytes
+    (a file alone may be larger); runs of one file are left out (nothing to
+    merge)."""
+    runs: list[list[_Small]] = []
+    run: list[_Small] = []
+    size = 0
+    for f in files:
+        if run and size + f.size > target_size:
+            runs.append(run)
+            run, size = [], 0
+        run.append(f)
+        size += f.size
+    runs.append(run)
+    return [r for r in runs if len(r) > 1]
 
 
 def _encode_txn(upper: int | None) -> int:
@@ -785,6 +1191,49 @@ def _check_target(value: str | None) -> str | None:
     return value
 
 
+class CompactConfig(_Model):
+    """When the driver compacts a file output's small files, and how long it
+    keeps the files a compaction replaced. An output commits every
+    ``timestamp_interval``, so without compaction its table gathers a small
+    file per commit (tens of thousands a day) and every reader slows down.
+    Compaction merges them into files of about ``target_size`` between two
+    ticks of the source (the source waits meanwhile); it changes neither the
+    rows nor the output's upper and progress."""
+
+    every: DurationMs = Setting(default=COMPACT_EVERY_MS, ge=1000)
+    """How often the output is checked (default ``10m``). The first check runs
+    right after the pipeline starts; while a pass leaves ``min_files`` small
+    files behind (one pass merges at most 10,000), the next one follows on
+    the next tick."""
+    min_files: int = Setting(default=COMPACT_MIN_FILES, ge=2)
+    """Compact once at least this many files are smaller than ``target_size``
+    (default 50)."""
+    target_size: ByteSize = Setting(default=COMPACT_TARGET_SIZE, ge=2**20)
+    """The size of the merged files (default ``128MiB``; ``64MB``, ``1GiB`` or
+    a number of bytes): small files are merged in runs of at most this many
+    bytes, in IntoTime order."""
+    retention: DurationMs = Setting(default=RETENTION_MS, ge=3_600_000)
+    """How long the files a compaction replaced are kept (default ``1d``, at
+    least ``1h``, at most ``30d``; rounded up to whole hours), so that readers
+    of older table versions -- time travel, a scan that started before the
+    compaction -- keep working; then they are deleted. Also written to the
+    table as ``delta.deletedFileRetentionDuration``. Longer keeps more files
+    in the output's directory."""
+
+    def settings(self) -> Compaction:
+        return Compaction(self.every, self.min_files, self.target_size, self.retention)
+
+
+def _compact_switch(value: Any) -> Any:
+    """``compact: off`` (YAML reads it as false) or ``null``: no compaction;
+    ``true``: the defaults."""
+    if value is False or value is None:
+        return None
+    if value is True:
+        return {}
+    return value
+
+
 class FileSinkConfig(SinkConfigBase):
     """A durable table (a Delta table: Parquet files and a log) in a local
     directory or under an ``s3://`` prefix; data and the output's upper are
@@ -801,6 +1250,11 @@ class FileSinkConfig(SinkConfigBase):
     storage: S3StorageConfig | None = None
     """For an ``s3://`` path: endpoint, region and credentials (all optional;
     the ``AWS_*`` environment variables otherwise)."""
+    compact: Annotated[CompactConfig | None, BeforeValidator(_compact_switch)] = Setting(
+        default_factory=CompactConfig)
+    """Merge the output's small files on a schedule: ``{every: 10m, min_files:
+    50, target_size: 128MiB, retention: 1d}`` (the default; give only the keys
+    to change). ``compact: off`` never compacts."""
 
     TARGET: ClassVar[str] = "path"
 
@@ -837,4 +1291,5 @@ class FileSinkConfig(SinkConfigBase):
         storage = None
         if split_uri(path)[0] == "s3":
             storage = (self.storage or S3StorageConfig()).access()
-        return DeltaSink(ctx.name, path, storage=storage)
+        return DeltaSink(ctx.name, path, storage=storage,
+                         compaction=None if self.compact is None else self.compact.settings())

@@ -1329,6 +1329,10 @@ class KafkaSink:
         return vacuum_staged(self.name, self.staging_root, _STAGED, grace_seconds,
                              self._clock.now() / 1000.0)
 
+    def maintain(self, now_ms: int) -> dict[str, int]:
+        """Nothing to maintain: a topic's retention is the broker's."""
+        return {}
+
     def close(self) -> None:
         """Flush nothing (every commit is complete or abandoned); release clients."""
         self._abandon_producer()

@@ -1208,6 +1208,10 @@ class PostgresSink:
         return vacuum_staged(self.name, self.staging_root, _STAGED, grace_seconds,
                              self._clock.now() / 1000.0)
 
+    def maintain(self, now_ms: int) -> dict[str, int]:
+        """Nothing to maintain: the table's upkeep is PostgreSQL's (autovacuum)."""
+        return {}
+
     def close(self) -> None:
         """Close the connection (every commit is complete or rolled back)."""
         self._drop_connection()

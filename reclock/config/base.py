@@ -108,7 +108,7 @@ def redact_secrets(text: str) -> str:
 
 
 def _parse_duration(value: Any) -> int:
-    """``"1s"``, ``"500ms"``, ``"2m"``, ``"1h"`` or an int (milliseconds) -> int ms > 0."""
+    """``"1s"``, ``"500ms"``, ``"2m"``, ``"1h"``, ``"7d"`` or an int (milliseconds) -> ms > 0."""
     expected = (
         "expected a positive duration such as '1s', '500ms', '2m' "
         "or an integer number of milliseconds"
@@ -120,10 +120,10 @@ def _parse_duration(value: Any) -> int:
     if isinstance(value, int):
         ms = value
     elif isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", value)
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", value)
         if not m:
             raise ValueError(expected)
-        scale = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}[m[2] or "ms"]
+        scale = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}[m[2] or "ms"]
         exact = float(m[1]) * scale
         if not exact.is_integer():
             raise ValueError(f"{expected} (not a whole number of milliseconds)")
@@ -141,8 +141,43 @@ def _parse_duration(value: Any) -> int:
 MAX_DURATION_MS = 30 * 24 * 3600 * 1000
 
 
-#: A duration in milliseconds; YAML may say ``1s``, ``500ms``, ``2m``, ``1h`` or an int (ms).
+#: A duration in milliseconds; YAML may say ``1s``, ``500ms``, ``2m``, ``1h``, ``7d`` or an
+#: int (ms).
 DurationMs = Annotated[int, BeforeValidator(_parse_duration)]
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def _parse_size(value: Any) -> int:
+    """``"128MiB"``, ``"64MB"``, ``"512KiB"``, ``"1GiB"`` or an int (bytes) -> int bytes > 0.
+    ``KiB``/``MiB``/``GiB`` are powers of 1024, ``KB``/``MB``/``GB`` of 1000 (case
+    does not matter)."""
+    expected = "expected a positive size such as '128MiB', '64MB', '512KiB' or a number of bytes"
+    if isinstance(value, bool):
+        raise ValueError(expected)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
+        scale = _SIZE_UNITS.get(m[2].lower()) if m else None
+        if m is None or scale is None:
+            raise ValueError(expected)
+        exact = float(m[1]) * scale
+        if not exact.is_integer():
+            raise ValueError(f"{expected} (not a whole number of bytes)")
+        size = int(exact)
+    else:
+        raise ValueError(expected)
+    if size <= 0:
+        raise ValueError(expected)
+    return size
+
+
+#: A size in bytes; YAML may say ``128MiB``, ``64MB``, ``512KiB`` or an int (bytes).
+ByteSize = Annotated[int, BeforeValidator(_parse_size)]
 
 _DECIMAL = re.compile(r"decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)")
 

@@ -1,0 +1,444 @@
+"""Compaction of Delta outputs (``DeltaSink.compact``/``maintain``) and the
+retention of the files it removes (``expire_removed``): rows, reads as of any
+time, the state and its fencing are the same before and after; the delta-rs
+behaviours the design rests on are pinned."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+from deltalake.transaction import CommitProperties, RemoveAction, Transaction
+
+import sinks.delta as delta_mod
+from reclock.config import ConfigError, load_config
+from reclock.config.base import _parse_duration, _parse_size
+from reclock.envelopes import UpsertState
+from sinks._store import S3Access
+from sinks.base import SinkState
+from sinks.delta import Compaction, DeltaSink, FileStats, stats
+from tests.sinks.rows import USER, updates
+
+NAME = "orders.main"
+
+
+def fill(sink: DeltaSink, commits: int, start: int = 0, *, keys: int = 3,
+         state: SinkState | None = None) -> SinkState:
+    """``commits`` commits of ``keys`` rows each (every 5th row an error row,
+    every 4th commit also retracting a row of the one before), one file each;
+    returns the state after them."""
+    st = state if state is not None else sink.state()
+    for i in range(start, start + commits):
+        rows = updates([f"k{i}-{j}" for j in range(keys)], 1000 + 10 * i, offset=keys * i)
+        if i % 5 == 0:
+            rows = pa.concat_tables([rows, updates(["bad"], 1000 + 10 * i, offset=10**6 + i,
+                                                   error="not json")])
+        if i % 4 == 3:
+            rows = pa.concat_tables([rows, updates([f"k{i - 1}-0"], 1000 + 10 * i, diff=-1,
+                                                   offset=keys * (i - 1))])
+        new = SinkState(1000 + 10 * i + 10, json.dumps([{"o": keys * (i + 1)}]))
+        sink.commit(sink.stager().stage(f"c{i}", 0, rows), st, new)
+        st = new
+    return st
+
+
+def canonical(t: pa.Table) -> list[dict[str, Any]]:
+    return t.sort_by([("_src_offset", "ascending"), ("_diff", "ascending")]).to_pylist()
+
+
+def data_files(sink: DeltaSink) -> list[str]:
+    return DeltaTable(sink.uri, storage_options=sink.location.storage_options()).file_uris()
+
+
+def last_commit(path: Path) -> dict[str, Any]:
+    entry = sorted((path / "_delta_log").glob("*.json"))[-1]
+    out: dict[str, Any] = {"remove": 0, "add": 0, "txn": []}
+    for line in entry.read_text().splitlines():
+        doc = json.loads(line)
+        if "commitInfo" in doc:
+            out["info"] = doc["commitInfo"]
+        elif "txn" in doc:
+            out["txn"].append(doc["txn"])
+        elif "remove" in doc:
+            out["remove"] += 1
+            assert doc["remove"]["dataChange"] is False
+        elif "add" in doc:
+            out["add"] += 1
+            assert doc["add"]["dataChange"] is False
+    return out
+
+
+@pytest.fixture
+def sink(tmp_path: Path) -> DeltaSink:
+    s = DeltaSink(NAME, tmp_path / "out")
+    s.ensure(USER)
+    return s
+
+
+# -- the same rows, reads and state ----------------------------------------------------------
+
+
+def test_compaction_keeps_rows_reads_as_of_and_state(sink: DeltaSink) -> None:
+    st = fill(sink, 40)
+    before = sink.read_updates()
+    as_of = {t: canonical(sink.read_updates(t)) for t in (999, 1000, 1155, 1200, 1389, 1390)}
+    v_before = DeltaTable(str(sink.path)).version()
+    old_version = canonical(DeltaTable(str(sink.path), version=v_before).to_pyarrow_table())
+
+    done = sink.compact(min_files=2)
+    assert done["files_removed"] == 40 and done["files_added"] == 1, done
+    assert len(data_files(sink)) == 1
+    info = last_commit(sink.path)
+    assert info["remove"] == 40 and info["add"] == 1
+    # The commit carries the output's txn and progress exactly as they were.
+    assert [(t["appId"], t["version"]) for t in info["txn"]] == [(sink.app_id, st.upper)]
+    assert info["info"]["reclock.upper"] == st.upper
+    assert info["info"]["reclock.progress"] == st.progress
+    assert info["info"]["reclock.maintenance"] == "compact"
+
+    assert sink.state() == st
+    assert DeltaSink(NAME, sink.path).state() == st  # a fresh reader, too
+    assert canonical(sink.read_updates()) == canonical(before)
+    assert before.num_rows == sink.read_updates().num_rows
+    for t, rows in as_of.items():
+        assert canonical(sink.read_updates(t)) == rows, t
+    # Time travel to the version before: its files are kept (retention).
+    assert canonical(DeltaTable(str(sink.path), version=v_before).to_pyarrow_table()) \
+        == old_version
+    # The merged file's statistics are those of its rows (readers prune on them).
+    add = pa.table(DeltaTable(str(sink.path)).get_add_actions(flatten=True))
+    assert add.column("num_records").to_pylist() == [before.num_rows]
+    assert add.column("min._into_time").to_pylist() == [1000]
+    assert add.column("max._into_time").to_pylist() == [1390]
+    # Nothing left to merge: a second pass does nothing and writes nothing.
+    v = DeltaTable(str(sink.path)).version()
+    assert sink.compact(min_files=2) == {}
+    assert DeltaTable(str(sink.path)).version() == v
+
+    # The writer carries on from the compacted table.
+    st = fill(sink, 3, 40, state=st)
+    assert sink.state() == st
+    assert sink.read_updates().num_rows == before.num_rows + 3 * 3 + 1
+
+
+def test_upsert_key_state_rebuilds_the_same_from_a_compacted_output(sink: DeltaSink) -> None:
+    fill(sink, 24)
+    schema_cols = ["k", "v"]
+    before = UpsertState.rebuild(sink.read_updates(), schema_cols, ("k",)).rows
+    assert sink.compact(min_files=2)["files_removed"] == 24
+    after = UpsertState.rebuild(sink.read_updates(), schema_cols, ("k",)).rows
+    assert after == before and len(before) == 24 * 3 - 6
+
+
+def test_runs_of_target_size_in_intotime_order_and_min_files(sink: DeltaSink) -> None:
+    fill(sink, 12)
+    size = DeltaTable(str(sink.path)).get_add_actions(flatten=True).column("size_bytes")
+    one = max(size.to_pylist())
+    assert sink.compact(min_files=13) == {}  # 12 small files: below min_files
+    done = sink.compact(target_size=4 * one, min_files=12)
+    assert done["files_removed"] == 12 and done["files_added"] == 3, done
+    adds = pa.table(DeltaTable(str(sink.path)).get_add_actions(flatten=True)).sort_by(
+        "min._into_time")
+    # Runs follow IntoTime: the merged files' time ranges do not overlap.
+    lo, hi = adds.column("min._into_time").to_pylist(), adds.column("max._into_time").to_pylist()
+    assert all(h < nxt for h, nxt in zip(hi, lo[1:], strict=False)), (lo, hi)
+    # At most max_files per pass; the rest is reported as left.
+    sink2 = DeltaSink("x.y", sink.path.parent / "other")
+    sink2.ensure(USER)
+    fill(sink2, 10)
+    done = sink2.compact(min_files=2, max_files=6)
+    assert (done["files_removed"], done["files_left"]) == (6, 4)
+
+
+def test_file_stats_of_pieces_equal_stats_of_the_whole() -> None:
+    a = updates(["a", "b"], 5, offset=3)
+    b = updates(["c"], 2, offset=9, error="bad")
+    assert FileStats().add(a).add(b).json() == stats(pa.concat_tables([a, b]))
+
+
+# -- fencing and interleavings -------------------------------------------------------------
+
+
+def test_a_compaction_between_a_writers_check_and_commit_is_retried_over(
+        sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer loads snapshot v, a compaction commits v+1 (carrying the
+    output's txn, so delta-rs refuses the writer's commit from v); the
+    writer reloads, finds its state unchanged, commits: nothing lost."""
+    st = fill(sink, 6)
+    compactor = DeltaSink(NAME, sink.path, lock=False)
+    writer = DeltaSink(NAME, sink.path, lock=False)
+    real_load = writer._load
+    loads: list[int] = []
+
+    def load_then_compact() -> DeltaTable:
+        dt = real_load()
+        loads.append(dt.version())
+        if len(loads) == 1:
+            assert compactor.compact(min_files=2)["files_removed"] == 6
+        return dt
+
+    monkeypatch.setattr(writer, "_load", load_then_compact)
+    staged = writer.stager().stage("late", 0, updates(["late"], 2000, offset=999))
+    writer.commit(staged, st, SinkState(3000, "p-late"))
+    assert len(loads) == 2 and loads[1] == loads[0] + 1
+    assert sink.state() == SinkState(3000, "p-late")
+    keys = sink.read_updates().column("k").to_pylist()
+    assert keys.count("late") == 1 and len(keys) == 6 * 3 + 2 + 1 + 1
+
+
+def test_a_commit_between_a_compactions_load_and_commit_drops_the_compaction(
+        sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = fill(sink, 6)
+    compactor = DeltaSink(NAME, sink.path, lock=False)
+    real_load = compactor._load
+
+    def load_then_write() -> DeltaTable:
+        dt = real_load()
+        sink.commit(sink.stager().stage("w", 0, updates(["w"], 2000)), st,
+                    SinkState(3000, "p-w"))
+        return dt
+
+    monkeypatch.setattr(compactor, "_load", load_then_write)
+    assert compactor.compact(min_files=2) == {}
+    assert sink.state() == SinkState(3000, "p-w")
+    assert len(data_files(sink)) == 7  # nothing merged
+    # Its new file was deleted again: nothing but the table's own files.
+    assert sorted(p.name for p in sink.path.glob("*.parquet")) == sorted(
+        Path(f).name for f in data_files(sink))
+    monkeypatch.undo()
+    assert sink.compact(min_files=2)["files_removed"] == 7
+
+
+def test_two_compactions_from_one_snapshot_never_both_commit(
+        sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two drivers compacting at once (a zombie on S3, where there is no
+    lock): the txn fences the second, so no row is merged twice."""
+    fill(sink, 8)
+    rows = sink.read_updates().num_rows
+    a = DeltaSink(NAME, sink.path, lock=False)
+    b = DeltaSink(NAME, sink.path, lock=False)
+    real_load = b._load
+
+    def load_then_let_a_compact() -> DeltaTable:
+        dt = real_load()
+        assert a.compact(min_files=2)["files_removed"] == 8
+        return dt
+
+    monkeypatch.setattr(b, "_load", load_then_let_a_compact)
+    assert b.compact(min_files=2) == {}
+    assert sink.read_updates().num_rows == rows
+    assert len(data_files(sink)) == 1
+
+
+def test_delta_rs_optimize_is_not_fenced(tmp_path: Path) -> None:
+    """Pins why compaction is reclock's own commit (deltalake 1.6.6): the
+    txn given to ``optimize.compact`` is dropped, and two optimizes from one
+    snapshot both commit, duplicating the rows. Should delta-rs change,
+    ``DeltaSink.compact`` might use it."""
+    s = DeltaSink(NAME, tmp_path / "t")
+    s.ensure(USER)
+    fill(s, 4, keys=1)
+    rows = s.read_updates().num_rows
+    a, b = DeltaTable(str(s.path)), DeltaTable(str(s.path))
+    props = CommitProperties(app_transactions=[Transaction(s.app_id, 10**6)])
+    a.optimize.compact(commit_properties=props)
+    assert DeltaTable(str(s.path)).transaction_version(s.app_id) != 10**6
+    b.optimize.compact(commit_properties=props)
+    assert DeltaTable(str(s.path)).to_pyarrow_table().num_rows == 2 * rows
+
+
+def test_the_state_is_found_behind_other_writers_compactions_and_vacuums(
+        sink: DeltaSink) -> None:
+    """delta-rs's optimize and vacuum commit without our txn: the state is
+    read from the newest commit that has it, however many lie between, and
+    the writer's next commit goes through."""
+    st = fill(sink, 6)
+    DeltaTable(str(sink.path)).optimize.compact()  # an external OPTIMIZE
+    assert sink.compact(min_files=2) == {}  # nothing small left to merge
+    assert sink.state() == st
+    assert [Path(p).name for p in sink.expire_removed(0)]  # VACUUM START/END commits
+    DeltaTable(str(sink.path)).create_write_transaction(  # another app's commit
+        [], "append", DeltaTable(str(sink.path)).schema(),
+        commit_properties=CommitProperties(app_transactions=[Transaction("other", 1)]))
+    history = [h["operation"] for h in DeltaTable(str(sink.path)).history(4)]
+    assert history[1:] == ["VACUUM END", "VACUUM START", "OPTIMIZE"], history
+    assert sink.state() == st
+    st = fill(sink, 1, 6, state=st)
+    assert sink.state() == st
+
+
+# -- retention, orphans, crashes --------------------------------------------------------------
+
+
+def test_removed_files_stay_for_the_retention_and_orphans_spare_them(sink: DeltaSink) -> None:
+    fill(sink, 10)
+    v_before = DeltaTable(str(sink.path)).version()
+    rows = canonical(sink.read_updates())
+    sink.compact(min_files=2)
+    on_disk = {p.name for p in sink.path.glob("*.parquet")}
+    assert len(on_disk) == 11
+    assert sink.vacuum_orphans(0) == []  # removed files are not orphans
+    assert sink.expire_removed(3_600_000) == []  # an hour has not passed
+    assert len(DeltaTable(str(sink.path), version=v_before).to_pyarrow_table()) == len(rows)
+    v = DeltaTable(str(sink.path)).version()
+    expired = sink.expire_removed(0)
+    assert len(expired) == 10 and all(n.startswith("part-c") for n in expired)
+    assert {p.name for p in sink.path.glob("*.parquet")} == on_disk - set(expired)
+    assert DeltaTable(str(sink.path)).version() == v + 2  # VACUUM START, END
+    assert canonical(sink.read_updates()) == rows
+    assert sink.expire_removed(0) == []
+    assert DeltaTable(str(sink.path)).version() == v + 2  # nothing to do: no commit
+
+
+def test_checkpoints_keep_removes_for_the_table_retention_and_orphans_follow_them(
+        sink: DeltaSink) -> None:
+    """What the retention property is for: a checkpoint keeps remove actions
+    younger than ``delta.deletedFileRetentionDuration`` (their files stay
+    spared by vacuum_orphans) and drops older ones (their files, named like
+    ours, are then deleted like orphans: they are past any retention)."""
+    fill(sink, 3)
+    dt = DeltaTable(str(sink.path))
+    dt.alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 2 hours"})
+    dt = DeltaTable(str(sink.path))
+    old, young, kept = sorted(pa.table(dt.get_add_actions(flatten=True)).column(
+        "path").to_pylist())
+    now = int(time.time() * 1000)
+    dt.create_write_transaction(
+        [RemoveAction(old, False, now - 3 * 3_600_000),
+         RemoveAction(young, False, now - 1_800_000)], "append", dt.schema())
+    assert sink.vacuum_orphans(0) == []  # no checkpoint yet: both removes are in the log
+    DeltaTable(str(sink.path)).create_checkpoint()
+    assert sink.vacuum_orphans(0) == [old]
+    assert sink.expire_removed(3_600_000) == []  # young is not an hour old
+    assert sorted(p.name for p in sink.path.glob("*.parquet")) == sorted([young, kept])
+    assert sink.read_updates().column("k").to_pylist() == ["k2-0", "k2-1", "k2-2"]
+
+
+def test_maintain_runs_on_schedule_and_sets_the_retention_property(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    plain = DeltaSink(NAME, path)
+    plain.ensure(USER)  # made without compaction: delta-rs's default retention
+    fill(plain, 6)
+    assert "delta.deletedFileRetentionDuration" not in DeltaTable(str(path)).metadata(
+        ).configuration
+    assert plain.maintain(0) == {}  # no compaction configured
+    s = DeltaSink(NAME, path, compaction=Compaction(every_ms=10_000, min_files=5,
+                                                    retention_ms=2 * 3_600_000 - 1))
+    done = s.maintain(1_000)
+    assert done["files_removed"] == 6 and "files_left" not in done
+    assert DeltaTable(str(path)).metadata().configuration[
+        "delta.deletedFileRetentionDuration"] == "interval 3 hours"  # an hour more
+    fill(s, 6, 6)
+    assert s.maintain(10_999) == {}  # not due yet
+    assert s.maintain(11_000)["files_removed"] == 7  # the merged file joins the run
+    made = DeltaSink(NAME, tmp_path / "new", compaction=Compaction())
+    made.ensure(USER)  # a new table gets the property with its creation
+    assert DeltaTable(str(tmp_path / "new")).version() == 0
+    assert DeltaTable(str(tmp_path / "new")).metadata().configuration[
+        "delta.deletedFileRetentionDuration"] == "interval 25 hours"
+
+
+def test_maintain_catches_up_a_pass_at_a_time(sink: DeltaSink,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    fill(sink, 9)
+    monkeypatch.setattr(delta_mod, "COMPACT_MAX_FILES", 4)
+    sink.compaction = Compaction(every_ms=60_000, min_files=2)
+    assert sink.maintain(0)["files_removed"] == 4  # 5 left: due again at once
+    assert sink.maintain(1)["files_removed"] == 4  # the merged file + 3; 2 left
+    assert sink.maintain(2)["files_removed"] == 3  # the rest, and now on schedule
+    assert sink.maintain(3) == {}
+    assert len(data_files(sink)) == 1
+
+
+def test_a_crash_mid_compaction_changes_nothing_and_leaves_only_orphans(
+        sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = fill(sink, 8)
+    rows = canonical(sink.read_updates())
+    files = set(data_files(sink))
+
+    class Killed(BaseException):
+        pass
+
+    def crash(name: str) -> None:
+        if name == "mid_compaction":
+            raise Killed
+
+    monkeypatch.setattr(delta_mod.faults, "crash_point", crash)
+    with pytest.raises(Killed):
+        sink.compact(min_files=2)
+    monkeypatch.undo()
+    left = {p.name for p in sink.path.glob("*.parquet")} - {Path(f).name for f in files}
+    assert len(left) == 1 and "-compact-" in left.pop()
+    fresh = DeltaSink(NAME, sink.path)
+    assert fresh.state() == st and set(data_files(fresh)) == files
+    assert canonical(fresh.read_updates()) == rows
+    assert [n for n in fresh.vacuum_orphans(0) if "-compact-" in n]
+    assert fresh.compact(min_files=2)["files_removed"] == 8
+    assert fresh.state() == st and canonical(fresh.read_updates()) == rows
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+def _pipeline(tmp_path: Path, sink: str) -> Path:
+    f = tmp_path / "p.yaml"
+    f.write_text("sources:\n  - name: c\n    generator: {kind: counter}\n    outputs:\n"
+                 f"      - name: o\n        sink: {sink}\n")
+    return f
+
+
+def test_compact_config_defaults_custom_values_and_off(tmp_path: Path) -> None:
+    def compaction(sink: str) -> Compaction | None:
+        cfg = load_config(_pipeline(tmp_path, sink))
+        block = cfg.sources[0].outputs[0].sink
+        return None if block.compact is None else block.compact.settings()
+
+    assert compaction("file") == Compaction(600_000, 50, 128 * 2**20, 86_400_000)
+    assert compaction("{type: file, compact: off}") is None
+    assert compaction("{type: file, compact: null}") is None
+    assert compaction("{type: file, compact: {every: 30s, min_files: 8, target_size: 64MB, "
+                      "retention: 7d}}") == Compaction(30_000, 8, 64_000_000, 7 * 86_400_000)
+    with pytest.raises(ConfigError) as info:
+        load_config(_pipeline(tmp_path, "{type: file, compact: {target_size: 12 parsecs, "
+                                        "retention: 30m, min_files: 1, speed: 3}}"))
+    msg = str(info.value)
+    for words in ("target_size: expected a positive size such as '128MiB'", "retention",
+                  "min_files", "speed"):
+        assert words in msg, msg
+    assert _parse_duration("7d") == 7 * 86_400_000 and _parse_size("1GiB") == 2**30
+    assert _parse_size(4096) == 4096 and _parse_size("1.5KB") == 1500
+
+
+# -- S3 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_compaction_and_retention_on_s3(s3: Any) -> None:
+    uri = f"s3://{s3.bucket()}/lake/{uuid.uuid4().hex[:6]}"
+    sink = DeltaSink(NAME, uri, storage=S3Access.resolve(env=s3.env()),
+                     compaction=Compaction(min_files=5))
+    sink.ensure(USER)
+    st = fill(sink, 12)
+    rows = canonical(sink.read_updates())
+    as_of = canonical(sink.read_updates(1055))
+    done = sink.maintain(0)
+    assert done["files_removed"] == 12 and done["files_added"] == 1, done
+    assert sink.state() == st and canonical(sink.read_updates()) == rows
+    assert canonical(sink.read_updates(1055)) == as_of
+    assert len(data_files(sink)) == 1
+    names = {n for n, _, _ in sink.location.files()}
+    assert len(names) == 13
+    assert sink.vacuum_orphans(0) == []
+    assert len(sink.expire_removed(0)) == 12
+    assert {n for n, _, _ in sink.location.files()} == {
+        Path(f).name for f in data_files(sink)}
+    st = fill(sink, 1, 12, state=st)
+    assert sink.state() == st
+    assert pc.sum(sink.read_updates().column("_diff")).as_py() > 0
