@@ -81,7 +81,11 @@ class Bindings(Generic[T]):
         *,
         since: int = 0,
         upper: Antichain[IntoTime] | int | None = None,
+        _checked: int = 0,
     ) -> None:
+        """``_checked``: how many leading bindings are known valid already
+        (:meth:`extended`, unpickling); only the rest is validated, each
+        against the one before it."""
         time_type(kind)  # validates the kind
         bs = tuple(bindings)
         if upper is None:
@@ -95,7 +99,7 @@ class Bindings(Generic[T]):
         else:
             upper_ac = Antichain.from_elem(IntoTime(upper))
         since_t = IntoTime(since)
-        _validate(kind, bs, since_t, upper_ac)
+        _validate(kind, bs, since_t, upper_ac, _checked)
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "bindings", bs)
         object.__setattr__(self, "since", since_t)
@@ -139,7 +143,8 @@ class Bindings(Generic[T]):
     def extended(self, new: Sequence[Binding[T]], new_upper: Antichain[IntoTime]) -> Bindings[T]:
         """This snapshot plus bindings appended after it, with the new upper."""
         return Bindings(
-            self.kind, self.bindings + tuple(new), since=int(self.since), upper=new_upper
+            self.kind, self.bindings + tuple(new), since=int(self.since), upper=new_upper,
+            _checked=len(self.bindings),
         )
 
     def compacted(self, new_since: int) -> Bindings[T]:
@@ -337,7 +342,10 @@ def _rebuild_bindings(
     upper: Antichain[IntoTime],
     compiled: _Compiled | None = None,
 ) -> Bindings[Any]:
-    b: Bindings[Any] = Bindings(kind, bindings, since=since, upper=upper)
+    # A snapshot validated where it was pickled (the driver): every task that
+    # unpickles the broadcast need not walk it again.
+    b: Bindings[Any] = Bindings(kind, bindings, since=since, upper=upper,
+                                _checked=len(bindings))
     if compiled is not None:
         b.__dict__["_compiled"] = compiled
     return b
@@ -355,14 +363,21 @@ def compact_bindings(bindings: Sequence[Binding[T]], new_since: int) -> tuple[Bi
 
 
 def _validate(
-    kind: str, bs: tuple[Binding[Any], ...], since: IntoTime, upper: Antichain[IntoTime]
+    kind: str, bs: tuple[Binding[Any], ...], since: IntoTime, upper: Antichain[IntoTime],
+    checked: int = 0,
 ) -> None:
+    """The bindings' invariants; the first ``checked`` are known to hold them
+    among themselves, so only the others are checked (each against the one
+    before it), and the upper against the last."""
     ty = time_type(kind)
     u = _upper_value(upper)
     if u is not None and u < int(since):
         raise BindingError(f"upper {u} is below since {int(since)}")
-    prev: Binding[Any] | None = None
-    for b in bs:
+    checked = max(0, min(checked, len(bs)))
+    if checked and u is not None and int(bs[checked - 1].time) >= u:
+        raise BindingError(f"binding {bs[checked - 1]!r} is not below the upper {u}")
+    prev: Binding[Any] | None = bs[checked - 1] if checked else None
+    for b in bs[checked:]:
         if not isinstance(b, Binding):
             raise BindingError(f"not a Binding: {b!r}")
         for e in b.frontier:

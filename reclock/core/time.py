@@ -203,6 +203,18 @@ class Lsn(_TotalTime):
         return str(self.encode())
 
 
+def _partitioned(lo: int, hi: int | None, offset: int) -> Partitioned:
+    """A :class:`Partitioned` that was valid when pickled, without checks."""
+    p = object.__new__(Partitioned)
+    _SET(p, "lo", lo)
+    _SET(p, "hi", hi)
+    _SET(p, "offset", offset)
+    return p
+
+
+_SET = object.__setattr__
+
+
 @dataclass(frozen=True, slots=True)
 class Partitioned:
     """Kafka time: an interval of partitions ``[lo, hi]`` (``hi=None``: no upper
@@ -276,6 +288,12 @@ class Partitioned:
 
     def encode(self) -> JSON:
         return [self.lo, self.hi, self.offset]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A frozen slotted dataclass unpickles through dataclasses' generic
+        # __setstate__ (5 us each); a broadcast snapshot at 2,048 partitions
+        # holds 200,000 of them per 100 bindings.
+        return (_partitioned, (self.lo, self.hi, self.offset))
 
     @classmethod
     def decode(cls, value: JSON) -> Partitioned:

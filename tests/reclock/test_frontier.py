@@ -60,3 +60,32 @@ def test_frontier_tracks_positive_counts(batches: list[list[tuple[Any, int]]]) -
         shadow.extend(changes)
         assert all(d == 1 for _, d in shadow.items())
         assert Antichain(t for t, _ in shadow.items()) == expected
+
+
+# -- the fast paths for Kafka frontiers agree with the pairwise definitions ------------------
+
+@st.composite
+def _kafka_elements(draw: st.DrawFn) -> list[Partitioned]:
+    """Points and unbounded elements (what Kafka frontiers hold), more than
+    the fast paths' threshold, with repeats and dominated ones."""
+    pts = draw(st.lists(st.builds(Partitioned.point, st.integers(0, 40), st.integers(0, 9)),
+                        min_size=9, max_size=60))
+    ups = draw(st.lists(st.builds(Partitioned, st.integers(0, 45), st.none(),
+                                  st.integers(0, 9)), max_size=4))
+    return pts + ups
+
+
+@given(_kafka_elements(), _kafka_elements(), st.lists(partitioned(max_partition=45), max_size=20))
+def test_fast_kafka_antichains_agree_with_pairwise_definitions(
+        a: list[Partitioned], b: list[Partitioned], probes: list[Partitioned]) -> None:
+    from reclock.core.frontier import _minimal_pairwise
+
+    x, y = Antichain(a), Antichain(b)
+    assert x.elements == _minimal_pairwise(a) and y.elements == _minimal_pairwise(b)
+    for t in [*probes, *a, *b]:
+        assert x.less_equal_time(t) == any(e.less_equal(t) for e in x.elements)
+    assert x.less_equal(y) == all(any(e.less_equal(o) for e in x.elements) for o in y.elements)
+    assert x.less_equal(x) and x.meet(y).less_equal(x) and x.less_equal(x.join(y))
+    pairwise = [j for e in x.elements for f in y.elements if (j := e.join(f)) is not None]
+    assert x.join(y).elements == _minimal_pairwise(pairwise)
+    assert x.meet(y).elements == _minimal_pairwise([*x.elements, *y.elements])
