@@ -147,6 +147,20 @@ class Bindings(Generic[T]):
             _checked=len(self.bindings),
         )
 
+    def covering(self, lower: Antichain[T]) -> Bindings[T]:
+        """The bindings a job reading from ``lower`` needs: every position
+        ``lower`` contains reclocks as it does here. Bindings whose frontier
+        ``lower`` has passed (a prefix: frontiers are monotone) are left out,
+        so a job ships what its range needs, not the whole retained history."""
+        bs = self.bindings
+        k = len(bs)
+        while k > 0 and not bs[k - 1].frontier.less_equal(lower):
+            k -= 1
+        if k == 0:
+            return self
+        return Bindings(self.kind, bs[k:], since=int(self.since), upper=self.upper,
+                        _checked=len(bs) - k)
+
     def compacted(self, new_since: int) -> Bindings[T]:
         """History before ``new_since`` consolidated into one binding at ``new_since``.
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from reclock.core.bindings import UNBOUND, Binding, Bindings
 from reclock.core.errors import BindingError, SinceViolation
 from reclock.core.frontier import Antichain, kafka_frontier
-from reclock.core.time import IntoTime, Lsn, Partitioned
+from reclock.core.time import Counter, IntoTime, Lsn, Partitioned
 from tests.strategies import kafka_bindings, total_bindings
 
 
@@ -166,3 +166,31 @@ def test_large_offsets_fall_back_without_overflow() -> None:
     b = kb((1000, {0: big, 1: 5}), (2000, {0: big + 10, 1: 6}))
     out = b.reclock_offsets([0, 0, 1, 1, 0], [big - 1, big + 3, 5, 6, big + 10])
     assert out.tolist() == [1000, 2000, 2000, UNBOUND, UNBOUND]
+
+
+@given(kafka_bindings(max_bindings=10, max_partitions=4), st.integers(0, 12), st.data())
+def test_a_job_ships_only_the_bindings_its_range_needs(
+        b: Bindings[Any], k: int, data: st.DataObject) -> None:
+    """``covering(lower)`` reclocks every position ``lower`` contains as the
+    whole history does, and leaves out the bindings ``lower`` has passed."""
+    if not b.bindings:
+        assert b.covering(Antichain.from_elem(Partitioned.above(0))) is b
+        return
+    lower = b.bindings[min(k, len(b.bindings) - 1)].frontier
+    cut = b.covering(lower)
+    assert all(not x.frontier.less_equal(lower) for x in cut.bindings[1:])
+    assert cut.upper == b.upper
+    assert cut.bindings == b.bindings[len(b.bindings) - len(cut.bindings):]
+    parts = np.array(data.draw(st.lists(st.integers(0, 5), min_size=1, max_size=30)))
+    offs = np.array(data.draw(st.lists(st.integers(0, 60), min_size=len(parts),
+                                       max_size=len(parts))))
+    inside = np.array([lower.less_equal_time(Partitioned.point(int(p), int(o)))
+                       for p, o in zip(parts, offs, strict=True)])
+    assert (cut.reclock_positions(parts, offs)[inside]
+            == b.reclock_positions(parts, offs)[inside]).all()
+    # a total order too: a counter source's steady state ships the bindings
+    # past where the job starts (here the last one), not 49
+    c = Bindings("counter", [Binding(IntoTime(1000 * i), Antichain.from_elem(Counter(10 * i)))
+                             for i in range(1, 50)], upper=50_000)
+    assert len(c.covering(Antichain.from_elem(Counter(485))).bindings) == 1
+    assert len(c.covering(Antichain.from_elem(Counter(475))).bindings) == 2
