@@ -19,7 +19,9 @@ pool. One tick of a source:
    converted through the bindings into FromTime;
 5. **acknowledge** -- only that frontier is acknowledged upstream;
 6. **compact** -- the remap store's since follows the resumption frontier,
-   keeping ``remap_retention`` of history for ``reclock verify``.
+   keeping ``remap_retention`` of history for ``reclock verify``;
+7. **maintain** -- housekeeping of the outputs: orphaned staged files, and
+   each sink's own upkeep when due (a file output merges its small files).
 
 Faults: a :class:`~reclock.core.errors.TransientError` stalls the source (health
 ``stalled`` with the error) and retries with exponential backoff; a
@@ -470,6 +472,7 @@ class SourceRunner:
         self._resume_and_acknowledge(b)  # 4.+5.
         self._compact(b)  # 6.
         self._vacuum()
+        self._maintain()
         return b.is_closed and all(o.state.upper is None for o in self.outputs)
 
     def _submit(self, b: Bindings[Any], start: Antichain[Any], bound: Antichain[Any]) -> _Job:
@@ -485,7 +488,7 @@ class SourceRunner:
         if not tasks:
             fut.set_result([])
             return _Job(fut, reached)
-        ctx = self._context(b)
+        ctx = self._context(b.covering(start))  # only what [start, bound) needs
         if self._jobs is None:
             self._jobs = ThreadPoolExecutor(self._depth(), thread_name_prefix=f"jobs-{self.name}")
         progress = self.snapshots.submitted(tasks)
@@ -672,6 +675,22 @@ class SourceRunner:
                 log.info("source %s output %s: removed %d orphaned staged files",
                          self.name, out.name, len(removed))
                 self.events.log(self.name, "vacuum", output=out.name, files=len(removed))
+
+    def _maintain(self) -> None:
+        """Each output's own upkeep (:meth:`~sinks.base.PersistSink.maintain`:
+        the sink decides when it is due), here between ticks where none of
+        this source's jobs is in flight and none of its commits under way, so
+        a compaction never races this driver's commits."""
+        now = self.clock.now()
+        for out in self.outputs:
+            try:
+                done = out.sink.maintain(now)
+            except Exception as exc:  # housekeeping never stalls the source
+                log.warning("source %s output %s: maintenance failed: %s",
+                            self.name, out.name, exc)
+                continue
+            if done:
+                self.events.log(self.name, "maintain", output=out.name, **done)
 
     def _compact(self, b: Bindings[Any]) -> None:
         if self.ticks % self.settings.compact_every_ticks:
