@@ -8,7 +8,9 @@ pool. One tick of a source:
    store (compare-and-append), read the bindings back;
 2. **read** -- plan the newly bound FromTime range ``[read_from, bound)`` into
    tasks (bounded jobs when far behind) and run them on Spark: read, reclock
-   with the broadcast bindings, decode, envelope, stage;
+   with the broadcast bindings (only those the range needs:
+   :meth:`~reclock.core.bindings.Bindings.covering`, not the retained
+   history), decode, envelope, stage;
 3. **commit** -- per output, data and the new (upper, progress) in one atomic
    sink commit, fenced on the state we last saw; uppers only move forward.
    When far behind, several jobs read at once (``jobs_in_flight`` per source,
