@@ -27,7 +27,11 @@ frontier or a closed upper -- the source or output is complete -- is
                                                  (upstream), ``bound`` (last binding),
                                                  ``read_from`` (read so far) or ``resume``
 ``reclock_source_partition_offset{source,        a Kafka source's next offset per partition,
-frontier,partition}``                            for the same four frontiers
+frontier,partition}``                            for the same four frontiers; with more than
+                                                 :data:`PARTITION_SERIES` partitions, only
+                                                 those most behind (probe minus resume)
+``reclock_source_offsets{source,frontier}``      Kafka: the sum of a frontier's offsets (every
+                                                 partition: what the bounded series leave out)
 ``reclock_source_partitions{source,frontier}``   Kafka: the partitions a frontier knows
 ``reclock_source_lag_records{source}``           positions upstream has that were not read yet
 ``reclock_source_records_total{source}``         records read since the driver started
@@ -132,6 +136,31 @@ def _upper(value: Any) -> float:
     return math.inf if value is None else float(value) / 1000.0
 
 
+#: At most this many partitions of a Kafka source get series of their own
+#: (those most behind), so that a scrape's size does not grow with the
+#: partitions: 2,048 partitions made 8,220 series, 681 KB a scrape.
+PARTITION_SERIES = 32
+
+
+def _shown_partitions(kind: str, st: Mapping[str, Any]) -> set[int] | None:
+    """The partitions of a source that get series: all of them when there are
+    at most :data:`PARTITION_SERIES`, else those with the largest lag
+    (``probe`` offset minus ``resume`` offset); ``None`` for a totally ordered
+    source."""
+    probe = partition_offsets(kind, st.get("probe"))
+    resume = partition_offsets(kind, st.get("resume"))
+    known = {p for f in FRONTIERS if (po := partition_offsets(kind, st.get(f))) is not None
+             for p in po[0]}
+    if probe is None and resume is None and not known:
+        return None
+    if len(known) <= PARTITION_SERIES:
+        return known
+    ahead = probe[0] if probe is not None else {}
+    behind = resume[0] if resume is not None else {}
+    lag = sorted(known, key=lambda p: (-(ahead.get(p, 0) - behind.get(p, 0)), p))
+    return set(lag[:PARTITION_SERIES])
+
+
 # -- the collector ---------------------------------------------------------------------------
 def families(doc: StatusDocument) -> list[Metric]:
     """The metric families for one status document (see the module docstring)."""
@@ -150,6 +179,9 @@ def families(doc: StatusDocument) -> list[Metric]:
     offsets = GaugeMetricFamily("reclock_source_partition_offset",
                                 "A Kafka source's next offset per partition, per frontier",
                                 labels=["source", "frontier", "partition"])
+    sums = GaugeMetricFamily("reclock_source_offsets",
+                             "Kafka: the sum of a frontier's next offsets over every partition",
+                             labels=["source", "frontier"])
     partitions = GaugeMetricFamily("reclock_source_partitions",
                                    "Kafka: the number of partitions a frontier knows",
                                    labels=["source", "frontier"])
@@ -203,12 +235,15 @@ def families(doc: StatusDocument) -> list[Metric]:
         status = str((st.get("health") or {}).get("status", "unknown"))
         for s in states(status):
             health.add_metric([name, s], 1.0 if s == status else 0.0)
+        shown = _shown_partitions(kind, st)
         for f in FRONTIERS:
             enc = st.get(f)
             parts = partition_offsets(kind, enc)
             if parts is not None:
                 for p, off in sorted(parts[0].items()):
-                    offsets.add_metric([name, f, str(p)], float(off))
+                    if shown is None or p in shown:
+                        offsets.add_metric([name, f, str(p)], float(off))
+                sums.add_metric([name, f], float(sum(parts[0].values())))
                 known = parts[1] if parts[1] is not None else len(parts[0])
                 partitions.add_metric([name, f], float(known))
             else:
@@ -249,7 +284,7 @@ def families(doc: StatusDocument) -> list[Metric]:
     build = GaugeMetricFamily("reclock_build_info", "The versions running (value 1)",
                               labels=["version", "pyspark", "python"])
     build.add_metric(list(versions()), 1.0)
-    out: list[Metric] = [build, info, health, frontier, offsets, partitions, lag_records,
+    out: list[Metric] = [build, info, health, frontier, offsets, sums, partitions, lag_records,
                          records, job_s, bindings, remap_upper, o_upper, o_lag, o_rows,
                          o_errors, o_health, snap_read, snap_rows, snap_exact, snap_done]
     if doc.get("updated_ms") is not None:

@@ -111,6 +111,32 @@ def fake_doc() -> dict[str, Any]:
     }
 
 
+def test_per_partition_series_are_bounded_to_those_most_behind() -> None:
+    """At 2,048 partitions a scrape holds the 32 partitions most behind and
+    the sums, not 8,192 offset series."""
+    from reclock.core.frontier import kafka_frontier
+    from reclock.metrics import PARTITION_SERIES
+
+    n = 2048
+    resume = {p: 100 for p in range(n)}
+    probe = {p: 100 + (p * 7919) % 1000 for p in range(n)}  # lags 0..999, scattered
+    doc = fake_doc()
+    topic = doc["sources"][1]
+    topic.update(probe=kafka_frontier(probe, partitions=n).encode(),
+                 bound=kafka_frontier(probe, partitions=n).encode(),
+                 read_from=kafka_frontier(resume, partitions=n).encode(),
+                 resume=kafka_frontier(resume, partitions=n).encode())
+    ss = samples(render(make_registry(lambda: doc)).decode())
+    shown = {dict(k[1])["partition"] for k in ss if k[0] == "reclock_source_partition_offset"
+             and dict(k[1])["source"] == "topic"}
+    most = sorted(range(n), key=lambda p: -(probe[p] - resume[p]))[:PARTITION_SERIES]
+    assert shown == {str(p) for p in most}
+    assert len(ss) < 400, len(ss)
+    assert value(ss, "reclock_source_offsets", source="topic",
+                 frontier="probe") == sum(probe.values())
+    assert value(ss, "reclock_source_partitions", source="topic", frontier="probe") == n
+
+
 def test_collector_renders_the_status_document() -> None:
     doc = fake_doc()
     text = render(make_registry(lambda: doc)).decode()
@@ -155,6 +181,7 @@ def test_collector_renders_the_status_document() -> None:
              partition="0") == 30
     assert v("reclock_source_partition_offset", source="topic", frontier="bound",
              partition="1") == 12
+    assert v("reclock_source_offsets", source="topic", frontier="bound") == 42
     assert v("reclock_source_partitions", source="topic", frontier="probe") == 2
     assert v("reclock_source_partitions", source="topic", frontier="resume") == 0
     assert v("reclock_source_frontier", source="topic", frontier="probe") is None
