@@ -180,6 +180,9 @@ COMPACT_EVERY_MS = 10 * 60_000
 COMPACT_MIN_FILES = 50
 COMPACT_TARGET_SIZE = 128 * 2**20
 RETENTION_MS = 24 * 3600_000
+#: The first compaction pass of a sink runs this long after its first
+#: maintenance call (or ``every`` after it, if shorter).
+FIRST_PASS_MS = 60_000
 #: At most this many files are merged by one pass, so that a pass over a
 #: table that never was compacted keeps the source's tick short; the next
 #: pass follows on the next tick while enough small files are left.
@@ -426,7 +429,7 @@ class DeltaSink:
         self._schema: pa.Schema | None = None  # cached stored schema, for stager()
         self._fresh: DeltaTable | None = None  # snapshot loaded by ensure(), used once
         self.compaction = compaction
-        self._maintain_at = 0  # clock ms of the next maintenance pass (the first: at once)
+        self._maintain_at: int | None = None  # clock ms of the next maintenance pass
         self._retention_set = False  # the table's retention property checked once
 
     def __repr__(self) -> str:
@@ -721,17 +724,22 @@ class DeltaSink:
         """Compact the output and expire what compactions removed, when due
         (see the module docstring): nothing without :attr:`compaction`.
 
-        The first pass runs on the first call (a driver that restarts often
-        still compacts), then one every ``every_ms``; while a pass leaves at
-        least ``min_files`` small files (it merges at most
-        :data:`COMPACT_MAX_FILES`), the next pass runs on the next call. A pass
-        that fails is not retried before its time. Each pass: set the table's
+        The first pass runs :data:`FIRST_PASS_MS` after the first call (or
+        ``every_ms``, if shorter): a driver that just started catches up
+        first; then one every ``every_ms``. While a pass leaves at least
+        ``min_files`` small files (it merges at most :data:`COMPACT_MAX_FILES`),
+        the next pass runs on the next call. A pass that fails is not retried
+        before its time. Each pass: set the table's
         retention property (first pass only, when it differs), :meth:`compact`
         when at least ``min_files`` files are below ``target_size``, then
         :meth:`expire_removed`. Returns the counts of :meth:`compact` and
         ``files_expired`` (``{}``: nothing was done or due)."""
         c = self.compaction
-        if c is None or now_ms < self._maintain_at:
+        if c is None:
+            return {}
+        if self._maintain_at is None:
+            self._maintain_at = now_ms + min(c.every_ms, FIRST_PASS_MS)
+        if now_ms < self._maintain_at:
             return {}
         self._maintain_at = now_ms + c.every_ms
         if not self._exists():
@@ -1202,9 +1210,9 @@ class CompactConfig(_Model):
 
     every: DurationMs = Setting(default=COMPACT_EVERY_MS, ge=1000)
     """How often the output is checked (default ``10m``). The first check runs
-    right after the pipeline starts; while a pass leaves ``min_files`` small
-    files behind (one pass merges at most 10,000), the next one follows on
-    the next tick."""
+    a minute after the pipeline starts (or ``every`` after, if shorter); while
+    a pass leaves ``min_files`` small files behind (one pass merges at most
+    10,000), the next one follows on the next tick."""
     min_files: int = Setting(default=COMPACT_MIN_FILES, ge=2)
     """Compact once at least this many files are smaller than ``target_size``
     (default 50)."""

@@ -170,7 +170,7 @@ def unreferenced(table: Path) -> set[str]:
 
 @pytest.mark.timeout(300)
 def test_a_driver_killed_during_compaction_loses_nothing(tmp_path: Path) -> None:
-    total = 4000
+    total = 8000  # about 5 s of data: each run's first compaction pass comes 1 s in
     path = write(tmp_path, total, "{type: file, compact: {every: 1s, min_files: 4}}")
     state = tmp_path / "state"
     tables = [state / "outputs" / s / o for s, o in OUTPUTS]

@@ -331,6 +331,8 @@ def test_maintain_runs_on_schedule_and_sets_the_retention_property(tmp_path: Pat
     assert plain.maintain(0) == {}  # no compaction configured
     s = DeltaSink(NAME, path, compaction=Compaction(every_ms=10_000, min_files=5,
                                                     retention_ms=2 * 3_600_000 - 1))
+    assert s.maintain(-9_000) == {}  # the first pass: every_ms after the first call
+    assert s.maintain(999) == {}
     done = s.maintain(1_000)
     assert done["files_removed"] == 6 and "files_left" not in done
     assert DeltaTable(str(path)).metadata().configuration[
@@ -349,7 +351,8 @@ def test_maintain_catches_up_a_pass_at_a_time(sink: DeltaSink,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     fill(sink, 9)
     monkeypatch.setattr(delta_mod, "COMPACT_MAX_FILES", 4)
-    sink.compaction = Compaction(every_ms=60_000, min_files=2)
+    sink.compaction = Compaction(every_ms=3_600_000, min_files=2)
+    assert sink.maintain(-60_000) == {}  # the first pass: a minute after the first call
     assert sink.maintain(0)["files_removed"] == 4  # 5 left: due again at once
     assert sink.maintain(1)["files_removed"] == 4  # the merged file + 3; 2 left
     assert sink.maintain(2)["files_removed"] == 3  # the rest, and now on schedule
@@ -428,6 +431,7 @@ def test_compaction_and_retention_on_s3(s3: Any) -> None:
     st = fill(sink, 12)
     rows = canonical(sink.read_updates())
     as_of = canonical(sink.read_updates(1055))
+    assert sink.maintain(-60_000) == {}
     done = sink.maintain(0)
     assert done["files_removed"] == 12 and done["files_added"] == 1, done
     assert sink.state() == st and canonical(sink.read_updates()) == rows
