@@ -114,7 +114,6 @@ import re
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -186,11 +185,11 @@ FIRST_PASS_MS = 60_000
 #: At most this many files are merged by one pass, so that a pass over a
 #: table that never was compacted keeps the source's tick short; the next
 #: pass follows on the next tick while enough small files are left.
-COMPACT_MAX_FILES = 10_000
+COMPACT_MAX_FILES = 5_000
 #: Rows per Parquet row group of a compacted file (what a reader can skip).
 COMPACT_ROW_GROUP = 128 * 1024
-#: Small files read at once while compacting (an object store's latency).
-COMPACT_READERS = 8
+#: Small files read ahead while compacting (an object store's latency).
+COMPACT_READERS = 32
 
 LOCK_NAME = "_reclock.lock"
 KEY_UPPER = "reclock.upper"
@@ -810,11 +809,9 @@ class DeltaSink:
         batch = f"{self._clock.now()}-compact-{uuid.uuid4().hex[:10]}"
         written: list[dict[str, Any]] = []
         try:
-            with ThreadPoolExecutor(COMPACT_READERS, thread_name_prefix="compact") as pool:
-                for i, run in enumerate(runs):
-                    written.append(self._merge(pool, run, f"part-{batch}-{i:05d}-000.parquet",
-                                               schema))
-                    faults.crash_point("mid_compaction")
+            for i, run in enumerate(runs):
+                written.append(self._merge(run, f"part-{batch}-{i:05d}-000.parquet", schema))
+                faults.crash_point("mid_compaction")
             now = int(time.time() * 1000)  # delta-rs's vacuum ages removes by the wall clock
             actions: list[AddAction | RemoveAction] = [
                 RemoveAction(f.path, False, now, f.size) for run in runs for f in run]
@@ -835,35 +832,35 @@ class DeltaSink:
                 "bytes_removed": sum(f.size for r in runs for f in r),
                 "bytes_added": sum(int(d["size"]) for d in written)}
 
-    def _merge(self, pool: ThreadPoolExecutor, run: list[_Small], name: str,
-               schema: pa.Schema) -> dict[str, Any]:
+    def _merge(self, run: list[_Small], name: str, schema: pa.Schema) -> dict[str, Any]:
         """Write the rows of ``run``'s files, in order, as file ``name`` in
-        row groups of :data:`COMPACT_ROW_GROUP` rows (a few small files are
-        read at once); its descriptor, as :meth:`DeltaStager.stage` gives."""
+        row groups of :data:`COMPACT_ROW_GROUP` rows; its descriptor, as
+        :meth:`DeltaStager.stage` gives. The files are scanned as one Arrow
+        dataset of the table's schema (a file older than a column reads it as
+        nulls), :data:`COMPACT_READERS` files ahead, batches in file order."""
         acc = FileStats()
-
-        def read(f: _Small) -> pa.Table:
-            return conform(self.name, self.location.read_parquet(f.path), schema)
+        data = self.location.dataset([f.path for f in run], schema)
 
         def write(out: BinaryIO) -> None:
             writer: pq.ParquetWriter | None = None
-            buffered: list[pa.Table] = []
+            buffered: list[pa.RecordBatch] = []
+            rows = 0
 
             def flush() -> None:
-                nonlocal writer
-                t = pa.concat_tables(buffered)
+                nonlocal writer, rows
+                t = conform(self.name, pa.Table.from_batches(buffered, schema), schema)
                 buffered.clear()
+                rows = 0
                 if writer is None:
                     writer = pq.ParquetWriter(out, schema, use_dictionary=dictionary_columns(t))
                 writer.write_table(t, row_group_size=COMPACT_ROW_GROUP)
                 acc.add(t)
 
-            step = COMPACT_READERS * 4
-            for i in range(0, len(run), step):
-                for t in pool.map(read, run[i:i + step]):
-                    buffered.append(t)
-                    if sum(b.num_rows for b in buffered) >= COMPACT_ROW_GROUP:
-                        flush()
+            for batch in data.to_batches(use_threads=True, fragment_readahead=COMPACT_READERS):
+                buffered.append(batch)
+                rows += batch.num_rows
+                if rows >= COMPACT_ROW_GROUP:
+                    flush()
             if buffered or writer is None:
                 flush()
             assert writer is not None
@@ -1212,7 +1209,7 @@ class CompactConfig(_Model):
     """How often the output is checked (default ``10m``). The first check runs
     a minute after the pipeline starts (or ``every`` after, if shorter); while
     a pass leaves ``min_files`` small files behind (one pass merges at most
-    10,000), the next one follows on the next tick."""
+    5,000), the next one follows on the next tick."""
     min_files: int = Setting(default=COMPACT_MIN_FILES, ge=2)
     """Compact once at least this many files are smaller than ``target_size``
     (default 50)."""

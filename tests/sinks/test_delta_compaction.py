@@ -157,6 +157,17 @@ def test_runs_of_target_size_in_intotime_order_and_min_files(sink: DeltaSink) ->
     assert (done["files_removed"], done["files_left"]) == (6, 4)
 
 
+def test_files_from_before_a_column_was_added_merge_with_nulls_in_it(sink: DeltaSink) -> None:
+    st = fill(sink, 3)
+    sink.ensure(pa.schema([*USER, pa.field("note", pa.string())]))
+    rows = updates(["n1", "n2"], 2000, offset=500).append_column("note", pa.array(["a", None]))
+    sink.commit(sink.stager().stage("wide", 0, rows), st, SinkState(3000, "p"))
+    before = canonical(sink.read_updates())
+    assert sink.compact(min_files=2)["files_removed"] == 4
+    assert canonical(sink.read_updates()) == before
+    assert sorted(n for n in sink.read_updates().column("note").to_pylist() if n) == ["a"]
+
+
 def test_file_stats_of_pieces_equal_stats_of_the_whole() -> None:
     a = updates(["a", "b"], 5, offset=3)
     b = updates(["c"], 2, offset=9, error="bad")
