@@ -37,7 +37,7 @@ from tests.tally import count
 
 pytestmark = pytest.mark.integration
 
-TOTAL = 24_000
+TOTAL = 16_000
 BAD_EVERY = 97
 
 PIPELINE = """
@@ -83,8 +83,8 @@ def test_kills_during_s3_commits_lose_nothing_and_double_nothing(
     state = tmp_path / "state"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **s3.env(trap.endpoint)}
     rng = random.Random(20261124)
-    plan: list[str | None] = (["kill_before", "kill_after"] * 2
-                              + ["drop_answer", "after_sink_commit", None])
+    plan: list[str | None] = ["kill_before", "kill_after", "kill_after", "drop_answer",
+                              "after_sink_commit", None]
     rng.shuffle(plan)
     fired: dict[str, int] = {}
     try:
@@ -115,7 +115,7 @@ def test_kills_during_s3_commits_lose_nothing_and_double_nothing(
         # Every trap mode fired as planned, and the kills landed.
         assert trap.sprung.count("kill_before") >= 1 and trap.sprung.count("kill_after") >= 1
         assert "drop_answer" in trap.sprung
-        assert sum(fired.values()) >= 5, fired
+        assert sum(fired.values()) >= 4, fired
         # Then without faults, to the end.
         proc = start_driver(path, env)
         try:

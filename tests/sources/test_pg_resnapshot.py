@@ -189,7 +189,7 @@ def test_a_resnapshot_killed_midway_is_taken_again_by_the_next_run(
         close_driver(proc)
     rng = random.Random(7)
     killed = 0
-    for _ in range(2):
+    for _ in range(2):  # the second round damages what the first left half-healed
         with psycopg.connect(cdc_url, autocommit=True) as c:  # damage the replica
             c.execute("delete from acct_replica where id % 3 = 0")
             c.execute("update acct_replica set owner = 'damaged' where id % 5 = 0")
