@@ -387,6 +387,8 @@ class _Small:
     order: tuple[int, int, int]  # (min IntoTime, min offset, modification time)
 
 
+# Part of the names of the files compactions write.
+_COMPACTED = "-compact-"
 # Names of data files a compaction reads (plain names, no escaping needed).
 _PLAIN = re.compile(r"[A-Za-z0-9_.=-]+\.parquet")
 
@@ -782,7 +784,14 @@ class DeltaSink:
                 small = self._small_files(dt, target_size)
                 if len(small) < max(2, min_files):
                     return {}
-                runs = _runs(small[:max_files], target_size)
+                take = small
+                if len(small) > max_files:
+                    # Catching up: merge files as they were committed, not the
+                    # files earlier passes wrote, which every pass would
+                    # otherwise read and write again; the last pass merges those.
+                    fresh = [f for f in small if _COMPACTED not in f.path]
+                    take = fresh if len(fresh) >= max(2, min_files) else small
+                runs = _runs(take[:max_files], target_size)
                 if not runs:
                     return {}
                 state = self._state_of(dt)
@@ -793,7 +802,7 @@ class DeltaSink:
                 raise _delta_error(self.name, self.location, exc, "compact") from exc
             if not done:
                 return {}
-            done["files_left"] = max(0, len(small) - max_files)
+            done["files_left"] = len(small) - min(len(take), max_files)
         log.info("output %r: compacted %d files into %d", self.name, done["files_removed"],
                  done["files_added"])
         faults.crash_point("after_compaction")
@@ -806,7 +815,7 @@ class DeltaSink:
         in (the caller holds the lock). ``{}`` when a concurrent commit of
         this output won: the new files are deleted again."""
         schema = pa.schema(dt.schema().to_arrow())
-        batch = f"{self._clock.now()}-compact-{uuid.uuid4().hex[:10]}"
+        batch = f"{self._clock.now()}{_COMPACTED}{uuid.uuid4().hex[:10]}"
         written: list[dict[str, Any]] = []
         try:
             for i, run in enumerate(runs):
