@@ -52,8 +52,11 @@ ACCT = ["id", "owner", "bal", "note"]
 LEDGER = ["id", "txn", "acct", "amount", "tags", "at"]
 
 
-def _held(cfg: Any, output: str, cols: list[str]) -> list[tuple[Any, ...]]:
-    return output_rows(read_updates(cfg, "bank", output), cols)
+def _held(cfg: Any, output: str, cols: list[str]) -> list[tuple[Any, ...]] | None:
+    """The output's rows; None while its table does not exist yet (a driver
+    that has not opened the output has created nothing)."""
+    t = read_updates(cfg, "bank", output)
+    return None if cols[0] not in t.column_names else output_rows(t, cols)
 
 
 def _table(url: str, name: str, cols: list[str]) -> list[tuple[Any, ...]]:
