@@ -987,8 +987,10 @@ class DeltaSink:
     def _exists(self) -> bool:
         try:
             return DeltaTable.is_deltatable(self.uri, self.location.storage_options())
-        except (OSError, DeltaError) as exc:
-            raise store_error(self.name, self.uri, exc, "open") from exc
+        except OSError as exc:
+            raise self._os_error(exc, "open") from exc
+        except DeltaError as exc:
+            raise _delta_error(self.name, self.location, exc, "open") from exc
 
     def _load(self) -> DeltaTable:
         try:
