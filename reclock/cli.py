@@ -7,7 +7,7 @@ landed exactly once.
     reclock read FILE OUTPUT... [--as-of T]   consolidated contents as of one IntoTime
     reclock drop FILE SOURCE              stop a source promptly, keep its outputs
     reclock undrop FILE SOURCE            the next run resumes a dropped source
-    reclock resnapshot FILE SOURCE OUTPUT read one output's table again, replacing its rows
+    reclock resnapshot FILE SOURCE OUTPUT read one output's upstream again, correcting it
     reclock verify FILE                   audit every output against the bindings
 
 Exit codes:
@@ -397,7 +397,8 @@ def cmd_resnapshot(args: argparse.Namespace) -> int:
         pipe.close()
     print(f"output {args.output} of source {args.source}: re-snapshot requested; a running "
           "driver takes it up within a tick (otherwise the next run does): its table is read "
-          "under a new snapshot, and the output's rows are replaced by it in one commit")
+          "under a new snapshot (a topic or generator: its records are read again), and what "
+          "the output holds is corrected to match in one commit")
     return 0
 
 
@@ -494,8 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("file", help=file_help)
     u.add_argument("source", help="the source's name")
     u.set_defaults(fn=cmd_undrop)
-    rs = sub.add_parser("resnapshot", help="read one output's table again under a new "
-                        "snapshot, replacing the output's rows (heals a damaged output)")
+    rs = sub.add_parser("resnapshot", help="read one output's upstream again (a table under "
+                        "a new snapshot, a topic while retention holds it) and correct the "
+                        "output to match (heals a damaged output)")
     rs.add_argument("file", help=file_help)
     rs.add_argument("source", help="the source's name")
     rs.add_argument("output", help="the output's name")

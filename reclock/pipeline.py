@@ -238,7 +238,8 @@ class Pipeline:
     def request_resnapshot(self, source: str, output: str) -> None:
         """Ask for ``output`` to be read again from scratch (see
         :mod:`reclock.runtime.resnapshot`); refused for a source that cannot
-        (only a Postgres source can), an unknown output or a dropped source."""
+        (:attr:`~sources.base.Source.can_resnapshot`), an unknown output or a
+        dropped source."""
         src = self.source_config(source)
         if output not in {o.name for o in src.outputs}:
             raise DefiniteError(f"source {source!r} has no output {output!r}",
@@ -253,8 +254,8 @@ class Pipeline:
             conn.close()
         if not able:
             raise DefiniteError(
-                f"source {source!r} cannot re-snapshot an output: only a Postgres source "
-                "reads a table again under a new snapshot",
+                f"source {source!r} cannot re-snapshot an output: it can neither read "
+                "its upstream again nor take a new snapshot of it",
                 hint="to rebuild the output of another source, drop it and start the source "
                      "over under a new name")
         Requests(self.state_dir, source).request(output, self.clock.now())

@@ -32,7 +32,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.core.bindings import UNBOUND, Bindings, beyond
-from reclock.core.columns import DIFF, ERROR, INTO_TIME, SRC_OFFSET, SRC_PART, SRC_SEQ
+from reclock.core.columns import (
+    DIFF,
+    ERROR,
+    INTO_TIME,
+    META_NAMES,
+    REPLAYED_KINDS,
+    SRC_OFFSET,
+    SRC_PART,
+    SRC_SEQ,
+    restated,
+)
 from reclock.core.errors import TransientError
 from reclock.core.frontier import Antichain
 
@@ -101,6 +111,10 @@ def check_output(
     into = updates.column(INTO_TIME).to_numpy()
     part = updates.column(SRC_PART).to_numpy().astype(np.int64)
     off = updates.column(SRC_OFFSET).to_numpy().astype(np.int64)
+    # a correction (a re-snapshot by replay) stands for the record it restates
+    corr = np.zeros(len(part), dtype=bool)
+    if bindings.kind in REPLAYED_KINDS:
+        part, corr = restated(part)
     # upper
     if upper is not None:
         past = into >= upper
@@ -112,13 +126,15 @@ def check_output(
     remap_upper = bindings.upper.as_option()
     if upper is not None and remap_upper is not None and upper > int(remap_upper):
         rep.breach("upper-beyond-bindings", 1, [(upper, int(remap_upper))])
-    # time
+    # time: a row at its record's IntoTime; a correction at or after it (at
+    # the upper of the output when it was made)
     since = int(bindings.since)
     expected = bindings.reclock_positions(part, off)
     live = into >= since
     rep.compacted = int((~live).sum())
     rep.checked = int(live.sum())
-    wrong = live & (expected != into)
+    wrong = live & ~corr & (expected != into)
+    wrong |= live & corr & ((expected == UNBOUND) | (expected > into))
     wrong |= (~live) & ((expected == UNBOUND) | (expected > since))
     rep.breach("wrong-time", int(wrong.sum()), [
         (*p, int(t), int(e)) for p, t, e in zip(
@@ -127,6 +143,8 @@ def check_output(
     # once
     sign = pc.sign(updates.column(DIFF))
     cols = {k: updates.column(k) for k in KEYS}
+    if corr.any():  # a record is restated once per re-snapshot, each at its own time
+        cols["at"] = pa.array(into, mask=~corr)
     if key:
         # a retraction also names its key: (position, key) is what must be unique
         ok = pc.is_null(updates.column(ERROR))
@@ -145,6 +163,40 @@ def _keys(t: pa.Table) -> pa.Table:
     if t.num_rows == 0:
         return pa.table({k: pa.array([], pa.int64()) for k in KEYS})
     return pa.table({k: t.column(k).cast(pa.int64()) for k in KEYS})
+
+
+def _held_positions(kind: str, t: pa.Table) -> pa.Table:
+    """The record positions an output holds rows of. A correction (a
+    re-snapshot by replay) holds the record it restates; a position whose
+    rows a correction cancelled (every row there consolidates to nothing,
+    as a row the output never should have held) holds nothing."""
+    keys = _keys(t)
+    if kind not in REPLAYED_KINDS or t.num_rows == 0:
+        return keys
+    orig, corr = restated(keys.column(SRC_PART).to_numpy())
+    if not corr.any():
+        return keys
+    keys = keys.set_column(0, SRC_PART, pa.array(orig, pa.int64()))
+    return _cancelled(t, keys, corr)
+
+
+def _cancelled(t: pa.Table, keys: pa.Table, corr: Any) -> pa.Table:
+    """``keys`` without the positions where a correction left no row."""
+    from sinks.consolidate import _row_keys
+
+    users = [c for c in t.column_names if c not in META_NAMES]
+    content = _row_keys(t, users) if users else [""] * t.num_rows
+    pos = list(zip(*(keys.column(k).to_pylist() for k in KEYS), strict=True))
+    corrected = {pos[i] for i in np.flatnonzero(corr)}
+    net: dict[tuple[Any, ...], dict[str, int]] = {}
+    diffs = t.column(DIFF).to_pylist()
+    for i, p in enumerate(pos):
+        if p in corrected:
+            per = net.setdefault(p, {})
+            per[content[i]] = per.get(content[i], 0) + int(diffs[i])
+    gone = {p for p, per in net.items() if not any(per.values())}
+    keep = [p not in gone for p in pos]
+    return keys.filter(pa.array(keep))
 
 
 def check_complete(
@@ -190,7 +242,7 @@ def check_complete(
             exp = exp.filter(pa.array(owed))
         report.complete_checked += exp.num_rows
         # a position may carry a retraction, an insertion, or both (debezium)
-        got = _keys(per_output[i]).group_by(KEYS).aggregate([])
+        got = _held_positions(source.kind, per_output[i]).group_by(KEYS).aggregate([])
         exp_m = exp.append_column("e", pa.array(np.ones(exp.num_rows, dtype=np.int8)))
         got_m = got.append_column("g", pa.array(np.ones(got.num_rows, dtype=np.int8)))
         joined = exp_m.join(got_m, keys=KEYS, join_type="full outer")

@@ -167,7 +167,16 @@ class Source(Protocol, Generic[T]):
         ...
 
     can_resnapshot: bool
-    """Whether :meth:`open` can snapshot an output that holds data again."""
+    """Whether an output that holds data can be read again (``reclock
+    resnapshot``): a :attr:`replayable` source replays its retained records
+    (:mod:`reclock.runtime.replay`), another one takes a new snapshot at
+    :meth:`open`."""
+
+    def retained(self) -> Antichain[T]:
+        """The earliest frontier the source can still read (a replayable
+        source's retention): a replay reads from its join with the initial
+        frontier."""
+        ...
 
     def snapshot_position(self, output: int) -> tuple[int, int] | None:
         """Where the rows of ``output``'s snapshot being taken are stamped:
@@ -222,6 +231,9 @@ class SourceBase:
 
     def snapshot_position(self, output: int) -> tuple[int, int] | None:
         return None
+
+    def retained(self) -> Antichain[Any]:
+        return self.initial_frontier()  # type: ignore[attr-defined,no-any-return]
 
     def outputs(self) -> list[OutputSpec]:
         raise NotImplementedError

@@ -282,6 +282,7 @@ class GeneratorSource(SourceBase):
 
     # -- for verification --------------------------------------------------------
     replayable = True
+    can_resnapshot = True  # by replay: every record can be made again
 
 
 # -- configuration ----------------------------------------------------------------

@@ -391,6 +391,7 @@ class KafkaSource(SourceBase):
 
     kind = Partitioned.KIND
     replayable = True
+    can_resnapshot = True  # by replay, while retention holds the records
 
     def __post_init__(self) -> None:
         self.group = self.group_id or f"reclock-{self.name}"
@@ -498,6 +499,13 @@ class KafkaSource(SourceBase):
             initial: Antichain[Partitioned] = kafka_frontier(offsets, partitions=len(ids))
             self._initial = initial
         return self._initial
+
+    def retained(self) -> Antichain[Partitioned]:
+        """The earliest offsets retention kept, per partition."""
+        ids, live = self._partitions()
+        kept: Antichain[Partitioned] = kafka_frontier(
+            self._list_offsets(live, _spec('earliest')), partitions=len(ids))
+        return kept
 
     def open(self, resume: Antichain[Partitioned], bound: Antichain[Partitioned],
              held: Sequence[Antichain[Partitioned] | None] = (),

@@ -5,6 +5,9 @@ data plane and the app all take the names from here."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pyarrow as pa
 
 from reclock.core.errors import DefiniteError
@@ -31,6 +34,30 @@ TRUNCATED = -2
 #: apart from every snapshot chunk's part (-1 - chunk) and below them, so
 #: that ordered by position the retraction comes before what replaces it.
 RESNAPSHOT_PART = -(2**31)
+#: Kafka corrections (``reclock resnapshot`` by replay, :mod:`reclock.runtime.replay`)
+#: keep the position of the record they restate, with its partition ``p``
+#: coded in ``_src_part``: ``-1 - p`` where a correction inserts the row of
+#: record ``(p, o, s)``, ``RESNAPSHOT_PART + p`` where it retracts a row held
+#: at ``(p, o, s)``. Ordered by position, every retraction comes before every
+#: insertion, and both before the records of the same IntoTime (``p >= 0``).
+#: (Snapshot sources give negative parts their own meaning: chunks.)
+CORRECTION_SPLIT = -(2**30)
+#: The time kinds of replayable sources, whose negative parts are corrections.
+REPLAYED_KINDS = frozenset({"kafka", "counter"})
+
+
+def correction_part(partition: int, retract: bool) -> int:
+    """The ``_src_part`` of a Kafka correction of a row at ``partition``."""
+    return RESNAPSHOT_PART + partition if retract else -1 - partition
+
+
+def restated(parts: Any) -> tuple[Any, Any]:
+    """Kafka ``_src_part`` values (numpy int64) -> (the partition of the
+    record each row stands for, which rows are corrections)."""
+    corr = parts < 0
+    retract = parts < CORRECTION_SPLIT
+    orig = np.where(retract, parts - RESNAPSHOT_PART, np.where(corr, -1 - parts, parts))
+    return orig, corr
 #: Optional column of typed upsert intents (list<int32>): positions of user
 #: columns the change left as they were without sending them (Postgres'
 #: unchanged TOASTed values); the key state fills them from the current row.

@@ -76,6 +76,7 @@ from reclock.runtime.dataplane import (
 )
 from reclock.runtime.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
 from reclock.runtime.progress_log import ProgressLog
+from reclock.runtime.replay import heal
 from reclock.runtime.resnapshot import Requests
 from reclock.runtime.snapshot_progress import SnapshotProgress
 from remap_store.base import RemapStore
@@ -319,7 +320,9 @@ class SourceRunner:
             if out.upsert_key is not None and out.index in self._resnap:
                 # Read again from scratch: the snapshot's rows start from no
                 # keys (what the output holds now is retracted as a whole,
-                # however damaged: see _replaced).
+                # however damaged: see _replaced); a replay's correction
+                # brings its own key state (see _commit). A damaged output's
+                # key state cannot be rebuilt: it is not needed.
                 out.upsert = UpsertState([f.name for f in out.user_schema], out.upsert_key)
             elif out.upsert_key is not None:
                 # the key state is exactly that of the committed output
@@ -339,7 +342,8 @@ class SourceRunner:
             names = [self.outputs[i].name for i in sorted(self._resnap)]
             log.warning("source %s: re-snapshotting %s (reclock resnapshot)", self.name, names)
             self.events.log(self.name, "resnapshot", outputs=names, state="taken")
-        self.source.open(self.resume, bound, held, resnapshot=sorted(self._resnap))
+        self.source.open(self.resume, bound, held, resnapshot=[] if self.source.replayable
+                         else sorted(self._resnap))
         self._opened = True
         self.events.log(self.name, "open", resume=self.resume.encode(),
                         read_from=self.read_from.encode(), bound=bound.encode())
@@ -585,15 +589,23 @@ class SourceRunner:
             # not touch it, so a failed stage or commit leaves it as it was.
             pending = None
             intents = [r.intents[out.index] for r in results if out.index in r.intents]
-            replacing = out.index in self._resnap and out.index in snapshots
+            replacing = out.index in self._resnap and (
+                out.index in snapshots or (self.source.replayable and cur.upper is not None))
+            keys = out.upsert
             if replacing:
-                extra = self._replaced(b, out)
+                if self.source.replayable:
+                    # the correction at the output's upper, before this job's rows
+                    assert cur.upper is not None
+                    extra, healed = heal(self.source, out, b, cur.upper)
+                    keys = healed if healed is not None else keys
+                else:
+                    extra = self._replaced(b, out)
                 if extra.num_rows:
                     faults.fail_point("stage")
                     staged += out.sink.stager().stage(
                         f"{self.clock.now()}-resnap-{uuid.uuid4().hex[:10]}", 0, extra)
-            if intents and out.upsert is not None:
-                updates, pending = out.upsert.apply(
+            if intents and keys is not None:
+                updates, pending = keys.apply(
                     pa.concat_tables(intents, promote_options="default"),
                     output_schema(out.user_schema))
                 if updates.num_rows:
@@ -602,8 +614,9 @@ class SourceRunner:
                         f"{self.clock.now()}-upsert-{uuid.uuid4().hex[:10]}", 0, updates)
             faults.fail_point("commit")
             out.sink.commit(staged, cur, new)
-            if pending is not None and out.upsert is not None:
-                out.upsert.accept(pending)
+            out.upsert = keys
+            if pending is not None and keys is not None:
+                keys.accept(pending)
             out.state = new
             if replacing and self.requests is not None:
                 self.requests.done(out.name, self._resnap.pop(out.index))

@@ -126,7 +126,7 @@ def test_resnapshot_heals_damaged_outputs_under_concurrent_writes(
                                 for o in reports["bank"].outputs]
 
 
-def test_resnapshot_is_refused_where_it_cannot_work(tmp_path: Path, cdc_url: str) -> None:
+def test_resnapshot_requests_are_checked(tmp_path: Path, cdc_url: str) -> None:
     create_schema(cdc_url, accounts=10, ledger=10)
     path = tmp_path / "p.yaml"
     path.write_text(PIPELINE.format(tmp=tmp_path, url=cdc_url))
@@ -135,10 +135,17 @@ def test_resnapshot_is_refused_where_it_cannot_work(tmp_path: Path, cdc_url: str
         return subprocess.run([sys.executable, "-m", "reclock.cli", "resnapshot", str(path),
                                *args], capture_output=True, text=True, timeout=60)
 
-    r = cli("gen", "n")
-    assert r.returncode == 2 and "only a Postgres source" in r.stderr, r.stderr
     r = cli("bank", "nope")
     assert r.returncode == 2 and "has no output 'nope'" in r.stderr, r.stderr
+    r = cli("nope", "n")
+    assert r.returncode == 2 and "nope" in r.stderr, r.stderr
+    pipe = Pipeline(load_config(path))
+    try:
+        pipe.request_drop("gen")
+    finally:
+        pipe.close()
+    r = cli("gen", "n")
+    assert r.returncode == 2 and "is dropped" in r.stderr, r.stderr
     assert Requests(tmp_path / "state", "bank").pending() == {}
     assert Requests(tmp_path / "state", "gen").pending() == {}
 
