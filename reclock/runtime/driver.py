@@ -352,6 +352,7 @@ class SourceRunner:
         """The pending resnapshot requests of this source's outputs."""
         if self.requests is None or not self.source.can_resnapshot:
             return {}
+        self.requests.changed()  # what is listed now is seen
         index = {o.name: o.index for o in self.outputs}
         return {index[n]: t for n, t in self.requests.pending().items() if n in index}
 
@@ -400,7 +401,8 @@ class SourceRunner:
         """
         assert self.operator is not None and self.read_from is not None
         self.ticks += 1
-        if self._requested().items() - self._resnap.items():
+        if (self.requests is not None and self.requests.changed()
+                and self._requested().items() - self._resnap.items()):
             self._opened = False  # a new resnapshot request: re-open (next round)
             return False
 
