@@ -31,6 +31,21 @@ def durable(r: SourceRunner) -> dict[int, int]:
     return {} if p is None else kafka_offsets(Antichain.decode_json("kafka", p))[0]
 
 
+def status_sources(state: Path) -> dict[str, dict[str, Any]]:
+    """Per source, its entry in a driver's ``status.json`` (none while the
+    file does not exist or is being replaced)."""
+    try:
+        doc = json.loads((state / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {s["source"]: s for s in doc["sources"]}
+
+
+def finished(state: Path) -> set[str]:
+    """The sources a driver's ``status.json`` shows finished."""
+    return {n for n, s in status_sources(state).items() if s["health"]["status"] == "finished"}
+
+
 def read_updates(cfg: Any, source: str, output: str) -> pa.Table:
     """Every update row an output holds (errors too), read through its sink."""
     pipe = Pipeline(cfg)

@@ -27,7 +27,9 @@ from tests.running import (
     close_driver,
     counter_source,
     crash_env,
+    finished,
     start_driver,
+    status_sources,
     stop_driver,
     wait_exit,
     wait_running,
@@ -170,14 +172,12 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             held = _held_offsets(state)
-            gens = json.loads((state / "status.json").read_text()) if (
-                state / "status.json").exists() else {"sources": []}
-            finished = {s["source"] for s in gens["sources"]
-                        if s["health"]["status"] == "finished"}
-            relay = next((s for s in gens["sources"] if s["source"] == "relay"), None)
+            sources = status_sources(state)
+            done = finished(state)
+            relay = sources.get("relay")
             relayed = sum(o for _lo, _hi, o in (relay or {}).get("read_from") or []
                           if _hi is not None)
-            if (sum(held.values()) >= produced and {"counter", "shop"} <= finished
+            if (sum(held.values()) >= produced and {"counter", "shop"} <= done
                     and relayed >= produced):
                 # Caught up: the group's offsets come to exactly what the output holds.
                 committed = _committed(kafka.bootstrap, topic)

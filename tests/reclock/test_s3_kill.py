@@ -9,7 +9,6 @@ order of their IntoTime -- read straight from the bucket."""
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import random
 import signal
@@ -27,6 +26,7 @@ from tests.running import (
     close_driver,
     counter_source,
     crash_env,
+    finished,
     start_driver,
     stop_driver,
     wait_exit,
@@ -61,14 +61,6 @@ def _counter_rows(s3: Any, bucket: str) -> Any:
     dt = DeltaTable(f"s3://{bucket}/lake/counter",
                     storage_options={**s3.env(), "AWS_ALLOW_HTTP": "true"})
     return dt.to_pyarrow_table(columns=["n", "_src_offset", "_into_time", "_diff", "_error"])
-
-
-def _finished(state: Path) -> set[str]:
-    try:
-        doc = json.loads((state / "status.json").read_text())
-    except (OSError, ValueError):
-        return set()
-    return {s["source"] for s in doc["sources"] if s["health"]["status"] == "finished"}
 
 
 @pytest.mark.timeout(600)
@@ -121,7 +113,7 @@ def test_kills_during_s3_commits_lose_nothing_and_double_nothing(
         try:
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline and proc.poll() is None:
-                if {"counter", "shop"} <= _finished(state):
+                if {"counter", "shop"} <= finished(state):
                     break
                 time.sleep(0.5)
         finally:
