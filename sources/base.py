@@ -166,6 +166,10 @@ class Source(Protocol, Generic[T]):
         :attr:`can_resnapshot`), as for an output that holds nothing."""
         ...
 
+    first_task_records: int | None
+    """Records per task until the source's tasks have reported how large
+    its records are (``None``: as many as the settings allow): a source whose
+    records may each be megabytes (Kafka) starts small."""
     can_resnapshot: bool
     """Whether an output that holds data can be read again (``reclock
     resnapshot``): a :attr:`replayable` source replays its retained records
@@ -228,6 +232,7 @@ class SourceBase:
     replayable: bool = False
     jobs_in_flight: int | None = None
     can_resnapshot: bool = False
+    first_task_records: int | None = None
 
     def snapshot_position(self, output: int) -> tuple[int, int] | None:
         return None

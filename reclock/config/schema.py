@@ -51,6 +51,7 @@ from reclock.config.base import (
     COLUMN_TYPES,
     DEFAULT_INTERVAL_MS,
     NAME_PATTERN,
+    ByteSize,
     ColumnType,
     ConfigError,
     ConfigIssue,
@@ -398,6 +399,12 @@ class SparkConfig(_Model):
     """Records read by one Spark task at most. A job is split into at least one
     task per core (so tasks of a full job read at most ``max_records_per_job``
     / cores), and a Kafka task reads several partitions when they are small."""
+    max_bytes_per_task: ByteSize = Field(default=64 * 2**20, ge=2**20, le=2**40)
+    """Bytes of records read by one Spark task at most (``64MiB``), by the
+    bytes per record the source's tasks read so far; a task reads one record
+    at least. Until a Kafka source's first tasks have reported, they read a
+    few records each (a record may be as large as the broker allows). Tasks
+    also write what they decoded out in pieces of at most this size."""
 
 
 _REMAP_SCHEMES = ("sqlite", "postgresql", "postgres")

@@ -102,6 +102,8 @@ class JobContext:
     reader: SourceReader
     outputs: tuple[OutputPlan, ...]
     flush_rows: int = 500_000
+    #: a task writes an output's decoded rows out once they hold this many bytes
+    flush_bytes: int = 64 * 2**20
 
 
 @dataclass
@@ -113,6 +115,9 @@ class TaskResult:
     rows: dict[int, int] = field(default_factory=dict)
     errors: dict[int, int] = field(default_factory=dict)
     records: int = 0
+    #: bytes of the records read (as the reader hands them over): the driver
+    #: sizes later tasks by the bytes per record
+    bytes: int = 0
     dropped: int = 0
     max_src_ts: int | None = None
     seconds: float = 0.0
@@ -162,12 +167,14 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
     res = TaskResult(task.index)
     pending: dict[int, list[pa.Table]] = {}
     pending_rows: dict[int, int] = {}
+    pending_bytes: dict[int, int] = {}
     flushes: dict[int, int] = {}
     intents: dict[int, list[pa.Table]] = {}  # upsert outputs: applied by the driver
 
     def flush(i: int) -> None:
         tables = pending.pop(i, [])
         pending_rows.pop(i, None)
+        pending_bytes.pop(i, None)
         if not tables:
             return
         table = _injected_refusal(pa.concat_tables(tables))
@@ -187,6 +194,7 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
         if n == 0:
             continue
         res.records += n
+        res.bytes += batch.nbytes
         plan = ctx.outputs[i]
         part = batch.column(SRC_PART).to_numpy(zero_copy_only=False).astype(np.int64)
         off = batch.column(SRC_OFFSET).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -218,7 +226,8 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
         res.errors[i] = res.errors.get(i, 0) + nerr
         pending.setdefault(i, []).append(rows)
         pending_rows[i] = pending_rows.get(i, 0) + rows.num_rows
-        if pending_rows[i] >= ctx.flush_rows:
+        pending_bytes[i] = pending_bytes.get(i, 0) + rows.nbytes
+        if pending_rows[i] >= ctx.flush_rows or pending_bytes[i] >= ctx.flush_bytes:
             flush(i)
     for i in list(pending):
         flush(i)

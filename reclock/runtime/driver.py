@@ -120,6 +120,7 @@ class Settings:
     timestamp_interval_ms: int = 1000
     max_records_per_job: int = 1_000_000
     max_records_per_task: int = 200_000
+    max_bytes_per_task: int = 64 * 2**20
     remap_retention_ms: int = 24 * 3600 * 1000
     compact_every_ticks: int = 60
     max_backoff_s: float = 30.0
@@ -127,6 +128,10 @@ class Settings:
     jobs_in_flight: int = 2
     vacuum_every_s: float = 60.0
     orphan_grace_s: float = 300.0
+
+
+#: Tasks per core of a job whose tasks are cut by bytes (see SourceRunner._task_sizes).
+JOB_TASKS_PER_CORE = 4
 
 
 def _upper_value(upper: Antichain[IntoTime]) -> int | None:
@@ -201,6 +206,9 @@ class SourceRunner:
         self.ticks = 0
         self._vacuumed_at = time.monotonic()  # first vacuum one period after start
         self.records = 0
+        #: bytes per record the source's tasks read (None: none reported yet);
+        #: rises at once with larger records, falls slowly
+        self.record_bytes: float | None = None
         self._samples: deque[tuple[float, int]] = deque(maxlen=64)
         self.last_probe: Antichain[Any] | None = None
         self.job_seconds = 0.0
@@ -466,7 +474,9 @@ class SourceRunner:
                                              self.source.snapshot_sizes())
                 self.read_from = job.reached
                 self.events.log(self.name, "read", frontier=job.reached.encode(),
-                                records=sum(r.records for r in results))
+                                records=sum(r.records for r in results), tasks=len(results),
+                                largest_task=max((r.records for r in results), default=0),
+                                bytes=sum(r.bytes for r in results))
                 if failed is not None:
                     raise failed
                 self._resume_and_acknowledge(b)  # 4.+5. also while catching up
@@ -486,9 +496,7 @@ class SourceRunner:
     def _submit(self, b: Bindings[Any], start: Antichain[Any], bound: Antichain[Any]) -> _Job:
         """Plan the job reading from ``start`` (on this thread, as every use of
         the source and the sinks) and run it on the job thread."""
-        max_job = self.settings.max_records_per_job
-        # A bounded job (catching up) keeps every core busy: at least one task each.
-        max_task = min(self.settings.max_records_per_task, -(-max_job // self._cores()))
+        max_task, max_job = self._task_sizes()
         tasks, reached = self.source.plan(start, bound, max_task, max_job)
         if not start.less_equal(reached):
             raise AssertionError(f"plan moved backwards: {start} -> {reached}")
@@ -504,6 +512,25 @@ class SourceRunner:
             self._progress[ctx.batch_id] = progress
         snaps = frozenset(t.snapshot for t in tasks if t.snapshot is not None)
         return _Job(self._jobs.submit(self._execute, ctx, tasks), reached, progress, snaps)
+
+    def _task_sizes(self) -> tuple[int, int]:
+        """Records per task and per job at most: the settings' counts, and
+        tasks of at most ``max_bytes_per_task`` by the bytes per record read
+        so far (a job then takes :data:`JOB_TASKS_PER_CORE` such tasks per
+        core); before any task reported, the source's ``first_task_records``."""
+        cores = self._cores()
+        max_job = self.settings.max_records_per_job
+        # A bounded job (catching up) keeps every core busy: at least one task each.
+        max_task = min(self.settings.max_records_per_task, -(-max_job // cores))
+        per = self.record_bytes
+        if per is None:
+            by_bytes = self.source.first_task_records
+        else:
+            by_bytes = max(1, int(self.settings.max_bytes_per_task // max(per, 1.0)))
+        if by_bytes is not None and by_bytes < max_task:
+            max_task = by_bytes
+            max_job = min(max_job, by_bytes * cores * JOB_TASKS_PER_CORE)
+        return max_task, max_job
 
     def _depth(self) -> int:
         """Jobs of this source that read at once (the source may allow fewer)."""
@@ -530,7 +557,8 @@ class SourceRunner:
             )
             for o in self.outputs
         )
-        return JobContext(self.name, self.source.kind, batch_id, b, self.source.reader(), plans)
+        return JobContext(self.name, self.source.kind, batch_id, b, self.source.reader(), plans,
+                          flush_bytes=self.settings.max_bytes_per_task)
 
     def _execute(self, ctx: JobContext, tasks: list[Any]) -> list[TaskResult]:
         progress = self._progress.pop(ctx.batch_id, None)
@@ -544,7 +572,12 @@ class SourceRunner:
         if failed is not None:
             raise failed
         with self._count_lock:  # jobs_in_flight job threads
-            self.records += sum(r.records for r in results)
+            records = sum(r.records for r in results)
+            self.records += records
+            if records:
+                per = sum(r.bytes for r in results) / records
+                was = self.record_bytes
+                self.record_bytes = per if was is None or per > was else 0.9 * was + 0.1 * per
             self.job_seconds += time.monotonic() - t0
         return results
 

@@ -688,3 +688,56 @@ def test_commit_offsets_false_writes_no_consumer_group(
         r = runners[0]
         wait_for(lambda: r.source.committed() == {0: 20, 1: 20}, 30,  # type: ignore[attr-defined]
                  lambda: str(r.source.committed()))  # type: ignore[attr-defined]
+
+
+def test_tasks_are_cut_by_bytes_as_well_as_records(
+    tmp_path: Path, spark: Any, kafka: Any
+) -> None:
+    """Records of just under 1 MiB with 4 MiB tasks: the first tasks read a
+    few records (sizes unknown yet), later ones 4 each, although the record
+    counts allow 1,000."""
+    topic = f"big-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1, config={"max.message.bytes": str(2**21)})
+    p = Producer({"bootstrap.servers": kafka.bootstrap, "message.max.bytes": 2**21 + 2**16})
+
+    def write(ids: range) -> None:
+        for i in ids:
+            p.produce(topic, value=json.dumps({"id": i, "body": f"{i}" + "x" * (2**20 - 64)}
+                                              ).encode())
+        assert p.flush(60) == 0
+
+    write(range(40))
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path}/state
+timestamp_interval: 200ms
+spark: {{max_bytes_per_task: 4MiB, max_records_per_task: 1000}}
+sources:
+  - name: events
+    kafka: {{bootstrap_servers: "{kafka.bootstrap}", topic: {topic}, timeout: 5s}}
+    outputs:
+      - {{name: events, format: {{type: json, schema: {{id: int64, body: string}}}}, sink: file}}
+""")
+    cfg = load_config(path)
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: durable(r).get(0) == 40, 90, lambda: f"40 records: {durable(r)}")
+        first = len((tmp_path / "state" / "progress.jsonl").read_text().splitlines())
+        write(range(40, 60))
+        wait_for(lambda: durable(r).get(0) == 60, 90, lambda: f"all 60 records: {durable(r)}")
+        per = r.record_bytes
+    events = [json.loads(e) for e in (tmp_path / "state" / "progress.jsonl")
+              .read_text().splitlines()]
+    reads = [e for e in events[:first] if e["kind"] == "read" and e["records"]]
+    later = [e for e in events[first:] if e["kind"] == "read" and e["records"]]
+    assert all(e["largest_task"] <= 16 for e in reads)  # sizes unknown: a Kafka source starts small
+    assert per is not None and 2**20 - 2**10 <= per < 2**20, per
+    assert later and all(e["largest_task"] <= 4 for e in later), [
+        (e["tasks"], e["largest_task"]) for e in later]
+    reads += later
+    assert sum(e["records"] for e in reads) == 60
+    t = rows(cfg)
+    assert sorted(t.column("id").to_pylist()) == list(range(60))
+    assert all(len(b) == 2**20 - 64 + len(str(i)) for i, b in zip(
+        t.column("id").to_pylist(), t.column("body").to_pylist(), strict=True))
+    assert all(rep.ok for rep in verify_pipeline(cfg))
