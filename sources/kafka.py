@@ -392,7 +392,7 @@ class KafkaSource(SourceBase):
     kind = Partitioned.KIND
     replayable = True
     can_resnapshot = True  # by replay, while retention holds the records
-    first_task_records = 16  # a record may be as large as the broker allows
+    first_task_records = 4  # a record may be as large as the broker allows
 
     def __post_init__(self) -> None:
         self.group = self.group_id or f"reclock-{self.name}"

@@ -402,9 +402,10 @@ class SparkConfig(_Model):
     max_bytes_per_task: ByteSize = Field(default=64 * 2**20, ge=2**20, le=2**40)
     """Bytes of records read by one Spark task at most (``64MiB``), by the
     bytes per record the source's tasks read so far; a task reads one record
-    at least. Until a Kafka source's first tasks have reported, they read a
-    few records each (a record may be as large as the broker allows). Tasks
-    also write what they decoded out in pieces of at most this size."""
+    at least. Until a Kafka source's first tasks have reported, they read 4
+    records each (a record may be as large as the broker allows). Tasks
+    also write what they decoded out in pieces of at most this size. See
+    ``bench/big_records_bench.py``."""
 
 
 _REMAP_SCHEMES = ("sqlite", "postgresql", "postgres")

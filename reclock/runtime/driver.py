@@ -529,7 +529,8 @@ class SourceRunner:
             by_bytes = max(1, int(self.settings.max_bytes_per_task // max(per, 1.0)))
         if by_bytes is not None and by_bytes < max_task:
             max_task = by_bytes
-            max_job = min(max_job, by_bytes * cores * JOB_TASKS_PER_CORE)
+            # (sizes unknown: one task per core, to learn them soon)
+            max_job = min(max_job, by_bytes * cores * (1 if per is None else JOB_TASKS_PER_CORE))
         return max_task, max_job
 
     def _depth(self) -> int:

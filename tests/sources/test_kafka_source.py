@@ -730,7 +730,7 @@ sources:
               .read_text().splitlines()]
     reads = [e for e in events[:first] if e["kind"] == "read" and e["records"]]
     later = [e for e in events[first:] if e["kind"] == "read" and e["records"]]
-    assert all(e["largest_task"] <= 16 for e in reads)  # sizes unknown: a Kafka source starts small
+    assert all(e["largest_task"] <= 4 for e in reads)  # sizes unknown: a Kafka source starts small
     assert per is not None and 2**20 - 2**10 <= per < 2**20, per
     assert later and all(e["largest_task"] <= 4 for e in later), [
         (e["tasks"], e["largest_task"]) for e in later]
