@@ -30,7 +30,9 @@ Failure points: ``source`` (the source's probe of its upstream frontier),
 ``stage`` (the driver stages the updates of a keyed output), ``commit`` (just
 before a sink commit), ``refuse`` (a task's sink refuses the first row it
 stages, which lands in the error collection as a row the sink could not
-store; counted per process, so each Spark worker process refuses ``n``).
+store; counted per process, so each Spark worker process refuses ``n``),
+``hang`` (a task stops for :data:`HANG_S` seconds, as one whose job never
+finishes; counted per process too).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import os
 import random
 import signal
 import threading
+import time
 
 from reclock.core.errors import TransientError
 
@@ -92,7 +95,10 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-FAIL_POINTS = ("source", "stage", "commit", "refuse")
+FAIL_POINTS = ("source", "stage", "commit", "refuse", "hang")
+
+#: Seconds a task stops at ``hang`` (see :func:`hang_point`).
+HANG_S = 8.0
 
 
 class InjectedFault(TransientError):
@@ -136,6 +142,14 @@ def fail_point(name: str) -> None:
         return
     raise InjectedFault(f"injected failure at {name!r} (RECLOCK_FAIL_AT)",
                         hint="a rehearsed fault: the pipeline retries")
+
+
+def hang_point(name: str) -> None:
+    """Stop here for :data:`HANG_S` seconds while ``RECLOCK_FAIL_AT`` has
+    failures left for ``name`` (``hang``): a task that makes no progress, as
+    one whose result a driver out of memory never takes in."""
+    if take(name):
+        time.sleep(HANG_S)
 
 
 def disarm() -> None:

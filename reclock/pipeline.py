@@ -267,6 +267,7 @@ class Pipeline:
             max_records_per_job=sp.max_records_per_job,
             max_records_per_task=sp.max_records_per_task,
             max_bytes_per_task=sp.max_bytes_per_task,
+            job_timeout_s=sp.job_timeout / 1000.0,
             jobs_in_flight=sp.jobs_in_flight,
             vacuum_every_s=self.cfg.housekeeping.vacuum_every / 1000.0,
             orphan_grace_s=self.cfg.housekeeping.orphan_grace / 1000.0,

@@ -399,6 +399,11 @@ class SparkConfig(_Model):
     """Records read by one Spark task at most. A job is split into at least one
     task per core (so tasks of a full job read at most ``max_records_per_job``
     / cores), and a Kafka task reads several partitions when they are small."""
+    job_timeout: DurationMs = Field(default=600_000, ge=1000, le=7 * 24 * 3600 * 1000)
+    """A Spark job running longer (``10m``) is cancelled, the source reports
+    a stall naming it (``status`` exits non-zero, ``/readyz`` answers 503) and
+    reads the range again. A job that never finishes usually means the
+    driver ran out of memory taking in a task's result."""
     max_bytes_per_task: ByteSize = Field(default=64 * 2**20, ge=2**20, le=2**40)
     """Bytes of records read by one Spark task at most (``64MiB``), by the
     bytes per record the source's tasks read so far; a task reads one record

@@ -163,6 +163,7 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
 
 def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
     """Read, reclock, decode and stage one task's range."""
+    faults.hang_point("hang")
     started = time.perf_counter()
     res = TaskResult(task.index)
     pending: dict[int, list[pa.Table]] = {}

@@ -41,7 +41,7 @@ import time
 import traceback
 import uuid
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +61,14 @@ from reclock.core.columns import (
     SRC_SEQ,
     rename_columns,
 )
-from reclock.core.errors import DefiniteError, ReclockError, Reopen, classified, classify
+from reclock.core.errors import (
+    DefiniteError,
+    ReclockError,
+    Reopen,
+    TransientError,
+    classified,
+    classify,
+)
 from reclock.core.frontier import Antichain, frontier_distance
 from reclock.core.mint import RemapOperator
 from reclock.core.time import IntoTime
@@ -125,6 +132,10 @@ class Settings:
     compact_every_ticks: int = 60
     max_backoff_s: float = 30.0
     job_time_budget_s: float = 10.0
+    #: a job running longer is cancelled and the source stalls (then retries)
+    job_timeout_s: float = 600.0
+    #: on stop, how long a job in flight may still finish before it is abandoned
+    stop_grace_s: float = 20.0
     jobs_in_flight: int = 2
     vacuum_every_s: float = 60.0
     orphan_grace_s: float = 300.0
@@ -156,14 +167,28 @@ class _Job:
     progress: TaskProgress | None = None
     #: the outputs whose snapshot chunks the job reads
     snapshots: frozenset[int] = frozenset()
+    submitted: float = field(default_factory=time.monotonic)
 
-    def discard(self) -> None:
-        """Wait for it and drop its results: what it staged is never committed
-        (the sinks vacuum orphaned staged files)."""
+    def discard(self, timeout: float | None = None) -> bool:
+        """Wait for it (up to ``timeout``) and drop its results: what it
+        staged is never committed (the sinks vacuum orphaned staged files).
+        False when it is still running."""
+        done, _ = wait([self.future], timeout)
+        if not done:
+            return False
         try:
             self.future.result()
         except Exception:
             log.debug("discarded job failed", exc_info=True)
+        return True
+
+
+class JobTimeout(TransientError):
+    """A Spark job ran past ``spark.job_timeout``; it was cancelled."""
+
+
+class Abandoned(Exception):
+    """The source stops and a job in flight outlived the stop grace."""
 
 
 class SourceRunner:
@@ -216,6 +241,7 @@ class SourceRunner:
         self._opened = False
         self._count_lock = threading.Lock()
         self._jobs: ThreadPoolExecutor | None = None  # the job read while one commits
+        self._abandoned = False  # a job was abandoned (its thread may still run)
         self.snapshots = SnapshotProgress()
         #: ``reclock resnapshot`` requests (None: not taken), and those taken
         #: up by the last open: output index -> when it was requested
@@ -304,7 +330,7 @@ class SourceRunner:
         elif self.health.status not in (FINISHED, STOPPED):
             self._set_health(STOPPED)
         if self._jobs is not None:
-            self._jobs.shutdown(wait=True)
+            self._jobs.shutdown(wait=not self._abandoned)
             self._jobs = None
         try:
             self.source.close()
@@ -459,7 +485,7 @@ class SourceRunner:
         try:
             while pending:
                 job = pending.popleft()
-                results = job.future.result()  # a task's error is raised here
+                results = self._await(job)  # a task's error is raised here
                 if self._dropped.is_set():
                     return False  # late results of a dropped source are discarded
                 if failed is None:
@@ -481,8 +507,9 @@ class SourceRunner:
                     raise failed
                 self._resume_and_acknowledge(b)  # 4.+5. also while catching up
         finally:
-            for job in pending:
-                job.discard()  # a commit failed or the source stops
+            for job in pending:  # a commit failed or the source stops
+                if not job.discard(0 if self._abandoned else None):
+                    self._abandon()
             self.snapshots.abandoned()  # no job in flight: uncommitted reads are gone
         if self.read_from == bound:
             # Nothing left to read: idle outputs still advance to the remap upper.
@@ -532,6 +559,49 @@ class SourceRunner:
             # (sizes unknown: one task per core, to learn them soon)
             max_job = min(max_job, by_bytes * cores * (1 if per is None else JOB_TASKS_PER_CORE))
         return max_task, max_job
+
+    def _await(self, job: _Job) -> list[TaskResult]:
+        """The job's results. It is cancelled and abandoned when it runs past
+        ``job_timeout_s`` (:class:`JobTimeout`: a job that never finishes
+        usually means a task result the driver could not take in, out of
+        memory), or when the source stops and it outlives ``stop_grace_s``
+        (at most the job timeout: :class:`Abandoned`); its staged files
+        become orphans, vacuumed."""
+        stopped: float | None = None
+        while True:
+            done, _ = wait([job.future], 0.25)
+            if done:
+                return job.future.result()
+            now = time.monotonic()
+            if self._stop.is_set():
+                stopped = now if stopped is None else stopped
+                grace = min(self.settings.stop_grace_s, self.settings.job_timeout_s)
+                if now - stopped >= grace:
+                    self._abandon()
+                    raise Abandoned(f"source {self.name!r}: a job still running at the stop "
+                                    f"was abandoned after {grace:.0f} s")
+            elif now - job.submitted > self.settings.job_timeout_s:
+                self._abandon()
+                raise JobTimeout(
+                    f"source {self.name!r}: a Spark job ran {now - job.submitted:.0f} s without "
+                    f"finishing (spark.job_timeout: {self.settings.job_timeout_s:.0f} s); it was "
+                    "cancelled and is read again",
+                    hint="a job that never finishes usually means the driver ran out of memory "
+                         "(look for OutOfMemoryError in its log): raise spark.driver.memory, or "
+                         "lower spark.max_records_per_job / max_bytes_per_task")
+
+    def _abandon(self) -> None:
+        """Cancel this source's Spark jobs and leave their threads behind:
+        later jobs run on a new pool."""
+        self._abandoned = True
+        if self.spark is not None:
+            try:
+                self.spark.sparkContext.cancelJobGroup(self.job_group)
+            except Exception:  # the context may already be down
+                log.debug("cancelJobGroup failed", exc_info=True)
+        if self._jobs is not None:
+            self._jobs.shutdown(wait=False, cancel_futures=True)
+            self._jobs = None
 
     def _depth(self) -> int:
         """Jobs of this source that read at once (the source may allow fewer)."""
