@@ -156,7 +156,19 @@ class Pipeline:
                         "value's") from None
             fields = list(key_dec.schema) if key_dec else []
             key_columns = [f.name for f in fields]
-            user_schema = pa.schema(fields + list(value_dec.schema))
+            extra = list(spec.extra) if spec.extra is not None else []
+            if extra and envelope.type == "debezium":
+                raise DefiniteError(
+                    f"{what}: the debezium envelope takes no {[f.name for f in extra]} "
+                    "column", hint="read the topic without include_headers, or with another "
+                    "envelope")
+            taken = {f.name for f in fields} | set(value_dec.schema.names)
+            clash = [f.name for f in extra if f.name in taken]
+            if clash:
+                raise DefiniteError(
+                    f"{what}: the decoded columns already have {clash}, which the source "
+                    "adds", hint="rename the decoded column in the format's schema")
+            user_schema = pa.schema(fields + list(value_dec.schema) + extra)
         upsert_key: tuple[str, ...] | None = None
         upstream: tuple[str, ...] = ()
         if user_schema is not None:  # (typed rows described when the source opens: then)

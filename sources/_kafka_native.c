@@ -34,6 +34,7 @@
 typedef struct rk_s rk_t;
 typedef struct rk_conf_s rk_conf_t;
 typedef struct rk_queue_s rk_queue_t;
+typedef struct rk_headers_s rk_headers_t;
 
 typedef struct {
     int err;
@@ -88,6 +89,9 @@ static struct {
     int (*position)(rk_t *, rk_tp_list_t *);
     int (*consumer_close)(rk_t *);
     const char *(*err2str)(int);
+    int (*message_headers)(const rk_message_t *, rk_headers_t **);
+    size_t (*header_cnt)(const rk_headers_t *);
+    int (*header_get_all)(const rk_headers_t *, size_t, const char **, const void **, size_t *);
     int loaded;
 } rk;
 
@@ -130,6 +134,9 @@ load(PyObject *self, PyObject *args)
     SYM(position, "rd_kafka_position");
     SYM(consumer_close, "rd_kafka_consumer_close");
     SYM(err2str, "rd_kafka_err2str");
+    SYM(message_headers, "rd_kafka_message_headers");
+    SYM(header_cnt, "rd_kafka_header_cnt");
+    SYM(header_get_all, "rd_kafka_header_get_all");
 #undef SYM
     rk.loaded = 1;
     Py_RETURN_NONE;
@@ -203,6 +210,11 @@ typedef struct {
     buf_t parts, offs, stamps, stamp_valid;
     int64_t stamp_nulls;
     bincol_t keys, values;
+    /* with headers: per record the list offsets into the headers' names and values */
+    int headers;
+    int64_t nheaders;
+    buf_t hdr_offs;
+    bincol_t hdr_names, hdr_values;
     rk_message_t *msgs[MAX_BATCH];
 } Reader;
 
@@ -214,6 +226,12 @@ reader_reset_rows(Reader *r)
     r->stamp_nulls = 0;
     bincol_reset(&r->keys);
     bincol_reset(&r->values);
+    int32_t zero = 0;
+    r->nheaders = 0;
+    r->hdr_offs.len = 0;
+    buf_put(&r->hdr_offs, &zero, sizeof zero);
+    bincol_reset(&r->hdr_names);
+    bincol_reset(&r->hdr_values);
 }
 
 static void
@@ -244,6 +262,9 @@ Reader_dealloc(Reader *r)
     free(r->stamp_valid.p);
     bincol_free(&r->keys);
     bincol_free(&r->values);
+    free(r->hdr_offs.p);
+    bincol_free(&r->hdr_names);
+    bincol_free(&r->hdr_values);
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
@@ -306,17 +327,19 @@ reader_ready(Reader *r)
 }
 
 /*
- * assign(topic, ranges) -> None or (code, text)
+ * assign(topic, ranges, headers=False) -> None or (code, text)
  * ranges: a sequence of (partition, start, end), one per partition. All of
  * them are assigned at once, each at its start, so that librdkafka fetches
- * them together; records of every range arrive interleaved.
+ * them together; records of every range arrive interleaved. headers: collect
+ * each record's headers too (take() returns them).
  */
 static PyObject *
 Reader_assign(Reader *r, PyObject *args)
 {
     const char *topic;
     PyObject *seq;
-    if (!PyArg_ParseTuple(args, "sO", &topic, &seq))
+    int headers = 0;
+    if (!PyArg_ParseTuple(args, "sO|p", &topic, &seq, &headers))
         return NULL;
     if (!reader_ready(r))
         return NULL;
@@ -362,6 +385,7 @@ Reader_assign(Reader *r, PyObject *args)
     r->ranges = ranges;
     r->nranges = n;
     r->last = 0;
+    r->headers = headers;
     reader_reset_rows(r);
     rk_tp_list_t *l = rk.tpl_new((int)(n > 0 ? n : 1));
     for (Py_ssize_t i = 0; i < n; i++)
@@ -473,6 +497,30 @@ append(Reader *r, const rk_message_t *m, int32_t partition)
     int rc = bincol_put(&r->keys, row, m->key, m->key_len);
     if (rc == 0)
         rc = bincol_put(&r->values, row, m->payload, m->len);
+    if (rc == 0 && r->headers) {
+        /* every header in order, duplicates kept; a null value stays null */
+        rk_headers_t *hdrs = NULL;
+        if (rk.message_headers(m, &hdrs) == 0 && hdrs != NULL) {
+            size_t cnt = rk.header_cnt(hdrs);
+            for (size_t i = 0; rc == 0 && i < cnt; i++) {
+                const char *name;
+                const void *value;
+                size_t size;
+                if (rk.header_get_all(hdrs, i, &name, &value, &size) != 0)
+                    break;
+                rc = bincol_put(&r->hdr_names, r->nheaders, name, strlen(name));
+                if (rc == 0)
+                    rc = bincol_put(&r->hdr_values, r->nheaders, value, size);
+                if (rc == 0)
+                    r->nheaders++;
+            }
+        }
+        if (rc == 0 && r->nheaders > INT32_MAX)
+            rc = -2;
+        int32_t end = (int32_t)r->nheaders;
+        if (rc == 0 && buf_put(&r->hdr_offs, &end, sizeof end) < 0)
+            rc = -1;
+    }
     if (rc == 0 && (buf_put(&r->parts, &partition, 4) < 0 || buf_put(&r->offs, &m->offset, 8) < 0
                     || buf_put(&r->stamps, &ts, 8) < 0))
         rc = -1;
@@ -569,19 +617,26 @@ bytes_of(buf_t *b)
 /*
  * take() -> (rows, partitions, offsets, stamps, stamp_valid, stamp_nulls,
  *            key_offsets, key_data, key_valid, key_nulls,
- *            value_offsets, value_data, value_valid, value_nulls)
- * The pending rows as Arrow buffers (bytes), then clears them.
+ *            value_offsets, value_data, value_valid, value_nulls,
+ *            headers, header_list_offsets, name_offsets, name_data,
+ *            hvalue_offsets, hvalue_data, hvalue_valid, hvalue_nulls)
+ * The pending rows as Arrow buffers (bytes), then clears them. headers: how
+ * many headers the rows hold (their buffers are empty unless assign() was
+ * asked for headers).
  */
 static PyObject *
 Reader_take(Reader *r, PyObject *Py_UNUSED(ignored))
 {
     PyObject *res = Py_BuildValue(
-        "(LNNNNLNNNLNNNL)", (long long)r->rows, bytes_of(&r->parts), bytes_of(&r->offs),
-        bytes_of(&r->stamps),
+        "(LNNNNLNNNLNNNLLNNNNNNL)", (long long)r->rows, bytes_of(&r->parts),
+        bytes_of(&r->offs), bytes_of(&r->stamps),
         bytes_of(&r->stamp_valid), (long long)r->stamp_nulls, bytes_of(&r->keys.offsets),
         bytes_of(&r->keys.data), bytes_of(&r->keys.valid), (long long)r->keys.nulls,
         bytes_of(&r->values.offsets), bytes_of(&r->values.data), bytes_of(&r->values.valid),
-        (long long)r->values.nulls);
+        (long long)r->values.nulls, (long long)r->nheaders, bytes_of(&r->hdr_offs),
+        bytes_of(&r->hdr_names.offsets), bytes_of(&r->hdr_names.data),
+        bytes_of(&r->hdr_values.offsets), bytes_of(&r->hdr_values.data),
+        bytes_of(&r->hdr_values.valid), (long long)r->hdr_values.nulls);
     if (res != NULL)
         reader_reset_rows(r);
     return res;
@@ -603,12 +658,13 @@ Reader_get_pending(Reader *r, void *Py_UNUSED(closure))
 static PyObject *
 Reader_get_pending_bytes(Reader *r, void *Py_UNUSED(closure))
 {
-    return PyLong_FromSize_t(r->keys.data.len + r->values.data.len);
+    return PyLong_FromSize_t(r->keys.data.len + r->values.data.len + r->hdr_names.data.len
+                             + r->hdr_values.data.len);
 }
 
 static PyMethodDef Reader_methods[] = {
     {"assign", (PyCFunction)Reader_assign, METH_VARARGS,
-     "assign(topic, [(partition, start, end), ...]) -> None or (code, text)"},
+     "assign(topic, [(partition, start, end), ...], headers=False) -> None or (code, text)"},
     {"unassign", (PyCFunction)Reader_unassign, METH_NOARGS, "unassign() -> None or (code, text)"},
     {"advance", (PyCFunction)Reader_advance, METH_NOARGS,
      "advance() -> [(partition, pos, end), ...]: the ranges not read to their end"},
@@ -621,7 +677,7 @@ static PyMethodDef Reader_methods[] = {
 
 static PyGetSetDef Reader_getset[] = {
     {"pending", (getter)Reader_get_pending, NULL, "rows appended since the last take()", NULL},
-    {"pending_bytes", (getter)Reader_get_pending_bytes, NULL, "key and value bytes pending",
+    {"pending_bytes", (getter)Reader_get_pending_bytes, NULL, "key, value and header bytes pending",
      NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -66,6 +66,9 @@ class OutputSpec:
     #: typed outputs: the envelope the source's rows need (``upsert`` keyed
     #: by ``key``: ``_diff`` 1 = value, 0 = tombstone), None = the configured one
     envelope: str | None = None
+    #: raw outputs: columns each record carries besides key and value, handed
+    #: to the output as they are, after the decoded ones (Kafka's headers)
+    extra: pa.Schema | None = None
 
 
 @dataclass(frozen=True)

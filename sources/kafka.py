@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pyarrow as pa
 from confluent_kafka import (
@@ -137,6 +137,7 @@ class KafkaReader:
     timeout_s: float
     native: bool = True  # the C reader where it is available
     batch: int = BATCH
+    headers: bool = False  # a ``headers`` column (HEADERS_TYPE) beside key and value
 
     def _conf(self) -> dict[str, Any]:
         # A task reads a known range and stops at its end: a short fetch wait
@@ -174,7 +175,7 @@ class KafkaReader:
         native = native_reader() if self.native else None
         c = self._consumer(native)
         if native is not None:
-            err = c.assign(self.topic, ranges)
+            err = c.assign(self.topic, ranges, self.headers)
             if err is not None:
                 raise _transient(f"assigning {self.topic}{[p for p, _b, _e in ranges]}",
                                  KafkaException(KafkaError(err[0], err[1])))
@@ -227,14 +228,14 @@ class KafkaReader:
                 part = part if part in at else left[0][0]
                 raise self._fail(part, at[part], KafkaError(code, text))
             if r.pending >= self.batch or r.pending_bytes >= BATCH_BYTES:
-                yield 0, _native_batch(r.take())
+                yield 0, _native_batch(r.take(), self.headers)
             if received:
                 idle_since = time.monotonic()
             left = r.advance()
             if left and not received and time.monotonic() - idle_since > self.timeout_s:
                 raise self._idle(*left[0])
         if r.pending:
-            yield 0, _native_batch(r.take())
+            yield 0, _native_batch(r.take(), self.headers)
 
     def _read_ranges(self, c: Consumer, ranges: list[tuple[int, int, int]]
                      ) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -247,6 +248,7 @@ class KafkaReader:
         keys: list[bytes | None] = []
         values: list[bytes | None] = []
         stamps: list[int | None] = []
+        headers: list[list[tuple[str, bytes | None]]] | None = [] if self.headers else None
         left = list(pos)
         idle_since = time.monotonic()
         while left:
@@ -274,10 +276,13 @@ class KafkaReader:
                 values.append(m.value())
                 ts_type, ts = m.timestamp()
                 stamps.append(ts if ts_type else None)
+                if headers is not None:
+                    headers.append(cast("list[tuple[str, bytes | None]]", m.headers() or []))
                 pos[p] = off + 1
                 if len(offsets) >= self.batch:
-                    yield 0, _batch(parts, offsets, keys, values, stamps)
+                    yield 0, _batch(parts, offsets, keys, values, stamps, headers)
                     parts, offsets, keys, values, stamps = [], [], [], [], []
+                    headers = [] if self.headers else None
             if msgs:
                 idle_since = time.monotonic()
             left = [p for p in left if pos[p] < end[p]]
@@ -292,21 +297,27 @@ class KafkaReader:
                 if left and not msgs and time.monotonic() - idle_since > self.timeout_s:
                     raise self._idle(left[0], pos[left[0]], end[left[0]])
         if offsets:
-            yield 0, _batch(parts, offsets, keys, values, stamps)
+            yield 0, _batch(parts, offsets, keys, values, stamps, headers)
 
 
 _NAMES = [SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS, "key", "value"]
+#: A record's headers, in order, duplicates kept; a header's value may be null.
+HEADERS = "headers"
+HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string(), nullable=False),
+                                   pa.field("value", pa.binary())]))
 
 
 def _batch(parts: list[int], offsets: list[int], keys: list[bytes | None],
-           values: list[bytes | None], stamps: list[int | None]) -> pa.RecordBatch:
+           values: list[bytes | None], stamps: list[int | None],
+           headers: list[list[tuple[str, bytes | None]]] | None = None) -> pa.RecordBatch:
     n = len(offsets)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(parts, pa.int32()), pa.array(offsets, pa.int64()),
-         pa.array([0] * n, pa.int32()), pa.array(stamps, pa.int64()),
-         pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
-        names=_NAMES,
-    )
+    cols = [pa.array(parts, pa.int32()), pa.array(offsets, pa.int64()),
+            pa.array([0] * n, pa.int32()), pa.array(stamps, pa.int64()),
+            pa.array(keys, pa.binary()), pa.array(values, pa.binary())]
+    if headers is None:
+        return pa.RecordBatch.from_arrays(cols, names=_NAMES)
+    hdrs = pa.array([[{"key": k, "value": v} for k, v in h] for h in headers], HEADERS_TYPE)
+    return pa.RecordBatch.from_arrays([*cols, hdrs], names=[*_NAMES, HEADERS])
 
 
 def pack_ranges(pieces: list[tuple[int, int, int]], max_task: int
@@ -346,10 +357,11 @@ def task_ranges(spec: Any) -> list[tuple[int, int, int]]:
     return [(int(p), int(b), int(e)) for p, b, e in spec]
 
 
-def _native_batch(taken: tuple[Any, ...]) -> pa.RecordBatch:
+def _native_batch(taken: tuple[Any, ...], headers: bool = False) -> pa.RecordBatch:
     """A RecordBatch over the buffers of ``Reader.take()`` (no copy)."""
     (n, parts, offs, stamps, stamp_valid, stamp_nulls, key_offs, key_data, key_valid,
-     key_nulls, value_offs, value_data, value_valid, value_nulls) = taken
+     key_nulls, value_offs, value_data, value_valid, value_nulls, nh, list_offs, name_offs,
+     name_data, hv_offs, hv_data, hv_valid, hv_nulls) = taken
 
     def col(t: pa.DataType, nulls: int, valid: bytes, *bufs: bytes) -> pa.Array:
         validity = pa.py_buffer(valid) if nulls else None
@@ -357,14 +369,23 @@ def _native_batch(taken: tuple[Any, ...]) -> pa.RecordBatch:
                                      null_count=nulls)
 
     # (from buffers: pa.array() of a numpy array would import pandas in the worker)
-    return pa.RecordBatch.from_arrays(
-        [col(pa.int32(), 0, b"", parts), col(pa.int64(), 0, b"", offs),
-         col(pa.int32(), 0, b"", bytes(4 * n)),
-         col(pa.int64(), stamp_nulls, stamp_valid, stamps),
-         col(pa.binary(), key_nulls, key_valid, key_offs, key_data),
-         col(pa.binary(), value_nulls, value_valid, value_offs, value_data)],
-        names=_NAMES,
-    )
+    cols = [col(pa.int32(), 0, b"", parts), col(pa.int64(), 0, b"", offs),
+            col(pa.int32(), 0, b"", bytes(4 * n)),
+            col(pa.int64(), stamp_nulls, stamp_valid, stamps),
+            col(pa.binary(), key_nulls, key_valid, key_offs, key_data),
+            col(pa.binary(), value_nulls, value_valid, value_offs, value_data)]
+    if not headers:
+        return pa.RecordBatch.from_arrays(cols, names=_NAMES)
+    names = pa.Array.from_buffers(pa.string(), nh, [None, pa.py_buffer(name_offs),
+                                                    pa.py_buffer(name_data)])
+    names.validate(full=True)  # header keys are UTF-8 strings
+    values = pa.Array.from_buffers(
+        pa.binary(), nh, [pa.py_buffer(hv_valid) if hv_nulls else None, pa.py_buffer(hv_offs),
+                          pa.py_buffer(hv_data)], null_count=hv_nulls)
+    pairs = pa.StructArray.from_arrays([names, values], fields=list(HEADERS_TYPE.value_type))
+    hdrs = pa.Array.from_buffers(HEADERS_TYPE, n, [None, pa.py_buffer(list_offs)],
+                                 children=[pairs])
+    return pa.RecordBatch.from_arrays([*cols, hdrs], names=[*_NAMES, HEADERS])
 
 
 _CONSUMERS: dict[Any, Any] = {}  # Consumer or native Reader
@@ -388,6 +409,7 @@ class KafkaSource(SourceBase):
     output_names: list[str] = field(default_factory=list)
     native: bool = True  # tasks read with the C reader where it is built
     commit_offsets: bool = True  # acknowledge by committing to the consumer group
+    include_headers: bool = False  # the output gets a headers column
 
     kind = Partitioned.KIND
     replayable = True
@@ -425,7 +447,9 @@ class KafkaSource(SourceBase):
         return self._consumer
 
     def outputs(self) -> list[OutputSpec]:
-        return [OutputSpec(self.output_names[0] if self.output_names else self.topic)]
+        extra = pa.schema([pa.field(HEADERS, HEADERS_TYPE)]) if self.include_headers else None
+        return [OutputSpec(self.output_names[0] if self.output_names else self.topic,
+                           extra=extra)]
 
     # -- metadata and offsets -----------------------------------------------------------
     def _partitions(self) -> tuple[list[int], list[int]]:
@@ -577,7 +601,7 @@ class KafkaSource(SourceBase):
 
     def reader(self) -> KafkaReader:
         return KafkaReader(self.bootstrap, self.topic, tuple(sorted(self.properties.items())),
-                           self.timeout_s, native=self.native)
+                           self.timeout_s, native=self.native, headers=self.include_headers)
 
     # -- acknowledgement ----------------------------------------------------------------------
     def acknowledge(self, frontier: Antichain[Partitioned]) -> None:
@@ -665,6 +689,11 @@ class KafkaConfig(ConnectorConfig):
     buffers straight from librdkafka; the pure-Python reader, with a warning,
     where the extension was not built) or ``python`` (a confluent-kafka
     ``Consumer``). Both read exactly the same records."""
+    include_headers: bool = False
+    """Give the output a ``headers`` column: each record's headers as a list
+    of ``{key: string, value: binary}`` in their order, duplicates kept, a
+    null value kept null (Materialize's ``INCLUDE HEADERS``, Spark's
+    ``includeHeaders``). Not with the ``debezium`` envelope."""
 
     @classmethod
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
@@ -690,4 +719,5 @@ class KafkaConfig(ConnectorConfig):
             start_timestamp=self.start_timestamp, properties=dict(self.properties),
             timeout_s=self.timeout / 1000.0, output_names=list(ctx.output_names),
             native=self.reader == "native", commit_offsets=self.commit_offsets,
+            include_headers=self.include_headers,
         )

@@ -131,7 +131,10 @@ def decoded_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int6
     ok_idx = np.asarray(res.ok, dtype=np.int64)
     parts = []
     if len(ok_idx):
-        cols = [res.table.column(up).cast(f.type) for up, f in plan.picks()]
+        # a column the source hands over as it is (Kafka's headers) is not decoded
+        decoded = set(res.table.column_names)
+        cols = [res.table.column(up).cast(f.type) if up in decoded
+                else batch.column(up).take(pa.array(ok_idx)) for up, f in plan.picks()]
         k = len(ok_idx)
         meta = meta_columns(batch, into, ok_idx)
         if tombstones:

@@ -741,3 +741,69 @@ sources:
     assert all(len(b) == 2**20 - 64 + len(str(i)) for i, b in zip(
         t.column("id").to_pylist(), t.column("body").to_pylist(), strict=True))
     assert all(rep.ok for rep in verify_pipeline(cfg))
+
+
+HEADERS = [
+    [("a", b"1"), ("a", b"2"), ("b", None)],  # order and duplicates kept, a null value
+    [],
+    None,  # no headers at all
+    [("ключ", b"\x00\xff" * 5), ("", b"")],  # a UTF-8 key, binary and empty values
+    [("big", b"x" * 100_000)],
+]
+
+
+def test_headers_are_read_alike_by_both_readers_and_land_in_the_output(
+    tmp_path: Path, spark: Any, kafka: Any
+) -> None:
+    import dataclasses
+
+    from sources.kafka import KafkaReader
+
+    topic = f"h-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(50):
+        h = HEADERS[i % len(HEADERS)]
+        p.produce(topic, value=json.dumps({"id": i, "body": f"b{i}"}).encode(),
+                  partition=i % 2, headers=h)
+    assert p.flush(30) == 0
+    want = {i: [{"key": k, "value": v} for k, v in HEADERS[i % len(HEADERS)] or []]
+            for i in range(50)}
+    native = KafkaReader(kafka.bootstrap, topic, (), 5.0, native=True, batch=7, headers=True)
+    python = dataclasses.replace(native, native=False)
+    for spec in [((0, 0, 25), (1, 0, 25)), (1, 3, 20)]:
+        got, _ = _read_all(native, spec)
+        same, _ = _read_all(python, spec)
+        assert got.equals(same), spec
+        assert got.schema.field("headers").type == same.schema.field("headers").type
+    got, _ = _read_all(native, ((0, 0, 25), (1, 0, 25)))
+    ids = [json.loads(v)["id"] for v in got.column("value").to_pylist()]
+    assert got.column("headers").to_pylist() == [want[i] for i in ids]
+    plain, _ = _read_all(dataclasses.replace(native, headers=False), (0, 0, 25))
+    assert "headers" not in plain.column_names  # opt-in
+
+    path = config(tmp_path, kafka.bootstrap, topic, extra="      include_headers: true")
+    cfg = load_config(path)
+    with running(cfg, spark) as runners:
+        wait_for(lambda: sum(durable(runners[0]).values()) == 50, 60, "50 records")
+    t = rows(cfg)
+    assert {i: h for i, h in zip(t.column("id").to_pylist(), t.column("headers").to_pylist(),
+                                 strict=True)} == want
+    assert all(rep.ok for rep in verify_pipeline(cfg))
+
+
+def test_headers_refused_where_they_cannot_go(tmp_path: Path, kafka: Any) -> None:
+    from reclock.core.errors import DefiniteError
+
+    debezium = config(tmp_path, kafka.bootstrap, "any", extra="      include_headers: true")
+    debezium.write_text(debezium.read_text().replace(
+        "format: {type: json, schema: {id: int64, body: string}}",
+        "format: {type: json, schema: {id: int64}}\n        envelope: {type: debezium}"))
+    pipe = Pipeline(load_config(debezium))
+    with pytest.raises(DefiniteError, match="debezium envelope takes no"):
+        pipe.build_source(pipe.source_config("events"))
+    clash = config(tmp_path, kafka.bootstrap, "any", extra="      include_headers: true")
+    clash.write_text(clash.read_text().replace("body: string", "headers: string"))
+    pipe = Pipeline(load_config(clash))
+    with pytest.raises(DefiniteError, match="already have"):
+        pipe.build_source(pipe.source_config("events"))
