@@ -150,7 +150,7 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
                 entry["remap_upper"] = lv.get("remap_upper")
                 entry["bound"] = lv.get("bound")
                 for k in ("probe", "read_from", "records", "records_per_s", "lag_records",
-                          "job_seconds"):
+                          "job_seconds", "tick_ms"):
                     entry[k] = lv.get(k)
             else:
                 entry["bindings"] = 0 if b is None else len(b)

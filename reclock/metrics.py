@@ -192,6 +192,9 @@ def families(doc: StatusDocument) -> list[Metric]:
                                   "Records read since the driver started", labels=src_l)
     job_s = CounterMetricFamily("reclock_source_job_seconds",
                                 "Seconds spent in Spark jobs", labels=src_l)
+    tick_s = GaugeMetricFamily("reclock_source_tick_seconds",
+                               "The median time of the source's last 64 ticks (mint, read, "
+                               "commit, acknowledge)", labels=src_l)
     bindings = GaugeMetricFamily("reclock_source_bindings", "Bindings in the remap store",
                                  labels=src_l)
     remap_upper = GaugeMetricFamily("reclock_source_remap_upper_timestamp_seconds",
@@ -254,6 +257,8 @@ def families(doc: StatusDocument) -> list[Metric]:
             lag_records.add_metric([name], float(st["lag_records"]))
         records.add_metric([name], float(st.get("records") or 0))
         job_s.add_metric([name], float(st.get("job_seconds") or 0))
+        if st.get("tick_ms") is not None:
+            tick_s.add_metric([name], float(st["tick_ms"]) / 1000.0)
         bindings.add_metric([name], float(st.get("bindings") or 0))
         if "remap_upper" in st:
             remap_upper.add_metric([name], _upper(st["remap_upper"]))
@@ -285,7 +290,7 @@ def families(doc: StatusDocument) -> list[Metric]:
                               labels=["version", "pyspark", "python"])
     build.add_metric(list(versions()), 1.0)
     out: list[Metric] = [build, info, health, frontier, offsets, sums, partitions, lag_records,
-                         records, job_s, bindings, remap_upper, o_upper, o_lag, o_rows,
+                         records, job_s, tick_s, bindings, remap_upper, o_upper, o_lag, o_rows,
                          o_errors, o_health, snap_read, snap_rows, snap_exact, snap_done]
     if doc.get("updated_ms") is not None:
         out.append(GaugeMetricFamily("reclock_status_updated_timestamp_seconds",

@@ -235,6 +235,8 @@ class SourceRunner:
         #: rises at once with larger records, falls slowly
         self.record_bytes: float | None = None
         self._samples: deque[tuple[float, int]] = deque(maxlen=64)
+        #: how long the last ticks took (ms; opening the source included)
+        self._tick_ms: deque[float] = deque(maxlen=64)
         self.last_probe: Antichain[Any] | None = None
         self.job_seconds = 0.0
         self.job_group = f"reclock-{self.name}-{uuid.uuid4().hex[:8]}"
@@ -291,6 +293,7 @@ class SourceRunner:
                 if not self._opened:
                     self.open()
                 done = self.tick()
+                self._tick_ms.append((time.monotonic() - started) * 1000.0)
                 if self._dropped.is_set():
                     break
                 self._set_health(FINISHED if done else RUNNING)
@@ -856,6 +859,9 @@ class SourceRunner:
             "records_per_s": round(self.rate, 1),
             "lag_records": frontier_distance(self.source.kind, self.read_from, self.last_probe),
             "job_seconds": round(self.job_seconds, 3),
+            # the median of the last 64 ticks (mint, read, commit, acknowledge)
+            "tick_ms": (round(sorted(self._tick_ms)[len(self._tick_ms) // 2], 1)
+                        if self._tick_ms else None),
             "outputs": outs,
         }
 

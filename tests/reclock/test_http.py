@@ -529,8 +529,10 @@ def test_metrics_match_reclock_status_json(live: Live) -> None:
     # `reclock status --json` names every field as /status.json does
     served = {x["source"]: x for x in get_json(live.url + "/status.json")["sources"]}["done"]
     for key in ("health", "probe", "bound", "read_from", "resume", "remap_upper", "bindings",
-                "records", "lag_records", "job_seconds"):
+                "records", "lag_records", "job_seconds", "tick_ms"):
         assert s[key] == served[key], key
+    assert s["tick_ms"] is not None and s["tick_ms"] > 0
+    assert value(ss, "reclock_source_tick_seconds", source="done") == s["tick_ms"] / 1000.0
     fields = ("name", "upper", "lag_ms", "rows", "errors", "health")
     assert [{k: x[k] for k in fields} for x in s["outputs"]] == \
         [{k: x[k] for k in fields} for x in served["outputs"]]
