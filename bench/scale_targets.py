@@ -1,0 +1,456 @@
+"""The scale targets of issue 17, measured and printed with PASS / FAIL by one command.
+
+One SparkSession (``local[2]``) and, for the Kafka targets, one Apache Kafka
+broker (tests/kafkabroker.py), started once. Each target runs on its own
+temporary state directory; ``--only`` picks some (names below), ``--quick``
+shortens the measured windows. The table at the end has one row per target:
+what was measured, the goal, and PASS, FAIL or NOT BUILT (a capability the
+target needs does not exist yet; the row says which).
+
+* ``partitions-2048`` -- a topic of 2,048 partitions written at ``--rate``
+  records/s round-robin, a Delta output, 1 s interval: bindings per
+  interval over the window (goal: one each), the output's lag p99 sampled
+  every 0.5 s (goal <= 2 s), then ``reclock status``, ``bindings`` and
+  ``verify`` each timed as a user runs them (goal < 2 s each).
+* ``retained-24h-counter`` / ``retained-24h-512`` -- the median tick time
+  of a pipeline whose remap store holds a day of bindings (one per second,
+  seeded through the store's API, consistent with the source), against a
+  fresh store, same source and rate (goal: within 20%). The counter is a
+  generator; the 512-partition source a topic holding one record per
+  binding. ``--retained-512`` sets how many bindings the 512-partition run
+  seeds (default 86,400; the memory they take is printed).
+* ``records-8MiB`` -- 8 MiB records read with ``max_bytes_per_task`` 32 MiB
+  and 64 MiB (bench/big_records_bench.py's driver): the largest Python
+  worker's peak, fitted as ``a + b x task bytes`` (goal: bounded by the task
+  bytes plus a constant: b <= 8, a <= 512 MiB).
+* ``startup-1000`` -- parse, build and open 100 and 1,000 counter sources
+  (bench/pipeline_bench.py's start-up, Spark excluded; goal: 1,000 under
+  1 s, linear from 100: at most 12 x the time of 100).
+* ``sources-100-1s`` / ``sources-1000-10s`` -- that many counters (20
+  records/s each) at 1 s / 10 s: every output's lag sampled every 0.5 s
+  over the window, p99 (goal <= 2 s / <= 20 s).
+* ``keyed-10M``, ``pattern-500-topics`` -- NOT BUILT yet (see the rows).
+* ``soak-1h`` -- run ``python bench/soak.py`` (an hour); not repeated here.
+
+Run: ``python bench/scale_targets.py`` (about 25 minutes on 2 cores) or
+``--quick`` / ``--only partitions-2048,startup-1000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pipeline_bench import counter_source, logging_quiet, pipeline_yaml, start_up  # noqa: E402
+
+MiB = 2**20
+PASS, FAIL, NOT_BUILT = "PASS", "FAIL", "NOT BUILT"
+Row = tuple[str, str, str, str]  # target, measured, goal, verdict
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Env:
+    """What the targets share: Spark, the broker (started on first use), a temp root."""
+
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        from reclock.runtime.spark import spark_session
+
+        self.args = args
+        self.root = root
+        self.spark = spark_session("local[2]", "reclock-scale-targets",
+                                   {"spark.sql.shuffle.partitions": "2"})
+        self._kafka: Any = None
+
+    @property
+    def kafka(self) -> Any:
+        if self._kafka is None:
+            from tests.kafkabroker import KafkaCluster
+
+            log("starting a Kafka broker ...")
+            self._kafka = KafkaCluster(nodes=1).start()
+        return self._kafka
+
+    def dir(self, name: str) -> Path:
+        d = self.root / f"{name}-{uuid.uuid4().hex[:6]}"
+        d.mkdir(parents=True)
+        return d
+
+    def close(self) -> None:
+        if self._kafka is not None:
+            self._kafka.close()
+        self.spark.stop()
+
+
+@contextmanager
+def running(env: Env, text: str, base: Path) -> Iterator[list[Any]]:
+    """``text`` run in a thread on the shared Spark session until the block ends."""
+    from reclock.config import parse_config
+    from reclock.pipeline import run
+
+    cfg = parse_config(text, str(base / "pipeline.yaml"), base_dir=base)
+    stop = threading.Event()
+    runners: list[Any] = []
+    t = threading.Thread(target=run, kwargs=dict(cfg=cfg, spark=env.spark, stop=stop, out=None,
+                                                  install_signals=False,
+                                                  on_ready=runners.extend), daemon=True)
+    t.start()
+    while not runners:
+        if not t.is_alive():
+            raise RuntimeError("the pipeline stopped before it started")
+        time.sleep(0.05)
+    try:
+        yield runners
+    finally:
+        stop.set()
+        t.join(120)
+
+
+def lags(runners: list[Any], seconds: float, every: float = 0.5) -> list[float]:
+    """Every output's lag (ms), sampled every ``every`` s for ``seconds``."""
+    out: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for r in runners:
+            for o in r.status()["outputs"]:
+                if o["lag_ms"] is not None:
+                    out.append(float(o["lag_ms"]))
+        time.sleep(every)
+    return out
+
+
+def p99(xs: list[float]) -> float:
+    return float(np.percentile(xs, 99)) if xs else float("nan")
+
+
+def verdict(ok: bool) -> str:
+    return PASS if ok else FAIL
+
+
+def kafka_yaml(state: Path, bootstrap: str, topic: str, interval: str = "1s") -> str:
+    return f"""state_dir: {state}
+timestamp_interval: {interval}
+spark: {{master: "local[2]"}}
+sources:
+  - name: k
+    kafka: {{bootstrap_servers: "{bootstrap}", topic: {topic}, timeout: 30s}}
+    outputs:
+      - {{name: k, format: {{type: json, schema: {{i: int64}}}}, sink: file}}
+"""
+
+
+def produce(bootstrap: str, topic: str, n: int, partitions: int, start: int = 0) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for i in range(start, start + n):
+        while True:
+            try:
+                p.produce(topic, value=b'{"i": %d}' % i, partition=i % partitions)
+                break
+            except BufferError:
+                p.poll(0.05)
+    assert p.flush(120) == 0
+
+
+def cli_seconds(*args: str) -> tuple[float, int]:
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "reclock.cli", *args], capture_output=True,
+                       text=True, timeout=600, cwd=ROOT)
+    return time.monotonic() - t0, r.returncode
+
+
+# -- targets -----------------------------------------------------------------------------------
+def partitions_2048(env: Env) -> list[Row]:
+    k = env.kafka
+    n = 2048
+    topic = f"p2048-{uuid.uuid4().hex[:6]}"
+    log(f"creating a topic of {n} partitions ...")
+    k.create_topic(topic, n)
+    d = env.dir("p2048")
+    path = d / "pipeline.yaml"
+    path.write_text(kafka_yaml(d / "state", k.bootstrap, topic))
+    window = 30.0 if env.args.quick else 90.0
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            produce(k.bootstrap, topic, int(env.args.rate / 4), n, start=i)
+            i += int(env.args.rate / 4)
+            stop.wait(0.25)
+
+    w = threading.Thread(target=writer, daemon=True)
+    w.start()
+    try:
+        with running(env, path.read_text(), d) as runners:
+            r = runners[0]
+            time.sleep(20)  # warm-up: the first jobs over every partition
+            b0, t0 = r.status()["bindings"], time.monotonic()
+            sampled = lags(runners, window)
+            b1, t1 = r.status()["bindings"], time.monotonic()
+    finally:
+        stop.set()
+        w.join()
+    per = (b1 - b0) / (t1 - t0)
+    lag = p99(sampled)
+    times = {c: cli_seconds(*a) for c, a in (("status", ("status", str(path))),
+                                             ("bindings", ("bindings", str(path), "k")),
+                                             ("verify", ("verify", str(path))))}
+    rows: list[Row] = [
+        ("2,048 partitions: bindings per interval", f"{per:.2f}/s", ">= 0.9/s (one each)",
+         verdict(per >= 0.9)),
+        ("2,048 partitions: sink lag p99", f"{lag / 1000:.1f} s", "<= 2 s", verdict(lag <= 2000)),
+    ]
+    for c, (s, rc) in times.items():
+        rows.append((f"2,048 partitions: reclock {c}", f"{s:.1f} s (exit {rc})", "< 2 s",
+                     verdict(s < 2.0 and rc == 0)))
+    return rows
+
+
+def _tick_median(runners: list[Any], warmup: float, window: float) -> float:
+    """The median duration of the first runner's ticks that ran in the window."""
+    r = runners[0]
+    time.sleep(warmup)
+    ticks = r.ticks
+    time.sleep(window)
+    new = list(r._tick_ms)[-(r.ticks - ticks):] if r.ticks > ticks else []
+    return statistics.median(new) if new else float("nan")
+
+
+def _seed(state: Path, source: str, kind: str, frontiers: Callable[[int], Any], count: int,
+          text: str, base: Path) -> float:
+    """``count`` bindings, one per second ending now, into the pipeline's store;
+    returns the seconds it took."""
+    from reclock.config import parse_config
+    from reclock.core.bindings import Binding
+    from reclock.core.frontier import Antichain
+    from reclock.core.time import IntoTime
+    from reclock.pipeline import Pipeline
+
+    cfg = parse_config(text, str(base / "pipeline.yaml"), base_dir=base)
+    pipe = Pipeline(cfg)
+    t0 = time.monotonic()
+    try:
+        store = pipe.store
+        store.create_shard(source, kind)
+        now = int(time.time() * 1000) - 2000
+        first = now - count * 1000
+        upper = Antichain.from_elem(IntoTime(0))
+        step = 2000
+        for lo in range(0, count, step):
+            batch = [Binding(IntoTime(first + i * 1000), frontiers(i))
+                     for i in range(lo, min(count, lo + step))]
+            new = Antichain.from_elem(IntoTime(int(batch[-1].time) + 1))
+            store.compare_and_append(source, batch, upper, new)
+            upper = new
+    finally:
+        pipe.close()
+    return time.monotonic() - t0
+
+
+def retained_counter(env: Env) -> list[Row]:
+    from reclock.core.frontier import Antichain
+    from reclock.core.time import Counter
+
+    count = 86_400
+    window = 20.0 if env.args.quick else 40.0
+    med = {}
+    for label in ("fresh", "seeded"):
+        d = env.dir(f"ret-counter-{label}")
+        text = pipeline_yaml(d / "state", [counter_source("c", 100.0)])
+        if label == "seeded":
+            s = _seed(d / "state", "c", "counter",
+                      lambda i: Antichain.from_elem(Counter(i + 1)), count, text, d)
+            log(f"seeded {count:,} counter bindings in {s:.0f}s")
+        with running(env, text, d) as runners:
+            med[label] = _tick_median(runners, 30.0, window)
+        log(f"counter, {label}: median tick {med[label]:.0f} ms")
+    ratio = med["seeded"] / med["fresh"]
+    return [("24 h of bindings, counter: tick time", f"{med['seeded']:.0f} ms vs "
+             f"{med['fresh']:.0f} ms fresh ({ratio:.2f}x)", "<= 1.2x", verdict(ratio <= 1.2))]
+
+
+def retained_512(env: Env) -> list[Row]:
+    from reclock.core.frontier import kafka_frontier
+
+    k = env.kafka
+    parts, count = 512, env.args.retained_512
+    window = 20.0 if env.args.quick else 40.0
+    topic = f"r512-{uuid.uuid4().hex[:6]}"
+    k.create_topic(topic, parts)
+    produce(k.bootstrap, topic, count, parts)
+    med: dict[str, float] = {}
+    rss: dict[str, float] = {}
+    for label in ("fresh", "seeded"):
+        d = env.dir(f"ret-512-{label}")
+        text = kafka_yaml(d / "state", k.bootstrap, topic)
+        if label == "seeded":
+            offsets = dict.fromkeys(range(parts), 0)
+
+            def frontier(i: int, offsets: dict[int, int] = offsets) -> Any:
+                offsets[i % parts] += 1
+                return kafka_frontier(offsets, partitions=parts)
+
+            s = _seed(d / "state", "k", "kafka", frontier, count, text, d)
+            log(f"seeded {count:,} bindings of {parts} partitions in {s:.0f}s")
+        rss0 = _rss_mib()
+        with running(env, text, d) as runners:
+            med[label] = _tick_median(runners, 40.0, window)
+            rss[label] = _rss_mib() - rss0
+        log(f"512 partitions, {label}: median tick {med[label]:.0f} ms, driver RSS "
+            f"+{rss[label]:.0f} MiB")
+    ratio = med["seeded"] / med["fresh"]
+    scope = "24 h" if count >= 86_400 else f"{count:,} bindings ({count / 3600:.1f} h)"
+    return [(f"{scope}, 512 partitions: tick time", f"{med['seeded']:.0f} ms vs "
+             f"{med['fresh']:.0f} ms fresh ({ratio:.2f}x); driver RSS +{rss['seeded']:.0f} MiB "
+             f"vs +{rss['fresh']:.0f}", "<= 1.2x", verdict(ratio <= 1.2 and count >= 86_400))]
+
+
+def _rss_mib() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MiB
+
+
+def records_8mib(env: Env) -> list[Row]:
+    k = env.kafka
+    topic = f"big-{uuid.uuid4().hex[:6]}"
+    k.create_topic(topic, 1, config={"max.message.bytes": str(9 * MiB)})
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": k.bootstrap, "message.max.bytes": 9 * MiB})
+    for i in range(64):
+        p.produce(topic, value=json.dumps({"id": i, "body": "x" * (8 * MiB - 40)}).encode())
+        p.poll(0)
+    assert p.flush(120) == 0
+    peak: dict[int, float] = {}
+    for mib in (32, 64):
+        d = env.dir(f"big-{mib}")
+        env_ = {**os.environ, "PYSPARK_PYTHON": sys.executable, "BENCH_TREE": str(ROOT),
+                "PYTHONPATH": str(ROOT)}
+        out = subprocess.run([sys.executable, str(ROOT / "bench" / "big_records_bench.py"),
+                              "--records", "64", "--child", k.bootstrap, topic, f"{mib}MiB",
+                              str(d)], capture_output=True, text=True, env=env_, timeout=1800)
+        if out.returncode:
+            raise RuntimeError(out.stderr[-2000:])
+        peak[mib] = json.loads(out.stdout.strip().splitlines()[-1])["worker"]
+        log(f"8 MiB records, {mib} MiB tasks: largest worker {peak[mib]:.0f} MiB")
+    b = (peak[64] - peak[32]) / 32
+    a = peak[32] - b * 32
+    return [("8 MiB records: largest worker", f"{peak[32]:.0f} MiB @ 32 MiB tasks, "
+             f"{peak[64]:.0f} MiB @ 64 MiB: {a:.0f} MiB + {b:.1f} x task", "<= 512 MiB + 8 x task",
+             verdict(a <= 512 and b <= 8))]
+
+
+def startup_1000(env: Env) -> list[Row]:
+    took = {}
+    for n in (100, 1000):
+        d = env.dir(f"startup-{n}")
+        text = pipeline_yaml(d / "state", [counter_source(f"c{i}", 10.0) for i in range(n)])
+        s = start_up(text, d, env.spark)
+        took[n] = s.framework
+        s.pipe.close()
+        log(f"start-up of {n} sources: {took[n]:.2f}s")
+    ratio = took[1000] / took[100]
+    return [("1,000 sources: framework start-up", f"{took[1000]:.2f} s (100: {took[100]:.2f} s,"
+             f" x{ratio:.1f})", "< 1 s, <= 12x of 100",
+             verdict(took[1000] < 1.0 and ratio <= 12))]
+
+
+def many_sources(env: Env, n: int, interval: str, goal_ms: float) -> list[Row]:
+    d = env.dir(f"sources-{n}")
+    text = pipeline_yaml(d / "state", [counter_source(f"c{i}", 20.0) for i in range(n)],
+                         interval=interval)
+    window = 30.0 if env.args.quick else 90.0
+    with running(env, text, d) as runners:
+        time.sleep(30.0)  # every source open and past its first commits
+        sampled = lags(runners, window)
+    lag = p99(sampled)
+    return [(f"{n:,} sources at {interval}: lag p99", f"{lag / 1000:.1f} s ({len(sampled):,} "
+             "samples)", f"<= {goal_ms / 1000:.0f} s", verdict(lag <= goal_ms))]
+
+
+def not_built(name: str, why: str, goal: str) -> Callable[[Env], list[Row]]:
+    return lambda env: [(name, why, goal, NOT_BUILT)]
+
+
+TARGETS: dict[str, Callable[[Env], list[Row]]] = {
+    "partitions-2048": partitions_2048,
+    "retained-24h-counter": retained_counter,
+    "retained-24h-512": retained_512,
+    "keyed-10M": not_built(
+        "10M-row keyed transaction", "not run: a transaction's upsert intents are still "
+        "collected on the driver and the key state is a dict in it", "driver RSS < 1 GiB"),
+    "records-8MiB": records_8mib,
+    "startup-1000": startup_1000,
+    "sources-100-1s": lambda env: many_sources(env, 100, "1s", 2000),
+    "sources-1000-10s": lambda env: many_sources(env, 1000, "10s", 20_000),
+    "pattern-500-topics": not_built(
+        "500-topic pattern source", "not run: a Kafka source reads one topic",
+        "within 20% of one topic; a new topic within one interval + one job"),
+    "soak-1h": lambda env: [("1-hour soak", "run python bench/soak.py (not repeated here)",
+                             "driver RSS and threads flat", "SEE soak.py")],
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="", help="comma-separated target names")
+    ap.add_argument("--quick", action="store_true", help="shorter measured windows")
+    ap.add_argument("--rate", type=float, default=8000.0,
+                    help="records/s into the 2,048-partition topic")
+    ap.add_argument("--retained-512", type=int, default=86_400,
+                    help="bindings seeded for the 512-partition run")
+    args = ap.parse_args()
+    names = [n for n in args.only.split(",") if n] or list(TARGETS)
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown:
+        ap.error(f"unknown targets {unknown}; known: {', '.join(TARGETS)}")
+    logging_quiet()
+    root = Path(tempfile.mkdtemp(prefix="reclock-scale-"))
+    env = Env(args, root)
+    rows: list[Row] = []
+    try:
+        for name in names:
+            log(f"target {name} ...")
+            t0 = time.monotonic()
+            try:
+                rows += TARGETS[name](env)
+            except Exception as exc:  # one target failing does not stop the others
+                rows.append((name, f"error: {type(exc).__name__}: {str(exc)[:160]}", "", FAIL))
+            log(f"target {name} took {time.monotonic() - t0:.0f}s")
+    finally:
+        env.close()
+        shutil.rmtree(root, ignore_errors=True)
+    widths = [max(len(r[i]) for r in [("target", "measured", "goal", "verdict"), *rows])
+              for i in range(4)]
+    print()
+    print(f"reclock scale targets{' (--quick)' if args.quick else ''}: local[2], "
+          f"{os.cpu_count()} CPUs")
+    for r in [("target", "measured", "goal", "verdict"), *rows]:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
