@@ -705,7 +705,15 @@ class SourceRunner:
                 if self.source.replayable:
                     # the correction at the output's upper, before this job's rows
                     assert cur.upper is not None
-                    extra, healed = heal(self.source, out, b, cur.upper)
+                    try:
+                        extra, healed = heal(self.source, out, b, cur.upper)
+                    except DefiniteError as exc:
+                        # It cannot be done (retention removed what it needs
+                        # meanwhile, ...): the request goes, and the output
+                        # goes on from its durable state (its key state too).
+                        self._refused(out, exc)
+                        raise Reopen(f"source {self.name!r}: output {out.name!r} was not "
+                                     "re-snapshotted", hint=exc.hint) from exc
                     keys = healed if healed is not None else keys
                 else:
                     extra = self._replaced(b, out)
@@ -740,6 +748,15 @@ class SourceRunner:
                             errors=sum(r.errors.get(out.index, 0) for r in results))
             faults.crash_point("after_sink_commit")
         faults.crash_point("after_upper_advance")
+
+    def _refused(self, out: OutputRuntime, exc: DefiniteError) -> None:
+        """A re-snapshot that cannot be done: its request is removed, said why."""
+        log.error("source %s: output %s cannot be re-snapshotted: %s (%s); the request is "
+                  "dropped", self.name, out.name, exc, exc.hint)
+        self.events.log(self.name, "resnapshot", outputs=[out.name], state="failed",
+                        error=str(exc.args[0] if exc.args else exc), hint=exc.hint)
+        if self.requests is not None:
+            self.requests.done(out.name, self._resnap.pop(out.index))
 
     def _replaced(self, b: Bindings[Any], out: OutputRuntime) -> pa.Table:
         """What a re-snapshotted output retracts, at its snapshot's position
