@@ -123,7 +123,8 @@ class Pipeline:
     def _connector(self, src: SourceConfig) -> Source[Any]:
         _, block = src.connector
         return cast("Source[Any]", block.build(src.name, SourceContext(
-            self.clock, self.identity, tuple(o.name for o in src.outputs))))
+            self.clock, self.identity, tuple(o.name for o in src.outputs),
+            state_dir=self.state_dir)))
 
     def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig
                 ) -> OutputRuntime:

@@ -83,6 +83,9 @@ class SourceContext:
     identity: str
     #: the configured outputs' names, in order
     output_names: tuple[str, ...] = ()
+    #: the pipeline's state directory (a oneshot source keeps its requests
+    #: and ledger of loads there); None where there is none
+    state_dir: Any = None
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ from sinks.kafka import KafkaSinkConfig
 from sinks.postgres import PostgresSinkConfig
 from sources.generator import GeneratorConfig
 from sources.kafka import KafkaConfig, KafkaStartOffset
+from sources.oneshot import OneShotConfig
 from sources.postgres.config import PgTableConfig, PostgresConfig
 
 
@@ -313,6 +314,8 @@ class SourceConfig(_Model):
     """Connector block: a Kafka topic."""
     postgres: PostgresConfig | None = None
     """Connector block: PostgreSQL tables (change data capture)."""
+    oneshot: OneShotConfig | None = None
+    """Connector block: one-shot loads of files (``reclock load``)."""
     timestamp_interval: DurationMs | None = None
     """Overrides the pipeline's ``timestamp_interval`` for this source; after
     loading it always holds the effective value."""

@@ -1,0 +1,403 @@
+"""The ``oneshot`` source: files loaded into an output at one IntoTime, once.
+
+FromTime is a counter of loads (:class:`~reclock.core.time.Counter`): load
+``k`` is position ``k``, and every record of it sits there (``_src_offset =
+k``; ``_src_part`` numbers the load's chunks, ``_src_seq`` the records of a
+chunk). ``reclock load`` queues a request (:mod:`sources.oneshot.ledger`);
+the probe writes the oldest one to the ledger as the next position and
+reports the counter one further, so the driver mints a binding for it and
+the whole load lands at that binding's IntoTime, in one commit of every
+output (its progress past ``k`` says the load is done). A crash before the
+commit leaves the output as it was and the rerun reads position ``k`` again
+from the same ledger entry; a crash after it finds the output's progress
+past ``k`` and reads nothing. One probe takes at most one request, so two
+loads never share an IntoTime.
+
+The plan turns a load into tasks: CSV and JSON-lines files in byte ranges of
+about ``split_size`` (a record belongs to the range its line starts in; a
+range reads on to the end of its last line), Parquet files by row groups of
+about ``split_size`` (uncompressed); small files are packed into one task.
+CSV and JSON lines are raw records decoded by the output's ``format``: a bad
+line is an error row with its bytes. Parquet outputs are typed, with the
+source's ``columns``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import Field
+from pydantic_core import InitErrorDetails
+
+from reclock.config.base import ByteSize, ColumnType, ConnectorConfig, _problem
+from reclock.core.clock import Clock
+from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
+from reclock.core.errors import DefiniteError
+from reclock.core.frontier import Antichain
+from reclock.core.time import Counter
+from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
+from sources.oneshot.files import FileRef, S3Settings, Store
+from sources.oneshot.ledger import Ledger, fingerprint
+
+FORMATS = ("csv", "jsonl", "parquet")
+#: Lines per record batch a task yields.
+BATCH_LINES = 131_072
+#: Bytes per line assumed when sizing a job of CSV / JSON lines.
+LINE_BYTES = 100
+
+
+def arrow_type(name: str) -> pa.DataType:
+    """The Arrow type of a configured column type (as the formats read them)."""
+    simple: dict[str, pa.DataType] = {
+        "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(),
+        "bool": pa.bool_(), "string": pa.string(), "binary": pa.binary(),
+        "timestamp": pa.timestamp("us", tz="UTC"), "date": pa.date32(), "json": pa.string()}
+    if name in simple:
+        return simple[name]
+    p, s = name[len("decimal("):-1].split(",")
+    return pa.decimal128(int(p), int(s))
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of one file: bytes ``[lo, hi)`` of a text file, or row groups."""
+
+    file: FileRef
+    part: int
+    lo: int = 0
+    hi: int = 0
+    groups: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class OneShotReader:
+    """Executor side: a task's chunks into record batches."""
+
+    store: Store
+    format: str
+    schema: pa.Schema | None
+    header: bool
+
+    def read(self, task: ReadTask) -> Iterator[tuple[int, pa.RecordBatch]]:
+        k, output, ts, chunks = task.spec
+        checked: set[FileRef] = set()
+        for c in chunks:
+            if c.file not in checked:
+                self.store.check(c.file)  # the load's files, as they were
+                checked.add(c.file)
+            for cols in (self._rows(c) if self.format == "parquet" else self._lines(c)):
+                n = len(cols[0]) if cols else 0
+                if n == 0:
+                    continue
+                seq0 = cols.pop()
+                positions = [pa.array(np.full(n, c.part, np.int32)),
+                             pa.array(np.full(n, k, np.int64)),
+                             pa.array(np.arange(seq0, seq0 + n, dtype=np.int32)),
+                             pa.array(np.full(n, ts, np.int64))]
+                names = ([SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS]
+                         + (list(self.schema.names) if self.schema is not None
+                            else ["key", "value"]))
+                yield output, pa.RecordBatch.from_arrays([*positions, *cols], names=names)
+
+    def _lines(self, c: Chunk) -> Iterator[list[Any]]:
+        values = lines_of(self.store, c.file, c.lo, c.hi)
+        if self.header and c.lo == 0 and len(values):
+            values = values.slice(1)
+        if len(values):
+            values = values.filter(pc.greater(pc.binary_length(values), 0))
+        for i in range(0, len(values), BATCH_LINES):
+            v = values.slice(i, BATCH_LINES)
+            yield [pa.nulls(len(v), pa.binary()), v, i]
+
+    def _rows(self, c: Chunk) -> Iterator[list[Any]]:
+        assert self.schema is not None
+        with self.store.open(c.file) as fh:
+            pf = pq.ParquetFile(fh)
+            have = set(pf.schema_arrow.names)
+            seq = 0
+            for g in c.groups:
+                t = pf.read_row_group(g, columns=[n for n in self.schema.names if n in have])
+                n = t.num_rows
+                cols = [t.column(f.name).cast(f.type).combine_chunks() if f.name in have
+                        else pa.nulls(n, f.type) for f in self.schema]
+                yield [*cols, seq]
+                seq += n
+
+
+def lines_of(store: Store, f: FileRef, lo: int, hi: int) -> pa.Array:
+    """The lines (without their ``\\n``, nor a ``\\r`` before it) that start
+    in ``[lo, hi)`` of the file, as one binary array."""
+    start = max(0, lo - 1)
+    data = store.read_range(f, start, hi)
+    want = hi - 1 - start  # the last line ends at the first newline from here
+    while True:
+        end = data.find(b"\n", max(0, want))
+        if end >= 0 or start + len(data) >= f.size:
+            break
+        more = store.read_range(f, start + len(data), start + len(data) + (1 << 20))
+        if not more:
+            break
+        data += more
+    end = len(data) if end < 0 else end
+    first = 0 if lo == 0 else data.find(b"\n") + 1
+    if (lo > 0 and first == 0) or start + first >= hi or first > end:
+        return pa.array([], pa.binary())
+    region = data[first:end]
+    if b"\r" in region:
+        return pa.array([ln[:-1] if ln.endswith(b"\r") else ln for ln in region.split(b"\n")],
+                        pa.binary())
+    arr = np.frombuffer(region, dtype=np.uint8)
+    nl = np.flatnonzero(arr == 10)
+    values = arr[arr != 10] if len(nl) else arr
+    offsets = np.concatenate([[0], nl - np.arange(len(nl)), [len(values)]]).astype(np.int32)
+    if len(values) >= 2**31:
+        raise DefiniteError(f"{f.url}: a range of 2 GiB or more; lower split_size")
+    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1,
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(values.tobytes())])
+
+
+class OneShotSource(SourceBase):
+    """Driver side (see the module docstring)."""
+
+    kind = Counter.KIND
+    first_task_records = None
+
+    def __init__(self, name: str, *, clock: Clock, state_dir: Path, format: str,
+                 columns: Mapping[str, str] | None = None, header: bool = False,
+                 split_size: int = 64 * 2**20, replayable: bool = True,
+                 output_names: Sequence[str] = ()) -> None:
+        self.name = name
+        self.clock = clock
+        self.format = format
+        self.header = header
+        self.split_size = split_size
+        self.replayable = replayable
+        self.schema = (None if format != "parquet" or not columns else
+                       pa.schema([pa.field(c, arrow_type(t)) for c, t in columns.items()]))
+        self._names = list(output_names) or ["value"]
+        self.ledger = Ledger(state_dir, name)
+        self.store = Store(S3Settings.from_env())
+        self._next = 0
+
+    # -- contract ----------------------------------------------------------------------
+    def outputs(self) -> list[OutputSpec]:
+        if self.schema is not None:
+            return [OutputSpec(n, typed=True, schema=self.schema) for n in self._names]
+        return [OutputSpec(n) for n in self._names]
+
+    def initial_frontier(self) -> Antichain[Counter]:
+        return Antichain.from_elem(Counter(0))
+
+    def open(self, resume: Antichain[Counter], bound: Antichain[Counter],
+             held: Sequence[Antichain[Counter] | None] = (),
+             resnapshot: Sequence[int] = ()) -> None:
+        b = bound.as_option()
+        loads = self.ledger.loads()
+        self._next = max(0 if b is None else int(b), max(loads, default=-1) + 1)
+
+    def probe(self) -> Antichain[Counter]:
+        """The loads taken up: at most one more per probe (one IntoTime each)."""
+        taken = {d.get("id") for d in self.ledger.loads().values()}
+        for req in self.ledger.requests():
+            if req["id"] in taken:
+                continue  # durable in the ledger; removed once acknowledged
+            if req.get("output") not in self._names:
+                self.ledger.skip(req, -1)
+                continue
+            same = self.ledger.same_as(str(req.get("fingerprint")))
+            if same is not None and not req.get("force"):
+                self.ledger.skip(req, same)  # an identical load: nothing to do
+                continue
+            self.ledger.assign(self._next, req, self.clock.now())
+            self._next += 1
+            break
+        return Antichain.from_elem(Counter(self._next))
+
+    def plan(self, lower: Antichain[Counter], upper: Antichain[Counter], max_task: int,
+             max_job: int) -> tuple[list[ReadTask], Antichain[Counter]]:
+        lo_t, up_t = lower.as_option(), upper.as_option()
+        if lo_t is None:
+            return [], lower
+        lo = int(lo_t)
+        hi = self._next if up_t is None else int(up_t)
+        tasks: list[ReadTask] = []
+        k, records = lo, 0
+        # whole loads only (a load is one position); at least one
+        while k < hi and (k == lo or records < max_job):
+            doc = self.ledger.load(k)
+            if doc is None:
+                raise DefiniteError(f"source {self.name!r}: load {k} is bound but missing "
+                                    f"from {self.ledger.root / 'ledger'}",
+                                    hint="the state directory lost a file")
+            for spec, n in self._tasks(k, doc):
+                tasks.append(ReadTask(self.name, len(tasks), spec, n))
+                records += n
+            k += 1
+        return tasks, Antichain.from_elem(Counter(k))
+
+    def _tasks(self, k: int, doc: dict[str, Any]) -> list[tuple[Any, int]]:
+        if doc["output"] not in self._names:
+            return []
+        output = self._names.index(doc["output"])
+        ts = int(doc["assigned_ms"])
+        out: list[tuple[Any, int]] = []
+        pending: list[Chunk] = []
+        size = rows = 0
+
+        def flush() -> None:
+            nonlocal pending, size, rows
+            if pending:
+                out.append(((k, output, ts, tuple(pending)), rows))
+            pending, size, rows = [], 0, 0
+
+        part = 0
+        for fd in doc["files"]:
+            f = FileRef.of_json(fd)
+            pieces: list[tuple[Chunk, int, int]] = []
+            if doc["format"] == "parquet":
+                groups: list[int] = []
+                g_bytes = g_rows = 0
+                for g, (n, b) in enumerate(fd.get("row_groups", [])):
+                    groups.append(g)
+                    g_bytes, g_rows = g_bytes + b, g_rows + n
+                    if g_bytes >= self.split_size:
+                        pieces.append((Chunk(f, part, groups=tuple(groups)), g_bytes, g_rows))
+                        part, groups, g_bytes, g_rows = part + 1, [], 0, 0
+                if groups:
+                    pieces.append((Chunk(f, part, groups=tuple(groups)), g_bytes, g_rows))
+                    part += 1
+            else:
+                for a in range(0, max(f.size, 1), self.split_size):
+                    b = min(f.size, a + self.split_size)
+                    pieces.append((Chunk(f, part, a, b), b - a, max(1, (b - a) // LINE_BYTES)))
+                    part += 1
+            for chunk, nbytes, nrows in pieces:
+                if size and size + nbytes > self.split_size:
+                    flush()
+                pending.append(chunk)
+                size, rows = size + nbytes, rows + nrows
+        flush()
+        return out
+
+    def reader(self) -> OneShotReader:
+        return OneShotReader(self.store, self.format, self.schema, self.header)
+
+    def acknowledge(self, frontier: Antichain[Any]) -> None:
+        """Loads before ``frontier`` are durable everywhere: their requests go."""
+        f = frontier.as_option()
+        loads = self.ledger.loads()
+        for req in self.ledger.requests():
+            k = next((p for p, d in loads.items() if d.get("id") == req["id"]), None)
+            if k is not None and (f is None or k < int(f)):
+                self.ledger.remove_request(str(req["id"]))
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    # -- reclock load --------------------------------------------------------------
+    def describe(self, output: str, spec: str, fmt: str | None) -> dict[str, Any]:
+        """A request for loading ``spec`` into ``output``: its files as they
+        are now (Parquet: with their row groups, checked against the
+        output's columns), options and fingerprint."""
+        if output not in self._names:
+            raise DefiniteError(f"source {self.name!r} has no output {output!r}",
+                                hint=f"its outputs: {', '.join(self._names)}")
+        fmt = fmt or self.format
+        if fmt != self.format:
+            raise DefiniteError(f"source {self.name!r} loads {self.format} files, not {fmt}",
+                                hint="a source's outputs hold one format: configure another "
+                                     "oneshot source for it")
+        files = []
+        for f in self.store.files(spec):
+            d = f.as_json()
+            if fmt == "parquet":
+                d["row_groups"] = self._row_groups(f)
+            files.append(d)
+        options = {"header": self.header}
+        return {"output": output, "from": spec, "format": fmt, "options": options,
+                "files": files, "fingerprint": fingerprint(output, fmt, options, files)}
+
+    def _row_groups(self, f: FileRef) -> list[tuple[int, int]]:
+        assert self.schema is not None
+        try:
+            with self.store.open(f) as fh:
+                meta = pq.ParquetFile(fh).metadata
+                have = pq.ParquetFile(fh).schema_arrow
+        except pa.ArrowInvalid as exc:
+            raise DefiniteError(f"{f.url} is not a Parquet file: {exc}") from None
+        common = [c for c in self.schema.names if c in have.names]
+        if not common:
+            raise DefiniteError(f"{f.url} has none of the columns {self.schema.names} "
+                                f"(it has {have.names})")
+        for c in common:
+            want = self.schema.field(c).type
+            try:
+                pa.array([], have.field(c).type).cast(want)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise DefiniteError(f"{f.url}: column {c!r} is {have.field(c).type}, which "
+                                    f"does not convert to {want}") from None
+        return [(meta.row_group(g).num_rows, meta.row_group(g).total_byte_size)
+                for g in range(meta.num_row_groups)]
+
+    def status_of(self, rid: str) -> tuple[str, int | None]:
+        """``("queued"|"loaded"|"skipped", position)`` of a request."""
+        k = self.ledger.position_of(rid)
+        if k is not None:
+            return "loaded", k
+        s = self.ledger.skipped(rid)
+        return ("skipped", s) if s is not None else ("queued", None)
+
+
+
+
+# -- configuration ----------------------------------------------------------------
+
+
+class OneShotConfig(ConnectorConfig):
+    """One-shot loads of files (``reclock load``): FromTime counts the loads;
+    each lands in its output at one IntoTime, once."""
+
+    format: Literal["csv", "jsonl", "parquet"]
+    """What the loads read. ``csv`` and ``jsonl``: one record per line, decoded
+    by the output's ``format`` (``csv`` / ``json`` with a schema); a line that
+    does not decode is an error row. ``parquet``: typed rows with ``columns``."""
+    columns: dict[str, ColumnType] | None = None
+    """``parquet`` only (required): the outputs' columns and types; a file's
+    columns of these names are converted, missing ones are null."""
+    header: bool = False
+    """``csv`` only: each file's first line is a header, skipped."""
+    split_size: ByteSize = Field(default=64 * 2**20, ge=4096, le=2**30)
+    """Bytes per Spark task: large CSV / JSON-lines files are read in byte
+    ranges of this size, Parquet files in row groups adding up to about it;
+    smaller files share a task."""
+    replayable: bool = True
+    """Whether the loaded files stay as they were, so that ``reclock verify``
+    re-reads them (completeness); ``false`` when they are removed or
+    replaced after loading."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        out = []
+        if data.get("format") == "parquet" and not data.get("columns"):
+            out.append(_problem(("columns",), "parquet loads need the outputs' columns"))
+        if data.get("format") != "parquet" and "columns" in data:
+            out.append(_problem(("columns",), "only applies to format 'parquet' (a csv or "
+                                              "jsonl output takes its columns from its format)"))
+        if data.get("format") != "csv" and "header" in data:
+            out.append(_problem(("header",), "only applies to format 'csv'"))
+        return out
+
+    def build(self, name: str, ctx: SourceContext) -> OneShotSource:
+        if ctx.state_dir is None:
+            raise DefiniteError(f"source {name!r}: a oneshot source needs the state directory")
+        return OneShotSource(name, clock=ctx.clock, state_dir=ctx.state_dir, format=self.format,
+                             columns=self.columns, header=self.header,
+                             split_size=self.split_size, replayable=self.replayable,
+                             output_names=ctx.output_names)
