@@ -9,6 +9,7 @@ landed exactly once.
     reclock undrop FILE SOURCE            the next run resumes a dropped source
     reclock resnapshot FILE SOURCE OUTPUT read one output's upstream again, correcting it
     reclock verify FILE                   audit every output against the bindings
+    reclock load FILE SOURCE OUTPUT --from PATH_OR_URL   load files once, at one IntoTime
 
 Exit codes:
 
@@ -402,6 +403,15 @@ def cmd_resnapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_load(args: argparse.Namespace) -> int:
+    from reclock.load import load
+
+    out = load(_load(args.file), args.source, args.output, args.source_url, args.format,
+               args.force, True if args.wait else None, args.timeout)
+    print(out.line(args.output))
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from reclock.verify import verify_pipeline
 
@@ -502,6 +512,21 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("source", help="the source's name")
     rs.add_argument("output", help="the output's name")
     rs.set_defaults(fn=cmd_resnapshot)
+    ld = sub.add_parser("load", help="load CSV, JSON-lines or Parquet files into an output of "
+                        "a oneshot source at one IntoTime, once (waits when a driver runs)")
+    ld.add_argument("file", help=file_help)
+    ld.add_argument("source", help="the oneshot source's name")
+    ld.add_argument("output", help="the output's name")
+    ld.add_argument("--from", dest="source_url", required=True,
+                    help="a file, directory or glob, s3://bucket/key (prefix/ or glob), or an "
+                         "http(s) URL")
+    ld.add_argument("--format", choices=["csv", "jsonl", "parquet"], default=None,
+                    help="the files' format (default: the source's)")
+    ld.add_argument("--force", action="store_true", help="load again what was loaded")
+    ld.add_argument("--wait", action="store_true",
+                    help="wait for the load even when no driver runs yet")
+    ld.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait at most")
+    ld.set_defaults(fn=cmd_load)
     v = sub.add_parser("verify", help="audit outputs against the bindings")
     v.add_argument("file", help=file_help)
     v.add_argument("--json", action="store_true", help="the reports as JSON")
