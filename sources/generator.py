@@ -14,6 +14,15 @@ Kinds:
   is malformed for its format, to exercise the error collection.
 * ``orders`` -- two typed outputs from one counter: ``customers`` (every fifth
   record) and ``orders`` (the rest, each referencing an existing customer).
+* ``key-value`` -- one output of raw key/value bytes for the ``upsert``
+  envelope (like Materialize's KEY VALUE load generator, plus deletes): the
+  key ``{"key": k}`` with ``k`` in ``[0, keys)``, the value
+  ``{"n": n, "payload": "<value_size characters>"}`` (the payload a window of
+  a pool of random characters made from the seed). Records ``n < keys``
+  insert key ``n`` (the initial snapshot); later records update the key
+  ``splitmix64(n) % keys``, except that every ``delete_every``-th of them
+  deletes it instead (a null value, a tombstone; it may hit a key already
+  deleted, and a key deleted is inserted again by its next update).
 
 A finite generator (``max_records``) binds the empty frontier once everything
 is available: the source finishes and its outputs close.
@@ -21,6 +30,7 @@ is available: the source finishes and its outputs close.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -41,6 +51,18 @@ from reclock.core.time import Counter
 from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
 
 CHUNK = 65_536
+#: key-value: payload characters (JSON-safe, 6 bits each)
+_ALPHABET = np.frombuffer(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", dtype=np.uint8)
+#: key-value: a payload is ``value_size`` characters of a pool of random
+#: characters (made once per seed and size), from an offset hashed with this
+#: added to the seed (so that it does not repeat the hash that picks the key)
+_PAYLOAD_SEED = 0x5EED
+_POOL = 1 << 16
+#: key-value: the value bytes of one chunk, about (so that large values make
+#: short chunks, and 32-bit offsets never overflow)
+_CHUNK_BYTES = 16 << 20
+MAX_VALUE_SIZE = 1 << 20
 _CITIES = ["Amsterdam", "Berlin", "Lisbon", "Oslo", "Prague", "Rome", "Vienna", "Zurich"]
 _STATUS = ["new", "paid", "shipped", "delivered"]
 
@@ -70,6 +92,16 @@ def splitmix64(x: npt.NDArray[np.uint64], seed: int) -> npt.NDArray[np.uint64]:
         return z ^ (z >> np.uint64(31))
 
 
+@functools.lru_cache(maxsize=16)
+def payload_pool(seed: int, size: int) -> npt.NDArray[np.uint8]:
+    """key-value: ``_POOL + size`` random characters of ``_ALPHABET``; record
+    ``n``'s payload is ``size`` of them from ``splitmix64(n) % _POOL``."""
+    i = np.arange(_POOL + size, dtype=np.uint64)
+    pool = _ALPHABET[(splitmix64(i, seed + _PAYLOAD_SEED + 1) & np.uint64(63)).astype(np.int64)]
+    pool.setflags(write=False)
+    return pool
+
+
 @dataclass(frozen=True)
 class GeneratorSpec:
     """What defines the data (and nothing that varies between runs)."""
@@ -78,6 +110,11 @@ class GeneratorSpec:
     seed: int = 0
     value_format: str = "json"
     bad_every: int = 0
+    #: key-value only: the key space, every delete_every-th update a delete
+    #: (0 = none), the payload's length in characters
+    keys: int = 1000
+    delete_every: int = 10
+    value_size: int = 16
 
 
 @dataclass(frozen=True)
@@ -88,11 +125,16 @@ class GeneratorReader:
 
     def read(self, task: ReadTask) -> Iterator[tuple[int, pa.RecordBatch]]:
         lo, hi, anchor_value, anchor_time, rate = task.spec
-        for start in range(lo, hi, CHUNK):
-            n = np.arange(start, min(hi, start + CHUNK), dtype=np.int64)
+        chunk = CHUNK
+        if self.spec.kind == "key-value":
+            chunk = max(1, min(CHUNK, _CHUNK_BYTES // (self.spec.value_size + 32)))
+        for start in range(lo, hi, chunk):
+            n = np.arange(start, min(hi, start + chunk), dtype=np.int64)
             ts = (anchor_time + np.maximum(n - anchor_value, 0) * 1000.0 / rate).astype(np.int64)
             if self.spec.kind == "counter":
                 yield 0, self._counter(n, ts)
+            elif self.spec.kind == "key-value":
+                yield 0, self._key_value(n, ts)
             else:
                 yield from self._orders(n, ts)
 
@@ -134,6 +176,34 @@ class GeneratorReader:
         key = pc.cast(nstr, pa.binary())
         return pa.RecordBatch.from_arrays(
             [*self._positions(n, ts), key, value],
+            names=[SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS, "key", "value"],
+        )
+
+    # -- key-value -------------------------------------------------------------
+    def _key_value(self, n: npt.NDArray[np.int64], ts: npt.NDArray[np.int64]) -> pa.RecordBatch:
+        spec = self.spec
+        h = splitmix64(n.astype(np.uint64), spec.seed)
+        snapshot = n < spec.keys
+        key = np.where(snapshot, n, (h % np.uint64(spec.keys)).astype(np.int64))
+        key_bytes = pc.cast(pc.binary_join_element_wise(
+            '{"key":', pc.cast(pa.array(key), pa.string()), "}", ""), pa.binary())
+        size = spec.value_size
+        at = (splitmix64(n.astype(np.uint64), spec.seed + _PAYLOAD_SEED)
+              % np.uint64(_POOL)).astype(np.int64)
+        window = np.lib.stride_tricks.sliding_window_view(payload_pool(spec.seed, size), size)
+        chars = np.ascontiguousarray(window[at])  # len(n) x size, one copy
+        offsets = np.arange(len(n) + 1, dtype=np.int32) * np.int32(size)
+        payload = pa.Array.from_buffers(
+            pa.string(), len(n), [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
+        value = pc.cast(pc.binary_join_element_wise(
+            '{"n":', pc.cast(pa.array(n), pa.string()), ',"payload":"', payload, '"}', ""),
+            pa.binary())
+        if spec.delete_every > 0:
+            delete = ~snapshot & ((n % spec.delete_every) == (spec.delete_every - 1))
+            if delete.any():
+                value = pc.if_else(pa.array(delete), pa.scalar(None, pa.binary()), value)
+        return pa.RecordBatch.from_arrays(
+            [*self._positions(n, ts), key_bytes, value],
             names=[SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS, "key", "value"],
         )
 
@@ -191,15 +261,23 @@ class GeneratorSource(SourceBase):
         seed: int = 0,
         value_format: str = "json",
         bad_every: int = 0,
+        keys: int = 1000,
+        delete_every: int = 10,
+        value_size: int = 16,
         output_names: list[str] | None = None,
     ) -> None:
-        if kind not in ("counter", "orders"):
+        if kind not in ("counter", "orders", "key-value"):
             raise DefiniteError(f"source {name!r}: unknown generator kind {kind!r}")
         if rate <= 0:
             raise DefiniteError(f"source {name!r}: rate must be positive, got {rate}")
+        if keys < 1 or delete_every < 0 or not 0 <= value_size <= MAX_VALUE_SIZE:
+            raise DefiniteError(
+                f"source {name!r}: expected keys >= 1, delete_every >= 0 and value_size in "
+                f"[0, {MAX_VALUE_SIZE}], got {keys}, {delete_every}, {value_size}")
         self.name = name
         self.clock = clock
-        self.spec = GeneratorSpec(kind, seed, value_format, bad_every)
+        self.spec = GeneratorSpec(kind, seed, value_format, bad_every, keys, delete_every,
+                                  value_size)
         self.rate = rate
         self.start = start
         self.end = None if max_records is None else start + max_records
@@ -211,9 +289,9 @@ class GeneratorSource(SourceBase):
                 f"source {name!r}: an orders generator has outputs 'customers' and 'orders', "
                 f"got {names}"
             )
-        if kind == "counter" and len(names) != 1:
+        if kind != "orders" and len(names) != 1:
             raise DefiniteError(
-                f"source {name!r}: a counter generator has exactly one output, got {names}"
+                f"source {name!r}: a {kind} generator has exactly one output, got {names}"
             )
         self._names = natural if kind == "orders" else names
 
@@ -291,9 +369,10 @@ class GeneratorSource(SourceBase):
 class GeneratorConfig(ConnectorConfig):
     """A deterministic load generator; its FromTime is a counter."""
 
-    kind: Literal["counter", "orders"]
+    kind: Literal["counter", "orders", "key-value"]
     """``counter``: one output of raw bytes in ``value_format``. ``orders``: two
-    typed outputs, ``customers`` and ``orders``."""
+    typed outputs, ``customers`` and ``orders``. ``key-value``: one output of
+    JSON keys and values (null: a delete) for the ``upsert`` envelope."""
     rate: float = Field(default=1000.0, gt=0, le=1e9)
     """Records per second that become available."""
     max_records: int | None = Field(default=None, ge=0)
@@ -308,19 +387,31 @@ class GeneratorConfig(ConnectorConfig):
     bad_every: int = Field(default=0, ge=0)
     """``counter`` only: every Nth record is malformed for its format, to
     exercise the error collection; 0 = never."""
+    keys: int = Field(default=1000, ge=1)
+    """``key-value`` only: the number of distinct keys (``0 .. keys - 1``); the
+    first ``keys`` records insert them."""
+    delete_every: int = Field(default=10, ge=0)
+    """``key-value`` only: every Nth record after the first ``keys`` deletes
+    its key (a null value); 0 = never."""
+    value_size: int = Field(default=16, ge=0, le=MAX_VALUE_SIZE)
+    """``key-value`` only: the characters of each value's ``payload``."""
 
     @classmethod
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
-        if data.get("kind") != "orders":
-            return []
+        kind = data.get("kind")
+        if kind not in ("counter", "orders", "key-value"):
+            return []  # the kind's own error says enough
+        only = {"counter": ("value_format", "bad_every"),
+                "key-value": ("keys", "delete_every", "value_size")}
         return [
-            _problem((k,), "only applies to kind 'counter'")
-            for k in ("value_format", "bad_every") if k in data
+            _problem((k,), f"only applies to kind {owner!r}")
+            for owner, keys in only.items() if kind != owner for k in keys if k in data
         ]
 
     def build(self, name: str, ctx: SourceContext) -> GeneratorSource:
         return GeneratorSource(
             name, clock=ctx.clock, kind=self.kind, rate=self.rate,
             max_records=self.max_records, start=self.start, seed=self.seed,
-            value_format=self.value_format, bad_every=self.bad_every,
+            value_format=self.value_format, bad_every=self.bad_every, keys=self.keys,
+            delete_every=self.delete_every, value_size=self.value_size,
             output_names=list(ctx.output_names))
