@@ -153,7 +153,10 @@ class KafkaReader:
                "fetch.max.bytes": 52428800})
 
     def _consumer(self, native: Any) -> Any:
-        key = (self.bootstrap, self.properties, native is not None)
+        # One per thread: a consumer serves one read at a time (a Spark worker
+        # reads on one thread; on the driver, sources replaying for a
+        # re-snapshot and verify's re-reads each read on their own thread).
+        key = (self.bootstrap, self.properties, native is not None, threading.get_ident())
         with _CACHE_LOCK:
             c = _CONSUMERS.get(key)
             if c is None:
