@@ -15,8 +15,9 @@ loads never share an IntoTime.
 
 The plan turns a load into tasks: CSV and JSON-lines files in byte ranges of
 about ``split_size`` (a record belongs to the range its line starts in; a
-range reads on to the end of its last line), Parquet files by row groups of
-about ``split_size`` (uncompressed); small files are packed into one task.
+range reads on to the end of its last line), Parquet files by row groups;
+these chunks are packed into tasks of about ``split_size`` bytes and at most
+the driver's records per task (a small file shares a task with others).
 CSV and JSON lines are raw records decoded by the output's ``format``: a bad
 line is an error row with its bytes. Parquet outputs are typed, with the
 source's ``columns``.
@@ -236,13 +237,17 @@ class OneShotSource(SourceBase):
                 raise DefiniteError(f"source {self.name!r}: load {k} is bound but missing "
                                     f"from {self.ledger.root / 'ledger'}",
                                     hint="the state directory lost a file")
-            for spec, n in self._tasks(k, doc):
+            for spec, n in self._tasks(k, doc, max_task):
                 tasks.append(ReadTask(self.name, len(tasks), spec, n))
                 records += n
             k += 1
         return tasks, Antichain.from_elem(Counter(k))
 
-    def _tasks(self, k: int, doc: dict[str, Any]) -> list[tuple[Any, int]]:
+    def _tasks(self, k: int, doc: dict[str, Any], max_task: int) -> list[tuple[Any, int]]:
+        """A load's chunks (its positions' ``_src_part``: a Parquet row group,
+        a byte range of ``split_size`` of a text file; fixed by the load alone)
+        packed into tasks of at most ``split_size`` bytes and ``max_task``
+        records (a chunk at least)."""
         if doc["output"] not in self._names:
             return []
         output = self._names.index(doc["output"])
@@ -262,16 +267,8 @@ class OneShotSource(SourceBase):
             f = FileRef.of_json(fd)
             pieces: list[tuple[Chunk, int, int]] = []
             if doc["format"] == "parquet":
-                groups: list[int] = []
-                g_bytes = g_rows = 0
                 for g, (n, b) in enumerate(fd.get("row_groups", [])):
-                    groups.append(g)
-                    g_bytes, g_rows = g_bytes + b, g_rows + n
-                    if g_bytes >= self.split_size:
-                        pieces.append((Chunk(f, part, groups=tuple(groups)), g_bytes, g_rows))
-                        part, groups, g_bytes, g_rows = part + 1, [], 0, 0
-                if groups:
-                    pieces.append((Chunk(f, part, groups=tuple(groups)), g_bytes, g_rows))
+                    pieces.append((Chunk(f, part, groups=(g,)), b, n))
                     part += 1
             else:
                 for a in range(0, max(f.size, 1), self.split_size):
@@ -279,7 +276,7 @@ class OneShotSource(SourceBase):
                     pieces.append((Chunk(f, part, a, b), b - a, max(1, (b - a) // LINE_BYTES)))
                     part += 1
             for chunk, nbytes, nrows in pieces:
-                if size and size + nbytes > self.split_size:
+                if size and (size + nbytes > self.split_size or rows + nrows > max_task):
                     flush()
                 pending.append(chunk)
                 size, rows = size + nbytes, rows + nrows
