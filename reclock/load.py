@@ -96,6 +96,9 @@ def load(cfg: Any, source: str, output: str, spec: str, fmt: str | None = None,
         deadline = time.monotonic() + timeout_s
         while True:
             taken, k = conn.status_of(rid)
+            if taken == "skipped" and k == -1:
+                raise DefiniteError(f"the driver refused the load: source {source!r} has no "
+                                    f"output {output!r} (any longer)")
             if taken == "skipped" and k is not None:
                 return _report(pipe, src, out, conn, k, "already loaded", nfiles, 0.0)
             if taken == "loaded" and k is not None and _durable(out, k):

@@ -325,8 +325,8 @@ class OneShotSource(SourceBase):
         assert self.schema is not None
         try:
             with self.store.open(f) as fh:
-                meta = pq.ParquetFile(fh).metadata
-                have = pq.ParquetFile(fh).schema_arrow
+                pf = pq.ParquetFile(fh)
+                meta, have = pf.metadata, pf.schema_arrow
         except pa.ArrowInvalid as exc:
             raise DefiniteError(f"{f.url} is not a Parquet file: {exc}") from None
         common = [c for c in self.schema.names if c in have.names]
