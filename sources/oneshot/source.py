@@ -25,6 +25,7 @@ source's ``columns``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,7 +174,7 @@ class OneShotSource(SourceBase):
     def __init__(self, name: str, *, clock: Clock, state_dir: Path, format: str,
                  columns: Mapping[str, str] | None = None, header: bool = False,
                  split_size: int = 64 * 2**20, replayable: bool = True,
-                 output_names: Sequence[str] = ()) -> None:
+                 output_names: Sequence[str] = (), schema_from: str | None = None) -> None:
         self.name = name
         self.clock = clock
         self.format = format
@@ -185,7 +186,25 @@ class OneShotSource(SourceBase):
         self._names = list(output_names) or ["value"]
         self.ledger = Ledger(state_dir, name)
         self.store = Store(S3Settings.from_env())
+        if format == "parquet" and self.schema is None and schema_from:
+            self.schema = self._pinned_schema(schema_from)
         self._next = 0
+
+    def _pinned_schema(self, spec: str) -> pa.Schema:
+        """The Parquet schema of ``spec`` (its first file), read once and kept
+        in the ledger's directory: the outputs' columns stay what they were
+        at the first start, whatever becomes of that file."""
+        pinned = self.ledger.root / "schema.arrow"
+        if pinned.exists():
+            return pa.ipc.read_schema(pa.py_buffer(pinned.read_bytes()))
+        first = self.store.files(spec)[0]
+        with self.store.open(first) as fh:
+            schema = pq.ParquetFile(fh).schema_arrow.remove_metadata()
+        pinned.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pinned.with_name(f".schema.{os.getpid()}.tmp")
+        tmp.write_bytes(schema.serialize().to_pybytes())
+        os.replace(tmp, pinned)
+        return schema
 
     # -- contract ----------------------------------------------------------------------
     def outputs(self) -> list[OutputSpec]:
@@ -366,8 +385,12 @@ class OneShotConfig(ConnectorConfig):
     by the output's ``format`` (``csv`` / ``json`` with a schema); a line that
     does not decode is an error row. ``parquet``: typed rows with ``columns``."""
     columns: dict[str, ColumnType] | None = None
-    """``parquet`` only (required): the outputs' columns and types; a file's
-    columns of these names are converted, missing ones are null."""
+    """``parquet`` only: the outputs' columns and types; a file's columns of
+    these names are converted, missing ones are null."""
+    schema_from: str | None = None
+    """``parquet`` only, instead of ``columns``: a Parquet file (path, glob,
+    S3 or HTTP URL: its first file) whose schema the outputs take, read at the
+    first start and kept in the state directory from then on."""
     header: bool = False
     """``csv`` only: each file's first line is a header, skipped."""
     split_size: ByteSize = Field(default=64 * 2**20, ge=4096, le=2**30)
@@ -382,11 +405,14 @@ class OneShotConfig(ConnectorConfig):
     @classmethod
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         out = []
-        if data.get("format") == "parquet" and not data.get("columns"):
-            out.append(_problem(("columns",), "parquet loads need the outputs' columns"))
-        if data.get("format") != "parquet" and "columns" in data:
-            out.append(_problem(("columns",), "only applies to format 'parquet' (a csv or "
-                                              "jsonl output takes its columns from its format)"))
+        if data.get("format") == "parquet" and (
+                bool(data.get("columns")) == bool(data.get("schema_from"))):
+            out.append(_problem(("columns",), "parquet loads need the outputs' columns, or "
+                                              "schema_from (one of them)"))
+        for key in ("columns", "schema_from"):
+            if data.get("format") != "parquet" and key in data:
+                out.append(_problem((key,), "only applies to format 'parquet' (a csv or jsonl "
+                                            "output takes its columns from its format)"))
         if data.get("format") != "csv" and "header" in data:
             out.append(_problem(("header",), "only applies to format 'csv'"))
         return out
@@ -397,4 +423,4 @@ class OneShotConfig(ConnectorConfig):
         return OneShotSource(name, clock=ctx.clock, state_dir=ctx.state_dir, format=self.format,
                              columns=self.columns, header=self.header,
                              split_size=self.split_size, replayable=self.replayable,
-                             output_names=ctx.output_names)
+                             output_names=ctx.output_names, schema_from=self.schema_from)

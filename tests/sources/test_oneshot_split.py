@@ -70,3 +70,25 @@ def test_config_checks() -> None:
     with pytest.raises(ValidationError, match="header"):
         OneShotConfig.model_validate({"format": "jsonl", "header": True})
     assert OneShotConfig.model_validate({"format": "csv", "header": True}).header
+
+
+def test_schema_from_a_parquet_file_is_pinned(tmp_path: Path) -> None:
+    f = tmp_path / "first.parquet"
+    pq.write_table(pa.table({"id": pa.array([1], pa.int64()), "when": pa.array(
+        [1], pa.timestamp("ms")), "tags": pa.array([["a"]])}), f)
+    cfg = OneShotConfig.model_validate({"format": "parquet", "schema_from": str(f)})
+    state = tmp_path / "state"
+
+    def build() -> OneShotSource:
+        return OneShotSource("s", clock=ManualClock(0), state_dir=state, format="parquet",
+                             output_names=["out"], schema_from=cfg.schema_from)
+
+    want = pa.schema([("id", pa.int64()), ("when", pa.timestamp("ms")),
+                      ("tags", pa.list_(pa.string()))])
+    (spec,) = build().outputs()
+    assert spec.typed and spec.schema == want
+    pq.write_table(pa.table({"other": [1]}), f)  # the file changes: the outputs do not
+    assert build().outputs()[0].schema == want
+    with pytest.raises(ValidationError, match="schema_from"):
+        OneShotConfig.model_validate({"format": "parquet", "schema_from": "x",
+                                      "columns": {"id": "int64"}})
