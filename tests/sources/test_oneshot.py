@@ -304,35 +304,51 @@ def test_http_load(tmp_path: Path, spark: Any) -> None:
         server.shutdown()
 
 
-def test_kill_before_the_commit_then_once(tmp_path: Path) -> None:
+FACTS_ONLY = """
+state_dir: {state}
+timestamp_interval: 200ms
+sources:
+  - name: facts
+    oneshot: {{format: parquet, columns: {{id: int64, v: float64, tag: string}}, split_size: 4096}}
+    outputs:
+      - name: facts
+        sink: file
+"""
+
+
+def test_kill_around_the_commit_then_once(tmp_path: Path) -> None:
     state = tmp_path / "state"
     data = tmp_path / "data"
     parquet_files(data, n_files=2, rows=2000)
     exp = parquet_model(sorted(data.glob("*.parquet")))
-    path = _write(tmp_path, state)
+    path = tmp_path / "facts.yaml"
+    path.write_text(FACTS_ONLY.format(state=state))
     cfg = load_config(path)
+    requests = state / "loads" / "facts" / "requests"
     q = load(cfg, "facts", "facts", str(data), wait=False)
     assert q.state == "queued"
     base = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    # the load is read and staged, and the driver dies before it commits
+    # 1. the load is read and staged, and the driver dies before it commits
     proc = start_driver(path, crash_env(base, "after_stage", 1.0, 1))
     assert wait_exit(proc, 120) == -9
-    assert not (state / "outputs" / "facts" / "facts").exists() or \
-        read_updates(cfg, "facts", "facts").num_rows == 0
-    assert list((state / "loads" / "facts" / "requests").glob("*.json"))  # still asked
-    # the rerun loads it, once
-    proc = start_driver(path, base)
-    try:
-        wait_for(lambda: (state / "outputs" / "facts" / "facts").exists()
-                 and len(_held(cfg, "facts", ["id"])[0]) >= len(exp), timeout=120,
-                 what="the load after the restart")
-        wait_for(lambda: not list((state / "loads" / "facts" / "requests").glob("*.json")),
-                 timeout=30, what="the request to be removed")
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    assert read_updates(cfg, "facts", "facts").num_rows == 0
+    assert list(requests.glob("*.json"))  # still asked
+    # 2. the rerun commits the load and dies before acknowledging it
+    proc = start_driver(path, crash_env(base, "after_sink_commit", 1.0, 2))
+    assert wait_exit(proc, 120) == -9
     rows, _, into = _held(cfg, "facts", ["id", "v", "tag"])
     assert sorted(rows) == sorted(exp) and len(into) == 1
+    assert list(requests.glob("*.json"))  # not removed yet
+    # 3. the next run reads nothing again and removes the request
+    proc = start_driver(path, base)
+    try:
+        wait_for(lambda: not list(requests.glob("*.json")), timeout=120,
+                 what="the request to be removed")
+    finally:
+        proc.kill()  # one more kill: after the request went, nothing is left to do
+        proc.wait(30)
+    rows, _, into2 = _held(cfg, "facts", ["id", "v", "tag"])
+    assert sorted(rows) == sorted(exp) and into2 == into
     # the request is done: asking again is a no-op
     again = load(cfg, "facts", "facts", str(data), wait=False)
     assert (again.state, again.position, again.rows) == ("already loaded", 0, len(exp))
