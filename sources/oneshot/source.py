@@ -85,16 +85,16 @@ class OneShotReader:
     store: Store
     format: str
     schema: pa.Schema | None
-    header: bool
 
     def read(self, task: ReadTask) -> Iterator[tuple[int, pa.RecordBatch]]:
-        k, output, ts, chunks = task.spec
+        k, output, ts, chunks, header = task.spec
         checked: set[FileRef] = set()
         for c in chunks:
             if c.file not in checked:
                 self.store.check(c.file)  # the load's files, as they were
                 checked.add(c.file)
-            for cols in (self._rows(c) if self.format == "parquet" else self._lines(c)):
+            for cols in (self._rows(c) if self.format == "parquet"
+                         else self._lines(c, header)):
                 n = len(cols[0]) if cols else 0
                 if n == 0:
                     continue
@@ -108,9 +108,9 @@ class OneShotReader:
                             else ["key", "value"]))
                 yield output, pa.RecordBatch.from_arrays([*positions, *cols], names=names)
 
-    def _lines(self, c: Chunk) -> Iterator[list[Any]]:
+    def _lines(self, c: Chunk, header: bool) -> Iterator[list[Any]]:
         values = lines_of(self.store, c.file, c.lo, c.hi)
-        if self.header and c.lo == 0 and len(values):
+        if header and c.lo == 0 and len(values):
             values = values.slice(1)
         if len(values):
             values = values.filter(pc.greater(pc.binary_length(values), 0))
@@ -278,9 +278,13 @@ class OneShotSource(SourceBase):
         def flush() -> None:
             nonlocal pending, size, rows
             if pending:
-                out.append(((k, output, ts, tuple(pending)), rows))
+                out.append(((k, output, ts, tuple(pending), header), rows))
             pending, size, rows = [], 0, 0
 
+        # what fixes the load's positions comes from its ledger entry, not
+        # from the configuration now (verify re-reads it after any change)
+        header = bool(doc.get("options", {}).get("header", False))
+        split = int(doc.get("split_size", self.split_size))
         part = 0
         for fd in doc["files"]:
             f = FileRef.of_json(fd)
@@ -290,8 +294,8 @@ class OneShotSource(SourceBase):
                     pieces.append((Chunk(f, part, groups=(g,)), b, n))
                     part += 1
             else:
-                for a in range(0, max(f.size, 1), self.split_size):
-                    b = min(f.size, a + self.split_size)
+                for a in range(0, max(f.size, 1), split):
+                    b = min(f.size, a + split)
                     pieces.append((Chunk(f, part, a, b), b - a, max(1, (b - a) // LINE_BYTES)))
                     part += 1
             for chunk, nbytes, nrows in pieces:
@@ -303,7 +307,7 @@ class OneShotSource(SourceBase):
         return out
 
     def reader(self) -> OneShotReader:
-        return OneShotReader(self.store, self.format, self.schema, self.header)
+        return OneShotReader(self.store, self.format, self.schema)
 
     def acknowledge(self, frontier: Antichain[Any]) -> None:
         """Loads before ``frontier`` are durable everywhere: their requests go."""
@@ -338,7 +342,8 @@ class OneShotSource(SourceBase):
             files.append(d)
         options = {"header": self.header}
         return {"output": output, "from": spec, "format": fmt, "options": options,
-                "files": files, "fingerprint": fingerprint(output, fmt, options, files)}
+                "split_size": self.split_size, "files": files,
+                "fingerprint": fingerprint(output, fmt, options, files)}
 
     def _row_groups(self, f: FileRef) -> list[tuple[int, int]]:
         assert self.schema is not None
