@@ -180,7 +180,8 @@ class OneShotSource(SourceBase):
         self.format = format
         self.header = header
         self.split_size = split_size
-        self.replayable = replayable
+        self._replayable = replayable
+        self._unchanged: bool | None = None
         self.schema = (None if format != "parquet" or not columns else
                        pa.schema([pa.field(c, arrow_type(t)) for c, t in columns.items()]))
         self._names = list(output_names) or ["value"]
@@ -205,6 +206,24 @@ class OneShotSource(SourceBase):
         tmp.write_bytes(schema.serialize().to_pybytes())
         os.replace(tmp, pinned)
         return schema
+
+    @property
+    def replayable(self) -> bool:  # type: ignore[override]
+        """Whether every load can be read again (``reclock verify`` re-reads
+        them): configured so, and every file of every load still has the
+        size and version recorded (checked once per instance)."""
+        if not self._replayable:
+            return False
+        if self._unchanged is None:
+            self._unchanged = True
+            for doc in self.ledger.loads().values():
+                for fd in doc.get("files", []):
+                    try:
+                        self.store.check(FileRef.of_json(fd))
+                    except DefiniteError:
+                        self._unchanged = False
+                        return False
+        return self._unchanged
 
     # -- contract ----------------------------------------------------------------------
     def outputs(self) -> list[OutputSpec]:
@@ -403,9 +422,8 @@ class OneShotConfig(ConnectorConfig):
     ranges of this size, Parquet files in row groups adding up to about it;
     smaller files share a task."""
     replayable: bool = True
-    """Whether the loaded files stay as they were, so that ``reclock verify``
-    re-reads them (completeness); ``false`` when they are removed or
-    replaced after loading."""
+    """Whether ``reclock verify`` re-reads the loads (completeness) while all
+    their files are as they were loaded; ``false``: never."""
 
     @classmethod
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:

@@ -222,6 +222,13 @@ def test_loads_land_once_at_one_into_time(tmp_path: Path, spark: Any) -> None:
     checked = {rep.source: rep.complete_checked for rep in reports}
     assert checked == {"people": 2 * (len(exp_people) + len(exp_bad)),
                        "events": len(exp_events) + len(exp_ebad), "facts": len(exp_facts)}
+    # a loaded file replaced: that source's loads can no longer be re-read
+    people[0].write_text(people[0].read_text().replace("name-1,", "name-X,"))
+    reports = {rep.source: rep for rep in verify_pipeline(cfg)}
+    assert all(rep.ok for rep in reports.values())
+    assert reports["people"].complete_checked == 0
+    assert any("cannot be re-read" in n for n in reports["people"].notes)
+    assert reports["facts"].complete_checked == len(exp_facts)
     print(f"oneshot loads: {time.monotonic() - t0:.1f} s")
 
 
