@@ -127,8 +127,14 @@ class OneShotReader:
             for g in c.groups:
                 t = pf.read_row_group(g, columns=[n for n in self.schema.names if n in have])
                 n = t.num_rows
-                cols = [t.column(f.name).cast(f.type).combine_chunks() if f.name in have
-                        else pa.nulls(n, f.type) for f in self.schema]
+                try:
+                    cols = [t.column(f.name).cast(f.type).combine_chunks() if f.name in have
+                            else pa.nulls(n, f.type) for f in self.schema]
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise DefiniteError(
+                        f"{c.file.url}: row group {g} does not convert to the output's "
+                        f"columns: {exc}", hint="the source stalls on this load (there is no way "
+                        "to cancel a load yet): drop the source") from None
                 yield [*cols, seq]
                 seq += n
 
@@ -169,7 +175,6 @@ class OneShotSource(SourceBase):
     """Driver side (see the module docstring)."""
 
     kind = Counter.KIND
-    first_task_records = None
 
     def __init__(self, name: str, *, clock: Clock, state_dir: Path, format: str,
                  columns: Mapping[str, str] | None = None, header: bool = False,
