@@ -13,7 +13,7 @@ appears whole when its upload completes, or not at all, so it is written in
 place; an upload cut off by a crash leaves no object (at most an incomplete
 multipart upload, which a bucket lifecycle rule aborts).
 
-Credentials. :class:`S3Access` takes each setting from the output's
+Credentials. :class:`~reclock.clients.s3.S3Access` takes each setting from the output's
 ``storage`` block, else from the standard ``AWS_*`` environment variables of
 the driver, resolved once on the driver and shipped to the executors with the
 stager. Secrets never appear in a ``repr``, a log line or an error message.
@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import os
 import re
-import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,22 +38,14 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from reclock.clients.s3 import S3Access as S3Access  # (its home; re-exported for the sink)
+from reclock.clients.s3 import explained, is_definite
 from reclock.core.errors import ReclockError, TransientError
 from sinks._fs import atomic_write, fsync_dir, sink_os_error
 from sinks.base import SinkError
 
 #: URI schemes a file output may use; anything else is a config error.
 SCHEMES = ("file", "s3", "s3a")
-
-_DEFINITE = re.compile(
-    r"AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|NoSuchBucket|"
-    r"\b403\b|Forbidden|InvalidBucketName|missing credentials|no credentials",
-    re.IGNORECASE)
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_S3_CODE = re.compile(r"<Code>([^<]+)</Code>\s*<Message>([^<]*)</Message>")
-
 
 def split_uri(text: str) -> tuple[str, str]:
     """``(scheme, rest)``: ``("", text)`` for a plain path. Raises ValueError
@@ -81,76 +72,6 @@ def split_uri(text: str) -> tuple[str, str]:
                          "credentials, query or fragment in it)")
     # Empty segments collapse, as delta-rs's object store paths do.
     return "s3", f"{url.netloc}/{re.sub('/+', '/', url.path).strip('/')}".rstrip("/")
-
-
-@dataclass(frozen=True)
-class S3Access:
-    """How to reach an S3-compatible store. ``None`` fields fall back to
-    what the AWS SDKs read themselves (instance roles and the like)."""
-
-    endpoint: str | None = None
-    region: str | None = None
-    access_key_id: str | None = None
-    secret_access_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)
-    allow_http: bool = False
-
-    @classmethod
-    def resolve(cls, given: Mapping[str, Any] | None = None,
-                env: Mapping[str, str] | None = None) -> S3Access:
-        """Settings from ``given`` (the config's ``storage`` block, secrets
-        already unwrapped), else from ``env`` (default: the process's)."""
-        g = {k: v for k, v in (given or {}).items() if v is not None}
-        e = os.environ if env is None else env
-        endpoint = g.get("endpoint") or e.get("AWS_ENDPOINT_URL_S3") or e.get("AWS_ENDPOINT_URL")
-        allow = g.get("allow_http")
-        if allow is None:
-            allow = (e.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true", "yes")
-                     or (endpoint or "").startswith("http://"))
-        return cls(
-            endpoint=endpoint,
-            region=g.get("region") or e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION"),
-            access_key_id=g.get("access_key_id") or e.get("AWS_ACCESS_KEY_ID"),
-            secret_access_key=g.get("secret_access_key") or e.get("AWS_SECRET_ACCESS_KEY"),
-            session_token=g.get("session_token") or e.get("AWS_SESSION_TOKEN"),
-            allow_http=bool(allow),
-        )
-
-    def delta_options(self) -> dict[str, str]:
-        """delta-rs ``storage_options``. Commits use S3's conditional writes
-        (``If-None-Match``), so no locking provider is needed."""
-        opts = {"AWS_ALLOW_HTTP": "true" if self.allow_http else "false"}
-        for key, value in (("AWS_ENDPOINT_URL", self.endpoint), ("AWS_REGION", self.region),
-                           ("AWS_ACCESS_KEY_ID", self.access_key_id),
-                           ("AWS_SECRET_ACCESS_KEY", self.secret_access_key),
-                           ("AWS_SESSION_TOKEN", self.session_token)):
-            if value:
-                opts[key] = value
-        return opts
-
-    def filesystem(self) -> pafs.FileSystem:
-        """A pyarrow S3 filesystem, one per process and setting."""
-        with _FS_LOCK:
-            fs = _FS_CACHE.get(self)
-            if fs is None:
-                kw: dict[str, Any] = {}
-                if self.endpoint:
-                    url = urlsplit(self.endpoint)
-                    kw["endpoint_override"] = url.netloc or self.endpoint
-                    kw["scheme"] = url.scheme or ("http" if self.allow_http else "https")
-                if self.region:
-                    kw["region"] = self.region
-                if self.access_key_id:
-                    kw.update(access_key=self.access_key_id, secret_key=self.secret_access_key,
-                              session_token=self.session_token)
-                fs = _FS_CACHE[self] = pafs.S3FileSystem(
-                    **kw, connect_timeout=10, request_timeout=60,
-                    retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=3))
-            return fs
-
-
-_FS_CACHE: dict[S3Access, pafs.FileSystem] = {}
-_FS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -313,14 +234,8 @@ class Location:
 def store_error(output: str, where: str, exc: BaseException, doing: str) -> ReclockError:
     """A definite :class:`SinkError` for refused access or a missing bucket,
     a :class:`TransientError` for anything else an object store reports."""
-    full = _ANSI.sub("", str(exc))
-    code = _S3_CODE.search(full)
-    text = " ".join(full.split())
-    if code is not None:  # S3's own error code and message say it best
-        text = f"S3 answered {code[1]}: {code[2]}"
-    elif len(text) > 300:
-        text = text[:300] + "..."
-    if _DEFINITE.search(full):
+    text = explained(exc)
+    if is_definite(exc):
         err: ReclockError = SinkError(
             f"output {output!r}: cannot {doing} {where}: {text}",
             hint="check the bucket exists and the credentials (storage: block or AWS_* "

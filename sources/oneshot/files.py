@@ -17,7 +17,6 @@ from __future__ import annotations
 import fnmatch
 import glob
 import os
-import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from reclock.clients.s3 import S3Access, explained, is_definite
 from reclock.core.errors import DefiniteError, TransientError
 
 _WILD = "*?["
@@ -50,61 +50,16 @@ class FileRef:
         return cls(str(d["url"]), int(d["size"]), str(d["version"]))
 
 
-@dataclass(frozen=True)
-class S3Settings:
-    """How to reach S3 (``None``: what the AWS SDK finds itself)."""
-
-    endpoint: str | None = None
-    region: str | None = None
-    access_key_id: str | None = None
-    secret_access_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)
-
-    @classmethod
-    def from_env(cls) -> S3Settings:
-        e = os.environ
-        return cls(e.get("AWS_ENDPOINT_URL_S3") or e.get("AWS_ENDPOINT_URL"),
-                   e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION"),
-                   e.get("AWS_ACCESS_KEY_ID"), e.get("AWS_SECRET_ACCESS_KEY"),
-                   e.get("AWS_SESSION_TOKEN"))
-
-    def filesystem(self) -> pafs.FileSystem:
-        with _FS_LOCK:
-            fs = _FS.get(self)
-            if fs is None:
-                kw: dict[str, Any] = {}
-                if self.endpoint:
-                    u = urlsplit(self.endpoint)
-                    kw["endpoint_override"] = u.netloc or self.endpoint
-                    kw["scheme"] = u.scheme or "https"
-                if self.region:
-                    kw["region"] = self.region
-                if self.access_key_id:
-                    kw.update(access_key=self.access_key_id, secret_key=self.secret_access_key,
-                              session_token=self.session_token)
-                fs = _FS[self] = pafs.S3FileSystem(
-                    **kw, connect_timeout=10, request_timeout=60,
-                    retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=3))
-            return fs
-
-
-_FS: dict[S3Settings, pafs.FileSystem] = {}
-_FS_LOCK = threading.Lock()
-
-
 def _s3_error(what: str, exc: Exception) -> Exception:
-    text = str(exc)
-    if any(s in text for s in ("AccessDenied", "NoSuchBucket", "InvalidAccessKeyId",
-                               "SignatureDoesNotMatch", "Forbidden")):
-        return DefiniteError(f"{what}: {text.splitlines()[0] if text else exc!r}")
-    return TransientError(f"{what}: {text.splitlines()[0] if text else exc!r}")
+    cls = DefiniteError if is_definite(exc) else TransientError
+    return cls(f"{what}: {explained(exc)}")
 
 
 @dataclass(frozen=True)
 class Store:
     """Reads the files of loads (picklable; see the module docstring)."""
 
-    s3: S3Settings = field(default_factory=S3Settings)
+    s3: S3Access = field(default_factory=S3Access)
 
     # -- listing (driver side) ---------------------------------------------------
     def files(self, spec: str) -> list[FileRef]:

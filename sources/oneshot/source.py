@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from pydantic import Field
 from pydantic_core import InitErrorDetails
 
+from reclock.clients.s3 import S3Access
 from reclock.config.base import ByteSize, ColumnType, ConnectorConfig, _problem
 from reclock.core.clock import Clock
 from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
@@ -45,7 +46,7 @@ from reclock.core.errors import DefiniteError
 from reclock.core.frontier import Antichain
 from reclock.core.time import Counter
 from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
-from sources.oneshot.files import FileRef, S3Settings, Store
+from sources.oneshot.files import FileRef, Store
 from sources.oneshot.ledger import Ledger, fingerprint
 
 FORMATS = ("csv", "jsonl", "parquet")
@@ -191,7 +192,7 @@ class OneShotSource(SourceBase):
                        pa.schema([pa.field(c, arrow_type(t)) for c, t in columns.items()]))
         self._names = list(output_names) or ["value"]
         self.ledger = Ledger(state_dir, name)
-        self.store = Store(S3Settings.from_env())
+        self.store = Store(S3Access.resolve())
         if format == "parquet" and self.schema is None and schema_from:
             self.schema = self._pinned_schema(schema_from)
         self._next = 0
