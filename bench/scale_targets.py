@@ -141,6 +141,30 @@ def lags(runners: list[Any], seconds: float, every: float = 0.5) -> list[float]:
     return out
 
 
+@contextmanager
+def profiled(on: bool, what: str, top: int = 30) -> Iterator[None]:
+    """With ``--profile``: every thread's CPU time in the block (yappi, from
+    PyPI), the costliest functions printed to stderr."""
+    if not on:
+        yield
+        return
+    import yappi
+
+    yappi.set_clock_type("cpu")
+    yappi.start()
+    try:
+        yield
+    finally:
+        yappi.stop()
+        stats = yappi.get_func_stats()
+        stats.sort("ttot")
+        log(f"profile of {what} (CPU seconds, all threads; tsub = own time):")
+        for f in list(stats)[:top]:
+            print(f"  {f.ttot:8.2f} {f.tsub:8.2f} {f.ncall:9d}  {f.module.split('/')[-1]}:"
+                  f"{f.lineno} {f.name}", file=sys.stderr)
+        yappi.clear_stats()
+
+
 def p99(xs: list[float]) -> float:
     return float(np.percentile(xs, 99)) if xs else float("nan")
 
@@ -209,7 +233,8 @@ def partitions_2048(env: Env) -> list[Row]:
             r = runners[0]
             time.sleep(20)  # warm-up: the first jobs over every partition
             b0, t0 = r.status()["bindings"], time.monotonic()
-            sampled = lags(runners, window)
+            with profiled(env.args.profile, "2,048 partitions"):
+                sampled = lags(runners, window)
             b1, t1 = r.status()["bindings"], time.monotonic()
             times = {"status": cli_seconds("status", str(path))}  # of the running pipeline
     finally:
@@ -420,6 +445,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="shorter measured windows")
     ap.add_argument("--rate", type=float, default=8000.0,
                     help="records/s into the 2,048-partition topic")
+    ap.add_argument("--profile", action="store_true",
+                    help="print where the 2,048-partition run spends CPU (yappi from PyPI)")
     ap.add_argument("--retained-512", type=int, default=86_400,
                     help="bindings seeded for the 512-partition run")
     args = ap.parse_args()

@@ -33,6 +33,7 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -169,7 +170,15 @@ class SinkState:
     def held(self, kind: str) -> Antichain[Any] | None:
         """The FromTime frontier the output holds (``progress`` decoded for a
         source of time ``kind``); ``None`` when nothing was committed yet."""
-        return None if self.progress is None else Antichain.decode_json(kind, self.progress)
+        return None if self.progress is None else _decoded(kind, self.progress)
+
+
+@functools.lru_cache(maxsize=256)
+def _decoded(kind: str, progress: str) -> Antichain[Any]:
+    """A progress decoded once (antichains never change): the driver asks for
+    each output's several times a tick, and a Kafka progress of 2,048
+    partitions takes milliseconds to decode."""
+    return Antichain.decode_json(kind, progress)
 
 
 class SinkFenced(TransientError):

@@ -300,7 +300,10 @@ class Partitioned:
         if not (isinstance(value, list | tuple) and len(value) == 3):
             raise InvalidTimeError(f"cannot decode Partitioned from {value!r}")
         lo, hi, offset = value
-        return cls(lo, hi, offset)
+        if (type(lo) is int and type(offset) is int and lo >= 0 and offset >= 0
+                and (hi is None or (type(hi) is int and hi >= lo))):
+            return _partitioned(lo, hi, offset)  # valid: skip the dataclass' checks
+        return cls(lo, hi, offset)  # raises, naming what is wrong
 
     @classmethod
     def minimum(cls) -> Partitioned:
@@ -366,14 +369,32 @@ def kafka_offsets(frontier: Any) -> tuple[dict[int, int], int | None]:
     Only points and the "above" element are resolved; an interval element
     covering a finite range (which only appears after ``meet``) is expanded.
     """
+    return _offsets((e.lo, e.hi, e.offset) for e in frontier)
+
+
+def encoded_kafka_offsets(encoded: Any) -> tuple[dict[int, int], int | None] | None:
+    """:func:`kafka_offsets` of a frontier in :meth:`Antichain.encode`'s form,
+    without decoding it (status documents, metrics and charts read many of
+    them each second); ``None`` when it is not one."""
+    if not isinstance(encoded, list):
+        return None
+    try:
+        return _offsets((int(lo), None if hi is None else int(hi), int(off))
+                        for lo, hi, off in encoded)
+    except (TypeError, ValueError):
+        return None
+
+
+def _offsets(elements: Iterable[tuple[int, int | None, int]]
+             ) -> tuple[dict[int, int], int | None]:
     offsets: dict[int, int] = {}
     above: int | None = None
-    for e in frontier:
-        if e.hi is None:
-            above = e.lo if above is None else min(above, e.lo)
+    for lo, hi, off in elements:
+        if hi is None:
+            above = lo if above is None else min(above, lo)
             continue
-        for p in range(e.lo, e.hi + 1):
-            offsets[p] = min(offsets.get(p, e.offset), e.offset)
+        for p in range(lo, hi + 1):
+            offsets[p] = min(offsets.get(p, off), off)
     if above is not None:
         offsets = {p: o for p, o in offsets.items() if p < above}
     return offsets, above

@@ -41,6 +41,7 @@ import time
 import traceback
 import uuid
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -237,6 +238,8 @@ class SourceRunner:
         self._samples: deque[tuple[float, int]] = deque(maxlen=64)
         #: how long the last ticks took (ms; opening the source included)
         self._tick_ms: deque[float] = deque(maxlen=64)
+        self._memos: dict[str, tuple[tuple[Any, ...], Any]] = {}  # see _memo
+        self._memo_lock = threading.Lock()
         self.last_probe: Antichain[Any] | None = None
         self.job_seconds = 0.0
         self.job_group = f"reclock-{self.name}-{uuid.uuid4().hex[:8]}"
@@ -847,6 +850,25 @@ class SourceRunner:
             self.store.compact(self.name, target)
 
     # -- observation ---------------------------------------------------------------
+    def _memo(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        """``compute()``, remembered while the frontiers in ``key`` are the
+        same objects (frontiers never change; a tick makes new ones): status
+        is asked for every second and more, and a Kafka frontier of 2,048
+        partitions takes milliseconds to encode."""
+        with self._memo_lock:
+            hit = self._memos.get(key[0])
+            if hit is not None and len(hit[0]) == len(key) and all(
+                    a is b for a, b in zip(hit[0][1:], key[1:], strict=True)):
+                return hit[1]
+        value = compute()
+        with self._memo_lock:
+            self._memos[key[0]] = (key, value)
+        return value
+
+    def _encoded(self, name: str, f: Antichain[Any] | None) -> Any:
+        """``f.encode()``; the status field ``name`` remembers its last one."""
+        return None if f is None else self._memo((f"encode:{name}", f), f.encode)
+
     def status(self) -> dict[str, Any]:
         b = self.operator.bindings if self.operator is not None else None
         now = self.clock.now()
@@ -862,19 +884,23 @@ class SourceRunner:
                 # the initial snapshot's rows read and in all (None: none in this run)
                 "snapshot": snapshots.get(o.index),
             })
+        enc = self._encoded
         return {
             "source": self.name,
             "kind": self.source.kind,
             "health": self.health.as_dict(),
-            "probe": None if self.last_probe is None else self.last_probe.encode(),
-            "bound": None if b is None or not b.bindings else b.bindings[-1].frontier.encode(),
+            "probe": enc("probe", self.last_probe),
+            "bound": (None if b is None or not b.bindings
+                      else enc("bound", b.bindings[-1].frontier)),
             "remap_upper": None if b is None else _upper_value(b.upper),
             "bindings": 0 if b is None else len(b),
-            "read_from": None if self.read_from is None else self.read_from.encode(),
-            "resume": None if self.resume is None else self.resume.encode(),
+            "read_from": enc("read_from", self.read_from),
+            "resume": enc("resume", self.resume),
             "records": self.records,
             "records_per_s": round(self.rate, 1),
-            "lag_records": frontier_distance(self.source.kind, self.read_from, self.last_probe),
+            "lag_records": self._memo(("distance", self.read_from, self.last_probe),
+                                      lambda: frontier_distance(
+                                          self.source.kind, self.read_from, self.last_probe)),
             "job_seconds": round(self.job_seconds, 3),
             # the median of the last 64 ticks (mint, read, commit, acknowledge)
             "tick_ms": (round(sorted(self._tick_ms)[len(self._tick_ms) // 2], 1)

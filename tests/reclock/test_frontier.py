@@ -89,3 +89,32 @@ def test_fast_kafka_antichains_agree_with_pairwise_definitions(
     pairwise = [j for e in x.elements for f in y.elements if (j := e.join(f)) is not None]
     assert x.join(y).elements == _minimal_pairwise(pairwise)
     assert x.meet(y).elements == _minimal_pairwise([*x.elements, *y.elements])
+
+
+@given(_kafka_elements(), _kafka_elements())
+def test_kafka_frontiers_read_off_their_encoding_agree_with_the_decoded_ones(
+        a: list[Partitioned], b: list[Partitioned]) -> None:
+    """What status documents, metrics and charts read straight off an encoded
+    frontier equals what its decoded antichain says (a meet holds intervals)."""
+    from reclock.core.time import encoded_kafka_offsets, kafka_offsets
+    from reclock.metrics import frontier_position
+
+    for f in (Antichain(a), Antichain(a).meet(Antichain(b)), Antichain.empty()):
+        enc = f.encode()
+        assert encoded_kafka_offsets(enc) == kafka_offsets(f)
+        assert Antichain.decode("kafka", enc) == f
+        want = None if f.is_empty() else float(sum(kafka_offsets(f)[0].values()))
+        assert frontier_position("kafka", enc) == want
+    assert encoded_kafka_offsets("nope") is None and encoded_kafka_offsets([[1, 2]]) is None
+
+
+def test_decoding_a_kafka_time_still_refuses_what_is_not_one() -> None:
+    import pytest
+
+    from reclock.core.errors import InvalidTimeError
+
+    for bad in ([-1, 0, 0], [0, None, -5], [3, 2, 0], [True, None, 0], [0, None, 1.5],
+                [0, "x", 0], [0, 1]):
+        with pytest.raises(InvalidTimeError):
+            Partitioned.decode(bad)
+    assert Partitioned.decode([2, None, 7]) == Partitioned(2, None, 7)
