@@ -8,3 +8,12 @@
   progress topic.
 * :mod:`sinks.consolidate` -- an update log read back as a collection as of a time.
 """
+
+import os as _os
+
+# delta-rs (sinks.delta) allocates through its own jemalloc, configured from
+# this variable when the library first allocates. Its defaults (8 arenas on
+# 2 cores, freed pages purged over 10 s) let a driver committing every second
+# grow ~10 MiB per 100 commits that it never gave back (bench/soak.py); one
+# arena that purges at once grows ~2 MiB. A value already set wins.
+_os.environ.setdefault("_RJEM_MALLOC_CONF", "narenas:1,dirty_decay_ms:0,muzzy_decay_ms:0")

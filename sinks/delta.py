@@ -165,7 +165,12 @@ CLOSED = 2**63 - 1
 #: At most this many rows per Parquet file.
 ROWS_PER_FILE = 1_000_000
 #: Write a checkpoint when the log has grown this many versions past the last.
-CHECKPOINT_INTERVAL = 100
+#: A commit reads the log entries since the last checkpoint through delta-rs's
+#: blocking thread pool, many at once; at a commit a second the pool's threads
+#: never idle the 10 s it takes them to exit, so a driver kept about as many
+#: threads as the longest log it read (100: ~85-120 threads; 25: ~35;
+#: bench/soak.py).
+CHECKPOINT_INTERVAL = 25
 #: Clean up expired log files after every this-many checkpoints.
 CLEANUP_EVERY_CHECKPOINTS = 10
 #: Attempts when unrelated commits race ours (ours unchanged each time).

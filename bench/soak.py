@@ -1,0 +1,456 @@
+"""Long-uptime soak of one driver: a counter generator (2,000 records/s by
+default) and an order stream with keyed (upsert) outputs, to file (Delta)
+outputs at a 1 s interval on ``local[2]`` with the SQLite remap store and the
+HTTP status endpoint on, all in this process (the pipeline runs in a thread,
+exactly as ``reclock run`` runs it). Every ``--every`` seconds it samples the
+process and prints one row; at the end, the first sample after the warm-up
+against the last, and the slope over the run.
+
+    python bench/soak.py --minutes 60
+    python bench/soak.py --minutes 10 --tracemalloc       # Python allocations too
+    python bench/soak.py --minutes 10 --jemalloc-conf ''  # delta-rs's jemalloc defaults
+
+Columns: ``rss`` the driver's resident set (MiB) and ``anon`` its anonymous
+part; ``py`` the bytes Python allocated (``tracemalloc``'s current size, with
+``--tracemalloc``); ``heap`` glibc malloc's in-use bytes and ``free`` its
+free-but-held bytes (``mallinfo2``); ``glibc`` / ``mimal`` / ``other`` /
+``stacks`` the anonymous memory by who mapped it (:func:`native_breakdown`);
+``rel`` the RSS after :func:`release_native` (``--probe-release``);
+``arrow`` Arrow's pool (``pyarrow.total_allocated_bytes``); ``thr`` threads
+(``tokio`` of them delta-rs's runtime threads); ``fds`` open file
+descriptors; ``jvm`` the Spark driver JVM's RSS and ``wrk`` the Python
+workers' total RSS (MiB); ``tick50`` / ``tickmx`` the median and largest
+source tick in the window (ms); ``objs`` gc-tracked objects; ``rows``
+records read so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+MIB = 1 << 20
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+        "uordblks", "fordblks", "keepcost")]
+
+
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+LIBC = _libc()
+
+
+def proc_status(pid: int | str = "self") -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmRSS", "RssAnon", "RssFile", "Threads", "PPid"):
+                    out[k] = int(v.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def descendants(root: int) -> list[tuple[int, str]]:
+    """(pid, comm) of every process below ``root``."""
+    children: dict[int, list[int]] = defaultdict(list)
+    comm: dict[int, str] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        st = proc_status(d)
+        if "PPid" in st:
+            children[st["PPid"]].append(int(d))
+            try:
+                with open(f"/proc/{d}/comm") as f:
+                    comm[int(d)] = f.read().strip()
+            except OSError:
+                comm[int(d)] = "?"
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append((c, comm.get(c, "?")))
+            todo.append(c)
+    return out
+
+
+def thread_names() -> dict[str, int]:
+    names: dict[str, int] = defaultdict(int)
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                names[f.read().strip()] += 1
+        except OSError:
+            pass
+    return dict(names)
+
+
+def native_breakdown() -> dict[str, float]:
+    """The process's anonymous memory (MiB) by who most likely mapped it, from
+    /proc/self/smaps: ``glibc`` the main heap and the 64 MiB-aligned thread
+    arenas; ``mimalloc`` Arrow's pool (its 1 GiB arenas); ``stacks`` thread
+    stacks (2 and 8 MiB mappings); ``other`` the rest (delta-rs's jemalloc,
+    the interpreter's own mmaps, ...)."""
+    out = dict.fromkeys(("glibc", "mimalloc", "stacks", "other"), 0.0)
+    start = size = 0
+    name = ""
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                if "-" in line[:20] and not line[0].isupper():
+                    rng, _, rest = line.partition(" ")
+                    a, _, b = rng.partition("-")
+                    start, size = int(a, 16), (int(b, 16) - int(a, 16)) >> 10
+                    parts = rest.split(None, 4)
+                    name = parts[4].strip() if len(parts) > 4 else ""
+                elif line.startswith("Anonymous:"):
+                    kb = int(line.split()[1])
+                    if not kb:
+                        continue
+                    if name == "[heap]" or (not name and start % (64 << 20) == 0
+                                            and size <= 65536):
+                        k = "glibc"
+                    elif not name and size >= 1 << 20:
+                        k = "mimalloc"
+                    elif name == "[stack]" or (not name and size in (2048, 8192)):
+                        k = "stacks"
+                    else:
+                        k = "other"
+                    out[k] += kb / 1024
+    except OSError:
+        pass
+    return out
+
+
+def release_native() -> None:
+    """Hand back what the allocators hold free: Arrow's pool (mimalloc) and
+    glibc's malloc (``malloc_trim``). delta-rs's jemalloc has no handle here."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    if LIBC is not None:
+        LIBC.malloc_trim(0)
+
+
+class Ticks:
+    """Durations of SourceRunner.tick, per source, since the last take()."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.window: list[float] = []
+
+    def install(self) -> None:
+        from reclock.runtime.driver import SourceRunner
+
+        orig = SourceRunner.tick
+        ticks = self
+
+        def tick(runner: Any) -> bool:
+            t0 = time.perf_counter()
+            try:
+                return orig(runner)
+            finally:
+                with ticks.lock:
+                    ticks.window.append((time.perf_counter() - t0) * 1000)
+
+        SourceRunner.tick = tick  # type: ignore[method-assign,assignment]
+
+    def take(self) -> list[float]:
+        with self.lock:
+            w, self.window = self.window, []
+        return w
+
+
+def sample(t0: float, ticks: Ticks, runners: list[Any], traced: bool) -> dict[str, Any]:
+    import pyarrow as pa
+
+    st = proc_status()
+    s: dict[str, Any] = {
+        "min": (time.monotonic() - t0) / 60,
+        "rss": st.get("VmRSS", 0) / 1024, "anon": st.get("RssAnon", 0) / 1024,
+        "thr": st.get("Threads", 0),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "arrow": pa.total_allocated_bytes() / MIB,
+    }
+    names = thread_names()
+    s["tokio"] = sum(n for k, n in names.items() if k.startswith("tokio"))
+    s["threads_by_name"] = names
+    py: dict[str, int] = defaultdict(int)
+    for t in threading.enumerate():
+        py[re.sub(r"[-_ ]?\d+.*$", "", t.name) or t.name] += 1
+    s["python_threads"] = dict(py)
+    s.update(native_breakdown())
+    if LIBC is not None:
+        mi = LIBC.mallinfo2()
+        s["heap"] = (mi.uordblks + mi.hblkhd) / MIB
+        s["free"] = mi.fordblks / MIB
+        s["arena"] = mi.arena / MIB
+    if traced:
+        import tracemalloc
+
+        s["py"] = tracemalloc.get_traced_memory()[0] / MIB
+    jvm = wrk = 0.0
+    for pid, comm in descendants(os.getpid()):
+        rss = proc_status(pid).get("VmRSS", 0) / 1024
+        if comm == "java":
+            jvm += rss
+        elif comm.startswith("python") or comm.startswith("pyspark"):
+            wrk += rss
+    s["jvm"], s["wrk"] = jvm, wrk
+    w = ticks.take()
+    s["tick50"] = statistics.median(w) if w else 0.0
+    s["tickmax"] = max(w) if w else 0.0
+    s["ticks"] = len(w)
+    s["rows"] = sum(r.records for r in runners)
+    s["objs"] = len(gc.get_objects())
+    return s
+
+
+COLS = [("min", "min", "{:6.1f}"), ("rss", "rss", "{:6.0f}"), ("anon", "anon", "{:6.0f}"),
+        ("py", "py", "{:6.1f}"), ("heap", "heap", "{:6.1f}"), ("free", "free", "{:6.1f}"),
+        ("glibc", "glibc", "{:6.1f}"), ("mimalloc", "mimal", "{:6.1f}"),
+        ("other", "other", "{:6.1f}"), ("stacks", "stacks", "{:6.1f}"),
+        ("rss_released", "rel", "{:6.0f}"), ("arrow", "arrow", "{:6.1f}"),
+        ("thr", "thr", "{:4d}"), ("tokio", "tokio", "{:5d}"),
+        ("fds", "fds", "{:4d}"), ("jvm", "jvm", "{:6.0f}"), ("wrk", "wrk", "{:6.0f}"),
+        ("tick50", "tick50", "{:6.0f}"), ("tickmax", "tickmx", "{:6.0f}"),
+        ("objs", "objs", "{:7d}"), ("rows", "rows", "{:10,d}")]
+
+
+def row(s: dict[str, Any]) -> str:
+    out = []
+    for key, head, fmt in COLS:
+        w = len(fmt.format(0) if "d" in fmt else fmt.format(0.0))
+        w = max(w, len(head))
+        v = s.get(key)
+        out.append("-".rjust(w) if v is None else fmt.format(v).rjust(w))
+    return " ".join(out)
+
+
+def header() -> str:
+    out = []
+    for _key, head, fmt in COLS:
+        w = max(len(fmt.format(0) if "d" in fmt else fmt.format(0.0)), len(head))
+        out.append(head.rjust(w))
+    return " ".join(out)
+
+
+def slope_per_hour(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ys over xs (minutes), per hour."""
+    if len(xs) < 3:
+        return 0.0
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    num = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    return 0.0 if den == 0 else 60 * num / den
+
+
+def config_text(state: Path, rate: int, orders_rate: int, interval: str, master: str) -> str:
+    src = [
+        "  - name: counter",
+        f"    generator: {{kind: counter, rate: {rate}, value_format: json, bad_every: 1000}}",
+        "    outputs:",
+        "      - name: counter",
+        "        format: {type: json, schema: {n: int64, payload: string, even: bool}}",
+        "        sink: file",
+    ]
+    if orders_rate:
+        src += [
+            "  - name: shop",
+            f"    generator: {{kind: orders, rate: {orders_rate}}}",
+            "    outputs:",
+            "      - name: customers",
+            "        envelope: {type: upsert, key: [customer_id]}",
+            "        sink: file",
+            "      - name: orders",
+            "        sink: file",
+        ]
+    return "\n".join([
+        f"state_dir: {json.dumps(str(state))}",
+        f"timestamp_interval: {interval}",
+        "http: {host: 127.0.0.1, port: 0}",
+        "spark:",
+        f"  master: {json.dumps(master)}",
+        "  conf: {spark.sql.shuffle.partitions: '2'}",
+        "sources:",
+        *src,
+    ]) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=60.0)
+    ap.add_argument("--every", type=float, default=60.0, help="seconds between samples")
+    ap.add_argument("--warmup", type=float, default=2.0,
+                    help="minutes before the 'start' sample of the summary")
+    ap.add_argument("--rate", type=int, default=2000, help="counter records/s")
+    ap.add_argument("--orders-rate", type=int, default=200,
+                    help="order stream records/s (keyed outputs; 0: none)")
+    ap.add_argument("--interval", default="1s")
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--tracemalloc", action="store_true",
+                    help="trace Python allocations (slower); the py column")
+    ap.add_argument("--jemalloc-conf", metavar="CONF",
+                    help="delta-rs's jemalloc settings (_RJEM_MALLOC_CONF; '' for the "
+                         "library's defaults; default: the one the sinks package sets)")
+    ap.add_argument("--probe-release", action="store_true",
+                    help="after each sample, release what the allocators hold free "
+                         "(Arrow's pool, malloc_trim) and show the RSS after (rel)")
+    ap.add_argument("--state", type=Path, help="state directory (default: a temporary one)")
+    ap.add_argument("--json", type=Path, help="also write every sample here (JSON lines)")
+    args = ap.parse_args()
+
+    if args.jemalloc_conf is not None:
+        os.environ["_RJEM_MALLOC_CONF"] = args.jemalloc_conf
+    if args.tracemalloc:
+        import tracemalloc
+
+        tracemalloc.start(1)
+    from reclock.config import parse_config
+    from reclock.pipeline import run
+
+    tmp = None
+    if args.state is None:
+        tmp = tempfile.TemporaryDirectory(prefix="reclock-soak-")
+        state = Path(tmp.name) / "state"
+    else:
+        state = args.state
+    cfg = parse_config(config_text(state, args.rate, args.orders_rate, args.interval,
+                                   args.master), "soak.yaml", base_dir=state.parent)
+    ticks = Ticks()
+    ticks.install()
+    stop = threading.Event()
+    ready = threading.Event()
+    runners: list[Any] = []
+    result: dict[str, Any] = {}
+
+    def on_ready(rs: list[Any]) -> None:
+        runners.extend(rs)
+        ready.set()
+
+    def target() -> None:
+        try:
+            result["runners"] = run(cfg, stop=stop, out=None, on_ready=on_ready,
+                                    install_signals=False)
+        except BaseException as exc:  # reported below
+            result["error"] = exc
+            ready.set()
+
+    th = threading.Thread(target=target, name="soak-pipeline", daemon=True)
+    th.start()
+    ready.wait()
+    if "error" in result:
+        raise result["error"]
+    t0 = time.monotonic()
+    print(f"soak: {args.minutes:g} min, counter {args.rate}/s, orders {args.orders_rate}/s, "
+          f"interval {args.interval}, {args.master}, arrow pool "
+          f"{__import__('pyarrow').default_memory_pool().backend_name}, "
+          f"_RJEM_MALLOC_CONF {os.environ.get('_RJEM_MALLOC_CONF')!r}, state {state}", flush=True)
+    print(header(), flush=True)
+    samples: list[dict[str, Any]] = []
+    jf = args.json.open("w") if args.json else None
+    snap0 = None
+    try:
+        deadline = t0 + args.minutes * 60
+        nxt = t0
+        while True:
+            s = sample(t0, ticks, runners, args.tracemalloc)
+            if args.probe_release:
+                release_native()
+                s["rss_released"] = proc_status().get("VmRSS", 0) / 1024
+            samples.append(s)
+            print(row(s), flush=True)
+            if jf is not None:
+                jf.write(json.dumps(s) + "\n")
+                jf.flush()
+            if args.tracemalloc and snap0 is None and s["min"] >= args.warmup:
+                import tracemalloc
+
+                snap0 = tracemalloc.take_snapshot()
+            for r in runners:
+                if r.health.status not in ("running", "starting"):
+                    print(f"  source {r.name}: {r.health.as_dict()}", flush=True)
+            if time.monotonic() >= deadline or not th.is_alive():
+                break
+            nxt += args.every
+            time.sleep(max(0.0, min(nxt, deadline) - time.monotonic()))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        th.join(timeout=120)
+        if jf is not None:
+            jf.close()
+    if "error" in result:
+        raise result["error"]
+    summary(samples, args.warmup)
+    if snap0 is not None:
+        import tracemalloc
+
+        top = tracemalloc.take_snapshot().compare_to(snap0, "lineno")[:10]
+        print("\nPython allocations grown since the start sample (tracemalloc, top 10):")
+        for stat in top:
+            print(f"  {stat}")
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
+def summary(samples: list[dict[str, Any]], warmup: float) -> None:
+    if len(samples) < 2:
+        return
+    after = [s for s in samples if s["min"] >= warmup] or samples
+    first, last = after[0], samples[-1]
+    print(f"\nstart (minute {first['min']:.1f}) vs end (minute {last['min']:.1f}); "
+          "slope: least squares over the samples from the start, per hour")
+    xs = [s["min"] for s in after]
+    print(f"{'':>22} {'start':>9} {'end':>9} {'change':>9} {'slope/h':>9}")
+    for key, label in (("rss", "driver RSS MiB"), ("anon", "driver anon MiB"),
+                       ("py", "Python heap MiB"), ("heap", "malloc in use MiB"),
+                       ("free", "malloc free MiB"), ("glibc", "glibc anon MiB"),
+                       ("mimalloc", "mimalloc anon MiB"), ("other", "other anon MiB"),
+                       ("stacks", "stacks MiB"), ("rss_released", "RSS released MiB"),
+                       ("arrow", "Arrow pool MiB"),
+                       ("thr", "threads"), ("tokio", "tokio threads"), ("fds", "fds"),
+                       ("jvm", "JVM RSS MiB"), ("wrk", "workers RSS MiB"),
+                       ("tick50", "tick median ms"), ("tickmax", "tick max ms"),
+                       ("objs", "gc objects")):
+        if first.get(key) is None or last.get(key) is None:
+            continue
+        ys = [float(s[key]) for s in after]
+        a, b = float(first[key]), float(last[key])
+        print(f"{label:>22} {a:9.1f} {b:9.1f} {b - a:+9.1f} {slope_per_hour(xs, ys):+9.1f}")
+    secs = (last["min"] - first["min"]) * 60
+    if secs > 0:
+        print(f"{'records/s':>22} {(last['rows'] - first['rows']) / secs:9.0f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
