@@ -267,6 +267,10 @@ class SourceRunner:
         """Stop promptly: cancel the running job, discard its results."""
         self._dropped.set()
         self._stop.set()
+        self._cancel_jobs()
+
+    def _cancel_jobs(self) -> None:
+        """Cancel this source's Spark jobs (their results are not wanted)."""
         if self.spark is not None:
             try:
                 self.spark.sparkContext.cancelJobGroup(self.job_group)
@@ -600,11 +604,7 @@ class SourceRunner:
         """Cancel this source's Spark jobs and leave their threads behind:
         later jobs run on a new pool."""
         self._abandoned = True
-        if self.spark is not None:
-            try:
-                self.spark.sparkContext.cancelJobGroup(self.job_group)
-            except Exception:  # the context may already be down
-                log.debug("cancelJobGroup failed", exc_info=True)
+        self._cancel_jobs()
         if self._jobs is not None:
             self._jobs.shutdown(wait=False, cancel_futures=True)
             self._jobs = None
