@@ -320,6 +320,17 @@ class KafkaCluster:
         return int(tm.partitions[partition].leader)
 
 
+def kafka_end(bootstrap: str, topic: str, partition: int) -> int:
+    """The partition's end offset (its high watermark)."""
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    try:
+        return int(c.get_watermark_offsets(TopicPartition(topic, partition), 10)[1])
+    finally:
+        c.close()
+
+
 def read_committed(bootstrap: str, topic: str, timeout: float = 120.0) -> list[Any]:
     """Every record a plain ``read_committed`` consumer (not reclock's reader)
     gets from ``topic``, to the end of each partition: what any downstream

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from reclock import faults
@@ -29,7 +29,7 @@ from reclock.config import load_config
 from reclock.pipeline import Pipeline
 from reclock.runtime.resnapshot import Requests
 from reclock.verify import verify_pipeline
-from tests.kafkabroker import read_committed
+from tests.kafkabroker import kafka_end, read_committed
 from tests.running import durable, read_updates, running, wait_for
 
 pytestmark = pytest.mark.integration
@@ -157,15 +157,6 @@ def corrections(t: pa.Table) -> pa.Table:
     return t.filter(pc.less(t.column("_src_part"), 0))
 
 
-def _ends(bootstrap: str, topic: str) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ends-{uuid.uuid4().hex}"})
-    try:
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(3)}
-    finally:
-        c.close()
-
-
 def _verified(cfg: Any) -> dict[str, Any]:
     return {r.source: r for r in verify_pipeline(cfg)}
 
@@ -197,7 +188,8 @@ def test_resnapshot_replays_kafka_and_generator_outputs(
             pipe.close()
 
     def caught_up(runners: list[Any]) -> None:
-        ends = {"log": _ends(kafka.bootstrap, log), "kv": _ends(kafka.bootstrap, kv)}
+        ends = {n: {p: kafka_end(kafka.bootstrap, t, p) for p in range(3)}
+                for n, t in (("log", log), ("kv", kv))}
         wait_for(lambda: all(durable(r) == ends[r.name] for r in runners[:2]), 90,
                  lambda: f"the Kafka outputs to catch up: {[durable(r) for r in runners]}")
 

@@ -20,6 +20,7 @@ from reclock.config import load_config
 from reclock.pipeline import Pipeline
 from reclock.runtime.driver import SourceRunner
 from reclock.verify import verify_pipeline
+from tests.kafkabroker import kafka_end
 from tests.running import durable, running, wait_for
 from tests.tally import count
 
@@ -470,16 +471,6 @@ def test_native_and_python_readers_read_the_same_records(kafka: Any) -> None:
     for reader in (native, python):
         with pytest.raises(DefiniteError, match=r"removed \(retention\) before they were read"):
             _read_all(reader, (1, 0, ends[1]))
-
-
-def kafka_end(bootstrap: str, topic: str, partition: int) -> int:
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
-    try:
-        return int(c.get_watermark_offsets(TopicPartition(topic, partition), 10)[1])
-    finally:
-        c.close()
 
 
 def test_partition_ranges_pack_into_even_tasks() -> None:
