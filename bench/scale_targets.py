@@ -108,24 +108,11 @@ class Env:
 def running(env: Env, text: str, base: Path) -> Iterator[list[Any]]:
     """``text`` run in a thread on the shared Spark session until the block ends."""
     from reclock.config import parse_config
-    from reclock.pipeline import run
+    from tests.running import running as run_in_thread
 
     cfg = parse_config(text, str(base / "pipeline.yaml"), base_dir=base)
-    stop = threading.Event()
-    runners: list[Any] = []
-    t = threading.Thread(target=run, kwargs=dict(cfg=cfg, spark=env.spark, stop=stop, out=None,
-                                                  install_signals=False,
-                                                  on_ready=runners.extend), daemon=True)
-    t.start()
-    while not runners:
-        if not t.is_alive():
-            raise RuntimeError("the pipeline stopped before it started")
-        time.sleep(0.05)
-    try:
+    with run_in_thread(cfg, env.spark) as runners:
         yield runners
-    finally:
-        stop.set()
-        t.join(120)
 
 
 def lags(runners: list[Any], seconds: float, every: float = 0.5) -> list[float]:
@@ -148,7 +135,7 @@ def profiled(on: bool, what: str, top: int = 30) -> Iterator[None]:
     if not on:
         yield
         return
-    import yappi
+    import yappi  # type: ignore[import-untyped]
 
     yappi.set_clock_type("cpu")
     yappi.start()
