@@ -23,6 +23,7 @@ State directory layout::
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -124,7 +125,8 @@ class Pipeline:
         _, block = src.connector
         return cast("Source[Any]", block.build(src.name, SourceContext(
             self.clock, self.identity, tuple(o.name for o in src.outputs),
-            state_dir=self.state_dir)))
+            state_dir=self.state_dir,
+            coordinates=functools.partial(self.store.coordinates, src.name))))
 
     def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig
                 ) -> OutputRuntime:

@@ -115,6 +115,17 @@ class RemapStore(Protocol):
         """
         ...
 
+    def coordinates(self, shard: str, names: Sequence[str] = ()) -> dict[str, int]:
+        """Every coordinate name of ``shard`` with its id, after giving each of
+        ``names`` not known yet the next free id (0, 1, 2, ... in the order
+        given). Ids are dense, assigned once and never changed or reused, in
+        one transaction with every other assigner (a zombie driver's too):
+        a multi-topic Kafka source's partition ids, ``["topic", partition]``
+        -> id, so that "every id from N on, at offset 0" covers every
+        (topic, partition) not known yet. Ids must be durable before any
+        binding names them; assigning before minting does that."""
+        ...
+
     def drop_shard(self, shard: str) -> None:
         """Remove the shard and its bindings (``reclock drop`` with cleanup)."""
         ...

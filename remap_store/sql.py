@@ -1,11 +1,16 @@
 """The remap store on SQLAlchemy 2: SQLite (a file: the embedded default) and
 PostgreSQL (psycopg 3), chosen by URL.
 
-Three tables::
+Four tables::
 
-    remap_shards    shard (PK) | kind | since | upper (NULL: closed) | updated_at
-    remap_bindings  shard, into_time (PK) | frontier (canonical JSON)
-    remap_pipeline  key (PK) | value        the pipeline's identity, minted once
+    remap_shards       shard (PK) | kind | since | upper (NULL: closed) | updated_at
+    remap_bindings     shard, into_time (PK) | frontier (canonical JSON)
+    remap_pipeline     key (PK) | value        the pipeline's identity, minted once
+    remap_coordinates  shard, name (PK) | coordinate (unique per shard)
+                       a multi-topic Kafka source's (topic, partition) -> partition id
+
+A store of an earlier version gains the tables it lacks when it is opened
+(``create_all`` creates missing tables and leaves existing ones as they are).
 
 ``compare_and_append`` is one transaction whose first statement is the
 conditional ``UPDATE remap_shards SET upper = :new WHERE shard = :s AND upper
@@ -30,7 +35,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 
 from reclock.core.bindings import Binding, Bindings, check_appendable, compact_bindings
 from reclock.core.errors import (
@@ -93,6 +98,16 @@ def redact_url(url: str) -> str:
         return "<unparseable url>"
 
 
+coordinates_table = sa.Table(
+    "remap_coordinates",
+    metadata,
+    sa.Column("shard", sa.String(255), primary_key=True),
+    sa.Column("name", sa.String(1024), primary_key=True),
+    sa.Column("coordinate", sa.Integer, nullable=False),
+    sa.UniqueConstraint("shard", "coordinate", name="remap_coordinates_unique"),
+)
+
+
 def _upper_col(upper: Antichain[IntoTime]) -> int | None:
     u = upper.as_option()
     return None if u is None else int(u)
@@ -130,7 +145,20 @@ class SqlRemapStore:
                 f"unsupported remap store URL {redact_url(self.url)!r}: "
                 "use sqlite:///PATH or postgresql://USER@HOST/DB"
             )
-        self._retry(lambda: metadata.create_all(self.engine))
+        self._retry(self._create_tables)
+
+    def _create_tables(self) -> None:
+        # Two processes opening a new PostgreSQL store at once both find a
+        # table missing and both create it: the loser's CREATE fails on the
+        # catalog's unique index; the tables exist then, so look again.
+        for attempt in range(3):
+            try:
+                metadata.create_all(self.engine)
+                return
+            except (IntegrityError, ProgrammingError):
+                if attempt == 2:
+                    raise
+                time.sleep(0.1)
 
     def __repr__(self) -> str:
         return f"SqlRemapStore({redact_url(self.url)!r})"
@@ -419,9 +447,36 @@ class SqlRemapStore:
                     ],
                 )
 
+    def coordinates(self, shard: str, names: Sequence[str] = ()) -> dict[str, int]:
+        """Dense ids for the coordinates of a partitioned FromTime
+        (:meth:`RemapStore.coordinates`)."""
+        sel = sa.select(coordinates_table.c.name, coordinates_table.c.coordinate).where(
+            coordinates_table.c.shard == shard)
+        with self._tx(readonly=True) as conn:
+            known = {str(n): int(c) for n, c in conn.execute(sel)}
+        if all(n in known for n in names):
+            return known
+        with self._tx() as conn:  # serialized: SQLite's BEGIN IMMEDIATE, Postgres' row lock
+            if self.dialect == "postgresql":
+                # one assigner at a time per shard (a zombie driver included)
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"),
+                             {"k": "reclock-coordinates:" + shard})
+            known = {str(n): int(c) for n, c in conn.execute(sel)}
+            nxt = max(known.values(), default=-1) + 1
+            new = []
+            for n in dict.fromkeys(names):
+                if n not in known:
+                    known[n] = nxt
+                    new.append({"shard": shard, "name": n, "coordinate": nxt})
+                    nxt += 1
+            if new:
+                conn.execute(sa.insert(coordinates_table), new)
+        return known
+
     def drop_shard(self, shard: str) -> None:
         with self._tx() as conn:
             conn.execute(sa.delete(bindings_table).where(bindings_table.c.shard == shard))
+            conn.execute(sa.delete(coordinates_table).where(coordinates_table.c.shard == shard))
             conn.execute(sa.delete(shards_table).where(shards_table.c.shard == shard))
 
     def lock_driver(self, holder: dict[str, Any]) -> Callable[[], None] | None:

@@ -89,6 +89,7 @@ static struct {
     int (*position)(rk_t *, rk_tp_list_t *);
     int (*consumer_close)(rk_t *);
     const char *(*err2str)(int);
+    const char *(*topic_name)(const void *);
     int (*message_headers)(const rk_message_t *, rk_headers_t **);
     size_t (*header_cnt)(const rk_headers_t *);
     int (*header_get_all)(const rk_headers_t *, size_t, const char **, const void **, size_t *);
@@ -133,6 +134,7 @@ load(PyObject *self, PyObject *args)
     SYM(assign, "rd_kafka_assign");
     SYM(position, "rd_kafka_position");
     SYM(consumer_close, "rd_kafka_consumer_close");
+    SYM(topic_name, "rd_kafka_topic_name");
     SYM(err2str, "rd_kafka_err2str");
     SYM(message_headers, "rd_kafka_message_headers");
     SYM(header_cnt, "rd_kafka_header_cnt");
@@ -192,17 +194,31 @@ bincol_free(bincol_t *c)
 
 #define MAX_BATCH 10000
 
-/* One partition range [pos, end) of a task; pos advances as records arrive. */
+/* One partition range [pos, end) of a task; pos advances as records arrive.
+ * coord: what the rows' partition column holds (the source's partition id:
+ * the Kafka partition itself for a one-topic source). rkt: the topic handle
+ * its messages were last matched by (a cache of the name comparison). */
 typedef struct {
-    int32_t partition;
+    char *topic;
+    const void *rkt;
+    int32_t partition, coord;
     int64_t pos, end;
 } range_t;
+
+static void
+ranges_free(range_t *ranges, Py_ssize_t n)
+{
+    if (ranges == NULL)
+        return;
+    for (Py_ssize_t i = 0; i < n; i++)
+        free(ranges[i].topic);
+    free(ranges);
+}
 
 typedef struct {
     PyObject_HEAD
     rk_t *rk;
     rk_queue_t *queue;
-    char *topic;
     range_t *ranges;
     Py_ssize_t nranges;
     Py_ssize_t last; /* the range the previous message belonged to */
@@ -254,8 +270,7 @@ static void
 Reader_dealloc(Reader *r)
 {
     reader_close_handle(r);
-    free(r->topic);
-    free(r->ranges);
+    ranges_free(r->ranges, r->nranges);
     free(r->parts.p);
     free(r->offs.p);
     free(r->stamps.p);
@@ -328,10 +343,12 @@ reader_ready(Reader *r)
 
 /*
  * assign(topic, ranges, headers=False) -> None or (code, text)
- * ranges: a sequence of (partition, start, end), one per partition. All of
- * them are assigned at once, each at its start, so that librdkafka fetches
- * them together; records of every range arrive interleaved. headers: collect
- * each record's headers too (take() returns them).
+ * ranges: a sequence of (partition, start, end) of topic, or of
+ * (coord, start, end, topic, partition) for ranges of several topics (the
+ * rows of such a range carry coord as their partition); one per partition.
+ * All of them are assigned at once, each at its start, so that librdkafka
+ * fetches them together; records of every range arrive interleaved.
+ * headers: collect each record's headers too (take() returns them).
  */
 static PyObject *
 Reader_assign(Reader *r, PyObject *args)
@@ -348,40 +365,44 @@ Reader_assign(Reader *r, PyObject *args)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     range_t *ranges = calloc(n > 0 ? (size_t)n : 1, sizeof *ranges);
-    char *copy = strdup(topic);
-    if (ranges == NULL || copy == NULL) {
-        free(ranges);
-        free(copy);
+    if (ranges == NULL) {
         Py_DECREF(fast);
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        int partition;
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        int coord, partition;
         long long start, end;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iLL", &partition, &start,
-                              &end)) {
-            free(ranges);
-            free(copy);
+        const char *name = topic;
+        int ok = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 5
+                     ? PyArg_ParseTuple(item, "iLLsi", &coord, &start, &end, &name, &partition)
+                     : PyArg_ParseTuple(item, "iLL", &partition, &start, &end);
+        if (ok && !(PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 5))
+            coord = partition;
+        char *copy = ok ? strdup(name) : NULL;
+        if (ok && copy == NULL)
+            PyErr_NoMemory();
+        for (Py_ssize_t j = 0; copy != NULL && j < i; j++) {
+            if (ranges[j].partition == partition && strcmp(ranges[j].topic, copy) == 0) {
+                PyErr_Format(PyExc_ValueError, "partition %d of %s is in two ranges", partition,
+                             copy);
+                free(copy);
+                copy = NULL;
+            }
+        }
+        if (copy == NULL) {
+            ranges_free(ranges, i);
             Py_DECREF(fast);
             return NULL;
         }
-        for (Py_ssize_t j = 0; j < i; j++) {
-            if (ranges[j].partition == partition) {
-                free(ranges);
-                free(copy);
-                Py_DECREF(fast);
-                PyErr_Format(PyExc_ValueError, "partition %d is in two ranges", partition);
-                return NULL;
-            }
-        }
+        ranges[i].topic = copy;
         ranges[i].partition = partition;
+        ranges[i].coord = coord;
         ranges[i].pos = start;
         ranges[i].end = end;
     }
     Py_DECREF(fast);
-    free(r->topic);
-    free(r->ranges);
-    r->topic = copy;
+    ranges_free(r->ranges, r->nranges);
     r->ranges = ranges;
     r->nranges = n;
     r->last = 0;
@@ -389,7 +410,7 @@ Reader_assign(Reader *r, PyObject *args)
     reader_reset_rows(r);
     rk_tp_list_t *l = rk.tpl_new((int)(n > 0 ? n : 1));
     for (Py_ssize_t i = 0; i < n; i++)
-        rk.tpl_add(l, topic, ranges[i].partition)->offset = ranges[i].pos;
+        rk.tpl_add(l, ranges[i].topic, ranges[i].partition)->offset = ranges[i].pos;
     int err;
     Py_BEGIN_ALLOW_THREADS
     err = rk.assign(r->rk, l);
@@ -409,6 +430,8 @@ Reader_unassign(Reader *r, PyObject *Py_UNUSED(ignored))
     Py_BEGIN_ALLOW_THREADS
     err = rk.assign(r->rk, NULL);
     Py_END_ALLOW_THREADS
+    ranges_free(r->ranges, r->nranges);
+    r->ranges = NULL;
     r->nranges = 0;
     if (err)
         return Py_BuildValue("(is)", err, rk.err2str(err));
@@ -416,7 +439,7 @@ Reader_unassign(Reader *r, PyObject *Py_UNUSED(ignored))
 }
 
 /*
- * advance() -> [(partition, pos, end), ...] of the ranges not read to their end.
+ * advance() -> [(coord, pos, end), ...] of the ranges not read to their end.
  * Transaction markers and aborted records are never delivered: the consumer's
  * position (the next offset it will deliver) tells how far each log was read.
  */
@@ -428,12 +451,13 @@ Reader_advance(Reader *r, PyObject *Py_UNUSED(ignored))
     rk_tp_list_t *l = rk.tpl_new((int)(r->nranges > 0 ? r->nranges : 1));
     for (Py_ssize_t i = 0; i < r->nranges; i++)
         if (r->ranges[i].pos < r->ranges[i].end)
-            rk.tpl_add(l, r->topic, r->ranges[i].partition);
+            rk.tpl_add(l, r->ranges[i].topic, r->ranges[i].partition);
     if (l->cnt > 0 && rk.position(r->rk, l) == 0) {
         for (int k = 0; k < l->cnt; k++) {
             for (Py_ssize_t i = 0; i < r->nranges; i++) {
                 range_t *g = &r->ranges[i];
-                if (g->partition == l->elems[k].partition && l->elems[k].offset >= 0) {
+                if (g->partition == l->elems[k].partition && l->elems[k].offset >= 0
+                    && strcmp(g->topic, l->elems[k].topic) == 0) {
                     int64_t p = l->elems[k].offset < g->end ? l->elems[k].offset : g->end;
                     if (p > g->pos)
                         g->pos = p;
@@ -449,7 +473,7 @@ Reader_advance(Reader *r, PyObject *Py_UNUSED(ignored))
         range_t *g = &r->ranges[i];
         if (g->pos >= g->end)
             continue;
-        PyObject *t = Py_BuildValue("(iLL)", g->partition, (long long)g->pos, (long long)g->end);
+        PyObject *t = Py_BuildValue("(iLL)", g->coord, (long long)g->pos, (long long)g->end);
         if (t == NULL || PyList_Append(left, t) < 0) {
             Py_XDECREF(t);
             Py_DECREF(left);
@@ -460,17 +484,31 @@ Reader_advance(Reader *r, PyObject *Py_UNUSED(ignored))
     return left;
 }
 
-static range_t *
-find_range(Reader *r, int32_t partition)
+static int
+same_topic(range_t *g, const void *rkt)
 {
-    if (r->nranges == 0)
+    if (g->rkt == rkt)
+        return 1;
+    if (strcmp(rk.topic_name(rkt), g->topic) != 0)
+        return 0;
+    g->rkt = rkt; /* the handle stays alive while its partitions are assigned */
+    return 1;
+}
+
+/* The range of a message's topic and partition, or NULL. */
+static range_t *
+find_range(Reader *r, const rk_message_t *m)
+{
+    if (r->nranges == 0 || m->rkt == NULL)
         return NULL;
-    if (r->ranges[r->last].partition == partition)
-        return &r->ranges[r->last];
+    range_t *g = &r->ranges[r->last];
+    if (g->partition == m->partition && same_topic(g, m->rkt))
+        return g;
     for (Py_ssize_t i = 0; i < r->nranges; i++) {
-        if (r->ranges[i].partition == partition) {
+        g = &r->ranges[i];
+        if (g->partition == m->partition && same_topic(g, m->rkt)) {
             r->last = i;
-            return &r->ranges[i];
+            return g;
         }
     }
     return NULL;
@@ -536,7 +574,8 @@ append(Reader *r, const rk_message_t *m, int32_t partition)
  * pos <= offset < end is appended to the pending buffers and advances pos;
  * one at or past end ends its range. received counts the messages delivered
  * (records and errors). error is None or (code, text, partition) for the
- * first error other than _PARTITION_EOF (partition -1: not a partition's);
+ * first error other than _PARTITION_EOF (partition: the coord of its range,
+ * -1 when it is not a range's);
  * messages after it are dropped (the task fails and is retried whole).
  */
 static PyObject *
@@ -564,7 +603,8 @@ Reader_poll(Reader *r, PyObject *args)
             if (m->err) {
                 if (m->err != RK_ERR_PARTITION_EOF) {
                     err_code = m->err;
-                    err_partition = m->partition;
+                    range_t *g = find_range(r, m);
+                    err_partition = g != NULL ? g->coord : -1;
                     if (m->payload != NULL && m->len > 0) {
                         size_t k = m->len < sizeof err_text - 1 ? m->len : sizeof err_text - 1;
                         memcpy(err_text, m->payload, k);
@@ -576,12 +616,12 @@ Reader_poll(Reader *r, PyObject *args)
                 }
             }
             else {
-                range_t *g = find_range(r, m->partition);
+                range_t *g = find_range(r, m);
                 if (g != NULL && g->pos < g->end) {
                     if (m->offset >= g->end)
                         g->pos = g->end;
                     else if (m->offset >= g->pos) {
-                        failed = append(r, m, m->partition);
+                        failed = append(r, m, g->coord);
                         if (failed == 0)
                             g->pos = m->offset + 1;
                     }
@@ -664,10 +704,11 @@ Reader_get_pending_bytes(Reader *r, void *Py_UNUSED(closure))
 
 static PyMethodDef Reader_methods[] = {
     {"assign", (PyCFunction)Reader_assign, METH_VARARGS,
-     "assign(topic, [(partition, start, end), ...], headers=False) -> None or (code, text)"},
+     "assign(topic, [(partition, start, end) | (coord, start, end, topic, partition), ...], "
+     "headers=False) -> None or (code, text)"},
     {"unassign", (PyCFunction)Reader_unassign, METH_NOARGS, "unassign() -> None or (code, text)"},
     {"advance", (PyCFunction)Reader_advance, METH_NOARGS,
-     "advance() -> [(partition, pos, end), ...]: the ranges not read to their end"},
+     "advance() -> [(coord, pos, end), ...]: the ranges not read to their end"},
     {"poll", (PyCFunction)Reader_poll, METH_VARARGS,
      "poll(max_messages, timeout_ms) -> (received, error)"},
     {"take", (PyCFunction)Reader_take, METH_NOARGS, "take() -> the pending rows' buffers"},

@@ -86,6 +86,12 @@ class SourceContext:
     #: the pipeline's state directory (a oneshot source keeps its requests
     #: and ledger of loads there); None where there is none
     state_dir: Any = None
+    #: ``coordinates(names) -> {name: id}``: durable dense ids for the
+    #: coordinates of a partitioned FromTime, assigned once in the remap
+    #: store (:meth:`remap_store.base.RemapStore.coordinates`): a multi-topic
+    #: Kafka source numbers its (topic, partition) pairs with them. None
+    #: where no store is at hand.
+    coordinates: Any = None
 
 
 @dataclass(frozen=True)

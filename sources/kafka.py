@@ -35,13 +35,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
+import numpy as np
 import pyarrow as pa
 from confluent_kafka import (
     Consumer,
@@ -56,7 +59,14 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from pydantic import Field
 from pydantic_core import InitErrorDetails
 
-from reclock.config.base import KAFKA_TOPIC_PATTERN, ConnectorConfig, DurationMs, _Model, _problem
+from reclock.config.base import (
+    KAFKA_TOPIC_PATTERN,
+    ConnectorConfig,
+    DurationMs,
+    Name,
+    _Model,
+    _problem,
+)
 from reclock.core.clock import Clock
 from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.core.errors import DefiniteError, FrontierRegression, TransientError
@@ -127,6 +137,12 @@ def _transient(what: str, exc: BaseException) -> TransientError:
     return TransientError(f"{what}: {exc}", hint="is the Kafka broker reachable? reclock retries")
 
 
+#: A range as readers take it: (partition id, start, end, topic, Kafka
+#: partition); the id is what the rows' ``_src_part`` holds (the Kafka
+#: partition itself for a one-topic source).
+Range = tuple[int, int, int, str, int]
+
+
 @dataclass(frozen=True)
 class KafkaReader:
     """Executor side: reads one partition range per task."""
@@ -138,6 +154,12 @@ class KafkaReader:
     native: bool = True  # the C reader where it is available
     batch: int = BATCH
     headers: bool = False  # a ``headers`` column (HEADERS_TYPE) beside key and value
+    #: a multi-topic source: task ranges name their topics (``(id, start, end,
+    #: topic, partition)``) and rows get ``_topic`` and ``_partition`` columns
+    multi: bool = False
+    #: a multi-topic source with an output per topic: each topic's output
+    #: index (empty: every record goes to output 0)
+    routes: tuple[tuple[str, int], ...] = ()
 
     def _conf(self) -> dict[str, Any]:
         # A task reads a known range and stops at its end: a short fetch wait
@@ -171,53 +193,88 @@ class KafkaReader:
                 _CONSUMERS[key] = c
             return c
 
+    def _ranges(self, spec: Any) -> list[Range]:
+        if self.multi:
+            return [(int(c), int(b), int(e), str(t), int(p)) for c, b, e, t, p in spec]
+        return [(p, b, e, self.topic, p) for p, b, e in task_ranges(spec)]
+
     def read(self, task: ReadTask) -> Iterator[tuple[int, pa.RecordBatch]]:
-        ranges = [r for r in task_ranges(task.spec) if r[2] > r[1]]
+        ranges = [r for r in self._ranges(task.spec) if r[2] > r[1]]
         if not ranges:
             return
+        where = {c: (t, p) for c, _b, _e, t, p in ranges}
         native = native_reader() if self.native else None
         c = self._consumer(native)
         if native is not None:
-            err = c.assign(self.topic, ranges, self.headers)
+            err = c.assign(self.topic, ranges if self.multi else [r[:3] for r in ranges],
+                           self.headers)
             if err is not None:
-                raise _transient(f"assigning {self.topic}{[p for p, _b, _e in ranges]}",
+                raise _transient(f"assigning {_names(ranges)}",
                                  KafkaException(KafkaError(err[0], err[1])))
             try:
-                yield from self._read_native(c, ranges)
+                yield from self._routed(self._read_native(c, ranges, where), where)
             finally:
                 c.unassign()
             return
-        c.assign([TopicPartition(self.topic, p, b) for p, b, _e in ranges])
+        c.assign([TopicPartition(t, p, b) for _c, b, _e, t, p in ranges])
         try:
-            yield from self._read_ranges(c, ranges)
+            yield from self._routed(self._read_ranges(c, ranges), where)
         finally:
             with contextlib.suppress(KafkaException):
                 c.unassign()
 
-    def _fail(self, partition: int, pos: int, err: KafkaError) -> Exception:
+    def _routed(self, batches: Iterator[tuple[int, pa.RecordBatch]],
+                where: dict[int, tuple[str, int]]) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """A multi-topic source's rows with their ``_topic`` and ``_partition``,
+        each to its topic's output."""
+        if not self.multi:
+            yield from batches
+            return
+        ids = np.array(sorted(where), dtype=np.int64)
+        topics = sorted({t for t, _p in where.values()})
+        topic_of = np.array([topics.index(where[int(c)][0]) for c in ids], dtype=np.int32)
+        partition_of = np.array([where[int(c)][1] for c in ids], dtype=np.int32)
+        names = pa.array(topics, pa.string())
+        route = dict(self.routes)
+        for _i, batch in batches:
+            at = np.searchsorted(ids, batch.column(SRC_PART).to_numpy(zero_copy_only=False))
+            tix = topic_of[at]
+            batch = batch.append_column(TOPIC, names.take(pa.array(tix))).append_column(
+                PARTITION, pa.array(partition_of[at], pa.int32()))
+            if not route:
+                yield 0, batch
+                continue
+            for k in np.unique(tix):
+                rows = np.flatnonzero(tix == k)
+                part = (batch if len(rows) == batch.num_rows
+                        else batch.take(pa.array(rows, pa.int64())))
+                yield route[topics[int(k)]], part
+
+    def _fail(self, at: tuple[str, int], pos: int, err: KafkaError) -> Exception:
+        topic, partition = at
         code = err.code()
         if code in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
             return DefiniteError(
-                f"topic {self.topic!r} partition {partition}: offsets from {pos} "
+                f"topic {topic!r} partition {partition}: offsets from {pos} "
                 "were removed (retention) before they were read",
                 hint="raise the topic's retention or re-create the source")
         if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
                     KafkaError._UNKNOWN_TOPIC):
-            return DefiniteError(f"topic {self.topic!r} partition {partition} "
+            return DefiniteError(f"topic {topic!r} partition {partition} "
                                  "no longer exists", hint="was the topic deleted?")
-        return _transient(f"reading {self.topic}[{partition}]", KafkaException(err))
+        return _transient(f"reading {topic}[{partition}]", KafkaException(err))
 
-    def _idle(self, partition: int, pos: int, end: int) -> TransientError:
+    def _idle(self, at: tuple[str, int], pos: int, end: int) -> TransientError:
         return TransientError(
-            f"topic {self.topic!r} partition {partition}: no records between "
+            f"topic {at[0]!r} partition {at[1]}: no records between "
             f"offsets {pos} and {end} after {self.timeout_s:.0f}s",
             hint="the broker may be unavailable; the task is retried")
 
-    def _read_native(self, r: Any, ranges: list[tuple[int, int, int]]
+    def _read_native(self, r: Any, ranges: list[Range], where: dict[int, tuple[str, int]]
                      ) -> Iterator[tuple[int, pa.RecordBatch]]:
         """All of a task's ranges at once: their partitions are assigned
         together, so librdkafka fetches them together."""
-        left = ranges
+        left = [rg[:3] for rg in ranges]
         idle_since = time.monotonic()
         while left:
             # A poll returns when it holds max_messages or after its timeout:
@@ -229,23 +286,26 @@ class KafkaReader:
                 code, text, part = err
                 at = {p: pos for p, pos, _e in left}
                 part = part if part in at else left[0][0]
-                raise self._fail(part, at[part], KafkaError(code, text))
+                raise self._fail(where[part], at[part], KafkaError(code, text))
             if r.pending >= self.batch or r.pending_bytes >= BATCH_BYTES:
                 yield 0, _native_batch(r.take(), self.headers)
             if received:
                 idle_since = time.monotonic()
             left = r.advance()
             if left and not received and time.monotonic() - idle_since > self.timeout_s:
-                raise self._idle(*left[0])
+                c, pos, end = left[0]
+                raise self._idle(where[c], pos, end)
         if r.pending:
             yield 0, _native_batch(r.take(), self.headers)
 
-    def _read_ranges(self, c: Consumer, ranges: list[tuple[int, int, int]]
+    def _read_ranges(self, c: Consumer, ranges: list[Range]
                      ) -> Iterator[tuple[int, pa.RecordBatch]]:
         """The Python reader: the same rules as the C one (all of a task's
         partitions assigned together), a ``Message`` per record."""
-        pos = {p: b for p, b, _e in ranges}
-        end = {p: e for p, _b, e in ranges}
+        pos = {p: b for p, b, _e, _t, _k in ranges}
+        end = {p: e for p, _b, e, _t, _k in ranges}
+        coord = {(t, k): p for p, _b, _e, t, k in ranges}
+        where = {p: (t, k) for (t, k), p in coord.items()}
         parts: list[int] = []
         offsets: list[int] = []
         keys: list[bytes | None] = []
@@ -259,12 +319,12 @@ class KafkaReader:
             msgs = c.consume(num_messages=min(10_000, self.batch, want), timeout=0.05)
             for m in msgs:
                 err = m.error()
-                p = m.partition()
+                p = coord.get((m.topic() or "", m.partition() or 0), -1)
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         continue
                     p = p if p in pos else left[0]
-                    raise self._fail(p, pos[p], err)
+                    raise self._fail(where[p], pos[p], err)
                 if p not in pos or pos[p] >= end[p]:
                     continue
                 off = m.offset() or 0
@@ -292,18 +352,23 @@ class KafkaReader:
             if left:
                 # Transaction markers and aborted records are never delivered:
                 # the consumer's position tells how far each log was read.
-                for tp in c.position([TopicPartition(self.topic, p) for p in left]):
+                for tp in c.position([TopicPartition(*where[p]) for p in left]):
                     if tp.offset >= 0:
-                        pos[tp.partition] = max(pos[tp.partition],
-                                                min(tp.offset, end[tp.partition]))
+                        p = coord[(tp.topic, tp.partition)]
+                        pos[p] = max(pos[p], min(tp.offset, end[p]))
                 left = [p for p in left if pos[p] < end[p]]
                 if left and not msgs and time.monotonic() - idle_since > self.timeout_s:
-                    raise self._idle(left[0], pos[left[0]], end[left[0]])
+                    raise self._idle(where[left[0]], pos[left[0]], end[left[0]])
         if offsets:
             yield 0, _batch(parts, offsets, keys, values, stamps, headers)
 
 
 _NAMES = [SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS, "key", "value"]
+#: A multi-topic source's rows: the record's topic and Kafka partition
+#: (``_src_part`` holds the source's partition id, see KafkaSource).
+TOPIC = "_topic"
+PARTITION = "_partition"
+MULTI_FIELDS = [pa.field(TOPIC, pa.string()), pa.field(PARTITION, pa.int32())]
 #: A record's headers, in order, duplicates kept; a header's value may be null.
 HEADERS = "headers"
 HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string(), nullable=False),
@@ -353,11 +418,19 @@ def pack_ranges(pieces: list[tuple[int, int, int]], max_task: int
 
 
 def task_ranges(spec: Any) -> list[tuple[int, int, int]]:
-    """A task's ``(partition, start, end)`` ranges: its spec is a tuple of them
-    (or one such triple)."""
+    """A task's ``(partition id, start, end)`` ranges: its spec is a tuple of
+    them (or one such triple), or of a multi-topic source's
+    ``(id, start, end, topic, partition)``."""
     if spec and isinstance(spec[0], int):
         return [(int(spec[0]), int(spec[1]), int(spec[2]))]
-    return [(int(p), int(b), int(e)) for p, b, e in spec]
+    return [(int(r[0]), int(r[1]), int(r[2])) for r in spec]
+
+
+def _names(ranges: list[Range]) -> str:
+    topics: dict[str, list[int]] = {}
+    for _c, _b, _e, t, p in ranges:
+        topics.setdefault(t, []).append(p)
+    return ", ".join(f"{t}{ps}" for t, ps in topics.items())
 
 
 def _native_batch(taken: tuple[Any, ...], headers: bool = False) -> pa.RecordBatch:
@@ -397,15 +470,17 @@ _CACHE_LOCK = threading.Lock()
 
 @dataclass
 class KafkaSource(SourceBase):
-    """Driver side of a Kafka topic (see the module docstring)."""
+    """Driver side of a Kafka topic, or of several (see the module docstring)."""
 
     name: str
     bootstrap: str
-    topic: str
+    topic: str  # one topic; "" with topics or pattern
     clock: Clock
     group_id: str | None = None
     start: str = "earliest"
-    start_offsets: dict[int, int] = field(default_factory=dict)
+    #: with start "offsets": next offset per partition, or per (topic,
+    #: partition) for a multi-topic source
+    start_offsets: dict[Any, int] = field(default_factory=dict)
     start_timestamp: int | None = None
     properties: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 10.0
@@ -413,6 +488,13 @@ class KafkaSource(SourceBase):
     native: bool = True  # tasks read with the C reader where it is built
     commit_offsets: bool = True  # acknowledge by committing to the consumer group
     include_headers: bool = False  # the output gets a headers column
+    topics: tuple[str, ...] = ()  # several topics, by name
+    pattern: str | None = None  # every topic whose whole name matches
+    #: a multi-topic source with an output per topic: topic -> output name
+    #: (in the order of ``topics``); None: one output for every topic
+    topic_outputs: dict[str, str] | None = None
+    #: ``names -> {name: id}``: the store's dense coordinate ids (SourceContext)
+    coordinates: Any = None
 
     kind = Partitioned.KIND
     replayable = True
@@ -425,13 +507,34 @@ class KafkaSource(SourceBase):
         self._consumer: Consumer | None = None
         self._initial: Antichain[Partitioned] | None = None
         self._known: dict[int, int] = {}  # last probed offsets: never go backwards
-        if len(self.output_names or ["x"]) != 1:
+        self.multi = bool(self.topics or self.pattern)
+        self._regex = re.compile(self.pattern) if self.pattern else None
+        # a multi-topic source's partition ids: (topic, partition) <-> id
+        self._ids: dict[tuple[str, int], int] = {}
+        self._pairs: dict[int, tuple[str, int]] = {}
+        self._present: set[str] = set()  # topics in the last metadata
+        if self.multi and self.coordinates is None:
+            raise DefiniteError(f"source {self.name!r}: a Kafka source over several topics "
+                                "numbers their partitions in the remap store; it has none here")
+        if self.topic_outputs is None and len(self.output_names or ["x"]) != 1:
             raise DefiniteError(
-                f"source {self.name!r}: a Kafka source has one output, got {self.output_names}")
+                f"source {self.name!r}: a Kafka source has one output, got {self.output_names}",
+                hint="several topics can each have an output of their own: set "
+                "output_per_topic" if self.multi else None)
 
     def __repr__(self) -> str:
-        return (f"KafkaSource({self.name!r}, topic={self.topic!r}, "
+        what = (f"topic={self.topic!r}" if not self.multi else
+                f"topics={list(self.topics)!r}" if self.topics else f"pattern={self.pattern!r}")
+        return (f"KafkaSource({self.name!r}, {what}, "
                 f"properties={redact_properties(self.properties)})")
+
+    @property
+    def described(self) -> str:
+        """What the source reads, for messages."""
+        if not self.multi:
+            return f"topic {self.topic!r}"
+        return (f"topics {list(self.topics)!r}" if self.topics
+                else f"topics matching {self.pattern!r}")
 
     # -- clients ----------------------------------------------------------------------
     @property
@@ -450,13 +553,53 @@ class KafkaSource(SourceBase):
         return self._consumer
 
     def outputs(self) -> list[OutputSpec]:
-        extra = pa.schema([pa.field(HEADERS, HEADERS_TYPE)]) if self.include_headers else None
+        fields = [pa.field(HEADERS, HEADERS_TYPE)] if self.include_headers else []
+        if self.multi:
+            fields += MULTI_FIELDS
+        extra = pa.schema(fields) if fields else None
+        if self.topic_outputs is not None:
+            return [OutputSpec(o, extra=extra) for o in self.topic_outputs.values()]
         return [OutputSpec(self.output_names[0] if self.output_names else self.topic,
                            extra=extra)]
+
+    # -- partition ids ------------------------------------------------------------------
+    # One topic: a partition's id is the partition. Several: each (topic,
+    # partition) gets the next dense id from the remap store the first time it
+    # is seen (durably, before a binding names it), so the frontier's "every
+    # id from N on, at offset 0" covers every partition of every topic not
+    # seen yet, new topics and new partitions of known topics alike.
+    def _tp(self, pid: int, offset: int | None = None) -> TopicPartition:
+        topic, p = self._pairs[pid] if self.multi else (self.topic, pid)
+        return TopicPartition(topic, p) if offset is None else TopicPartition(topic, p, offset)
+
+    def _pid(self, tp: TopicPartition) -> int:
+        return self._ids[(tp.topic, tp.partition)] if self.multi else int(tp.partition)
+
+    def _where(self, pid: int) -> str:
+        topic, p = self._pairs.get(pid, ("?", pid)) if self.multi else (self.topic, pid)
+        return f"topic {topic!r} partition {p}"
+
+    def _learn(self, pairs: Sequence[tuple[str, int]] = ()) -> None:
+        """Ids for ``pairs`` (new ones assigned in the store), and every id
+        the store holds (another driver may have assigned some)."""
+        if pairs and all(pr in self._ids for pr in pairs):
+            return
+        got = self.coordinates([json.dumps([t, p]) for t, p in pairs])
+        for name, pid in got.items():
+            t, p = json.loads(name)
+            self._ids[(t, p)] = pid
+            self._pairs[pid] = (t, p)
+
+    def _matches(self, topic: str) -> bool:
+        if self._regex is not None:
+            return not topic.startswith("__") and self._regex.fullmatch(topic) is not None
+        return topic in self.topics
 
     # -- metadata and offsets -----------------------------------------------------------
     def _partitions(self) -> tuple[list[int], list[int]]:
         """All partition ids, and those with a leader (readable now)."""
+        if self.multi:
+            return self._multi_partitions()
         try:
             # The consumer never auto-creates the topic by asking about it.
             md = self.consumer.list_topics(self.topic, timeout=self.timeout_s)
@@ -474,17 +617,49 @@ class KafkaSource(SourceBase):
         ids = sorted(t.partitions)
         return ids, [p for p in ids if t.partitions[p].leader >= 0]
 
+    def _multi_partitions(self) -> tuple[list[int], list[int]]:
+        try:
+            md = self.consumer.list_topics(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise _transient(f"source {self.name!r}: metadata of {self.described}", exc
+                             ) from None
+        missing = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+        found = {}
+        for name, t in md.topics.items():
+            if not self._matches(name) or not t.partitions or (
+                    t.error is not None and t.error.code() in missing):
+                continue
+            if t.error is not None:
+                raise _transient(f"source {self.name!r}: topic {name!r}", KafkaException(t.error))
+            found[name] = t
+        if self.topics:
+            absent = [n for n in self.topics if n not in found]
+            if absent:
+                raise DefiniteError(
+                    f"source {self.name!r}: topics {absent} do not exist (deleted?)",
+                    hint="re-create them, or drop the source with `reclock drop`")
+        self._present = set(found)
+        pairs = [(n, p) for n in sorted(found) for p in sorted(found[n].partitions)]
+        self._learn(pairs)
+        ids = sorted(self._ids[pr] for pr in pairs)
+        live = [self._ids[(n, p)] for n, p in pairs if found[n].partitions[p].leader >= 0]
+        return ids, sorted(live)
+
+    def _id_count(self, ids: Sequence[int]) -> int:
+        """How many partition ids the frontier gives a point (every id below)."""
+        return max([*ids, *self._known, *self._pairs, -1]) + 1
+
     def _list_offsets(self, partitions: list[int], spec: Any, allow_missing: bool = False
                       ) -> dict[int, int]:
         """Offsets per partition; -1 (none at that time) only with ``allow_missing``."""
         if not partitions:
             return {}
-        req = {TopicPartition(self.topic, p): spec for p in partitions}
+        req = {self._tp(p): spec for p in partitions}
         for attempt in (1, 2):
             try:
                 futs = self.admin.list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
                                                request_timeout=self.timeout_s)
-                got = {tp.partition: f.result().offset for tp, f in futs.items()}
+                got = {self._pid(tp): f.result().offset for tp, f in futs.items()}
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
                 if attempt == 1 and isinstance(err, KafkaError) and err.code() in _STALE_METADATA:
@@ -493,7 +668,7 @@ class KafkaSource(SourceBase):
                     # librdkafka keeps asking with the old epoch, so start afresh.
                     self._admin = None
                     continue
-                raise _transient(f"source {self.name!r}: offsets of topic {self.topic!r}", exc
+                raise _transient(f"source {self.name!r}: offsets of {self.described}", exc
                                  ) from None
             if not allow_missing and any(o < 0 for o in got.values()):
                 # A partition whose leader just went away answers no offset
@@ -502,7 +677,7 @@ class KafkaSource(SourceBase):
                 if attempt == 1:
                     continue
                 raise TransientError(f"source {self.name!r}: the broker gave no offset for "
-                                     f"topic {self.topic!r}: {got}",
+                                     f"{self.described}: {got}",
                                      hint="a partition leader is moving; reclock retries")
             return got
         raise AssertionError("unreachable")
@@ -523,8 +698,12 @@ class KafkaSource(SourceBase):
             else:
                 offsets = self._list_offsets(live, _spec('earliest'))
                 if self.start == "offsets":
-                    offsets.update(self.start_offsets)
-            initial: Antichain[Partitioned] = kafka_frontier(offsets, partitions=len(ids))
+                    if self.multi:
+                        self._learn(list(self.start_offsets))
+                    offsets.update({self._ids[k] if self.multi else k: o
+                                    for k, o in self.start_offsets.items()})
+            initial: Antichain[Partitioned] = kafka_frontier(
+                offsets, partitions=self._id_count(ids))
             self._initial = initial
         return self._initial
 
@@ -532,13 +711,15 @@ class KafkaSource(SourceBase):
         """The earliest offsets retention kept, per partition."""
         ids, live = self._partitions()
         kept: Antichain[Partitioned] = kafka_frontier(
-            self._list_offsets(live, _spec('earliest')), partitions=len(ids))
+            self._list_offsets(live, _spec('earliest')), partitions=self._id_count(ids))
         return kept
 
     def open(self, resume: Antichain[Partitioned], bound: Antichain[Partitioned],
              held: Sequence[Antichain[Partitioned] | None] = (),
              resnapshot: Sequence[int] = ()) -> None:
         self._known, _ = kafka_offsets(bound)
+        if self.multi:
+            self._learn()
 
     def probe(self) -> Antichain[Partitioned]:
         ids, live = self._partitions()
@@ -547,13 +728,13 @@ class KafkaSource(SourceBase):
             prev = self._known.get(p)
             if prev is not None and o < prev:
                 raise FrontierRegression(
-                    f"source {self.name!r}: topic {self.topic!r} partition {p} went back from "
+                    f"source {self.name!r}: {self._where(p)} went back from "
                     f"offset {prev} to {o}",
                     hint="the topic was deleted and re-created; drop and re-create the source")
         for p, o in latest.items():
             self._known[p] = o
-        n = max([*ids, *self._known.keys(), -1]) + 1
-        probed: Antichain[Partitioned] = kafka_frontier(self._known, partitions=n)
+        probed: Antichain[Partitioned] = kafka_frontier(self._known,
+                                                        partitions=self._id_count(ids))
         return probed
 
     # -- planning -----------------------------------------------------------------------
@@ -574,7 +755,7 @@ class KafkaSource(SourceBase):
                 first = earliest.get(p, 0)
                 if first > begin:
                     raise DefiniteError(
-                        f"source {self.name!r}: topic {self.topic!r} partition {p}: offsets "
+                        f"source {self.name!r}: {self._where(p)}: offsets "
                         f"{begin}..{first - 1} were removed by retention before they were read",
                         hint="raise the topic's retention (or the pipeline's throughput); "
                         "re-create the source to skip the lost records")
@@ -594,8 +775,13 @@ class KafkaSource(SourceBase):
                 cursor[p] = stop
                 progress = True
         pieces = [(p, ranges[p][0], cursor[p]) for p in sorted(ranges) if cursor[p] > ranges[p][0]]
-        tasks = [ReadTask(self.name, i, spec, sum(e - b for _p, b, e in spec))
-                 for i, spec in enumerate(pack_ranges(pieces, max_task))]
+        packed: list[tuple[Any, ...]] = list(pack_ranges(pieces, max_task))
+        if self.multi:
+            if any(p not in self._pairs for p in ranges):
+                self._learn()  # ids another driver assigned
+            packed = [tuple((p, b, e, *self._pairs[p]) for p, b, e in spec) for spec in packed]
+        tasks = [ReadTask(self.name, i, spec, sum(e - b for _p, b, e in task_ranges(spec)))
+                 for i, spec in enumerate(packed)]
         if all(cursor[p] == ranges[p][1] for p in ranges):
             return tasks, upper
         # Partly read: every partition at its upper, except where the budget ran out.
@@ -603,15 +789,20 @@ class KafkaSource(SourceBase):
         return tasks, kafka_frontier(reached, partitions=max([*reached, -1]) + 1)
 
     def reader(self) -> KafkaReader:
+        routes = tuple((t, i) for i, t in enumerate(self.topic_outputs or ()))
         return KafkaReader(self.bootstrap, self.topic, tuple(sorted(self.properties.items())),
-                           self.timeout_s, native=self.native, headers=self.include_headers)
+                           self.timeout_s, native=self.native, headers=self.include_headers,
+                           multi=self.multi, routes=routes)
 
     # -- acknowledgement ----------------------------------------------------------------------
     def acknowledge(self, frontier: Antichain[Partitioned]) -> None:
         offsets, _ = kafka_offsets(frontier)
+        if self.multi:  # not a deleted topic's (the commit would fail every time)
+            offsets = {p: o for p, o in offsets.items()
+                       if p in self._pairs and self._pairs[p][0] in self._present}
         if not offsets or not self.commit_offsets:
             return
-        tps = [TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())]
+        tps = [self._tp(p, o) for p, o in sorted(offsets.items())]
         # Through the AdminClient (OffsetCommit for a group with no members), so
         # that the wait is bounded: a consumer's synchronous commit waits ~45 s
         # for a coordinator while the broker is away, and the tick with it.
@@ -626,11 +817,11 @@ class KafkaSource(SourceBase):
                              f"{self.group!r}", exc) from None
 
     def committed(self) -> dict[int, int]:
-        """The consumer group's committed offsets (for status and tests)."""
+        """The consumer group's committed offsets by partition id (for status
+        and tests)."""
         ids, _ = self._partitions()
-        res = self.consumer.committed([TopicPartition(self.topic, p) for p in ids],
-                                      timeout=self.timeout_s)
-        return {tp.partition: tp.offset for tp in res if tp.offset >= 0}
+        res = self.consumer.committed([self._tp(p) for p in ids], timeout=self.timeout_s)
+        return {self._pid(tp): tp.offset for tp in res if tp.offset >= 0}
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -646,20 +837,56 @@ class KafkaSource(SourceBase):
 class KafkaStartOffset(_Model):
     """One partition's start position."""
 
+    topic: str | None = Field(default=None, min_length=1, max_length=249,
+                              pattern=KAFKA_TOPIC_PATTERN)
+    """The partition's topic: required with ``topics`` or ``topic_pattern``,
+    not allowed with ``topic``."""
     partition: int = Field(ge=0)
     """Partition id."""
     offset: int = Field(ge=0)
     """The first offset to ingest."""
 
 
+TopicName = Annotated[str, Field(min_length=1, max_length=249, pattern=KAFKA_TOPIC_PATTERN)]
+
+
+def output_for_topic(topic: str) -> str:
+    """The output name a topic gets by default with ``output_per_topic``:
+    each character an output name cannot hold becomes ``_``, and a name that
+    does not start with a letter gets a ``t_`` in front."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", topic)
+    return (name if name[:1].isalpha() else "t_" + name)[:63]
+
+
 class KafkaConfig(ConnectorConfig):
-    """A Kafka topic; its FromTime is the partitioned offset (one coordinate per
-    partition; partitions that appear later are covered from offset 0)."""
+    """Kafka topics; the FromTime is the partitioned offset (one coordinate per
+    partition; partitions, and with several topics topics, that appear later
+    are covered from offset 0)."""
 
     bootstrap_servers: str = Field(min_length=1)
     """``host:port[,host:port...]``."""
-    topic: str = Field(min_length=1, max_length=249, pattern=KAFKA_TOPIC_PATTERN)
-    """The topic to ingest."""
+    topic: TopicName | None = None
+    """The topic to ingest (exactly one of ``topic``, ``topics`` and
+    ``topic_pattern``)."""
+    topics: tuple[TopicName, ...] | None = Field(default=None, min_length=1)
+    """Several topics by name, read as one source: one FromTime over all
+    their partitions, so that every binding covers them all at once. Rows get
+    ``_topic`` and ``_partition`` columns (``_src_part`` holds the source's
+    own id of the partition)."""
+    topic_pattern: str | None = Field(default=None, min_length=1)
+    """Every topic whose whole name matches this regular expression (Python
+    syntax; internal topics starting with ``__`` never match), like Spark's
+    ``subscribePattern`` or Kafka Connect's ``topics.regex``. A topic created
+    later is read from its first record within one interval; a deleted one
+    keeps its last offsets. One output for every topic."""
+    output_per_topic: bool = False
+    """With ``topics``: an output per topic (named by ``topic_outputs``, or
+    after the topic: each character outside letters, digits, ``_`` and ``-``
+    becomes ``_``, and ``t_`` goes in front of a name that does not start with
+    a letter). ``false``: one output for all of them."""
+    topic_outputs: dict[TopicName, Name] = Field(default_factory=dict)
+    """With ``output_per_topic``: ``{topic: output name}`` where the rule's
+    name does not suit."""
     group_id: str | None = None
     """Consumer group that the durable offsets are committed to (for monitoring
     and retention only; reclock never resumes from it). Default
@@ -702,6 +929,42 @@ class KafkaConfig(ConnectorConfig):
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         start = data.get("start", "earliest")
         out = []
+        given = [k for k in ("topic", "topics", "topic_pattern") if data.get(k) is not None]
+        if len(given) != 1:
+            out.append(_problem(("topic",), "give exactly one of topic, topics and "
+                                f"topic_pattern (got {given or 'none'})"))
+        multi = bool(given) and given[0] != "topic"
+        pattern = data.get("topic_pattern")
+        if isinstance(pattern, str):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                out.append(_problem(("topic_pattern",), f"not a regular expression: {exc}"))
+        if data.get("output_per_topic") and data.get("topics") is None:
+            out.append(_problem(("output_per_topic",), "needs topics (a list of names): a "
+                                "pattern's topics share one output", on_key=True))
+        if data.get("topic_outputs") and not data.get("output_per_topic"):
+            out.append(_problem(("topic_outputs",), "only applies to output_per_topic: true",
+                                on_key=True))
+        for topic in data.get("topic_outputs") or ():
+            if isinstance(data.get("topics"), list | tuple) and topic not in data["topics"]:
+                out.append(_problem(("topic_outputs", topic), "not one of topics"))
+        if data.get("output_per_topic") and isinstance(data.get("topics"), list | tuple):
+            names = dict(data.get("topic_outputs") or {})
+            seen: dict[str, str] = {}
+            for t in data["topics"]:
+                if not isinstance(t, str):
+                    continue
+                o = names.get(t) or output_for_topic(t)
+                if o in seen:
+                    out.append(_problem(("topic_outputs",), f"topics {seen[o]!r} and {t!r} "
+                                        f"would both write output {o!r}; name one in "
+                                        "topic_outputs"))
+                seen[o] = t
+        for i, so in enumerate(data.get("start_offsets") or ()):
+            if isinstance(so, Mapping) and (so.get("topic") is None) == multi:
+                out.append(_problem(("start_offsets", i), "needs its topic with topics or "
+                                    "topic_pattern" if multi else "takes no topic with topic"))
         if start == "offsets" and not data.get("start_offsets"):
             out.append(_problem(("start_offsets",), "required with start: offsets"))
         if start == "timestamp" and data.get("start_timestamp") is None:
@@ -714,13 +977,23 @@ class KafkaConfig(ConnectorConfig):
                                 on_key=True))
         return out
 
+    def per_topic(self) -> dict[str, str] | None:
+        """topic -> output name with ``output_per_topic``; None otherwise."""
+        if not self.output_per_topic or not self.topics:
+            return None
+        return {t: self.topic_outputs.get(t) or output_for_topic(t) for t in self.topics}
+
     def build(self, name: str, ctx: SourceContext) -> KafkaSource:
         return KafkaSource(
-            name, self.bootstrap_servers, self.topic, ctx.clock,
+            name, self.bootstrap_servers, self.topic or "", ctx.clock,
             group_id=self.group_id or f"reclock-{ctx.identity}-{name}",
-            start=self.start, start_offsets={s.partition: s.offset for s in self.start_offsets},
+            start=self.start,
+            start_offsets={((s.topic, s.partition) if s.topic else s.partition): s.offset
+                           for s in self.start_offsets},
             start_timestamp=self.start_timestamp, properties=dict(self.properties),
             timeout_s=self.timeout / 1000.0, output_names=list(ctx.output_names),
             native=self.reader == "native", commit_offsets=self.commit_offsets,
-            include_headers=self.include_headers,
+            include_headers=self.include_headers, topics=tuple(self.topics or ()),
+            pattern=self.topic_pattern, topic_outputs=self.per_topic(),
+            coordinates=ctx.coordinates,
         )

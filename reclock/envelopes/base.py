@@ -119,7 +119,6 @@ def decoded_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int6
     """Decoded key/value records, each an insertion (``_diff`` 1); with
     ``tombstones``, a null value is a tombstone (an intent with ``_diff`` 0)."""
     schema = plan.schema
-    user = plan.user_schema
     err_type = pa.string()
     from reclock.formats import decode_key_value
 
@@ -130,9 +129,10 @@ def decoded_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int6
     res = decode_key_value(plan.key_decoder, plan.value_decoder, key, value)
     ok_idx = np.asarray(res.ok, dtype=np.int64)
     parts = []
+    # a column the source hands over as it is (Kafka's headers, a multi-topic
+    # source's _topic and _partition) is not decoded: error rows keep it too
+    decoded = set(res.table.column_names)
     if len(ok_idx):
-        # a column the source hands over as it is (Kafka's headers) is not decoded
-        decoded = set(res.table.column_names)
         cols = [res.table.column(up).cast(f.type) if up in decoded
                 else batch.column(up).take(pa.array(ok_idx)) for up, f in plan.picks()]
         k = len(ok_idx)
@@ -148,8 +148,11 @@ def decoded_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int6
     if len(err_idx):
         k = len(err_idx)
         take = pa.array(err_idx)
+        handed = [batch.column(up).take(take).cast(f.type)
+                  if up not in decoded and up in batch.schema.names else pa.nulls(k, f.type)
+                  for up, f in plan.picks()]
         parts.append(pa.Table.from_arrays(
-            [*null_columns(user, k), *meta_columns(batch, into, err_idx),
+            [*handed, *meta_columns(batch, into, err_idx),
              pa.array(list(res.reasons), err_type), key.take(take).cast(pa.binary()),
              value.take(take).cast(pa.binary())], schema=schema))
     if not parts:

@@ -293,3 +293,54 @@ def test_two_minters_race_on_one_store(store_url: str, rounds: int) -> None:
         assert op.sync() == final
     for s in stores:
         s.close()
+
+
+def test_coordinates_are_dense_durable_and_shared(store: RemapStore, store_url: str) -> None:
+    """A multi-topic source's (topic, partition) ids: assigned once in the
+    order asked, never changed, seen alike by a second store handle (another
+    driver), and gone with the shard."""
+    assert store.coordinates("multi") == {}
+    got = store.coordinates("multi", ['["a",0]', '["a",1]', '["a",0]'])
+    assert got == {'["a",0]': 0, '["a",1]': 1}
+    other = open_store(store_url)
+    try:
+        # the other handle asks for a known one and two new ones: ids go on from 2
+        assert other.coordinates("multi", ['["b",0]', '["a",1]', '["c",0]']) == {
+            '["a",0]': 0, '["a",1]': 1, '["b",0]': 2, '["c",0]': 3}
+    finally:
+        other.close()
+    assert store.coordinates("multi", ['["a",0]'])['["b",0]'] == 2
+    assert store.coordinates("other", ['["z",5]']) == {'["z",5]': 0}  # per shard
+    store.create_shard("multi", "kafka")
+    store.drop_shard("multi")
+    assert store.coordinates("multi") == {}
+    assert store.coordinates("other") == {'["z",5]': 0}
+
+
+def test_coordinates_race(store_url: str) -> None:
+    """Two assigners at once never give one id to two names, or two ids to one."""
+    results: list[dict[str, int]] = []
+
+    def assign(names: list[str]) -> None:
+        s = open_store(store_url)
+        try:
+            for n in names:
+                results.append(s.coordinates("race", [n]))
+        finally:
+            s.close()
+
+    a = [f'["t",{i}]' for i in range(0, 20)]
+    b = [f'["t",{i}]' for i in range(10, 30)]
+    threads = [threading.Thread(target=assign, args=(x,)) for x in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    final = open_store(store_url)
+    try:
+        ids = final.coordinates("race")
+    finally:
+        final.close()
+    assert sorted(ids.values()) == list(range(30))
+    for r in results:  # every answer agrees with the final assignment
+        assert all(ids[n] == c for n, c in r.items())

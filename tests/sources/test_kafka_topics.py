@@ -1,0 +1,188 @@
+"""A Kafka source over several topics, against the real broker: a topic
+pattern whose topics share one output, topics created and partitions added
+while it runs, injected faults, and an output per topic; each checked
+against what a plain consumer of the topics reads (the model), and by
+``verify``. (The kill test runs a pattern source through SIGKILLs.)"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from reclock import faults
+from reclock.config import ConfigError, load_config
+from reclock.verify import verify_pipeline
+from tests.kafkabroker import kafka_end, read_committed
+from tests.running import durable, read_updates, running, wait_for
+
+SCHEMA = "format: {type: json, schema: {id: int64, body: string}}"
+
+
+def _produce(bootstrap: str, topic: str, partitions: int, start: int, n: int,
+             bad_every: int = 0) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(start, start + n):
+        value = (b"{not json" if bad_every and i % bad_every == 0
+                 else json.dumps({"id": i, "body": topic}).encode())
+        p.produce(topic, key=str(i).encode(), value=value, partition=i % partitions)
+    assert p.flush(30) == 0
+
+
+def _model(bootstrap: str, topics: list[str]) -> Counter[tuple[str, int, int, bytes]]:
+    """What the topics hold, read by a plain consumer: (topic, partition,
+    offset, value) once each."""
+    return Counter((t, m.partition(), m.offset(), m.value())
+                   for t in topics for m in read_committed(bootstrap, t))
+
+
+def _held(t: Any) -> Counter[tuple[str, int, int, bytes]]:
+    """The output's rows as (topic, partition, offset, value); an error row
+    by its raw value, a data row by its value re-made from its columns."""
+    out: Counter[tuple[str, int, int, bytes]] = Counter()
+    for r in t.to_pylist():
+        assert r["_diff"] == 1
+        value = (r["_raw_value"] if r["_error"] is not None
+                 else json.dumps({"id": r["id"], "body": r["body"]}).encode())
+        out[(r["_topic"], r["_partition"], r["_src_offset"], value)] += 1
+    return out
+
+
+def _ends(bootstrap: str, parts: dict[str, int]) -> int:
+    return sum(kafka_end(bootstrap, t, p) for t, n in parts.items() for p in range(n))
+
+
+def test_topic_pattern_reads_topics_that_appear_later_exactly_once(
+        tmp_path: Path, spark: Any, kafka: Any) -> None:
+    run = uuid.uuid4().hex[:8]
+    a, b, c, other = f"mt{run}-a", f"mt{run}-b", f"mt{run}-c.x", f"other{run}"
+    parts = {a: 2, b: 1}
+    for t, n in (*parts.items(), (other, 1)):
+        kafka.create_topic(t, n)
+    _produce(kafka.bootstrap, a, 2, 0, 300, bad_every=50)
+    _produce(kafka.bootstrap, b, 1, 1000, 200)
+    _produce(kafka.bootstrap, other, 1, 5000, 50)  # not matched: never read
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+timestamp_interval: 200ms
+sources:
+  - name: events
+    kafka:
+      bootstrap_servers: "{kafka.bootstrap}"
+      topic_pattern: "mt{run}-.*"
+      timeout: 3s
+    outputs:
+      - name: events
+        {SCHEMA}
+        sink: file
+""")
+    cfg = load_config(path)
+    try:
+        with running(cfg, spark) as runners:
+            r = runners[0]
+            wait_for(lambda: sum(durable(r).values()) == _ends(kafka.bootstrap, parts), 60,
+                     "the first two topics")
+            # While it runs: a fault at each step, a new topic and a new partition.
+            faults.arm("source:1,commit:2")
+            kafka.create_topic(c, 2)
+            parts[c] = 2
+            _produce(kafka.bootstrap, c, 2, 2000, 150, bad_every=40)
+            kafka.add_partitions(a, 3)
+            parts[a] = 3
+            _produce(kafka.bootstrap, a, 3, 3000, 90)
+            wait_for(lambda: sum(durable(r).values()) == _ends(kafka.bootstrap, parts), 90,
+                     "the new topic and partition")
+            assert not any(faults.take(p) for p in ("source", "commit"))  # all were met
+    finally:
+        faults.disarm()
+    t = read_updates(cfg, "events", "events")
+    model = _model(kafka.bootstrap, [a, b, c])
+    assert sum(model.values()) == 300 + 200 + 150 + 90
+    held = _held(t)
+    assert held == model  # every record once, nothing of the unmatched topic
+    errors = [r for r in t.to_pylist() if r["_error"] is not None]
+    assert len(errors) == 6 + 4 and {r["_topic"] for r in errors} == {a, c}
+    # _src_part is the source's own id of (topic, partition), one id each
+    ids: dict[tuple[str, int], set[int]] = {}
+    for r in t.select(["_topic", "_partition", "_src_part"]).to_pylist():
+        ids.setdefault((r["_topic"], r["_partition"]), set()).add(r["_src_part"])
+    assert all(len(v) == 1 for v in ids.values())
+    assert len({next(iter(v)) for v in ids.values()}) == len(ids) == 2 + 1 + 2 + 1
+    reports = verify_pipeline(cfg)
+    assert all(rep.ok for rep in reports), [(o.breaches, o.samples) for o in reports[0].outputs]
+    assert reports[0].complete_checked == sum(model.values())
+
+
+def test_topics_with_an_output_each(tmp_path: Path, spark: Any, kafka: Any) -> None:
+    run = uuid.uuid4().hex[:8]
+    x, y = f"x{run}", f"y.{run}"
+    kafka.create_topic(x, 2)
+    kafka.create_topic(y, 1)
+    _produce(kafka.bootstrap, x, 2, 0, 120)
+    _produce(kafka.bootstrap, y, 1, 500, 80, bad_every=20)
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+timestamp_interval: 200ms
+sources:
+  - name: events
+    kafka:
+      bootstrap_servers: "{kafka.bootstrap}"
+      topics: [{x}, {y}]
+      output_per_topic: true
+      topic_outputs: {{{x}: xs}}
+      timeout: 3s
+    outputs:
+      - name: xs
+        {SCHEMA}
+        sink: file
+      - name: y_{run}
+        format: {{type: json, schema: {{id: int64}}}}
+        sink: file
+""")
+    cfg = load_config(path)
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: sum(durable(r).values()) == 200, 60, "both topics")
+    xs = read_updates(cfg, "events", "xs")
+    ys = read_updates(cfg, "events", f"y_{run}")
+    assert _held(xs) == _model(kafka.bootstrap, [x])
+    assert set(ys.column("_topic").to_pylist()) == {y}
+    assert sorted(ys.filter(ys.column("_error").is_null()).column("id").to_pylist()) == [
+        i for i in range(500, 580) if i % 20]
+    assert all(rep.ok for rep in verify_pipeline(cfg))
+
+
+def test_multi_topic_configuration_is_checked(tmp_path: Path) -> None:
+    def load(kafka: str, outputs: str = "      - {name: events, sink: file}") -> Any:
+        path = tmp_path / "p.yaml"
+        path.write_text("sources:\n  - name: events\n    kafka:\n"
+                        "      bootstrap_servers: localhost:9\n" + kafka
+                        + "\n    outputs:\n" + outputs + "\n")
+        return load_config(path)
+
+    cases = {
+        "      topic: a\n      topics: [b]": "exactly one of topic, topics and topic_pattern",
+        "      group_id: g": "exactly one of topic, topics and topic_pattern",
+        "      topic_pattern: '(['": "not a regular expression",
+        "      topic_pattern: a.*\n      output_per_topic: true": "needs topics",
+        "      topics: [a]\n      topic_outputs: {a: b}": "only applies to output_per_topic",
+        "      topics: [a.b, a_b]\n      output_per_topic: true": "would both write output 'a_b'",
+        "      topics: [a]\n      output_per_topic: true\n      topic_outputs: {c: d}":
+            "not one of topics",
+        "      topics: [a]\n      start: offsets\n"
+        "      start_offsets: [{partition: 0, offset: 3}]": "needs its topic",
+        "      topic: a\n      start: offsets\n"
+        "      start_offsets: [{topic: a, partition: 0, offset: 3}]": "takes no topic",
+    }
+    for block, message in cases.items():
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+            load(block)
+    from sources.kafka import output_for_topic
+
+    assert [output_for_topic(t) for t in ("orders", "web.clicks", "9lives")] == [
+        "orders", "web_clicks", "t_9lives"]
