@@ -261,31 +261,43 @@ def cmd_bindings(args: argparse.Namespace) -> int:
     try:
         pipe.source_config(args.source)
         b = pipe.store.read(args.source)
+        # a multi-topic Kafka source's partition ids: id -> [topic, partition]
+        ids = {c: json.loads(n) for n, c in pipe.store.coordinates(args.source).items()}
     finally:
         pipe.close()
+    legend = ("  partition ids: " + ", ".join(f"{c} = {t}/{p}" for c, (t, p) in sorted(ids.items()))
+              if ids else None)
     if args.at is not None:
         t = parse_time(args.at)
         f = b.frontier_at(t)
         enc = None if f is None else f.encode()
         if args.json:
-            print(json.dumps({"at": t, "frontier": enc}))
+            print(json.dumps({"at": t, "frontier": enc, **_ids_json(ids)}))
         else:
             shown = render_frontier(b.kind, enc) if f is not None else "before the first binding"
             print(f"at {fmt_time(t)}: {shown}")
+            if legend:
+                print(legend)
         return 0
     if args.json:
         print(json.dumps({
             "source": args.source, "kind": b.kind, "since": int(b.since),
             "upper": b.upper.as_option(),
             "bindings": [{"time": int(x.time), "frontier": x.frontier.encode()}
-                         for x in b.bindings],
+                         for x in b.bindings], **_ids_json(ids),
         }, default=int))
         return 0
     print(f"source {args.source} [{b.kind}] since {fmt_time(int(b.since))}, "
           f"upper {fmt_time(b.upper.as_option())}, {len(b)} bindings")
     for x in b.bindings:
         print(f"  {fmt_time(int(x.time))} -> {render_frontier(b.kind, x.frontier.encode())}")
+    if legend:
+        print(legend)
     return 0
+
+
+def _ids_json(ids: dict[int, Any]) -> dict[str, Any]:
+    return {"partition_ids": {str(c): v for c, v in sorted(ids.items())}} if ids else {}
 
 
 def cmd_read(args: argparse.Namespace) -> int:

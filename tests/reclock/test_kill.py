@@ -59,8 +59,9 @@ sources:
       - name: events
         format: {{type: json, schema: {{id: int64}}}}
         sink: file
-  - name: relay
-    kafka: {{bootstrap_servers: "{bootstrap}", topic: {topic}, group_id: relay, timeout: 5s}}
+  - name: relay  # over several topics; {topic}-b is created between kills
+    kafka: {{bootstrap_servers: "{bootstrap}", topic_pattern: "{topic}(-b)?", group_id: relay,
+            timeout: 5s}}
     outputs:
       - name: relay
         format: {{type: json, schema: {{id: int64}}}}
@@ -71,8 +72,10 @@ sources:
 class Producing:
     """Keeps producing JSON records to the topic until stopped."""
 
-    def __init__(self, bootstrap: str, topic: str, rate: float = 800) -> None:
+    def __init__(self, bootstrap: str, topic: str, rate: float = 800, first: int = 0,
+                 partitions: int = 4) -> None:
         self.bootstrap, self.topic, self.rate = bootstrap, topic, rate
+        self.first, self.partitions = first, partitions
         self.sent = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -82,8 +85,9 @@ class Producing:
         p = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
         while not self._stop.is_set():
             for _ in range(int(self.rate / 10)):
-                p.produce(self.topic, key=str(self.sent).encode(),
-                          value=json.dumps({"id": self.sent}).encode(), partition=self.sent % 4)
+                n = self.first + self.sent
+                p.produce(self.topic, key=str(n).encode(), value=json.dumps({"id": n}).encode(),
+                          partition=self.sent % self.partitions)
                 self.sent += 1
             p.poll(0)
             time.sleep(0.1)
@@ -143,7 +147,12 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
     rng.shuffle(plan)
     kills = 0
     crash_exits = 0
+    second: Producing | None = None
     for i, point in enumerate(plan):
+        if i == 2:  # a topic the relay's pattern matches appears between kills
+            kafka.create_topic(f"{topic}-b", 2)
+            second = Producing(kafka.bootstrap, f"{topic}-b", rate=300, first=10**7,
+                               partitions=2)
         proc = start_driver(path, crash_env(base_env, point, 0.25, i))
         try:
             up = wait_running(state, proc)
@@ -168,6 +177,8 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
         ack_checks += bool(committed)
     assert kills + crash_exits >= 7, (kills, crash_exits)
     produced = producing.stop()
+    assert second is not None
+    produced_b = second.stop()
     # Run without faults until the generators finish and Kafka is caught up.
     proc = start_driver(path, base_env)
     try:
@@ -180,7 +191,7 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
             relayed = sum(o for _lo, _hi, o in (relay or {}).get("read_from") or []
                           if _hi is not None)
             if (sum(held.values()) >= produced and {"counter", "shop"} <= done
-                    and relayed >= produced):
+                    and relayed >= produced + produced_b):
                 # Caught up: the group's offsets come to exactly what the output holds.
                 committed = _committed(kafka.bootstrap, topic)
                 assert all(o <= held.get(p, 0) for p, o in committed.items()), (committed, held)
@@ -199,16 +210,20 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
     for r in reports:
         assert r.ok, (r.source, [(o.output, o.breaches, o.samples) for o in r.outputs])
     counts = {r.source: r.complete_checked for r in reports}
-    assert counts == {"counter": TOTAL, "shop": TOTAL, "events": produced, "relay": produced}
+    assert counts == {"counter": TOTAL, "shop": TOTAL, "events": produced,
+                      "relay": produced + produced_b}
     assert ack_checks > 0
     # Exactly once as any Kafka consumer sees it: a plain read_committed
     # consumer of the sink's topic gets every produced id once (the model: the
-    # producer wrote ids 0..produced-1, each once), none of a killed attempt's.
+    # producers wrote ids 0..produced-1 and 10**7.. 10**7+produced_b-1, each
+    # once, into the two topics), none of a killed attempt's.
     relayed = [int(json.loads(m.value())["id"])
                for m in read_committed(kafka.bootstrap, f"{topic}-out")]
     dups = len(relayed) - len(set(relayed))
-    missing = set(range(produced)) - set(relayed)
-    assert (dups, sorted(missing)[:10], len(relayed)) == (0, [], produced)
+    model = set(range(produced)) | set(range(10**7, 10**7 + produced_b))
+    missing = model - set(relayed)
+    assert (dups, sorted(missing)[:10], set(relayed) - model, len(relayed)) == (
+        0, [], set(), produced + produced_b)
     count("kill: generator, kafka -> file, kafka sinks", kill_points_tried=len(plan),
           sigkills=kills, crash_point_exits=crash_exits, records_checked=sum(counts.values()),
           acknowledgement_checks=ack_checks)

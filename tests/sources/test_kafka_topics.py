@@ -6,6 +6,7 @@ against what a plain consumer of the topics reads (the model), and by
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections import Counter
@@ -16,10 +17,14 @@ import pytest
 from confluent_kafka import Producer
 
 from reclock import faults
+from reclock.cli import main
 from reclock.config import ConfigError, load_config
 from reclock.verify import verify_pipeline
+from sources.base import ReadTask
+from sources.kafka import KafkaReader
 from tests.kafkabroker import kafka_end, read_committed
 from tests.running import durable, read_updates, running, wait_for
+from tests.sources.test_kafka_source import _read_all
 
 SCHEMA = "format: {type: json, schema: {id: int64, body: string}}"
 
@@ -58,7 +63,7 @@ def _ends(bootstrap: str, parts: dict[str, int]) -> int:
 
 
 def test_topic_pattern_reads_topics_that_appear_later_exactly_once(
-        tmp_path: Path, spark: Any, kafka: Any) -> None:
+        tmp_path: Path, spark: Any, kafka: Any, capsys: Any) -> None:
     run = uuid.uuid4().hex[:8]
     a, b, c, other = f"mt{run}-a", f"mt{run}-b", f"mt{run}-c.x", f"other{run}"
     parts = {a: 2, b: 1}
@@ -116,6 +121,12 @@ sources:
     reports = verify_pipeline(cfg)
     assert all(rep.ok for rep in reports), [(o.breaches, o.samples) for o in reports[0].outputs]
     assert reports[0].complete_checked == sum(model.values())
+    # `reclock bindings` names the topic and partition of each id
+    capsys.readouterr()
+    assert main(["bindings", str(path), "events"]) == 0
+    legend = capsys.readouterr().out.splitlines()[-1]
+    for (topic, partition), pid in ids.items():
+        assert f"{next(iter(pid))} = {topic}/{partition}" in legend
 
 
 def test_topics_with_an_output_each(tmp_path: Path, spark: Any, kafka: Any) -> None:
@@ -155,6 +166,22 @@ sources:
     assert sorted(ys.filter(ys.column("_error").is_null()).column("id").to_pylist()) == [
         i for i in range(500, 580) if i % 20]
     assert all(rep.ok for rep in verify_pipeline(cfg))
+
+    # Both readers read a task of several topics alike (ids, _topic, _partition).
+    native = KafkaReader(kafka.bootstrap, "", (), 5.0, native=True, batch=25, multi=True)
+    python = dataclasses.replace(native, native=False)
+    spec = ((0, 5, 60, x, 1), (7, 0, 60, x, 0), (3, 10, 80, y, 0))
+    got, _ = _read_all(native, spec)
+    assert got.equals(_read_all(python, spec)[0])
+    assert got.num_rows == 55 + 60 + 70
+    assert set(zip(got.column("_src_part").to_pylist(), got.column("_topic").to_pylist(),
+                   got.column("_partition").to_pylist(), strict=True)) == {
+        (0, x, 1), (7, x, 0), (3, y, 0)}
+    routed = KafkaReader(kafka.bootstrap, "", (), 5.0, multi=True, routes=((x, 0), (y, 1)))
+    task = ReadTask("events", 0, spec, 185)
+    by_output = Counter((i, t) for i, b in routed.read(task)
+                        for t in b.column("_topic").to_pylist())
+    assert by_output == {(0, x): 115, (1, y): 70}
 
 
 def test_multi_topic_configuration_is_checked(tmp_path: Path) -> None:
