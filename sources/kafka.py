@@ -29,6 +29,18 @@ partition from offset 0": a partition that appears later is covered from its
 first record. A partition that temporarily has no leader keeps its last
 known offset. Frontiers never go backwards: offsets below the last bound ones
 mean the topic was deleted and recreated, a definite error.
+
+Several topics (``topics`` or ``topic_pattern``): DESIGN.md partitions the
+FromTime by (topic, partition), with "every partition above the known ones"
+per topic and "every topic not known yet". Here each (topic, partition) gets
+a dense id from the remap store the first time it is seen (durable before a
+binding names it, never reused), and the frontier is the one-topic frontier
+over ids: a point per id, and "every id from N on, at offset 0". A topic or
+partition seen later always gets an id from N on, so that one element stands
+for both of DESIGN.md's, and bindings, reclocking and planning work on ids as
+on partitions. Tasks read ranges of several topics at once; rows carry the
+id in ``_src_part`` and the topic and partition in ``_topic`` and
+``_partition``.
 """
 
 from __future__ import annotations
