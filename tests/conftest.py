@@ -155,8 +155,29 @@ def pg_logical() -> Iterator[object]:
     cluster.stop()
 
 
-#: Fixtures that start or reach a real peer (PostgreSQL, Kafka, Spark).
-PEERS = frozenset({"pg_admin_url", "pg_logical", "spark", "kafka", "kafka_cluster"})
+@pytest.fixture(scope="session")
+def mariadb() -> Iterator[object]:
+    """A private MariaDB server with a ROW-format binary log, for the whole
+    run (see tests/mariadb.py)."""
+    from tests.mariadb import MariaDB
+
+    server = MariaDB().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mysql_url(mariadb: Any) -> Iterator[str]:
+    """A fresh database on the run's MariaDB server, dropped at the end."""
+    name, url = mariadb.database()
+    try:
+        yield url
+    finally:
+        mariadb.execute(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+#: Fixtures that start or reach a real peer (PostgreSQL, Kafka, Spark, MariaDB).
+PEERS = frozenset({"pg_admin_url", "pg_logical", "spark", "kafka", "kafka_cluster", "mariadb"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

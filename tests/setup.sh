@@ -9,6 +9,8 @@
 #     127.0.0.1, a free port; tests/pgcluster.py), so no server has to be
 #     running. RECLOCK_TEST_PG=postgresql://... points the non-CDC tests at an
 #     existing server instead.
+#   * MariaDB's server (Debian's mariadb-server): the mysql source's tests
+#     start a private server with a ROW-format binary log (tests/mariadb.py).
 #   * Chromium, which the status-page test drives headless.
 #   * Java 17+ and Maven: Apache Kafka's broker jars are resolved once from
 #     tests/broker/pom.xml into $RECLOCK_CACHE/kafka-broker (default
@@ -66,6 +68,17 @@ if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
     exit 1
 fi
 say "PostgreSQL: $("$(pg_initdb)" --version)"
+
+# 1b. MariaDB's server and client (mariadbd, mariadb-install-db) for the mysql
+#     source's tests, which start a private server from them (tests/mariadb.py)
+if ! command -v mariadb-install-db >/dev/null || [ ! -x /usr/sbin/mariadbd ]; then
+    apt_install mariadb-server mariadb-client
+fi
+if [ "$(id -u)" = 0 ] && ! id mysql >/dev/null 2>&1; then
+    say "running as root needs a 'mysql' user for mariadbd (Debian's package creates it)" >&2
+    exit 1
+fi
+say "MariaDB: $(/usr/sbin/mariadbd --version 2>/dev/null | head -n 1)"
 
 # 2. Chromium for the status-page test
 if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then

@@ -80,6 +80,7 @@ from sinks.kafka import KafkaSinkConfig
 from sinks.postgres import PostgresSinkConfig
 from sources.generator import GeneratorConfig
 from sources.kafka import KafkaConfig, KafkaStartOffset
+from sources.mysql.config import MySqlConfig
 from sources.oneshot import OneShotConfig
 from sources.postgres.config import PgTableConfig, PostgresConfig
 
@@ -314,6 +315,8 @@ class SourceConfig(_Model):
     """Connector block: a Kafka topic."""
     postgres: PostgresConfig | None = None
     """Connector block: PostgreSQL tables (change data capture)."""
+    mysql: MySqlConfig | None = None
+    """Connector block: MariaDB tables (change data capture from the binary log)."""
     oneshot: OneShotConfig | None = None
     """Connector block: one-shot loads of files (``reclock load``)."""
     timestamp_interval: DurationMs | None = None

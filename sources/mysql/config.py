@@ -1,0 +1,139 @@
+"""The MariaDB (MySQL protocol) connector's configuration (light: no driver
+imported until :meth:`MySqlConfig.build`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import unquote, urlsplit
+
+from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic_core import InitErrorDetails
+
+from reclock.config.base import (
+    NAME_PATTERN,
+    ConnectorConfig,
+    DurationMs,
+    Name,
+    _Model,
+    _problem,
+)
+
+if TYPE_CHECKING:
+    from sources.base import SourceContext
+    from sources.mysql.source import MySqlSource
+
+
+def parse_url(url: str) -> dict[str, Any]:
+    """``mysql://user:password@host:port/database`` -> connection settings
+    (``host``, ``port``, ``user``, ``password``, ``database``)."""
+    u = urlsplit(url)
+    if u.scheme not in ("mysql", "mariadb"):
+        raise ValueError("expected mysql://user:password@host:port/database")
+    if not u.hostname:
+        raise ValueError("the URL names no host (mysql://user@host:port/database)")
+    try:
+        port = u.port or 3306
+    except ValueError:
+        raise ValueError("the URL's port is not a number") from None
+    return {"host": u.hostname, "port": port, "user": unquote(u.username or "root"),
+            "password": unquote(u.password or ""), "database": u.path.lstrip("/") or None}
+
+
+def _checked_url(url: str) -> str:
+    parse_url(url)
+    return url
+
+
+class MyTableConfig(_Model):
+    """One replicated table and its output."""
+
+    table: str = Field(min_length=1, max_length=64)
+    """The table's name as the server spells it (no quoting needed)."""
+    database: str | None = Field(default=None, min_length=1, max_length=64)
+    """Its database (schema); default the URL's database."""
+    output: Name | None = None
+    """The output it feeds; default the table's name."""
+
+
+def _table_entry(value: Any) -> Any:
+    """``"database.table"`` / ``"table"`` as the mapping form."""
+    if isinstance(value, str):
+        db, dot, table = value.partition(".")
+        return {"database": db, "table": table} if dot else {"table": value}
+    return value
+
+
+class MySqlConfig(ConnectorConfig):
+    """MariaDB change data capture (the binary log in ROW format, read as a
+    replica); its FromTime is the GTID position: one coordinate per
+    replication domain, every transaction stamped as a unit. One output per
+    table, named after the table unless given."""
+
+    url: Annotated[str, AfterValidator(_checked_url)] = Field(min_length=1)
+    """``mysql://user:${MYSQL_PASSWORD}@host:3306/database``; the password is
+    never printed. The user needs REPLICATION SLAVE, REPLICATION CLIENT (BINLOG
+    MONITOR) and SELECT on the tables."""
+    tables: tuple[Annotated[MyTableConfig, BeforeValidator(_table_entry)], ...] = Field(
+        min_length=1)
+    """``[database.table, table, {table, database, output}, ...]``; each feeds
+    the output named after the table, or ``output``."""
+    snapshot: bool = True
+    """Read the tables' existing rows first (in parallel Spark tasks by
+    primary key ranges), then continue from exactly the GTID position they
+    were read at. ``false``: changes only, from the position at the first start."""
+    server_id: int | None = Field(default=None, ge=1, le=4293967295)
+    """The server ids reclock's binlog connections present (every replica of a
+    server needs its own): each one this plus an offset below 1,000,000;
+    default derived from the pipeline id and the source name."""
+    timeout: DurationMs = 30_000
+    """Timeout of connecting, and of a read task waiting for its range."""
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        problems: list[InitErrorDetails] = []
+        seen: dict[str, int] = {}
+        default_db = None
+        url = data.get("url")
+        if isinstance(url, str):
+            try:
+                default_db = parse_url(url)["database"]
+            except ValueError:
+                return []  # the field's own validation names it
+        for i, raw in enumerate(data.get("tables") or ()):
+            t = _table_entry(raw)
+            if not isinstance(t, Mapping):
+                continue
+            name = str(t.get("table", ""))
+            if not t.get("database") and not default_db:
+                problems.append(_problem(("tables", i), f"table {name!r} names no database "
+                                         "and the URL has none: write database.table"))
+            output = t.get("output") or name
+            if t.get("output") and (not isinstance(output, str)
+                                    or not re.match(NAME_PATTERN, output)):
+                continue
+            if not isinstance(output, str) or not re.match(NAME_PATTERN, output):
+                problems.append(_problem(
+                    ("tables", i), f"table {name!r} cannot name its output (letters, digits, "
+                    "_ and -, starting with a letter); write it as {table: ..., output: "
+                    "a_name}"))
+            elif output in seen:
+                problems.append(_problem(
+                    ("tables", i), f"output {output!r} is fed by two tables (entries "
+                    f"{seen[output]} and {i}); give one of them another output: name"))
+            else:
+                seen[output] = i
+        return problems
+
+    def table_outputs(self) -> list[tuple[str, str, str]]:
+        """``(database, table, output)`` per configured table."""
+        default_db = parse_url(self.url)["database"] or ""
+        return [(t.database or default_db, t.table, t.output or t.table) for t in self.tables]
+
+    def build(self, name: str, ctx: SourceContext) -> MySqlSource:
+        from sources.mysql.source import MySqlSource
+
+        return MySqlSource(name, self.url, ctx.clock, tables=self.table_outputs(),
+                           snapshot=self.snapshot, server_id=self.server_id,
+                           identity=ctx.identity, timeout_s=self.timeout / 1000.0)
