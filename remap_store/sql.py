@@ -4,13 +4,17 @@ PostgreSQL (psycopg 3), chosen by URL.
 Four tables::
 
     remap_shards       shard (PK) | kind | since | upper (NULL: closed) | updated_at
-    remap_bindings     shard, into_time (PK) | frontier (canonical JSON)
+    remap_bindings     shard, into_time (PK) | frontier: canonical JSON, whole or
+                       as the change since the row before (remap_store/delta.py)
     remap_pipeline     key (PK) | value        the pipeline's identity, minted once
     remap_coordinates  shard, name (PK) | coordinate (unique per shard)
                        a multi-topic Kafka source's (topic, partition) -> partition id
 
 A store of an earlier version gains the tables it lacks when it is opened
-(``create_all`` creates missing tables and leaves existing ones as they are).
+(``create_all`` creates missing tables and leaves existing ones as they are),
+and its bindings, all stored whole then, are rewritten as changes once
+(``remap_pipeline`` key ``bindings_format``): every frontier reads the same
+before and after. A reclock from before that cannot read such a store.
 
 ``compare_and_append`` is one transaction whose first statement is the
 conditional ``UPDATE remap_shards SET upper = :new WHERE shard = :s AND upper
@@ -48,8 +52,12 @@ from reclock.core.errors import (
 )
 from reclock.core.frontier import Antichain
 from reclock.core.time import IntoTime, time_type
+from remap_store import delta
 
 R = TypeVar("R")
+
+#: How ``remap_bindings.frontier`` holds frontiers: whole or as changes.
+BINDINGS_FORMAT = "delta-1"
 
 metadata = sa.MetaData()
 
@@ -146,6 +154,7 @@ class SqlRemapStore:
                 "use sqlite:///PATH or postgresql://USER@HOST/DB"
             )
         self._retry(self._create_tables)
+        self._retry(self._migrate)
 
     def _create_tables(self) -> None:
         # Two processes opening a new PostgreSQL store at once both find a
@@ -159,6 +168,33 @@ class SqlRemapStore:
                 if attempt == 2:
                     raise
                 time.sleep(0.1)
+
+    def _migrate(self) -> None:
+        """Bindings stored whole (every store before ``delta-1``) rewritten as
+        changes, shard by shard, each in one transaction that holds the
+        shard's row (appends and compactions wait)."""
+        sel = sa.select(pipeline_table.c.value).where(pipeline_table.c.key == "bindings_format")
+        with self._tx(readonly=True) as conn:
+            if conn.execute(sel).scalar() == BINDINGS_FORMAT:
+                return
+        for shard in self.shards():
+            with self._tx() as conn:
+                conn.execute(sa.update(shards_table).where(shards_table.c.shard == shard)
+                             .values(updated_at=shards_table.c.updated_at))  # the row lock
+                rows = [(int(t), str(f)) for t, f in conn.execute(
+                    sa.select(bindings_table.c.into_time, bindings_table.c.frontier)
+                    .where(bindings_table.c.shard == shard)
+                    .order_by(bindings_table.c.into_time))]
+                w = delta.Writer(None, 0)
+                for (t, old), (_t, enc) in zip(rows, delta.decode(rows), strict=True):
+                    new = w.text(enc)
+                    if new != old:
+                        conn.execute(sa.update(bindings_table).where(
+                            bindings_table.c.shard == shard, bindings_table.c.into_time == t
+                        ).values(frontier=new))
+        with self._tx() as conn:
+            conn.execute(self._insert_ignore(pipeline_table),
+                         {"key": "bindings_format", "value": BINDINGS_FORMAT})
 
     def __repr__(self) -> str:
         return f"SqlRemapStore({redact_url(self.url)!r})"
@@ -300,16 +336,29 @@ class SqlRemapStore:
         Readers pass the upper they read as ``below``: under READ COMMITTED a
         later statement may see bindings a concurrent writer committed after
         the shard row was read, and those must wait for the next read."""
+        start = self._whole_at_or_before(conn, shard, lower) if lower > 0 else 0
         q = (
             sa.select(bindings_table.c.into_time, bindings_table.c.frontier)
-            .where(bindings_table.c.shard == shard, bindings_table.c.into_time >= lower)
+            .where(bindings_table.c.shard == shard, bindings_table.c.into_time >= start)
             .order_by(bindings_table.c.into_time)
         )
         if upto is not None:
             q = q.where(bindings_table.c.into_time <= upto)
         if below is not None:
             q = q.where(bindings_table.c.into_time < below)
-        return [Binding(IntoTime(t), Antichain.decode_json(kind, f)) for t, f in conn.execute(q)]
+        rows = [(int(t), str(f)) for t, f in conn.execute(q)]
+        return [Binding(IntoTime(t), Antichain.decode(kind, enc))
+                for t, enc in delta.decode(rows) if t >= lower]
+
+    def _whole_at_or_before(self, conn: Connection, shard: str, t: int | None) -> int:
+        """The time of the last whole row at or before ``t`` (any: None), 0 if none."""
+        q = (sa.select(bindings_table.c.into_time)
+             .where(bindings_table.c.shard == shard, bindings_table.c.frontier.like("[%"))
+             .order_by(bindings_table.c.into_time.desc()).limit(1))
+        if t is not None:
+            q = q.where(bindings_table.c.into_time <= t)
+        found = conn.execute(q).scalar()
+        return 0 if found is None else int(found)
 
     def read(self, shard: str, as_of: int | None = None) -> Bindings[Any]:
         with self._tx(readonly=True) as conn:
@@ -362,17 +411,18 @@ class SqlRemapStore:
                 row = self._shard_row(conn, shard)
                 raise UpperMismatch(shard, expected_upper, _upper_ac(row.upper))
             row = self._shard_row(conn, shard)
-            last = conn.execute(
+            # the last binding, rebuilt from the last whole row
+            rows = [(int(t), str(f)) for t, f in conn.execute(
                 sa.select(bindings_table.c.into_time, bindings_table.c.frontier)
-                .where(bindings_table.c.shard == shard)
-                .order_by(bindings_table.c.into_time.desc())
-                .limit(1)
-            ).first()
-            tail = (
-                [Binding(IntoTime(last.into_time), Antichain.decode_json(row.kind, last.frontier))]
-                if last is not None
-                else []
-            )
+                .where(bindings_table.c.shard == shard,
+                       bindings_table.c.into_time >= self._whole_at_or_before(conn, shard, None))
+                .order_by(bindings_table.c.into_time))]
+            state: delta.State | None = None
+            for _t, text in rows:
+                state = delta.apply(state, text)
+            tail = ([Binding(IntoTime(rows[-1][0]),
+                             Antichain.decode(row.kind, list(state.values())))]
+                    if rows and state is not None else [])
             since = min([row.since, *(int(b.time) for b in tail)])
             # Validates kinds, time range, order and monotonicity; raising
             # here rolls the upper move back too.
@@ -380,13 +430,14 @@ class SqlRemapStore:
                 Bindings(row.kind, tail, since=since, upper=expected_upper), bindings, new_upper
             )
             if bindings:
+                w = delta.Writer(state, max(0, len(rows) - 1))
                 conn.execute(
                     sa.insert(bindings_table),
                     [
                         {
                             "shard": shard,
                             "into_time": int(b.time),
-                            "frontier": b.frontier.encode_json(),
+                            "frontier": w.text(b.frontier.encode()),
                         }
                         for b in bindings
                     ],

@@ -344,3 +344,102 @@ def test_coordinates_race(store_url: str) -> None:
     assert sorted(ids.values()) == list(range(30))
     for r in results:  # every answer agrees with the final assignment
         assert all(ids[n] == c for n, c in r.items())
+
+
+def _rows(store: Any, shard: str) -> list[tuple[int, str]]:
+    import sqlalchemy as sa
+
+    from remap_store.sql import bindings_table
+
+    with store.engine.connect() as conn:
+        return [(int(t), str(f)) for t, f in conn.execute(
+            sa.select(bindings_table.c.into_time, bindings_table.c.frontier)
+            .where(bindings_table.c.shard == shard).order_by(bindings_table.c.into_time))]
+
+
+def _moving(n: int, parts: int, seed: int) -> list[Binding[Partitioned]]:
+    """``n`` Kafka bindings over ``parts`` partitions, a few moving each time
+    and partitions appearing now and then (the frontier grows)."""
+    import random
+
+    rng = random.Random(seed)
+    offsets = dict.fromkeys(range(parts // 2), 0)
+    out = []
+    for i in range(n):
+        for p in rng.sample(range(parts), 3):
+            if p in offsets:
+                offsets[p] += rng.randint(1, 50)
+        if i % 40 == 39 and len(offsets) < parts:
+            offsets[len(offsets)] = rng.randint(0, 5)
+        out.append(Binding(IntoTime(1000 + 1000 * i), kafka_frontier(dict(offsets))))
+    return out
+
+
+def test_bindings_are_stored_as_changes_and_read_back_whole(store: Any) -> None:
+    from remap_store.delta import CHECKPOINT, is_whole
+
+    bs = _moving(300, 256, 1)
+    store.create_shard("d", "kafka")
+    upper = up(0)
+    for lo in range(0, 300, 7):  # appends of several bindings, and of one
+        chunk = bs[lo:lo + 7] if lo % 2 else bs[lo:lo + 1] + bs[lo + 1:lo + 7]
+        new = up(int(chunk[-1].time) + 1)
+        store.compare_and_append("d", chunk, upper, new)
+        upper = new
+    rows = _rows(store, "d")
+    whole = [i for i, (_t, text) in enumerate(rows) if is_whole(text)]
+    assert whole[0] == 0 and all(b - a <= CHECKPOINT for a, b in zip(whole, whole[1:],
+                                                                        strict=False))
+    assert len(whole) < len(rows) / 10
+    full = sum(len(b.frontier.encode_json()) for b in bs)
+    assert sum(len(text) for _t, text in rows) < full / 10
+    got = store.read("d")
+    assert got.bindings == tuple(bs)
+    for lower in (0, 1000, 5500, 64_000, 65_000, 150_500, 299_000, 300_000):
+        new, _ = store.read_from("d", lower)
+        assert new == [b for b in bs if int(b.time) >= lower], lower
+    assert store.read("d", as_of=100_000).bindings == tuple(bs[:100])
+    # compaction rewrites the head whole; later frontiers read as before
+    store.compact("d", 130_500)
+    rows = _rows(store, "d")
+    assert rows[0][0] == 130_500 and is_whole(rows[0][1])
+    after = store.read("d")
+    for t in (130_500, 131_000, 200_000, 299_000):
+        assert after.frontier_at(t) == got.frontier_at(t), t
+
+
+def test_a_store_of_whole_bindings_is_migrated_once(store_url: str) -> None:
+    """A store written before changes were stored (every row whole, no
+    format key) reads the same after it is migrated on open."""
+    import sqlalchemy as sa
+
+    from remap_store.delta import is_whole
+    from remap_store.sql import bindings_table, pipeline_table
+
+    s = open_store(store_url)
+    bs = _moving(150, 64, 2)
+    s.create_shard("old", "kafka")
+    s.create_shard("lsn", "lsn")
+    s.compare_and_append("old", bs, up(0), up(int(bs[-1].time) + 1))
+    s.compare_and_append("lsn", [Binding(IntoTime(5), lsn(7)), Binding(IntoTime(9), lsn(8))],
+                         up(0), up(10))
+    before = {sh: s.read(sh) for sh in ("old", "lsn")}
+    with s.engine.begin() as conn:  # as an older reclock left it
+        for b in bs:
+            conn.execute(sa.update(bindings_table).where(
+                bindings_table.c.shard == "old", bindings_table.c.into_time == int(b.time)
+            ).values(frontier=b.frontier.encode_json()))
+        conn.execute(sa.delete(pipeline_table).where(pipeline_table.c.key == "bindings_format"))
+    assert all(is_whole(text) for _t, text in _rows(s, "old"))
+    assert s.read("old") == before["old"]  # whole rows read as they always did
+    s.close()
+    migrated = open_store(store_url)
+    try:
+        rows = _rows(migrated, "old")
+        assert sum(not is_whole(text) for _t, text in rows) > 100
+        assert {sh: migrated.read(sh) for sh in ("old", "lsn")} == before
+        again = open_store(store_url)  # the next open finds it done
+        assert _rows(again, "old") == rows
+        again.close()
+    finally:
+        migrated.close()

@@ -58,6 +58,31 @@ def _held(t: Any) -> Counter[tuple[str, int, int, bytes]]:
     return out
 
 
+def _store_as_before_changes(cfg: Any) -> None:
+    import sqlalchemy as sa
+
+    from reclock.pipeline import Pipeline
+    from remap_store.sql import bindings_table, pipeline_table
+
+    pipe = Pipeline(cfg)
+    try:
+        store: Any = pipe.store
+        b = store.read("events")
+        with store.engine.begin() as conn:
+            fmt = conn.execute(sa.select(pipeline_table.c.value).where(
+                pipeline_table.c.key == "bindings_format")).scalar()
+            assert fmt == "delta-1"
+            for x in b.bindings:
+                conn.execute(sa.update(bindings_table).where(
+                    bindings_table.c.shard == "events",
+                    bindings_table.c.into_time == int(x.time)).values(
+                        frontier=x.frontier.encode_json()))
+            conn.execute(sa.delete(pipeline_table).where(
+                pipeline_table.c.key == "bindings_format"))
+    finally:
+        pipe.close()
+
+
 def _ends(bootstrap: str, parts: dict[str, int]) -> int:
     return sum(kafka_end(bootstrap, t, p) for t, n in parts.items() for p in range(n))
 
@@ -121,6 +146,12 @@ sources:
     reports = verify_pipeline(cfg)
     assert all(rep.ok for rep in reports), [(o.breaches, o.samples) for o in reports[0].outputs]
     assert reports[0].complete_checked == sum(model.values())
+    # The store as an older reclock wrote it (every binding whole, no format
+    # key) is migrated when it is opened, and verify agrees before and after.
+    _store_as_before_changes(cfg)
+    again = verify_pipeline(cfg)
+    assert [(r.ok, r.complete_checked, [o.breaches for o in r.outputs]) for r in again] == [
+        (r.ok, r.complete_checked, [o.breaches for o in r.outputs]) for r in reports]
     # `reclock bindings` names the topic and partition of each id
     capsys.readouterr()
     assert main(["bindings", str(path), "events"]) == 0

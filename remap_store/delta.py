@@ -1,0 +1,91 @@
+"""How a shard's bindings are stored: each frontier as what changed since the
+previous binding, with a whole frontier every so often.
+
+A row's text is either a whole frontier, the canonical JSON list of its
+encoded elements (``[...]``, the only form before this one), or a change
+against the binding before it in the shard (``{"-": [removed], "+": [added]}``,
+elements as encoded). The first row of a shard is always whole (compaction
+rewrites the consolidated head whole), and so is every
+:data:`CHECKPOINT`-th row, and any row whose change would not be shorter
+than the whole frontier: a reader starting anywhere goes back at most
+``CHECKPOINT - 1`` rows to the last whole one, and a store never grows by
+more than the whole frontiers would take.
+
+At 2,048 Kafka partitions of which a few move per interval, a binding takes
+a few dozen bytes instead of 27 KB. Pure functions; :mod:`remap_store.sql`
+does the reading and writing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+#: A whole frontier at least every this many rows.
+CHECKPOINT = 64
+
+#: Encoded elements keyed by their canonical JSON text.
+State = dict[str, Any]
+
+
+def _key(e: Any) -> str:
+    return json.dumps(e, separators=(",", ":"))
+
+
+def is_whole(text: str) -> bool:
+    return text.lstrip()[:1] == "["
+
+
+def state_of(encoded: list[Any]) -> State:
+    return {_key(e): e for e in encoded}
+
+
+def apply(state: State | None, text: str) -> State:
+    """The frontier a row's text stands for, given the one before it."""
+    value = json.loads(text)
+    if isinstance(value, list):
+        return state_of(value)
+    if state is None or not isinstance(value, dict):
+        raise ValueError(f"a change row with no whole frontier before it: {text[:80]!r}")
+    out = dict(state)
+    for e in value.get("-", ()):
+        out.pop(_key(e), None)
+    for e in value.get("+", ()):
+        out[_key(e)] = e
+    return out
+
+
+def decode(rows: Iterable[tuple[int, str]]) -> Iterator[tuple[int, list[Any]]]:
+    """``(time, encoded frontier)`` of rows in time order, the first whole."""
+    state: State | None = None
+    for t, text in rows:
+        state = apply(state, text)
+        yield t, list(state.values())
+
+
+class Writer:
+    """The texts of successive frontiers appended after ``state`` (the last
+    stored frontier, None for an empty shard) and ``since_whole`` rows after
+    the last whole one."""
+
+    def __init__(self, state: State | None, since_whole: int) -> None:
+        self.state = state
+        self.since_whole = since_whole
+
+    def text(self, encoded: list[Any]) -> str:
+        whole = json.dumps(encoded, separators=(",", ":"))
+        cur = state_of(encoded)
+        prev = self.state
+        self.state = cur
+        if prev is None or self.since_whole + 1 >= CHECKPOINT:
+            self.since_whole = 0
+            return whole
+        change = json.dumps({"-": [e for k, e in prev.items() if k not in cur],
+                             "+": [e for k, e in cur.items() if k not in prev]},
+                            separators=(",", ":"))
+        if len(change) >= len(whole):
+            self.since_whole = 0
+            return whole
+        self.since_whole += 1
+        return change
