@@ -388,8 +388,7 @@ def test_bindings_are_stored_as_changes_and_read_back_whole(store: Any) -> None:
         upper = new
     rows = _rows(store, "d")
     whole = [i for i, (_t, text) in enumerate(rows) if is_whole(text)]
-    assert whole[0] == 0 and all(b - a <= CHECKPOINT for a, b in zip(whole, whole[1:],
-                                                                        strict=False))
+    assert whole[0] == 0 and all(b - a <= CHECKPOINT for a, b in itertools.pairwise(whole))
     assert len(whole) < len(rows) / 10
     full = sum(len(b.frontier.encode_json()) for b in bs)
     assert sum(len(text) for _t, text in rows) < full / 10
