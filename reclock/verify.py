@@ -50,16 +50,21 @@ KEYS = [SRC_PART, SRC_OFFSET, SRC_SEQ]
 T = TypeVar("T")
 
 
-def _retrying(fn: Callable[[], T], attempts: int = 5, first_wait_s: float = 0.5) -> T:
+def _retrying(fn: Callable[[], T], patience_s: float = 60.0, first_wait_s: float = 0.5) -> T:
     """``fn()``, tried again after a transient fault (a broker's timeout, a
-    database restarting): an audit waits out what a running pipeline would."""
-    for attempt in range(attempts):
+    database restarting, a restarted broker whose leader epochs are not
+    settled yet) for up to ``patience_s``: an audit waits out what a running
+    pipeline would."""
+    deadline = time.monotonic() + patience_s
+    wait = first_wait_s
+    while True:
         try:
             return fn()
         except TransientError:
-            if attempt == attempts - 1:
+            if time.monotonic() + wait > deadline:
                 raise
-            time.sleep(first_wait_s * 2 ** attempt)
+            time.sleep(wait)
+            wait = min(wait * 2, 5.0)
     raise AssertionError("unreachable")
 
 
