@@ -188,6 +188,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.integration if uses & PEERS else pytest.mark.unit)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """With tests that start Spark selected, every Spark driver the run starts
+    maps a class-data-sharing archive of Spark's classes (tests/spark_cds.py)."""
+    if any(item.get_closest_marker("integration") for item in session.items):
+        from tests import spark_cds
+
+        spark_cds.use()
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The fault-injection and bad-input counts (see ``tests/tally.py``)."""
     from tests.tally import TALLY
