@@ -225,6 +225,14 @@ class Source(Protocol, Generic[T]):
         source's own loop: must not block on upstream (report what is known)."""
         ...
 
+    def output_errors(self) -> dict[int, Exception]:
+        """Outputs whose upstream is gone for good while the others go on (a
+        deleted topic of a several-topic Kafka source): output index -> the
+        definite error its health shows. The output holds what was read and
+        keeps advancing (nothing more can come); ``status`` and ``/readyz``
+        report it. Asked once per tick, after the probe."""
+        ...
+
     def acknowledge(self, frontier: Antichain[T]) -> bool | None:
         """Release upstream resources before ``frontier`` (durable everywhere).
         ``False``: it could not be done just now (e.g. a replication slot in
@@ -262,6 +270,9 @@ class SourceBase:
         return None
 
     def snapshot_sizes(self) -> dict[int, SnapshotSize]:
+        return {}
+
+    def output_errors(self) -> dict[int, Exception]:
         return {}
 
 

@@ -525,6 +525,7 @@ class KafkaSource(SourceBase):
         self._ids: dict[tuple[str, int], int] = {}
         self._pairs: dict[int, tuple[str, int]] = {}
         self._present: set[str] = set()  # topics in the last metadata
+        self._gone: list[str] = []  # listed topics seen before and deleted since
         if self.multi and self.coordinates is None:
             raise DefiniteError(f"source {self.name!r}: a Kafka source over several topics "
                                 "numbers their partitions in the remap store; it has none here")
@@ -644,18 +645,37 @@ class KafkaSource(SourceBase):
             if t.error is not None:
                 raise _transient(f"source {self.name!r}: topic {name!r}", KafkaException(t.error))
             found[name] = t
+        known = {t for t, _p in self._pairs.values()}
         if self.topics:
-            absent = [n for n in self.topics if n not in found]
+            # a listed topic never seen is a mistake of the configuration; one
+            # seen before and gone now was deleted: an error of its outputs only
+            absent = [n for n in self.topics if n not in found and n not in known]
             if absent:
                 raise DefiniteError(
-                    f"source {self.name!r}: topics {absent} do not exist (deleted?)",
-                    hint="re-create them, or drop the source with `reclock drop`")
+                    f"source {self.name!r}: topics {absent} do not exist",
+                    hint="create them, or correct the source's topics")
         self._present = set(found)
+        self._gone = sorted(known - set(found)) if self.topics else []
         pairs = [(n, p) for n in sorted(found) for p in sorted(found[n].partitions)]
         self._learn(pairs)
         ids = sorted(self._ids[pr] for pr in pairs)
         live = [self._ids[(n, p)] for n, p in pairs if found[n].partitions[p].leader >= 0]
         return ids, sorted(live)
+
+    def output_errors(self) -> dict[int, Exception]:
+        """A deleted topic of ``topics``: a definite error of its output (of
+        the one output, when they share it); the other topics go on. (A
+        pattern's topics come and go: a deleted one just keeps its offsets.)"""
+        if not self._gone:
+            return {}
+        hint = ("the output holds everything read from it and nothing more can come; "
+                "remove the topic from topics (and its output), or re-create it")
+        if self.topic_outputs is None:
+            return {0: DefiniteError(f"source {self.name!r}: topics {self._gone} were deleted",
+                                     hint=hint)}
+        index = {t: i for i, t in enumerate(self.topic_outputs)}
+        return {index[t]: DefiniteError(f"source {self.name!r}: topic {t!r} was deleted",
+                                        hint=hint) for t in self._gone if t in index}
 
     def _id_count(self, ids: Sequence[int]) -> int:
         """How many partition ids the frontier gives a point (every id below)."""

@@ -230,6 +230,7 @@ class SourceRunner:
         self.resume: Antichain[Any] | None = None
         self.acknowledged: Antichain[Any] | None = None
         self.ticks = 0
+        self._gone: set[int] = set()  # outputs whose upstream is gone (output_errors)
         self._vacuumed_at = time.monotonic()  # first vacuum one period after start
         self.records = 0
         #: bytes per record the source's tasks read (None: none reported yet);
@@ -458,6 +459,7 @@ class SourceRunner:
 
         before = self.operator.bindings
         b = self.operator.mint(probe)  # 1. mint (read back from the store)
+        self._upstream_gone()
         if b.upper != before.upper or len(b) != len(before):
             last = b.bindings[-1] if b.bindings else None
             self.events.log(
@@ -744,13 +746,30 @@ class SourceRunner:
                 log.warning("source %s: output %s re-snapshotted", self.name, out.name)
             out.rows += sum(r.rows.get(out.index, 0) for r in results)
             out.errors += sum(r.errors.get(out.index, 0) for r in results)
-            out.health = Health(RUNNING, since_ms=self.clock.now())
+            if out.index not in self._gone:
+                out.health = Health(RUNNING, since_ms=self.clock.now())
             self.events.log(self.name, "sink_upper", output=out.name, upper=new_upper,
                             progress=reached.encode(),
                             rows=sum(r.rows.get(out.index, 0) for r in results),
                             errors=sum(r.errors.get(out.index, 0) for r in results))
             faults.crash_point("after_sink_commit")
         faults.crash_point("after_upper_advance")
+
+    def _upstream_gone(self) -> None:
+        """Outputs whose upstream the source says is gone for good stall with
+        its definite error (once each, with an event); the others go on."""
+        gone = self.source.output_errors() if hasattr(self.source, "output_errors") else {}
+        for out in self.outputs:
+            exc = gone.get(out.index)
+            if exc is None:
+                continue
+            if out.index not in self._gone:
+                log.error("source %s: output %s: %s", self.name, out.name, exc)
+                self.events.log(self.name, "output_error", output=out.name, error=str(exc),
+                                hint=getattr(exc, "hint", None))
+                out.health = Health(STALLED, str(exc.args[0] if exc.args else exc),
+                                    getattr(exc, "hint", None), self.clock.now(), True)
+        self._gone = set(gone)
 
     def _refused(self, out: OutputRuntime, exc: DefiniteError) -> None:
         """A re-snapshot that cannot be done: its request is removed, said why."""

@@ -167,6 +167,22 @@ def test_topics_with_an_output_each(tmp_path: Path, spark: Any, kafka: Any) -> N
     kafka.create_topic(y, 1)
     _produce(kafka.bootstrap, x, 2, 0, 120)
     _produce(kafka.bootstrap, y, 1, 500, 80, bad_every=20)
+    # Both readers read a task of several topics alike (ids, _topic, _partition).
+    native = KafkaReader(kafka.bootstrap, "", (), 5.0, native=True, batch=25, multi=True)
+    python = dataclasses.replace(native, native=False)
+    spec = ((0, 5, 60, x, 1), (7, 0, 60, x, 0), (3, 10, 80, y, 0))
+    got, _ = _read_all(native, spec)
+    assert got.equals(_read_all(python, spec)[0])
+    assert got.num_rows == 55 + 60 + 70
+    assert set(zip(got.column("_src_part").to_pylist(), got.column("_topic").to_pylist(),
+                   got.column("_partition").to_pylist(), strict=True)) == {
+        (0, x, 1), (7, x, 0), (3, y, 0)}
+    routed = KafkaReader(kafka.bootstrap, "", (), 5.0, multi=True, routes=((x, 0), (y, 1)))
+    task = ReadTask("events", 0, spec, 185)
+    by_output = Counter((i, t) for i, b in routed.read(task)
+                        for t in b.column("_topic").to_pylist())
+    assert by_output == {(0, x): 115, (1, y): 70}
+
     path = tmp_path / "pipeline.yaml"
     path.write_text(f"""
 timestamp_interval: 200ms
@@ -190,29 +206,25 @@ sources:
     with running(cfg, spark) as runners:
         r = runners[0]
         wait_for(lambda: sum(durable(r).values()) == 200, 60, "both topics")
+        # A deleted topic is a definite error of its own output only: the
+        # other topic's records keep coming in.
+        kafka.delete_topic(y)
+
+        def health() -> dict[str, Any]:
+            return {o["name"]: o["health"] for o in r.status()["outputs"]}
+
+        wait_for(lambda: health()[f"y_{run}"]["status"] == "stalled", 30, "y's output stalls")
+        _produce(kafka.bootstrap, x, 2, 120, 30)
+        wait_for(lambda: sum(durable(r).values()) == 230, 30, "x after y was deleted")
+        h = health()
+        assert h["xs"]["status"] == "running" and r.health.status == "running"
+        assert h[f"y_{run}"]["definite"] and "was deleted" in h[f"y_{run}"]["error"]
     xs = read_updates(cfg, "events", "xs")
     ys = read_updates(cfg, "events", f"y_{run}")
-    assert _held(xs) == _model(kafka.bootstrap, [x])
+    assert _held(xs) == _model(kafka.bootstrap, [x]) and xs.num_rows == 150
     assert set(ys.column("_topic").to_pylist()) == {y}
     assert sorted(ys.filter(ys.column("_error").is_null()).column("id").to_pylist()) == [
         i for i in range(500, 580) if i % 20]
-    assert all(rep.ok for rep in verify_pipeline(cfg))
-
-    # Both readers read a task of several topics alike (ids, _topic, _partition).
-    native = KafkaReader(kafka.bootstrap, "", (), 5.0, native=True, batch=25, multi=True)
-    python = dataclasses.replace(native, native=False)
-    spec = ((0, 5, 60, x, 1), (7, 0, 60, x, 0), (3, 10, 80, y, 0))
-    got, _ = _read_all(native, spec)
-    assert got.equals(_read_all(python, spec)[0])
-    assert got.num_rows == 55 + 60 + 70
-    assert set(zip(got.column("_src_part").to_pylist(), got.column("_topic").to_pylist(),
-                   got.column("_partition").to_pylist(), strict=True)) == {
-        (0, x, 1), (7, x, 0), (3, y, 0)}
-    routed = KafkaReader(kafka.bootstrap, "", (), 5.0, multi=True, routes=((x, 0), (y, 1)))
-    task = ReadTask("events", 0, spec, 185)
-    by_output = Counter((i, t) for i, b in routed.read(task)
-                        for t in b.column("_topic").to_pylist())
-    assert by_output == {(0, x): 115, (1, y): 70}
 
 
 def test_multi_topic_configuration_is_checked(tmp_path: Path) -> None:
