@@ -510,14 +510,15 @@ def test_several_errors_in_line_order(tmp_path: Path) -> None:
         "(expected one of: console, file, kafka, postgres)",
         f"{at(path, 12, 'name')}: sources[0].outputs[1]: missing required key 'sink'",
         f"{at(path, 13, 'name')}: sources[1]: missing connector block "
-        "(expected one of: generator, kafka, postgres, oneshot)",
+        "(expected one of: generator, kafka, postgres, mysql, oneshot)",
         f"{at(path, 14, 'extra')}: sources[1].outputs[0]: unknown key 'extra' "
         "(expected one of: envelope, format, key_format, name, rename, sink)",
     ]
 
 
 def test_connector_blocks(tmp_path: Path) -> None:
-    assert SourceConfig.connector_keys() == ("generator", "kafka", "postgres", "oneshot")
+    assert SourceConfig.connector_keys() == ("generator", "kafka", "postgres", "mysql",
+                                            "oneshot")
     path = write(tmp_path, """
         sources:
           - name: s
@@ -541,8 +542,8 @@ def test_adding_a_connector_is_one_field(tmp_path: Path) -> None:
 
         echo: EchoConfig | None = None
 
-    assert ExtendedSource.connector_keys() == ("generator", "kafka", "postgres", "oneshot",
-                                              "echo")
+    assert ExtendedSource.connector_keys() == ("generator", "kafka", "postgres", "mysql",
+                                              "oneshot", "echo")
     both = """
         name: s
         generator: {kind: counter}
