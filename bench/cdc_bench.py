@@ -25,6 +25,16 @@ rows (``pgbench`` custom scripts, 2 clients):
    ctid-range COPY) into a Delta table and into a Kafka topic, from the start
    of the pipeline until the resumption frontier passes the snapshot.
 
+5. **MariaDB beside Postgres**: the same catch-up measurement against a
+   private ``mariadbd`` (ROW binary log with full images and metadata, as the
+   tests start it: ``tests/mariadb.py``) with the ``mysql`` source, into the
+   same kind of sink (a Postgres table, update log). The backlogs are written
+   by ``mariadb-slap`` (2 clients, autocommit: one transaction per statement;
+   100 rows per transaction by ``INSERT ... SELECT ... FROM seq_1_to_100``)
+   while the pipeline is stopped; "writers alone" is their rate (the binary
+   log is written whatever reads it). Its rows sit in the throughput table
+   under Postgres's. ``--skip-mariadb`` leaves it out.
+
 Beside reclock, **Debezium** (3.6, its PostgreSQL connector in Kafka Connect
 standalone, 4.3; ``bench/peers/debezium/pom.xml``, resolved once with Maven
 into ``--cache-dir``) runs the same workloads against a real Kafka broker
@@ -67,8 +77,11 @@ import psycopg
 from pipeline_bench import table
 
 from reclock.config import load_config
+from reclock.core.frontier import Antichain
 from reclock.core.time import Lsn
 from reclock.pipeline import run
+from sources.mysql import gtid
+from tests.mariadb import MariaDB, _bin
 from tests.pgcluster import PgCluster
 
 TARGET_RATE = 40_000
@@ -331,6 +344,7 @@ def main() -> int:
     ap.add_argument("--snapshot-rows", type=int, default=5_000_000,
                     help="rows of the table whose initial snapshot is timed")
     ap.add_argument("--skip-debezium", action="store_true", help="reclock only")
+    ap.add_argument("--skip-mariadb", action="store_true", help="Postgres only")
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "reclock-peer-bench",
                     help="where Debezium's jars are kept")
     args = ap.parse_args()
@@ -402,7 +416,7 @@ def main() -> int:
             fr = first_read(tmp / "state", t0_ms)
             read_rate = ((changes - fr[1]) / ((t1_ms - fr[0]) / 1000)
                          if fr and t1_ms > fr[0] and changes > fr[1] else float("nan"))
-            row = [shape, "", f"{rate:,.0f} changes/s ({changes:,} in {t1 - t0:.1f} s)",
+            row = ["Postgres", shape, "", f"{rate:,.0f} changes/s ({changes:,} in {t1 - t0:.1f} s)",
                    f"{read_rate:,.0f}", "PASS" if rate >= TARGET_RATE else "MISS", "-", "-", "-"]
             if dbz is not None and bench_count is not None and dbz_err is None:
                 try:
@@ -411,10 +425,10 @@ def main() -> int:
                     d1, first = wait_count(bench_count, base, changes, dbz, 1800)
                     dbz.stop()
                     d_rate = changes / (d1 - d0)
-                    row[5] = f"{d_rate:,.0f} changes/s ({d1 - d0:.1f} s)"
-                    row[6] = (f"{changes / (d1 - first):,.0f}" if first is not None and d1 > first
+                    row[6] = f"{d_rate:,.0f} changes/s ({d1 - d0:.1f} s)"
+                    row[7] = (f"{changes / (d1 - first):,.0f}" if first is not None and d1 > first
                               else "-")
-                    row[7] = f"{rate / d_rate:.1f}x"
+                    row[8] = f"{rate / d_rate:.1f}x"
                 except Exception as exc:
                     dbz.stop()
                     dbz_err = f"{type(exc).__name__}: {exc}"
@@ -424,7 +438,7 @@ def main() -> int:
         # runs (the pipeline decodes this WAL too, but only in the freshness part)
         for row, (_, script, per_tx) in zip(rows, shapes, strict=True):
             tps = pgbench(url, script.replace("bench", "solo"), 2, seconds=5)
-            row[1] = f"{tps:,.0f} tx/s = {tps * per_tx:,.0f} changes/s"
+            row[2] = f"{tps:,.0f} tx/s = {tps * per_tx:,.0f} changes/s (pgbench)"
         # freshness
         loads = (("10k changes/s in tx of 100", TX100, 100), ("2k changes/s in tx of 1", TX1, 2000))
         for shape, script, tps in loads:
@@ -446,6 +460,8 @@ def main() -> int:
                     print(f"Debezium: {dbz_err}", file=sys.stderr)
         if bench_count is not None:
             bench_count.close()
+        if not args.skip_mariadb:
+            rows += mariadb_rows(args, url, spark, tmp)
         # the initial snapshot of a large table
         snaps = snapshot_rows(args, url, spark, tmp, libs, broker, dbz_err)
     finally:
@@ -456,9 +472,9 @@ def main() -> int:
     print(table(f"CDC throughput (target >= {TARGET_RATE:,} changes/s), 2 pgbench clients; "
                 "reclock: Postgres table sink (update log); Debezium 3.6 (Kafka Connect "
                 "standalone): JSON change events to a real Kafka broker",
-                ("shape", "pgbench writers alone", "reclock catch-up", "after the first job",
+                ("source", "shape", "writers alone", "reclock catch-up", "after the first job",
                  "target", "Debezium catch-up", "after its first record", "reclock / Debezium"),
-                rows, left=(0, 1, 2, 5)))
+                rows, left=(0, 1, 2, 3, 6)))
     print()
     print(table(f"Freshness, commit -> durable (reclock: in the sink, timestamp_interval "
                 f"{args.interval} ms; Debezium: in Kafka, its defaults)",
@@ -473,6 +489,104 @@ def main() -> int:
     if dbz_err:
         print(f"\nDebezium: DID NOT COMPLETE: {dbz_err}")
     return 0  # a missed target is reported in the table, not the exit status
+
+
+MY_PIPELINE = """
+state_dir: {state}
+timestamp_interval: {interval}ms
+progress_log: true
+spark:
+  master: local[2]
+sources:
+  - name: my
+    mysql: {{url: "{my_url}", tables: [bench], snapshot: false}}
+    outputs:
+      - name: bench
+        sink: {{type: postgres, dsn: "{url}", table: my_bench_log}}
+"""
+MY_TX1 = "INSERT INTO bench (v) VALUES (rand())"
+MY_TX100 = "INSERT INTO bench (v) SELECT rand() FROM seq_1_to_100"
+
+
+def mariadb_slap(server: MariaDB, query: str, transactions: int) -> None:
+    """``transactions`` statements (autocommit) from 2 ``mariadb-slap`` clients."""
+    subprocess.run([_bin("mariadb-slap"), "--host=127.0.0.1", f"--port={server.port}",
+                    "--user=root", "--concurrency=2", "--iterations=1",
+                    f"--number-of-queries={transactions}", "--create-schema=bench",
+                    "--no-drop", f"--query={query}"], check=True, capture_output=True)
+
+
+def my_held(conn: psycopg.Connection[Any], output: str) -> gtid.Pos:
+    """The GTID position an output of the MariaDB pipeline holds (its sink's upper)."""
+    from sources.mysql.source import MySqlSource
+
+    try:
+        row = conn.execute("select progress from reclock_uppers where output = %s",
+                           (output,)).fetchone()
+    except psycopg.errors.UndefinedTable:
+        return {}
+    if row is None or row[0] is None:
+        return {}
+    return gtid.of(Antichain.decode(MySqlSource.kind, json.loads(row[0])))
+
+
+def my_wait_held(url: str, output: str, target: gtid.Pos, timeout: float) -> float:
+    t0 = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as c:
+        while not gtid.le(target, my_held(c, output)):
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"{output} did not reach {gtid.text(target)}")
+            time.sleep(0.01)
+    return time.monotonic()
+
+
+def mariadb_rows(args: argparse.Namespace, url: str, spark: Any, tmp: Path) -> list[list[str]]:
+    """The catch-up of MariaDB backlogs (``--changes`` per shape), measured as
+    Postgres's: from starting the pipeline until the sink's upper passes the
+    backlog's last GTID."""
+    server = MariaDB().start()
+    out: list[list[str]] = []
+    try:
+        server.execute("CREATE DATABASE bench",
+                       "CREATE TABLE bench.bench (id bigint auto_increment primary key, "
+                       "v double, at timestamp(6) default current_timestamp(6))")
+        my_url = f"{server.url}bench"
+        path = tmp / "my.yaml"
+        path.write_text(MY_PIPELINE.format(state=tmp / "my-state", interval=args.interval,
+                                           my_url=my_url, url=url))
+        cfg = load_config(path)
+        [(pos,)] = server.execute("SELECT @@gtid_binlog_pos")  # after the DDL: not empty
+        p = Pipeline(cfg, spark)  # its start position (no snapshot), then stop
+        my_wait_held(url, "my.bench", gtid.position(pos), 120)
+        p.close()
+        for shape, query, per_tx in (("tx of 1 row", MY_TX1, 1),
+                                     ("tx of 100 rows", MY_TX100, 100)):
+            n_tx = args.changes // per_tx
+            w0 = time.monotonic()
+            mariadb_slap(server, query, n_tx)  # the backlog
+            w1 = time.monotonic()
+            [(pos,)] = server.execute("SELECT @@gtid_binlog_pos")
+            target = gtid.position(pos)
+            changes = n_tx * per_tx
+            t0_ms = int(time.time() * 1000)
+            t0 = time.monotonic()
+            p = Pipeline(cfg, spark)
+            t1 = my_wait_held(url, "my.bench", target, 900)
+            t1_ms = int(time.time() * 1000)
+            p.close()
+            rate = changes / (t1 - t0)
+            fr = first_read(tmp / "my-state", t0_ms)
+            # "-": the whole backlog was one job (one binlog task)
+            read_rate = (f"{(changes - fr[1]) / ((t1_ms - fr[0]) / 1000):,.0f}"
+                         if fr and t1_ms > fr[0] and changes > fr[1] else "-")
+            tps = n_tx / (w1 - w0)
+            out.append(["MariaDB", shape,
+                        f"{tps:,.0f} tx/s = {tps * per_tx:,.0f} changes/s (mariadb-slap)",
+                        f"{rate:,.0f} changes/s ({changes:,} in {t1 - t0:.1f} s)",
+                        read_rate, "-", "-", "-", "-"])
+    finally:
+        server.stop()
+    return out
 
 
 def fresh_row(who: str, shape: str, lat: list[float], interval: int | None) -> tuple[str, ...]:
