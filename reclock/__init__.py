@@ -3,7 +3,8 @@ stamped with one system time (IntoTime), exactly once, resumable after a crash.
 
 The time model lives here:
 
-* :mod:`reclock.core.time` -- timestamp types (IntoTime, Lsn, Counter, Partitioned);
+* :mod:`reclock.core.time` -- timestamp types (IntoTime, Lsn, Counter, Partitioned,
+  Gtid);
 * :mod:`reclock.core.frontier` -- Antichain and the Kafka frontier helpers;
 * :mod:`reclock.core.bindings` -- the remap collection snapshot and reclocking;
 * :mod:`reclock.core.mint` -- the remap operator that mints bindings;
@@ -15,7 +16,15 @@ from reclock.core.bindings import UNBOUND, Binding, Bindings
 from reclock.core.clock import Clock, ManualClock, SystemClock
 from reclock.core.errors import DefiniteError, ReclockError, TransientError, UpperMismatch
 from reclock.core.frontier import Antichain, kafka_frontier
-from reclock.core.time import Counter, IntoTime, Lsn, Partitioned, kafka_offsets
+from reclock.core.time import (
+    Counter,
+    Gtid,
+    IntoTime,
+    Lsn,
+    Partitioned,
+    is_partitioned,
+    kafka_offsets,
+)
 
 __all__ = [
     "UNBOUND",
@@ -25,6 +34,7 @@ __all__ = [
     "Clock",
     "Counter",
     "DefiniteError",
+    "Gtid",
     "IntoTime",
     "Lsn",
     "ManualClock",
@@ -33,6 +43,7 @@ __all__ = [
     "SystemClock",
     "TransientError",
     "UpperMismatch",
+    "is_partitioned",
     "kafka_frontier",
     "kafka_offsets",
 ]

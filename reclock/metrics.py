@@ -86,7 +86,7 @@ from prometheus_client.registry import Collector
 
 from reclock.core.frontier import Antichain, frontier_partitions
 from reclock.core.frontier import frontier_position as position_of
-from reclock.core.time import Partitioned, encoded_kafka_offsets
+from reclock.core.time import encoded_kafka_offsets, is_partitioned
 from reclock.runtime.health import HEALTH_STATES
 
 #: The health states a source or output can be in (``reclock.runtime.driver``).
@@ -120,7 +120,7 @@ def partition_offsets(kind: str, encoded: Any) -> tuple[dict[int, int], int | No
     """A partitioned frontier's next offset per partition and the first
     partition of its "every higher partition" element; ``None`` when unknown
     or totally ordered. An empty frontier (complete) has no partitions."""
-    if kind == Partitioned.KIND:  # read off the encoding: no 2,049 objects a second
+    if is_partitioned(kind):  # read off the encoding: no 2,049 objects a second
         return encoded_kafka_offsets(encoded)
     f = _decoded(kind, encoded)
     return None if f is None else frontier_partitions(kind, f)
@@ -130,7 +130,7 @@ def frontier_position(kind: str, encoded: Any) -> float | None:
     """One number that grows as the frontier advances, for charts: the value
     of a totally ordered frontier, the sum of a Kafka frontier's offsets.
     ``None`` when unknown or empty (complete)."""
-    if kind == Partitioned.KIND:
+    if is_partitioned(kind):
         parts = encoded_kafka_offsets(encoded)
         return None if parts is None or not encoded else float(sum(parts[0].values()))
     return position_of(kind, _decoded(kind, encoded))

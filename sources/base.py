@@ -136,7 +136,7 @@ class Source(Protocol, Generic[T]):
     """Driver side of a connector."""
 
     name: str
-    kind: str  # FromTime kind: "counter", "kafka", "lsn"
+    kind: str  # FromTime kind: "counter", "kafka", "lsn", "gtid" (reclock.core.time.TIME_KINDS)
 
     # -- capabilities (defaults in :class:`SourceBase`) --
     replayable: bool

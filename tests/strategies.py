@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from reclock.core.bindings import Binding, Bindings
 from reclock.core.frontier import Antichain, kafka_frontier
-from reclock.core.time import Counter, IntoTime, Lsn, Partitioned
+from reclock.core.time import Counter, Gtid, IntoTime, Lsn, Partitioned
 
 
 @st.composite
@@ -30,6 +30,7 @@ def antichains(
 
 TIME_STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "kafka": partitioned(),
+    "gtid": partitioned().map(lambda p: Gtid(p.lo, p.hi, p.offset)),
     "into": st.integers(0, 50).map(IntoTime),
     "lsn": st.integers(0, (1 << 64) - 1).map(Lsn),
     "counter": st.integers(0, 50).map(Counter),

@@ -42,7 +42,7 @@ import numpy.typing as npt
 
 from reclock.core.errors import BindingError, SinceViolation
 from reclock.core.frontier import Antichain
-from reclock.core.time import IntoTime, Partitioned, T, time_type
+from reclock.core.time import IntoTime, T, is_partitioned, time_type
 
 INT64_MAX = np.iinfo(np.int64).max
 #: Sentinel in vectorized results: the record is not bound yet (it waits).
@@ -272,8 +272,8 @@ class Bindings(Generic[T]):
 
         Returns IntoTimes as int64, :data:`UNBOUND` (-1) where not bound yet.
         """
-        if self.kind == Partitioned.KIND:
-            raise TypeError("use reclock_offsets for partitioned (Kafka) times")
+        if is_partitioned(self.kind):
+            raise TypeError(f"use reclock_offsets for partitioned ({self.kind}) times")
         c = self._compiled
         v = np.asarray(values, dtype=np.int64)
         idx = np.searchsorted(c.bounds[0], v, side="right")
@@ -286,8 +286,8 @@ class Bindings(Generic[T]):
 
         Returns IntoTimes as int64, :data:`UNBOUND` (-1) where not bound yet.
         """
-        if self.kind != Partitioned.KIND:
-            raise TypeError(f"reclock_offsets needs kafka bindings, these are {self.kind}")
+        if not is_partitioned(self.kind):
+            raise TypeError(f"reclock_offsets needs partitioned bindings, these are {self.kind}")
         c = self._compiled
         p = np.asarray(partitions, dtype=np.int64)
         o = np.asarray(offsets, dtype=np.int64)
@@ -318,7 +318,7 @@ class Bindings(Generic[T]):
         """IntoTimes of records at their ``(_src_part, _src_offset)``
         positions, whatever the time kind (totally ordered times ignore the
         partition); :data:`UNBOUND` (-1) where not bound yet."""
-        if self.kind == Partitioned.KIND:
+        if is_partitioned(self.kind):
             return self.reclock_offsets(partitions, offsets)
         return self.reclock_values(offsets)
 
@@ -337,9 +337,9 @@ class Bindings(Generic[T]):
             else np.asarray(c)
             for c in columns
         ]
-        if self.kind == Partitioned.KIND:
+        if is_partitioned(self.kind):
             if len(arrays) != 2:
-                raise TypeError("kafka reclock_arrow takes (partitions, offsets)")
+                raise TypeError(f"{self.kind} reclock_arrow takes (partitions, offsets)")
             res = self.reclock_offsets(arrays[0], arrays[1])
         else:
             if len(arrays) != 1:
@@ -448,7 +448,7 @@ def _compile(b: Bindings[Any]) -> _Compiled:
     times_ext = np.empty(nb + 1, dtype=np.int64)
     times_ext[:nb] = b._times
     times_ext[nb] = UNBOUND
-    if b.kind != Partitioned.KIND:
+    if not is_partitioned(b.kind):
         bounds = np.full((1, nb), INT64_MAX, dtype=np.int64)
         for i, bd in enumerate(b.bindings):
             e = bd.frontier.as_option()

@@ -14,6 +14,14 @@
     when ``a``'s interval contains ``b``'s and ``a.offset <= b.offset``. A
     Kafka frontier holds one point per known partition plus ``(max+1.., 0)``,
     so that a partition appearing later is covered from offset 0.
+  - :class:`Gtid` -- MariaDB's GTID position: the same partial order and
+    implementation as :class:`Partitioned`, with the replication domain as
+    the partition and the sequence number as the offset; a kind of its own
+    (``gtid``) so that it renders as GTIDs and is not taken for Kafka's.
+
+A second partitioned clock is a subclass of :class:`Partitioned` with its
+own ``KIND`` (and ``render``), registered in :data:`TIME_KINDS`; the core
+asks :func:`is_partitioned`, never for a kind by name.
 
 Every type is an immutable value with ``less_equal``, ``join`` (least upper
 bound, ``None`` when the two have no common upper bound), ``meet`` (greatest
@@ -203,6 +211,15 @@ class Lsn(_TotalTime):
         return str(self.encode())
 
 
+def _trusted(cls: type[P], lo: int, hi: int | None, offset: int) -> P:
+    """A ``cls`` (a subclass of :class:`Partitioned`) of valid values, without checks."""
+    p = object.__new__(cls)
+    _SET(p, "lo", lo)
+    _SET(p, "hi", hi)
+    _SET(p, "offset", offset)
+    return p
+
+
 def _partitioned(lo: int, hi: int | None, offset: int) -> Partitioned:
     """A :class:`Partitioned` that was valid when pickled, without checks."""
     p = object.__new__(Partitioned)
@@ -243,11 +260,11 @@ class Partitioned:
             )
 
     @classmethod
-    def point(cls, partition: int, offset: int) -> Partitioned:
+    def point(cls, partition: int, offset: int) -> Self:
         return cls(partition, partition, offset)
 
     @classmethod
-    def above(cls, partition: int) -> Partitioned:
+    def above(cls, partition: int) -> Self:
         """Every partition ``>= partition``, at offset 0."""
         return cls(partition, None, 0)
 
@@ -265,7 +282,7 @@ class Partitioned:
             return True
         return other.hi is not None and other.hi <= self.hi
 
-    def join(self, other: Partitioned) -> Partitioned | None:
+    def join(self, other: Self) -> Self | None:
         lo = max(self.lo, other.lo)
         if self.hi is None:
             hi = other.hi
@@ -275,11 +292,11 @@ class Partitioned:
             hi = min(self.hi, other.hi)
         if hi is not None and hi < lo:
             return None
-        return Partitioned(lo, hi, max(self.offset, other.offset))
+        return type(self)(lo, hi, max(self.offset, other.offset))
 
-    def meet(self, other: Partitioned) -> Partitioned:
+    def meet(self, other: Self) -> Self:
         hi = None if self.hi is None or other.hi is None else max(self.hi, other.hi)
-        return Partitioned(min(self.lo, other.lo), hi, min(self.offset, other.offset))
+        return type(self)(min(self.lo, other.lo), hi, min(self.offset, other.offset))
 
     def sort_key(self) -> tuple[int, ...]:
         # Offset first, then lower bound, then the widest interval first: if
@@ -296,17 +313,19 @@ class Partitioned:
         return (_partitioned, (self.lo, self.hi, self.offset))
 
     @classmethod
-    def decode(cls, value: JSON) -> Partitioned:
+    def decode(cls, value: JSON) -> Self:
         if not (isinstance(value, list | tuple) and len(value) == 3):
-            raise InvalidTimeError(f"cannot decode Partitioned from {value!r}")
+            raise InvalidTimeError(f"cannot decode {cls.__name__} from {value!r}")
         lo, hi, offset = value
         if (type(lo) is int and type(offset) is int and lo >= 0 and offset >= 0
                 and (hi is None or (type(hi) is int and hi >= lo))):
-            return _partitioned(lo, hi, offset)  # valid: skip the dataclass' checks
+            if cls is Partitioned:
+                return _partitioned(lo, hi, offset)  # type: ignore[return-value]  # valid: no checks
+            return _trusted(cls, lo, hi, offset)
         return cls(lo, hi, offset)  # raises, naming what is wrong
 
     @classmethod
-    def minimum(cls) -> Partitioned:
+    def minimum(cls) -> Self:
         return cls(0, None, 0)
 
     @classmethod
@@ -344,22 +363,73 @@ class Partitioned:
         return f"P({self.lo}..{self.hi}:{self.offset})"
 
 
+P = TypeVar("P", bound=Partitioned)
+
+
+def _gtid(lo: int, hi: int | None, offset: int) -> Gtid:
+    return _trusted(Gtid, lo, hi, offset)
+
+
+@dataclass(frozen=True, slots=True)
+class Gtid(Partitioned):
+    """MariaDB's GTID position (``sources/mysql/gtid.py``): a
+    :class:`Partitioned` time whose partition is the replication domain and
+    whose offset is a sequence number; a transaction ``d-s-n`` is the point
+    ``(d, n)``, and a frontier names each domain's next sequence number plus
+    an element for the domains not seen yet. Only the kind and the rendering
+    differ from Kafka's time."""
+
+    KIND: ClassVar[str] = "gtid"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_gtid, (self.lo, self.hi, self.offset))
+
+    @classmethod
+    def render(cls, encoded: list[JSON]) -> str:
+        """``{domain 0: seq 58, domains >=1: from the start}`` of an encoded
+        GTID frontier: each domain's next sequence number (``seq 58``: the
+        transactions ``0-*-1`` to ``0-*-57`` are before it)."""
+        parts = []
+        for lo, hi, off in sorted(encoded, key=lambda e: (e[0], e[2])):
+            at = "from the start" if off <= 1 else f"seq {off}"
+            if hi is None:
+                parts.append(f"domains >={lo}: {at}")
+            elif lo == hi:
+                parts.append(f"domain {lo}: {at}")
+            else:
+                parts.append(f"domains {lo}-{hi}: {at}")
+        return "{" + ", ".join(parts) + "}"
+
+    def __repr__(self) -> str:
+        return "G" + Partitioned.__repr__(self)[1:]
+
+
 TIME_KINDS: dict[str, type[Any]] = {
     IntoTime.KIND: IntoTime,
     Counter.KIND: Counter,
     Lsn.KIND: Lsn,
     Partitioned.KIND: Partitioned,
+    Gtid.KIND: Gtid,
 }
 
 
 def time_type(kind: str) -> type[Any]:
-    """The time type registered under ``kind`` (``into``, ``counter``, ``lsn``, ``kafka``)."""
+    """The time type registered under ``kind`` (``into``, ``counter``, ``lsn``,
+    ``kafka``, ``gtid``)."""
     try:
         return TIME_KINDS[kind]
     except KeyError:
         raise InvalidTimeError(
             f"unknown time kind {kind!r}; expected one of {sorted(TIME_KINDS)}"
         ) from None
+
+
+def is_partitioned(kind: str) -> bool:
+    """Whether times of ``kind`` are partitioned (:class:`Partitioned` or a
+    subclass: per-partition offsets, ``(_src_part, _src_offset)`` positions),
+    as opposed to a total order."""
+    ty = TIME_KINDS.get(kind)
+    return ty is not None and issubclass(ty, Partitioned)
 
 
 def kafka_offsets(frontier: Any) -> tuple[dict[int, int], int | None]:

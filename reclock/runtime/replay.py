@@ -48,7 +48,7 @@ from reclock.core.columns import (
     restated,
 )
 from reclock.core.frontier import Antichain
-from reclock.core.time import Partitioned, kafka_offsets
+from reclock.core.time import is_partitioned, kafka_offsets
 from reclock.envelopes.upsert import UpsertState
 from reclock.runtime.dataplane import OutputPlan, build_output_rows, screen_intents
 from sinks.base import output_schema
@@ -202,7 +202,7 @@ def correction(held: pa.Table, model: pa.Table, out: Any, into: int,
 
 def _first_offsets(kind: str, lower: Antichain[Any]) -> dict[int, int]:
     """Per partition (totally ordered times: partition 0) the first offset of ``lower``."""
-    if kind == Partitioned.KIND:
+    if is_partitioned(kind):
         return kafka_offsets(lower)[0]
     first = lower.as_option()
     return {} if first is None else {0: int(first)}

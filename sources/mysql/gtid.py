@@ -3,8 +3,9 @@
 A GTID is ``domain-server-seq``; within one replication domain the sequence
 numbers grow (from 1), domains are independent: the GTID set is partially
 ordered, one coordinate per domain, like Kafka's partitions. So the FromTime
-is :class:`~reclock.core.time.Partitioned` with the partition the domain id
-and the offset a sequence number: a transaction ``d-s-n`` is the point
+is :class:`~reclock.core.time.Gtid` (Kafka's partitioned time under a kind
+of its own, ``gtid``) with the partition the domain id and the offset a
+sequence number: a transaction ``d-s-n`` is the point
 ``(d, n)``. A position (``@@gtid_binlog_pos``, the last GTID per domain) is
 the frontier of the next sequence number per domain: ``0-1-57`` ->
 ``{0: 58}``; domains not named in it (and domain 0 always, so that the
@@ -24,7 +25,7 @@ from typing import Any
 
 from reclock.core.errors import DefiniteError
 from reclock.core.frontier import Antichain
-from reclock.core.time import Partitioned, kafka_offsets
+from reclock.core.time import Gtid
 
 Pos = dict[int, int]
 
@@ -52,29 +53,29 @@ def position(text: str | None) -> Pos:
     return pos
 
 
-def frontier(pos: Mapping[int, int]) -> Antichain[Partitioned]:
+def frontier(pos: Mapping[int, int]) -> Antichain[Gtid]:
     """``{domain: next seq}`` as a frontier (see the module docstring)."""
     have = {d: n for d, n in pos.items() if n > 0}
     have.setdefault(0, max(1, have.get(0, 1)))
-    elems: list[Partitioned] = []
+    elems: list[Gtid] = []
     prev = -1
     for d in sorted(have):
         if d > prev + 1:
-            elems.append(Partitioned(prev + 1, d - 1, 0))  # domains not seen yet
-        elems.append(Partitioned.point(d, have[d]))
+            elems.append(Gtid(prev + 1, d - 1, 0))  # domains not seen yet
+        elems.append(Gtid.point(d, have[d]))
         prev = d
-    elems.append(Partitioned.above(prev + 1))
+    elems.append(Gtid.above(prev + 1))
     return Antichain(elems)
 
 
-def INITIAL() -> Antichain[Partitioned]:
+def INITIAL() -> Antichain[Gtid]:
     """Before everything: every domain from its start."""
-    return Antichain.from_elem(Partitioned.above(0))
+    return Antichain.from_elem(Gtid.above(0))
 
 
 def of(f: Antichain[Any]) -> Pos:
     """A frontier as ``{domain: next seq}`` (domains at their start left out)."""
-    offsets, _ = kafka_offsets(f)
+    offsets, _ = Gtid.partitions(f)
     return {d: n for d, n in offsets.items() if n > 1}
 
 

@@ -1,7 +1,7 @@
 """MariaDB CDC source: the binary log in ROW format; FromTime is the GTID position.
 
 Every transaction ``domain-server-seq`` is one point ``(domain, seq)`` of a
-:class:`~reclock.core.time.Partitioned` frontier (:mod:`sources.mysql.gtid`),
+:class:`~reclock.core.time.Gtid` frontier (:mod:`sources.mysql.gtid`),
 so its rows share one IntoTime. One output per table. Driver side
 (:class:`MySqlSource`)::
 
@@ -67,7 +67,7 @@ from reclock.core.clock import Clock
 from reclock.core.columns import SRC_DIFF, SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS, TRUNCATED
 from reclock.core.errors import DefiniteError, Reopen, TransientError
 from reclock.core.frontier import Antichain
-from reclock.core.time import Partitioned
+from reclock.core.time import Gtid
 from sources.base import OutputSpec, ReadTask, SnapshotSize, SourceBase
 from sources.mysql import gtid
 from sources.mysql.config import parse_url
@@ -227,7 +227,7 @@ def default_server_id(source: str, identity: str | None) -> int:
 class MySqlSource(SourceBase):
     """Driver side (see the module docstring)."""
 
-    kind = Partitioned.KIND  # one coordinate per replication domain
+    kind = Gtid.KIND  # one coordinate per replication domain
     replayable = False  # binlogs are purged by the server's retention
     jobs_in_flight: int | None = 1  # each job reads the binlog in order
 
@@ -320,7 +320,7 @@ class MySqlSource(SourceBase):
         return [OutputSpec(t.output, typed=True, schema=t.arrow_schema, key=t.key,
                            envelope=t.envelope) for t in self.tables]
 
-    def initial_frontier(self) -> Antichain[Partitioned]:
+    def initial_frontier(self) -> Antichain[Gtid]:
         return gtid.INITIAL()
 
     # -- checks ----------------------------------------------------------------------
@@ -392,8 +392,8 @@ class MySqlSource(SourceBase):
                 f"{what} continue from {gtid.text(start)}", hint=_PURGED_HINT)
 
     # -- open ------------------------------------------------------------------------
-    def open(self, resume: Antichain[Partitioned], bound: Antichain[Partitioned],
-             held: Sequence[Antichain[Partitioned] | None] = (),
+    def open(self, resume: Antichain[Gtid], bound: Antichain[Gtid],
+             held: Sequence[Antichain[Gtid] | None] = (),
              resnapshot: Sequence[int] = ()) -> None:
         self.check_server()
         tables = self.tables or self.describe()
@@ -444,20 +444,20 @@ class MySqlSource(SourceBase):
                 for i in snap.outputs if i < len(tables)}
 
     # -- probe -----------------------------------------------------------------------
-    def probe(self) -> Antichain[Partitioned]:
+    def probe(self) -> Antichain[Gtid]:
         rows = self._query("cannot probe", "SELECT @@gtid_binlog_pos")
         return gtid.frontier(gtid.position(rows[0][0]))
 
     # -- plan ------------------------------------------------------------------------
-    def plan(self, lower: Antichain[Partitioned], upper: Antichain[Partitioned],
-             max_task: int, max_job: int) -> tuple[list[ReadTask], Antichain[Partitioned]]:
+    def plan(self, lower: Antichain[Gtid], upper: Antichain[Gtid],
+             max_task: int, max_job: int) -> tuple[list[ReadTask], Antichain[Gtid]]:
         lo, hi = gtid.of(lower), gtid.of(upper)
         if gtid.le(hi, lo) and upper.less_equal(lower):
             return [], lower
         tasks: list[ReadTask] = []
         snap = self._snap
         if snap is not None:
-            p = Partitioned.point(0, gtid.nxt(snap.pos, 0) - 1)
+            p = Gtid.point(0, gtid.nxt(snap.pos, 0) - 1)
             if lower.less_equal_time(p) and not upper.less_equal_time(p):
                 tasks += self._chunk_tasks(snap, max_task)
         start = gtid.join(lo, self._from)
@@ -494,7 +494,7 @@ class MySqlSource(SourceBase):
         return MySqlReader(self.name, self.conn_info, tuple(self.tables), self.server_id)
 
     # -- acknowledge -----------------------------------------------------------------
-    def acknowledge(self, frontier: Antichain[Partitioned]) -> bool:
+    def acknowledge(self, frontier: Antichain[Gtid]) -> bool:
         """Nothing upstream to release; the snapshot's filters go once the
         resumption frontier passes its position in every domain."""
         snap = self._snap

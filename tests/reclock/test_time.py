@@ -10,13 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reclock.core.bindings import UNBOUND, Binding, Bindings
 from reclock.core.errors import InvalidTimeError
-from reclock.core.frontier import Antichain, kafka_frontier
+from reclock.core.frontier import Antichain, kafka_frontier, render
 from reclock.core.time import (
     Counter,
+    Gtid,
     IntoTime,
     Lsn,
     Partitioned,
+    is_partitioned,
     kafka_offsets,
     time_type,
 )
@@ -68,6 +71,40 @@ def test_kafka_frontier_covers_unknown_partitions_from_zero() -> None:
     assert not f.less_equal_time(Partitioned.point(0, 3))  # offsets 0..3 of p0 are done
     assert kafka_offsets(f) == ({0: 4, 1: 2}, 2)
     assert kafka_frontier(partitions=3) == kafka_frontier({0: 0, 1: 0, 2: 0})
+
+
+def test_gtid_is_partitioned_time_of_its_own_kind() -> None:
+    """MariaDB's GTID positions: Kafka's order and implementation, the kind
+    ``gtid``, rendered as domains and sequence numbers; the core takes every
+    subclass of Partitioned as partitioned."""
+    assert time_type("gtid") is Gtid and Gtid.KIND == "gtid" != Partitioned.KIND
+    assert [k for k in ("into", "counter", "lsn", "kafka", "gtid", "nope")
+            if is_partitioned(k)] == ["kafka", "gtid"]
+    g = Gtid.point(0, 58)
+    assert g != Partitioned.point(0, 58)  # never mixed up with a Kafka time
+    assert type(g.join(Gtid(0, None, 3))) is Gtid and type(g.meet(Gtid.above(1))) is Gtid
+    assert type(Gtid.decode([0, 0, 58])) is Gtid and Gtid.decode([0, 0, 58]) == g
+    assert pickle.loads(pickle.dumps(g)) == g and type(pickle.loads(pickle.dumps(g))) is Gtid
+    with pytest.raises(InvalidTimeError, match="cannot decode Gtid"):
+        Gtid.decode([0, 0])
+    f = Antichain([Gtid.point(0, 58), Gtid(1, 2, 0), Gtid.point(3, 7), Gtid.above(4)])
+    assert f.less_equal_time(Gtid.point(0, 58)) and not f.less_equal_time(Gtid.point(0, 57))
+    assert f.less_equal_time(Gtid.point(9, 0))  # a later domain: from its start
+    assert Gtid.partitions(f) == ({0: 58, 1: 0, 2: 0, 3: 7}, 4)
+    assert Antichain.decode_json("gtid", f.encode_json()) == f
+    assert render("gtid", f.encode()) == (
+        "{domain 0: seq 58, domains 1-2: from the start, domain 3: seq 7, "
+        "domains >=4: from the start}")
+    assert render("kafka", [[0, 0, 58], [1, None, 0]]) == "{0:58, >=1:0}"
+    # reclocking, vectorized: as Kafka's bindings over the same numbers
+    fr = [{0: 3}, {0: 9, 1: 2}]
+    for ty in (Partitioned, Gtid):
+        b = Bindings(ty.KIND, [Binding(IntoTime(t), Antichain(
+            [*(ty.point(d, n) for d, n in o.items()), ty.above(max(o) + 1)]))
+            for t, o in zip((1000, 2000), fr, strict=True)], upper=2001)
+        got = b.reclock_positions([0, 0, 0, 1, 1, 2], [1, 5, 9, 1, 2, 0]).tolist()
+        assert got == [1000, 2000, UNBOUND, 2000, UNBOUND, UNBOUND], ty
+        assert b.reclock(ty.point(0, 4)) == IntoTime(2000)
 
 
 def test_unknown_kind_is_named() -> None:

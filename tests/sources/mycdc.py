@@ -12,6 +12,7 @@ from typing import Any
 import pymysql
 
 from reclock.core.frontier import Antichain
+from reclock.core.time import Gtid
 from sources.mysql import gtid
 
 SCHEMA = [
@@ -136,7 +137,7 @@ def passed(encoded: Any, target: gtid.Pos) -> bool:
     """Whether an encoded frontier (a status document's) is at or past ``target``."""
     if not encoded:
         return False
-    return gtid.le(target, gtid.of(Antichain.decode("kafka", encoded)))
+    return gtid.le(target, gtid.of(Antichain.decode(Gtid.KIND, encoded)))
 
 
 def source_rows(url: str, query: str) -> list[tuple[Any, ...]]:

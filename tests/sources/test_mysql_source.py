@@ -136,7 +136,9 @@ def test_snapshot_hand_off_under_a_writer(tmp_path: Path, spark: Any, mysql_url:
                                                   strict=True) if t <= at)
     assert [lo for lo, hi, off in doc["frontier"] if hi is None] == [1]  # new domains: covered
     assert cli.main(["bindings", str(path), "bank", "--at", str(at)]) == 0
-    assert f"0:{offsets[0]}" in capsys.readouterr().out
+    assert f"domain 0: seq {offsets[0]}" in capsys.readouterr().out
+    assert cli.main(["bindings", str(path), "bank"]) == 0
+    assert "source bank [gtid]" in capsys.readouterr().out
     # types: the snapshot's row and the streamed one read alike
     kinds = {r["id"]: r for r in read_updates(cfg, "bank", "kinds").to_pylist()}
     strip = [{k: v for k, v in kinds[i].items() if not k.startswith("_") and k != "id"}
