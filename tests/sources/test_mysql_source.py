@@ -2,7 +2,9 @@
 server: the snapshot (parallel key-range chunks) handed off under a writer of
 random transactions, transactions kept whole, outputs equal to the writer's
 own model and to the tables, ``verify`` clean, ``reclock bindings --at``
-showing the GTID frontier, and the column types."""
+showing the GTID frontier, the column types, and two schema events under the
+writer: a column added upstream (the source re-opens, the output gains it)
+and a TRUNCATE of a keyed table (every row it held is retracted)."""
 
 from __future__ import annotations
 
@@ -35,11 +37,12 @@ timestamp_interval: 300ms
 spark: {{max_records_per_task: 300}}
 sources:
   - name: bank
-    mysql: {{url: "{url}", tables: [acct, ledger, kinds]}}
+    mysql: {{url: "{url}", tables: [acct, ledger, kinds, tr]}}
     outputs:
       - {{name: acct, sink: file}}
       - {{name: ledger, sink: file}}
       - {{name: kinds, sink: file}}
+      - {{name: tr, sink: file}}
 """
 
 KINDS = ("create table kinds (id int primary key, ti tinyint, bi bigint, ub bigint unsigned, "
@@ -65,6 +68,8 @@ def test_snapshot_hand_off_under_a_writer(tmp_path: Path, spark: Any, mysql_url:
         cur.execute(KINDS)
         cur.execute(KROW.format(1))
         cur.execute("insert into kinds (id) values (2)")
+        cur.execute("create table tr (id int primary key, v int)")
+        cur.execute("insert into tr values (1, 1), (2, 2), (3, 3)")
     path = tmp_path / "p.yaml"
     path.write_text(PIPELINE.format(tmp=tmp_path, url=mysql_url))
     cfg = load_config(path)
@@ -77,6 +82,12 @@ def test_snapshot_hand_off_under_a_writer(tmp_path: Path, spark: Any, mysql_url:
         with connect(mysql_url) as c, c.cursor() as cur:
             cur.execute(KROW.format(11))  # streamed
             cur.execute("insert into kinds (id) values (12)")
+            # a column added upstream, then a TRUNCATE, while the writer runs
+            cur.execute("alter table tr add column w varchar(10)")
+            cur.execute("insert into tr values (4, 4, 'four')")
+            cur.execute("update tr set w = 'one' where id = 1")
+            cur.execute("truncate table tr")
+            cur.execute("insert into tr values (5, 5, 'five')")
         time.sleep(1)
         txns = writer.stop()
         target = binlog_pos(mysql_url)
@@ -99,6 +110,17 @@ def test_snapshot_hand_off_under_a_writer(tmp_path: Path, spark: Any, mysql_url:
     for r in model.ledger:
         want[r] = want.get(r, 0) + 1
     assert counted == sorted(want.items())
+    # the added column: the output gained it (the rows before it: null); the
+    # TRUNCATE retracted every row held then, each at the truncate's IntoTime
+    tr = read_updates(cfg, "bank", "tr")
+    assert "w" in tr.schema.names
+    assert output_rows(tr, ["id", "v", "w"]) == [(5, 5, "five")]
+    hist = {(r["id"], r["v"], r["w"], r["_diff"]) for r in tr.to_pylist()}
+    assert {(1, 1, None, 1), (4, 4, "four", 1), (1, 1, "one", 1)} <= hist
+    gone = [r for r in tr.to_pylist() if r["_diff"] < 0]
+    assert sorted(((r["id"], r["w"]) for r in gone), key=repr) == [
+        (1, "one"), (1, None), (2, None), (3, None), (4, "four")]  # (1, None): the update
+    assert len({r["_into_time"] for r in gone if r["id"] != 1 or r["w"] == "one"}) == 1
     # the snapshot: several chunks, one position, before every streamed change
     snap = acct.filter(pa.compute.is_null(acct.column("_src_ts")))
     assert len(set(snap.column("_src_offset").to_pylist())) == 1
