@@ -58,6 +58,23 @@ def _held(t: Any) -> Counter[tuple[str, int, int, bytes]]:
     return out
 
 
+def _pipeline(tmp_path: Path, bootstrap: str, topics: str, outputs: str) -> Path:
+    """A pipeline file: one Kafka source ``events`` reading ``topics`` (its
+    YAML lines) into ``outputs`` (theirs)."""
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+timestamp_interval: 200ms
+sources:
+  - name: events
+    kafka:
+      bootstrap_servers: "{bootstrap}"
+      {topics}
+      timeout: 3s
+    outputs:{outputs}
+""")
+    return path
+
+
 def _store_as_before_changes(cfg: Any) -> None:
     import sqlalchemy as sa
 
@@ -97,20 +114,10 @@ def test_topic_pattern_reads_topics_that_appear_later_exactly_once(
     _produce(kafka.bootstrap, a, 2, 0, 300, bad_every=50)
     _produce(kafka.bootstrap, b, 1, 1000, 200)
     _produce(kafka.bootstrap, other, 1, 5000, 50)  # not matched: never read
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(f"""
-timestamp_interval: 200ms
-sources:
-  - name: events
-    kafka:
-      bootstrap_servers: "{kafka.bootstrap}"
-      topic_pattern: "mt{run}-.*"
-      timeout: 3s
-    outputs:
+    path = _pipeline(tmp_path, kafka.bootstrap, f'topic_pattern: "mt{run}-.*"', f"""
       - name: events
         {SCHEMA}
-        sink: file
-""")
+        sink: file""")
     cfg = load_config(path)
     try:
         with running(cfg, spark) as runners:
@@ -183,25 +190,15 @@ def test_topics_with_an_output_each(tmp_path: Path, spark: Any, kafka: Any) -> N
                         for t in b.column("_topic").to_pylist())
     assert by_output == {(0, x): 115, (1, y): 70}
 
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(f"""
-timestamp_interval: 200ms
-sources:
-  - name: events
-    kafka:
-      bootstrap_servers: "{kafka.bootstrap}"
-      topics: [{x}, {y}]
+    path = _pipeline(tmp_path, kafka.bootstrap, f"""topics: [{x}, {y}]
       output_per_topic: true
-      topic_outputs: {{{x}: xs}}
-      timeout: 3s
-    outputs:
+      topic_outputs: {{{x}: xs}}""", f"""
       - name: xs
         {SCHEMA}
         sink: file
       - name: y_{run}
         format: {{type: json, schema: {{id: int64}}}}
-        sink: file
-""")
+        sink: file""")
     cfg = load_config(path)
     with running(cfg, spark) as runners:
         r = runners[0]
