@@ -390,3 +390,22 @@ class SinkConfigBase(_Model):
     def build(self, ctx: Any) -> Any:
         """The sink (``ctx`` is a :class:`~sinks.base.SinkContext`)."""
         raise NotImplementedError
+
+
+def table_output_problems(i: int, table: str, output: Any, seen: dict[str, int]
+                          ) -> list[InitErrorDetails]:
+    """A CDC source's ``tables`` entry ``i``: its output's name (``output``,
+    else the table's) must be a usable name, and no other entry's; ``seen``
+    (output -> entry) collects the names across the entries."""
+    name = output or table
+    if output and (not isinstance(name, str) or not re.match(NAME_PATTERN, name)):
+        return []  # the field's own validation names it
+    if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
+        return [_problem(("tables", i), f"table {table!r} cannot name its output (letters, "
+                         "digits, _ and -, starting with a letter); write it as {table: ..., "
+                         "output: a_name}")]
+    if name in seen:
+        return [_problem(("tables", i), f"output {name!r} is fed by two tables (entries "
+                         f"{seen[name]} and {i}); give one of them another output: name")]
+    seen[name] = i
+    return []

@@ -3,7 +3,6 @@ imported until :meth:`MySqlConfig.build`)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import unquote, urlsplit
@@ -12,12 +11,12 @@ from pydantic import AfterValidator, BeforeValidator, Field
 from pydantic_core import InitErrorDetails
 
 from reclock.config.base import (
-    NAME_PATTERN,
     ConnectorConfig,
     DurationMs,
     Name,
     _Model,
     _problem,
+    table_output_problems,
 )
 
 if TYPE_CHECKING:
@@ -109,21 +108,7 @@ class MySqlConfig(ConnectorConfig):
             if not t.get("database") and not default_db:
                 problems.append(_problem(("tables", i), f"table {name!r} names no database "
                                          "and the URL has none: write database.table"))
-            output = t.get("output") or name
-            if t.get("output") and (not isinstance(output, str)
-                                    or not re.match(NAME_PATTERN, output)):
-                continue
-            if not isinstance(output, str) or not re.match(NAME_PATTERN, output):
-                problems.append(_problem(
-                    ("tables", i), f"table {name!r} cannot name its output (letters, digits, "
-                    "_ and -, starting with a letter); write it as {table: ..., output: "
-                    "a_name}"))
-            elif output in seen:
-                problems.append(_problem(
-                    ("tables", i), f"output {output!r} is fed by two tables (entries "
-                    f"{seen[output]} and {i}); give one of them another output: name"))
-            else:
-                seen[output] = i
+            problems += table_output_problems(i, name, t.get("output"), seen)
         return problems
 
     def table_outputs(self) -> list[tuple[str, str, str]]:

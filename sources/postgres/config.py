@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -12,13 +11,13 @@ from pydantic_core import InitErrorDetails
 
 from reclock.clients.postgres import checked_dsn
 from reclock.config.base import (
-    NAME_PATTERN,
     SLOT_PATTERN,
     ConnectorConfig,
     DurationMs,
     Name,
     _Model,
     _problem,
+    table_output_problems,
 )
 
 if TYPE_CHECKING:
@@ -95,21 +94,7 @@ class PostgresConfig(ConnectorConfig):
             if not isinstance(t, Mapping):
                 continue  # the field's own validation names it
             name = str(t.get("table", ""))
-            output = t.get("output") or name
-            if t.get("output") and (not isinstance(output, str)
-                                    or not re.match(NAME_PATTERN, output)):
-                continue  # the field's own validation names it
-            if not isinstance(output, str) or not re.match(NAME_PATTERN, output):
-                problems.append(_problem(
-                    ("tables", i), f"table {name!r} cannot name its output (letters, digits, "
-                    "_ and -, starting with a letter); write it as {table: ..., output: "
-                    "a_name}"))
-            elif output in seen:
-                problems.append(_problem(
-                    ("tables", i), f"output {output!r} is fed by two tables (entries "
-                    f"{seen[output]} and {i}); give one of them another output: name"))
-            else:
-                seen[output] = i
+            problems += table_output_problems(i, name, t.get("output"), seen)
         return problems
 
     def table_outputs(self) -> list[tuple[str, str, str]] | None:
