@@ -25,12 +25,14 @@ from typing import Any
 #: A whole frontier at least every this many rows.
 CHECKPOINT = 64
 
-#: Encoded elements keyed by their canonical JSON text.
-State = dict[str, Any]
+#: Encoded elements keyed by a hashable form of themselves.
+State = dict[Any, Any]
 
 
-def _key(e: Any) -> str:
-    return json.dumps(e, separators=(",", ":"))
+def _key(e: Any) -> Any:
+    # Kafka's and GTID's elements encode as [lo, hi, offset]; total orders
+    # as an int or a string
+    return tuple(e) if isinstance(e, list) else e
 
 
 def is_whole(text: str) -> bool:
@@ -41,27 +43,49 @@ def state_of(encoded: list[Any]) -> State:
     return {_key(e): e for e in encoded}
 
 
-def apply(state: State | None, text: str) -> State:
-    """The frontier a row's text stands for, given the one before it."""
-    value = json.loads(text)
-    if isinstance(value, list):
-        return state_of(value)
-    if state is None or not isinstance(value, dict):
-        raise ValueError(f"a change row with no whole frontier before it: {text[:80]!r}")
-    out = dict(state)
-    for e in value.get("-", ()):
-        out.pop(_key(e), None)
-    for e in value.get("+", ()):
-        out[_key(e)] = e
-    return out
+class Chain:
+    """Rows read in time order: the frontier after each. A whole row is kept
+    as its list (keyed only when a change row follows), and changes apply in
+    place: reading a shard of whole rows costs what it did before changes."""
+
+    def __init__(self) -> None:
+        self._whole: list[Any] | None = None
+        self._keyed: State | None = None
+
+    def apply(self, text: str) -> None:
+        value = json.loads(text)
+        if isinstance(value, list):
+            self._whole, self._keyed = value, None
+            return
+        if not isinstance(value, dict) or (self._whole is None and self._keyed is None):
+            raise ValueError(f"a change row with no whole frontier before it: {text[:80]!r}")
+        if self._keyed is None:
+            self._keyed = state_of(self._whole or [])
+        self._whole = None
+        for e in value.get("-", ()):
+            self._keyed.pop(_key(e), None)
+        for e in value.get("+", ()):
+            self._keyed[_key(e)] = e
+
+    def elements(self) -> list[Any]:
+        """The current frontier's encoded elements (a fresh list)."""
+        if self._whole is not None:
+            return list(self._whole)
+        return list((self._keyed or {}).values())
+
+    def state(self) -> State | None:
+        """The current frontier keyed (None before any row)."""
+        if self._whole is None and self._keyed is None:
+            return None
+        return dict(self._keyed) if self._keyed is not None else state_of(self._whole or [])
 
 
 def decode(rows: Iterable[tuple[int, str]]) -> Iterator[tuple[int, list[Any]]]:
     """``(time, encoded frontier)`` of rows in time order, the first whole."""
-    state: State | None = None
+    chain = Chain()
     for t, text in rows:
-        state = apply(state, text)
-        yield t, list(state.values())
+        chain.apply(text)
+        yield t, chain.elements()
 
 
 class Writer:

@@ -417,12 +417,12 @@ class SqlRemapStore:
                 .where(bindings_table.c.shard == shard,
                        bindings_table.c.into_time >= self._whole_at_or_before(conn, shard, None))
                 .order_by(bindings_table.c.into_time))]
-            state: delta.State | None = None
+            chain = delta.Chain()
             for _t, text in rows:
-                state = delta.apply(state, text)
-            tail = ([Binding(IntoTime(rows[-1][0]),
-                             Antichain.decode(row.kind, list(state.values())))]
-                    if rows and state is not None else [])
+                chain.apply(text)
+            state = chain.state()
+            tail = ([Binding(IntoTime(rows[-1][0]), Antichain.decode(row.kind, chain.elements()))]
+                    if rows else [])
             since = min([row.since, *(int(b.time) for b in tail)])
             # Validates kinds, time range, order and monotonicity; raising
             # here rolls the upper move back too.
