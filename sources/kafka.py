@@ -145,6 +145,10 @@ _STALE_METADATA = frozenset({
 })
 
 
+#: Metadata errors of a topic that does not exist (deleted, or never made).
+_MISSING_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+
+
 def _transient(what: str, exc: BaseException) -> TransientError:
     return TransientError(f"{what}: {exc}", hint="is the Kafka broker reachable? reclock retries")
 
@@ -230,7 +234,7 @@ class KafkaReader:
             return
         c.assign([TopicPartition(t, p, b) for _c, b, _e, t, p in ranges])
         try:
-            yield from self._routed(self._read_ranges(c, ranges), where)
+            yield from self._routed(self._read_ranges(c, ranges, where), where)
         finally:
             with contextlib.suppress(KafkaException):
                 c.unassign()
@@ -310,14 +314,13 @@ class KafkaReader:
         if r.pending:
             yield 0, _native_batch(r.take(), self.headers)
 
-    def _read_ranges(self, c: Consumer, ranges: list[Range]
+    def _read_ranges(self, c: Consumer, ranges: list[Range], where: dict[int, tuple[str, int]]
                      ) -> Iterator[tuple[int, pa.RecordBatch]]:
         """The Python reader: the same rules as the C one (all of a task's
         partitions assigned together), a ``Message`` per record."""
         pos = {p: b for p, b, _e, _t, _k in ranges}
         end = {p: e for p, _b, e, _t, _k in ranges}
-        coord = {(t, k): p for p, _b, _e, t, k in ranges}
-        where = {p: (t, k) for (t, k), p in coord.items()}
+        coord = {tk: p for p, tk in where.items()}
         parts: list[int] = []
         offsets: list[int] = []
         keys: list[bytes | None] = []
@@ -620,8 +623,8 @@ class KafkaSource(SourceBase):
             raise _transient(f"source {self.name!r}: metadata of topic {self.topic!r}", exc
                              ) from None
         t = md.topics.get(self.topic)
-        missing = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
-        if t is None or (t.error is not None and t.error.code() in missing) or not t.partitions:
+        if (t is None or not t.partitions
+                or (t.error is not None and t.error.code() in _MISSING_TOPIC)):
             raise DefiniteError(
                 f"source {self.name!r}: topic {self.topic!r} does not exist (deleted?)",
                 hint="re-create the topic, or drop the source with `reclock drop`")
@@ -636,11 +639,10 @@ class KafkaSource(SourceBase):
         except KafkaException as exc:
             raise _transient(f"source {self.name!r}: metadata of {self.described}", exc
                              ) from None
-        missing = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
         found = {}
         for name, t in md.topics.items():
             if not self._matches(name) or not t.partitions or (
-                    t.error is not None and t.error.code() in missing):
+                    t.error is not None and t.error.code() in _MISSING_TOPIC):
                 continue
             if t.error is not None:
                 raise _transient(f"source {self.name!r}: topic {name!r}", KafkaException(t.error))
@@ -662,7 +664,7 @@ class KafkaSource(SourceBase):
         live = [self._ids[(n, p)] for n, p in pairs if found[n].partitions[p].leader >= 0]
         return ids, sorted(live)
 
-    def output_errors(self) -> dict[int, Exception]:
+    def output_errors(self) -> dict[int, DefiniteError]:
         """A deleted topic of ``topics``: a definite error of its output (of
         the one output, when they share it); the other topics go on. (A
         pattern's topics come and go: a deleted one just keeps its offsets.)"""
