@@ -43,6 +43,7 @@ import pyarrow as pa
 from reclock.core.columns import (
     POSITION_FIELDS,
 )
+from reclock.core.errors import DefiniteError
 from reclock.core.frontier import Antichain
 from reclock.core.time import T
 
@@ -225,7 +226,7 @@ class Source(Protocol, Generic[T]):
         source's own loop: must not block on upstream (report what is known)."""
         ...
 
-    def output_errors(self) -> dict[int, Exception]:
+    def output_errors(self) -> dict[int, DefiniteError]:
         """Outputs whose upstream is gone for good while the others go on (a
         deleted topic of a several-topic Kafka source): output index -> the
         definite error its health shows. The output holds what was read and
@@ -272,7 +273,7 @@ class SourceBase:
     def snapshot_sizes(self) -> dict[int, SnapshotSize]:
         return {}
 
-    def output_errors(self) -> dict[int, Exception]:
+    def output_errors(self) -> dict[int, DefiniteError]:
         return {}
 
 

@@ -758,7 +758,7 @@ class SourceRunner:
     def _upstream_gone(self) -> None:
         """Outputs whose upstream the source says is gone for good stall with
         its definite error (once each, with an event); the others go on."""
-        gone = self.source.output_errors() if hasattr(self.source, "output_errors") else {}
+        gone = self.source.output_errors()
         for out in self.outputs:
             exc = gone.get(out.index)
             if exc is None:
@@ -766,9 +766,9 @@ class SourceRunner:
             if out.index not in self._gone:
                 log.error("source %s: output %s: %s", self.name, out.name, exc)
                 self.events.log(self.name, "output_error", output=out.name, error=str(exc),
-                                hint=getattr(exc, "hint", None))
-                out.health = Health(STALLED, str(exc.args[0] if exc.args else exc),
-                                    getattr(exc, "hint", None), self.clock.now(), True)
+                                hint=exc.hint)
+                out.health = Health(STALLED, str(exc.args[0] if exc.args else exc), exc.hint,
+                                    self.clock.now(), True)
         self._gone = set(gone)
 
     def _refused(self, out: OutputRuntime, exc: DefiniteError) -> None:
