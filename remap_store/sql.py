@@ -181,10 +181,7 @@ class SqlRemapStore:
             with self._tx() as conn:
                 conn.execute(sa.update(shards_table).where(shards_table.c.shard == shard)
                              .values(updated_at=shards_table.c.updated_at))  # the row lock
-                rows = [(int(t), str(f)) for t, f in conn.execute(
-                    sa.select(bindings_table.c.into_time, bindings_table.c.frontier)
-                    .where(bindings_table.c.shard == shard)
-                    .order_by(bindings_table.c.into_time))]
+                rows = self._rows(conn, shard, 0)
                 w = delta.Writer(None, 0)
                 for (t, old), (_t, enc) in zip(rows, delta.decode(rows), strict=True):
                     new = w.text(enc)
@@ -337,6 +334,14 @@ class SqlRemapStore:
         later statement may see bindings a concurrent writer committed after
         the shard row was read, and those must wait for the next read."""
         start = self._whole_at_or_before(conn, shard, lower) if lower > 0 else 0
+        rows = self._rows(conn, shard, start, upto, below)
+        return [Binding(IntoTime(t), Antichain.decode(kind, enc))
+                for t, enc in delta.decode(rows) if t >= lower]
+
+    def _rows(self, conn: Connection, shard: str, start: int, upto: int | None = None,
+              below: int | None = None) -> list[tuple[int, str]]:
+        """``(time, stored text)`` of the rows with ``start <= time``, ``time <=
+        upto`` and ``time < below``, in time order (``start`` a whole row's)."""
         q = (
             sa.select(bindings_table.c.into_time, bindings_table.c.frontier)
             .where(bindings_table.c.shard == shard, bindings_table.c.into_time >= start)
@@ -346,9 +351,7 @@ class SqlRemapStore:
             q = q.where(bindings_table.c.into_time <= upto)
         if below is not None:
             q = q.where(bindings_table.c.into_time < below)
-        rows = [(int(t), str(f)) for t, f in conn.execute(q)]
-        return [Binding(IntoTime(t), Antichain.decode(kind, enc))
-                for t, enc in delta.decode(rows) if t >= lower]
+        return [(int(t), str(f)) for t, f in conn.execute(q)]
 
     def _whole_at_or_before(self, conn: Connection, shard: str, t: int | None) -> int:
         """The time of the last whole row at or before ``t`` (any: None), 0 if none."""
@@ -412,11 +415,7 @@ class SqlRemapStore:
                 raise UpperMismatch(shard, expected_upper, _upper_ac(row.upper))
             row = self._shard_row(conn, shard)
             # the last binding, rebuilt from the last whole row
-            rows = [(int(t), str(f)) for t, f in conn.execute(
-                sa.select(bindings_table.c.into_time, bindings_table.c.frontier)
-                .where(bindings_table.c.shard == shard,
-                       bindings_table.c.into_time >= self._whole_at_or_before(conn, shard, None))
-                .order_by(bindings_table.c.into_time))]
+            rows = self._rows(conn, shard, self._whole_at_or_before(conn, shard, None))
             chain = delta.Chain()
             for _t, text in rows:
                 chain.apply(text)
@@ -507,7 +506,7 @@ class SqlRemapStore:
             known = {str(n): int(c) for n, c in conn.execute(sel)}
         if all(n in known for n in names):
             return known
-        with self._tx() as conn:  # serialized: SQLite's BEGIN IMMEDIATE, Postgres' row lock
+        with self._tx() as conn:  # serialized: SQLite's BEGIN IMMEDIATE, Postgres' lock below
             if self.dialect == "postgresql":
                 # one assigner at a time per shard (a zombie driver included)
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"),
