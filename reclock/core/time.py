@@ -344,16 +344,17 @@ class Partitioned:
 
     @classmethod
     def render(cls, encoded: list[JSON]) -> str:
-        """``{partition: offset, ...; >=N: 0}`` of an encoded Kafka frontier."""
-        parts = []
-        for lo, hi, off in sorted(encoded, key=lambda e: (e[0], e[2])):
-            if hi is None:
-                parts.append(f">={lo}:{off}")
-            elif lo == hi:
-                parts.append(f"{lo}:{off}")
-            else:
-                parts.append(f"{lo}-{hi}:{off}")
-        return "{" + ", ".join(parts) + "}"
+        """``{partition: offset, ...; >=N: 0}`` of an encoded Kafka frontier
+        (each element as :meth:`label` names it, by partition)."""
+        return "{" + ", ".join(cls.label(lo, hi, off) for lo, hi, off
+                               in sorted(encoded, key=lambda e: (e[0], e[2]))) + "}"
+
+    @staticmethod
+    def label(lo: int, hi: int | None, off: int) -> str:
+        """One encoded element: ``p:offset``, ``lo-hi:offset`` or ``>=lo:offset``."""
+        if hi is None:
+            return f">={lo}:{off}"
+        return f"{lo}:{off}" if lo == hi else f"{lo}-{hi}:{off}"
 
     def __repr__(self) -> str:
         if self.hi is None:
@@ -384,21 +385,15 @@ class Gtid(Partitioned):
     def __reduce__(self) -> tuple[Any, ...]:
         return (_gtid, (self.lo, self.hi, self.offset))
 
-    @classmethod
-    def render(cls, encoded: list[JSON]) -> str:
-        """``{domain 0: seq 58, domains >=1: from the start}`` of an encoded
-        GTID frontier: each domain's next sequence number (``seq 58``: the
-        transactions ``0-*-1`` to ``0-*-57`` are before it)."""
-        parts = []
-        for lo, hi, off in sorted(encoded, key=lambda e: (e[0], e[2])):
-            at = "from the start" if off <= 1 else f"seq {off}"
-            if hi is None:
-                parts.append(f"domains >={lo}: {at}")
-            elif lo == hi:
-                parts.append(f"domain {lo}: {at}")
-            else:
-                parts.append(f"domains {lo}-{hi}: {at}")
-        return "{" + ", ".join(parts) + "}"
+    @staticmethod
+    def label(lo: int, hi: int | None, off: int) -> str:
+        """``domain 0: seq 58``, ``domains >=1: from the start``: each
+        domain's next sequence number (``seq 58``: the transactions ``0-*-1``
+        to ``0-*-57`` are before it)."""
+        at = "from the start" if off <= 1 else f"seq {off}"
+        if hi is None:
+            return f"domains >={lo}: {at}"
+        return f"domain {lo}: {at}" if lo == hi else f"domains {lo}-{hi}: {at}"
 
     def __repr__(self) -> str:
         return "G" + Partitioned.__repr__(self)[1:]
