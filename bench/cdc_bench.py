@@ -67,6 +67,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,24 @@ def wait_held(url: str, output: str, lsn: int, timeout: float) -> float:
                 raise TimeoutError(f"{output} did not reach {lsn}")
             time.sleep(0.01)
     return time.monotonic()
+
+
+def catch_up(cfg: Any, spark: Any, state: Path, changes: int, held: Callable[[], float]
+             ) -> tuple[float, float | None]:
+    """Start the pipeline on a backlog of ``changes`` and stop it once
+    ``held()`` returns (the monotonic time the sink held the backlog's end):
+    the seconds that took, and the rate after the first job (None when the
+    first job read it all)."""
+    t0_ms = int(time.time() * 1000)
+    t0 = time.monotonic()
+    p = Pipeline(cfg, spark)
+    t1 = held()
+    t1_ms = int(time.time() * 1000)
+    p.close()
+    fr = first_read(state, t0_ms)
+    after_first = ((changes - fr[1]) / ((t1_ms - fr[0]) / 1000)
+                   if fr and t1_ms > fr[0] and changes > fr[1] else None)
+    return t1 - t0, after_first
 
 
 def first_read(state: Path, after_ms: int) -> tuple[int, int] | None:
@@ -406,18 +425,12 @@ def main() -> int:
             pgbench(url, script, 2, transactions=n_tx)  # the backlog
             target = lsn_now(url)
             changes = n_tx * 2 * per_tx
-            t0_ms = int(time.time() * 1000)
-            t0 = time.monotonic()
-            p = Pipeline(cfg, spark)
-            t1 = wait_held(url, "cdc.bench", target, 900)
-            t1_ms = int(time.time() * 1000)
-            p.close()
-            rate = changes / (t1 - t0)
-            fr = first_read(tmp / "state", t0_ms)
-            read_rate = ((changes - fr[1]) / ((t1_ms - fr[0]) / 1000)
-                         if fr and t1_ms > fr[0] and changes > fr[1] else float("nan"))
-            row = ["Postgres", shape, "", f"{rate:,.0f} changes/s ({changes:,} in {t1 - t0:.1f} s)",
-                   f"{read_rate:,.0f}", "PASS" if rate >= TARGET_RATE else "MISS", "-", "-", "-"]
+            took, read_rate = catch_up(cfg, spark, tmp / "state", changes,
+                                       lambda t=target: wait_held(url, "cdc.bench", t, 900))
+            rate = changes / took
+            row = ["Postgres", shape, "", f"{rate:,.0f} changes/s ({changes:,} in {took:.1f} s)",
+                   f"{read_rate if read_rate is not None else float('nan'):,.0f}",
+                   "PASS" if rate >= TARGET_RATE else "MISS", "-", "-", "-"]
             if dbz is not None and bench_count is not None and dbz_err is None:
                 try:
                     base = bench_count()
@@ -568,22 +581,15 @@ def mariadb_rows(args: argparse.Namespace, url: str, spark: Any, tmp: Path) -> l
             [(pos,)] = server.execute("SELECT @@gtid_binlog_pos")
             target = gtid.position(pos)
             changes = n_tx * per_tx
-            t0_ms = int(time.time() * 1000)
-            t0 = time.monotonic()
-            p = Pipeline(cfg, spark)
-            t1 = my_wait_held(url, "my.bench", target, 900)
-            t1_ms = int(time.time() * 1000)
-            p.close()
-            rate = changes / (t1 - t0)
-            fr = first_read(tmp / "my-state", t0_ms)
-            # "-": the whole backlog was one job (one binlog task)
-            read_rate = (f"{(changes - fr[1]) / ((t1_ms - fr[0]) / 1000):,.0f}"
-                         if fr and t1_ms > fr[0] and changes > fr[1] else "-")
+            took, read_rate = catch_up(cfg, spark, tmp / "my-state", changes,
+                                       lambda t=target: my_wait_held(url, "my.bench", t, 900))
+            rate = changes / took
             tps = n_tx / (w1 - w0)
+            # "-": the whole backlog was one job (one binlog task)
             out.append(["MariaDB", shape,
                         f"{tps:,.0f} tx/s = {tps * per_tx:,.0f} changes/s (mariadb-slap)",
-                        f"{rate:,.0f} changes/s ({changes:,} in {t1 - t0:.1f} s)",
-                        read_rate, "-", "-", "-", "-"])
+                        f"{rate:,.0f} changes/s ({changes:,} in {took:.1f} s)",
+                        "-" if read_rate is None else f"{read_rate:,.0f}", "-", "-", "-", "-"])
     finally:
         server.stop()
     return out
