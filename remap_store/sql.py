@@ -579,6 +579,24 @@ class SqlRemapStore:
         self.engine.dispose()
 
 
+def _wal(cur: Any) -> None:
+    """The database file in WAL mode (a property of the file: set once). Two
+    connections converting a new file at once: the loser's PRAGMA fails with
+    "database is locked" at once, whatever the busy timeout, so look again."""
+    import sqlite3
+
+    for attempt in range(50):
+        try:
+            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+                return
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == 49:
+                raise
+            time.sleep(0.02 * (attempt + 1))
+
+
 def _sqlite_immediate_transactions(engine: Engine) -> None:
     """Let SQLAlchemy, not pysqlite, begin transactions, and begin them with
     ``BEGIN IMMEDIATE`` so that writers take the write lock up front instead
@@ -588,9 +606,9 @@ def _sqlite_immediate_transactions(engine: Engine) -> None:
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA busy_timeout=30000")
+        _wal(cur)
+        cur.execute("PRAGMA synchronous=FULL")
         cur.close()
 
     @event.listens_for(engine, "begin")

@@ -320,14 +320,18 @@ def test_coordinates_are_dense_durable_and_shared(store: RemapStore, store_url: 
 def test_coordinates_race(store_url: str) -> None:
     """Two assigners at once never give one id to two names, or two ids to one."""
     results: list[dict[str, int]] = []
+    errors: list[BaseException] = []
 
     def assign(names: list[str]) -> None:
-        s = open_store(store_url)
         try:
-            for n in names:
-                results.append(s.coordinates("race", [n]))
-        finally:
-            s.close()
+            s = open_store(store_url)  # both open a new store at once, too
+            try:
+                for n in names:
+                    results.append(s.coordinates("race", [n]))
+            finally:
+                s.close()
+        except BaseException as exc:  # a thread's failure fails the test
+            errors.append(exc)
 
     a = [f'["t",{i}]' for i in range(0, 20)]
     b = [f'["t",{i}]' for i in range(10, 30)]
@@ -336,6 +340,7 @@ def test_coordinates_race(store_url: str) -> None:
         t.start()
     for t in threads:
         t.join()
+    assert not errors, errors
     final = open_store(store_url)
     try:
         ids = final.coordinates("race")
