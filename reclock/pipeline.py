@@ -425,6 +425,7 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
         runners.append(SourceRunner(
             built.source, built.outputs, pipe.store, spark if use_spark else None, pipe.clock,
             pipe.settings(src), events, requests=Requests(pipe.state_dir, src.name),
+            drop_marker=pipe.drop_marker(src.name),
         ))
     if dropped and out is not None:
         out.write(f"reclock: not running dropped source(s) {', '.join(dropped)} "
@@ -453,8 +454,8 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
             on_ready(runners)
         while not stop.is_set():
             for r in runners:
-                if r.alive and pipe.is_dropped(r.name):
-                    r.drop()
+                if r.name not in dropped and pipe.is_dropped(r.name):
+                    r.drop()  # (the runner may have seen the marker first)
                     dropped.append(r.name)
             history.record(write_status(status_path, runners, dropped, pipe.clock,
                                         runners.http_url))

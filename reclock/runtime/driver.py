@@ -44,6 +44,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -207,6 +208,7 @@ class SourceRunner:
         *,
         as_of: int | None = None,
         requests: Requests | None = None,
+        drop_marker: Path | None = None,
     ) -> None:
         self.source = source
         self.name = source.name
@@ -224,6 +226,10 @@ class SourceRunner:
         self.health = Health(since_ms=clock.now())
         self._stop = threading.Event()
         self._dropped = threading.Event()
+        #: the file ``reclock drop`` makes (None: not watched). The run loop
+        #: sees it within a second; the runner also looks just before each
+        #: commit, so a job that finishes after the request commits nothing.
+        self.drop_marker = drop_marker
         self._thread: threading.Thread | None = None
         self.operator: RemapOperator[Any] | None = None
         self.read_from: Antichain[Any] | None = None
@@ -269,6 +275,16 @@ class SourceRunner:
         self._dropped.set()
         self._stop.set()
         self._cancel_jobs()
+
+    def _drop_requested(self) -> bool:
+        """Whether this source is dropped, by :meth:`drop` or by a drop
+        marker the run loop has not seen yet (then it drops now)."""
+        if self._dropped.is_set():
+            return True
+        if self.drop_marker is not None and self.drop_marker.exists():
+            self.drop()
+            return True
+        return False
 
     def _cancel_jobs(self) -> None:
         """Cancel this source's Spark jobs (their results are not wanted)."""
@@ -498,7 +514,7 @@ class SourceRunner:
             while pending:
                 job = pending.popleft()
                 results = self._await(job)  # a task's error is raised here
-                if self._dropped.is_set():
+                if self._drop_requested():
                     return False  # late results of a dropped source are discarded
                 if failed is None:
                     try:
@@ -696,7 +712,7 @@ class SourceRunner:
                     f"output {out.name!r}: upper would move backwards {cur.upper} -> {new_upper}"
                 )
             staged = [s for r in results for s in r.staged.get(out.index, [])]
-            if self._dropped.is_set():
+            if self._drop_requested():
                 return
             # Key state derived from the output changes only once the commit
             # that carries its updates succeeded: computing them (apply) does
