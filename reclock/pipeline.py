@@ -286,6 +286,9 @@ class Pipeline:
             jobs_in_flight=sp.jobs_in_flight,
             vacuum_every_s=self.cfg.housekeeping.vacuum_every / 1000.0,
             orphan_grace_s=self.cfg.housekeeping.orphan_grace / 1000.0,
+            keys_dir=self.state_dir / "keys" / src.name,
+            settle_bytes=sp.max_bytes_per_settle,
+            spill_intents=sp.master.startswith("local"),
         )
 
     def close(self) -> None:

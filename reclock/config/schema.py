@@ -417,6 +417,17 @@ class SparkConfig(_Model):
     records each (a record may be as large as the broker allows). Tasks
     also write what they decoded out in pieces of at most this size. See
     ``bench/big_records_bench.py``."""
+    max_bytes_per_settle: ByteSize = Field(default=32 * 2**20, ge=1, le=2**40)
+    """Keyed outputs (upsert, keyed CDC): bytes of decoded intents the driver
+    settles against the key state at once (``32MiB``). A job's intents are
+    split by a hash of the key, and large ones are written to files under
+    ``state_dir/keys/`` by the tasks, so a transaction of millions of rows
+    is settled a few key buckets at a time. The key state itself is a SQLite
+    file there, reused while it matches the output (see
+    :mod:`reclock.envelopes.keystate`). Tasks write intents to files only
+    with a ``local`` master; on a cluster they travel in the task results
+    (through the driver's JVM heap: size ``spark.driver.memory`` for the
+    largest job)."""
 
 
 _REMAP_SCHEMES = ("sqlite", "postgresql", "postgres")

@@ -3,14 +3,17 @@ deletes. The output holds retractions and insertions, so it reads as the
 current state as of any IntoTime. Tasks decode records into *intents*
 (``_diff`` 1 for a value, 0 for a tombstone); :class:`UpsertState` turns them
 into updates in (IntoTime, position) order against the previous value per key.
-The state is rebuilt from the output itself when a source opens, so it is
-always exactly the state of the committed output; it lives in the driver
-(memory grows with the number of live keys). Keyed debezium and keyed CDC
-outputs settle the same way.
+The state is always exactly the state of the committed output: a running
+driver keeps it in a SQLite file it reuses while the file's marker names the
+output's committed version, and rebuilds from the output itself otherwise
+(:mod:`reclock.envelopes.keystate`, which also says how a job's intents are
+settled a few key buckets at a time, in bounded memory). Keyed debezium and
+keyed CDC outputs settle the same way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
@@ -32,6 +35,7 @@ from reclock.core.columns import (
 )
 from reclock.core.errors import DefiniteError
 from reclock.envelopes.base import RowPlan, decoded_rows
+from reclock.envelopes.keystate import ALL, KeyedIntents, KeyStore, MemoryKeys
 
 
 class UpsertEnvelope(_Model):
@@ -86,23 +90,31 @@ def _hashable(v: Any) -> Any:
 class Pending:
     """What one :meth:`UpsertState.apply` would change, kept apart from the
     state until the commit that carries its updates succeeds
-    (:meth:`UpsertState.accept`). Reads fall through to the state."""
+    (:meth:`UpsertState.accept`, or :meth:`UpsertState.stage` then
+    :meth:`UpsertState.commit`). Reads fall through to the state."""
 
-    def __init__(self, base: dict[tuple[Any, ...], tuple[Any, ...]]) -> None:
-        self._base = base
-        self.cleared = False  # a truncate removed every key the state held
-        self.changes: dict[tuple[Any, ...], tuple[Any, ...] | None] = {}
+    def __init__(self, store: KeyStore, base: dict[str, tuple[Any, ...]],
+                 buckets: frozenset[int]) -> None:
+        self._store = store
+        self._base = base  # the rows of the keys apply() looks at, read up front
+        self.buckets = buckets
+        self.cleared = False  # a truncate removed every key of ``buckets``
+        self.changes: dict[str, tuple[Any, ...] | None] = {}
 
-    def get(self, k: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    def get(self, k: str) -> tuple[Any, ...] | None:
         if k in self.changes:
             return self.changes[k]
         return None if self.cleared else self._base.get(k)
 
-    def live(self) -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
-        """Every key's current row, as this batch has left it so far."""
-        keys = [] if self.cleared else [k for k in self._base if k not in self.changes]
-        out = [(k, self._base[k]) for k in keys]
-        return out + [(k, v) for k, v in self.changes.items() if v is not None]
+    def live(self) -> Iterator[tuple[str, tuple[Any, ...]]]:
+        """Every key's current row of ``buckets``, as this batch has left it so far."""
+        if not self.cleared:
+            for k, row in self._store.live(self.buckets):
+                if k not in self.changes:
+                    yield k, row
+        for k, v in list(self.changes.items()):
+            if v is not None:
+                yield k, v
 
     def clear(self) -> None:
         self.cleared = True
@@ -113,60 +125,79 @@ class Pending:
 
 
 class UpsertState:
-    """The current value per key of one upsert output (see module docstring).
+    """The current value per key of one upsert output (see module docstring),
+    kept in a :class:`~reclock.envelopes.keystate.KeyStore` (a dictionary
+    unless given one).
 
     :meth:`apply` computes updates without touching the state; the state
     changes only when the caller accepts them (:meth:`accept`) after the commit that
     carries them succeeded. A failed stage or commit, or an error in the
     middle of ``apply``, leaves the state exactly as it was."""
 
-    def __init__(self, user_columns: list[str], key: tuple[str, ...]) -> None:
+    def __init__(self, user_columns: list[str], key: tuple[str, ...],
+                 store: KeyStore | None = None) -> None:
         missing = [k for k in key if k not in user_columns]
         if missing:
             raise DefiniteError(f"upsert key columns {missing} are not among {user_columns}")
         self.columns = user_columns
         self.key = key
         self._kidx = [user_columns.index(k) for k in key]
-        self.rows: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self.store: KeyStore = MemoryKeys() if store is None else store
 
     def _key_of(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
         return tuple(_hashable(row[i]) for i in self._kidx)
 
+    def _canonical(self, row: tuple[Any, ...]) -> str:
+        return repr(self._key_of(row))
+
+    @property
+    def rows(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+        """Every committed key's row, by key (read whole: for models and tests)."""
+        return {self._key_of(row): row for _k, row in self.store.live(ALL)}
+
     @classmethod
-    def rebuild(cls, updates: pa.Table, user_columns: list[str], key: tuple[str, ...]
-                ) -> UpsertState:
-        """The state of an output's committed update log."""
-        st = cls(user_columns, key)
-        if updates.num_rows == 0:
-            return st
-        ok = updates.filter(pc.is_null(updates.column(ERROR)))
-        diffs = ok.column(DIFF).to_pylist()
-        cols = [ok.column(c).to_pylist() for c in user_columns]
-        net: dict[Any, int] = {}
-        first: dict[Any, tuple[Any, ...]] = {}
-        for i, d in enumerate(diffs):
-            row = tuple(c[i] for c in cols)
-            h = _hashable(row)
-            net[h] = net.get(h, 0) + int(d)
-            first.setdefault(h, row)
-        for h, n in net.items():
-            if n == 0:
-                continue
-            row = first[h]
-            k = st._key_of(row)
-            if n != 1 or k in st.rows:
-                raise DefiniteError(
-                    f"upsert output holds key {k!r} {'more than once' if k in st.rows else n}"
-                    " times: it was not written by this envelope",
-                    hint="write the upsert output to a new path")
-            st.rows[k] = row
+    def rebuild(cls, updates: pa.Table, user_columns: list[str], key: tuple[str, ...],
+                store: KeyStore | None = None, marker: str | None = None) -> UpsertState:
+        """The state of an output's committed update log (written to
+        ``store`` from empty, and committed there with ``marker``)."""
+        st = cls(user_columns, key, store)
+        st.store.rollback()
+        st.store.write({}, ALL)
+        new: dict[str, tuple[Any, ...]] = {}
+
+        def dup(row: tuple[Any, ...], times: str = "more than once") -> DefiniteError:
+            st.store.rollback()
+            return DefiniteError(
+                f"upsert output holds key {st._key_of(row)!r} {times}: it was not written "
+                "by this envelope", hint="write the upsert output to a new path")
+
+        def flush() -> None:  # in chunks: a key must not be there yet
+            there = st.store.lookup(new)
+            if there:
+                raise dup(new[next(iter(there))])
+            st.store.write(dict(new))
+            new.clear()
+
+        if updates.num_rows:
+            ok = updates.filter(pc.is_null(updates.column(ERROR)))
+            for row, n in _net_rows(ok, user_columns):
+                k = st._canonical(row)
+                if n != 1 or k in new:
+                    raise dup(row, f"{n} times" if n != 1 else "more than once")
+                new[k] = row
+                if len(new) >= 50_000:
+                    flush()
+        flush()
+        st.store.commit(marker)
         return st
 
-    def apply(self, intents: pa.Table, schema: pa.Schema) -> tuple[pa.Table, Pending]:
+    def apply(self, intents: pa.Table, schema: pa.Schema,
+              buckets: frozenset[int] = ALL) -> tuple[pa.Table, Pending]:
         """Updates for ``intents`` (rows of ``schema`` with ``_diff`` 1 = value,
-        0 = tombstone, ``TRUNCATED`` = every key); returns them and the
-        :class:`Pending` changes to :meth:`accept` once they are committed.
-        The state itself is not touched."""
+        0 = tombstone, ``TRUNCATED`` = every key of ``buckets``); returns
+        them and the :class:`Pending` changes to :meth:`accept` once they are
+        committed. The state itself is not touched. ``intents`` must hold
+        every intent of the keys of ``buckets`` (and only of those)."""
         order = pc.sort_indices(intents, sort_keys=[
             (INTO_TIME, "ascending"), (SRC_PART, "ascending"),
             (SRC_OFFSET, "ascending"), (SRC_SEQ, "ascending")])
@@ -177,14 +208,18 @@ class UpsertState:
                      else None)
         ncols = len(self.columns)
         meta_names = names[ncols:]
+        rows = [tuple(vals) for vals in zip(*(data[c] for c in self.columns), strict=True)]
+        keys = [None if data[ERROR][i] is not None or data[DIFF][i] == TRUNCATED
+                else self._canonical(rows[i]) for i in range(t.num_rows)]
         out: list[tuple[Any, ...]] = []
-        pending = Pending(self.rows)
+        pending = Pending(self.store, self.store.lookup({k for k in keys if k is not None}),
+                          buckets)
         gone: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # last tombstone
         di = meta_names.index(DIFF)
         for i in range(t.num_rows):
             meta = [data[n][i] for n in meta_names]
             if data[ERROR][i] is not None:
-                out.append(tuple(data[c][i] for c in self.columns) + tuple(meta))
+                out.append(rows[i] + tuple(meta))
                 continue
             if data[DIFF][i] == TRUNCATED:  # every key goes, at this one position
                 m = list(meta)
@@ -194,8 +229,9 @@ class UpsertState:
                 pending.clear()
                 gone = None
                 continue
-            row = tuple(data[c][i] for c in self.columns)
-            k = self._key_of(row)
+            row = rows[i]
+            k = keys[i]
+            assert k is not None
             old = pending.get(k)
             delete = data[DIFF][i] == 0
             if unchanged is not None and unchanged[i] and not delete:
@@ -244,12 +280,54 @@ class UpsertState:
         keep = set(cols)
         return tuple(src[j] if j in keep else v for j, v in enumerate(row))
 
+    def settle(self, intents: KeyedIntents, schema: pa.Schema, budget: int
+               ) -> Iterator[pa.Table]:
+        """Settle a job's intents a few key buckets at a time (at most
+        ``budget`` bytes of intents each, see :meth:`KeyedIntents.rounds`):
+        yields each round's updates, and stages the round's key changes once
+        the caller has taken them (staged them for the commit)."""
+        for buckets in intents.rounds(budget):
+            updates, pending = self.apply(intents.read(buckets, schema), schema, buckets)
+            yield updates
+            self.stage(pending)
+
+    def stage(self, pending: Pending) -> None:
+        """Write ``pending`` into the store's open transaction (not yet the state)."""
+        self.store.write(pending.changes, pending.buckets if pending.cleared else frozenset())
+
+    def commit(self, marker: str | None) -> None:
+        """Every staged change becomes the state (their updates were committed)."""
+        self.store.commit(marker)
+
+    def rollback(self) -> None:
+        """Forget every staged change (their updates were not committed)."""
+        self.store.rollback()
+
+    def take(self, other: UpsertState) -> None:
+        """Stage ``other``'s rows as the whole state (a replay's)."""
+        self.store.write({}, ALL)
+        self.store.write(dict(other.store.live(ALL)))
+
     def accept(self, pending: Pending) -> None:
         """Take the changes of an :meth:`apply` whose updates were committed."""
-        if pending.cleared:
-            self.rows.clear()
-        for k, row in pending.changes.items():
-            if row is None:
-                self.rows.pop(k, None)
-            else:
-                self.rows[k] = row
+        self.stage(pending)
+        self.commit(self.store.marker)
+
+
+def _net_rows(ok: pa.Table, user_columns: list[str]) -> Iterator[tuple[tuple[Any, ...], int]]:
+    """Each distinct row of an update log with its net count, where not 0
+    (rows equal as :func:`_hashable` values count as one; the first stands
+    for them)."""
+    net: dict[Any, int] = {}
+    first: dict[Any, tuple[Any, ...]] = {}
+    for batch in ok.to_batches(max_chunksize=65_536):
+        diffs = batch.column(DIFF).to_pylist()
+        cols = [batch.column(c).to_pylist() for c in user_columns]
+        for i, d in enumerate(diffs):
+            row = tuple(c[i] for c in cols)
+            h = _hashable(row)
+            net[h] = net.get(h, 0) + int(d)
+            first.setdefault(h, row)
+    for h, n in net.items():
+        if n != 0:
+            yield first[h], n

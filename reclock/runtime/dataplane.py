@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,7 @@ from reclock.core.columns import (
 from reclock.core.errors import DefiniteError, ReclockError
 from reclock.core.frontier import Antichain
 from reclock.envelopes.base import Envelope, meta_columns
+from reclock.envelopes.keystate import KeyedIntents, split_intents
 from sinks.base import Stager, output_schema, refuse_rows
 from sources.base import ReadTask, SourceReader
 
@@ -104,6 +106,11 @@ class JobContext:
     flush_rows: int = 500_000
     #: a task writes an output's decoded rows out once they hold this many bytes
     flush_bytes: int = 64 * 2**20
+    #: where tasks write the intents of keyed outputs that exceed
+    #: ``spill_bytes`` (a directory of the driver's machine; None: never written,
+    #: carried in the task results)
+    spill_dir: str | None = None
+    spill_bytes: int = 8 * 2**20
 
 
 @dataclass
@@ -121,8 +128,9 @@ class TaskResult:
     dropped: int = 0
     max_src_ts: int | None = None
     seconds: float = 0.0
-    #: upsert outputs: decoded intents, applied to the key state by the driver
-    intents: dict[int, pa.Table] = field(default_factory=dict)
+    #: upsert outputs: decoded intents by key bucket, applied to the key
+    #: state by the driver
+    intents: dict[int, KeyedIntents] = field(default_factory=dict)
     #: a reclock error raised by the task, re-raised by the driver as is (its
     #: class decides stall, re-open or retry); Spark does not retry these
     error: ReclockError | None = None
@@ -233,7 +241,10 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
     for i in list(pending):
         flush(i)
     # (some carry SRC_UNCHANGED, others not: missing means nothing unchanged)
-    res.intents = {i: pa.concat_tables(ts, promote_options="default")
+    spill = None if ctx.spill_dir is None else Path(ctx.spill_dir) / ctx.batch_id
+    res.intents = {i: split_intents(pa.concat_tables(ts, promote_options="default"),
+                                    ctx.outputs[i].key, spill, ctx.spill_bytes,
+                                    f"o{i}-t{task.index}")
                    for i, ts in intents.items()}
     res.seconds = time.perf_counter() - started
     return res

@@ -35,7 +35,11 @@ that finishes after its source was dropped is discarded, never committed.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import shutil
 import threading
 import time
 import traceback
@@ -75,6 +79,7 @@ from reclock.core.frontier import Antichain, frontier_distance
 from reclock.core.mint import RemapOperator
 from reclock.core.time import IntoTime
 from reclock.envelopes import Envelope, NoneEnvelope, UpsertState, envelope_for
+from reclock.envelopes.keystate import KeyedIntents, KeyStore, MemoryKeys, SqliteKeys
 from reclock.runtime.dataplane import (
     JobContext,
     OutputPlan,
@@ -141,10 +146,35 @@ class Settings:
     jobs_in_flight: int = 2
     vacuum_every_s: float = 60.0
     orphan_grace_s: float = 300.0
+    #: where keyed outputs keep their key state (SQLite files) and tasks
+    #: write large intents; None: the key state lives in memory, rebuilt
+    #: from the output at every open
+    keys_dir: Path | None = None
+    #: bytes of intents the driver settles at once (a few key buckets)
+    settle_bytes: int = 32 * 2**20
+    #: whether tasks write large intents to files under ``keys_dir`` (they
+    #: must run on the driver's machine)
+    spill_intents: bool = True
 
 
 #: Tasks per core of a job whose tasks are cut by bytes (see SourceRunner._task_sizes).
 JOB_TASKS_PER_CORE = 4
+
+
+def _key_marker(out: OutputRuntime, state: SinkState) -> str:
+    """What a keyed output's key store is the state of: the output's
+    committed version (its upper and progress) and the shape of its rows."""
+    return json.dumps({"upper": state.upper, "progress": state.progress,
+                       "columns": [f"{f.name}:{f.type}" for f in out.user_schema],
+                       "key": list(out.upsert_key or ())}, sort_keys=True)
+
+
+def _remove_spilled(intents: list[KeyedIntents]) -> None:
+    """Remove the files tasks wrote for a job's intents (settled or not)."""
+    for k in intents:
+        for path in k.files():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def _upper_value(upper: Antichain[IntoTime]) -> int | None:
@@ -237,6 +267,7 @@ class SourceRunner:
         self.acknowledged: Antichain[Any] | None = None
         self.ticks = 0
         self._gone: set[int] = set()  # outputs whose upstream is gone (output_errors)
+        self._keys: dict[int, KeyStore] = {}  # keyed outputs' key stores, by output
         self._vacuumed_at = time.monotonic()  # first vacuum one period after start
         self.records = 0
         #: bytes per record the source's tasks read (None: none reported yet);
@@ -374,21 +405,36 @@ class SourceRunner:
         )
         self._describe_outputs()
         self._resnap = self._requested()
+        self._clear_spill()
+        keys: dict[str, str] = {}
         for out in self.outputs:
             out.sink.ensure(out.user_schema)
             out.state = out.sink.state()
             out.upsert = None
-            if out.upsert_key is not None and out.index in self._resnap:
+            if out.upsert_key is None:
+                continue
+            store = self._key_store(out)
+            store.rollback()
+            columns = [f.name for f in out.user_schema]
+            marker = _key_marker(out, out.state)
+            if out.index in self._resnap:
                 # Read again from scratch: the snapshot's rows start from no
                 # keys (what the output holds now is retracted as a whole,
                 # however damaged: see _replaced); a replay's correction
                 # brings its own key state (see _commit). A damaged output's
                 # key state cannot be rebuilt: it is not needed.
-                out.upsert = UpsertState([f.name for f in out.user_schema], out.upsert_key)
-            elif out.upsert_key is not None:
+                store.reset()
+                out.upsert = UpsertState(columns, out.upsert_key, store)
+                keys[out.name] = "reset"
+            elif store.marker == marker:
+                # the stored state is that of the output's committed version
+                out.upsert = UpsertState(columns, out.upsert_key, store)
+                keys[out.name] = "reused"
+            else:
                 # the key state is exactly that of the committed output
                 out.upsert = UpsertState.rebuild(
-                    out.sink.read_updates(), [f.name for f in out.user_schema], out.upsert_key)
+                    out.sink.read_updates(), columns, out.upsert_key, store, marker)
+                keys[out.name] = "rebuilt"
         b = self.operator.bindings  # just read back by the operator
         initial = self.source.initial_frontier()
         if b.bindings:
@@ -407,7 +453,28 @@ class SourceRunner:
                          else sorted(self._resnap))
         self._opened = True
         self.events.log(self.name, "open", resume=self.resume.encode(),
-                        read_from=self.read_from.encode(), bound=bound.encode())
+                        read_from=self.read_from.encode(), bound=bound.encode(),
+                        **({"keys": keys} if keys else {}))
+
+    def _key_store(self, out: OutputRuntime) -> KeyStore:
+        """The key store of a keyed output (made once per runner)."""
+        store = self._keys.get(out.index)
+        if store is None:
+            d = self.settings.keys_dir
+            store = MemoryKeys() if d is None else SqliteKeys(d / f"{out.name}.sqlite")
+            self._keys[out.index] = store
+        return store
+
+    def _spill_dir(self) -> Path | None:
+        d = self.settings.keys_dir
+        return None if d is None or not self.settings.spill_intents else d / "spill"
+
+    def _clear_spill(self) -> None:
+        """Remove intents that tasks wrote for jobs no longer wanted (a
+        crash, an abandoned job): only jobs in flight write there."""
+        d = self._spill_dir()
+        if d is not None and d.exists():
+            shutil.rmtree(d, ignore_errors=True)
 
     def _requested(self) -> dict[int, int]:
         """The pending resnapshot requests of this source's outputs."""
@@ -539,6 +606,8 @@ class SourceRunner:
                 if not job.discard(0 if self._abandoned else None):
                     self._abandon()
             self.snapshots.abandoned()  # no job in flight: uncommitted reads are gone
+            if not self._abandoned:
+                self._clear_spill()  # intents of jobs discarded above
         if self.read_from == bound:
             # Nothing left to read: idle outputs still advance to the remap upper.
             self._commit(b, [], bound, only_if_moves=True)
@@ -652,8 +721,11 @@ class SourceRunner:
             )
             for o in self.outputs
         )
+        spill = self._spill_dir()
         return JobContext(self.name, self.source.kind, batch_id, b, self.source.reader(), plans,
-                          flush_bytes=self.settings.max_bytes_per_task)
+                          flush_bytes=self.settings.max_bytes_per_task,
+                          spill_dir=None if spill is None else str(spill),
+                          spill_bytes=min(self.settings.settle_bytes, 8 * 2**20))
 
     def _execute(self, ctx: JobContext, tasks: list[Any]) -> list[TaskResult]:
         progress = self._progress.pop(ctx.batch_id, None)
@@ -715,46 +787,51 @@ class SourceRunner:
             if self._drop_requested():
                 return
             # Key state derived from the output changes only once the commit
-            # that carries its updates succeeded: computing them (apply) does
-            # not touch it, so a failed stage or commit leaves it as it was.
-            pending = None
+            # that carries its updates succeeded: settling writes its changes
+            # in the key store's open transaction, committed after the sink
+            # commit, so a failed stage or commit leaves it as it was.
             intents = [r.intents[out.index] for r in results if out.index in r.intents]
             replacing = out.index in self._resnap and (
                 out.index in snapshots or (self.source.replayable and cur.upper is not None))
             keys = out.upsert
-            if replacing:
-                if self.source.replayable:
-                    # the correction at the output's upper, before this job's rows
-                    assert cur.upper is not None
-                    try:
-                        extra, healed = heal(self.source, out, b, cur.upper)
-                    except DefiniteError as exc:
-                        # It cannot be done (retention removed what it needs
-                        # meanwhile, ...): the request goes, and the output
-                        # goes on from its durable state (its key state too).
-                        self._refused(out, exc)
-                        raise Reopen(f"source {self.name!r}: output {out.name!r} was not "
-                                     "re-snapshotted", hint=exc.hint) from exc
-                    keys = healed if healed is not None else keys
-                else:
-                    extra = self._replaced(b, out)
-                if extra.num_rows:
-                    faults.fail_point("stage")
-                    staged += out.sink.stager().stage(
-                        f"{self.clock.now()}-resnap-{uuid.uuid4().hex[:10]}", 0, extra)
-            if intents and keys is not None:
-                updates, pending = keys.apply(
-                    pa.concat_tables(intents, promote_options="default"),
-                    output_schema(out.user_schema))
-                if updates.num_rows:
-                    faults.fail_point("stage")
-                    staged += out.sink.stager().stage(
-                        f"{self.clock.now()}-upsert-{uuid.uuid4().hex[:10]}", 0, updates)
-            faults.fail_point("commit")
-            out.sink.commit(staged, cur, new)
-            out.upsert = keys
-            if pending is not None and keys is not None:
-                keys.accept(pending)
+            try:
+                if replacing:
+                    if self.source.replayable:
+                        # the correction at the output's upper, before this job's rows
+                        assert cur.upper is not None
+                        try:
+                            extra, healed = heal(self.source, out, b, cur.upper)
+                        except DefiniteError as exc:
+                            # It cannot be done (retention removed what it needs
+                            # meanwhile, ...): the request goes, and the output
+                            # goes on from its durable state (its key state too).
+                            self._refused(out, exc)
+                            raise Reopen(f"source {self.name!r}: output {out.name!r} was not "
+                                         "re-snapshotted", hint=exc.hint) from exc
+                        if healed is not None and keys is not None:
+                            keys.take(healed)
+                    else:
+                        extra = self._replaced(b, out)
+                    if extra.num_rows:
+                        faults.fail_point("stage")
+                        staged += out.sink.stager().stage(
+                            f"{self.clock.now()}-resnap-{uuid.uuid4().hex[:10]}", 0, extra)
+                if intents and keys is not None:
+                    staged += self._settle(out, keys, KeyedIntents.merged(intents))
+                faults.fail_point("commit")
+                out.sink.commit(staged, cur, new)
+            except BaseException:
+                if keys is not None:
+                    keys.rollback()
+                raise
+            finally:
+                _remove_spilled(intents)
+            if keys is not None:
+                try:
+                    keys.commit(_key_marker(out, new))
+                except Exception as exc:  # the output moved: its key state is read again
+                    raise Reopen(f"source {self.name!r}: output {out.name!r}: the key state "
+                                 f"could not be saved ({exc})") from exc
             out.state = new
             if replacing and self.requests is not None:
                 self.requests.done(out.name, self._resnap.pop(out.index))
@@ -770,6 +847,20 @@ class SourceRunner:
                             errors=sum(r.errors.get(out.index, 0) for r in results))
             faults.crash_point("after_sink_commit")
         faults.crash_point("after_upper_advance")
+
+    def _settle(self, out: OutputRuntime, keys: UpsertState, intents: KeyedIntents
+                ) -> list[dict[str, Any]]:
+        """Stage the updates of a job's intents for a keyed output, a few key
+        buckets at a time, writing the key changes into the key store's
+        open transaction."""
+        staged: list[dict[str, Any]] = []
+        schema = output_schema(out.user_schema)
+        for updates in keys.settle(intents, schema, self.settings.settle_bytes):
+            if updates.num_rows:
+                faults.fail_point("stage")
+                staged += out.sink.stager().stage(
+                    f"{self.clock.now()}-upsert-{uuid.uuid4().hex[:10]}", 0, updates)
+        return staged
 
     def _upstream_gone(self) -> None:
         """Outputs whose upstream the source says is gone for good stall with

@@ -1,0 +1,428 @@
+"""Where a keyed output's key state lives, and how a job's intents reach it
+in pieces of bounded size.
+
+The key state (the current row per key of an upsert or keyed CDC output,
+:class:`~reclock.envelopes.upsert.UpsertState`) is kept in a
+:class:`KeyStore`:
+
+* :class:`MemoryKeys`, a dictionary: models (``verify``, a replay) and
+  drivers without a state directory;
+* :class:`SqliteKeys`, a SQLite file beside the pipeline's state: a running
+  driver's. Memory stays bounded by SQLite's page cache however many keys
+  the output holds, and the file is *reused* across runs when its marker
+  says it is the state of exactly the output's committed version; otherwise
+  it is rebuilt from the output.
+
+Changes are written inside the store's open transaction (:meth:`KeyStore.write`)
+and become the state only with :meth:`KeyStore.commit`, after the sink
+commit that carries their updates succeeded; :meth:`KeyStore.rollback`
+forgets them. A crash between the two leaves a store whose marker is behind
+the output: it is rebuilt.
+
+Keys are spread over :data:`KEY_BUCKETS` buckets by a hash of their
+canonical form (:func:`key_bucket`). Tasks split their intents by bucket and
+write large ones to files (:func:`split_intents`); the driver settles a job
+a few buckets at a time (:meth:`KeyedIntents.rounds`), so neither the
+intents nor the updates of a transaction of millions of rows are ever all in
+memory. Buckets are independent (their keys are disjoint), except where an
+update moved a row to another key and took columns it did not send from the
+old key's row: tasks report such pairs (``links``) and the driver settles
+the two buckets together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import sqlite3
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reclock.core.columns import DIFF, SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_UNCHANGED, TRUNCATED
+
+#: How many buckets keys are spread over (fixed: a key's bucket is stored).
+KEY_BUCKETS = 64
+
+#: ``cleared`` argument of :meth:`KeyStore.write`: every bucket.
+ALL = frozenset(range(KEY_BUCKETS))
+
+
+def key_bucket(key: str) -> int:
+    """The bucket of a key in its canonical form (``repr`` of the key tuple
+    of hashable values, see :func:`reclock.envelopes.upsert._hashable`)."""
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % KEY_BUCKETS
+
+
+class KeyStore:
+    """The current row of every key (by canonical key), with one open
+    transaction of changes (see the module docstring)."""
+
+    #: what the committed state is the state of (None: nothing known)
+    marker: str | None = None
+
+    def lookup(self, keys: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+        """The rows of those of ``keys`` that are live (open changes included)."""
+        raise NotImplementedError
+
+    def live(self, buckets: frozenset[int]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+        """Every live key of ``buckets`` with its row (open changes included)."""
+        raise NotImplementedError
+
+    def write(self, changes: dict[str, tuple[Any, ...] | None],
+              cleared: frozenset[int] = frozenset()) -> None:
+        """Open changes: first every key of the buckets ``cleared`` goes, then
+        each key of ``changes`` gets its row (``None``: deleted)."""
+        raise NotImplementedError
+
+    def commit(self, marker: str | None) -> None:
+        """The open changes become the state, which is now that of ``marker``."""
+        raise NotImplementedError
+
+    def rollback(self) -> None:
+        """Forget the open changes."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def reset(self, marker: str | None = None) -> None:
+        """No keys (committed at once)."""
+        self.rollback()
+        self.write({}, ALL)
+        self.commit(marker)
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryKeys(KeyStore):
+    """A key store in a dictionary (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[Any, ...]] = {}
+        self._open: dict[str, tuple[Any, ...] | None] = {}
+        self._cleared: set[int] = set()
+
+    def lookup(self, keys: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+        out = {}
+        for k in keys:
+            row = self._get(k)
+            if row is not None:
+                out[k] = row
+        return out
+
+    def _get(self, k: str) -> tuple[Any, ...] | None:
+        if k in self._open:
+            return self._open[k]
+        if self._cleared and key_bucket(k) in self._cleared:
+            return None
+        return self.rows.get(k)
+
+    def live(self, buckets: frozenset[int]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+        every = buckets == ALL
+        for k, row in self.rows.items():
+            if k not in self._open and (every or key_bucket(k) in buckets) and (
+                    not self._cleared or key_bucket(k) not in self._cleared):
+                yield k, row
+        for k, opened in self._open.items():
+            if opened is not None and (every or key_bucket(k) in buckets):
+                yield k, opened
+
+    def write(self, changes: dict[str, tuple[Any, ...] | None],
+              cleared: frozenset[int] = frozenset()) -> None:
+        if cleared:
+            self._cleared |= cleared
+            every = cleared == ALL
+            self._open = {k: v for k, v in self._open.items()
+                          if not every and key_bucket(k) not in cleared}
+        self._open.update(changes)
+
+    def commit(self, marker: str | None) -> None:
+        if self._cleared == set(ALL):
+            self.rows = {}
+        elif self._cleared:
+            self.rows = {k: v for k, v in self.rows.items() if key_bucket(k) not in self._cleared}
+        for k, row in self._open.items():
+            if row is None:
+                self.rows.pop(k, None)
+            else:
+                self.rows[k] = row
+        self.rollback()
+        self.marker = marker
+
+    def rollback(self) -> None:
+        self._open = {}
+        self._cleared = set()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+_CHUNK = 500  # keys per lookup statement (SQLite allows 32,766 variables)
+
+
+class SqliteKeys(KeyStore):
+    """A key store in a SQLite file (see the module docstring). Rows are
+    pickled; the transaction stays open from the first :meth:`write` to
+    :meth:`commit` or :meth:`rollback`. A file that cannot be read is
+    replaced by an empty one (its marker is then unknown: rebuilt)."""
+
+    def __init__(self, path: Path, cache_mib: int = 64) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = self._open(cache_mib)
+        except sqlite3.DatabaseError:
+            for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+            self._conn = self._open(cache_mib)
+        row = self._conn.execute("SELECT v FROM meta WHERE k = 'marker'").fetchone()
+        self.marker = None if row is None else row[0]
+
+    def _open(self, cache_mib: int) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            # A lost file is rebuilt from the output, and a kill -9 leaves the
+            # operating system's buffers intact: no fsync is needed.
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=OFF")
+            conn.execute(f"PRAGMA cache_size=-{cache_mib * 1024}")
+            conn.execute("PRAGMA temp_store=FILE")
+            conn.execute("CREATE TABLE IF NOT EXISTS keys "
+                         "(key TEXT PRIMARY KEY, bucket INTEGER NOT NULL, row BLOB NOT NULL)")
+            conn.execute("CREATE INDEX IF NOT EXISTS keys_bucket ON keys (bucket)")
+            conn.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
+            conn.execute("SELECT count(*) FROM meta").fetchone()
+        except sqlite3.DatabaseError:
+            conn.close()
+            raise
+        return conn
+
+    def _begin(self) -> None:
+        if not self._conn.in_transaction:
+            self._conn.execute("BEGIN")
+
+    def lookup(self, keys: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+        ks = list(keys)
+        out: dict[str, tuple[Any, ...]] = {}
+        for i in range(0, len(ks), _CHUNK):
+            part = ks[i:i + _CHUNK]
+            q = f"SELECT key, row FROM keys WHERE key IN ({','.join('?' * len(part))})"
+            for k, blob in self._conn.execute(q, part):
+                out[k] = pickle.loads(blob)
+        return out
+
+    def live(self, buckets: frozenset[int]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+        if buckets == ALL:
+            cur = self._conn.execute("SELECT key, row FROM keys")
+        else:
+            bs = sorted(buckets)
+            cur = self._conn.execute(
+                f"SELECT key, row FROM keys WHERE bucket IN ({','.join('?' * len(bs))})", bs)
+        while batch := cur.fetchmany(10_000):
+            for k, blob in batch:
+                yield k, pickle.loads(blob)
+
+    def write(self, changes: dict[str, tuple[Any, ...] | None],
+              cleared: frozenset[int] = frozenset()) -> None:
+        self._begin()
+        if cleared == ALL:
+            self._conn.execute("DELETE FROM keys")
+        elif cleared:
+            bs = sorted(cleared)
+            self._conn.execute(f"DELETE FROM keys WHERE bucket IN ({','.join('?' * len(bs))})",
+                               bs)
+        gone = [(k,) for k, row in changes.items() if row is None]
+        if gone:
+            self._conn.executemany("DELETE FROM keys WHERE key = ?", gone)
+        self._conn.executemany(
+            "INSERT OR REPLACE INTO keys (key, bucket, row) VALUES (?, ?, ?)",
+            ((k, key_bucket(k), pickle.dumps(row, protocol=5))
+             for k, row in changes.items() if row is not None))
+
+    def commit(self, marker: str | None) -> None:
+        self._begin()
+        self._conn.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('marker', ?)", (marker,))
+        self._conn.execute("COMMIT")
+        self.marker = marker
+
+    def rollback(self) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
+    def __len__(self) -> int:
+        return int(self._conn.execute("SELECT count(*) FROM keys").fetchone()[0])
+
+    def close(self) -> None:
+        self.rollback()
+        self._conn.close()
+
+
+# -- intents, split by bucket in the tasks ----------------------------------------------------
+
+
+@dataclass
+class KeyedIntents:
+    """One job's intents for one keyed output, by key bucket: tables carried
+    in the task result, or paths of Arrow files a task wrote (large ones).
+    ``truncates`` are the rows that remove every key: they belong to every
+    bucket. ``links`` pair buckets that must be settled together."""
+
+    parts: dict[int, list[pa.Table | str]] = field(default_factory=dict)
+    nbytes: dict[int, int] = field(default_factory=dict)
+    links: set[tuple[int, int]] = field(default_factory=set)
+    truncates: list[pa.Table] = field(default_factory=list)
+
+    @property
+    def rows_nbytes(self) -> int:
+        return sum(self.nbytes.values())
+
+    @staticmethod
+    def merged(each: Iterable[KeyedIntents]) -> KeyedIntents:
+        out = KeyedIntents()
+        for k in each:
+            for b, ps in k.parts.items():
+                out.parts.setdefault(b, []).extend(ps)
+                out.nbytes[b] = out.nbytes.get(b, 0) + k.nbytes.get(b, 0)
+            out.links |= k.links
+            out.truncates.extend(k.truncates)
+        return out
+
+    def rounds(self, budget: int) -> list[frozenset[int]]:
+        """Groups of buckets to settle together: linked buckets always in one
+        group; groups packed up to ``budget`` bytes of intents (a group alone
+        may exceed it). With truncations, every bucket is settled (each
+        loses its keys), the empty ones too, one group at a time: the keys a
+        truncation retracts are not counted in the budget."""
+        parent = list(range(KEY_BUCKETS))
+
+        def find(b: int) -> int:
+            while parent[b] != b:
+                parent[b] = parent[parent[b]]
+                b = parent[b]
+            return b
+
+        for a, b in self.links:
+            parent[find(a)] = find(b)
+        todo = range(KEY_BUCKETS) if self.truncates else sorted(self.parts)
+        groups: dict[int, set[int]] = {}
+        for b in todo:
+            groups.setdefault(find(b), set()).add(b)
+        for a, b in self.links:  # a linked bucket without intents still goes with its pair
+            groups.setdefault(find(a), set()).update((a, b))
+        rounds: list[frozenset[int]] = []
+        cur: set[int] = set()
+        size = 0
+        for g in sorted(groups.values(), key=min):
+            n = sum(self.nbytes.get(b, 0) for b in g)
+            if cur and (size + n > budget or self.truncates):
+                rounds.append(frozenset(cur))
+                cur, size = set(), 0
+            cur |= g
+            size += n
+        if cur:
+            rounds.append(frozenset(cur))
+        return rounds
+
+    def read(self, buckets: frozenset[int], schema: pa.Schema) -> pa.Table:
+        """The intents of ``buckets`` (truncations included)."""
+        tables: list[pa.Table] = []
+        for b in sorted(buckets):
+            for p in self.parts.get(b, []):
+                tables.append(p if isinstance(p, pa.Table) else _read_file(p))
+        tables.extend(self.truncates)
+        if not tables:
+            return schema.empty_table()
+        return pa.concat_tables(tables, promote_options="default")
+
+    def files(self) -> list[str]:
+        return [p for ps in self.parts.values() for p in ps if isinstance(p, str)]
+
+
+def _read_file(path: str) -> pa.Table:
+    with pa.memory_map(path) as src:
+        return pa.ipc.open_file(src).read_all()
+
+
+def canonical_keys(table: pa.Table, key: Iterable[str]) -> list[str]:
+    """Each row's canonical key (see :func:`key_bucket`)."""
+    from reclock.envelopes.upsert import _hashable
+
+    cols = [table.column(k).to_pylist() for k in key]
+    return [repr(tuple(_hashable(v) for v in vals)) for vals in zip(*cols, strict=True)]
+
+
+def split_intents(table: pa.Table, key: tuple[str, ...], spill: Path | None,
+                  spill_bytes: int, name: str) -> KeyedIntents:
+    """A task's intents for one keyed output, split by key bucket; written
+    to Arrow files under ``spill`` (named from ``name``: a retried task
+    writes the same files) when they exceed ``spill_bytes``."""
+    out = KeyedIntents()
+    if table.num_rows == 0:
+        return out
+    marks = pc.equal(table.column(DIFF), TRUNCATED).to_numpy(zero_copy_only=False)
+    if marks.any():
+        out.truncates.append(table.filter(pa.array(marks)))
+        table = table.filter(pa.array(~marks))
+    buckets = np.fromiter((key_bucket(k) for k in canonical_keys(table, key)), np.int64,
+                          count=table.num_rows)
+    out.links = _links(table, buckets)
+    write = spill is not None and table.nbytes > spill_bytes
+    if write:
+        assert spill is not None
+        spill.mkdir(parents=True, exist_ok=True)
+    order = np.argsort(buckets, kind="stable")
+    sorted_b = buckets[order]
+    cuts = np.flatnonzero(np.diff(sorted_b)) + 1
+    for idx in np.split(order, cuts):
+        if len(idx) == 0:
+            continue
+        b = int(buckets[idx[0]])
+        part = table.take(pa.array(idx))
+        out.nbytes[b] = part.nbytes
+        if write:
+            assert spill is not None
+            path = spill / f"{name}-b{b}.arrow"
+            tmp = path.with_suffix(".tmp")
+            with pa.OSFile(str(tmp), "wb") as sink, \
+                    pa.ipc.new_file(sink, part.schema) as w:
+                w.write_table(part)
+            os.replace(tmp, path)
+            out.parts[b] = [str(path)]
+        else:
+            out.parts[b] = [part]
+    return out
+
+
+def _links(table: pa.Table, buckets: np.ndarray[Any, Any]) -> set[tuple[int, int]]:
+    """Bucket pairs (tombstone's, value's) of updates that moved a row to
+    another key and left columns unsent: the value takes them from the row
+    the tombstone just removed, one position and one ``_src_seq`` before it."""
+    if SRC_UNCHANGED not in table.column_names:
+        return set()
+    unchanged = table.column(SRC_UNCHANGED)
+    if unchanged.null_count == len(unchanged):
+        return set()
+    order = pc.sort_indices(table, sort_keys=[
+        (SRC_PART, "ascending"), (SRC_OFFSET, "ascending"), (SRC_SEQ, "ascending")])
+    t = table.take(order)
+    b = buckets[order.to_numpy()]
+    part = t.column(SRC_PART).to_numpy(zero_copy_only=False)
+    off = t.column(SRC_OFFSET).to_numpy(zero_copy_only=False)
+    seq = t.column(SRC_SEQ).to_numpy(zero_copy_only=False)
+    diff = t.column(DIFF).to_numpy(zero_copy_only=False)
+    has = pc.fill_null(pc.greater(pc.list_value_length(t.column(SRC_UNCHANGED)), 0),
+                       False).to_numpy(zero_copy_only=False)
+    i = np.flatnonzero(has[1:] & (diff[1:] == 1) & (diff[:-1] == 0) & (part[1:] == part[:-1])
+                       & (off[1:] == off[:-1]) & (seq[1:] == seq[:-1] + 1)
+                       & (b[1:] != b[:-1])) + 1
+    return {(int(b[j - 1]), int(b[j])) for j in i}

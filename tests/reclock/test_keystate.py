@@ -1,0 +1,238 @@
+"""Keyed outputs settled a few key buckets at a time against a key state in
+SQLite give exactly what one settlement in memory gives, and what a plain
+dictionary model of the intents says the output must hold.
+
+The intents are random: values, tombstones, updates that move a row to
+another key without sending a column (the value takes it from the row the
+tombstone removed), truncations and error rows, cut into tasks at random
+positions, some written to files, settled in rounds of one key group each.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from reclock.core.columns import TRUNCATED
+from reclock.core.errors import DefiniteError
+from reclock.envelopes import UpsertState
+from reclock.envelopes.keystate import (
+    ALL,
+    KEY_BUCKETS,
+    KeyedIntents,
+    MemoryKeys,
+    SqliteKeys,
+    key_bucket,
+    split_intents,
+)
+from sinks.consolidate import consolidate
+
+pytestmark = pytest.mark.unit
+
+COLS = ["k", "v", "w"]
+SCHEMA = pa.schema([
+    ("k", pa.int64()), ("v", pa.string()), ("w", pa.int64()),
+    ("_into_time", pa.int64()), ("_diff", pa.int64()), ("_src_part", pa.int32()),
+    ("_src_offset", pa.int64()), ("_src_seq", pa.int32()), ("_src_ts", pa.int64()),
+    ("_error", pa.string()), ("_raw_key", pa.binary()), ("_raw_value", pa.binary()),
+])
+INTENTS = SCHEMA.append(pa.field("_unchanged", pa.list_(pa.int32())))
+
+
+def _random_batches(rng: random.Random, batches: int, positions: int
+                    ) -> tuple[list[pa.Table], dict[int, tuple[Any, ...]]]:
+    """Random intents in ``batches`` (one per commit), and the model: the
+    final row per key, by a plain dictionary applied in position order."""
+    model: dict[int, tuple[Any, ...]] = {}
+    out = []
+    pos = 0
+    for _ in range(batches):
+        rows: list[dict[str, Any]] = []
+        for _ in range(positions):
+            at = {"_into_time": 10 + pos // 4, "_src_part": 0, "_src_offset": pos}
+            here: list[dict[str, Any]] = []
+
+            def emit(here: list[dict[str, Any]] = here, at: dict[str, int] = at,
+                     **kw: Any) -> None:
+                here.append({**at, "_src_seq": len(here), **kw})
+
+            r = rng.random()
+            if r < 0.02:
+                emit(_diff=TRUNCATED)
+                model.clear()
+            elif r < 0.05:
+                emit(_diff=1, k=rng.randrange(50), _error="cannot decode")
+            elif r < 0.2 and model:
+                old = rng.choice(sorted(model))
+                # (a key that is not live: upstream keys are unique)
+                new = rng.choice([k for k in range(400) if k not in model])
+                kept = model.pop(old)
+                v = f"moved{pos}"
+                emit(_diff=0, k=old)
+                emit(_diff=1, k=new, v=v, w=None, _unchanged=[2])
+                model[new] = (new, v, kept[2])
+            else:
+                for _ in range(rng.randrange(1, 4)):
+                    k = rng.randrange(400)
+                    if rng.random() < 0.25:
+                        emit(_diff=0, k=k)
+                        model.pop(k, None)
+                    else:
+                        v, w = f"v{rng.randrange(5)}", rng.randrange(3)
+                        emit(_diff=1, k=k, v=v, w=w)
+                        model[k] = (k, v, w)
+            rows.extend(here)
+            pos += 1
+        out.append(pa.Table.from_pylist(rows, schema=INTENTS))
+    return out, model
+
+
+def _tasks(rng: random.Random, batch: pa.Table, spill: Path, n: int) -> KeyedIntents:
+    """The batch as ``n`` tasks would split it (cut between positions), some
+    writing their intents to files."""
+    offs = batch.column("_src_offset").to_pylist()
+    cuts = sorted(rng.sample(sorted(set(offs)), min(n - 1, len(set(offs)) - 1)))
+    parts = []
+    lo = None
+    for i, hi in enumerate([*cuts, None]):
+        keep = [(lo is None or o >= lo) and (hi is None or o < hi) for o in offs]
+        t = batch.filter(pa.array(keep))
+        parts.append(split_intents(t, ("k",), spill, 0 if i % 2 else 1 << 40, f"t{i}"))
+        lo = hi
+    return KeyedIntents.merged(parts)
+
+
+def _held(updates: list[pa.Table]) -> dict[int, tuple[Any, ...]]:
+    c = consolidate(pa.concat_tables(updates), None, COLS)
+    assert set(c.column("_count").to_pylist()) <= {1}
+    return {r["k"]: (r["k"], r["v"], r["w"]) for r in c.to_pylist()}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_settling_by_bucket_in_sqlite_equals_one_settlement_and_the_model(
+        tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    batches, model = _random_batches(rng, 3, 120)
+    whole = UpsertState(COLS, ("k",))
+    path = tmp_path / "keys.sqlite"
+    log_whole: list[pa.Table] = []
+    log_rounds: list[pa.Table] = []
+    for n, batch in enumerate(batches):
+        upd, pending = whole.apply(batch, SCHEMA)
+        whole.accept(pending)
+        log_whole.append(upd)
+        # a new driver each commit: the store is reopened from its file
+        disk = UpsertState(COLS, ("k",), SqliteKeys(path))
+        assert disk.store.marker == (None if n == 0 else f"m{n - 1}")
+        intents = _tasks(rng, batch, tmp_path / f"spill{n}", 3)
+        assert intents.files() and any(isinstance(p, pa.Table)
+                                       for ps in intents.parts.values() for p in ps)
+        rounds = intents.rounds(1)
+        assert len(rounds) > 1
+        for a, b in intents.links:  # a moved row's two buckets settle together
+            assert any(a in r and b in r for r in rounds)
+        log_rounds.extend(disk.settle(intents, SCHEMA, 1))
+        disk.commit(f"m{n}")
+        disk.store.close()
+    final = UpsertState(COLS, ("k",), SqliteKeys(path))
+    assert final.rows == whole.rows == {(k,): row for k, row in model.items()}
+    assert _held(log_rounds) == _held(log_whole) == model
+    errors = pa.concat_tables(log_rounds).column("_error").drop_null().to_pylist()
+    assert errors and set(errors) == {"cannot decode"}
+
+
+def test_a_rolled_back_settlement_leaves_the_store_as_committed(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    batches, _ = _random_batches(rng, 2, 80)
+    path = tmp_path / "keys.sqlite"
+    st = UpsertState(COLS, ("k",), SqliteKeys(path))
+    list(st.settle(_tasks(rng, batches[0], tmp_path / "s0", 2), SCHEMA, 1))
+    st.commit("first")
+    before = st.rows
+    list(st.settle(_tasks(rng, batches[1], tmp_path / "s1", 2), SCHEMA, 1))
+    assert st.rows != before  # (the open changes are visible to the settling driver)
+    st.rollback()  # the sink commit failed
+    assert st.rows == before and st.store.marker == "first"
+    st.store.close()
+    again = UpsertState(COLS, ("k",), SqliteKeys(path))
+    assert again.rows == before and again.store.marker == "first"
+
+
+def test_truncation_settles_every_bucket_and_empty_ones_stay_empty(tmp_path: Path) -> None:
+    st = UpsertState(COLS, ("k",), SqliteKeys(tmp_path / "k.sqlite"))
+    rows = [{"_into_time": 1, "_src_part": 0, "_src_offset": i, "_src_seq": 0, "_diff": 1,
+             "k": i, "v": "a", "w": 0} for i in range(300)]
+    first = split_intents(pa.Table.from_pylist(rows, schema=INTENTS), ("k",), None, 0, "t")
+    list(st.settle(first, SCHEMA, 1))
+    st.commit("one")
+    trunc = pa.Table.from_pylist([{"_into_time": 2, "_src_part": 0, "_src_offset": 300,
+                                   "_src_seq": 0, "_diff": TRUNCATED}], schema=INTENTS)
+    second = split_intents(trunc, ("k",), None, 0, "t")
+    assert len(second.rounds(1)) == KEY_BUCKETS  # every bucket loses its keys
+    out = list(st.settle(second, SCHEMA, 1))
+    st.commit("two")
+    retracted = pa.concat_tables(out)
+    assert sorted(retracted.column("k").to_pylist()) == list(range(300))
+    assert set(retracted.column("_diff").to_pylist()) == {-1} and st.rows == {}
+
+
+def test_rebuild_into_sqlite_equals_memory_and_refuses_a_key_held_twice(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    batches, model = _random_batches(rng, 2, 150)
+    mem = UpsertState(COLS, ("k",))
+    log = []
+    for b in batches:
+        upd, pending = mem.apply(b, SCHEMA)
+        mem.accept(pending)
+        log.append(upd)
+    updates = pa.concat_tables(log)
+    disk = UpsertState.rebuild(updates, COLS, ("k",), SqliteKeys(tmp_path / "a.sqlite"), "m")
+    assert disk.rows == UpsertState.rebuild(updates, COLS, ("k",)).rows == mem.rows
+    assert disk.store.marker == "m" and len(disk.store) == len(model)
+    k = next(iter(model))
+    twice = pa.concat_tables([updates, updates.filter(pa.array(
+        [x == k and d == 1 for x, d in zip(updates.column("k").to_pylist(),
+                                           updates.column("_diff").to_pylist(), strict=True)]
+    )).slice(0, 1).set_column(1, "v", pa.array(["other"]))])
+    with pytest.raises(DefiniteError, match="more than once"):
+        UpsertState.rebuild(twice, COLS, ("k",), SqliteKeys(tmp_path / "b.sqlite"), "m")
+
+
+def test_an_unreadable_store_is_replaced_by_an_empty_one(tmp_path: Path) -> None:
+    path = tmp_path / "k.sqlite"
+    path.write_bytes(b"not a database" * 100)
+    store = SqliteKeys(path)
+    assert store.marker is None and len(store) == 0
+    store.write({"(1,)": (1, "a", 0)})
+    store.commit("m")
+    assert SqliteKeys(path).lookup(["(1,)"]) == {"(1,)": (1, "a", 0)}
+
+
+def test_memory_and_sqlite_stores_agree_on_clears_and_open_changes(tmp_path: Path) -> None:
+    rng = random.Random(11)
+    stores = [MemoryKeys(), SqliteKeys(tmp_path / "k.sqlite")]
+    for step in range(40):
+        changes = {repr((rng.randrange(200),)): (None if rng.random() < 0.3 else (step,))
+                   for _ in range(rng.randrange(1, 20))}
+        cleared = frozenset(rng.sample(range(KEY_BUCKETS), 3)) if rng.random() < 0.2 \
+            else frozenset()
+        for s in stores:
+            s.write({}, cleared)
+            s.write(changes)
+        probe = [repr((k,)) for k in range(200)]
+        assert stores[0].lookup(probe) == stores[1].lookup(probe)
+        assert sorted(stores[0].live(ALL)) == sorted(stores[1].live(ALL))
+        some = frozenset(rng.sample(range(KEY_BUCKETS), 5))
+        assert sorted(stores[0].live(some)) == sorted(stores[1].live(some))
+        assert all(key_bucket(k) in some for k, _ in stores[1].live(some))
+        keep = rng.random() < 0.7
+        for s in stores:
+            if keep:
+                s.commit(f"{step}")
+            else:
+                s.rollback()
+        assert sorted(stores[0].live(ALL)) == sorted(stores[1].live(ALL))
