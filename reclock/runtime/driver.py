@@ -394,6 +394,12 @@ class SourceRunner:
             self.source.close()
         except Exception:
             log.debug("close failed", exc_info=True)
+        for store in self._keys.values():
+            try:
+                store.close()
+            except Exception:
+                log.debug("closing a key store failed", exc_info=True)
+        self._keys = {}
 
     # -- steps -------------------------------------------------------------------
     def open(self) -> None:
@@ -826,6 +832,8 @@ class SourceRunner:
                 raise
             finally:
                 _remove_spilled(intents)
+            # (a crash here leaves a key store behind its output: rebuilt on open)
+            faults.crash_point("after_sink_commit")
             if keys is not None:
                 try:
                     keys.commit(_key_marker(out, new))
@@ -845,7 +853,6 @@ class SourceRunner:
                             progress=reached.encode(),
                             rows=sum(r.rows.get(out.index, 0) for r in results),
                             errors=sum(r.errors.get(out.index, 0) for r in results))
-            faults.crash_point("after_sink_commit")
         faults.crash_point("after_upper_advance")
 
     def _settle(self, out: OutputRuntime, keys: UpsertState, intents: KeyedIntents

@@ -17,9 +17,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from reclock import faults
 from reclock.config import ConfigError, load_config
 from reclock.core.clock import SystemClock
 from reclock.core.errors import DefiniteError
+from reclock.pipeline import Pipeline
 from reclock.verify import verify_pipeline
 from sources.base import ReadTask
 from sources.generator import (
@@ -213,6 +215,7 @@ def test_config_errors_are_located(tmp_path: Path) -> None:
 TOTAL, KEYS, EVERY, SIZE, SEED = 5_000, 300, 7, 24, 11
 PIPELINE = f"""
 timestamp_interval: 200ms
+spark: {{max_bytes_per_settle: 16KiB}}
 sources:
   - name: kv
     generator: {{kind: key-value, keys: {KEYS}, seed: {SEED}, rate: 1000,
@@ -227,17 +230,36 @@ sources:
 
 
 def test_an_upsert_output_ends_equal_to_the_replayed_records(tmp_path: Path, spark: Any) -> None:
+    """Jobs' intents are settled in rounds of a few key buckets (a 16 KiB
+    budget), the larger ones written to files by the tasks; a failed stage
+    and a failed commit in the middle lose nothing."""
     path = tmp_path / "pipeline.yaml"
     path.write_text(PIPELINE)
     cfg = load_config(path)
+    # Python workers started (run alone, the first job would take seconds, and
+    # the generator's clock would run past the end meanwhile)
+    spark.sparkContext.parallelize(range(4), 2).map(lambda x: x).collect()
     # stopped part way, then started again: the generator makes the same
-    # records from the resume upper and the key state is rebuilt from the output
+    # records from the resume upper and the key state is read back from its
+    # store, which a clean stop left at the output's committed version
     with running(cfg, spark) as runners:
         wait_for(lambda: runners[0].records >= TOTAL // 5, what="a fifth of the records")
     assert 0 < runners[0].records < TOTAL
-    with running(cfg, spark) as runners:
-        r = runners[0]
-        wait_for(lambda: r.health.status == "finished", 60, lambda: f"the end: {r.status()}")
+    faults.arm("stage:2,commit:1")
+    try:
+        with running(cfg, spark) as runners:
+            r = runners[0]
+            wait_for(lambda: r.health.status == "finished", 60, lambda: f"the end: {r.status()}")
+    finally:
+        faults.disarm()
+    injected = [e for e in r.events.recent
+                if e["kind"] == "health" and "InjectedFault" in str(e.get("error"))]
+    assert len(injected) >= 2, injected  # the stage (twice in a row) and the commit
+    opened = [e.get("keys") for e in r.events.recent if e["kind"] == "open"]
+    assert opened[0] == {"state": "reused"}, opened
+    keys = Pipeline(cfg).state_dir / "keys" / "kv"
+    assert (keys / "state.sqlite").exists()
+    assert not list((keys / "spill").glob("*/*")), "intents written for a job are removed"
     t = read_updates(cfg, "kv", "state")
     assert t.filter(pc.invert(pc.is_null(t.column("_error")))).num_rows == 0
     net: Counter[tuple[int, int, str]] = Counter()
