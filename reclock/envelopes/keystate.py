@@ -281,6 +281,8 @@ class KeyedIntents:
     nbytes: dict[int, int] = field(default_factory=dict)
     links: set[tuple[int, int]] = field(default_factory=set)
     truncates: list[pa.Table] = field(default_factory=list)
+    #: the last intent in position order: (part, offset, seq, diff, bucket)
+    tail: tuple[int, int, int, int, int] | None = None
 
     @property
     def rows_nbytes(self) -> int:
@@ -295,6 +297,7 @@ class KeyedIntents:
                 out.nbytes[b] = out.nbytes.get(b, 0) + k.nbytes.get(b, 0)
             out.links |= k.links
             out.truncates.extend(k.truncates)
+            out.tail = k.tail if k.tail is not None else out.tail
         return out
 
     def rounds(self, budget: int) -> list[frozenset[int]]:
@@ -361,11 +364,50 @@ def canonical_keys(table: pa.Table, key: Iterable[str]) -> list[str]:
     return [repr(tuple(_hashable(v) for v in vals)) for vals in zip(*cols, strict=True)]
 
 
+class IntentWriter:
+    """A task's intents for one keyed output, split by key bucket as they
+    come, and written to Arrow files under ``spill`` every ``spill_bytes``
+    (named from ``name``: a retried task writes the same files), so a task
+    reading a transaction of millions of rows holds a few MiB of them."""
+
+    def __init__(self, key: tuple[str, ...], spill: Path | None, spill_bytes: int,
+                 name: str) -> None:
+        self.key, self.spill, self.spill_bytes, self.name = key, spill, spill_bytes, name
+        self._buf: list[pa.Table] = []
+        self._nbytes = 0
+        self._pieces = 0
+        self.out = KeyedIntents()
+
+    def add(self, table: pa.Table) -> None:
+        self._buf.append(table)
+        self._nbytes += table.nbytes
+        if self.spill is not None and self._nbytes >= self.spill_bytes:
+            self._flush()
+
+    def done(self) -> KeyedIntents:
+        """Everything added (the rest carried in the result when small)."""
+        self._flush()
+        return self.out
+
+    def _flush(self) -> None:
+        if not self._buf:
+            return
+        # (some carry SRC_UNCHANGED, others not: missing means nothing unchanged)
+        table = pa.concat_tables(self._buf, promote_options="default")
+        self._buf, self._nbytes = [], 0
+        piece = split_intents(table, self.key, self.spill, self.spill_bytes,
+                              f"{self.name}-{self._pieces}", before=self.out.tail)
+        self._pieces += 1
+        self.out = KeyedIntents.merged([self.out, piece])
+
+
 def split_intents(table: pa.Table, key: tuple[str, ...], spill: Path | None,
-                  spill_bytes: int, name: str) -> KeyedIntents:
-    """A task's intents for one keyed output, split by key bucket; written
-    to Arrow files under ``spill`` (named from ``name``: a retried task
-    writes the same files) when they exceed ``spill_bytes``."""
+                  spill_bytes: int, name: str,
+                  before: tuple[int, int, int, int, int] | None = None) -> KeyedIntents:
+    """Intents of one keyed output split by key bucket; written to an Arrow
+    file per bucket under ``spill`` (``name``-b<bucket>.arrow) when they
+    reach ``spill_bytes``. ``before``: the :attr:`KeyedIntents.tail` of the
+    intents that came just before them (a pair of intents may straddle)."""
     out = KeyedIntents()
     if table.num_rows == 0:
         return out
@@ -373,10 +415,13 @@ def split_intents(table: pa.Table, key: tuple[str, ...], spill: Path | None,
     if marks.any():
         out.truncates.append(table.filter(pa.array(marks)))
         table = table.filter(pa.array(~marks))
+    out.tail = before
+    if table.num_rows == 0:
+        return out
     buckets = np.fromiter((key_bucket(k) for k in canonical_keys(table, key)), np.int64,
                           count=table.num_rows)
-    out.links = _links(table, buckets)
-    write = spill is not None and table.nbytes > spill_bytes
+    out.links, out.tail = _links(table, buckets, before)
+    write = spill is not None and table.nbytes >= spill_bytes
     if write:
         assert spill is not None
         spill.mkdir(parents=True, exist_ok=True)
@@ -403,26 +448,32 @@ def split_intents(table: pa.Table, key: tuple[str, ...], spill: Path | None,
     return out
 
 
-def _links(table: pa.Table, buckets: np.ndarray[Any, Any]) -> set[tuple[int, int]]:
+def _links(table: pa.Table, buckets: np.ndarray[Any, Any],
+           before: tuple[int, int, int, int, int] | None
+           ) -> tuple[set[tuple[int, int]], tuple[int, int, int, int, int]]:
     """Bucket pairs (tombstone's, value's) of updates that moved a row to
     another key and left columns unsent: the value takes them from the row
-    the tombstone just removed, one position and one ``_src_seq`` before it."""
-    if SRC_UNCHANGED not in table.column_names:
-        return set()
-    unchanged = table.column(SRC_UNCHANGED)
-    if unchanged.null_count == len(unchanged):
-        return set()
+    the tombstone just removed, at its position and one ``_src_seq`` before
+    it (``before`` is the intent before ``table``'s first). Also the last
+    intent, for the next piece."""
     order = pc.sort_indices(table, sort_keys=[
         (SRC_PART, "ascending"), (SRC_OFFSET, "ascending"), (SRC_SEQ, "ascending")])
     t = table.take(order)
     b = buckets[order.to_numpy()]
-    part = t.column(SRC_PART).to_numpy(zero_copy_only=False)
-    off = t.column(SRC_OFFSET).to_numpy(zero_copy_only=False)
-    seq = t.column(SRC_SEQ).to_numpy(zero_copy_only=False)
-    diff = t.column(DIFF).to_numpy(zero_copy_only=False)
+    part = t.column(SRC_PART).to_numpy(zero_copy_only=False).astype(np.int64)
+    off = t.column(SRC_OFFSET).to_numpy(zero_copy_only=False).astype(np.int64)
+    seq = t.column(SRC_SEQ).to_numpy(zero_copy_only=False).astype(np.int64)
+    diff = t.column(DIFF).to_numpy(zero_copy_only=False).astype(np.int64)
+    tail = (int(part[-1]), int(off[-1]), int(seq[-1]), int(diff[-1]), int(b[-1]))
+    if SRC_UNCHANGED not in t.column_names or t.column(SRC_UNCHANGED).null_count == len(t):
+        return set(), tail
     has = pc.fill_null(pc.greater(pc.list_value_length(t.column(SRC_UNCHANGED)), 0),
                        False).to_numpy(zero_copy_only=False)
+    if before is not None:  # the piece before: its last intent goes first
+        bp, bo, bs, bd, bb = before
+        part, off, seq = np.r_[bp, part], np.r_[bo, off], np.r_[bs, seq]
+        diff, b, has = np.r_[bd, diff], np.r_[bb, b], np.r_[False, has]
     i = np.flatnonzero(has[1:] & (diff[1:] == 1) & (diff[:-1] == 0) & (part[1:] == part[:-1])
                        & (off[1:] == off[:-1]) & (seq[1:] == seq[:-1] + 1)
                        & (b[1:] != b[:-1])) + 1
-    return {(int(b[j - 1]), int(b[j])) for j in i}
+    return {(int(b[j - 1]), int(b[j])) for j in i}, tail

@@ -50,7 +50,7 @@ from reclock.core.columns import (
 from reclock.core.errors import DefiniteError, ReclockError
 from reclock.core.frontier import Antichain
 from reclock.envelopes.base import Envelope, meta_columns
-from reclock.envelopes.keystate import KeyedIntents, split_intents
+from reclock.envelopes.keystate import IntentWriter, KeyedIntents
 from sinks.base import Stager, output_schema, refuse_rows
 from sources.base import ReadTask, SourceReader
 
@@ -178,7 +178,8 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
     pending_rows: dict[int, int] = {}
     pending_bytes: dict[int, int] = {}
     flushes: dict[int, int] = {}
-    intents: dict[int, list[pa.Table]] = {}  # upsert outputs: applied by the driver
+    spill = None if ctx.spill_dir is None else Path(ctx.spill_dir) / ctx.batch_id
+    intents: dict[int, IntentWriter] = {}  # upsert outputs: applied by the driver
 
     def flush(i: int) -> None:
         tables = pending.pop(i, [])
@@ -229,7 +230,10 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
             nerr = rows.num_rows - rows.column(ERROR).null_count
             res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
             res.errors[i] = res.errors.get(i, 0) + nerr
-            intents.setdefault(i, []).append(rows)
+            if i not in intents:
+                intents[i] = IntentWriter(plan.key, spill, ctx.spill_bytes,
+                                          f"o{i}-t{task.index}")
+            intents[i].add(rows)
             continue
         res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
         res.errors[i] = res.errors.get(i, 0) + nerr
@@ -240,12 +244,7 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
             flush(i)
     for i in list(pending):
         flush(i)
-    # (some carry SRC_UNCHANGED, others not: missing means nothing unchanged)
-    spill = None if ctx.spill_dir is None else Path(ctx.spill_dir) / ctx.batch_id
-    res.intents = {i: split_intents(pa.concat_tables(ts, promote_options="default"),
-                                    ctx.outputs[i].key, spill, ctx.spill_bytes,
-                                    f"o{i}-t{task.index}")
-                   for i, ts in intents.items()}
+    res.intents = {i: w.done() for i, w in intents.items()}
     res.seconds = time.perf_counter() - started
     return res
 

@@ -23,6 +23,7 @@ from reclock.envelopes import UpsertState
 from reclock.envelopes.keystate import (
     ALL,
     KEY_BUCKETS,
+    IntentWriter,
     KeyedIntents,
     MemoryKeys,
     SqliteKeys,
@@ -93,7 +94,8 @@ def _random_batches(rng: random.Random, batches: int, positions: int
 
 def _tasks(rng: random.Random, batch: pa.Table, spill: Path, n: int) -> KeyedIntents:
     """The batch as ``n`` tasks would split it (cut between positions), some
-    writing their intents to files."""
+    writing their intents to files as they read them (a moved row's
+    tombstone and value then fall into different pieces too)."""
     offs = batch.column("_src_offset").to_pylist()
     cuts = sorted(rng.sample(sorted(set(offs)), min(n - 1, len(set(offs)) - 1)))
     parts = []
@@ -101,7 +103,13 @@ def _tasks(rng: random.Random, batch: pa.Table, spill: Path, n: int) -> KeyedInt
     for i, hi in enumerate([*cuts, None]):
         keep = [(lo is None or o >= lo) and (hi is None or o < hi) for o in offs]
         t = batch.filter(pa.array(keep))
-        parts.append(split_intents(t, ("k",), spill, 0 if i % 2 else 1 << 40, f"t{i}"))
+        if i % 2:  # read in batches of 7 rows, written out every 1,000 bytes
+            w = IntentWriter(("k",), spill, 1000, f"t{i}")
+            for start in range(0, t.num_rows, 7):
+                w.add(t.slice(start, 7))
+            parts.append(w.done())
+        else:
+            parts.append(split_intents(t, ("k",), spill, 1 << 40, f"t{i}"))
         lo = hi
     return KeyedIntents.merged(parts)
 
