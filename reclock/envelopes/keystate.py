@@ -93,6 +93,21 @@ class KeyStore:
     def __len__(self) -> int:
         raise NotImplementedError
 
+    def net_rows(self, rows: Iterable[list[tuple[str, tuple[Any, ...], int]]]
+                 ) -> Iterator[tuple[tuple[Any, ...], int]]:
+        """Rebuilding: each distinct row of an update log given in chunks of
+        ``(canonical row, row, diff)`` with its net count where not 0 (the
+        first row of equal canonical rows stands for them)."""
+        net: dict[str, int] = {}
+        first: dict[str, tuple[Any, ...]] = {}
+        for chunk in rows:
+            for h, row, d in chunk:
+                net[h] = net.get(h, 0) + d
+                first.setdefault(h, row)
+        for h, n in net.items():
+            if n != 0:
+                yield first[h], n
+
     def reset(self, marker: str | None = None) -> None:
         """No keys (committed at once)."""
         self.rollback()
@@ -171,9 +186,14 @@ _CHUNK = 500  # keys per lookup statement (SQLite allows 32,766 variables)
 
 class SqliteKeys(KeyStore):
     """A key store in a SQLite file (see the module docstring). Rows are
-    pickled; the transaction stays open from the first :meth:`write` to
-    :meth:`commit` or :meth:`rollback`. A file that cannot be read is
-    replaced by an empty one (its marker is then unknown: rebuilt)."""
+    pickled, under their key prefixed with its bucket (``"2a:(17,)"``), so
+    that one clustered B-tree serves lookups and a bucket's keys are one
+    range of it. The transaction stays open from the first :meth:`write` to
+    :meth:`commit` or :meth:`rollback`. A file that cannot be read, or of
+    another layout, is replaced by an empty one (its marker is then unknown:
+    rebuilt)."""
+
+    LAYOUT = 2  # PRAGMA user_version of the file
 
     def __init__(self, path: Path, cache_mib: int = 64) -> None:
         self.path = path
@@ -197,9 +217,12 @@ class SqliteKeys(KeyStore):
             conn.execute("PRAGMA synchronous=OFF")
             conn.execute(f"PRAGMA cache_size=-{cache_mib * 1024}")
             conn.execute("PRAGMA temp_store=FILE")
+            if conn.execute("PRAGMA user_version").fetchone()[0] != self.LAYOUT:
+                conn.execute("DROP TABLE IF EXISTS keys")
+                conn.execute("DROP TABLE IF EXISTS meta")
+                conn.execute(f"PRAGMA user_version={self.LAYOUT}")
             conn.execute("CREATE TABLE IF NOT EXISTS keys "
-                         "(key TEXT PRIMARY KEY, bucket INTEGER NOT NULL, row BLOB NOT NULL)")
-            conn.execute("CREATE INDEX IF NOT EXISTS keys_bucket ON keys (bucket)")
+                         "(key TEXT PRIMARY KEY, row BLOB NOT NULL) WITHOUT ROWID")
             conn.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
             conn.execute("SELECT count(*) FROM meta").fetchone()
         except sqlite3.DatabaseError:
@@ -207,30 +230,35 @@ class SqliteKeys(KeyStore):
             raise
         return conn
 
+    @staticmethod
+    def _stored(key: str) -> str:
+        return f"{key_bucket(key):02x}:{key}"
+
+    def _ranges(self, buckets: frozenset[int]) -> Iterator[tuple[str, str]]:
+        for b in sorted(buckets):
+            yield f"{b:02x}:", f"{b:02x};"  # ';' follows ':'
+
     def _begin(self) -> None:
         if not self._conn.in_transaction:
             self._conn.execute("BEGIN")
 
     def lookup(self, keys: Iterable[str]) -> dict[str, tuple[Any, ...]]:
-        ks = list(keys)
+        ks = [self._stored(k) for k in keys]
         out: dict[str, tuple[Any, ...]] = {}
         for i in range(0, len(ks), _CHUNK):
             part = ks[i:i + _CHUNK]
             q = f"SELECT key, row FROM keys WHERE key IN ({','.join('?' * len(part))})"
             for k, blob in self._conn.execute(q, part):
-                out[k] = pickle.loads(blob)
+                out[k[3:]] = pickle.loads(blob)
         return out
 
     def live(self, buckets: frozenset[int]) -> Iterator[tuple[str, tuple[Any, ...]]]:
-        if buckets == ALL:
-            cur = self._conn.execute("SELECT key, row FROM keys")
-        else:
-            bs = sorted(buckets)
+        for lo, hi in ([("", "~")] if buckets == ALL else self._ranges(buckets)):
             cur = self._conn.execute(
-                f"SELECT key, row FROM keys WHERE bucket IN ({','.join('?' * len(bs))})", bs)
-        while batch := cur.fetchmany(10_000):
-            for k, blob in batch:
-                yield k, pickle.loads(blob)
+                "SELECT key, row FROM keys WHERE key >= ? AND key < ? ORDER BY key", (lo, hi))
+            while batch := cur.fetchmany(10_000):
+                for k, blob in batch:
+                    yield k[3:], pickle.loads(blob)
 
     def write(self, changes: dict[str, tuple[Any, ...] | None],
               cleared: frozenset[int] = frozenset()) -> None:
@@ -238,15 +266,14 @@ class SqliteKeys(KeyStore):
         if cleared == ALL:
             self._conn.execute("DELETE FROM keys")
         elif cleared:
-            bs = sorted(cleared)
-            self._conn.execute(f"DELETE FROM keys WHERE bucket IN ({','.join('?' * len(bs))})",
-                               bs)
-        gone = [(k,) for k, row in changes.items() if row is None]
+            self._conn.executemany("DELETE FROM keys WHERE key >= ? AND key < ?",
+                                   self._ranges(cleared))
+        gone = [(self._stored(k),) for k, row in changes.items() if row is None]
         if gone:
             self._conn.executemany("DELETE FROM keys WHERE key = ?", gone)
         self._conn.executemany(
-            "INSERT OR REPLACE INTO keys (key, bucket, row) VALUES (?, ?, ?)",
-            ((k, key_bucket(k), pickle.dumps(row, protocol=5))
+            "INSERT OR REPLACE INTO keys (key, row) VALUES (?, ?)",
+            ((self._stored(k), pickle.dumps(row, protocol=5))
              for k, row in changes.items() if row is not None))
 
     def commit(self, marker: str | None) -> None:
@@ -261,6 +288,25 @@ class SqliteKeys(KeyStore):
 
     def __len__(self) -> int:
         return int(self._conn.execute("SELECT count(*) FROM keys").fetchone()[0])
+
+    def net_rows(self, rows: Iterable[list[tuple[str, tuple[Any, ...], int]]]
+                 ) -> Iterator[tuple[tuple[Any, ...], int]]:
+        """As :meth:`KeyStore.net_rows`, counted in a table of the file
+        (dropped after): an output of any size is rebuilt in bounded memory."""
+        self._begin()
+        self._conn.execute("DROP TABLE IF EXISTS net")
+        self._conn.execute("CREATE TABLE net (h TEXT PRIMARY KEY, n INTEGER NOT NULL, "
+                           "row BLOB NOT NULL) WITHOUT ROWID")
+        for chunk in rows:
+            self._conn.executemany(
+                "INSERT INTO net (h, n, row) VALUES (?, ?, ?) "
+                "ON CONFLICT (h) DO UPDATE SET n = n + excluded.n",
+                ((h, d, pickle.dumps(row, protocol=5)) for h, row, d in chunk))
+        cur = self._conn.execute("SELECT row, n FROM net WHERE n != 0")
+        while batch := cur.fetchmany(10_000):
+            for blob, n in batch:
+                yield pickle.loads(blob), int(n)
+        self._conn.execute("DROP TABLE net")
 
     def close(self) -> None:
         self.rollback()

@@ -74,10 +74,14 @@ _NAN = ("reclock:NaN",)
 def _hashable(v: Any) -> Any:
     """A value's canonical, hashable form for counting rows: lists and maps
     (Arrow list/map/struct values) become tuples, and every float NaN one
-    marker, so that an insertion and its retraction cancel however the value
-    was decoded."""
-    if isinstance(v, float) and v != v:
-        return _NAN
+    marker (and -0.0 0.0), so that an insertion and its retraction cancel
+    however the value was decoded. Its ``repr`` is the canonical form the key
+    store keys rows by (:mod:`reclock.envelopes.keystate`)."""
+    if isinstance(v, float):
+        if v != v:
+            return _NAN
+        if v == 0.0:
+            return 0.0
     if isinstance(v, list):
         return ("reclock:list", *(_hashable(x) for x in v))
     if isinstance(v, dict):
@@ -180,7 +184,7 @@ class UpsertState:
 
         if updates.num_rows:
             ok = updates.filter(pc.is_null(updates.column(ERROR)))
-            for row, n in _net_rows(ok, user_columns):
+            for row, n in st.store.net_rows(_log_chunks(ok, user_columns)):
                 k = st._canonical(row)
                 if n != 1 or k in new:
                     raise dup(row, f"{n} times" if n != 1 else "more than once")
@@ -314,20 +318,11 @@ class UpsertState:
         self.commit(self.store.marker)
 
 
-def _net_rows(ok: pa.Table, user_columns: list[str]) -> Iterator[tuple[tuple[Any, ...], int]]:
-    """Each distinct row of an update log with its net count, where not 0
-    (rows equal as :func:`_hashable` values count as one; the first stands
-    for them)."""
-    net: dict[Any, int] = {}
-    first: dict[Any, tuple[Any, ...]] = {}
+def _log_chunks(ok: pa.Table, user_columns: list[str]
+                ) -> Iterator[list[tuple[str, tuple[Any, ...], int]]]:
+    """An update log's rows in chunks of ``(canonical row, row, diff)``."""
     for batch in ok.to_batches(max_chunksize=65_536):
         diffs = batch.column(DIFF).to_pylist()
         cols = [batch.column(c).to_pylist() for c in user_columns]
-        for i, d in enumerate(diffs):
-            row = tuple(c[i] for c in cols)
-            h = _hashable(row)
-            net[h] = net.get(h, 0) + int(d)
-            first.setdefault(h, row)
-    for h, n in net.items():
-        if n != 0:
-            yield first[h], n
+        rows = [tuple(vals) for vals in zip(*cols, strict=True)]
+        yield [(repr(_hashable(row)), row, int(d)) for row, d in zip(rows, diffs, strict=True)]
