@@ -33,13 +33,17 @@ Executor side (:class:`MySqlReader`), deterministic per task:
   the binlog (row images are full: every change carries its before image),
   newest first. Every chunk so yields its rows exactly as of S, on any retry.
 
-The hand-off: snapshot rows are stamped at ``(0, S[0] - 1)``, the point just
-before S in domain 0 (which S always names), so they take the IntoTime at
-which domain 0 reaches S; for the snapshot's outputs the stream drops every
-transaction before S. With one replication domain (the usual case) that is
-exactly the IntoTime of S; with several, the rows take the IntoTime at which
-domain 0 reached S, which may come before other domains' transactions that
-the snapshot holds.
+The hand-off: a snapshot at binlog point Q holds exactly the transactions
+before Q, whose GTID position is S. Its rows are stamped at the point of the
+last transaction x before Q in the binlog (its GTID event, found with SHOW
+BINLOG EVENTS: :func:`last_transaction`), in whichever domain.
+Every binding is ``@@gtid_binlog_pos`` read at one point P of the binlog
+(transactions before P: before the binding's frontier, in every domain), so
+a binding passes x exactly when its P is at or after Q: the rows take the
+IntoTime of the first binding past Q, every transaction the snapshot holds
+(before x) has that IntoTime or an earlier one, and every transaction after Q
+that IntoTime or a later one. For the snapshot's outputs the stream drops
+every transaction before S.
 
 Schema changes are seen in the row events' table maps: a column added
 upstream re-opens the source (the output gains it); a dropped column is null
@@ -179,6 +183,61 @@ def snapshot_point(conn: pymysql.Connection[Any]) -> tuple[gtid.Pos, str, int]:
     return gtid.position(rows[0][0] if rows else ""), f, p
 
 
+_GTID_EVENT = re.compile(r"GTID (\d+)-\d+-(\d+)")
+#: Events per SHOW BINLOG EVENTS read when looking for the last transaction.
+EVENTS_WINDOW = 4096
+
+
+def last_transaction(conn: pymysql.Connection[Any], file: str, pos: int
+                     ) -> tuple[int, int] | None:
+    """``(domain, seq)`` of the last transaction that starts before offset
+    ``pos`` of binlog ``file`` (a transaction boundary), looking in earlier
+    files when ``file`` has none before it; None when no binlog the server
+    still has holds one."""
+    logs = [(str(r[0]), int(r[1])) for r in _query(conn, "SHOW BINARY LOGS")]
+    names = [n for n, _ in logs]
+    if file not in names:
+        return None
+    for f, size in reversed(logs[:names.index(file) + 1]):
+        found = _last_gtid(conn, f, pos if f == file else size)
+        if found is not None:
+            return found
+    return None
+
+
+def _last_gtid(conn: pymysql.Connection[Any], f: str, end: int) -> tuple[int, int] | None:
+    """The last GTID event of binlog ``f`` before offset ``end``. SHOW
+    BINLOG EVENTS ... LIMIT i, n skips the first i events on the server (a
+    few million a second) and ships n: the index of the first event at or
+    after ``end`` is searched (by interpolation on the events' offsets),
+    then windows of events before it are read, newest first."""
+    def at(i: int, n: int = 1) -> list[tuple[Any, ...]]:
+        return _query(conn, f"SHOW BINLOG EVENTS IN '{f}' LIMIT {i}, {n}")
+
+    lo, lo_pos = 0, 4  # event lo starts before `end` (the first starts at 4)
+    hi: int | None = None  # event hi does not (None: not found yet)
+    hi_pos = end
+    while hi is None or hi - lo > EVENTS_WINDOW:
+        # where `end` falls at the mean event size so far, a little past it
+        per = (hi_pos - lo_pos) / (hi - lo) if hi is not None else (
+            lo_pos / lo if lo else 100.0)
+        guess = max(lo + 1, lo + int((end - lo_pos) / max(per, 1.0)) + EVENTS_WINDOW // 4)
+        if hi is not None:
+            guess = min(guess, hi - 1)
+        row = at(guess)
+        if row and int(row[0][1]) < end:
+            lo, lo_pos = guess, int(row[0][1])
+        else:
+            hi, hi_pos = guess, int(row[0][1]) if row else end
+    while hi > 0:
+        first = max(0, hi - EVENTS_WINDOW)
+        for e in reversed(at(first, hi - first)):
+            if int(e[1]) < end and str(e[2]) == "Gtid" and (m := _GTID_EVENT.search(str(e[5]))):
+                return int(m.group(1)), int(m.group(2))
+        hi = first
+    return None
+
+
 # ---------------------------------------------------------------------------
 # Task specs
 # ---------------------------------------------------------------------------
@@ -197,10 +256,12 @@ class StreamSpec:
 @dataclass(frozen=True)
 class ChunkSpec:
     """Rows of output ``output`` with the (integer) key in ``[lo, hi)`` (None:
-    unbounded) as of GTID position ``at``, stamped at ``(0, at[0] - 1)``."""
+    unbounded) as of GTID position ``at``, stamped at the point ``stamp``
+    (``(domain, seq)``: see :class:`_Snapshot`)."""
 
     output: int
     at: tuple[tuple[int, int], ...]
+    stamp: tuple[int, int]
     chunk: int
     lo: int | None
     hi: int | None
@@ -212,7 +273,12 @@ def _pairs(pos: gtid.Pos) -> tuple[tuple[int, int], ...]:
 
 @dataclass
 class _Snapshot:
+    """A snapshot at GTID position ``pos`` (binlog point Q) of ``outputs``,
+    its rows stamped at ``stamp``: the last transaction before Q in the
+    binlog (see the module docstring)."""
+
     pos: gtid.Pos
+    stamp: tuple[int, int]
     outputs: tuple[int, ...]
 
 
@@ -406,9 +472,10 @@ class MySqlSource(SourceBase):
         now = gtid.position(self._query("cannot probe", "SELECT @@gtid_binlog_pos")[0][0])
         if bare and self._snap is None:
             if self.snapshot:
-                self._snap = _Snapshot(self._take_snapshot(), tuple(bare))
-                log.info("%s: snapshot at GTID %s for %s", self.who, gtid.text(self._snap.pos),
-                         [tables[i].output for i in bare])
+                pos, stamp = self._take_snapshot()
+                self._snap = _Snapshot(pos, stamp, tuple(bare))
+                log.info("%s: snapshot at GTID %s (stamped at %d-*-%d) for %s", self.who,
+                         gtid.text(pos), *stamp, [tables[i].output for i in bare])
             for i in bare:
                 self._since[i] = self._snap.pos if self._snap is not None else now
         self._since = {i: p for i, p in self._since.items() if i in bare}
@@ -418,21 +485,35 @@ class MySqlSource(SourceBase):
             self._check_not_purged(gtid.meet(holding.values()), "the outputs hold data and "
                                                                 "must")
 
-    def _take_snapshot(self) -> gtid.Pos:
+    def _take_snapshot(self) -> tuple[gtid.Pos, tuple[int, int]]:
+        """The position S of a consistent read, and the point its rows are
+        stamped at: the last transaction before it in the binlog."""
         try:
             with self.conn_info.connect() as c:
                 _query(c, "START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                pos, _, _ = snapshot_point(c)
+                pos, f, p = snapshot_point(c)
                 _query(c, "COMMIT")
-                return pos
+                last = last_transaction(c, f, p) if pos else None
         except pymysql.Error as exc:
             raise self.conn_info.error(exc, "cannot take a snapshot") from None
+        if last is not None and gtid.nxt(pos, last[0]) == last[1] + 1:
+            return pos, last
+        # With one domain its last transaction is the last one. With several,
+        # the binlogs holding every transaction before S were purged (or a
+        # domain's sequence numbers are out of binlog order): a guess.
+        d = min(pos, default=0)
+        if len(pos) > 1:
+            log.warning("%s: the last transaction before the snapshot's GTID %s is not in the "
+                        "binary logs (%s); its rows are stamped in domain %d, which may give "
+                        "them an IntoTime before some transactions they hold", self.who,
+                        gtid.text(pos), "none found" if last is None else f"{last} read", d)
+        return pos, (d, gtid.nxt(pos, d) - 1)
 
     def snapshot_position(self, output: int) -> tuple[int, int] | None:
         snap = self._snap
         if snap is None or output not in snap.outputs:
             return None
-        return 0, gtid.nxt(snap.pos, 0) - 1
+        return snap.stamp
 
     def snapshot_sizes(self) -> dict[int, SnapshotSize]:
         snap = self._snap
@@ -457,7 +538,7 @@ class MySqlSource(SourceBase):
         tasks: list[ReadTask] = []
         snap = self._snap
         if snap is not None:
-            p = Gtid.point(0, gtid.nxt(snap.pos, 0) - 1)
+            p = Gtid.point(*snap.stamp)
             if lower.less_equal_time(p) and not upper.less_equal_time(p):
                 tasks += self._chunk_tasks(snap, max_task)
         start = gtid.join(lo, self._from)
@@ -486,7 +567,8 @@ class MySqlSource(SourceBase):
             per = max(1, t.rows_estimate // (len(edges) - 1))
             for c in range(len(edges) - 1):
                 out.append(ReadTask(self.name, len(out),
-                                    ChunkSpec(i, _pairs(snap.pos), c, edges[c], edges[c + 1]),
+                                    ChunkSpec(i, _pairs(snap.pos), snap.stamp, c, edges[c],
+                                              edges[c + 1]),
                                     per, snapshot=i))
         return out
 
@@ -826,11 +908,11 @@ class MySqlReader:
             raise DefiniteError(f"{self.who}: snapshot chunk {spec.chunk} of {t.qualified} "
                                 f"holds {len(rows)} rows, more than {CHUNK_SEQ}",
                                 hint="lower spark.max_records_per_task")
-        p_off = gtid.nxt(at, 0) - 1
+        p_part, p_off = spec.stamp
         buf = _Buffer(t)
         base = spec.chunk * CHUNK_SEQ
         for j, r in enumerate(rows):
-            buf.add(r, 1, 0, p_off, base + j, None)
+            buf.add(r, 1, p_part, p_off, base + j, None)
             if len(buf) >= BATCH_ROWS:
                 yield spec.output, buf.take()
         if len(buf):

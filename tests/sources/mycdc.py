@@ -144,3 +144,71 @@ def source_rows(url: str, query: str) -> list[tuple[Any, ...]]:
     with connect(url) as c, c.cursor() as cur:
         cur.execute(query)
         return sorted((tuple(r) for r in cur.fetchall()), key=repr)
+
+
+class DomainWriter:
+    """Transactions in one replication domain (``SET gtid_domain_id``) on
+    table ``dd (id, dom, n)``, on keys of its own (``domain * 1000 + k``):
+    each upserts a key with its own number (so it always changes a row and
+    gets a GTID) and may delete another. ``txns``: ``(domain, seq, {id: row
+    or None})`` per commit, its GTID read back with ``@@last_gtid``.
+    ``pause()``/``resume()`` hold it between transactions."""
+
+    def __init__(self, url: str, domain: int, seed: int, pause: float = 0.01) -> None:
+        self.url, self.domain, self.pause_s = url, domain, pause
+        self.rng = random.Random(seed)
+        self.txns: list[tuple[int, int, dict[int, tuple[int, int, int] | None]]] = []
+        self.errors: list[BaseException] = []
+        self._go = threading.Event()
+        self._go.set()
+        self._idle = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with connect(self.url) as c, c.cursor() as cur:
+                cur.execute(f"SET SESSION gtid_domain_id = {self.domain}")
+                c.autocommit(False)
+                while not self._stop.is_set():
+                    if not self._go.is_set():
+                        self._idle.set()
+                        self._go.wait(0.05)
+                        continue
+                    self._idle.clear()
+                    n = len(self.txns) + 1
+                    base = self.domain * 1000
+                    k = base + self.rng.randrange(50)
+                    changes: dict[int, tuple[int, int, int] | None] = {k: (k, self.domain, n)}
+                    cur.execute("insert into dd values (%s, %s, %s) on duplicate key update "
+                                "n = values(n)", changes[k])
+                    if self.rng.random() < 0.3:
+                        gone = base + self.rng.randrange(50)
+                        if gone != k:
+                            cur.execute("delete from dd where id = %s", (gone,))
+                            changes[gone] = None
+                    c.commit()
+                    cur.execute("select @@last_gtid")
+                    d, _, seq = (int(x) for x in str(cur.fetchone()[0]).split("-"))
+                    assert d == self.domain, (d, self.domain)
+                    self.txns.append((d, seq, changes))
+                    time.sleep(self.pause_s)
+        except BaseException as exc:  # surfaced by stop()
+            self.errors.append(exc)
+
+    def pause(self) -> None:
+        """Returns once no transaction of it is open or will start."""
+        self._go.clear()
+        self._idle.clear()
+        assert self._idle.wait(30) or self.errors, "the writer did not pause"
+
+    def resume(self) -> None:
+        self._go.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._go.set()
+        self._thread.join(60)
+        if self.errors:
+            raise self.errors[0]

@@ -179,3 +179,93 @@ def test_snapshot_hand_off_under_a_writer(tmp_path: Path, spark: Any, mysql_url:
     nulls = [{k: v for k, v in kinds[i].items() if not k.startswith("_") and k != "id"}
              for i in (2, 12)]
     assert all(v is None for n in nulls for v in n.values())
+
+
+MULTI = """
+state_dir: {tmp}/state
+timestamp_interval: 100ms
+sources:
+  - name: multi
+    mysql: {{url: "{url}", tables: [{tables}]}}
+    outputs: [{outputs}]
+"""
+
+
+@pytest.mark.timeout(180)
+def test_snapshot_with_two_replication_domains(tmp_path: Path, spark: Any,
+                                               mysql_url: str) -> None:
+    """Two domains written concurrently; domain 0 then idle while domain 1
+    goes on and bindings are minted; then an output of their table is added
+    (a snapshot at Q, with bindings from before Q). As of every IntoTime the
+    output holds, it equals a model of the table: the transactions whose GTID
+    the bindings reclock to that IntoTime or earlier. Stamped in domain 0
+    (as before), the snapshot's rows took the IntoTime at which domain 0 had
+    reached S, before domain 1's last transactions they hold."""
+    from reclock.core.time import Gtid
+    from reclock.pipeline import Pipeline
+    from tests.sources.mycdc import DomainWriter
+
+    with connect(mysql_url) as c, c.cursor() as cur:
+        cur.execute("create table dd (id int primary key, dom int not null, n int not null)")
+        cur.execute("create table one (id int primary key)")
+        cur.execute("insert into one values (1)")
+    path = tmp_path / "p.yaml"
+
+    def config(tables: list[str]) -> Any:
+        path.write_text(MULTI.format(tmp=tmp_path, url=mysql_url, tables=", ".join(tables),
+                                     outputs=", ".join(f"{{name: {t}, sink: file}}"
+                                                       for t in tables)))
+        return load_config(path)
+
+    writers = [DomainWriter(mysql_url, 0, seed=1), DomainWriter(mysql_url, 1, seed=2)]
+    try:
+        cfg = config(["one"])
+        with running(cfg, spark) as runners:
+            def resume() -> Any:
+                return runners[0].status().get("resume")
+
+            time.sleep(0.6)  # both domains written concurrently, bound every 100 ms
+            writers[0].pause()
+            at = binlog_pos(mysql_url)
+            wait_for(lambda: passed(resume(), at), 30, "a binding past domain 0's last")
+            time.sleep(0.3)  # domain 1 alone, bound some more times
+        cfg = config(["one", "dd"])  # dd: a snapshot, at Q, with bindings from before Q
+        with running(cfg, spark) as runners:
+            at = binlog_pos(mysql_url)
+            wait_for(lambda: passed(resume(), at), 60, "the snapshot to be durable")
+            writers[0].resume()
+            time.sleep(0.5)
+            for w in writers:
+                w.pause()
+            at = binlog_pos(mysql_url)
+            wait_for(lambda: passed(resume(), at), 60, "the outputs to catch up")
+            assert runners[0].health.status == "running", runners[0].health
+    finally:
+        for w in writers:
+            w.stop()
+    assert all(len(w.txns) > 20 for w in writers), [len(w.txns) for w in writers]
+    pipe = Pipeline(cfg)
+    try:
+        bindings = pipe.store.read("multi")
+    finally:
+        pipe.close()
+    txns = [(bindings.reclock(Gtid.point(d, n)), changes)
+            for w in writers for d, n, changes in w.txns]
+    dd = read_updates(cfg, "multi", "dd")
+    snap = dd.filter(pa.compute.is_null(dd.column("_src_ts")))
+    snap_parts = set(snap.column("_src_part").to_pylist())
+    assert snap.num_rows and snap_parts == {1}, snap_parts  # domain 1's last: stamped there
+    times = sorted(set(dd.column("_into_time").to_pylist()))
+    assert min(times) == snap.column("_into_time")[0].as_py()
+    for t in times:
+        want: dict[int, tuple[int, int, int] | None] = {}
+        for into, changes in txns:
+            if into is not None and into <= t:
+                want.update(changes)  # keys of one domain: in its own order
+        model = sorted((r for r in want.values() if r is not None), key=repr)
+        as_of = dd.filter(pa.compute.less_equal(dd.column("_into_time"), t))
+        assert output_rows(as_of, ["id", "dom", "n"]) == model, f"as of {t}"
+    assert output_rows(dd, ["id", "dom", "n"]) == source_rows(mysql_url,
+                                                               "select id, dom, n from dd")
+    [report] = verify_pipeline(cfg)
+    assert report.ok, [(o.output, o.breaches, o.samples) for o in report.outputs]
