@@ -217,13 +217,16 @@ def _last_gtid(conn: pymysql.Connection[Any], f: str, end: int) -> tuple[int, in
     lo, lo_pos = 0, 4  # event lo starts before `end` (the first starts at 4)
     hi: int | None = None  # event hi does not (None: not found yet)
     hi_pos = end
+    step = 0
     while hi is None or hi - lo > EVENTS_WINDOW:
-        # where `end` falls at the mean event size so far, a little past it
+        # where `end` falls at the mean event size so far, a little past it;
+        # every other step halves the interval (the search ends either way)
         per = (hi_pos - lo_pos) / (hi - lo) if hi is not None else (
             lo_pos / lo if lo else 100.0)
         guess = max(lo + 1, lo + int((end - lo_pos) / max(per, 1.0)) + EVENTS_WINDOW // 4)
         if hi is not None:
-            guess = min(guess, hi - 1)
+            guess = min(guess if step % 2 == 0 else (lo + hi) // 2, hi - 1)
+        step += 1
         row = at(guess)
         if row and int(row[0][1]) < end:
             lo, lo_pos = guess, int(row[0][1])
