@@ -13,7 +13,7 @@ keyed CDC outputs settle the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import numpy as np
@@ -94,16 +94,20 @@ def _hashable(v: Any) -> Any:
 class Pending:
     """What one :meth:`UpsertState.apply` would change, kept apart from the
     state until the commit that carries its updates succeeds
-    (:meth:`UpsertState.accept`, or :meth:`UpsertState.stage` then
-    :meth:`UpsertState.commit`). Reads fall through to the state."""
+    (:meth:`UpsertState.accept`). Reads fall through to the state."""
 
-    def __init__(self, store: KeyStore, base: dict[str, tuple[Any, ...]],
-                 buckets: frozenset[int]) -> None:
+    def __init__(self, store: KeyStore, buckets: frozenset[int]) -> None:
         self._store = store
-        self._base = base  # the rows of the keys apply() looks at, read up front
+        self._base: dict[str, tuple[Any, ...]] = {}  # rows of keys looked at, read up front
         self.buckets = buckets
         self.cleared = False  # a truncate removed every key of ``buckets``
         self.changes: dict[str, tuple[Any, ...] | None] = {}
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Read the rows of ``keys`` (those to be looked at next) from the store."""
+        if not self.cleared:
+            self._base.update(self._store.lookup(
+                {k for k in keys if k not in self.changes and k not in self._base}))
 
     def get(self, k: str) -> tuple[Any, ...] | None:
         if k in self.changes:
@@ -123,9 +127,38 @@ class Pending:
     def clear(self) -> None:
         self.cleared = True
         self.changes = {}
+        self._base = {}
+
+    def done_slice(self) -> None:
+        """A slice of the intents is settled (see :class:`_WriteThrough`)."""
 
     def __len__(self) -> int:
         return len(self.changes) + int(self.cleared)
+
+
+class _WriteThrough(Pending):
+    """Changes written into the key store's open transaction after each
+    slice of intents, so that memory holds one slice's keys, however many a
+    round changes (:meth:`UpsertState.settle`). Lookups of later slices see
+    them; :meth:`UpsertState.commit` or :meth:`UpsertState.rollback` decides."""
+
+    def live(self) -> Iterator[tuple[str, tuple[Any, ...]]]:
+        self.done_slice()
+        return self._store.live(self.buckets)
+
+    def clear(self) -> None:
+        self.changes = {}
+        self._base = {}
+        self._store.write({}, self.buckets)
+
+    def done_slice(self) -> None:
+        self._store.write(self.changes)
+        self.changes = {}
+        self._base = {}
+
+
+#: intents turned into Python values at once by :meth:`UpsertState.apply`
+SLICE_ROWS = 65_536
 
 
 class UpsertState:
@@ -202,64 +235,72 @@ class UpsertState:
         them and the :class:`Pending` changes to :meth:`accept` once they are
         committed. The state itself is not touched. ``intents`` must hold
         every intent of the keys of ``buckets`` (and only of those)."""
+        pending = Pending(self.store, buckets)
+        tables = list(self._updates(intents, schema, pending))
+        return pa.concat_tables([schema.empty_table(), *tables]), pending
+
+    def _updates(self, intents: pa.Table, schema: pa.Schema, pending: Pending
+                 ) -> Iterator[pa.Table]:
+        """The updates of ``intents`` against ``pending``, slice by slice of
+        :data:`SLICE_ROWS` intents in (IntoTime, position) order."""
         order = pc.sort_indices(intents, sort_keys=[
             (INTO_TIME, "ascending"), (SRC_PART, "ascending"),
             (SRC_OFFSET, "ascending"), (SRC_SEQ, "ascending")])
-        t = intents.take(order)
         names = schema.names
-        data = {n: t.column(n).to_pylist() for n in names}
-        unchanged = (t.column(SRC_UNCHANGED).to_pylist() if SRC_UNCHANGED in t.column_names
-                     else None)
         ncols = len(self.columns)
         meta_names = names[ncols:]
-        rows = [tuple(vals) for vals in zip(*(data[c] for c in self.columns), strict=True)]
-        keys = [None if data[ERROR][i] is not None or data[DIFF][i] == TRUNCATED
-                else self._canonical(rows[i]) for i in range(t.num_rows)]
-        out: list[tuple[Any, ...]] = []
-        pending = Pending(self.store, self.store.lookup({k for k in keys if k is not None}),
-                          buckets)
-        gone: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # last tombstone
         di = meta_names.index(DIFF)
-        for i in range(t.num_rows):
-            meta = [data[n][i] for n in meta_names]
-            if data[ERROR][i] is not None:
-                out.append(rows[i] + tuple(meta))
-                continue
-            if data[DIFF][i] == TRUNCATED:  # every key goes, at this one position
-                m = list(meta)
-                m[di] = -1
-                for _k, had in pending.live():
-                    out.append(had + tuple(m))
-                pending.clear()
-                gone = None
-                continue
-            row = rows[i]
-            k = keys[i]
-            assert k is not None
-            old = pending.get(k)
-            delete = data[DIFF][i] == 0
-            if unchanged is not None and unchanged[i] and not delete:
-                row = self._fill(row, unchanged[i], old, gone, meta, meta_names)
-            new = None if delete else row
-            if delete and old is not None:
-                gone = (tuple(meta), old)
-            if old is new or (old is not None and new is not None
-                              and _hashable(old) == _hashable(new)):
-                continue
-            if old is not None:
-                m = list(meta)
-                m[di] = -1
-                out.append(old + tuple(m))
-            if new is not None:
-                m = list(meta)
-                m[di] = 1
-                out.append(new + tuple(m))
-            pending.changes[k] = new
-        cols: list[Any] = list(zip(*out, strict=True)) if out else [[] for _ in names]
-        table = pa.Table.from_arrays(
-            [pa.array(list(c), type=f.type) for c, f in zip(cols, schema, strict=True)],
-            schema=schema)
-        return table, pending
+        gone: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # last tombstone
+        for lo in range(0, len(order), SLICE_ROWS):
+            t = intents.take(order[lo:lo + SLICE_ROWS])
+            data = {n: t.column(n).to_pylist() for n in names}
+            unchanged = (t.column(SRC_UNCHANGED).to_pylist()
+                         if SRC_UNCHANGED in t.column_names else None)
+            rows = [tuple(vals) for vals in zip(*(data[c] for c in self.columns), strict=True)]
+            keys = [None if data[ERROR][i] is not None or data[DIFF][i] == TRUNCATED
+                    else self._canonical(rows[i]) for i in range(t.num_rows)]
+            pending.prefetch(k for k in keys if k is not None)
+            out: list[tuple[Any, ...]] = []
+            for i in range(t.num_rows):
+                meta = [data[n][i] for n in meta_names]
+                if data[ERROR][i] is not None:
+                    out.append(rows[i] + tuple(meta))
+                    continue
+                if data[DIFF][i] == TRUNCATED:  # every key goes, at this one position
+                    m = list(meta)
+                    m[di] = -1
+                    for _k, had in pending.live():
+                        out.append(had + tuple(m))
+                    pending.clear()
+                    gone = None
+                    continue
+                row = rows[i]
+                k = keys[i]
+                assert k is not None
+                old = pending.get(k)
+                delete = data[DIFF][i] == 0
+                if unchanged is not None and unchanged[i] and not delete:
+                    row = self._fill(row, unchanged[i], old, gone, meta, meta_names)
+                new = None if delete else row
+                if delete and old is not None:
+                    gone = (tuple(meta), old)
+                if old is new or (old is not None and new is not None
+                                  and _hashable(old) == _hashable(new)):
+                    continue
+                if old is not None:
+                    m = list(meta)
+                    m[di] = -1
+                    out.append(old + tuple(m))
+                if new is not None:
+                    m = list(meta)
+                    m[di] = 1
+                    out.append(new + tuple(m))
+                pending.changes[k] = new
+            cols: list[Any] = list(zip(*out, strict=True)) if out else [[] for _ in names]
+            yield pa.Table.from_arrays(
+                [pa.array(list(c), type=f.type) for c, f in zip(cols, schema, strict=True)],
+                schema=schema)
+            pending.done_slice()
 
     def _fill(self, row: tuple[Any, ...], cols: list[int], old: tuple[Any, ...] | None,
               gone: tuple[tuple[Any, ...], tuple[Any, ...]] | None, meta: list[Any],
@@ -287,13 +328,14 @@ class UpsertState:
     def settle(self, intents: KeyedIntents, schema: pa.Schema, budget: int
                ) -> Iterator[pa.Table]:
         """Settle a job's intents a few key buckets at a time (at most
-        ``budget`` bytes of intents each, see :meth:`KeyedIntents.rounds`):
-        yields each round's updates, and stages the round's key changes once
-        the caller has taken them (staged them for the commit)."""
+        ``budget`` bytes of intents each, see :meth:`KeyedIntents.rounds`),
+        a slice at a time: yields the updates of each slice, and writes its
+        key changes into the store's open transaction once the caller has
+        taken them (staged them for the commit: :meth:`commit` after it, or
+        :meth:`rollback`)."""
         for buckets in intents.rounds(budget):
-            updates, pending = self.apply(intents.read(buckets, schema), schema, buckets)
-            yield updates
-            self.stage(pending)
+            yield from self._updates(intents.read(buckets, schema), schema,
+                                     _WriteThrough(self.store, buckets))
 
     def stage(self, pending: Pending) -> None:
         """Write ``pending`` into the store's open transaction (not yet the state)."""

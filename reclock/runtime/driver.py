@@ -859,14 +859,25 @@ class SourceRunner:
                 ) -> list[dict[str, Any]]:
         """Stage the updates of a job's intents for a keyed output, a few key
         buckets at a time, writing the key changes into the key store's
-        open transaction."""
+        open transaction (staged in pieces of up to ``max_bytes_per_task``)."""
         staged: list[dict[str, Any]] = []
+        held: list[pa.Table] = []
+
+        def stage() -> None:
+            table = pa.concat_tables(held)
+            held.clear()
+            if table.num_rows:
+                faults.fail_point("stage")
+                staged.extend(out.sink.stager().stage(
+                    f"{self.clock.now()}-upsert-{uuid.uuid4().hex[:10]}", 0, table))
+
         schema = output_schema(out.user_schema)
         for updates in keys.settle(intents, schema, self.settings.settle_bytes):
-            if updates.num_rows:
-                faults.fail_point("stage")
-                staged += out.sink.stager().stage(
-                    f"{self.clock.now()}-upsert-{uuid.uuid4().hex[:10]}", 0, updates)
+            held.append(updates)
+            if sum(t.nbytes for t in held) >= self.settings.max_bytes_per_task:
+                stage()
+        if held:
+            stage()
         return staged
 
     def _upstream_gone(self) -> None:
