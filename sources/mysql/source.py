@@ -13,6 +13,8 @@ so its rows share one IntoTime. One output per table. Driver side
                    binlog was purged
     probe()        @@gtid_binlog_pos
     plan(lo, hi)   one binlog task for [lo, hi) (transactions in binlog order),
+                   or, with more than max_job transactions, for the first
+                   max_job of them (each domain's backlog cut in proportion),
                    plus, in the job that covers S, the snapshot's chunk tasks
                    (primary key ranges, in parallel)
     acknowledge(f) nothing upstream holds data for reclock (the server purges
@@ -21,11 +23,13 @@ so its rows share one IntoTime. One output per table. Driver side
 Executor side (:class:`MySqlReader`), deterministic per task:
 
 * **Binlog range** ``[lo, hi)``: a replica connection (COM_BINLOG_DUMP with
-  ``@slave_connect_state`` = ``lo``) reads transactions in binlog order; ``hi``
-  was ``@@gtid_binlog_pos`` at some point P of the binlog, so every transaction
-  before P is before ``hi`` and none after: the task stops at the first
-  transaction not before ``hi``, or once it has read the last one before it
-  in every domain.
+  ``@slave_connect_state`` = ``lo``) reads transactions in binlog order and
+  keeps those before ``hi``; it stops once it has read the last one before
+  ``hi`` in every domain (or a later one of the domain). ``hi`` was
+  ``@@gtid_binlog_pos`` at some point P of the binlog, so every transaction
+  before P is before ``hi`` and none after: the task stops at P. A cut job's
+  ``hi`` is no binlog position: the task skips transactions past it in one
+  domain while it still needs some of another.
 * **Snapshot chunk**: MariaDB cannot share one consistent read between
   connections, so each chunk reads its key range under a consistent read of
   its own (``START TRANSACTION WITH CONSISTENT SNAPSHOT``) at binlog position
@@ -540,17 +544,45 @@ class MySqlSource(SourceBase):
             return [], lower
         tasks: list[ReadTask] = []
         snap = self._snap
+        start = gtid.join(lo, self._from)
+        end, count = self._job_end(start, hi, max_job)
+        if end != hi:
+            upper = gtid.frontier(end)
         if snap is not None:
             p = Gtid.point(*snap.stamp)
             if lower.less_equal_time(p) and not upper.less_equal_time(p):
                 tasks += self._chunk_tasks(snap, max_task)
-        start = gtid.join(lo, self._from)
-        count = sum(max(0, n - gtid.nxt(start, d)) for d, n in hi.items())
         if count:
             since = tuple((i, _pairs(p)) for i, p in sorted(self._since.items()))
             tasks.append(ReadTask(self.name, len(tasks),
-                                  StreamSpec(_pairs(start), _pairs(hi), since), count))
+                                  StreamSpec(_pairs(start), _pairs(end), since), count))
         return tasks, upper
+
+    def _job_end(self, start: gtid.Pos, hi: gtid.Pos, max_job: int) -> tuple[gtid.Pos, int]:
+        """Where a job from ``start`` ends, and its transactions: ``hi``, or
+        about ``max_job`` transactions further, each domain's backlog cut in
+        proportion (the binlog interleaves the domains, so the job's end is
+        not a binlog position: its task reads on until it has every
+        transaction before it, skipping those after). While the snapshot
+        being read holds transactions not read yet (an output that holds
+        data is behind it), jobs end at or before S, so that no transaction
+        after S reaches the snapshot's outputs before the snapshot's rows."""
+        snap = self._snap
+        target = dict(hi)
+        if snap is not None and not gtid.le(snap.pos, start):
+            target = {d: min(n, max(gtid.nxt(snap.pos, d), gtid.nxt(start, d)))
+                      for d, n in hi.items()}
+        backlog = {d: n - gtid.nxt(start, d) for d, n in target.items()
+                   if n > gtid.nxt(start, d)}
+        count = sum(backlog.values())
+        if count <= max_job:
+            return (hi if target == hi else gtid.join(start, target)), count
+        share = {d: b * max_job // count for d, b in backlog.items()}
+        if not any(share.values()):
+            biggest = max(backlog, key=lambda d: backlog[d])
+            share[biggest] = 1
+        end = gtid.join(start, {d: gtid.nxt(start, d) + n for d, n in share.items()})
+        return end, sum(share.values())
 
     def _chunk_tasks(self, snap: _Snapshot, max_task: int) -> list[ReadTask]:
         out: list[ReadTask] = []
@@ -692,6 +724,9 @@ class MySqlReader:
                       wanted: set[int] | None = None) -> Iterator[_Txn]:
         """The transactions in ``[start, end)`` in binlog order, with their
         changes to the outputs in ``wanted`` (None: all)."""
+        # the last transaction to read per domain (``end`` may not be a binlog
+        # position: a cut job's, see _job_end; transactions at or after it
+        # are skipped until every domain is done)
         remaining = {d: n - 1 for d, n in end.items() if n > gtid.nxt(start, d)}
         if not remaining:
             return
@@ -745,9 +780,11 @@ class MySqlReader:
                         raise TransientError(f"{self.who}: the binary log connection was lost "
                                              "and restarted", hint="retried with backoff")
                     seen[d] = n
-                    if not gtid.before(end, d, n):
-                        return  # the first transaction at or after `end`: all later ones too
-                    skip = gtid.before(start, d, n)
+                    if n > remaining.get(d, 1 << 63):
+                        remaining.pop(d)  # past the end in this domain (a gap in its seqs)
+                        if not remaining:
+                            return
+                    skip = gtid.before(start, d, n) or not gtid.before(end, d, n)
                     txn = _Txn(d, n, int(ev.timestamp) * 1000)
                     continue
                 if txn is None:
@@ -784,7 +821,7 @@ class MySqlReader:
                 if not skip:
                     yield done
                 if done.seq >= remaining.get(done.domain, 1 << 63):
-                    remaining.pop(done.domain)
+                    remaining.pop(done.domain, None)
                     if not remaining:
                         return
         finally:

@@ -154,13 +154,15 @@ class DomainWriter:
     or None})`` per commit, its GTID read back with ``@@last_gtid``.
     ``pause()``/``resume()`` hold it between transactions."""
 
-    def __init__(self, url: str, domain: int, seed: int, pause: float = 0.01) -> None:
+    def __init__(self, url: str, domain: int, seed: int, pause: float = 0.01,
+                 paused: bool = False) -> None:
         self.url, self.domain, self.pause_s = url, domain, pause
         self.rng = random.Random(seed)
         self.txns: list[tuple[int, int, dict[int, tuple[int, int, int] | None]]] = []
         self.errors: list[BaseException] = []
         self._go = threading.Event()
-        self._go.set()
+        if not paused:
+            self._go.set()
         self._idle = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
