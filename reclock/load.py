@@ -74,7 +74,11 @@ def load(cfg: Any, source: str, output: str, spec: str, fmt: str | None = None,
         built = pipe.build_source(src)
         conn = built.source
         assert isinstance(conn, OneShotSource)
-        doc = conn.describe(output, spec, fmt)
+        try:  # a CSV output's delimiter: where its records start
+            delimiter = str(getattr(src.output(output).format, "delimiter", ","))
+        except KeyError:
+            delimiter = ","  # no such output: describe says so
+        doc = conn.describe(output, spec, fmt, delimiter=delimiter)
         out = next(o for o in built.outputs if o.name == output)
         nfiles = len(doc["files"])
         same = conn.ledger.same_as(doc["fingerprint"])

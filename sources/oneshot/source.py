@@ -13,9 +13,12 @@ from the same ledger entry; a crash after it finds the output's progress
 past ``k`` and reads nothing. One probe takes at most one request, so two
 loads never share an IntoTime.
 
-The plan turns a load into tasks: CSV and JSON-lines files in byte ranges of
-about ``split_size`` (a record belongs to the range its line starts in; a
-range reads on to the end of its last line), Parquet files by row groups;
+The plan turns a load into tasks: JSON-lines files in byte ranges of about
+``split_size`` (a record belongs to the range its line starts in; a range
+reads on to the end of its last line), CSV files in ranges that start at the
+first record at or after each multiple of ``split_size`` (a quoted field may
+hold newlines: ``reclock load`` finds those record starts, reading each file
+once, :mod:`sources.oneshot.records`), Parquet files by row groups;
 these chunks are packed into tasks of about ``split_size`` bytes and at most
 the driver's records per task (a small file shares a task with others).
 CSV and JSON lines are raw records decoded by the output's ``format``: a bad
@@ -25,6 +28,7 @@ source's ``columns``.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,6 +52,7 @@ from reclock.core.time import Counter
 from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
 from sources.oneshot.files import FileRef, Store
 from sources.oneshot.ledger import Ledger, fingerprint
+from sources.oneshot.records import record_starts, records
 
 FORMATS = ("csv", "jsonl", "parquet")
 #: Lines per record batch a task yields.
@@ -70,13 +75,17 @@ def arrow_type(name: str) -> pa.DataType:
 
 @dataclass(frozen=True)
 class Chunk:
-    """A piece of one file: bytes ``[lo, hi)`` of a text file, or row groups."""
+    """A piece of one file: bytes ``[lo, hi)`` of a text file, or row groups.
+    ``delimiter``: a CSV file cut at record starts (:mod:`sources.oneshot.records`),
+    read record by record; None: lines (JSON lines, and CSV loads requested
+    before records were found this way)."""
 
     file: FileRef
     part: int
     lo: int = 0
     hi: int = 0
     groups: tuple[int, ...] = ()
+    delimiter: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +119,11 @@ class OneShotReader:
                 yield output, pa.RecordBatch.from_arrays([*positions, *cols], names=names)
 
     def _lines(self, c: Chunk, header: bool) -> Iterator[list[Any]]:
-        values = lines_of(self.store, c.file, c.lo, c.hi)
+        if c.delimiter is None:
+            values = lines_of(self.store, c.file, c.lo, c.hi)
+        else:
+            values = pa.array(records(self.store.read_range(c.file, c.lo, c.hi), c.delimiter),
+                              pa.binary())
         if header and c.lo == 0 and len(values):
             values = values.slice(1)
         if len(values):
@@ -319,9 +332,15 @@ class OneShotSource(SourceBase):
                     pieces.append((Chunk(f, part, groups=(g,)), b, n))
                     part += 1
             else:
-                for a in range(0, max(f.size, 1), split):
-                    b = min(f.size, a + split)
-                    pieces.append((Chunk(f, part, a, b), b - a, max(1, (b - a) // LINE_BYTES)))
+                # a CSV file's ranges start at records (found when the load was
+                # requested), other text files' at multiples of split
+                delim = fd.get("delimiter")
+                starts = fd.get("starts") or range(0, max(f.size, 1), split)
+                ends = [*list(starts)[1:], f.size]
+                for a, b in zip(starts, ends, strict=True):
+                    pieces.append((Chunk(f, part, a, b, delimiter=None if delim is None
+                                         else delim.encode()),
+                                   b - a, max(1, (b - a) // LINE_BYTES)))
                     part += 1
             for chunk, nbytes, nrows in pieces:
                 if size and (size + nbytes > self.split_size or rows + nrows > max_task):
@@ -347,10 +366,13 @@ class OneShotSource(SourceBase):
         """Nothing to release."""
 
     # -- reclock load --------------------------------------------------------------
-    def describe(self, output: str, spec: str, fmt: str | None) -> dict[str, Any]:
+    def describe(self, output: str, spec: str, fmt: str | None,
+                 delimiter: str = ",") -> dict[str, Any]:
         """A request for loading ``spec`` into ``output``: its files as they
         are now (Parquet: with their row groups, checked against the
-        output's columns), options and fingerprint."""
+        output's columns; CSV: where its byte ranges start, records with
+        ``delimiter`` as the output's format reads them, which reads each
+        file once), options and fingerprint."""
         if output not in self._names:
             raise DefiniteError(f"source {self.name!r} has no output {output!r}",
                                 hint=f"its outputs: {', '.join(self._names)}")
@@ -364,6 +386,11 @@ class OneShotSource(SourceBase):
             d = f.as_json()
             if fmt == "parquet":
                 d["row_groups"] = self._row_groups(f)
+            elif fmt == "csv":
+                d["delimiter"] = delimiter
+                d["starts"] = record_starts(
+                    functools.partial(self.store.read_range, f), f.size, self.split_size,
+                    delimiter.encode())
             files.append(d)
         options = {"header": self.header}
         return {"output": output, "from": spec, "format": fmt, "options": options,

@@ -6,10 +6,8 @@ and the rerun loads it once; S3 and globs."""
 
 from __future__ import annotations
 
-import csv
 import functools
 import http.server
-import io
 import json
 import os
 import subprocess
@@ -29,6 +27,7 @@ from reclock.core.columns import ERROR, INTO_TIME, RAW_VALUE, SRC_OFFSET
 from reclock.load import load
 from reclock.verify import verify_pipeline
 from tests.running import crash_env, read_updates, running, start_driver, wait_exit, wait_for
+from tests.sources.test_oneshot_split import csv_records
 
 pytestmark = pytest.mark.integration
 
@@ -67,32 +66,44 @@ def _write(tmp: Path, state: Path) -> Path:
 
 
 def csv_files(d: Path, n_files: int = 3, rows: int = 400) -> None:
+    """CSV files with a header, bad rows, and quoted fields holding newlines,
+    commas and quotes (one of them across the first split boundary, 4096)."""
     d.mkdir(parents=True, exist_ok=True)
     for f in range(n_files):
         lines = ["id,name,score"]
+        size = len(lines[0]) + 1
+        straddled = False
         for i in range(rows):
             rid = f * rows + i
             if i % 97 == 13:
                 lines.append(f"{rid},only-two")  # wrong number of fields
             elif i % 89 == 7:
                 lines.append(f"x{rid},bad-id,1.5")  # id does not convert
+            elif i % 53 == 9:
+                lines.append(f'"{rid}\nx",bad-quoted-id,2.5')  # a bad row over two lines
+            elif i % 11 == 3 or (not straddled and size > 4000):
+                long = "x" * (150 if size > 4000 and not straddled else 3)
+                straddled = straddled or size > 4000
+                lines.append(f'{rid},"name {rid},\n""{long}""\nend",{rid / 4}')
             else:
                 lines.append(f"{rid},name-{rid},{rid / 4}")
-        (d / f"people-{f}.csv").write_text("\n".join(lines) + "\n")
+            size += len(lines[-1]) + 1
+        text = "\n".join(lines) + "\n"
+        at = text.index("x" * 150)
+        assert at < 4096 < text.index("end", at)  # a quoted newline across the boundary
+        (d / f"people-{f}.csv").write_text(text)
 
 
 def csv_model(paths: list[Path]) -> tuple[list[tuple[Any, ...]], list[bytes]]:
     good, bad = [], []
     for p in paths:
-        text = p.read_text()
-        for rec, line in zip(list(csv.reader(io.StringIO(text)))[1:],
-                             text.splitlines()[1:], strict=True):
+        for rec, raw in csv_records(p.read_bytes())[1:]:
             try:
                 if len(rec) != 3:
                     raise ValueError
                 good.append((int(rec[0]), rec[1], float(rec[2])))
             except ValueError:
-                bad.append(line.encode())
+                bad.append(raw)
     return good, bad
 
 

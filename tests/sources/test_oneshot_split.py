@@ -4,8 +4,10 @@ load, and the config's checks."""
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -123,3 +125,79 @@ def test_positions_are_fixed_by_the_load(tmp_path: Path) -> None:
     before = records(first)
     assert len(before) == 2000 and len({r[0] for r in before}) > 1
     assert records(source(65536, False)) == before
+
+
+def _csv_text(rng: random.Random, rows: int, stray: bool) -> bytes:
+    """Random CSV: plain and quoted fields holding delimiters, newlines and
+    doubled quotes; with ``stray``, also quotes a well-formed file has not
+    (inside a plain field, after a closing one)."""
+    def field() -> str:
+        r = rng.random()
+        if r < 0.4:
+            return "".join(rng.choice("ab 1") for _ in range(rng.randint(0, 4)))
+        if r < 0.8 or not stray:
+            body = "".join(rng.choice(['a', ',', '\n', '""', '\r\n', ' ']) for _ in
+                           range(rng.randint(0, 5)))
+            return f'"{body}"'
+        return rng.choice(['a"b', '"ab"c', 'x""', '"'])
+    lines = [",".join(field() for _ in range(rng.randint(1, 4))) for _ in range(rows)]
+    return ("\n".join(lines) + ("\n" if rng.random() < 0.7 else "")).encode()
+
+
+def csv_records(data: bytes) -> list[tuple[list[str], bytes]]:
+    """Python's csv module's records: each row, and the raw bytes it spans
+    (without the newline that ends it)."""
+    import csv
+    import io
+
+    lines = io.StringIO(data.decode(), newline="").readlines()
+    used = 0
+
+    def feed() -> Any:
+        nonlocal used
+        while used < len(lines):
+            used += 1
+            yield lines[used - 1]
+
+    out: list[tuple[list[str], bytes]] = []
+    done = 0
+    for row in csv.reader(feed()):
+        text = "".join(lines[done:used]).encode()
+        done = used
+        if used == len(lines) and len(list(csv.reader(io.StringIO(
+                (text + b"x\n").decode(), newline="")))) == 1:
+            out.append((row, text))  # a quote never closed: the rest of the file, as it is
+        else:
+            out.append((row, text.removesuffix(b"\n").removesuffix(b"\r")))
+    return out
+
+
+@pytest.mark.parametrize("stray", [False, True])
+def test_csv_records_with_quoted_newlines(tmp_path: Path, stray: bool) -> None:
+    """Records end at newlines outside quotes as Python's csv reads them
+    (the fast path and the quote-by-quote one alike), and byte ranges that
+    start at :func:`record_starts` read every record once, whole."""
+    import numpy as np
+
+    from sources.oneshot.records import NL, _exact, record_ends, record_starts, records
+
+    rng = random.Random(11 if stray else 3)
+    p = tmp_path / "a.csv"
+    for _ in range(100):
+        data = _csv_text(rng, rng.randint(0, 40), stray)
+        want = [raw for _, raw in csv_records(data)]
+        assert records(data, b",") == want, data
+        arr = np.frombuffer(data, np.uint8)
+        fast = record_ends(data, b",")
+        slow = _exact(data, arr, np.flatnonzero(arr == NL), np.flatnonzero(arr == ord('"')),
+                      b",", ord('"'), False, NL)
+        assert fast[0].tolist() == slow[0].tolist() and fast[1] == slow[1], data
+        p.write_bytes(data)
+        (f,) = Store().files(str(p))
+        split = rng.randint(1, 60)
+        starts = record_starts(functools.partial(Store().read_range, f), f.size, split, b",")
+        got: list[bytes] = []
+        for a, b in zip(starts, [*starts[1:], f.size], strict=True):
+            got += records(Store().read_range(f, a, b), b",")
+        assert got == records(data, b","), (data, split, starts)
+        assert starts == sorted(set(starts))
