@@ -111,14 +111,15 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, wraps
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO, ClassVar, Literal
+from typing import Annotated, Any, BinaryIO, ClassVar, Literal, ParamSpec, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -398,6 +399,35 @@ _COMPACTED = "-compact-"
 _PLAIN = re.compile(r"[A-Za-z0-9_.=-]+\.parquet")
 
 
+#: delta-rs calls in flight at once, over every output of the process. Its
+#: runtime does blocking work on at most 512 threads: a thousand outputs
+#: opened (or created) at once by a driver of a thousand sources took them
+#: all and every call hung (1,000 threads, each ensure() then state(): hung
+#: for good; 100 at once: 0.2 s).
+_DELTA_CALLS = threading.BoundedSemaphore(64)
+_in_call = threading.local()
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _bounded(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``method`` run holding one of :data:`_DELTA_CALLS` (once per thread:
+    the sink's methods that call each other take one)."""
+
+    @wraps(method)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if getattr(_in_call, "held", False):
+            return method(*args, **kwargs)
+        with _DELTA_CALLS:
+            _in_call.held = True
+            try:
+                return method(*args, **kwargs)
+            finally:
+                _in_call.held = False
+
+    return call
+
+
 class DeltaSink:
     """A :class:`~sinks.base.PersistSink` backed by a Delta table at ``path``
     (a local directory or ``s3://bucket/prefix``; ``storage`` says how to
@@ -449,6 +479,7 @@ class DeltaSink:
         return Path(self.location.root)
 
     # -- schema ----------------------------------------------------------------------------
+    @_bounded
     def ensure(self, user_schema: pa.Schema) -> None:
         """Create the table with ``output_schema(user_schema)``, or check the
         existing one: the same columns, or a superset of them (extra nullable
@@ -508,12 +539,14 @@ class DeltaSink:
         dt.alter.add_feature(TableFeatures.Invariants)
         return self._load()
 
+    @_bounded
     def stager(self) -> DeltaStager:
         if self._schema is None:
             self._schema = pa.schema(self._load().schema().to_arrow())
         return DeltaStager(self.name, self.location, self._schema, self._rows_per_file)
 
     # -- state -----------------------------------------------------------------------------
+    @_bounded
     def state(self) -> SinkState:
         """The committed state; ``SinkState()`` if the table does not exist."""
         dt, self._fresh = self._fresh, None
@@ -565,6 +598,7 @@ class DeltaSink:
         return None  # the table's whole log, and no commit of ours: never committed
 
     # -- commit ----------------------------------------------------------------------------
+    @_bounded
     def commit(self, staged: list[dict[str, Any]], expected: SinkState, new: SinkState) -> None:
         """Make ``staged`` visible and move the state ``expected -> new``.
 
@@ -665,6 +699,7 @@ class DeltaSink:
             return 0
 
     # -- reading ---------------------------------------------------------------------------
+    @_bounded
     def read_updates(self, as_of: int | None = None) -> pa.Table:
         """Committed rows with ``_into_time <= as_of`` (all rows if ``None``).
 
@@ -680,6 +715,7 @@ class DeltaSink:
         return dataset.to_table(filter=pc.field(INTO_TIME) <= as_of)
 
     # -- maintenance -----------------------------------------------------------------------
+    @_bounded
     def vacuum_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> list[str]:
         """Delete staged files the table does not reference, older than
         ``grace_seconds``; return their names.
@@ -726,6 +762,7 @@ class DeltaSink:
             raise _delta_error(self.name, self.location, exc, "list") from exc
         return {os.path.basename(n) for n in names}
 
+    @_bounded
     def maintain(self, now_ms: int) -> dict[str, int]:
         """Compact the output and expire what compactions removed, when due
         (see the module docstring): nothing without :attr:`compaction`.
@@ -761,6 +798,7 @@ class DeltaSink:
             done["files_expired"] = len(expired)
         return done
 
+    @_bounded
     def compact(self, target_size: int = COMPACT_TARGET_SIZE, min_files: int = 2,
                 max_files: int = COMPACT_MAX_FILES) -> dict[str, int]:
         """One compaction pass, if at least ``min_files`` data files are
@@ -915,6 +953,7 @@ class DeltaSink:
             return False
         return True
 
+    @_bounded
     def expire_removed(self, retention_ms: int) -> list[str]:
         """Delete the files that remove actions name (compactions' removals)
         once those removes are ``retention_ms`` old by the wall clock, rounded

@@ -60,6 +60,40 @@ def test_ensure_creates_the_table_with_the_output_schema(tmp_path: Path) -> None
     assert DeltaTable(str(tmp_path / "a" / "b")).version() == dt.version()
 
 
+def test_delta_calls_in_flight_are_bounded(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # a thousand outputs opened at once hung every delta-rs call: at most
+    # _DELTA_CALLS run at once; a sink's methods calling each other take one
+    monkeypatch.setattr(delta_mod, "_DELTA_CALLS", threading.BoundedSemaphore(2))
+    inside, most = [0], [0]
+    lock = threading.Lock()
+    real = DeltaSink._open
+
+    def counted(self: DeltaSink) -> Any:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        try:
+            threading.Event().wait(0.02)
+            return real(self)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(DeltaSink, "_open", counted)
+    sinks = [DeltaSink(NAME, tmp_path / f"t{i}") for i in range(8)]
+    threads = [threading.Thread(target=s.ensure, args=(USER,)) for s in sinks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 2
+    monkeypatch.setattr(delta_mod, "_DELTA_CALLS", threading.BoundedSemaphore(1))
+    s = sinks[0]  # commit -> _load -> _open within one slot
+    s.commit(s.stager().stage("b", 0, updates(["a"], 1)), s.state(), SinkState(2))
+    assert keys(s.read_updates()) == ["a"]
+
+
 def test_missing_table_reads_empty_and_has_the_initial_state(tmp_path: Path) -> None:
     s = DeltaSink(NAME, tmp_path / "never")
     assert s.state() == SinkState()
