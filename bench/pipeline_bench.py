@@ -305,11 +305,11 @@ def start_up(text: str, base_dir: Path, spark: Any, *, threaded: bool = True,
     events = ProgressLog(cfg.progress_log_path, pipe.clock)
     store = pipe.store
     t2 = time.perf_counter()
-    runners = []
-    for src in cfg.sources:
-        built = pipe.build_source(src)
-        runners.append(SourceRunner(built.source, built.outputs, store, spark, pipe.clock,
-                                    pipe.settings(src), events))
+    built = [pipe.build_source(src) for src in cfg.sources]
+    shards = pipe.open_shards(built)  # as run() does
+    runners = [SourceRunner(b.source, b.outputs, store, spark, pipe.clock,
+                            pipe.settings(b.config), events, bindings=shards.get(b.config.name))
+               for b in built]
     t3 = time.perf_counter()
     if do_open:
         open_all(runners, threaded)

@@ -40,9 +40,10 @@ import pyarrow as pa
 
 from reclock import faults
 from reclock.config import OutputConfig, PipelineConfig, SourceConfig
+from reclock.core.bindings import Bindings
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import rename_columns
-from reclock.core.errors import DefiniteError
+from reclock.core.errors import DefiniteError, TransientError
 from reclock.envelopes import Envelope, NoneEnvelope, envelope_for
 from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner
 from reclock.runtime.health import STALLED
@@ -275,6 +276,16 @@ class Pipeline:
                      "over under a new name")
         Requests(self.state_dir, source).request(output, self.clock.now())
 
+    def open_shards(self, built: list[BuiltSource]) -> dict[str, Bindings[Any]]:
+        """Every source's remap shard created if absent and read, in a few
+        transactions for all of them (each runner would take three of its
+        own): source name -> its bindings, for the runners' first open. Empty
+        while the store is unreachable (each runner then retries on its own)."""
+        try:
+            return self.store.open_shards({b.config.name: b.source.kind for b in built})
+        except TransientError:
+            return {}
+
     def settings(self, src: SourceConfig) -> Settings:
         sp = self.cfg.spark
         return Settings(
@@ -420,15 +431,19 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
     started = time.monotonic()
     runners = Runners()
     dropped: list[str] = []
+    built: list[BuiltSource] = []
     for src in cfg.sources:
         if pipe.is_dropped(src.name):
             dropped.append(src.name)
             continue
-        built = pipe.build_source(src)
+        built.append(pipe.build_source(src))
+    shards = pipe.open_shards(built)
+    for b in built:
+        src = b.config
         runners.append(SourceRunner(
-            built.source, built.outputs, pipe.store, spark if use_spark else None, pipe.clock,
+            b.source, b.outputs, pipe.store, spark if use_spark else None, pipe.clock,
             pipe.settings(src), events, requests=Requests(pipe.state_dir, src.name),
-            drop_marker=pipe.drop_marker(src.name),
+            drop_marker=pipe.drop_marker(src.name), bindings=shards.get(src.name),
         ))
     if dropped and out is not None:
         out.write(f"reclock: not running dropped source(s) {', '.join(dropped)} "

@@ -25,7 +25,7 @@ A store must never block indefinitely: every call either completes or raises
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from reclock.core.bindings import Binding, Bindings
@@ -50,6 +50,13 @@ class RemapStore(Protocol):
 
         Idempotent; raises :class:`~reclock.core.errors.BindingError` when the shard
         exists with a different kind."""
+        ...
+
+    def open_shards(self, kinds: Mapping[str, str]) -> dict[str, Bindings[Any]]:
+        """For each ``shard -> kind``: :meth:`create_shard`, then :meth:`read`,
+        in a few transactions for all of them (a driver starting many
+        sources). Shards that :meth:`create_shard` would refuse (another kind
+        stored) are left out of the result."""
         ...
 
     def shards(self) -> list[str]:

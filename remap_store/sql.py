@@ -31,7 +31,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,7 +51,7 @@ from reclock.core.errors import (
     UpperMismatch,
 )
 from reclock.core.frontier import Antichain
-from reclock.core.time import IntoTime, time_type
+from reclock.core.time import TIME_KINDS, IntoTime, time_type
 from remap_store import delta
 
 R = TypeVar("R")
@@ -303,6 +303,31 @@ class SqlRemapStore:
                     hint="a source's kind cannot change; use a new source name",
                 )
 
+    def open_shards(self, kinds: Mapping[str, str]) -> dict[str, Bindings[Any]]:
+        """:meth:`create_shard` and then :meth:`read` for many shards (a driver
+        starting many sources): one read transaction, plus one write
+        transaction that creates every missing shard. A shard of an unknown
+        kind, or that exists with another kind, is left out of the result
+        (its own :meth:`create_shard` says why)."""
+        valid = {shard: kind for shard, kind in kinds.items() if kind in TIME_KINDS}
+        with self._tx(readonly=True) as conn:
+            have = {str(s) for s in conn.execute(sa.select(shards_table.c.shard)).scalars()}
+        missing = [s for s in valid if s not in have]
+        if missing:
+            now = int(time.time() * 1000)
+            with self._tx() as conn:  # a racing creator's rows stay as they are
+                conn.execute(self._insert_ignore(shards_table), [
+                    {"shard": s, "kind": valid[s], "since": 0, "upper": 0, "updated_at": now}
+                    for s in missing])
+        out: dict[str, Bindings[Any]] = {}
+        with self._tx(readonly=True) as conn:
+            rows = {str(r.shard): r for r in conn.execute(sa.select(shards_table))}
+            for shard, kind in valid.items():
+                row = rows.get(shard)
+                if row is not None and row.kind == kind:
+                    out[shard] = self._snapshot(conn, row)
+        return out
+
     def shards(self) -> list[str]:
         with self._tx(readonly=True) as conn:
             return list(conn.execute(sa.select(shards_table.c.shard).order_by("shard")).scalars())
@@ -375,8 +400,17 @@ class SqlRemapStore:
                     )
                 if row.upper is None or as_of + 1 < row.upper:
                     upper = _upper_ac(as_of + 1)
-            bs = self._bindings(conn, shard, row.kind, 0, as_of, row.upper)
-            return Bindings(row.kind, bs, since=row.since, upper=upper)
+            return self._snapshot(conn, row, as_of, upper)
+
+    def _snapshot(self, conn: Connection, row: sa.Row[Any], as_of: int | None = None,
+                  upper: Antichain[IntoTime] | None = None) -> Bindings[Any]:
+        """The shard of ``row`` as :meth:`read` gives it (``upper``: the
+        shard's unless given)."""
+        # an upper of 0 (a new shard) holds no binding: binding times < upper
+        bs = ([] if row.upper == 0 else
+              self._bindings(conn, row.shard, row.kind, 0, as_of, row.upper))
+        return Bindings(row.kind, bs, since=row.since,
+                        upper=_upper_ac(row.upper) if upper is None else upper)
 
     def read_from(self, shard: str, lower: int) -> tuple[list[Binding[Any]], Antichain[IntoTime]]:
         with self._tx(readonly=True) as conn:

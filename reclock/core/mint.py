@@ -51,7 +51,11 @@ class RemapOperator(Generic[T]):
         clock: Clock,
         timestamp_interval_ms: int = 1000,
         as_of: int | None = None,
+        snapshot: Bindings[T] | None = None,
     ) -> None:
+        """``snapshot``: the shard as just read from the store after
+        creating it (:meth:`~remap_store.base.RemapStore.open_shards`, for
+        many sources at once); without it, the shard is created and read here."""
         if timestamp_interval_ms <= 0:
             raise ValueError(f"timestamp_interval must be positive, got {timestamp_interval_ms} ms")
         self.store = store
@@ -62,8 +66,10 @@ class RemapOperator(Generic[T]):
         self.initial_frontier = initial_frontier
         self.as_of = as_of
         self.lost_races = 0
-        store.create_shard(shard, kind)
-        self._bindings: Bindings[T] = store.read(shard)
+        if snapshot is None or snapshot.kind != kind:
+            store.create_shard(shard, kind)
+            snapshot = store.read(shard)
+        self._bindings: Bindings[T] = snapshot
 
     # -- reading back ---------------------------------------------------------
     @property

@@ -239,6 +239,7 @@ class SourceRunner:
         as_of: int | None = None,
         requests: Requests | None = None,
         drop_marker: Path | None = None,
+        bindings: Bindings[Any] | None = None,
     ) -> None:
         self.source = source
         self.name = source.name
@@ -292,6 +293,9 @@ class SourceRunner:
         self._resnap: dict[int, int] = {}
         #: by batch id: the progress of a submitted job that reads snapshot chunks
         self._progress: dict[str, TaskProgress] = {}
+        #: the remap shard as the pipeline read it at start, for the first
+        #: open only (:meth:`~remap_store.base.RemapStore.open_shards`)
+        self._prefetched = bindings
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -408,7 +412,9 @@ class SourceRunner:
             self.store, self.name, self.source.kind,
             initial_frontier=self.source.initial_frontier(), clock=self.clock,
             timestamp_interval_ms=self.settings.timestamp_interval_ms, as_of=self.as_of,
+            snapshot=self._prefetched,
         )
+        self._prefetched = None  # a later open (after a fence) reads the store again
         self._describe_outputs()
         self._resnap = self._requested()
         self._clear_spill()

@@ -57,6 +57,23 @@ def test_compare_and_append_and_mismatch(store: RemapStore) -> None:
     assert [int(b.time) for b in store.read("pg").bindings] == [1000, 2000]
 
 
+def test_open_shards_creates_and_reads_many_at_once(store: RemapStore) -> None:
+    # a driver starting many sources: what create_shard + read give each
+    store.create_shard("old", "lsn")
+    store.compare_and_append("old", [Binding(IntoTime(1000), lsn(10))], up(0), up(1001))
+    store.create_shard("other", "counter")
+    got = store.open_shards({"old": "lsn", "new": "kafka", "other": "lsn", "odd": "nope"})
+    assert sorted(got) == ["new", "old"]  # a kind that differs is left to create_shard
+    assert got["old"] == store.read("old") and got["new"] == store.read("new")
+    assert got["new"].kind == "kafka" and store.upper("new") == up(0)
+    assert store.open_shards({"new": "kafka"}) == {"new": store.read("new")}  # idempotent
+    with pytest.raises(BindingError, match="holds counter times"):
+        store.create_shard("other", "lsn")
+    op = RemapOperator(store, "old", "lsn", initial_frontier=lsn(0), clock=SystemClock(),
+                       snapshot=got["old"])
+    assert op.bindings is got["old"]
+
+
 def test_append_validation_rolls_back(store: RemapStore) -> None:
     store.create_shard("k", "kafka")
     store.compare_and_append(
