@@ -454,6 +454,7 @@ class DeltaSink:
         rows_per_file: int = ROWS_PER_FILE,
         clock: Clock | None = None,
         compaction: Compaction | None = None,
+        create_lazily: bool = False,
     ) -> None:
         self.name = name
         self.location = Location.of(name, path, storage)
@@ -467,6 +468,10 @@ class DeltaSink:
         self.compaction = compaction
         self._maintain_at: int | None = None  # clock ms of the next maintenance pass
         self._retention_set = False  # the table's retention property checked once
+        #: ensure() leaves creating a table that is absent to the first commit
+        self._lazily = create_lazily
+        self._to_create: pa.Schema | None = None  # the user schema of a table to create
+        self._seen_absent = False  # ensure() just found no table (for the next state())
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.name!r}, {self.uri!r})"
@@ -485,41 +490,82 @@ class DeltaSink:
         existing one: the same columns, or a superset of them (extra nullable
         columns are filled with nulls on write). New nullable user columns are
         added by schema evolution; any other difference is a SinkError naming
-        the columns."""
-        want = Schema.from_arrow(output_schema(pa.schema(
-            [f.with_type(storage_type(f.type)) for f in user_schema])))
+        the columns. A sink made with ``create_lazily`` (the file sink of a
+        pipeline) leaves creating an absent table to its first commit: a
+        driver opening a thousand outputs then writes no table it does not
+        need yet (:meth:`state` of an output not created is ``SinkState()``,
+        as before its first commit)."""
+        if self._lazily and self._absent():
+            self._to_create = user_schema
+            self._schema = self._fresh = None
+            self._seen_absent = True
+            return
         self.location.makedirs()
         with self._locked():
-            try:
-                try:
-                    dt = self._open()
-                except TableNotFoundError:
-                    conf = (None if self.compaction is None else
-                            {RETENTION_PROPERTY: _interval(self.compaction.removes_kept_hours)})
-                    dt = DeltaTable.create(self.uri, want, mode="error", configuration=conf,
-                                           storage_options=self.location.storage_options())
-                else:
-                    missing, clashes = _compare(dt.schema(), want)
-                    if clashes:
-                        raise SinkError(
-                            f"output {self.name!r} at {self.uri}: the stored schema differs: "
-                            + "; ".join(clashes),
-                            hint="write to a new path, or migrate the table",
-                        )
-                    if missing:
-                        names = [f.name for f in missing]
-                        log.info("output %r: adding columns %s", self.name, names)
-                        dt.alter.add_columns(missing)
-                        dt = self._load()
-                dt = self._list_legacy_features(dt)
-            except OSError as exc:
-                raise self._os_error(exc, "create") from exc
-            except DeltaError as exc:
-                raise _delta_error(self.name, self.location, exc, "create") from exc
+            dt = self._open_or_create(user_schema)
             self._schema = pa.schema(dt.schema().to_arrow())
             # The first state() after ensure() (the driver's open) reuses this
             # snapshot instead of loading the log again.
             self._fresh = dt
+
+    def _open_or_create(self, user_schema: pa.Schema) -> DeltaTable:
+        """The table, created for ``user_schema`` if absent, else checked
+        against it (see :meth:`ensure`); under the local lock."""
+        want = _delta_schema(user_schema)
+        conf = (None if self.compaction is None else
+                {RETENTION_PROPERTY: _interval(self.compaction.removes_kept_hours)})
+        try:
+            try:
+                dt = self._open()
+            except TableNotFoundError:
+                try:
+                    dt = DeltaTable.create(self.uri, want, mode="error", configuration=conf,
+                                           storage_options=self.location.storage_options())
+                except DeltaError as exc:
+                    try:  # another writer may have created it first
+                        dt = self._open()
+                    except TableNotFoundError:
+                        raise exc from None
+                    dt = self._checked(dt, want)
+            else:
+                dt = self._checked(dt, want)
+            dt = self._list_legacy_features(dt)
+        except OSError as exc:
+            raise self._os_error(exc, "create") from exc
+        except DeltaError as exc:
+            raise _delta_error(self.name, self.location, exc, "create") from exc
+        self._to_create = None
+        return dt
+
+    def _checked(self, dt: DeltaTable, want: Schema) -> DeltaTable:
+        """``dt`` if its schema holds ``want`` (columns ``want`` adds are
+        added), else a SinkError naming the columns that differ."""
+        missing, clashes = _compare(dt.schema(), want)
+        if clashes:
+            raise SinkError(
+                f"output {self.name!r} at {self.uri}: the stored schema differs: "
+                + "; ".join(clashes),
+                hint="write to a new path, or migrate the table",
+            )
+        if missing:
+            names = [f.name for f in missing]
+            log.info("output %r: adding columns %s", self.name, names)
+            dt.alter.add_columns(missing)
+            dt = self._load()
+        return dt
+
+    def _absent(self) -> bool:
+        """No table here, known without loading one: a local directory whose
+        ``_delta_log`` holds nothing (on S3 this is never known this way)."""
+        if not self.location.local:
+            return False
+        try:
+            with os.scandir(self.path / "_delta_log") as entries:
+                return next(entries, None) is None
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
 
     def _list_legacy_features(self, dt: DeltaTable) -> DeltaTable:
         """List ``invariants`` among the writer features of a table on table
@@ -541,6 +587,10 @@ class DeltaSink:
 
     @_bounded
     def stager(self) -> DeltaStager:
+        if self._to_create is not None:  # the first commit creates the table
+            self.location.makedirs()  # where the stager writes (ensure() did not)
+            if self._schema is None:
+                self._schema = pa.schema(_delta_schema(self._to_create).to_arrow())
         if self._schema is None:
             self._schema = pa.schema(self._load().schema().to_arrow())
         return DeltaStager(self.name, self.location, self._schema, self._rows_per_file)
@@ -552,6 +602,9 @@ class DeltaSink:
         dt, self._fresh = self._fresh, None
         if dt is not None:
             dt.update_incremental()  # only the log entries since ensure()
+        elif self._to_create is not None and (self._seen_absent or self._absent()):
+            self._seen_absent = False
+            return SinkState()  # its first commit creates it
         else:
             try:
                 dt = self._open()
@@ -629,10 +682,13 @@ class DeltaSink:
                 KEY_PROGRESS: new.progress,
             },
         )
+        if self._to_create is not None:
+            self.location.makedirs()  # (its lock file lives there)
         with self._locked():
             last: Exception | None = None
             for _ in range(COMMIT_ATTEMPTS):
-                dt = self._load()
+                dt = self._load() if self._to_create is None else self._open_or_create(
+                    self._to_create)
                 actual = self._state_of(dt)
                 if actual != expected:
                     raise SinkFenced(
@@ -1114,6 +1170,13 @@ def _scan_commit(text: str, app_id: str) -> tuple[dict[str, Any], int | None]:
     return info, ours
 
 
+def _delta_schema(user_schema: pa.Schema) -> Schema:
+    """The Delta schema of an output of ``user_schema``: reclock's columns
+    added, types as Delta stores them."""
+    return Schema.from_arrow(output_schema(pa.schema(
+        [f.with_type(storage_type(f.type)) for f in user_schema])))
+
+
 def storage_type(t: pa.DataType) -> pa.DataType:
     """The type a column of Arrow type ``t`` is stored as: Delta has no time
     of day, duration or unsigned types. Times and durations are stored as
@@ -1351,5 +1414,5 @@ class FileSinkConfig(SinkConfigBase):
         storage = None
         if split_uri(path)[0] == "s3":
             storage = (self.storage or S3StorageConfig()).access()
-        return DeltaSink(ctx.name, path, storage=storage,
+        return DeltaSink(ctx.name, path, storage=storage, create_lazily=True,
                          compaction=None if self.compact is None else self.compact.settings())

@@ -60,6 +60,45 @@ def test_ensure_creates_the_table_with_the_output_schema(tmp_path: Path) -> None
     assert DeltaTable(str(tmp_path / "a" / "b")).version() == dt.version()
 
 
+def test_a_lazy_sink_creates_its_table_at_its_first_commit(tmp_path: Path) -> None:
+    # a pipeline's file sink: opening a thousand outputs writes no table yet
+    path = tmp_path / "lazy"
+    s = DeltaSink(NAME, path, create_lazily=True)
+    s.ensure(USER)
+    assert not (path / "_delta_log").exists()
+    assert s.state() == SinkState() and s.state() == SinkState()
+    assert s.read_updates().num_rows == 0 and s.vacuum_orphans() == []
+    staged = s.stager().stage("b1", 0, updates(["a", "b"], 1000))
+    s.commit(staged, SinkState(), SinkState(2000, "p"))
+    dt = DeltaTable(str(path))
+    assert dt.schema() == Schema.from_arrow(output_schema(USER))
+    assert [h["operation"] for h in dt.history()][::-1][:1] == ["CREATE TABLE"]
+    assert s.state() == SinkState(2000, "p")
+    assert keys(s.read_updates()) == ["a", "b"]
+    again = DeltaSink(NAME, path, create_lazily=True)  # a restart finds it and checks it
+    again.ensure(USER)
+    assert again.state() == SinkState(2000, "p")
+    with pytest.raises(SinkError, match="stored schema differs"):
+        DeltaSink(NAME, path, create_lazily=True).ensure(
+            pa.schema([("k", pa.int64()), ("v", pa.int64())]))
+
+
+def test_a_lazy_sink_commits_into_a_table_created_meanwhile(tmp_path: Path) -> None:
+    # a driver killed after creating the table, before its commit (or a zombie
+    # that created it): the next commit uses the table, or refuses a clash
+    path = tmp_path / "t"
+    s = DeltaSink(NAME, path, create_lazily=True)
+    s.ensure(USER)
+    DeltaSink(NAME, path).ensure(USER)
+    s.commit(s.stager().stage("b1", 0, updates(["a"], 1000)), SinkState(), SinkState(2000))
+    assert keys(s.read_updates()) == ["a"] and s.state() == SinkState(2000)
+    other = DeltaSink(NAME, tmp_path / "u", create_lazily=True)
+    other.ensure(USER)
+    DeltaSink(NAME, tmp_path / "u").ensure(pa.schema([("k", pa.int64())]))
+    with pytest.raises(SinkError, match="stored schema differs"):
+        other.commit([], SinkState(), SinkState(1))
+
+
 def test_delta_calls_in_flight_are_bounded(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     # a thousand outputs opened at once hung every delta-rs call: at most
