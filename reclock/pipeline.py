@@ -497,6 +497,7 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
         if server is not None:
             server.close()
         pipe.close()
+        events.close()
     return runners
 
 

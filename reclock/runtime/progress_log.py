@@ -11,12 +11,13 @@ without bound; ``reclock status`` shows its tail.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from reclock.core.clock import Clock, SystemClock
 
@@ -30,24 +31,49 @@ class ProgressLog:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self.recent: deque[dict[str, Any]] = deque(maxlen=2000)
+        # kept open between lines (a driver starting a thousand sources logs
+        # a thousand lines at once); each line is written through at once
+        self._file: BinaryIO | None = None
+        self._size = 0
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
 
     def log(self, source: str, kind: str, **fields: Any) -> None:
         event = {"ts": self.clock.now(), "source": source, "kind": kind, **fields}
-        line = json.dumps(event, separators=(",", ":"), default=str)
+        line = (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
         with self._lock:
             self.recent.append(event)
             if self.path is None:
                 return
             try:
-                if self.path.exists() and self.path.stat().st_size > self.max_bytes:
-                    os.replace(self.path, self.path.with_suffix(self.path.suffix + ".1"))
-                with self.path.open("a", encoding="utf-8") as f:
-                    f.write(line + "\n")
+                if self._file is None or self._size > self.max_bytes:
+                    self._reopen()
+                assert self._file is not None
+                self._file.write(line)
+                self._size += len(line)
             except OSError:
                 # The log is for observation; losing a line never stops ingestion.
-                pass
+                self._close()
+
+    def _reopen(self) -> None:
+        """Open the file for appending, rotating it first when it is over
+        ``max_bytes``."""
+        assert self.path is not None
+        self._close()
+        if self.path.exists() and self.path.stat().st_size > self.max_bytes:
+            os.replace(self.path, self.path.with_suffix(self.path.suffix + ".1"))
+        self._file = self.path.open("ab", buffering=0)
+        self._size = os.fstat(self._file.fileno()).st_size
+
+    def _close(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
 
 
 def tail(path: Path, n: int = 20, source: str | None = None) -> list[dict[str, Any]]:
