@@ -420,8 +420,8 @@ def cmd_load(args: argparse.Namespace) -> int:
 
     out = load(_load(args.file), args.source, args.output, args.source_url, args.format,
                args.force, True if args.wait else None, args.timeout)
-    print(out.line(args.output))
-    return 0
+    print(out.line(args.output), flush=True)
+    return 0 if out.signal is None else 128 + out.signal  # interrupted: cancelled
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

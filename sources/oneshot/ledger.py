@@ -4,7 +4,11 @@ Under ``<state_dir>/loads/<source>/``::
 
     requests/<id>.json    a load asked for (``reclock load``), until it is durable
     ledger/<k>.json       load k: the request, given FromTime position k
-    skipped/<id>.json     a request the driver found identical to load k
+    skipped/<id>.json     a request the driver found identical to load k (or
+                          cancelled before it was given a position)
+    cancel/<id>.json      ``reclock load`` was interrupted: cancel the request
+    cancelled/<k>.json    the driver found load k cancelled before it committed
+                          it: position k holds nothing, for good
 
 A request names its output, its files with their sizes and versions (see
 :mod:`sources.oneshot.files`), its format and options, and their
@@ -18,6 +22,13 @@ restart, ``reclock verify``) reads the same records. Once the output's
 progress is past k, the source is acknowledged past k and removes the
 request; a crash in between leaves the request, which the ledger already
 names (it is not loaded again).
+
+A cancel (``reclock load`` interrupted) takes effect where the driver
+decides what a position holds: a request not yet in the ledger is skipped;
+a load in the ledger whose commit has not happened is marked cancelled by
+the driver's plan of it (written before the commit that moves past it, so a
+re-read by ``reclock verify`` sees the same empty load); a load already
+committed stays loaded. A cancelled load never matches a later request.
 """
 
 from __future__ import annotations
@@ -29,6 +40,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+#: ``skipped`` of a request cancelled before it had a position.
+CANCELLED = -2
 
 def fingerprint(output: str, fmt: str, options: dict[str, Any],
                 files: list[dict[str, Any]]) -> str:
@@ -123,13 +136,38 @@ class Ledger:
         self.remove_request(str(request["id"]))
 
     def skipped(self, rid: str) -> int | None:
+        """The load a skipped request duplicates (:data:`CANCELLED`: it was
+        cancelled; -1: its output is gone); None: not skipped."""
         doc = _read(self.root / "skipped" / f"{rid}.json")
         return None if doc is None else int(doc["duplicate_of"])
 
     def same_as(self, fp: str) -> int | None:
-        """The latest load with this fingerprint (None: none)."""
-        hits = [k for k, d in self.loads().items() if d.get("fingerprint") == fp]
+        """The latest load with this fingerprint that was not cancelled (None: none)."""
+        hits = [k for k, d in self.loads().items()
+                if d.get("fingerprint") == fp and not self.cancelled(k)]
         return max(hits) if hits else None
+
+    # -- cancelling ------------------------------------------------------------------
+    def cancel(self, rid: str, now_ms: int) -> None:
+        """Ask for request ``rid`` to be cancelled (see the module docstring)."""
+        _write(self.cancel_path(rid), {"id": rid, "requested_ms": now_ms})
+
+    def cancel_path(self, rid: str) -> Path:
+        return self.root / "cancel" / f"{rid}.json"
+
+    def cancel_requested(self, rid: str) -> bool:
+        return self.cancel_path(rid).exists()
+
+    def mark_cancelled(self, k: int) -> None:
+        """Position ``k`` holds nothing, for good (the driver, before it
+        commits past ``k``)."""
+        _write(self.root / "cancelled" / f"{k:012d}.json", {"position": k})
+
+    def cancelled(self, k: int) -> bool:
+        return (self.root / "cancelled" / f"{k:012d}.json").exists()
+
+    def forget_cancel(self, rid: str) -> None:
+        self.cancel_path(rid).unlink(missing_ok=True)
 
     def position_of(self, rid: str) -> int | None:
         for k, d in self.loads().items():

@@ -51,7 +51,7 @@ from reclock.core.frontier import Antichain
 from reclock.core.time import Counter
 from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
 from sources.oneshot.files import FileRef, Store
-from sources.oneshot.ledger import Ledger, fingerprint
+from sources.oneshot.ledger import CANCELLED, Ledger, fingerprint
 from sources.oneshot.records import record_starts, records
 
 FORMATS = ("csv", "jsonl", "parquet")
@@ -88,6 +88,21 @@ class Chunk:
     delimiter: bytes | None = None
 
 
+class LoadCancelled(InterruptedError):
+    """Raised by a task of a load that ``reclock load`` cancelled. Not a
+    reclock error on purpose: those a task returns as its result while the
+    job goes on, this one fails the task, so Spark aborts the job and kills
+    its other tasks at once. The driver sees the job fail (transient: an
+    interruption), and its next plan of the load finds it cancelled."""
+
+
+def _check_cancel(path: str | None, k: int) -> None:
+    if path is not None and os.path.exists(path):
+        raise LoadCancelled(f"load #{k} was cancelled (reclock load was interrupted): its "
+                            "job stops and nothing of it is committed; the next plan of the "
+                            "load reads nothing")
+
+
 @dataclass(frozen=True)
 class OneShotReader:
     """Executor side: a task's chunks into record batches."""
@@ -97,8 +112,9 @@ class OneShotReader:
     schema: pa.Schema | None
 
     def read(self, task: ReadTask) -> Iterator[tuple[int, pa.RecordBatch]]:
-        k, output, ts, chunks, header = task.spec
+        k, output, ts, chunks, header, cancel = task.spec
         checked: set[FileRef] = set()
+        _check_cancel(cancel, k)
         for c in chunks:
             if c.file not in checked:
                 self.store.check(c.file)  # the load's files, as they were
@@ -116,6 +132,7 @@ class OneShotReader:
                 names = ([SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS]
                          + (list(self.schema.names) if self.schema is not None
                             else ["key", "value"]))
+                _check_cancel(cancel, k)  # a cancelled load stops between batches
                 yield output, pa.RecordBatch.from_arrays([*positions, *cols], names=names)
 
     def _lines(self, c: Chunk, header: bool) -> Iterator[list[Any]]:
@@ -209,6 +226,9 @@ class OneShotSource(SourceBase):
         if format == "parquet" and self.schema is None and schema_from:
             self.schema = self._pinned_schema(schema_from)
         self._next = 0
+        #: opened by a driver: its plans decide whether a cancelled load is
+        #: cancelled for good (``reclock verify``'s re-reads only follow them)
+        self._driving = False
 
     def _pinned_schema(self, spec: str) -> pa.Schema:
         """The Parquet schema of ``spec`` (its first file), read once and kept
@@ -259,6 +279,7 @@ class OneShotSource(SourceBase):
         b = bound.as_option()
         loads = self.ledger.loads()
         self._next = max(0 if b is None else int(b), max(loads, default=-1) + 1)
+        self._driving = True
 
     def probe(self) -> Antichain[Counter]:
         """The loads taken up: at most one more per probe (one IntoTime each)."""
@@ -268,6 +289,10 @@ class OneShotSource(SourceBase):
                 continue  # durable in the ledger; removed once acknowledged
             if req.get("output") not in self._names:
                 self.ledger.skip(req, -1)
+                continue
+            if self.ledger.cancel_requested(str(req["id"])):
+                self.ledger.skip(req, CANCELLED)  # cancelled before it had a position
+                self.ledger.forget_cancel(str(req["id"]))
                 continue
             same = self.ledger.same_as(str(req.get("fingerprint")))
             if same is not None and not req.get("force"):
@@ -307,6 +332,14 @@ class OneShotSource(SourceBase):
         records (a chunk at least)."""
         if doc["output"] not in self._names:
             return []
+        cancel = None
+        if self._driving:  # a cancel asked for before this plan: k holds nothing
+            rid = str(doc.get("id"))
+            if not self.ledger.cancelled(k) and self.ledger.cancel_requested(rid):
+                self.ledger.mark_cancelled(k)
+            cancel = str(self.ledger.cancel_path(rid))
+        if self.ledger.cancelled(k):
+            return []
         output = self._names.index(doc["output"])
         ts = int(doc["assigned_ms"])
         out: list[tuple[Any, int]] = []
@@ -316,7 +349,7 @@ class OneShotSource(SourceBase):
         def flush() -> None:
             nonlocal pending, size, rows
             if pending:
-                out.append(((k, output, ts, tuple(pending), header), rows))
+                out.append(((k, output, ts, tuple(pending), header, cancel), rows))
             pending, size, rows = [], 0, 0
 
         # what fixes the load's positions comes from its ledger entry, not
@@ -361,6 +394,7 @@ class OneShotSource(SourceBase):
             k = next((p for p, d in loads.items() if d.get("id") == req["id"]), None)
             if k is not None and (f is None or k < int(f)):
                 self.ledger.remove_request(str(req["id"]))
+                self.ledger.forget_cancel(str(req["id"]))
 
     def close(self) -> None:
         """Nothing to release."""
@@ -420,11 +454,14 @@ class OneShotSource(SourceBase):
                 for g in range(meta.num_row_groups)]
 
     def status_of(self, rid: str) -> tuple[str, int | None]:
-        """``("queued"|"loaded"|"skipped", position)`` of a request."""
+        """``("queued"|"loaded"|"skipped"|"cancelled", position)`` of a
+        request ("loaded": given a position, durable or not yet)."""
         k = self.ledger.position_of(rid)
         if k is not None:
-            return "loaded", k
+            return ("cancelled" if self.ledger.cancelled(k) else "loaded"), k
         s = self.ledger.skipped(rid)
+        if s == CANCELLED:
+            return "cancelled", None
         return ("skipped", s) if s is not None else ("queued", None)
 
 

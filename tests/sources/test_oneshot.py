@@ -10,6 +10,7 @@ import functools
 import http.server
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -374,3 +375,59 @@ def test_kill_around_the_commit_then_once(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "reclock.cli", "load", str(path), "facts",
                           "facts", "--from", str(data)], capture_output=True, text=True)
     assert out.returncode == 0 and "already loaded as load #0" in out.stdout, out
+
+
+def test_interrupted_load_is_cancelled_then_loads_once(tmp_path: Path, spark: Any) -> None:
+    """``reclock load`` (a real process) interrupted: SIGTERM with no driver
+    running (the request is skipped when a driver starts), then SIGINT while
+    the load's Spark job runs (its tasks stop, the job commits nothing):
+    each exits 128 + the signal with a line saying so, the output is as it
+    was, and the same load asked again lands once."""
+    state = tmp_path / "state"
+    d = tmp_path / "big"
+    d.mkdir()
+    rows = [f"{i},name-{i:08d},{i / 4}" for i in range(6_000)]
+    (d / "people.csv").write_text("id,name,score\n" + "\n".join(rows) + "\n")  # ~40 tasks
+    exp, exp_bad = csv_model([d / "people.csv"])
+    path = _write(tmp_path, state)
+    cfg = load_config(path)
+    cmd = [sys.executable, "-m", "reclock.cli", "load", str(path), "people", "people", "--from",
+           str(d)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    requests = state / "loads" / "people" / "requests"
+
+    def interrupt(proc: subprocess.Popen[str], sig: int) -> tuple[int, str, float]:
+        t = time.monotonic()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        assert "Traceback" not in err, err
+        return proc.returncode, out, time.monotonic() - t
+
+    # 1. no driver runs: SIGTERM cancels the queued request
+    proc = subprocess.Popen([*cmd, "--wait"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: bool(list(requests.glob("*.json"))), 60, "the request to be queued")
+    rc, out, _ = interrupt(proc, signal.SIGTERM)
+    assert rc == 128 + signal.SIGTERM and "cancelled (SIGTERM)" in out, out
+    with running(cfg, spark):
+        wait_for(lambda: not list(requests.glob("*.json")), 10, "the request to be skipped")
+        # 2. SIGINT while the load's job runs
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        tracker = spark.sparkContext.statusTracker()
+        wait_for(lambda: bool(tracker.getActiveJobsIds()) or proc.poll() is not None, 60,
+                 "the load's Spark job to run")
+        rc, out, took = interrupt(proc, signal.SIGINT)
+        assert rc == 128 + signal.SIGINT, out
+        assert "cancelled (SIGINT)" in out and "load #0 holds nothing" in out, out
+        assert took < 30, took  # a task sees the cancel as it starts or between batches
+        wait_for(lambda: not tracker.getActiveJobsIds(), 10, "the job to stop")
+        assert read_updates(cfg, "people", "people").num_rows == 0  # as it was
+        # 3. asked again: loaded once, at the next position
+        r = load(cfg, "people", "people", str(d), wait=True, timeout_s=60)
+        assert (r.state, r.position, r.rows, r.errors) == ("loaded", 1, len(exp), len(exp_bad))
+        held, _, into = _held(cfg, "people", ["id", "name", "score"])
+        assert sorted(held) == sorted(exp) and into == {r.into_time}
+    events = [json.loads(line) for line in (state / "progress.jsonl").read_text().splitlines()]
+    assert any("LoadCancelled" in str(e.get("error")) for e in events)  # its tasks stopped
+    assert all(rep.ok for rep in verify_pipeline(cfg))

@@ -201,3 +201,47 @@ def test_csv_records_with_quoted_newlines(tmp_path: Path, stray: bool) -> None:
             got += records(Store().read_range(f, a, b), b",")
         assert got == records(data, b","), (data, split, starts)
         assert starts == sorted(set(starts))
+
+
+def test_cancelled_loads_hold_nothing(tmp_path: Path) -> None:
+    """A cancel before the probe skips the request; a load in the ledger is
+    found cancelled by the driver's next plan (only by a driver's: a re-read
+    before that decision still reads it), which reads nothing from then on,
+    for every reader; a task planned before the cancel stops; a cancelled
+    load matches no later request."""
+    from sources.oneshot.source import LoadCancelled
+
+    f = tmp_path / "a.csv"
+    f.write_text("".join(f"{i},x\n" for i in range(100)))
+
+    def source() -> OneShotSource:
+        return OneShotSource("s", clock=ManualClock(0), state_dir=tmp_path / "state",
+                             format="csv", output_names=["out"])
+
+    def plan(src: OneShotSource, k: int) -> list[Any]:
+        tasks, reached = src.plan(Antichain.from_elem(Counter(k)),
+                                  Antichain.from_elem(Counter(k + 1)), 1000, 1000)
+        assert reached == Antichain.from_elem(Counter(k + 1))
+        return tasks
+
+    driver = source()
+    driver.open(Antichain.from_elem(Counter(0)), Antichain.from_elem(Counter(0)))
+    req = driver.describe("out", str(f), "csv")
+    first = driver.ledger.request(req, 0)
+    driver.ledger.cancel(first, 1)
+    assert driver.probe() == Antichain.from_elem(Counter(0))  # skipped
+    assert driver.status_of(first) == ("cancelled", None)
+    second = driver.ledger.request(req, 2)
+    assert driver.probe() == Antichain.from_elem(Counter(1))
+    driver.ledger.cancel(second, 3)
+    assert plan(source(), 0)  # not decided yet: a re-read still reads it
+    assert plan(driver, 0) == [] and driver.status_of(second) == ("cancelled", 0)
+    assert plan(source(), 0) == []  # decided, for good
+    assert driver.ledger.same_as(req["fingerprint"]) is None
+    third = driver.ledger.request(req, 4)
+    assert driver.probe() == Antichain.from_elem(Counter(2))
+    (task,) = plan(driver, 1)
+    assert sum(b.num_rows for _, b in driver.reader().read(task)) == 100
+    driver.ledger.cancel(third, 5)
+    with pytest.raises(LoadCancelled, match="load #1 was cancelled"):
+        list(driver.reader().read(task))
