@@ -104,6 +104,13 @@ _DEFINITE_ERRNO = frozenset({
     1, 2, 13, 20, 21, 30, 36})  # EPERM ENOENT EACCES ENOTDIR EISDIR EROFS ENAMETOOLONG
 
 
+#: In the message of an exception a Spark task raises to fail its job on
+#: purpose (a reclock error would be returned as the task's result while the
+#: job goes on): a one-shot load cancelled by ``reclock load``. The job's
+#: failure (PySpark's ``PythonException``, holding the message) is transient.
+TASK_STOPPED = "[task stopped on purpose]"
+
+
 def classify(exc: BaseException) -> ReclockError:
     """``exc`` as a :class:`TransientError` or :class:`DefiniteError`.
 
@@ -116,8 +123,9 @@ def classify(exc: BaseException) -> ReclockError:
       are transient, data, integrity and programming errors definite;
     * confluent-kafka: ``KafkaException`` by its error's own flags (fatal or
       not retriable: definite);
-    * a Spark job that failed (``Py4JJavaError``, a lost executor) and
-      ``MemoryError``, ``TimeoutError``, ``ConnectionError``: transient;
+    * a Spark job that failed (``Py4JJavaError``, a lost executor; a task
+      that stopped it on purpose: :data:`TASK_STOPPED`) and ``MemoryError``,
+      ``TimeoutError``, ``ConnectionError``: transient;
     * ``pyarrow.ArrowInvalid``/``ArrowTypeError``: definite (the data).
 
     Anything else is a bug: it is treated as transient (a retry costs nothing
@@ -160,6 +168,8 @@ def _kind(exc: BaseException) -> str | None:
         return "transient"
     if "Py4JJavaError" in names or "Py4JNetworkError" in names or mod.startswith("py4j"):
         return "transient"
+    if "PythonException" in names and TASK_STOPPED in str(exc):
+        return "transient"  # a task that failed its job on purpose (TASK_STOPPED)
     if names & {"ArrowInvalid", "ArrowTypeError", "ArrowNotImplementedError"}:
         return "definite"
     if isinstance(exc, MemoryError | TimeoutError | ConnectionError | InterruptedError):

@@ -46,7 +46,7 @@ from reclock.clients.s3 import S3Access
 from reclock.config.base import ByteSize, ColumnType, ConnectorConfig, _problem
 from reclock.core.clock import Clock
 from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
-from reclock.core.errors import DefiniteError
+from reclock.core.errors import TASK_STOPPED, DefiniteError
 from reclock.core.frontier import Antichain
 from reclock.core.time import Counter
 from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
@@ -98,9 +98,9 @@ class LoadCancelled(InterruptedError):
 
 def _check_cancel(path: str | None, k: int) -> None:
     if path is not None and os.path.exists(path):
-        raise LoadCancelled(f"load #{k} was cancelled (reclock load was interrupted): its "
-                            "job stops and nothing of it is committed; the next plan of the "
-                            "load reads nothing")
+        raise LoadCancelled(f"{TASK_STOPPED} load #{k} was cancelled (reclock load was "
+                            "interrupted): its job stops and nothing of it is committed; the "
+                            "next plan of the load reads nothing")
 
 
 @dataclass(frozen=True)

@@ -377,7 +377,8 @@ def test_kill_around_the_commit_then_once(tmp_path: Path) -> None:
     assert out.returncode == 0 and "already loaded as load #0" in out.stdout, out
 
 
-def test_interrupted_load_is_cancelled_then_loads_once(tmp_path: Path, spark: Any) -> None:
+def test_interrupted_load_is_cancelled_then_loads_once(tmp_path: Path, spark: Any,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
     """``reclock load`` (a real process) interrupted: SIGTERM with no driver
     running (the request is skipped when a driver starts), then SIGINT while
     the load's Spark job runs (its tasks stop, the job commits nothing):
@@ -430,4 +431,5 @@ def test_interrupted_load_is_cancelled_then_loads_once(tmp_path: Path, spark: An
         assert sorted(held) == sorted(exp) and into == {r.into_time}
     events = [json.loads(line) for line in (state / "progress.jsonl").read_text().splitlines()]
     assert any("LoadCancelled" in str(e.get("error")) for e in events)  # its tasks stopped
+    assert "unclassified" not in caplog.text  # the job's failure: an expected one
     assert all(rep.ok for rep in verify_pipeline(cfg))

@@ -209,6 +209,7 @@ def test_cancelled_loads_hold_nothing(tmp_path: Path) -> None:
     before that decision still reads it), which reads nothing from then on,
     for every reader; a task planned before the cancel stops; a cancelled
     load matches no later request."""
+    from reclock.core.errors import TransientError, classified, classify
     from sources.oneshot.source import LoadCancelled
 
     f = tmp_path / "a.csv"
@@ -243,5 +244,11 @@ def test_cancelled_loads_hold_nothing(tmp_path: Path) -> None:
     (task,) = plan(driver, 1)
     assert sum(b.num_rows for _, b in driver.reader().read(task)) == 100
     driver.ledger.cancel(third, 5)
-    with pytest.raises(LoadCancelled, match="load #1 was cancelled"):
+    with pytest.raises(LoadCancelled, match="load #1 was cancelled") as info:
         list(driver.reader().read(task))
+
+    class PythonException(Exception):  # how PySpark hands the driver a task's exception
+        pass
+
+    failed = PythonException(f"An exception was thrown from the Python worker: {info.value}")
+    assert classified(failed) and isinstance(classify(failed), TransientError)
