@@ -23,6 +23,16 @@ Kinds:
   ``splitmix64(n) % keys``, except that every ``delete_every``-th of them
   deletes it instead (a null value, a tombstone; it may hit a key already
   deleted, and a key deleted is inserted again by its next update).
+* ``auction`` -- the tables of Materialize's AUCTION load generator, five
+  typed outputs: ``organizations`` (id, name), ``users`` (id, org_id,
+  name), ``accounts`` (id, org_id, balance), ``auctions`` (id, seller, item,
+  end_time) and ``bids`` (id, buyer, auction_id, amount, bid_time). Records
+  ``n < 240`` are the 20 organizations, then 200 users and 20 accounts; from
+  then on each group of 10 positions is one auction (the first) and its
+  bids (2 to 9 of the next 9 positions, the rest hold nothing), every bid by
+  an existing user on the auction before it. Times are fixed by ``n`` (one
+  second per position from 2024-01-01 UTC; an auction ends 10 s after it
+  starts), so a replay makes the same rows.
 
 A finite generator (``max_records``) binds the empty frontier once everything
 is available: the source finishes and its outputs close.
@@ -73,6 +83,23 @@ CUSTOMERS_SCHEMA = pa.schema(
         pa.field("city", pa.string()),
     ]
 )
+#: auction: the fixed tables' sizes, positions per auction, and its outputs
+AUCTION_ORGS, AUCTION_USERS = 20, 200
+AUCTION_FIXED = 2 * AUCTION_ORGS + AUCTION_USERS
+AUCTION_GROUP = 10
+AUCTION_BASE_US = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
+_ITEMS = ["Vintage Poster", "Concert Tickets", "Handmade Quilt", "Tasting Menu", "Sailing Trip"]
+_TS = pa.timestamp("us", tz="UTC")
+AUCTION_SCHEMAS = {
+    "organizations": pa.schema([("id", pa.int64()), ("name", pa.string())]),
+    "users": pa.schema([("id", pa.int64()), ("org_id", pa.int64()), ("name", pa.string())]),
+    "accounts": pa.schema([("id", pa.int64()), ("org_id", pa.int64()),
+                           ("balance", pa.int64())]),
+    "auctions": pa.schema([("id", pa.int64()), ("seller", pa.int64()), ("item", pa.string()),
+                           ("end_time", _TS)]),
+    "bids": pa.schema([("id", pa.int64()), ("buyer", pa.int64()), ("auction_id", pa.int64()),
+                       ("amount", pa.int32()), ("bid_time", _TS)]),
+}
 ORDERS_SCHEMA = pa.schema(
     [
         pa.field("order_id", pa.int64()),
@@ -135,6 +162,8 @@ class GeneratorReader:
                 yield 0, self._counter(n, ts)
             elif self.spec.kind == "key-value":
                 yield 0, self._key_value(n, ts)
+            elif self.spec.kind == "auction":
+                yield from self._auction(n, ts)
             else:
                 yield from self._orders(n, ts)
 
@@ -207,6 +236,56 @@ class GeneratorReader:
             names=[SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS, "key", "value"],
         )
 
+    # -- auction ---------------------------------------------------------------
+    def _auction(self, n: npt.NDArray[np.int64], ts: npt.NDArray[np.int64]
+                 ) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """The rows of positions ``n`` (see the module docstring), per output."""
+        def batch(i: int, pick: npt.NDArray[np.bool_], cols: list[Any]
+                  ) -> tuple[int, pa.RecordBatch]:
+            schema = list(AUCTION_SCHEMAS.values())[i]
+            arrays = [c.cast(f.type) if isinstance(c, pa.Array) else pa.array(c, f.type)
+                      for c, f in zip(cols, schema, strict=True)]
+            return i, pa.RecordBatch.from_arrays(
+                [*self._positions(n[pick], ts[pick]), *arrays],
+                names=[SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS, *schema.names])
+
+        orgs, users = AUCTION_ORGS, AUCTION_USERS
+        org = n < orgs
+        if org.any():
+            oid = n[org] + 1
+            yield batch(0, org, [oid, pc.binary_join_element_wise(
+                "Organization ", pc.cast(pa.array(oid), pa.string()), "")])
+        user = (n >= orgs) & (n < orgs + users)
+        if user.any():
+            uid = n[user] - orgs + 1
+            yield batch(1, user, [uid, (uid - 1) % orgs + 1, pc.binary_join_element_wise(
+                "user-", pc.cast(pa.array(uid), pa.string()), "")])
+        acct = (n >= orgs + users) & (n < AUCTION_FIXED)
+        if acct.any():
+            oid = n[acct] - orgs - users + 1
+            yield batch(2, acct, [oid + 42, oid, np.full(len(oid), 10_000, np.int64)])
+        m = n - AUCTION_FIXED
+        group, slot = m // AUCTION_GROUP + 1, m % AUCTION_GROUP  # group: the auction's id
+        hg = splitmix64(np.maximum(group, 0).astype(np.uint64), self.spec.seed)
+        hn = splitmix64(n.astype(np.uint64), self.spec.seed)
+        at_us = AUCTION_BASE_US + n * 1_000_000
+        auction = (m >= 0) & (slot == 0)
+        if auction.any():
+            h = hg[auction]
+            yield batch(3, auction, [
+                group[auction], (h % np.uint64(users)).astype(np.int64) + 1,
+                np.array(_ITEMS, dtype=object)[((h >> np.uint64(16)) % np.uint64(len(_ITEMS)))
+                                               .astype(np.int64)],
+                at_us[auction] + 10_000_000])
+        bids = 2 + (hg % np.uint64(8)).astype(np.int64)  # 2 .. 9 per auction
+        bid = (m >= 0) & (slot >= 1) & (slot <= bids)
+        if bid.any():
+            h = hn[bid]
+            yield batch(4, bid, [
+                group[bid] * AUCTION_GROUP + slot[bid] - 1,
+                (h % np.uint64(users)).astype(np.int64) + 1, group[bid],
+                ((h >> np.uint64(20)) % np.uint64(99)).astype(np.int64) + 1, at_us[bid]])
+
     # -- orders ----------------------------------------------------------------
     def _orders(
         self, n: npt.NDArray[np.int64], ts: npt.NDArray[np.int64]
@@ -266,7 +345,7 @@ class GeneratorSource(SourceBase):
         value_size: int = 16,
         output_names: list[str] | None = None,
     ) -> None:
-        if kind not in ("counter", "orders", "key-value"):
+        if kind not in ("counter", "orders", "key-value", "auction"):
             raise DefiniteError(f"source {name!r}: unknown generator kind {kind!r}")
         if rate <= 0:
             raise DefiniteError(f"source {name!r}: rate must be positive, got {rate}")
@@ -282,20 +361,24 @@ class GeneratorSource(SourceBase):
         self.start = start
         self.end = None if max_records is None else start + max_records
         self._anchor: tuple[int, int] | None = None
-        natural = ["customers", "orders"] if kind == "orders" else ["value"]
+        fixed = {"orders": ["customers", "orders"], "auction": list(AUCTION_SCHEMAS)}
+        natural = fixed.get(kind, ["value"])
         names = output_names or natural
-        if kind == "orders" and sorted(names) != sorted(natural):
+        if kind in fixed and sorted(names) != sorted(natural):
             raise DefiniteError(
-                f"source {name!r}: an orders generator has outputs 'customers' and 'orders', "
-                f"got {names}"
+                f"source {name!r}: an {kind} generator has the outputs "
+                f"{', '.join(repr(n) for n in natural)}, got {names}"
             )
-        if kind != "orders" and len(names) != 1:
+        if kind not in fixed and len(names) != 1:
             raise DefiniteError(
                 f"source {name!r}: a {kind} generator has exactly one output, got {names}"
             )
-        self._names = natural if kind == "orders" else names
+        self._names = natural if kind in fixed else names
 
     def outputs(self) -> list[OutputSpec]:
+        if self.spec.kind == "auction":
+            return [OutputSpec(name, typed=True, schema=schema, key=("id",))
+                    for name, schema in AUCTION_SCHEMAS.items()]
         if self.spec.kind == "orders":
             return [
                 OutputSpec("customers", typed=True, schema=CUSTOMERS_SCHEMA, key=("customer_id",)),
@@ -369,10 +452,12 @@ class GeneratorSource(SourceBase):
 class GeneratorConfig(ConnectorConfig):
     """A deterministic load generator; its FromTime is a counter."""
 
-    kind: Literal["counter", "orders", "key-value"]
+    kind: Literal["counter", "orders", "key-value", "auction"]
     """``counter``: one output of raw bytes in ``value_format``. ``orders``: two
     typed outputs, ``customers`` and ``orders``. ``key-value``: one output of
-    JSON keys and values (null: a delete) for the ``upsert`` envelope."""
+    JSON keys and values (null: a delete) for the ``upsert`` envelope.
+    ``auction``: Materialize's AUCTION tables, five typed outputs
+    (``organizations``, ``users``, ``accounts``, ``auctions``, ``bids``)."""
     rate: float = Field(default=1000.0, gt=0, le=1e9)
     """Records per second that become available."""
     max_records: int | None = Field(default=None, ge=0)
@@ -399,7 +484,7 @@ class GeneratorConfig(ConnectorConfig):
     @classmethod
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         kind = data.get("kind")
-        if kind not in ("counter", "orders", "key-value"):
+        if kind not in ("counter", "orders", "key-value", "auction"):
             return []  # the kind's own error says enough
         only = {"counter": ("value_format", "bad_every"),
                 "key-value": ("keys", "delete_every", "value_size")}
