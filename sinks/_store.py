@@ -35,7 +35,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from reclock.clients.s3 import S3Access as S3Access  # (its home; re-exported for the sink)
@@ -170,10 +169,12 @@ class Location:
         except OSError as exc:
             raise store_error(self.name, self.child(name), exc, "read") from exc
 
-    def dataset(self, names: list[str], schema: pa.Schema) -> ds.Dataset:
+    def dataset(self, names: list[str], schema: pa.Schema) -> Any:
         """The Parquet files ``names`` (relative paths) as one Arrow dataset of
         ``schema``, scanned in the order given (compaction reads many small
         files through it, several at once, without a Python call per file)."""
+        import pyarrow.dataset as ds  # (pulls pandas in: not for every command)
+
         if self.s3 is None:
             paths, fs = [str(Path(self.root) / n) for n in names], None
         else:
