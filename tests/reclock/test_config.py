@@ -500,8 +500,8 @@ def test_several_errors_in_line_order(tmp_path: Path) -> None:
         f"{at(path, 3, '0')}: spark.max_records_per_task: expected a number > 0",
         f"{at(path, 5, '9lives')}: sources[0].name: expected a name: a letter, then letters, "
         "digits, '_' or '-' (63 characters at most)",
-        f"{at(path, 6, 'counters')}: sources[0].generator.kind: expected 'counter', 'orders' "
-        "or 'key-value'",
+        f"{at(path, 6, 'counters')}: sources[0].generator.kind: expected 'counter', 'orders', "
+        "'key-value' or 'auction'",
         f"{at(path, 9, 'integer')}: sources[0].outputs[0].format.schema.n: unknown column type "
         "(expected one of: int32, int64, float64, bool, string, binary, timestamp, date, "
         "decimal(p,s), json)",

@@ -206,7 +206,7 @@ def test_config_errors_are_located(tmp_path: Path) -> None:
         (9, "sources[2].generator.delete_every", "only applies to kind 'key-value'"),
         (9, "sources[2].generator.value_size", "only applies to kind 'key-value'"),
         (12, "sources[3].generator.keys", "only applies to kind 'key-value'"),
-        (15, "sources[4].generator.kind", "expected 'counter', 'orders' or 'key-value'"),
+        (15, "sources[4].generator.kind", "expected 'counter', 'orders', 'key-value' or 'auction'"),
     ]
 
 
