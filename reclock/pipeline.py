@@ -300,6 +300,7 @@ class Pipeline:
             keys_dir=self.state_dir / "keys" / src.name,
             settle_bytes=sp.max_bytes_per_settle,
             spill_intents=sp.master.startswith("local"),
+            share_jobs_up_to=sp.shared_jobs_max_records,
         )
 
     def close(self) -> None:

@@ -417,6 +417,14 @@ class SparkConfig(_Model):
     records each (a record may be as large as the broker allows). Tasks
     also write what they decoded out in pieces of at most this size. See
     ``bench/big_records_bench.py``."""
+    shared_jobs_max_records: int = Field(default=20_000, ge=0, le=1_000_000_000)
+    """A job of at most this many records (``20000``; 0: never) runs in one
+    Spark job with the small jobs of other sources that are waiting at the
+    same moment, instead of a Spark job of its own: an empty Spark job costs
+    about 0.1 s on two cores, so a hundred sources at a one-second interval
+    would queue for Spark. Each source still commits its own outputs, in
+    order. The progress log's ``read`` event says how many sources shared the
+    job (``shared``)."""
     max_bytes_per_settle: ByteSize = Field(default=32 * 2**20, ge=1, le=2**40)
     """Keyed outputs (upsert, keyed CDC): bytes of decoded intents the driver
     settles against the key state at once (``32MiB``). A job's intents are

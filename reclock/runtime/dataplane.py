@@ -24,7 +24,7 @@ import gc
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -47,7 +47,7 @@ from reclock.core.columns import (
     SRC_UNCHANGED,
     TRUNCATED,
 )
-from reclock.core.errors import DefiniteError, ReclockError
+from reclock.core.errors import DefiniteError, ReclockError, classify
 from reclock.core.frontier import Antichain
 from reclock.envelopes.base import Envelope, meta_columns
 from reclock.envelopes.keystate import IntentWriter, KeyedIntents
@@ -128,6 +128,8 @@ class TaskResult:
     dropped: int = 0
     max_src_ts: int | None = None
     seconds: float = 0.0
+    #: how many sources' jobs ran in the one Spark job this task ran in
+    shared: int = 1
     #: upsert outputs: decoded intents by key bucket, applied to the key
     #: state by the driver
     intents: dict[int, KeyedIntents] = field(default_factory=dict)
@@ -367,6 +369,7 @@ class JobGate:
         self.slots = max(1, slots)
         self._cond = threading.Condition()
         self._queue: deque[object] = deque()
+        self._small: deque[_Shared] = deque()  # small jobs waiting to share one
         self._running = 0
 
     def __enter__(self) -> JobGate:
@@ -385,6 +388,50 @@ class JobGate:
             self._running -= 1
             self._cond.notify_all()
 
+    def shared(self, req: _Shared, execute: Callable[[list[_Shared]], None]) -> None:
+        """Run ``req`` in a job shared with the small jobs of other sources:
+        the first of them admitted (in arrival order, as any job) takes
+        every small job waiting, up to :data:`SHARED_MAX`, into one Spark job
+        (``execute``); the others only wait for their results."""
+        with self._cond:
+            self._queue.append(req)
+            self._small.append(req)
+            while not req.taken and (self._queue[0] is not req or self._running >= self.slots):
+                self._cond.wait()
+            self._queue.remove(req)
+            batch: list[_Shared] = []
+            if not req.taken:
+                batch = [req, *(r for r in self._small if r is not req)][:SHARED_MAX]
+                for r in batch:
+                    r.taken = True
+                self._small = deque(r for r in self._small if not r.taken)
+                self._running += 1
+            self._cond.notify_all()
+        if batch:
+            try:
+                execute(batch)
+            finally:
+                with self._cond:
+                    self._running -= 1
+                    self._cond.notify_all()
+        req.done.wait()
+
+
+#: Small jobs run in one shared Spark job at most (see :meth:`JobGate.shared`).
+SHARED_MAX = 256
+
+
+@dataclass(eq=False)
+class _Shared:
+    """One source's small job, waiting to run in a shared Spark job."""
+
+    ctx: JobContext
+    tasks: Sequence[ReadTask]
+    taken: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+    results: list[TaskResult] = field(default_factory=list)
+    error: BaseException | None = None
+
 
 _gates: dict[int, JobGate] = {}
 _gates_lock = threading.Lock()
@@ -400,17 +447,79 @@ def _gate(sc: Any) -> JobGate:
 
 def run_job(
     spark: Any, ctx: JobContext, tasks: Sequence[ReadTask], *, pool: str, group: str,
-    progress: TaskProgress | None = None,
+    progress: TaskProgress | None = None, share_up_to: int = 0,
 ) -> list[TaskResult]:
     """Run ``tasks`` as one Spark job in the FAIR pool ``pool``; one task per
     Spark partition; admitted through the session's :class:`JobGate`.
     Cancellable with ``sc.cancelJobGroup(group)``. ``progress`` learns of each
-    task as it finishes."""
+    task as it finishes.
+
+    A small job (at most ``share_up_to`` records, no progress to show) runs
+    instead in one Spark job with the small jobs of other sources waiting at
+    the same time (:meth:`JobGate.shared`), in the pool ``reclock-shared``:
+    a Spark job costs about as much to start as a small one takes to run, so
+    a hundred sources at one interval would otherwise queue for Spark. Each
+    source still gets its own tasks' results and commits them itself. Such a
+    job is not cancelled with its source's group (it finishes for the
+    others), and a task whose Python worker dies fails the others' too (they
+    read again)."""
     if not tasks:
         return []
     sc = spark.sparkContext
-    with _gate(sc):
+    gate = _gate(sc)
+    if progress is None and 0 < sum(t.records for t in tasks) <= share_up_to:
+        req = _Shared(ctx, tasks)
+        gate.shared(req, partial(_run_shared_job, sc))
+        if req.error is not None:
+            raise req.error
+        return req.results
+    with gate:
         return _run_job(sc, ctx, tasks, pool, group, progress)
+
+
+SHARED_GROUP = "reclock-shared"
+
+
+def _run_shared_job(sc: Any, batch: list[_Shared]) -> None:
+    """The tasks of several sources' small jobs as one Spark job; each
+    request gets its own tasks' results (or the job's error)."""
+    try:
+        sc.setLocalProperty("spark.scheduler.pool", SHARED_GROUP)
+        sc.setJobGroup(SHARED_GROUP, "reclock " + ", ".join(r.ctx.source for r in batch), True)
+        bc = sc.broadcast(tuple(r.ctx for r in batch))
+        try:
+            items = [(i, t) for i, r in enumerate(batch) for t in r.tasks]
+            slices = min(len(items), max(2, 2 * int(sc.defaultParallelism)))
+            out: list[tuple[int, TaskResult]] = sc.parallelize(items, slices).mapPartitions(
+                partial(_run_shared_partition, bc)).collect()
+        finally:
+            with contextlib.suppress(Exception):  # best effort, also on shutdown
+                bc.destroy()
+        for i, res in out:
+            res.shared = len(batch)
+            batch[i].results.append(res)
+        for r in batch:
+            r.results.sort(key=lambda res: res.task)
+    except BaseException as exc:  # the job failed: every source in it reads again
+        for r in batch:
+            r.error = exc
+    finally:
+        for r in batch:
+            r.done.set()
+
+
+def _run_shared_partition(bc: Any, items: Iterable[tuple[int, ReadTask]]
+                          ) -> Iterator[tuple[int, TaskResult]]:
+    """Tasks of several sources: an error of one source's task is its own
+    result, never the job's (the other sources' tasks go on)."""
+    _freeze_worker_heap()
+    ctxs: tuple[JobContext, ...] = bc.value
+    for i, task in items:
+        try:
+            res = run_task(ctxs[i], task)
+        except Exception as exc:
+            res = TaskResult(task.index, error=classify(exc))
+        yield i, res
 
 
 def _run_job(sc: Any, ctx: JobContext, tasks: Sequence[ReadTask], pool: str, group: str,

@@ -155,6 +155,9 @@ class Settings:
     #: whether tasks write large intents to files under ``keys_dir`` (they
     #: must run on the driver's machine)
     spill_intents: bool = True
+    #: jobs of at most this many records share a Spark job with other
+    #: sources' small jobs (0: never; see dataplane.run_job)
+    share_jobs_up_to: int = 0
 
 
 #: Tasks per core of a job whose tasks are cut by bytes (see SourceRunner._task_sizes).
@@ -609,7 +612,8 @@ class SourceRunner:
                 self.events.log(self.name, "read", frontier=job.reached.encode(),
                                 records=sum(r.records for r in results), tasks=len(results),
                                 largest_task=max((r.records for r in results), default=0),
-                                bytes=sum(r.bytes for r in results))
+                                bytes=sum(r.bytes for r in results),
+                                shared=max((r.shared for r in results), default=1))
                 if failed is not None:
                     raise failed
                 self._resume_and_acknowledge(b)  # 4.+5. also while catching up
@@ -746,7 +750,7 @@ class SourceRunner:
             results = run_local(ctx, tasks, progress)
         else:
             results = run_job(self.spark, ctx, tasks, pool=self.name, group=self.job_group,
-                              progress=progress)
+                              progress=progress, share_up_to=self.settings.share_jobs_up_to)
         failed = next((r.error for r in results if r.error is not None), None)
         if failed is not None:
             raise failed
