@@ -108,6 +108,37 @@ def test_kafka_frontiers_read_off_their_encoding_agree_with_the_decoded_ones(
     assert encoded_kafka_offsets("nope") is None and encoded_kafka_offsets([[1, 2]]) is None
 
 
+@given(_kafka_elements(), st.lists(st.sampled_from(
+    [[3, 5, 1], [0, 0, True], [1, 0, 2], [2, None, -1], "x", [1, 1], (4, 4, 0)]), max_size=2))
+def test_decoding_a_large_kafka_frontier_equals_the_general_path(
+        a: list[Partitioned], odd: list[Any]) -> None:
+    """Decoding an encoded frontier of points and unbounded elements works on
+    the integers (reading a shard at 2,048 partitions): the same antichain
+    as decoding each element and taking the minimal ones, in any order, with
+    repeats and dominated elements; anything else goes the general way."""
+    import random
+
+    import pytest
+
+    from reclock.core.errors import InvalidTimeError
+    from reclock.core.time import Gtid
+
+    enc = [e.encode() for e in a]
+    random.Random(len(enc)).shuffle(enc)
+    for kind, ty in (("kafka", Partitioned), ("gtid", Gtid)):
+        got = Antichain.decode(kind, enc)
+        want = Antichain(ty(*e) for e in enc)
+        assert got == want and all(type(e) is ty for e in got)
+        mixed = enc + odd
+        try:
+            expected: Any = Antichain(ty.decode(v) for v in mixed)
+        except InvalidTimeError:
+            with pytest.raises(InvalidTimeError):
+                Antichain.decode(kind, mixed)
+        else:
+            assert Antichain.decode(kind, mixed) == expected
+
+
 def test_decoding_a_kafka_time_still_refuses_what_is_not_one() -> None:
     import pytest
 
