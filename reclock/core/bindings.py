@@ -455,18 +455,30 @@ def _compile(b: Bindings[Any]) -> _Compiled:
             if e is not None:
                 bounds[0, i] = int(e)
         return _Compiled(nb, bounds, times_ext, 0, 0, 0, None)
-    top = 0
-    for bd in b.bindings:
+    # points (one per partition of a Kafka frontier) in one numpy call; the
+    # few other elements (every partition above, intervals) span rows
+    parts: list[int] = []
+    rows: list[int] = []
+    offsets: list[int] = []
+    spans: list[tuple[int, int | None, int, int]] = []  # lo, hi, binding, offset
+    for i, bd in enumerate(b.bindings):
         for e in bd.frontier:
-            top = max(top, e.lo, e.hi if e.hi is not None else 0)
+            if e.hi == e.lo:
+                parts.append(e.lo)
+                rows.append(i)
+                offsets.append(e.offset)
+            else:
+                spans.append((e.lo, e.hi, i, e.offset))
+    top = max(max(parts, default=0), max((max(lo, hi or 0) for lo, hi, _i, _o in spans),
+                                          default=0))
     rest = top + 1
     bounds = np.full((rest + 1, nb), INT64_MAX, dtype=np.int64)
-    for i, bd in enumerate(b.bindings):
-        col = bounds[:, i]
-        for e in bd.frontier:
-            hi = rest if e.hi is None else e.hi
-            seg = col[e.lo : hi + 1]
-            np.minimum(seg, e.offset, out=seg)
+    if parts:
+        np.minimum.at(bounds, (np.array(parts, dtype=np.int64), np.array(rows, dtype=np.int64)),
+                      np.array(offsets, dtype=np.int64))
+    for lo, hi, i, off in spans:
+        seg = bounds[lo : (rest if hi is None else hi) + 1, i]
+        np.minimum(seg, off, out=seg)
     finite = bounds[bounds != INT64_MAX]
     clip = int(finite.max()) + 1 if finite.size else 0
     stride = clip + 2

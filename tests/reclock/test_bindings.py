@@ -17,7 +17,7 @@ from reclock.core.bindings import UNBOUND, Binding, Bindings
 from reclock.core.errors import BindingError, SinceViolation
 from reclock.core.frontier import Antichain, kafka_frontier
 from reclock.core.time import Counter, IntoTime, Lsn, Partitioned
-from tests.strategies import kafka_bindings, total_bindings
+from tests.strategies import antichains, kafka_bindings, partitioned, total_bindings
 
 
 def kb(*pairs: tuple[int, dict[int, int]], upper: int | None = None) -> Bindings[Partitioned]:
@@ -111,6 +111,23 @@ def test_closed_source() -> None:
     assert b.reclock(Lsn(10**9)) == 2000
     assert b.reclock_values([5, 10, 10**12]).tolist() == [1000, 2000, 2000]
     assert b.source_upper_at(Antichain.empty()) == Antichain.empty()
+
+
+@given(f=antichains(partitioned(), max_size=6), g=antichains(partitioned(), max_size=6),
+       data=st.data())
+def test_vectorized_equals_scalar_with_intervals(f: Antichain[Partitioned],
+                                                  g: Antichain[Partitioned],
+                                                  data: st.DataObject) -> None:
+    # frontiers holding intervals (meets), not only a Kafka frontier's points
+    # and one unbounded element: the compiled rows span those partitions
+    bs = [Binding(IntoTime(1000), f)]
+    if f.less_equal(f.join(g)) and f != f.join(g):
+        bs.append(Binding(IntoTime(2000), f.join(g)))
+    b = Bindings("kafka", bs, upper=3000)
+    recs = data.draw(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 15)), max_size=40))
+    scalar = [b.reclock(Partitioned.point(p, o)) for p, o in recs]
+    vec = b.reclock_offsets([p for p, _ in recs], [o for _, o in recs]).tolist()
+    assert vec == [UNBOUND if s is None else int(s) for s in scalar]
 
 
 @given(b=kafka_bindings(), data=st.data())
