@@ -22,6 +22,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +77,23 @@ def store_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("pg_url"))
 
 
+#: Peers started in the background while the unit tests run (see
+#: :func:`pytest_collection_finish`): fixture name -> the future of the peer.
+_WARMING: dict[str, Future[Any]] = {}
+
+
+def _warm(name: str, start: Any) -> Any:
+    """The peer ``name``, started in the background if it was, else now."""
+    fut = _WARMING.pop(name, None)
+    return start() if fut is None else fut.result()
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """One Spark session for the whole test run (local[2])."""
     from reclock.runtime.spark import spark_session
+
+    _warm("spark_cds", lambda: None)  # every Spark driver maps the archive
 
     session = spark_session("local[2]", "reclock-tests", {"spark.sql.shuffle.partitions": "2"})
     yield session
@@ -101,7 +115,7 @@ def kafka() -> Iterator[object]:
     """A real single-node Apache Kafka broker (KRaft) for the whole run."""
     from tests.kafkabroker import KafkaCluster
 
-    cluster = KafkaCluster(nodes=1).start()
+    cluster = _warm("kafka", lambda: KafkaCluster(nodes=1).start())
     yield cluster
     cluster.close()
 
@@ -150,7 +164,7 @@ def pg_logical() -> Iterator[object]:
     """A private PostgreSQL cluster with wal_level=logical (see tests/pgcluster.py)."""
     from tests.pgcluster import PgCluster
 
-    cluster = PgCluster().start()
+    cluster = _warm("pg_logical", lambda: PgCluster().start())
     yield cluster
     cluster.stop()
 
@@ -161,7 +175,7 @@ def mariadb() -> Iterator[object]:
     run (see tests/mariadb.py)."""
     from tests.mariadb import MariaDB
 
-    server = MariaDB().start()
+    server = _warm("mariadb", lambda: MariaDB().start())
     yield server
     server.stop()
 
@@ -181,20 +195,57 @@ PEERS = frozenset({"pg_admin_url", "pg_logical", "spark", "kafka", "kafka_cluste
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks each test unit or integration, and runs the unit tests first
+    (each group in its order): the peers start meanwhile."""
     for item in items:
         if item.get_closest_marker("integration") is not None:
             continue
         uses = set(getattr(item, "fixturenames", ()))
         item.add_marker(pytest.mark.integration if uses & PEERS else pytest.mark.unit)
+    items.sort(key=lambda item: item.get_closest_marker("integration") is not None)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """With tests that start Spark selected, every Spark driver the run starts
-    maps a class-data-sharing archive of Spark's classes (tests/spark_cds.py)."""
-    if any(item.get_closest_marker("integration") for item in session.items):
-        from tests import spark_cds
+    maps a class-data-sharing archive of Spark's classes (tests/spark_cds.py).
+    The archive and the peers the selected tests use (a Kafka broker, the
+    PostgreSQL cluster, MariaDB) are made in the background while the unit
+    tests run; their fixtures wait for them."""
+    integration = [i for i in session.items if i.get_closest_marker("integration")]
+    if not integration:
+        return
+    from tests import spark_cds
 
-        spark_cds.use()
+    used = set().union(*(set(getattr(i, "fixturenames", ())) for i in integration))
+    pool = ThreadPoolExecutor(4, thread_name_prefix="warm")
+    _WARMING["spark_cds"] = pool.submit(spark_cds.use)
+    if "kafka" in used:
+        from tests.kafkabroker import KafkaCluster
+
+        _WARMING["kafka"] = pool.submit(lambda: KafkaCluster(nodes=1).start())
+    if "pg_logical" in used or ("pg_admin_url" in used and not ADMIN_URL):
+        from tests.pgcluster import PgCluster
+
+        _WARMING["pg_logical"] = pool.submit(lambda: PgCluster().start())
+    if "mariadb" in used:
+        from tests.mariadb import MariaDB
+
+        _WARMING["mariadb"] = pool.submit(lambda: MariaDB().start())
+    pool.shutdown(wait=False)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Peers started in the background that no test asked for are stopped."""
+    for name, fut in list(_WARMING.items()):
+        try:
+            peer = fut.result()
+        except Exception:  # it did not start: nothing to stop (no test asked for it)
+            continue
+        for stop in ("close", "stop"):
+            if name != "spark_cds" and hasattr(peer, stop):
+                getattr(peer, stop)()
+                break
+    _WARMING.clear()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
