@@ -91,9 +91,12 @@ class Chunk:
 class LoadCancelled(InterruptedError):
     """Raised by a task of a load that ``reclock load`` cancelled. Not a
     reclock error on purpose: those a task returns as its result while the
-    job goes on, this one fails the task, so Spark aborts the job and kills
-    its other tasks at once. The driver sees the job fail (transient: an
-    interruption), and its next plan of the load finds it cancelled."""
+    job goes on, this one fails the task, so Spark aborts the load's job and
+    kills its other tasks at once (in a Spark job shared by small jobs of
+    several sources, any task error is its own source's result: the load's
+    other tasks fail as they start). The driver sees the job fail
+    (transient: an interruption), and its next plan of the load finds it
+    cancelled."""
 
 
 def _check_cancel(path: str | None, k: int) -> None:
