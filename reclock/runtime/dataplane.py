@@ -23,6 +23,7 @@ import contextlib
 import gc
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -427,6 +428,7 @@ class _Shared:
 
     ctx: JobContext
     tasks: Sequence[ReadTask]
+    group: str  # the source's job group
     taken: bool = False
     done: threading.Event = field(default_factory=threading.Event)
     results: list[TaskResult] = field(default_factory=list)
@@ -459,16 +461,15 @@ def run_job(
     the same time (:meth:`JobGate.shared`), in the pool ``reclock-shared``:
     a Spark job costs about as much to start as a small one takes to run, so
     a hundred sources at one interval would otherwise queue for Spark. Each
-    source still gets its own tasks' results and commits them itself. Such a
-    job is not cancelled with its source's group (it finishes for the
-    others), and a task whose Python worker dies fails the others' too (they
-    read again)."""
+    source still gets its own tasks' results and commits them itself.
+    :func:`cancel_jobs` cancels a source's jobs, a shared one too (the others
+    in it read again, as they do when a task's Python worker dies)."""
     if not tasks:
         return []
     sc = spark.sparkContext
     gate = _gate(sc)
     if progress is None and 0 < sum(t.records for t in tasks) <= share_up_to:
-        req = _Shared(ctx, tasks)
+        req = _Shared(ctx, tasks, group)
         gate.shared(req, partial(_run_shared_job, sc))
         if req.error is not None:
             raise req.error
@@ -477,15 +478,33 @@ def run_job(
         return _run_job(sc, ctx, tasks, pool, group, progress)
 
 
-SHARED_GROUP = "reclock-shared"
+SHARED_POOL = "reclock-shared"
+
+#: running shared jobs: the job group of each source in one -> the job's group
+_in_shared: dict[str, str] = {}
+_in_shared_lock = threading.Lock()
+
+
+def cancel_jobs(sc: Any, group: str) -> None:
+    """Cancel the jobs of the source whose job group is ``group``: its own,
+    and a shared job its small job runs in (the other sources in that one
+    read again)."""
+    with _in_shared_lock:
+        shared = _in_shared.get(group)
+    sc.cancelJobGroup(group)
+    if shared is not None:
+        sc.cancelJobGroup(shared)
 
 
 def _run_shared_job(sc: Any, batch: list[_Shared]) -> None:
     """The tasks of several sources' small jobs as one Spark job; each
     request gets its own tasks' results (or the job's error)."""
+    group = f"{SHARED_POOL}-{uuid.uuid4().hex[:8]}"
+    with _in_shared_lock:
+        _in_shared.update({r.group: group for r in batch})
     try:
-        sc.setLocalProperty("spark.scheduler.pool", SHARED_GROUP)
-        sc.setJobGroup(SHARED_GROUP, "reclock " + ", ".join(r.ctx.source for r in batch), True)
+        sc.setLocalProperty("spark.scheduler.pool", SHARED_POOL)
+        sc.setJobGroup(group, "reclock " + ", ".join(r.ctx.source for r in batch), True)
         bc = sc.broadcast(tuple(r.ctx for r in batch))
         try:
             items = [(i, t) for i, r in enumerate(batch) for t in r.tasks]
@@ -504,6 +523,10 @@ def _run_shared_job(sc: Any, batch: list[_Shared]) -> None:
         for r in batch:
             r.error = exc
     finally:
+        with _in_shared_lock:
+            for r in batch:
+                if _in_shared.get(r.group) == group:
+                    del _in_shared[r.group]
         for r in batch:
             r.done.set()
 

@@ -85,6 +85,7 @@ from reclock.runtime.dataplane import (
     OutputPlan,
     TaskProgress,
     TaskResult,
+    cancel_jobs,
     run_job,
     run_local,
 )
@@ -324,11 +325,16 @@ class SourceRunner:
             return True
         return False
 
-    def _cancel_jobs(self) -> None:
-        """Cancel this source's Spark jobs (their results are not wanted)."""
+    def _cancel_jobs(self, shared: bool = False) -> None:
+        """Cancel this source's Spark jobs (their results are not wanted);
+        with ``shared``, a shared job its small job runs in too (abandoning
+        a job that runs too long: the other sources in it read again)."""
         if self.spark is not None:
             try:
-                self.spark.sparkContext.cancelJobGroup(self.job_group)
+                if shared:
+                    cancel_jobs(self.spark.sparkContext, self.job_group)
+                else:
+                    self.spark.sparkContext.cancelJobGroup(self.job_group)
             except Exception:  # the context may already be down
                 log.debug("cancelJobGroup failed", exc_info=True)
 
@@ -707,7 +713,7 @@ class SourceRunner:
         """Cancel this source's Spark jobs and leave their threads behind:
         later jobs run on a new pool."""
         self._abandoned = True
-        self._cancel_jobs()
+        self._cancel_jobs(shared=True)
         if self._jobs is not None:
             self._jobs.shutdown(wait=False, cancel_futures=True)
             self._jobs = None
