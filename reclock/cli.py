@@ -270,7 +270,10 @@ def cmd_bindings(args: argparse.Namespace) -> int:
     pipe = Pipeline(_load(args.file))
     try:
         pipe.source_config(args.source)
-        b = pipe.store.read(args.source)
+        if args.at is not None:
+            b = pipe.store.read(args.source)
+        else:  # shown as stored: not decoded (seconds at 2,048 partitions)
+            kind, since, upper, encoded = pipe.store.read_encoded(args.source)
         # a multi-topic Kafka source's partition ids: id -> [topic, partition]
         ids = {c: json.loads(n) for n, c in pipe.store.coordinates(args.source).items()}
     finally:
@@ -291,16 +294,14 @@ def cmd_bindings(args: argparse.Namespace) -> int:
         return 0
     if args.json:
         print(json.dumps({
-            "source": args.source, "kind": b.kind, "since": int(b.since),
-            "upper": b.upper.as_option(),
-            "bindings": [{"time": int(x.time), "frontier": x.frontier.encode()}
-                         for x in b.bindings], **_ids_json(ids),
-        }, default=int))
+            "source": args.source, "kind": kind, "since": since, "upper": upper,
+            "bindings": [{"time": t, "frontier": enc} for t, enc in encoded], **_ids_json(ids),
+        }))
         return 0
-    print(f"source {args.source} [{b.kind}] since {fmt_time(int(b.since))}, "
-          f"upper {fmt_time(b.upper.as_option())}, {len(b)} bindings")
-    for x in b.bindings:
-        print(f"  {fmt_time(int(x.time))} -> {render_frontier(b.kind, x.frontier.encode())}")
+    print(f"source {args.source} [{kind}] since {fmt_time(since)}, "
+          f"upper {fmt_time(upper)}, {len(encoded)} bindings")
+    for t, enc in encoded:
+        print(f"  {fmt_time(t)} -> {render_frontier(kind, enc)}")
     if legend:
         print(legend)
     return 0

@@ -85,6 +85,11 @@ class RemapStore(Protocol):
         """
         ...
 
+    def read_encoded(self, shard: str) -> tuple[str, int, int | None, list[tuple[int, Any]]]:
+        """What :meth:`read` gives, the frontiers left encoded (not decoded
+        nor checked): ``(kind, since, upper or None, [(time, encoded)])``."""
+        ...
+
     def read_from(self, shard: str, lower: int) -> tuple[list[Binding[Any]], Antichain[IntoTime]]:
         """Bindings at times ``>= lower`` and the current upper (incremental sync)."""
         ...

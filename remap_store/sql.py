@@ -51,7 +51,7 @@ from reclock.core.errors import (
     UpperMismatch,
 )
 from reclock.core.frontier import Antichain
-from reclock.core.time import TIME_KINDS, IntoTime, time_type
+from reclock.core.time import TIME_KINDS, IntoTime, encoded_canonical, time_type
 from remap_store import delta
 
 R = TypeVar("R")
@@ -411,6 +411,19 @@ class SqlRemapStore:
               self._bindings(conn, row.shard, row.kind, 0, as_of, row.upper))
         return Bindings(row.kind, bs, since=row.since,
                         upper=_upper_ac(row.upper) if upper is None else upper)
+
+    def read_encoded(self, shard: str) -> tuple[str, int, int | None, list[tuple[int, Any]]]:
+        """The shard as :meth:`read` gives it with each frontier left in
+        :meth:`Antichain.encode`'s form (canonical order), not decoded:
+        ``(kind, since, upper (None: closed), [(time, frontier), ...])``, to
+        be shown (``reclock bindings``: at 2,048 partitions, decoding and
+        validating the frontiers was most of it)."""
+        with self._tx(readonly=True) as conn:
+            row = self._shard_row(conn, shard)
+            rows = [] if row.upper == 0 else self._rows(conn, shard, 0, below=row.upper)
+        canonical = encoded_canonical(row.kind)
+        return (str(row.kind), int(row.since), None if row.upper is None else int(row.upper),
+                [(t, canonical(enc)) for t, enc in delta.decode(rows)])
 
     def read_from(self, shard: str, lower: int) -> tuple[list[Binding[Any]], Antichain[IntoTime]]:
         with self._tx(readonly=True) as conn:

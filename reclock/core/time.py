@@ -32,7 +32,7 @@ lower bound), a ``sort_key`` for canonical ordering, and a stable
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
@@ -417,6 +417,16 @@ def time_type(kind: str) -> type[Any]:
         raise InvalidTimeError(
             f"unknown time kind {kind!r}; expected one of {sorted(TIME_KINDS)}"
         ) from None
+
+
+def encoded_canonical(kind: str) -> Callable[[list[JSON]], list[JSON]]:
+    """The encoded elements of a minimal frontier of ``kind`` in the order
+    :meth:`Antichain.encode` gives them (by :meth:`sort_key`), read off the
+    encoding: a partitioned frontier by ``(offset, lo, widest first)``, a
+    total order's (at most one element) as it is."""
+    if not is_partitioned(kind):
+        return list
+    return lambda enc: sorted(enc, key=lambda e: (e[2], e[0], -(_U64 if e[1] is None else e[1])))
 
 
 def is_partitioned(kind: str) -> bool:

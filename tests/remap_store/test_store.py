@@ -74,6 +74,25 @@ def test_open_shards_creates_and_reads_many_at_once(store: RemapStore) -> None:
     assert op.bindings is got["old"]
 
 
+def test_read_encoded_is_read_left_encoded(store: RemapStore) -> None:
+    # reclock bindings shows frontiers as stored: change rows (a few of 40
+    # partitions moving) give the canonical order of Antichain.encode()
+    store.create_shard("k", "kafka")
+    offsets = dict.fromkeys(range(40), 0)
+    bs = []
+    for i in range(6):
+        offsets[(7 * i) % 40] += 3
+        offsets[39 - i] += 1
+        bs.append(Binding(IntoTime(1000 * (i + 1)), kafka_frontier(offsets, partitions=41 + i)))
+    store.compare_and_append("k", bs, up(0), up(7000))
+    b = store.read("k")
+    assert store.read_encoded("k") == (
+        "kafka", 0, 7000, [(int(x.time), x.frontier.encode()) for x in b.bindings])
+    store.create_shard("pg", "lsn")
+    store.compare_and_append("pg", [Binding(IntoTime(5), lsn(10))], up(0), up(None))
+    assert store.read_encoded("pg") == ("lsn", 0, None, [(5, ["0/A"])])
+
+
 def test_append_validation_rolls_back(store: RemapStore) -> None:
     store.create_shard("k", "kafka")
     store.compare_and_append(
