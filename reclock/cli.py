@@ -117,29 +117,44 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
     running source are its runner's status dict from ``status.json`` (also
     given whole as ``live``): the same dicts ``/status.json`` and ``/metrics``
     render, so every view agrees. Otherwise they are read from the remap store
-    and the sinks."""
-    from reclock.pipeline import Pipeline
+    and the sinks. The pipeline's objects (sources, sinks, the store) are
+    built only for what is not running: the status of a running driver needs
+    the file and status.json, not the data plane's imports."""
+    from reclock.core.clock import SystemClock
     from reclock.runtime.progress_log import tail
 
     cfg = _load(file)
-    pipe = Pipeline(cfg)
-    live = _driver_status(pipe.state_dir)
+    state_dir = Path(cfg.state_dir)
+    live = _driver_status(state_dir)
     live_by = {s["source"]: s for s in (live or {}).get("sources", [])} if live else {}
     running = bool(live) and not live.get("stale") if live else False
-    out: dict[str, Any] = {"state_dir": str(pipe.state_dir), "driver_running": running,
+    out: dict[str, Any] = {"state_dir": str(state_dir), "driver_running": running,
                            "sources": []}
     if running and live is not None:
         out["status_updated_ms"] = live.get("updated_ms")
         out["http"] = live.get("http")
-    now = pipe.clock.now()
+    now = SystemClock().now()
+    pipe: Any = None
+    shards: set[str] = set()
+
+    def pipeline() -> Any:
+        nonlocal pipe, shards
+        if pipe is None:
+            from reclock.pipeline import Pipeline
+
+            pipe = Pipeline(cfg)
+            shards = set(pipe.store.shards())
+        return pipe
+
     try:
-        shards = set(pipe.store.shards())
         for src in cfg.sources:
-            built = pipe.build_source(src)
-            kind = built.source.kind
-            entry: dict[str, Any] = {"source": src.name, "kind": kind}
             lv: dict[str, Any] | None = live_by.get(src.name) if running else None
-            if pipe.is_dropped(src.name):
+            # a running source whose runner knows all: nothing else is built
+            built = (None if lv is not None and lv.get("resume") is not None
+                     and lv.get("kind") is not None else pipeline().build_source(src))
+            kind = built.source.kind if built is not None else lv["kind"]  # type: ignore[index]
+            entry: dict[str, Any] = {"source": src.name, "kind": kind}
+            if cfg.drop_marker(src.name).exists():
                 entry["health"] = {"status": "dropped"}
             elif lv is not None:
                 entry["health"] = lv["health"]
@@ -148,7 +163,7 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
             # a running source's numbers are its runner's: the store is read
             # only for a source that is not running (at 2,048 partitions a
             # read decodes every binding's frontier: seconds)
-            b = pipe.store.read(src.name) if lv is None and src.name in shards else None
+            b = pipeline().store.read(src.name) if lv is None and src.name in shards else None
             if lv is not None:
                 entry["bindings"] = lv.get("bindings")
                 entry["remap_upper"] = lv.get("remap_upper")
@@ -164,18 +179,21 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
             live_outs = {o["name"]: o for o in (lv or {}).get("outputs") or []}
             outs = []
             uppers = []
-            for o in built.outputs:
-                lo = live_outs.get(o.name)
+            names = ([o.name for o in built.outputs] if built is not None
+                     else list(live_outs))
+            for i, name in enumerate(names):
+                lo = live_outs.get(name)
                 if lo is not None:
                     uppers.append(lo.get("upper"))
-                    outs.append({"name": o.name, "upper": lo.get("upper"),
+                    outs.append({"name": name, "upper": lo.get("upper"),
                                  "lag_ms": lo.get("lag_ms"), "rows": lo.get("rows"),
                                  "errors": lo.get("errors"), "health": lo.get("health"),
                                  "snapshot": lo.get("snapshot")})
                     continue
-                st = o.sink.state()
+                assert built is not None
+                st = built.outputs[i].sink.state()
                 uppers.append(st.upper)
-                outs.append({"name": o.name, "upper": st.upper,
+                outs.append({"name": name, "upper": st.upper,
                              "lag_ms": None if not st.upper else max(0, now - st.upper),
                              "health": None})
             entry["outputs"] = outs
@@ -185,16 +203,18 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
             if lv is not None and lv.get("resume") is not None:
                 entry["resume"] = lv["resume"]
             else:
+                assert built is not None
                 if b is None and src.name in shards:  # a runner that has not opened yet
-                    b = pipe.store.read(src.name)
+                    b = pipeline().store.read(src.name)
                 entry["resume"] = _resume(b, resume_into, built.source)
             if lv is not None:
                 entry["live"] = lv
             if history:
-                entry["history"] = tail(pipe.state_dir / "progress.jsonl", history, src.name)
+                entry["history"] = tail(state_dir / "progress.jsonl", history, src.name)
             out["sources"].append(entry)
     finally:
-        pipe.close()
+        if pipe is not None:
+            pipe.close()
     return out
 
 

@@ -194,7 +194,7 @@ class Pipeline:
 
     # -- drop markers -----------------------------------------------------------------
     def drop_marker(self, source: str) -> Path:
-        return self.state_dir / "dropped" / source
+        return self.cfg.drop_marker(source)
 
     def is_dropped(self, source: str) -> bool:
         return self.drop_marker(source).exists()

@@ -531,6 +531,10 @@ class PipelineConfig(_Model):
         """Where the progress log goes, or None when it is off."""
         return self.state_dir / "progress.jsonl" if self.progress_log else None
 
+    def drop_marker(self, source: str) -> Path:
+        """The file ``reclock drop`` makes for ``source``."""
+        return self.state_dir / "dropped" / source
+
     def source(self, name: str) -> SourceConfig:
         """The source called ``name`` (KeyError if there is none)."""
         for s in self.sources:

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reclock.runtime.dataplane import TaskProgress, TaskResult
 from sources.base import ReadTask, SnapshotSize
+
+if TYPE_CHECKING:  # (the data plane's imports are heavy: reclock status needs none)
+    from reclock.runtime.dataplane import TaskProgress, TaskResult
 
 
 class SnapshotProgress:
@@ -54,6 +56,8 @@ class SnapshotProgress:
         chunks = tuple((t.index, t.snapshot) for t in tasks if t.snapshot is not None)
         if not chunks:
             return None
+        from reclock.runtime.dataplane import TaskProgress
+
         progress = TaskProgress()
         with self._lock:
             self._running.append((chunks, progress))
