@@ -137,8 +137,12 @@ class SqlRemapStore:
             db = parsed.database
             if db and db != ":memory:":
                 Path(db).parent.mkdir(parents=True, exist_ok=True)
+            # Every source's thread may wait for SQLite's one writer at the
+            # same time, each with a connection: no cap on them (a file handle
+            # each), or a hundred sources would queue for the pool too.
             self.engine: Engine = sa.create_engine(
-                self.url, echo=echo, connect_args={"timeout": 30, "check_same_thread": False}
+                self.url, echo=echo, max_overflow=-1,
+                connect_args={"timeout": 30, "check_same_thread": False}
             )
             _sqlite_immediate_transactions(self.engine)
         elif self.dialect == "postgresql":
@@ -146,6 +150,9 @@ class SqlRemapStore:
                 self.url,
                 echo=echo,
                 pool_pre_ping=True,
+                # (one connection per source that mints or reads at a time:
+                # bounded, for the server's max_connections)
+                pool_size=8, max_overflow=24,
                 connect_args={"connect_timeout": 10, "application_name": "reclock-remap"},
             )
         else:

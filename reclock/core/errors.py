@@ -123,6 +123,8 @@ def classify(exc: BaseException) -> ReclockError:
       are transient, data, integrity and programming errors definite;
     * confluent-kafka: ``KafkaException`` by its error's own flags (fatal or
       not retriable: definite);
+    * SQLAlchemy's pool timeout (every connection of the remap store's pool
+      busy): transient;
     * a Spark job that failed (``Py4JJavaError``, a lost executor; a task
       that stopped it on purpose: :data:`TASK_STOPPED`) and ``MemoryError``,
       ``TimeoutError``, ``ConnectionError``: transient;
@@ -166,6 +168,8 @@ def _kind(exc: BaseException) -> str | None:
         if callable(retriable) and not retriable() and callable(code):
             return "transient" if code() < 0 else "definite"  # negative: client-side
         return "transient"
+    if mod.startswith("sqlalchemy") and "TimeoutError" in names:
+        return "transient"  # every pooled connection busy for the pool's timeout
     if "Py4JJavaError" in names or "Py4JNetworkError" in names or mod.startswith("py4j"):
         return "transient"
     if "PythonException" in names and TASK_STOPPED in str(exc):

@@ -5,6 +5,7 @@ anything else is flagged as unclassified (a bug) and retried."""
 from __future__ import annotations
 
 import errno
+from pathlib import Path
 
 import psycopg
 import pyarrow as pa
@@ -68,3 +69,16 @@ def test_reclocks_own_errors_keep_their_class_and_others_are_flagged() -> None:
     own = DefiniteError("x")
     assert classify(own) is own and classified(own)
     assert not classified(KeyError("a bug")) and _kind(KeyError("a bug")) == "transient"
+
+
+def test_a_busy_connection_pool_is_transient(tmp_path: Path) -> None:
+    """Every pooled connection of the remap store busy past the pool's
+    timeout (a hundred sources minting at once) is retried, not a bug."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path}/s.db", pool_size=1, max_overflow=0,
+                              pool_timeout=0.1)
+    with engine.connect(), pytest.raises(sa.exc.TimeoutError) as got:
+        engine.connect()
+    assert classified(got.value) and isinstance(classify(got.value), TransientError)
+    engine.dispose()
