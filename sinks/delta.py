@@ -560,7 +560,7 @@ class DeltaSink:
         if not self.location.local:
             return False
         try:
-            with os.scandir(self.path / "_delta_log") as entries:
+            with os.scandir(os.path.join(self.location.root, "_delta_log")) as entries:
                 return next(entries, None) is None
         except FileNotFoundError:
             return True
