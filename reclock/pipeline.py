@@ -367,6 +367,10 @@ def run(
     ``http_url`` set when the configuration enables the HTTP endpoint."""
     pipe = Pipeline(cfg, clock)
     stop = stop or threading.Event()
+    # Arrow's datasets (and pandas with them: about 1 s) are imported lazily
+    # for the CLI; a driver imports them now, not in its first compaction
+    # (sinks._store.Location.dataset), which would stall that tick.
+    import pyarrow.dataset  # noqa: F401
     handler: Callable[..., None] | None = None
     if install_signals and threading.current_thread() is threading.main_thread():
         handler = _stop_on(stop)
