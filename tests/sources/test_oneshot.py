@@ -391,6 +391,11 @@ def test_interrupted_load_is_cancelled_then_loads_once(tmp_path: Path, spark: An
     (d / "people.csv").write_text("id,name,score\n" + "\n".join(rows) + "\n")  # ~40 tasks
     exp, exp_bad = csv_model([d / "people.csv"])
     path = _write(tmp_path, state)
+    # The load's ~40 tasks in a job of their own: shared with others (a job
+    # this small would be), they run as a few Spark tasks and the whole load
+    # can be durable before the signal lands (0.6 s in a CI run)
+    path.write_text(path.read_text().replace(
+        "progress_log: true\n", "progress_log: true\nspark: {shared_jobs_max_records: 0}\n"))
     cfg = load_config(path)
     cmd = [sys.executable, "-m", "reclock.cli", "load", str(path), "people", "people", "--from",
            str(d)]
