@@ -51,9 +51,17 @@ sources:
                     return
                 time.sleep(0.5)
 
-        threading.Thread(target=poll, daemon=True).start()
+        def until_seen() -> None:  # the status answered, the healthy source done
+            wait_for(lambda: bool(codes) and all(
+                r.health.status == "finished" for r in started if r.name == "healthy"), 20,
+                "the status poll and the healthy source's end")
+            stop.set()
 
-    result = run(cfg, spark=spark, duration=20, out=None, install_signals=False,
+        threading.Thread(target=poll, daemon=True).start()
+        threading.Thread(target=until_seen, daemon=True).start()
+
+    stop = threading.Event()
+    result = run(cfg, spark=spark, duration=20, stop=stop, out=None, install_signals=False,
                  on_ready=watch_status)
     assert codes == [1]
     assert result.stalled == ["broken"]  # so reclock run exits 1
