@@ -266,7 +266,8 @@ def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.Rec
     holds now, key by key. A key missing from the output (a row deleted
     behind reclock's back), a row that should have been retracted, or a
     value that differs is a ``keyed-state`` breach naming the key."""
-    from reclock.envelopes.upsert import UpsertState, _hashable
+    from reclock.envelopes.keystate import hashable
+    from reclock.envelopes.upsert import UpsertState
     from reclock.runtime.dataplane import OutputPlan, build_output_rows, screen_intents
     from sinks.base import output_schema
     from sinks.consolidate import consolidate
@@ -308,7 +309,7 @@ def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.Rec
             bad.append(f"key {k!r}: held {len(got)} rows, the replay retracted it")
         elif want is not None and not got:
             bad.append(f"key {k!r}: missing (the replay holds {want!r})")
-        elif want is not None and (len(got) != 1 or _hashable(got[0]) != _hashable(want)):
+        elif want is not None and (len(got) != 1 or hashable(got[0]) != hashable(want)):
             bad.append(f"key {k!r}: holds {got!r}, the replay {want!r}")
     rep.breach("keyed-state", len(bad), bad)
 

@@ -55,9 +55,36 @@ KEY_BUCKETS = 64
 ALL = frozenset(range(KEY_BUCKETS))
 
 
+_NAN = ("reclock:NaN",)
+
+
+def hashable(v: Any) -> Any:
+    """A value's canonical, hashable form for counting rows: lists and maps
+    (Arrow list/map/struct values) become tuples, and every float NaN one
+    marker (and -0.0 0.0), so that an insertion and its retraction cancel
+    however the value was decoded."""
+    if isinstance(v, float):
+        if v != v:
+            return _NAN
+        if v == 0.0:
+            return 0.0
+    if isinstance(v, list):
+        return ("reclock:list", *(hashable(x) for x in v))
+    if isinstance(v, dict):
+        return ("reclock:map", *sorted((str(k), hashable(x)) for k, x in v.items()))
+    if isinstance(v, tuple):
+        return ("reclock:tuple", *(hashable(x) for x in v))
+    return v
+
+
+def canonical(values: Iterable[Any]) -> str:
+    """The canonical form of a key (or a row) from its values: the ``repr`` of
+    the tuple of their :func:`hashable` forms. The key store keys rows by it."""
+    return repr(tuple(hashable(v) for v in values))
+
+
 def key_bucket(key: str) -> int:
-    """The bucket of a key in its canonical form (``repr`` of the key tuple
-    of hashable values, see :func:`reclock.envelopes.upsert._hashable`)."""
+    """The bucket of a key in its canonical form (:func:`canonical`)."""
     return zlib.crc32(key.encode("utf-8", "surrogatepass")) % KEY_BUCKETS
 
 
@@ -403,11 +430,9 @@ def _read_file(path: str) -> pa.Table:
 
 
 def canonical_keys(table: pa.Table, key: Iterable[str]) -> list[str]:
-    """Each row's canonical key (see :func:`key_bucket`)."""
-    from reclock.envelopes.upsert import _hashable
-
+    """Each row's canonical key (:func:`canonical`)."""
     cols = [table.column(k).to_pylist() for k in key]
-    return [repr(tuple(_hashable(v) for v in vals)) for vals in zip(*cols, strict=True)]
+    return [canonical(vals) for vals in zip(*cols, strict=True)]
 
 
 class IntentWriter:

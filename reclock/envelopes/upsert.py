@@ -35,7 +35,14 @@ from reclock.core.columns import (
 )
 from reclock.core.errors import DefiniteError
 from reclock.envelopes.base import RowPlan, decoded_rows
-from reclock.envelopes.keystate import ALL, KeyedIntents, KeyStore, MemoryKeys
+from reclock.envelopes.keystate import (
+    ALL,
+    KeyedIntents,
+    KeyStore,
+    MemoryKeys,
+    canonical,
+    hashable,
+)
 
 
 class UpsertEnvelope(_Model):
@@ -66,29 +73,6 @@ class UpsertEnvelope(_Model):
     def rows(self, plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
              ) -> tuple[pa.Table, int]:
         return decoded_rows(plan, batch, into, tombstones=True)
-
-
-_NAN = ("reclock:NaN",)
-
-
-def _hashable(v: Any) -> Any:
-    """A value's canonical, hashable form for counting rows: lists and maps
-    (Arrow list/map/struct values) become tuples, and every float NaN one
-    marker (and -0.0 0.0), so that an insertion and its retraction cancel
-    however the value was decoded. Its ``repr`` is the canonical form the key
-    store keys rows by (:mod:`reclock.envelopes.keystate`)."""
-    if isinstance(v, float):
-        if v != v:
-            return _NAN
-        if v == 0.0:
-            return 0.0
-    if isinstance(v, list):
-        return ("reclock:list", *(_hashable(x) for x in v))
-    if isinstance(v, dict):
-        return ("reclock:map", *sorted((str(k), _hashable(x)) for k, x in v.items()))
-    if isinstance(v, tuple):
-        return ("reclock:tuple", *(_hashable(x) for x in v))
-    return v
 
 
 class Pending:
@@ -182,10 +166,10 @@ class UpsertState:
         self.store: KeyStore = MemoryKeys() if store is None else store
 
     def _key_of(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(_hashable(row[i]) for i in self._kidx)
+        return tuple(hashable(row[i]) for i in self._kidx)
 
     def _canonical(self, row: tuple[Any, ...]) -> str:
-        return repr(self._key_of(row))
+        return canonical(row[i] for i in self._kidx)
 
     @property
     def rows(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
@@ -285,7 +269,7 @@ class UpsertState:
                 if delete and old is not None:
                     gone = (tuple(meta), old)
                 if old is new or (old is not None and new is not None
-                                  and _hashable(old) == _hashable(new)):
+                                  and hashable(old) == hashable(new)):
                     continue
                 if old is not None:
                     m = list(meta)
@@ -367,4 +351,4 @@ def _log_chunks(ok: pa.Table, user_columns: list[str]
         diffs = batch.column(DIFF).to_pylist()
         cols = [batch.column(c).to_pylist() for c in user_columns]
         rows = [tuple(vals) for vals in zip(*cols, strict=True)]
-        yield [(repr(_hashable(row)), row, int(d)) for row, d in zip(rows, diffs, strict=True)]
+        yield [(canonical(row), row, int(d)) for row, d in zip(rows, diffs, strict=True)]
