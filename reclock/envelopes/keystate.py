@@ -37,6 +37,7 @@ import os
 import pickle
 import sqlite3
 import zlib
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,37 +89,38 @@ def key_bucket(key: str) -> int:
     return zlib.crc32(key.encode("utf-8", "surrogatepass")) % KEY_BUCKETS
 
 
-class KeyStore:
+class KeyStore(ABC):
     """The current row of every key (by canonical key), with one open
     transaction of changes (see the module docstring)."""
 
     #: what the committed state is the state of (None: nothing known)
     marker: str | None = None
 
+    @abstractmethod
     def lookup(self, keys: Iterable[str]) -> dict[str, tuple[Any, ...]]:
         """The rows of those of ``keys`` that are live (open changes included)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def live(self, buckets: frozenset[int]) -> Iterator[tuple[str, tuple[Any, ...]]]:
         """Every live key of ``buckets`` with its row (open changes included)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def write(self, changes: dict[str, tuple[Any, ...] | None],
               cleared: frozenset[int] = frozenset()) -> None:
         """Open changes: first every key of the buckets ``cleared`` goes, then
         each key of ``changes`` gets its row (``None``: deleted)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def commit(self, marker: str | None) -> None:
         """The open changes become the state, which is now that of ``marker``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def rollback(self) -> None:
         """Forget the open changes."""
-        raise NotImplementedError
 
+    @abstractmethod
     def __len__(self) -> int:
-        raise NotImplementedError
+        """How many keys are live (committed)."""
 
     def net_rows(self, rows: Iterable[list[tuple[str, tuple[Any, ...], int]]]
                  ) -> Iterator[tuple[tuple[Any, ...], int]]:
@@ -141,8 +143,9 @@ class KeyStore:
         self.write({}, ALL)
         self.commit(marker)
 
+    @abstractmethod
     def close(self) -> None:
-        pass
+        """Release what the store holds open."""
 
 
 class MemoryKeys(KeyStore):
@@ -206,6 +209,9 @@ class MemoryKeys(KeyStore):
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def close(self) -> None:
+        """A dictionary holds nothing open."""
 
 
 _CHUNK = 500  # keys per lookup statement (SQLite allows 32,766 variables)
