@@ -71,15 +71,17 @@ def _cmd(pid: int) -> str:
 
 
 class Sampler:
-    """Peak resident memory of this process's descendants, by kind."""
+    """Peak resident memory of a process (``driver``: this one unless
+    ``root`` names another) and of its descendants, by kind."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: int | None = None) -> None:
+        self.root = os.getpid() if root is None else root
         self.peak = {"worker": 0, "workers": 0, "jvm": 0, "driver": 0}
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
-        me = os.getpid()
+        me = self.root
         while not self._stop.is_set():
             kids = _children()
             todo, seen = list(kids.get(me, [])), []
@@ -87,8 +89,11 @@ class Sampler:
                 p = todo.pop()
                 seen.append(p)
                 todo.extend(kids.get(p, []))
-            workers = [_rss(p) for p in seen if "pyspark" in _cmd(p)]
-            jvm = sum(_rss(p) for p in seen if "java" in _cmd(p).split(" ")[0])
+            cmds = {p: _cmd(p) for p in seen}
+            jvms = {p for p, c in cmds.items() if "java" in c.split(" ")[0]}
+            # (the JVM's class path names pyspark too: it is not a worker)
+            workers = [_rss(p) for p, c in cmds.items() if "pyspark" in c and p not in jvms]
+            jvm = sum(_rss(p) for p in jvms)
             now = {"worker": max(workers, default=0), "workers": sum(workers), "jvm": jvm,
                    "driver": _rss(me)}
             for k, v in now.items():

@@ -6,8 +6,9 @@ One command. It starts a private PostgreSQL cluster (as the tests do) and a
 key, v text)`` is settled by key (the table has a primary key) into a Delta
 output, then commits ``--rows`` rows in ONE transaction (``INSERT ... SELECT
 generate_series``) and waits until the output holds them. While it runs it
-samples, every 0.25 s, the resident memory of the driver's Python process,
-of its JVM, and of the largest Spark Python worker (``/proc``).
+samples, every 0.1 s (``big_records_bench.Sampler``, from ``/proc``), the
+resident memory of the driver's Python process, of its JVM, and of the
+largest Spark Python worker.
 
 It then checks the output, read back through its sink: every row once, all at
 one ``_into_time`` (a transaction lands as a unit).
@@ -36,7 +37,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
+from big_records_bench import Sampler
 from pipeline_bench import table
 
 from tests.pgcluster import PgCluster
@@ -67,60 +68,6 @@ sources:
 
 GIB = 2**30
 MIB = 2**20
-
-
-def rss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(c) for c in f.read().split()]
-    except OSError:
-        pass
-    return out
-
-
-def comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-class Sampler(threading.Thread):
-    """Peak RSS of the driver (Python), its JVM and the largest worker."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.peak = {"driver": 0, "jvm": 0, "worker": 0}
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.wait(0.25):
-            self.peak["driver"] = max(self.peak["driver"], rss(self.pid))
-            todo, seen = children(self.pid), set()
-            while todo:
-                p = todo.pop()
-                if p in seen:
-                    continue
-                seen.add(p)
-                todo += children(p)
-                role = "jvm" if comm(p) == "java" else "worker" if "python" in comm(p) else None
-                if role is not None:
-                    self.peak[role] = max(self.peak[role], rss(p))
 
 
 def output_check(state: Path, rows: int) -> tuple[int, int]:
@@ -162,35 +109,32 @@ def measure(url: str, rows: int, variant: str, settle: str, tmp: Path, timeout: 
     proc = subprocess.Popen([sys.executable, "-m", "reclock.cli", "run", str(path)], env=env,
                             cwd=str(code or tmp), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
-    sampler = Sampler(proc.pid)
     try:
         if not wait_running(state, proc, 180):
             raise RuntimeError(f"reclock run exited: {stop_driver(proc)[1][-3000:]}")
         time.sleep(2)  # the empty table's first bindings
-        sampler.start()
-        t0 = time.monotonic()
-        with psycopg.connect(url) as c:
-            c.execute("insert into kv select g, md5(g::text) from generate_series(1, %s) g",
-                      (rows,))
-        committed = time.monotonic()
-        landed = None
-        while time.monotonic() - t0 < timeout:
-            if proc.poll() is not None:
-                break
-            if _landed(state, rows):
-                landed = time.monotonic()
-                break
-            time.sleep(0.5)
-        sampler.stop.set()
+        with Sampler(proc.pid) as sampler:
+            t0 = time.monotonic()
+            with psycopg.connect(url) as c:
+                c.execute("insert into kv select g, md5(g::text) from generate_series(1, %s) g",
+                          (rows,))
+            committed = time.monotonic()
+            landed = None
+            while time.monotonic() - t0 < timeout:
+                if proc.poll() is not None:
+                    break
+                if _landed(state, rows):
+                    landed = time.monotonic()
+                    break
+                time.sleep(0.5)
         rc, err = stop_driver(proc)
         if landed is None:
             raise RuntimeError(f"not landed in {timeout:.0f} s (driver exit {rc}): "
                                f"{err[-3000:]}")
         held, times = output_check(state, rows)
-        return {"rows": held, "times": times,
-                "insert_s": committed - t0, "land_s": landed - committed, **sampler.peak}
+        return {"rows": held, "times": times, "insert_s": committed - t0,
+                "land_s": landed - committed, **sampler.peak}
     finally:
-        sampler.stop.set()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
