@@ -503,17 +503,12 @@ def _run_shared_job(sc: Any, batch: list[_Shared]) -> None:
     with _in_shared_lock:
         _in_shared.update({r.group: group for r in batch})
     try:
-        sc.setLocalProperty("spark.scheduler.pool", SHARED_POOL)
-        sc.setJobGroup(group, "reclock " + ", ".join(r.ctx.source for r in batch), True)
-        bc = sc.broadcast(tuple(r.ctx for r in batch))
-        try:
-            items = [(i, t) for i, r in enumerate(batch) for t in r.tasks]
-            slices = min(len(items), max(2, 2 * int(sc.defaultParallelism)))
-            out: list[tuple[int, TaskResult]] = sc.parallelize(items, slices).mapPartitions(
-                partial(_run_shared_partition, bc)).collect()
-        finally:
-            with contextlib.suppress(Exception):  # best effort, also on shutdown
-                bc.destroy()
+        items = [(i, t) for i, r in enumerate(batch) for t in r.tasks]
+        out: list[tuple[int, TaskResult]] = _spark_job(
+            sc, SHARED_POOL, group, "reclock " + ", ".join(r.ctx.source for r in batch),
+            tuple(r.ctx for r in batch), items,
+            min(len(items), max(2, 2 * int(sc.defaultParallelism))),
+            lambda bc: partial(_run_shared_partition, bc))
         for i, res in out:
             res.shared = len(batch)
             batch[i].results.append(res)
@@ -547,18 +542,26 @@ def _run_shared_partition(bc: Any, items: Iterable[tuple[int, ReadTask]]
 
 def _run_job(sc: Any, ctx: JobContext, tasks: Sequence[ReadTask], pool: str, group: str,
              progress: TaskProgress | None) -> list[TaskResult]:
-    sc.setLocalProperty("spark.scheduler.pool", pool)
-    sc.setJobGroup(group, f"reclock {ctx.source} {ctx.batch_id}", True)
-    bc = sc.broadcast(ctx)
     acc = None if progress is None else progress.accumulator(sc)
+    results: list[TaskResult] = _spark_job(
+        sc, pool, group, f"reclock {ctx.source} {ctx.batch_id}", ctx, list(tasks), len(tasks),
+        lambda bc: partial(_run_partition, bc, acc))
+    return sorted(results, key=lambda r: r.task)
+
+
+def _spark_job(sc: Any, pool: str, group: str, description: str, shared: Any,
+               items: list[Any], slices: int, run: Callable[[Any], Any]) -> list[Any]:
+    """One Spark job in the FAIR pool ``pool`` under the job group ``group``:
+    ``shared`` broadcast once (destroyed after), ``items`` in ``slices``
+    partitions, each partition run by ``run(broadcast)``; what they yield."""
+    sc.setLocalProperty("spark.scheduler.pool", pool)
+    sc.setJobGroup(group, description, True)
+    bc = sc.broadcast(shared)
     try:
-        rdd = sc.parallelize(list(tasks), len(tasks))
-        results: list[TaskResult] = rdd.mapPartitions(
-            partial(_run_partition, bc, acc)).collect()
+        return list(sc.parallelize(items, slices).mapPartitions(run(bc)).collect())
     finally:
         with contextlib.suppress(Exception):  # best effort, also on shutdown
             bc.destroy()
-    return sorted(results, key=lambda r: r.task)
 
 
 def run_local(ctx: JobContext, tasks: Sequence[ReadTask],
