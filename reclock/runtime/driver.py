@@ -834,10 +834,7 @@ class SourceRunner:
                             keys.take(healed)
                     else:
                         extra = self._replaced(b, out)
-                    if extra.num_rows:
-                        faults.fail_point("stage")
-                        staged += out.sink.stager().stage(
-                            f"{self.clock.now()}-resnap-{uuid.uuid4().hex[:10]}", 0, extra)
+                    staged += self._stage(out, "resnap", extra)
                 if intents and keys is not None:
                     staged += self._settle(out, keys, KeyedIntents.merged(intents))
                 faults.fail_point("commit")
@@ -878,23 +875,25 @@ class SourceRunner:
         open transaction (staged in pieces of up to ``max_bytes_per_task``)."""
         staged: list[dict[str, Any]] = []
         held: list[pa.Table] = []
-
-        def stage() -> None:
-            table = pa.concat_tables(held)
-            held.clear()
-            if table.num_rows:
-                faults.fail_point("stage")
-                staged.extend(out.sink.stager().stage(
-                    f"{self.clock.now()}-upsert-{uuid.uuid4().hex[:10]}", 0, table))
-
-        schema = output_schema(out.user_schema)
-        for updates in keys.settle(intents, schema, self.settings.settle_bytes):
+        for updates in keys.settle(intents, output_schema(out.user_schema),
+                                   self.settings.settle_bytes):
             held.append(updates)
             if sum(t.nbytes for t in held) >= self.settings.max_bytes_per_task:
-                stage()
+                staged += self._stage(out, "upsert", pa.concat_tables(held))
+                held = []
         if held:
-            stage()
+            staged += self._stage(out, "upsert", pa.concat_tables(held))
         return staged
+
+    def _stage(self, out: OutputRuntime, what: str, table: pa.Table) -> list[dict[str, Any]]:
+        """Stage rows the driver made for ``out`` (``what``: upsert updates, a
+        re-snapshot's correction), at the ``stage`` failure point; nothing for
+        no rows."""
+        if not table.num_rows:
+            return []
+        faults.fail_point("stage")
+        return out.sink.stager().stage(f"{self.clock.now()}-{what}-{uuid.uuid4().hex[:10]}",
+                                       0, table)
 
     def _upstream_gone(self) -> None:
         """Outputs whose upstream the source says is gone for good stall with
