@@ -321,10 +321,6 @@ class UpsertState:
             yield from self._updates(intents.read(buckets, schema), schema,
                                      _WriteThrough(self.store, buckets))
 
-    def stage(self, pending: Pending) -> None:
-        """Write ``pending`` into the store's open transaction (not yet the state)."""
-        self.store.write(pending.changes, pending.buckets if pending.cleared else frozenset())
-
     def commit(self, marker: str | None) -> None:
         """Every staged change becomes the state (their updates were committed)."""
         self.store.commit(marker)
@@ -340,7 +336,7 @@ class UpsertState:
 
     def accept(self, pending: Pending) -> None:
         """Take the changes of an :meth:`apply` whose updates were committed."""
-        self.stage(pending)
+        self.store.write(pending.changes, pending.buckets if pending.cleared else frozenset())
         self.commit(self.store.marker)
 
 
