@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -77,15 +77,48 @@ def store_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("pg_url"))
 
 
+def _kafka_broker() -> Any:
+    from tests.kafkabroker import KafkaCluster
+
+    return KafkaCluster(nodes=1).start()
+
+
+def _pg_cluster() -> Any:
+    from tests.pgcluster import PgCluster
+
+    return PgCluster().start()
+
+
+def _mariadb_server() -> Any:
+    from tests.mariadb import MariaDB
+
+    return MariaDB().start()
+
+
+def _spark_cds() -> None:
+    from tests import spark_cds
+
+    spark_cds.use()
+
+
+#: What each session fixture's peer is made by, and the method that stops it
+#: (None: nothing to stop).
+_PEERS: dict[str, tuple[Callable[[], Any], str | None]] = {
+    "kafka": (_kafka_broker, "close"),
+    "pg_logical": (_pg_cluster, "stop"),
+    "mariadb": (_mariadb_server, "stop"),
+    "spark_cds": (_spark_cds, None),  # every Spark driver maps the archive
+}
+
 #: Peers started in the background while the unit tests run (see
 #: :func:`pytest_collection_finish`): fixture name -> the future of the peer.
 _WARMING: dict[str, Future[Any]] = {}
 
 
-def _warm(name: str, start: Any) -> Any:
+def _warm(name: str) -> Any:
     """The peer ``name``, started in the background if it was, else now."""
     fut = _WARMING.pop(name, None)
-    return start() if fut is None else fut.result()
+    return _PEERS[name][0]() if fut is None else fut.result()
 
 
 @pytest.fixture(scope="session")
@@ -93,7 +126,7 @@ def spark() -> Iterator[object]:
     """One Spark session for the whole test run (local[2])."""
     from reclock.runtime.spark import spark_session
 
-    _warm("spark_cds", lambda: None)  # every Spark driver maps the archive
+    _warm("spark_cds")
 
     session = spark_session("local[2]", "reclock-tests", {"spark.sql.shuffle.partitions": "2"})
     yield session
@@ -113,9 +146,7 @@ def s3() -> Iterator[object]:
 @pytest.fixture(scope="session")
 def kafka() -> Iterator[object]:
     """A real single-node Apache Kafka broker (KRaft) for the whole run."""
-    from tests.kafkabroker import KafkaCluster
-
-    cluster = _warm("kafka", lambda: KafkaCluster(nodes=1).start())
+    cluster = _warm("kafka")
     yield cluster
     cluster.close()
 
@@ -162,9 +193,7 @@ def cdc_url(pg_logical: Any) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def pg_logical() -> Iterator[object]:
     """A private PostgreSQL cluster with wal_level=logical (see tests/pgcluster.py)."""
-    from tests.pgcluster import PgCluster
-
-    cluster = _warm("pg_logical", lambda: PgCluster().start())
+    cluster = _warm("pg_logical")
     yield cluster
     cluster.stop()
 
@@ -173,9 +202,7 @@ def pg_logical() -> Iterator[object]:
 def mariadb() -> Iterator[object]:
     """A private MariaDB server with a ROW-format binary log, for the whole
     run (see tests/mariadb.py)."""
-    from tests.mariadb import MariaDB
-
-    server = _warm("mariadb", lambda: MariaDB().start())
+    server = _warm("mariadb")
     yield server
     server.stop()
 
@@ -214,23 +241,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     integration = [i for i in session.items if i.get_closest_marker("integration")]
     if not integration:
         return
-    from tests import spark_cds
-
     used = set().union(*(set(getattr(i, "fixturenames", ())) for i in integration))
+    if "pg_admin_url" in used and not ADMIN_URL:
+        used.add("pg_logical")
+    used.add("spark_cds")
     pool = ThreadPoolExecutor(4, thread_name_prefix="warm")
-    _WARMING["spark_cds"] = pool.submit(spark_cds.use)
-    if "kafka" in used:
-        from tests.kafkabroker import KafkaCluster
-
-        _WARMING["kafka"] = pool.submit(lambda: KafkaCluster(nodes=1).start())
-    if "pg_logical" in used or ("pg_admin_url" in used and not ADMIN_URL):
-        from tests.pgcluster import PgCluster
-
-        _WARMING["pg_logical"] = pool.submit(lambda: PgCluster().start())
-    if "mariadb" in used:
-        from tests.mariadb import MariaDB
-
-        _WARMING["mariadb"] = pool.submit(lambda: MariaDB().start())
+    for name in _PEERS.keys() & used:
+        _WARMING[name] = pool.submit(_PEERS[name][0])
     pool.shutdown(wait=False)
 
 
@@ -241,10 +258,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             peer = fut.result()
         except Exception:  # it did not start: nothing to stop (no test asked for it)
             continue
-        for stop in ("close", "stop"):
-            if name != "spark_cds" and hasattr(peer, stop):
-                getattr(peer, stop)()
-                break
+        stop = _PEERS[name][1]
+        if stop is not None:
+            getattr(peer, stop)()
     _WARMING.clear()
 
 
