@@ -363,10 +363,6 @@ class KeyedIntents:
     #: the last intent in position order: (part, offset, seq, diff, bucket)
     tail: tuple[int, int, int, int, int] | None = None
 
-    @property
-    def rows_nbytes(self) -> int:
-        return sum(self.nbytes.values())
-
     @staticmethod
     def merged(each: Iterable[KeyedIntents]) -> KeyedIntents:
         out = KeyedIntents()
