@@ -90,8 +90,11 @@ class RemapStore(Protocol):
         nor checked): ``(kind, since, upper or None, [(time, encoded)])``."""
         ...
 
-    def read_from(self, shard: str, lower: int) -> tuple[list[Binding[Any]], Antichain[IntoTime]]:
-        """Bindings at times ``>= lower`` and the current upper (incremental sync)."""
+    def read_from(
+        self, shard: str, lower: int
+    ) -> tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]:
+        """Bindings at times ``>= lower``, the current upper and the current
+        since (incremental sync; a since that moved means compacted history)."""
         ...
 
     def compare_and_append(

@@ -48,20 +48,26 @@ class Chain:
     as its list (keyed only when a change row follows), and changes apply in
     place: reading a shard of whole rows costs what it did before changes."""
 
-    def __init__(self) -> None:
+    def __init__(self, state: State | None = None, since_whole: int = 0) -> None:
+        """``state``: the frontier of the row before the first applied (a
+        copy is kept), ``since_whole`` rows after the last whole one."""
         self._whole: list[Any] | None = None
-        self._keyed: State | None = None
+        self._keyed: State | None = None if state is None else dict(state)
+        #: Rows applied since the last whole one (0: the last was whole).
+        self.since_whole = since_whole
 
     def apply(self, text: str) -> None:
         value = json.loads(text)
         if isinstance(value, list):
             self._whole, self._keyed = value, None
+            self.since_whole = 0
             return
         if not isinstance(value, dict) or (self._whole is None and self._keyed is None):
             raise ValueError(f"a change row with no whole frontier before it: {text[:80]!r}")
         if self._keyed is None:
             self._keyed = state_of(self._whole or [])
         self._whole = None
+        self.since_whole += 1
         for e in value.get("-", ()):
             self._keyed.pop(_key(e), None)
         for e in value.get("+", ()):

@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -125,12 +126,54 @@ def _upper_ac(value: int | None) -> Antichain[IntoTime]:
     return Antichain.empty() if value is None else Antichain.from_elem(IntoTime(value))
 
 
+#: No binding time reaches this: "below" for a closed shard.
+_NO_UPPER = 2**63 - 1
+
+# The statements of a tick, built once: building one costs SQLAlchemy more
+# than running it on SQLite (100 sources minting every second).
+_SHARD = sa.select(shards_table.c.kind, shards_table.c.since, shards_table.c.upper).where(
+    shards_table.c.shard == sa.bindparam("s"))
+_ROWS = (
+    sa.select(bindings_table.c.into_time, bindings_table.c.frontier)
+    .where(bindings_table.c.shard == sa.bindparam("s"),
+           bindings_table.c.into_time >= sa.bindparam("lo"),
+           bindings_table.c.into_time < sa.bindparam("below"))
+    .order_by(bindings_table.c.into_time)
+)
+_FENCE = (
+    sa.update(shards_table)
+    .where(shards_table.c.shard == sa.bindparam("s"),
+           shards_table.c.upper == sa.bindparam("expected"))
+    .values(upper=sa.bindparam("new"), updated_at=sa.bindparam("now"))
+    .returning(shards_table.c.kind, shards_table.c.since)
+)
+
+
+@dataclass(frozen=True)
+class _Tail:
+    """A shard's rows below ``upper`` as this store last read or wrote them:
+    the last binding, the frontier keyed and the rows since the last whole
+    one. Rows below an upper are final (compaction keeps every frontier from
+    ``since`` on, and ``since`` stays below the upper), so the next read or
+    append from exactly ``upper`` starts here instead of at the last whole
+    row; any other start goes back to the rows."""
+
+    kind: str
+    upper: int
+    last: Binding[Any] | None
+    state: delta.State | None
+    since_whole: int
+
+
 class SqlRemapStore:
     """:class:`~remap_store.base.RemapStore` on SQLite or PostgreSQL."""
 
     def __init__(self, url: str, *, poll_interval: float = 0.05, echo: bool = False) -> None:
         self.url = normalize_url(url)
         self._poll = poll_interval
+        #: shard -> where its rows ended, as last read or written here, and
+        #: before that (an appender reads back from where its append began)
+        self._tails: dict[str, tuple[_Tail, ...]] = {}
         parsed = sa.engine.make_url(self.url)
         self.dialect = parsed.get_backend_name()
         if self.dialect == "sqlite":
@@ -432,13 +475,39 @@ class SqlRemapStore:
         return (str(row.kind), int(row.since), None if row.upper is None else int(row.upper),
                 [(t, canonical(enc)) for t, enc in delta.decode(rows)])
 
-    def read_from(self, shard: str, lower: int) -> tuple[list[Binding[Any]], Antichain[IntoTime]]:
+    def read_from(
+        self, shard: str, lower: int
+    ) -> tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]:
         with self._tx(readonly=True) as conn:
-            row = self._shard_row(conn, shard)
-            return (
-                self._bindings(conn, shard, row.kind, lower, below=row.upper),
-                _upper_ac(row.upper),
-            )
+            row = conn.execute(_SHARD, {"s": shard}).first()
+            if row is None:
+                self._shard_row(conn, shard)  # raises
+            assert row is not None
+            below = _NO_UPPER if row.upper is None else int(row.upper)
+            tail = self._tail_at(shard, lower, str(row.kind))
+            if tail is not None:
+                chain = delta.Chain(tail.state, tail.since_whole)
+                start = lower
+            else:
+                tail, chain = None, delta.Chain()
+                start = self._whole_at_or_before(conn, shard, lower) if lower > 0 else 0
+            rows = [(int(t), str(f)) for t, f in
+                    conn.execute(_ROWS, {"s": shard, "lo": start, "below": below})]
+        kind = str(row.kind)
+        last = None if tail is None else tail.last
+        new: list[Binding[Any]] = []
+        for n, (t, text) in enumerate(rows):
+            chain.apply(text)
+            if t >= lower or n == len(rows) - 1:
+                last = Binding(IntoTime(t), Antichain.decode(kind, chain.elements()))
+                if t >= lower:
+                    new.append(last)
+        if row.upper is None:
+            self._tails.pop(shard, None)
+        elif rows or tail is not None:
+            self._keep(shard, _Tail(kind, int(row.upper), last, chain.state(),
+                                    chain.since_whole))
+        return new, _upper_ac(row.upper), IntoTime(row.since)
 
     def compare_and_append(
         self,
@@ -456,34 +525,23 @@ class SqlRemapStore:
                 f"remap shard {shard!r}: the upper must advance, got {expected} -> {new}"
             )
         with self._tx() as conn:
-            res = conn.execute(
-                sa.update(shards_table)
-                .where(
-                    shards_table.c.shard == shard,
-                    shards_table.c.upper.is_not_distinct_from(expected),
-                )
-                .values(upper=new, updated_at=int(time.time() * 1000))
-            )
-            if res.rowcount != 1:
-                row = self._shard_row(conn, shard)
-                raise UpperMismatch(shard, expected_upper, _upper_ac(row.upper))
-            row = self._shard_row(conn, shard)
-            # the last binding, rebuilt from the last whole row
-            rows = self._rows(conn, shard, self._whole_at_or_before(conn, shard, None))
-            chain = delta.Chain()
-            for _t, text in rows:
-                chain.apply(text)
-            state = chain.state()
-            tail = ([Binding(IntoTime(rows[-1][0]), Antichain.decode(row.kind, chain.elements()))]
-                    if rows else [])
-            since = min([row.since, *(int(b.time) for b in tail)])
+            row = conn.execute(_FENCE, {"s": shard, "expected": expected, "new": new,
+                                        "now": int(time.time() * 1000)}).first()
+            if row is None:
+                self._tails.pop(shard, None)
+                raise UpperMismatch(shard, expected_upper,
+                                    _upper_ac(self._shard_row(conn, shard).upper))
+            tail = (self._tail_at(shard, expected, str(row.kind))
+                    or self._tail_of(conn, shard, str(row.kind), expected))
+            last = [] if tail.last is None else [tail.last]
+            since = min([row.since, *(int(b.time) for b in last)])
             # Validates kinds, time range, order and monotonicity; raising
             # here rolls the upper move back too.
             check_appendable(
-                Bindings(row.kind, tail, since=since, upper=expected_upper), bindings, new_upper
+                Bindings(row.kind, last, since=since, upper=expected_upper), bindings, new_upper
             )
+            w = delta.Writer(tail.state, tail.since_whole)
             if bindings:
-                w = delta.Writer(state, max(0, len(rows) - 1))
                 conn.execute(
                     sa.insert(bindings_table),
                     [
@@ -495,6 +553,34 @@ class SqlRemapStore:
                         for b in bindings
                     ],
                 )
+        if new is None:
+            self._tails.pop(shard, None)
+        else:  # committed: the next append and the read back start here
+            self._keep(shard, _Tail(str(row.kind), new, bindings[-1] if bindings else tail.last,
+                                    w.state, w.since_whole), tail)
+
+    def _tail_at(self, shard: str, upper: int, kind: str) -> _Tail | None:
+        for tail in self._tails.get(shard, ()):
+            if tail.upper == upper and tail.kind == kind:
+                return tail
+        return None
+
+    def _keep(self, shard: str, tail: _Tail, before: _Tail | None = None) -> None:
+        """``tail`` the shard's latest; ``before`` (else the latest so far) kept too."""
+        if before is None:
+            before = next(iter(self._tails.get(shard, ())), None)
+        self._tails[shard] = (tail,) if before is None or before.upper >= tail.upper else (
+            tail, before)
+
+    def _tail_of(self, conn: Connection, shard: str, kind: str, upper: int) -> _Tail:
+        """The shard's rows below ``upper`` summed up, from its last whole row."""
+        rows = self._rows(conn, shard, self._whole_at_or_before(conn, shard, None), below=upper)
+        chain = delta.Chain()
+        for _t, text in rows:
+            chain.apply(text)
+        last = (Binding(IntoTime(rows[-1][0]), Antichain.decode(kind, chain.elements()))
+                if rows else None)
+        return _Tail(kind, upper, last, chain.state(), chain.since_whole)
 
     def listen(
         self, shard: str, upper: Antichain[IntoTime], timeout: float
@@ -505,7 +591,7 @@ class SqlRemapStore:
         while True:
             if lower is None:
                 return [], upper
-            new, current = self.read_from(shard, lower)
+            new, current, _since = self.read_from(shard, lower)
             if current != upper:
                 return new, current
             remaining = deadline - time.monotonic()
@@ -515,6 +601,7 @@ class SqlRemapStore:
             delay = min(delay * 2, 1.0)
 
     def compact(self, shard: str, new_since: int) -> None:
+        self._tails.pop(shard, None)
         with self._tx() as conn:
             row = self._shard_row(conn, shard)
             if new_since <= row.since:
@@ -578,6 +665,7 @@ class SqlRemapStore:
         return known
 
     def drop_shard(self, shard: str) -> None:
+        self._tails.pop(shard, None)
         with self._tx() as conn:
             conn.execute(sa.delete(bindings_table).where(bindings_table.c.shard == shard))
             conn.execute(sa.delete(coordinates_table).where(coordinates_table.c.shard == shard))

@@ -83,9 +83,8 @@ class RemapOperator(Generic[T]):
         u = cur.upper.as_option()
         if u is None:
             return cur
-        new, upper = self.store.read_from(self.shard, int(u))
+        new, upper, since = self.store.read_from(self.shard, int(u))
         if upper != cur.upper or new:
-            since = self.store.since(self.shard)
             if int(since) > int(cur.since):
                 self._bindings = self.store.read(self.shard)
             else:

@@ -436,7 +436,7 @@ def test_bindings_are_stored_as_changes_and_read_back_whole(store: Any) -> None:
     got = store.read("d")
     assert got.bindings == tuple(bs)
     for lower in (0, 1000, 5500, 64_000, 65_000, 150_500, 299_000, 300_000):
-        new, _ = store.read_from("d", lower)
+        new, _, _ = store.read_from("d", lower)
         assert new == [b for b in bs if int(b.time) >= lower], lower
     assert store.read("d", as_of=100_000).bindings == tuple(bs[:100])
     # compaction rewrites the head whole; later frontiers read as before
@@ -483,3 +483,68 @@ def test_a_store_of_whole_bindings_is_migrated_once(store_url: str) -> None:
         again.close()
     finally:
         migrated.close()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_stores_that_remember_where_rows_end_agree_with_a_model(store_url: str,
+                                                                seed: int) -> None:
+    """Two store objects on one shard (a driver and a zombie, say), each
+    remembering where the rows it last read or wrote end: appends through
+    either (some with a stale upper), compactions through either, and reads
+    from any lower through either all agree with a plain list of the
+    bindings appended."""
+    import random
+
+    rng = random.Random(seed)
+    stores = [open_store(store_url), open_store(store_url)]
+    shard = f"tails{seed}"
+    stores[0].create_shard(shard, "kafka")
+    bs = _moving(260, 32, seed)
+    model: list[Binding[Partitioned]] = []  # what the store must hold
+    upper, since, nxt = 0, 0, 0
+    seen = [0, 0]  # the upper each store object last saw
+    try:
+        for _ in range(400):
+            i = rng.randrange(2)
+            s = stores[i]
+            op = rng.random()
+            if op < 0.45 and nxt < len(bs):
+                take = bs[nxt:nxt + rng.choice([1, 1, 1, 3])]
+                expected = seen[i] if rng.random() < 0.3 else upper  # stale or not
+                new = int(take[-1].time) + 1
+                try:
+                    s.compare_and_append(shard, take, up(expected), up(new))
+                except UpperMismatch as exc:
+                    assert expected != upper and exc.actual == up(upper)
+                    seen[i] = upper
+                    continue
+                assert expected == upper
+                model += take
+                nxt += len(take)
+                upper = seen[i] = new
+            elif op < 0.5 and nxt < len(bs):  # the upper alone moves
+                expected, new = upper, upper + rng.randint(1, 400)
+                if model and new > int(bs[nxt].time):
+                    continue
+                s.compare_and_append(shard, [], up(expected), up(new))
+                upper = seen[i] = new
+            elif op < 0.55 and model and upper > 1:
+                target = rng.randint(since, upper - 1)
+                s.compact(shard, target)
+                since = max(since, target)
+            else:
+                lower = rng.choice([seen[i], upper, rng.randint(0, upper)])
+                if lower < since:
+                    lower = upper
+                new_bs, got_upper, got_since = s.read_from(shard, lower)
+                assert got_upper == up(upper) and int(got_since) == since
+                want = [b for b in model if int(b.time) >= lower]
+                assert new_bs == want, (lower, since)
+                seen[i] = upper
+        for s in stores:  # whole reads agree with the model from since on
+            got = s.read(shard)
+            for t in range(since, upper, 997):
+                assert got.frontier_at(t) == Bindings("kafka", model, upper=upper).frontier_at(t)
+    finally:
+        for s in stores:
+            s.close()
