@@ -33,6 +33,7 @@ under 1 GiB. Run: ``python bench/keyed_txn_bench.py`` (10 million rows, about
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -46,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
 from big_records_bench import Sampler
-from pipeline_bench import table
+from pipeline_bench import checkout, table
 
 from tests.pgcluster import PgCluster
 from tests.running import close_driver, stop_driver, wait_running
@@ -164,27 +165,20 @@ def main() -> int:
     if args.quick:
         args.rows = 1_000_000
     settles = {"now": "32MiB", "one-round": "512GiB", "before": "32MiB"}
-    repo = Path(__file__).resolve().parents[1]
     cluster = PgCluster().start()
     results = []
     try:
         with tempfile.TemporaryDirectory(prefix="reclock-keyed-") as d:
             for v in args.variants.split(","):
-                code = None
-                if v == "before":
-                    code = Path(d) / "before"
-                    subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach",
-                                    str(code), args.before], check=True, capture_output=True)
-                try:
-                    r = measure(cluster.url, args.rows, v, settles[v], Path(d), args.timeout,
-                                code)
-                    results.append((v, r, None))
-                except Exception as exc:  # a variant that fails (out of memory) is a row too
-                    results.append((v, None, str(exc)[-300:]))
-                finally:
-                    if code is not None:
-                        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force",
-                                        str(code)], check=False, capture_output=True)
+                with contextlib.ExitStack() as stack:
+                    code = (stack.enter_context(checkout(args.before, Path(d) / "before"))
+                            if v == "before" else None)
+                    try:
+                        r = measure(cluster.url, args.rows, v, settles[v], Path(d),
+                                    args.timeout, code)
+                        results.append((v, r, None))
+                    except Exception as exc:  # a variant that fails (out of memory) is a row
+                        results.append((v, None, str(exc)[-300:]))
     finally:
         cluster.stop()
     rows = []

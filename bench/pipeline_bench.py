@@ -69,6 +69,22 @@ def log(msg: str) -> None:
 
 
 # -- reporting -------------------------------------------------------------------------
+@contextlib.contextmanager
+def checkout(rev: str, into: Path) -> Iterator[Path]:
+    """This repository's code at ``rev``, checked out with ``git worktree``
+    at ``into`` (for a "before" variant: put it first on ``PYTHONPATH``)."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(into), rev],
+                   check=True, capture_output=True)
+    try:
+        yield into
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(into)],
+                       check=False, capture_output=True)
+
+
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]],
           left: Sequence[int] = (0,)) -> str:
     """A plain-text table under ``title`` (none when empty); columns not in
