@@ -323,12 +323,17 @@ def main() -> int:
     ap.add_argument("--probe-release", action="store_true",
                     help="after each sample, release what the allocators hold free "
                          "(Arrow's pool, malloc_trim) and show the RSS after (rel)")
+    ap.add_argument("--arrow-pool", choices=["mimalloc", "jemalloc", "system"],
+                    help="Arrow's default memory pool (ARROW_DEFAULT_MEMORY_POOL; default: "
+                         "Arrow's own choice, mimalloc on Linux wheels)")
     ap.add_argument("--state", type=Path, help="state directory (default: a temporary one)")
     ap.add_argument("--json", type=Path, help="also write every sample here (JSON lines)")
     args = ap.parse_args()
 
     if args.jemalloc_conf is not None:
         os.environ["_RJEM_MALLOC_CONF"] = args.jemalloc_conf
+    if args.arrow_pool is not None:  # read when pyarrow is first imported
+        os.environ["ARROW_DEFAULT_MEMORY_POOL"] = args.arrow_pool
     if args.tracemalloc:
         import tracemalloc
 

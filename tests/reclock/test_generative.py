@@ -44,6 +44,6 @@ def test_generated_sequences_with_faults_match_the_model(
 def test_generated_sequences_through_killed_drivers_match_the_model(
     tmp_path: Path, kafka: Any, cdc_url: str
 ) -> None:
-    out = run_killed(tmp_path, kafka, cdc_url, SEED + 1, 70, restarts=5)
+    out = run_killed(tmp_path, kafka, cdc_url, SEED + 1, 70, restarts=4)
     _report(f"generative, killed drivers (seed {SEED + 1})", out)
     assert out.faults["sigkill"] + out.faults["crash-point exit"] >= 2, out.faults

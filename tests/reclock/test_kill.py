@@ -142,8 +142,9 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # Every named crash point (passed many times a run, it fires at 25% each
     # time), plus plain random SIGKILLs. (Each start costs a Spark JVM: the
-    # test command's 20 minutes allow about this many.)
-    plan: list[str | None] = list(faults.POINTS) + [None] * 4
+    # test command's 20 minutes allow about this many; the generative and
+    # Postgres kill tests add more random ones.)
+    plan: list[str | None] = list(faults.POINTS) + [None] * 2
     rng.shuffle(plan)
     kills = 0
     crash_exits = 0
@@ -175,7 +176,7 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
         held = _held_offsets(state)
         assert all(o <= held.get(p, 0) for p, o in committed.items()), (committed, held)
         ack_checks += bool(committed)
-    assert kills + crash_exits >= 7, (kills, crash_exits)
+    assert kills + crash_exits >= 5, (kills, crash_exits)
     produced = producing.stop()
     assert second is not None
     produced_b = second.stop()

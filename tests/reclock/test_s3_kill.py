@@ -75,7 +75,7 @@ def test_kills_during_s3_commits_lose_nothing_and_double_nothing(
     state = tmp_path / "state"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **s3.env(trap.endpoint)}
     rng = random.Random(20261124)
-    plan: list[str | None] = ["kill_before", "kill_after", "kill_after", "drop_answer",
+    plan: list[str | None] = ["kill_before", "kill_after", "drop_answer",
                               "after_sink_commit", None]
     rng.shuffle(plan)
     fired: dict[str, int] = {}
@@ -107,7 +107,7 @@ def test_kills_during_s3_commits_lose_nothing_and_double_nothing(
         # Every trap mode fired as planned, and the kills landed.
         assert trap.sprung.count("kill_before") >= 1 and trap.sprung.count("kill_after") >= 1
         assert "drop_answer" in trap.sprung
-        assert sum(fired.values()) >= 4, fired
+        assert sum(fired.values()) >= 3, fired
         # Then without faults, to the end.
         proc = start_driver(path, env)
         try:

@@ -113,13 +113,13 @@ def test_sigkill_postgres_to_postgres(tmp_path: Path, cdc_url: str) -> None:
     rng = random.Random(511)
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     writer = Writer(cdc_url, seed=3, accounts=3000, pause=0.004)
-    plan: list[str | None] = [None] * 5 + list(faults.POINTS) + [None]
+    plan: list[str | None] = [None] * 3 + list(faults.POINTS) + [None]
     kills = during_snapshot = crash_exits = equal_checks = ack_checks = 0
     for i, point in enumerate(plan):
         proc = start_driver(path, crash_env(base_env, point, 0.3, i))
         try:
             up = wait_running(state, proc)
-            if i % 4 == 3 and up and point is None:
+            if i == len(plan) - 1 and up:
                 # pause the writer: the restarted pipeline catches up to a
                 # replica equal to the source, then dies anyway
                 txns = writer.stop()
@@ -145,9 +145,10 @@ def test_sigkill_postgres_to_postgres(tmp_path: Path, cdc_url: str) -> None:
         if slot is not None and len(held) == 2 and all(held.values()):
             assert slot[0] <= min(v or 0 for v in held.values()), (slot, held)
             ack_checks += 1
-    assert kills + crash_exits >= 9, (kills, crash_exits)
+    assert kills + crash_exits >= 7, (kills, crash_exits)
     assert during_snapshot >= 2, during_snapshot
-    assert ack_checks >= 5, ack_checks
+    assert equal_checks == 1, equal_checks
+    assert ack_checks >= 4, ack_checks
     txns = writer.stop()
     # a clean run catches up; the replica equals the source
     proc = start_driver(path, base_env)
