@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -171,6 +172,8 @@ class SqlRemapStore:
     def __init__(self, url: str, *, poll_interval: float = 0.05, echo: bool = False) -> None:
         self.url = normalize_url(url)
         self._poll = poll_interval
+        #: SQLite: this process's writers, one at a time (see :meth:`_tx`)
+        self._writer: threading.Lock | None = None
         #: shard -> where its rows ended, as last read or written here, and
         #: before that (an appender reads back from where its append began)
         self._tails: dict[str, tuple[_Tail, ...]] = {}
@@ -188,6 +191,7 @@ class SqlRemapStore:
                 connect_args={"timeout": 30, "check_same_thread": False}
             )
             _sqlite_immediate_transactions(self.engine)
+            self._writer = threading.Lock()
         elif self.dialect == "postgresql":
             self.engine = sa.create_engine(
                 self.url,
@@ -259,7 +263,21 @@ class SqlRemapStore:
     @contextmanager
     def _tx(self, readonly: bool = False) -> Iterator[Connection]:
         """A transaction. Read-only ones see one consistent snapshot: REPEATABLE
-        READ in PostgreSQL, a deferred transaction in SQLite (WAL snapshot)."""
+        READ in PostgreSQL, a deferred transaction in SQLite (WAL snapshot).
+
+        SQLite has one writer at a time, and a writer that finds the file
+        locked polls for it with growing sleeps (the busy handler), so among
+        a hundred sources' threads some lose for seconds while newcomers win.
+        This process's writers queue on a lock instead, and meet the busy
+        handler only against another process (a zombie driver, a CLI)."""
+        with contextlib.ExitStack() as stack:
+            if not readonly and self._writer is not None:
+                stack.enter_context(self._writer)
+            with self._transaction(readonly) as conn:
+                yield conn
+
+    @contextmanager
+    def _transaction(self, readonly: bool) -> Iterator[Connection]:
         try:
             with self.engine.connect() as conn:
                 if readonly:
