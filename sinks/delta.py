@@ -734,10 +734,15 @@ class DeltaSink:
         ``checkpoint``: after a compaction, so that readers need not replay
         its long log entry), log cleanup now and then."""
         try:
+            # ``dt`` is the snapshot the commit started from: the commit is
+            # at least one version later (reading the log to know exactly
+            # cost a sixth of a commit; a commit delta-rs rebased past others
+            # only checkpoints a little later)
+            if not checkpoint and (dt.version() + 1 - self._last_checkpoint()
+                                   < CHECKPOINT_INTERVAL):
+                return
             dt.update_incremental()
             version = dt.version()
-            if not checkpoint and version - self._last_checkpoint() < CHECKPOINT_INTERVAL:
-                return
             dt.create_checkpoint()
             if (version // CHECKPOINT_INTERVAL) % CLEANUP_EVERY_CHECKPOINTS == 0:
                 # Removes only log files older than delta.logRetentionDuration
