@@ -95,6 +95,16 @@ class Env:
         self.spark = spark_session("local[2]", "reclock-scale-targets",
                                    {"spark.sql.shuffle.partitions": "2"})
         self._kafka: Any = None
+        self._pg: Any = None
+
+    @property
+    def pg(self) -> Any:
+        if self._pg is None:
+            from tests.pgcluster import PgCluster
+
+            log("starting a PostgreSQL cluster ...")
+            self._pg = PgCluster(wal_level="replica").start()
+        return self._pg
 
     @property
     def kafka(self) -> Any:
@@ -113,6 +123,8 @@ class Env:
     def close(self) -> None:
         if self._kafka is not None:
             self._kafka.close()
+        if self._pg is not None:
+            self._pg.stop()
         self.spark.stop()
 
 
@@ -140,6 +152,45 @@ def lags(runners: list[Any], seconds: float, every: float = 0.5) -> list[float]:
     return out
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of this process (the driver's Python), of its
+    child JVM and of Spark's Python workers (from /proc; processes that
+    exited are not counted)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"python": 0.0, "jvm": 0.0, "workers": 0.0}
+    for t in Path(f"/proc/{os.getpid()}/task").iterdir():  # this process by thread name
+        try:
+            comm = (t / "comm").read_text().strip()
+            st = (t / "stat").read_text()
+        except OSError:
+            continue
+        f = st[st.rindex(")") + 2:].split()
+        name = "py:" + ("tokio" if "tokio" in comm else comm.rstrip("0123456789-_") or "?")
+        out[name] = out.get(name, 0.0) + (int(f[11]) + int(f[12])) / tick
+    me = str(os.getpid())
+    procs: dict[str, tuple[str, str, float]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        procs[d.name] = (fields[1], cmd, (int(fields[11]) + int(fields[12])) / tick)
+    for pid, (_ppid, cmd, cpu) in procs.items():
+        if pid == me:
+            out["python"] += cpu
+        elif cmd.split(" ", 1)[0].endswith("java") and "SparkSubmit" in cmd:
+            out["jvm"] += cpu
+        elif cmd.startswith("postgres"):  # a private cluster's server processes
+            out["postgres"] = out.get("postgres", 0.0) + cpu
+        elif "pyspark.daemon" in cmd:  # (the machine's: the benchmark runs alone)
+            out["workers"] += cpu
+    return out
+
+
 @contextmanager
 def profiled(on: bool, what: str, top: int = 30) -> Iterator[None]:
     """With ``--profile``: every thread's CPU time in the block (yappi, from
@@ -156,7 +207,7 @@ def profiled(on: bool, what: str, top: int = 30) -> Iterator[None]:
     finally:
         yappi.stop()
         stats = yappi.get_func_stats()
-        stats.sort("ttot")
+        stats.sort(os.environ.get("RECLOCK_PROFILE_SORT", "ttot"))  # tsub: own time
         log(f"profile of {what} (CPU seconds, all threads; tsub = own time):")
         for f in list(stats)[:top]:
             print(f"  {f.ttot:8.2f} {f.tsub:8.2f} {f.ncall:9d}  {f.module.split('/')[-1]}:"
@@ -406,20 +457,36 @@ def many_sources(env: Env, n: int, interval: str, goal_ms: float) -> list[Row]:
     """The lag p99 of ``n`` counters, with small jobs sharing Spark jobs (the
     default) and, side by side, each source's job its own (the goal is on
     the first)."""
+    from reclock.config.base import _parse_duration
+
     rows: list[Row] = []
     for shared in (True, False):
         d = env.dir(f"sources-{n}")
         text = pipeline_yaml(d / "state", [counter_source(f"c{i}", 20.0) for i in range(n)],
                              interval=interval)
+        if env.args.sink == "postgres":  # each source's output a table of its own
+            parts = text.split("        sink: file")
+            text = parts[0] + "".join(
+                f'        sink: {{type: postgres, dsn: "{env.pg.url}", table: c{i}_{d.name[-6:]}}}'
+                + part for i, part in enumerate(parts[1:]))
         if not shared:
             text = text.replace("spark:\n", "spark:\n  shared_jobs_max_records: 0\n", 1)
         window = 30.0 if env.args.quick else 90.0
         with running(env, text, d) as runners:
             time.sleep(30.0)  # every source open and past its first commits
+            ticks, cpu, t0 = sum(r.ticks for r in runners), cpu_seconds(), time.monotonic()
             with profiled(env.args.profile and shared, f"{n} sources"):
                 sampled = lags(runners, window)
+            took = time.monotonic() - t0
+            used = {k: (v - cpu[k]) / took for k, v in cpu_seconds().items()}
+            log(f"{n} sources ({'shared' if shared else 'a job each'}): "
+                f"{(sum(r.ticks for r in runners) - ticks) / took:.1f} ticks/s (due: "
+                f"{n * 1000 / _parse_duration(interval):.0f}/s); CPU cores used: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in used.items()))
         lag = p99(sampled)
         how = "shared jobs" if shared else "a job each (shared_jobs_max_records: 0)"
+        if env.args.sink != "file":
+            how += f", {env.args.sink} sinks"
         rows.append((f"{n:,} sources at {interval}: lag p99, {how}",
                      f"{lag / 1000:.1f} s ({len(sampled):,} samples)",
                      f"<= {goal_ms / 1000:.0f} s" if shared else "(for comparison)",
@@ -533,6 +600,9 @@ def main() -> int:
                     help="print where the 2,048-partition run spends CPU (yappi from PyPI)")
     ap.add_argument("--topic-records", type=int, default=400_000,
                     help="records in the one topic, and in the 500 topics together")
+    ap.add_argument("--sink", choices=["file", "postgres"], default="file",
+                    help="the many-sources targets' sinks (file: a Delta table each; "
+                         "postgres: a table each, in a private cluster)")
     ap.add_argument("--retained-512", type=int, default=86_400,
                     help="bindings seeded for the 512-partition run")
     args = ap.parse_args()
