@@ -512,6 +512,10 @@ class PipelineConfig(_Model):
     """The Spark session settings."""
     progress_log: bool = True
     """Log every frontier change as JSON lines to ``<state_dir>/progress.jsonl``."""
+    max_retry_backoff: DurationMs = Field(default=30_000, ge=500, le=3600 * 1000)
+    """A stalled source retries after 0.5 s, doubling each failure up to this
+    (``30s``): lower it to recover sooner from long outages, raise it to
+    press a struggling upstream less."""
     housekeeping: HousekeepingConfig = Field(default_factory=HousekeepingConfig)
     """Periodic clean-up: ``{vacuum_every: 1m, orphan_grace: 5m}``."""
     http: HttpConfig | None = None

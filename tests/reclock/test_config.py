@@ -181,6 +181,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert cfg.spark.conf == {}
     assert cfg.spark.max_records_per_job == 1_000_000
     assert cfg.spark.max_records_per_task == 200_000
+    assert cfg.max_retry_backoff == 30_000
     src = cfg.sources[0]
     assert src.generator == GeneratorConfig(kind="counter")
     assert (src.generator.rate, src.generator.max_records, src.generator.start) == (1000, None, 0)
@@ -191,6 +192,19 @@ def test_defaults(tmp_path: Path) -> None:
     assert out.key_format is None
     assert out.envelope == NoneEnvelope()
     assert out.sink == FileSinkConfig(path=tmp_path / "state" / "outputs" / "counter" / "main")
+
+
+def test_max_retry_backoff_reaches_the_runners(tmp_path: Path) -> None:
+    from reclock.pipeline import Pipeline
+
+    cfg = load_config(write(tmp_path, "max_retry_backoff: 2s\n" + MINIMAL), env={})
+    pipe = Pipeline(cfg)
+    try:
+        assert pipe.settings(cfg.sources[0]).max_backoff_s == 2.0
+    finally:
+        pipe.close()
+    with pytest.raises(ConfigError, match="max_retry_backoff"):
+        load_config(write(tmp_path, "max_retry_backoff: 10ms\n" + MINIMAL), env={})
 
 
 def test_quickstart_example_loads() -> None:
@@ -324,8 +338,8 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     path = write(tmp_path, "state_dri: x\n" + MINIMAL)
     assert errors_of(path) == [
         f"{at(path, 1, 'state_dri')}: (top level): unknown key 'state_dri' "
-        "(expected one of: housekeeping, http, progress_log, remap_store, sources, spark, "
-        "state_dir, timestamp_interval)"
+        "(expected one of: housekeeping, http, max_retry_backoff, progress_log, remap_store, "
+        "sources, spark, state_dir, timestamp_interval)"
     ]
 
 
