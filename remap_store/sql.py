@@ -166,6 +166,21 @@ class _Tail:
     since_whole: int
 
 
+def _follow(kind: str, chain: delta.Chain, rows: list[tuple[int, str]], lower: int,
+            last: Binding[Any] | None) -> tuple[list[Binding[Any]], Binding[Any] | None]:
+    """``rows`` (time order) applied to ``chain``: the bindings at ``lower`` or
+    later, and the last binding (``last`` when there is no row). Only those
+    are decoded."""
+    new: list[Binding[Any]] = []
+    for n, (t, text) in enumerate(rows):
+        chain.apply(text)
+        if t >= lower or n == len(rows) - 1:
+            last = Binding(IntoTime(t), Antichain.decode(kind, chain.elements()))
+            if t >= lower:
+                new.append(last)
+    return new, last
+
+
 class SqlRemapStore:
     """:class:`~remap_store.base.RemapStore` on SQLite or PostgreSQL."""
 
@@ -270,11 +285,10 @@ class SqlRemapStore:
         a hundred sources' threads some lose for seconds while newcomers win.
         This process's writers queue on a lock instead, and meet the busy
         handler only against another process (a zombie driver, a CLI)."""
-        with contextlib.ExitStack() as stack:
-            if not readonly and self._writer is not None:
-                stack.enter_context(self._writer)
-            with self._transaction(readonly) as conn:
-                yield conn
+        queue = self._writer if self._writer is not None and not readonly else (
+            contextlib.nullcontext())
+        with queue, self._transaction(readonly) as conn:
+            yield conn
 
     @contextmanager
     def _transaction(self, readonly: bool) -> Iterator[Connection]:
@@ -512,14 +526,7 @@ class SqlRemapStore:
             rows = [(int(t), str(f)) for t, f in
                     conn.execute(_ROWS, {"s": shard, "lo": start, "below": below})]
         kind = str(row.kind)
-        last = None if tail is None else tail.last
-        new: list[Binding[Any]] = []
-        for n, (t, text) in enumerate(rows):
-            chain.apply(text)
-            if t >= lower or n == len(rows) - 1:
-                last = Binding(IntoTime(t), Antichain.decode(kind, chain.elements()))
-                if t >= lower:
-                    new.append(last)
+        new, last = _follow(kind, chain, rows, lower, None if tail is None else tail.last)
         if row.upper is None:
             self._tails.pop(shard, None)
         elif rows or tail is not None:
@@ -594,10 +601,7 @@ class SqlRemapStore:
         """The shard's rows below ``upper`` summed up, from its last whole row."""
         rows = self._rows(conn, shard, self._whole_at_or_before(conn, shard, None), below=upper)
         chain = delta.Chain()
-        for _t, text in rows:
-            chain.apply(text)
-        last = (Binding(IntoTime(rows[-1][0]), Antichain.decode(kind, chain.elements()))
-                if rows else None)
+        _none, last = _follow(kind, chain, rows, upper, None)
         return _Tail(kind, upper, last, chain.state(), chain.since_whole)
 
     def listen(
