@@ -63,9 +63,11 @@ def _rss(pid: int) -> int:
         return 0
 
 
-def _cmd(pid: int) -> str:
+def cmdline(pid: int | str) -> str:
+    """The process's command line, arguments joined by spaces ('' if gone)."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            errors="replace")
     except OSError:
         return ""
 
@@ -89,7 +91,7 @@ class Sampler:
                 p = todo.pop()
                 seen.append(p)
                 todo.extend(kids.get(p, []))
-            cmds = {p: _cmd(p) for p in seen}
+            cmds = {p: cmdline(p) for p in seen}
             jvms = {p for p, c in cmds.items() if "java" in c.split(" ")[0]}
             # (the JVM's class path names pyspark too: it is not a worker)
             workers = [_rss(p) for p, c in cmds.items() if "pyspark" in c and p not in jvms]

@@ -68,7 +68,6 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-# -- reporting -------------------------------------------------------------------------
 @contextlib.contextmanager
 def checkout(rev: str, into: Path) -> Iterator[Path]:
     """This repository's code at ``rev``, checked out with ``git worktree``
@@ -85,6 +84,7 @@ def checkout(rev: str, into: Path) -> Iterator[Path]:
                        check=False, capture_output=True)
 
 
+# -- reporting -------------------------------------------------------------------------
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]],
           left: Sequence[int] = (0,)) -> str:
     """A plain-text table under ``title`` (none when empty); columns not in

@@ -152,41 +152,44 @@ def lags(runners: list[Any], seconds: float, every: float = 0.5) -> list[float]:
     return out
 
 
+def _cpu_s(stat: Path) -> float | None:
+    """User plus system CPU seconds from a ``/proc`` ``stat`` file (None if gone)."""
+    try:
+        text = stat.read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds() -> dict[str, float]:
-    """CPU seconds so far of this process (the driver's Python), of its
-    child JVM and of Spark's Python workers (from /proc; processes that
-    exited are not counted)."""
-    tick = os.sysconf("SC_CLK_TCK")
+    """CPU seconds so far of this process (the driver's Python; ``py:NAME``
+    by thread name), of the Spark JVM, of Spark's Python workers and of
+    PostgreSQL's server processes (from /proc, the machine's: the benchmark
+    runs alone; processes that exited are not counted)."""
+    from big_records_bench import cmdline
+
     out = {"python": 0.0, "jvm": 0.0, "workers": 0.0}
-    for t in Path(f"/proc/{os.getpid()}/task").iterdir():  # this process by thread name
+    for t in Path(f"/proc/{os.getpid()}/task").iterdir():
         try:
             comm = (t / "comm").read_text().strip()
-            st = (t / "stat").read_text()
         except OSError:
             continue
-        f = st[st.rindex(")") + 2:].split()
         name = "py:" + ("tokio" if "tokio" in comm else comm.rstrip("0123456789-_") or "?")
-        out[name] = out.get(name, 0.0) + (int(f[11]) + int(f[12])) / tick
+        out[name] = out.get(name, 0.0) + (_cpu_s(t / "stat") or 0.0)
     me = str(os.getpid())
-    procs: dict[str, tuple[str, str, float]] = {}
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
+        cpu = _cpu_s(d / "stat") if d.name.isdigit() else None
+        if cpu is None:
             continue
-        try:
-            stat = (d / "stat").read_text()
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        procs[d.name] = (fields[1], cmd, (int(fields[11]) + int(fields[12])) / tick)
-    for pid, (_ppid, cmd, cpu) in procs.items():
-        if pid == me:
+        cmd = cmdline(d.name)
+        if d.name == me:
             out["python"] += cpu
         elif cmd.split(" ", 1)[0].endswith("java") and "SparkSubmit" in cmd:
             out["jvm"] += cpu
         elif cmd.startswith("postgres"):  # a private cluster's server processes
             out["postgres"] = out.get("postgres", 0.0) + cpu
-        elif "pyspark.daemon" in cmd:  # (the machine's: the benchmark runs alone)
+        elif "pyspark.daemon" in cmd:
             out["workers"] += cpu
     return out
 
