@@ -33,6 +33,8 @@ from reclock.core.time import _trusted as _time_trusted
 def _minimal(elements: Iterable[T]) -> tuple[T, ...]:
     """The minimal elements of ``elements``, deduplicated, in canonical order."""
     items = set(elements)
+    if len(items) <= 1:  # the common frontier of one counter or offset
+        return tuple(items)
     if len(items) > 8 and all(_simple(e) for e in items):
         return _minimal_partitioned(items)  # type: ignore[arg-type, return-value]
     return _minimal_pairwise(items)
@@ -380,6 +382,14 @@ def kafka_frontier(offsets: dict[int, int] | None = None, *, partitions: int | N
     n = max([*known.keys(), -1]) + 1
     if partitions is not None:
         n = max(n, partitions)
+    # as decoded (the elements kept are made once, unchecked once checked
+    # here: a probe of 2,048 partitions each second); anything odd (a
+    # negative or non-int offset) takes the checked path, which names it
+    enc: list[Any] = [[p, p, known.get(p, 0)] for p in range(n)]
+    enc.append([n, None, 0])
+    fast = _decode_partitioned(Partitioned, enc) if n > 8 else None
+    if fast is not None:
+        return _trusted(fast)
     elems = [Partitioned.point(p, known.get(p, 0)) for p in range(n)]
     elems.append(Partitioned.above(n))
     return Antichain(elems)

@@ -464,12 +464,16 @@ def _offsets(elements: Iterable[tuple[int, int | None, int]]
              ) -> tuple[dict[int, int], int | None]:
     offsets: dict[int, int] = {}
     above: int | None = None
+    get = offsets.get
     for lo, hi, off in elements:
-        if hi is None:
+        if hi == lo:  # a point: one per partition in a Kafka frontier
+            if off < get(lo, off + 1):
+                offsets[lo] = off
+        elif hi is None:
             above = lo if above is None else min(above, lo)
-            continue
-        for p in range(lo, hi + 1):
-            offsets[p] = min(offsets.get(p, off), off)
+        else:
+            for p in range(lo, hi + 1):
+                offsets[p] = min(get(p, off), off)
     if above is not None:
         offsets = {p: o for p, o in offsets.items() if p < above}
     return offsets, above

@@ -211,3 +211,35 @@ def test_a_job_ships_only_the_bindings_its_range_needs(
                              for i in range(1, 50)], upper=50_000)
     assert len(c.covering(Antichain.from_elem(Counter(485))).bindings) == 1
     assert len(c.covering(Antichain.from_elem(Counter(475))).bindings) == 2
+
+
+@given(kafka_bindings(max_bindings=12, max_partitions=10), st.data())
+def test_reclock_frontier_agrees_with_a_linear_scan(b: Bindings[Any], data: st.DataObject) -> None:
+    """``reclock_frontier`` (which starts its search after the bindings the
+    frontier has passed) against the rule read plainly: each element maps
+    to the first binding, scanned from the oldest, whose frontier does not
+    contain it, or to the upper."""
+    if b.bindings and data.draw(st.booleans()):
+        f = b.bindings[data.draw(st.integers(0, len(b.bindings) - 1))].frontier
+    else:
+        f = data.draw(antichains(partitioned(), max_size=5))
+
+    def model(e: Partitioned) -> list[IntoTime]:
+        for x in b.bindings:
+            if not x.frontier.less_equal_time(e):
+                return [x.time]
+        return list(b.upper)
+
+    assert b.reclock_frontier(f) == Antichain([t for e in f for t in model(e)])
+
+
+@given(st.dictionaries(st.integers(0, 30), st.integers(0, 50), max_size=30), st.integers(0, 40))
+def test_kafka_frontier_built_fast_equals_its_points(offsets: dict[int, int], n: int) -> None:
+    top = max([*offsets, -1]) + 1
+    parts = max(top, n)
+    slow = Antichain([*(Partitioned.point(p, offsets.get(p, 0)) for p in range(parts)),
+                      Partitioned.above(parts)])
+    fast = kafka_frontier(offsets, partitions=n)
+    assert fast == slow
+    assert list(fast) == list(slow)  # the same canonical order
+    assert [type(e) for e in fast] == [Partitioned] * len(slow)
