@@ -6,7 +6,9 @@ Driver side (:class:`KafkaSource`)::
                    one interval) + last stable offsets (read_committed) of every
                    partition that has a leader -> kafka frontier
     plan(lo, hi)   one task per partition range, split when large; ranges that
-                   retention already removed are a definite error
+                   retention already removed are a definite error (checked
+                   against earliest offsets read every 30 s; the reader's
+                   out-of-range error catches what a stale reading misses)
     acknowledge(f) commit f's offsets to the consumer group (monitoring and
                    retention only; reclock never resumes from them)
 
@@ -87,6 +89,8 @@ from reclock.core.time import Partitioned, kafka_offsets
 from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
 
 BATCH = 50_000
+#: plan() checks ranges against earliest offsets read at most this often
+EARLIEST_EVERY_S = 30.0
 BATCH_BYTES = 256 << 20  # a native batch's keys and values (its offsets are 32-bit)
 
 log = logging.getLogger(__name__)
@@ -522,6 +526,11 @@ class KafkaSource(SourceBase):
         self._consumer: Consumer | None = None
         self._initial: Antichain[Partitioned] | None = None
         self._known: dict[int, int] = {}  # last probed offsets: never go backwards
+        # earliest offsets retention kept, per partition, read at most every
+        # EARLIEST_EVERY_S by plan(): a list of 2,048 partitions' offsets
+        # each tick cost as much as the probe's
+        self._earliest: dict[int, int] = {}
+        self._earliest_at = float("-inf")
         self.multi = bool(self.topics or self.pattern)
         self._regex = re.compile(self.pattern) if self.pattern else None
         # a multi-topic source's partition ids: (topic, partition) <-> id
@@ -772,6 +781,18 @@ class KafkaSource(SourceBase):
         return probed
 
     # -- planning -----------------------------------------------------------------------
+    def _earliest_offsets(self, partitions: Mapping[int, Any]) -> dict[int, int]:
+        """The earliest offsets of ``partitions`` as last read: again when
+        one is new or the reading is :data:`EARLIEST_EVERY_S` old. Retention
+        that removed records since is met by the reader instead (its
+        consumer's out-of-range error is the same definite error)."""
+        now = time.monotonic()
+        if now - self._earliest_at >= EARLIEST_EVERY_S or any(
+                p not in self._earliest for p in partitions):
+            self._earliest.update(self._list_offsets(sorted(partitions), _spec('earliest')))
+            self._earliest_at = now
+        return self._earliest
+
     def plan(
         self, lower: Antichain[Partitioned], upper: Antichain[Partitioned], max_task: int,
         max_job: int,
@@ -784,7 +805,7 @@ class KafkaSource(SourceBase):
             if end > begin:
                 ranges[p] = (begin, end)
         if ranges:
-            earliest = self._list_offsets(sorted(ranges), _spec('earliest'))
+            earliest = self._earliest_offsets(ranges)
             for p, (begin, _end) in ranges.items():
                 first = earliest.get(p, 0)
                 if first > begin:
