@@ -330,7 +330,11 @@ class SourceConfig(_Model):
     @classmethod
     def connector_keys(cls) -> tuple[str, ...]:
         """The keys of the connector blocks, e.g. ``("generator",)``."""
-        return tuple(k for k, f in cls.model_fields.items() if _is_connector(f.annotation))
+        keys = _CONNECTOR_KEYS.get(cls)
+        if keys is None:  # fields are fixed per class: asked per source, twice
+            keys = tuple(k for k, f in cls.model_fields.items() if _is_connector(f.annotation))
+            _CONNECTOR_KEYS[cls] = keys
+        return keys
 
     @property
     def connector(self) -> tuple[str, ConnectorConfig]:
@@ -365,6 +369,9 @@ class SourceConfig(_Model):
             out.append(_problem((given[1],), f"only one connector block allowed, found: "
                                              f"{', '.join(given)}"))
         return out
+
+
+_CONNECTOR_KEYS: dict[type, tuple[str, ...]] = {}
 
 
 def _is_connector(annotation: Any) -> bool:
@@ -475,6 +482,10 @@ class HousekeepingConfig(_Model):
     orphan_grace: DurationMs = Field(default=300_000, ge=10_000, le=7 * 24 * 3600 * 1000)
     """A staged file that no commit references is deleted once it is this old
     (the source has no job in flight when the check runs)."""
+    release_memory: bool = True
+    """After an output's maintenance pass (a compaction, expired files), hand
+    the memory the allocators hold free back to the system (glibc's
+    ``malloc_trim``, Arrow's pool) instead of keeping it for the next pass."""
 
 
 def _local_dir(value: Any) -> Any:
