@@ -272,7 +272,8 @@ def slope_per_hour(xs: list[float], ys: list[float]) -> float:
     return 0.0 if den == 0 else 60 * num / den
 
 
-def config_text(state: Path, rate: int, orders_rate: int, interval: str, master: str) -> str:
+def config_text(state: Path, rate: int, orders_rate: int, interval: str, master: str,
+                release_memory: bool = True) -> str:
     src = [
         "  - name: counter",
         f"    generator: {{kind: counter, rate: {rate}, value_format: json, bad_every: 1000}}",
@@ -296,6 +297,7 @@ def config_text(state: Path, rate: int, orders_rate: int, interval: str, master:
         f"state_dir: {json.dumps(str(state))}",
         f"timestamp_interval: {interval}",
         "http: {host: 127.0.0.1, port: 0}",
+        f"housekeeping: {{release_memory: {json.dumps(release_memory)}}}",
         "spark:",
         f"  master: {json.dumps(master)}",
         "  conf: {spark.sql.shuffle.partitions: '2'}",
@@ -323,6 +325,9 @@ def main() -> int:
     ap.add_argument("--probe-release", action="store_true",
                     help="after each sample, release what the allocators hold free "
                          "(Arrow's pool, malloc_trim) and show the RSS after (rel)")
+    ap.add_argument("--no-release-memory", action="store_true",
+                    help="housekeeping release_memory: false (the driver keeps what the "
+                         "allocators hold free after a compaction pass)")
     ap.add_argument("--arrow-pool", choices=["mimalloc", "jemalloc", "system"],
                     help="Arrow's default memory pool (ARROW_DEFAULT_MEMORY_POOL; default: "
                          "Arrow's own choice, mimalloc on Linux wheels)")
@@ -347,8 +352,9 @@ def main() -> int:
         state = Path(tmp.name) / "state"
     else:
         state = args.state
-    cfg = parse_config(config_text(state, args.rate, args.orders_rate, args.interval,
-                                   args.master), "soak.yaml", base_dir=state.parent)
+    text = config_text(state, args.rate, args.orders_rate, args.interval, args.master,
+                       release_memory=not args.no_release_memory)
+    cfg = parse_config(text, "soak.yaml", base_dir=state.parent)
     ticks = Ticks()
     ticks.install()
     stop = threading.Event()
@@ -377,7 +383,8 @@ def main() -> int:
     print(f"soak: {args.minutes:g} min, counter {args.rate}/s, orders {args.orders_rate}/s, "
           f"interval {args.interval}, {args.master}, arrow pool "
           f"{__import__('pyarrow').default_memory_pool().backend_name}, "
-          f"_RJEM_MALLOC_CONF {os.environ.get('_RJEM_MALLOC_CONF')!r}, state {state}", flush=True)
+          f"_RJEM_MALLOC_CONF {os.environ.get('_RJEM_MALLOC_CONF')!r}, "
+          f"release_memory {not args.no_release_memory}, state {state}", flush=True)
     print(header(), flush=True)
     samples: list[dict[str, Any]] = []
     jf = args.json.open("w") if args.json else None

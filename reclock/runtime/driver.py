@@ -90,6 +90,7 @@ from reclock.runtime.dataplane import (
     run_local,
 )
 from reclock.runtime.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
+from reclock.runtime.memory import release_free_memory
 from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.replay import heal
 from reclock.runtime.resnapshot import Requests
@@ -146,6 +147,9 @@ class Settings:
     stop_grace_s: float = 20.0
     jobs_in_flight: int = 2
     vacuum_every_s: float = 60.0
+    #: after a maintenance pass that did something, hand the memory the
+    #: allocators hold free back to the system (runtime/memory.py)
+    release_memory: bool = True
     orphan_grace_s: float = 300.0
     #: where keyed outputs keep their key state (SQLite files) and tasks
     #: write large intents; None: the key state lives in memory, rebuilt
@@ -985,6 +989,7 @@ class SourceRunner:
         this source's jobs is in flight and none of its commits under way, so
         a compaction never races this driver's commits."""
         now = self.clock.now()
+        released = False
         for out in self.outputs:
             try:
                 done = out.sink.maintain(now)
@@ -994,6 +999,9 @@ class SourceRunner:
                 continue
             if done:
                 self.events.log(self.name, "maintain", output=out.name, **done)
+                released = True
+        if released and self.settings.release_memory:
+            release_free_memory()
 
     def _compact(self, b: Bindings[Any]) -> None:
         if self.ticks % self.settings.compact_every_ticks:

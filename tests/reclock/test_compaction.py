@@ -100,7 +100,14 @@ def files(path: str) -> int:
 
 
 def test_read_verify_and_key_state_are_the_same_after_compaction(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reclock.runtime import driver
+
+    released: list[bool] = []  # the driver hands free memory back after its passes
+    real = driver.release_free_memory
+    monkeypatch.setattr(driver, "release_free_memory",
+                        lambda: released.append(real(force=True)))
     # Stopped halfway: the sources are open, the upsert outputs mid-stream.
     path = write(tmp_path, 2 * TOTAL, "{type: file, compact: off}")
     run(load_config(path), use_spark=False, out=None, install_signals=False, duration=2.0)
@@ -136,6 +143,7 @@ def test_read_verify_and_key_state_are_the_same_after_compaction(
               (tmp_path / "state" / "progress.jsonl").read_text().splitlines()]
     maintained = [e for e in events if e["kind"] == "maintain"]
     assert maintained and all(e["files_removed"] >= 3 for e in maintained), maintained
+    assert released and all(released)
 
 
 # -- killed during a compaction ------------------------------------------------------------

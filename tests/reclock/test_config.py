@@ -207,6 +207,18 @@ def test_max_retry_backoff_reaches_the_runners(tmp_path: Path) -> None:
         load_config(write(tmp_path, "max_retry_backoff: 10ms\n" + MINIMAL), env={})
 
 
+def test_release_memory_reaches_the_runners(tmp_path: Path) -> None:
+    from reclock.pipeline import Pipeline
+
+    for text, want in (("", True), ("housekeeping: {release_memory: false}\n", False)):
+        cfg = load_config(write(tmp_path, text + MINIMAL), env={})
+        pipe = Pipeline(cfg)
+        try:
+            assert pipe.settings(cfg.sources[0]).release_memory is want
+        finally:
+            pipe.close()
+
+
 def test_quickstart_example_loads() -> None:
     cfg = load_config(REPO / "examples" / "quickstart.yaml", env={})
     assert cfg.timestamp_interval == 1000
