@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pstats
 import shutil
 import statistics
 import subprocess
@@ -187,11 +188,20 @@ def cpu_seconds() -> dict[str, float]:
             out["python"] += cpu
         elif cmd.split(" ", 1)[0].endswith("java") and "SparkSubmit" in cmd:
             out["jvm"] += cpu
+        elif "kafka.Kafka" in cmd:  # the benchmark's broker
+            out["broker"] = out.get("broker", 0.0) + cpu
         elif cmd.startswith("postgres"):  # a private cluster's server processes
             out["postgres"] = out.get("postgres", 0.0) + cpu
         elif "pyspark.daemon" in cmd:
             out["workers"] += cpu
     return out
+
+
+def log_cores(what: str, before: dict[str, float], seconds: float) -> None:
+    """Log the CPU cores each part used since ``before`` (:func:`cpu_seconds`)."""
+    used = {k: (v - before.get(k, 0.0)) / seconds for k, v in cpu_seconds().items()}
+    log(f"{what}; CPU cores used: " + ", ".join(
+        f"{k} {v:.2f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.01))
 
 
 @contextmanager
@@ -252,11 +262,20 @@ def produce(bootstrap: str, topic: str, n: int, partitions: int, start: int = 0)
     assert p.flush(120) == 0
 
 
-def cli_seconds(*args: str) -> tuple[float, int]:
+def cli_seconds(*args: str, profile: bool = False) -> tuple[float, int]:
+    """Seconds a ``reclock`` command takes, and its exit code. With
+    ``profile``, a second run under cProfile prints where it spent them."""
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "reclock.cli", *args], capture_output=True,
                        text=True, timeout=600, cwd=ROOT)
-    return time.monotonic() - t0, r.returncode
+    took = time.monotonic() - t0
+    if profile:
+        with tempfile.NamedTemporaryFile(suffix=".prof") as f:
+            subprocess.run([sys.executable, "-m", "cProfile", "-o", f.name, "-m", "reclock.cli",
+                            *args], capture_output=True, timeout=600, cwd=ROOT)
+            log(f"profile of reclock {args[0]} (cumulative seconds):")
+            pstats.Stats(f.name, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
+    return took, r.returncode
 
 
 # -- targets -----------------------------------------------------------------------------------
@@ -285,18 +304,20 @@ def partitions_2048(env: Env) -> list[Row]:
         with running(env, path.read_text(), d) as runners:
             r = runners[0]
             time.sleep(20)  # warm-up: the first jobs over every partition
-            b0, t0 = r.status()["bindings"], time.monotonic()
+            b0, t0, cpu = r.status()["bindings"], time.monotonic(), cpu_seconds()
             with profiled(env.args.profile, "2,048 partitions"):
                 sampled = lags(runners, window)
             b1, t1 = r.status()["bindings"], time.monotonic()
-            times = {"status": cli_seconds("status", str(path))}  # of the running pipeline
+            log_cores("2,048 partitions", cpu, t1 - t0)
+            times = {"status": cli_seconds("status", str(path),
+                                               profile=env.args.profile)}  # of the running pipeline
     finally:
         stop.set()
         w.join()
     per = (b1 - b0) / (t1 - t0)
     lag = p99(sampled)
-    times["bindings"] = cli_seconds("bindings", str(path), "k")
-    times["verify"] = cli_seconds("verify", str(path))
+    times["bindings"] = cli_seconds("bindings", str(path), "k", profile=env.args.profile)
+    times["verify"] = cli_seconds("verify", str(path), profile=env.args.profile)
     rows: list[Row] = [
         ("2,048 partitions: bindings per interval", f"{per:.2f}/s", ">= 0.9/s (one each)",
          verdict(per >= 0.9)),
@@ -481,11 +502,9 @@ def many_sources(env: Env, n: int, interval: str, goal_ms: float) -> list[Row]:
             with profiled(env.args.profile and shared, f"{n} sources"):
                 sampled = lags(runners, window)
             took = time.monotonic() - t0
-            used = {k: (v - cpu[k]) / took for k, v in cpu_seconds().items()}
-            log(f"{n} sources ({'shared' if shared else 'a job each'}): "
-                f"{(sum(r.ticks for r in runners) - ticks) / took:.1f} ticks/s (due: "
-                f"{n * 1000 / _parse_duration(interval):.0f}/s); CPU cores used: "
-                + ", ".join(f"{k} {v:.2f}" for k, v in used.items()))
+            log_cores(f"{n} sources ({'shared' if shared else 'a job each'}): "
+                      f"{(sum(r.ticks for r in runners) - ticks) / took:.1f} ticks/s (due: "
+                      f"{n * 1000 / _parse_duration(interval):.0f}/s)", cpu, took)
         lag = p99(sampled)
         how = "shared jobs" if shared else "a job each (shared_jobs_max_records: 0)"
         if env.args.sink != "file":
