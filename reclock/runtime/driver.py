@@ -109,6 +109,9 @@ from sources.base import OutputSpec, Source
 
 log = logging.getLogger("reclock.driver")
 
+#: a tick starts this long after an IntoTime a binding can take (timers wake late, not early)
+TICK_AFTER_BOUNDARY_MS = 5
+
 @dataclass
 class OutputRuntime:
     """One output of a running source."""
@@ -188,6 +191,22 @@ def _remove_spilled(intents: list[KeyedIntents]) -> None:
 def _upper_value(upper: Antichain[IntoTime]) -> int | None:
     u = upper.as_option()
     return None if u is None else int(u)
+
+
+def next_tick_in(interval_ms: int, remap_upper: int | None, now_ms: int,
+                 elapsed_s: float) -> float:
+    """Seconds until a source's next tick: until just past the first IntoTime
+    a new binding can take (the first multiple of the interval at or above
+    the remap upper, on the source's clock). The binding's time is then when
+    its frontier was probed, and an output's lag after a commit is the
+    tick's own time, not up to an interval more. Never more than the rest
+    of the interval after the tick began ``elapsed_s`` ago, plus that margin
+    (a clock that does not move, in tests); 0 when the tick overran."""
+    left = interval_ms / 1000.0 - elapsed_s
+    if left <= 0 or remap_upper is None:
+        return max(0.0, left)
+    nxt = -(-remap_upper // interval_ms) * interval_ms + TICK_AFTER_BOUNDARY_MS
+    return max(0.0, min(left + TICK_AFTER_BOUNDARY_MS / 1000.0, (nxt - now_ms) / 1000.0))
 
 
 def _min_upper(states: list[SinkState]) -> int | None:
@@ -372,8 +391,7 @@ class SourceRunner:
                 backoff = 0.5
                 if done:
                     break
-                wait = self.settings.timestamp_interval_ms / 1000.0 - (time.monotonic() - started)
-                self._stop.wait(max(0.0, wait))
+                self._stop.wait(self._until_next_binding(started))
             except Exception as exc:
                 if self._stop.is_set():
                     break  # shutting down: a cancelled job or closed channel is expected
@@ -546,6 +564,14 @@ class SourceRunner:
             p = resume if held is None else held
             start = p if start is None else start.meet(p)
         return resume if start is None else start
+
+    def _until_next_binding(self, started: float) -> float:
+        """:func:`next_tick_in` for this source, its tick begun at ``started``."""
+        upper = (self.operator.bindings.upper.as_option()
+                 if self.operator is not None else None)
+        return next_tick_in(self.settings.timestamp_interval_ms,
+                            None if upper is None else int(upper), self.clock.now(),
+                            time.monotonic() - started)
 
     def tick(self) -> bool:
         """One round of mint -> read -> commit -> resume -> acknowledge.
