@@ -311,26 +311,30 @@ class Pipeline:
 
 
 def status_document(runners: list[SourceRunner], dropped: list[str], clock: Clock,
-                    http: str | None = None) -> dict[str, Any]:
+                    http: str | None = None, config: str | None = None) -> dict[str, Any]:
     """The status document: one :meth:`SourceRunner.status` dict per running
     source. Written to ``status.json``, served as ``/status.json`` and as
     ``/metrics`` (:mod:`reclock.metrics`), read by ``reclock status``: the
-    single source of truth for what operators see."""
+    single source of truth for what operators see. ``config``: the
+    fingerprint of the configuration the driver runs
+    (:attr:`~reclock.config.schema.PipelineConfig.fingerprint`)."""
     return {
         "pid": os.getpid(),
         "updated_ms": clock.now(),
         "http": http,
+        "config": config,
         "sources": [r.status() for r in runners],
         "dropped": list(dropped),
     }
 
 
 def write_status(path: Path, runners: list[SourceRunner], dropped: list[str], clock: Clock,
-                 http: str | None = None, *, final: bool = False) -> dict[str, Any]:
+                 http: str | None = None, *, final: bool = False,
+                 config: str | None = None) -> dict[str, Any]:
     """Write the status document to ``path`` (atomically) and return it;
     ``final``: the run ended (``"stopped": true``, so ``reclock status`` knows
     the driver is gone even while its process lives on)."""
-    doc = status_document(runners, dropped, clock, http)
+    doc = status_document(runners, dropped, clock, http, config)
     if final:
         doc["stopped"] = True
     tmp = path.with_suffix(".tmp")
@@ -463,7 +467,8 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
         if cfg.http is not None:
             server = StatusServer(
                 cfg.http.host, cfg.http.port,
-                lambda: status_document(runners, dropped, pipe.clock, runners.http_url),
+                lambda: status_document(runners, dropped, pipe.clock, runners.http_url,
+                                        cfg.fingerprint),
                 history, max_connections=cfg.http.max_connections,
                 timeout_s=cfg.http.request_timeout / 1000.0,
                 ready_max_lag_ms=cfg.http.ready_max_lag)
@@ -483,7 +488,7 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
                     r.drop()  # (the runner may have seen the marker first)
                     dropped.append(r.name)
             history.record(write_status(status_path, runners, dropped, pipe.clock,
-                                        runners.http_url))
+                                        runners.http_url, config=cfg.fingerprint))
             if out is not None and time.monotonic() - last_print >= 5:
                 last_print = time.monotonic()
                 for r in runners:
@@ -500,7 +505,8 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
             r.stop()
         for r in runners:
             r.join(timeout=60)
-        write_status(status_path, runners, dropped, pipe.clock, runners.http_url, final=True)
+        write_status(status_path, runners, dropped, pipe.clock, runners.http_url, final=True,
+                     config=cfg.fingerprint)
         if server is not None:
             server.close()
         pipe.close()

@@ -4,6 +4,8 @@ mapped back to key paths and lines (:func:`parse_model`, for any model)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -502,8 +504,7 @@ def parse_model(
         raise ConfigError(issues)
 
     # Top-level keys starting with "x-" are free for YAML anchors (`x-defaults: &d`).
-    data = {k: v for k, v in data.items() if not k.startswith("x-")}
-    data, env_problems = substitute_env(data, os.environ if env is None else env)
+    data, env_problems = _substituted(data, env)
     for path, msg in env_problems:
         pos = loader.value_pos.get(path, _Pos(1, 1))
         issues.append(ConfigIssue(pos.line, pos.column, format_path(path), msg, filename))
@@ -515,7 +516,77 @@ def parse_model(
         raise ConfigError(issues) from None
     if issues:
         raise ConfigError(issues)
+    if hasattr(cfg, "_fingerprint"):
+        object.__setattr__(cfg, "_fingerprint", fingerprint(data, base_dir or Path.cwd()))
     return cfg
+
+
+def _substituted(data: dict[str, Any], env: Mapping[str, str] | None
+                 ) -> tuple[Any, list[tuple[KeyPath, str]]]:
+    """The document as validated: without its ``x-`` keys, ``${VAR}`` replaced."""
+    data = {k: v for k, v in data.items() if not k.startswith("x-")}
+    return substitute_env(data, os.environ if env is None else env)
+
+
+def fingerprint(data: Any, base_dir: Path) -> str:
+    """What identifies a configuration as validated: its document after
+    substitution, and the directory its relative paths resolve against. A
+    running driver writes it to its status; ``reclock status`` compares it
+    with the file's (:func:`quick_view`)."""
+    blob = json.dumps({"base_dir": str(base_dir), "data": data}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def absolute_path(path: Path, base: Path) -> Path:
+    """``path`` (``~`` expanded) made absolute against ``base``."""
+    return Path(os.path.abspath(base / path.expanduser()))
+
+
+def drop_marker(state_dir: Path, source: str) -> Path:
+    """The file ``reclock drop`` makes for ``source``."""
+    return state_dir / "dropped" / source
+
+
+@dataclass(frozen=True)
+class QuickView:
+    """What :func:`quick_view` reads off a pipeline file."""
+
+    fingerprint: str
+    state_dir: Path
+    sources: tuple[str, ...]
+
+
+def quick_view(path: str | Path, env: Mapping[str, str] | None = None) -> QuickView | None:
+    """The fingerprint, state directory and source names of the pipeline file
+    at ``path``, read without validating it (no model is built: ``reclock
+    status`` of a running driver needs seconds less at many sources). To be
+    trusted only where a driver's status carries the same fingerprint: that
+    driver validated this very document. None when the file does not read
+    plainly (then validate it)."""
+    try:
+        p = Path(path)
+        text = p.read_text(encoding="utf-8")
+        if len(text) > MAX_YAML_BYTES:
+            return None
+        loader = LineLoader(text)
+        try:
+            raw = loader.load_tracked()
+        finally:
+            loader.dispose()
+    except (OSError, UnicodeDecodeError, RecursionError, yaml.YAMLError):
+        return None
+    if loader.problems or not isinstance(raw, dict):
+        return None
+    data, problems = _substituted(raw, env)
+    sd, sources = data.get("state_dir", "./state"), data.get("sources")
+    if problems or not isinstance(sd, str) or "://" in sd or not isinstance(sources, list):
+        return None
+    names = [s.get("name") if isinstance(s, dict) else None for s in sources]
+    if not all(isinstance(n, str) for n in names):
+        return None
+    base = Path(os.path.abspath(p.parent))
+    return QuickView(fingerprint(data, base), absolute_path(Path(sd), base),
+                     tuple(n for n in names if isinstance(n, str)))
 
 
 def _char_at(text: str, mark: yaml.Mark | None) -> str:

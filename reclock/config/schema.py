@@ -43,6 +43,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import (
     BeforeValidator,
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -72,7 +73,13 @@ from reclock.config.base import (
     redact_secrets,
     redacted_dump,
 )
-from reclock.config.loader import LineLoader, format_path, parse_model
+from reclock.config.loader import (
+    LineLoader,
+    absolute_path,
+    drop_marker,
+    format_path,
+    parse_model,
+)
 from reclock.envelopes.debezium import DebeziumEnvelope
 from reclock.envelopes.none import NoneEnvelope
 from reclock.envelopes.upsert import UpsertEnvelope
@@ -535,6 +542,13 @@ class PipelineConfig(_Model):
     Default: off."""
     sources: tuple[SourceConfig, ...] = Field(min_length=1)
     """The sources (at least one; names unique)."""
+    _fingerprint: str | None = PrivateAttr(default=None)
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The validated document's fingerprint (``loader.fingerprint``;
+        None when built otherwise than from YAML)."""
+        return self._fingerprint
 
     @property
     def remap_store_url(self) -> str:
@@ -548,7 +562,7 @@ class PipelineConfig(_Model):
 
     def drop_marker(self, source: str) -> Path:
         """The file ``reclock drop`` makes for ``source``."""
-        return self.state_dir / "dropped" / source
+        return drop_marker(self.state_dir, source)
 
     def source(self, name: str) -> SourceConfig:
         """The source called ``name`` (KeyError if there is none)."""
@@ -582,7 +596,7 @@ class PipelineConfig(_Model):
         sink paths and each source's effective timestamp interval."""
         ctx = info.context if isinstance(info.context, Mapping) else {}
         base = Path(ctx.get("base_dir") or Path.cwd())
-        state_dir = _absolute(self.state_dir, base)
+        state_dir = absolute_path(self.state_dir, base)
         sources = tuple(
             s.model_copy(update={
                 "timestamp_interval": s.timestamp_interval or self.timestamp_interval,
@@ -599,10 +613,6 @@ class PipelineConfig(_Model):
         return self
 
 
-def _absolute(path: Path, base: Path) -> Path:
-    return Path(os.path.abspath(base / path.expanduser()))
-
-
 def _resolve_output(o: OutputConfig, source: str, state_dir: Path, base: Path) -> OutputConfig:
     if not isinstance(o.sink, FileSinkConfig):
         return o
@@ -613,11 +623,11 @@ def _resolve_output(o: OutputConfig, source: str, state_dir: Path, base: Path) -
 def _resolve_sqlite(url: str, base: Path) -> str:
     """Bare paths and relative ``sqlite:///`` paths resolve against ``base``."""
     if "://" not in url:
-        return f"sqlite:///{_absolute(Path(url), base)}"
+        return f"sqlite:///{absolute_path(Path(url), base)}"
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
         rest = url[len("sqlite:///"):]
         if rest and rest != ":memory:":
-            return f"sqlite:///{_absolute(Path(rest), base)}"
+            return f"sqlite:///{absolute_path(Path(rest), base)}"
     return url
 
 

@@ -557,8 +557,10 @@ def test_metrics_match_reclock_status_json(live: Live) -> None:
 def test_status_json_route(live: Live) -> None:
     doc = get_json(live.url + "/status.json")
     on_disk = json.loads((live.path.parent / "state" / "status.json").read_text())
-    assert set(doc) == set(on_disk) == {"pid", "updated_ms", "http", "sources", "dropped"}
+    assert set(doc) == set(on_disk) == {"pid", "updated_ms", "http", "config", "sources",
+                                        "dropped"}
     assert doc["http"] == live.url and doc["pid"] == os.getpid()
+    assert doc["config"] == on_disk["config"] == load_config(live.path).fingerprint
     assert [s["source"] for s in doc["sources"]] == ["done", "live", "shop", "stuck"]
     done = doc["sources"][0]
     assert done == next(s for s in on_disk["sources"] if s["source"] == "done") | {
