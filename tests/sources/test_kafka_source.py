@@ -798,3 +798,37 @@ def test_headers_refused_where_they_cannot_go(tmp_path: Path, kafka: Any) -> Non
     pipe = Pipeline(load_config(clash))
     with pytest.raises(DefiniteError, match="already have"):
         pipe.build_source(pipe.source_config("events"))
+
+
+def test_retention_after_the_plans_last_look_is_met_by_the_reader(
+        kafka: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan reads the earliest offsets at most every EARLIEST_EVERY_S: a
+    range retention removed after that reading is planned, and its task
+    fails with the same definite error; once the reading is due again, the
+    plan refuses the range itself."""
+    import sources.kafka as sk
+    from reclock.core.clock import SystemClock
+    from reclock.core.errors import DefiniteError
+
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    produce(kafka.bootstrap, topic, recs(0, 0, 10))
+    src = sk.KafkaSource("k", kafka.bootstrap, topic, SystemClock(), group_id="g",
+                         output_names=["k"])
+    try:
+        start = src.initial_frontier()
+        src.open(start, start)
+        src.plan(start, src.probe(), 1000, 10_000)  # reads the earliest offsets (0)
+        produce(kafka.bootstrap, topic, recs(0, 10, 10))
+        kafka.delete_records(topic, 0, 15)
+        upper = src.probe()
+        tasks, _ = src.plan(start, upper, 1000, 10_000)  # the reading from before
+        assert [r[:3] for t in tasks for r in sk.task_ranges(t.spec)] == [(0, 0, 20)]
+        with pytest.raises(DefiniteError, match=r"removed \(retention\) before they were read"):
+            for _ in src.reader().read(tasks[0]):
+                pass
+        monkeypatch.setattr(sk, "EARLIEST_EVERY_S", 0.0)
+        with pytest.raises(DefiniteError, match="removed by retention before they were read"):
+            src.plan(start, upper, 1000, 10_000)
+    finally:
+        src.close()
