@@ -52,6 +52,7 @@ Run: ``python bench/scale_targets.py`` (about 25 minutes on 2 cores) or
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pstats
@@ -165,9 +166,10 @@ def _cpu_s(stat: Path) -> float | None:
 
 def cpu_seconds() -> dict[str, float]:
     """CPU seconds so far of this process (the driver's Python; ``py:NAME``
-    by thread name), of the Spark JVM, of Spark's Python workers and of
-    PostgreSQL's server processes (from /proc, the machine's: the benchmark
-    runs alone; processes that exited are not counted)."""
+    by thread name), of the Spark JVM, of Spark's Python workers, of the
+    Kafka broker and of PostgreSQL's server processes (from /proc, the
+    machine's: the benchmark runs alone; processes that exited are not
+    counted)."""
     from big_records_bench import cmdline
 
     out = {"python": 0.0, "jvm": 0.0, "workers": 0.0}
@@ -262,6 +264,7 @@ def produce(bootstrap: str, topic: str, n: int, partitions: int, start: int = 0)
     assert p.flush(120) == 0
 
 
+@functools.cache
 def _with_bytecode() -> dict[str, str]:
     """The environment for a timed ``reclock`` command, as an installed one
     runs: with its modules' bytecode compiled (``pip install`` compiles
@@ -322,8 +325,8 @@ def partitions_2048(env: Env) -> list[Row]:
                 sampled = lags(runners, window)
             b1, t1 = r.status()["bindings"], time.monotonic()
             log_cores("2,048 partitions", cpu, t1 - t0)
-            times = {"status": cli_seconds("status", str(path),
-                                               profile=env.args.profile)}  # of the running pipeline
+            # of the running pipeline
+            times = {"status": cli_seconds("status", str(path), profile=env.args.profile)}
     finally:
         stop.set()
         w.join()

@@ -112,6 +112,11 @@ def _driver_status(state_dir: Path) -> dict[str, Any] | None:
     return doc
 
 
+def _by_source(live: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """A driver status's runner dicts by source name."""
+    return {s["source"]: s for s in (live or {}).get("sources", [])}
+
+
 def _whole(lv: dict[str, Any] | None) -> bool:
     """Whether a runner's status describes its source whole (it opened)."""
     return lv is not None and lv.get("resume") is not None and lv.get("kind") is not None
@@ -135,17 +140,16 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
     cfg: Any = None
     view = quick_view(file)
     live = None if view is None else _driver_status(view.state_dir)
-    live_by = {s["source"]: s for s in (live or {}).get("sources", [])} if live else {}
     if (view is not None and live is not None and not live.get("stale")
             and live.get("config") == view.fingerprint
-            and all(_whole(live_by.get(n)) for n in view.sources)):
+            and all(_whole(_by_source(live).get(n)) for n in view.sources)):
         state_dir, names = view.state_dir, list(view.sources)
     else:
         cfg = _load(file)
         state_dir, names = Path(cfg.state_dir), [s.name for s in cfg.sources]
         if view is None or state_dir != view.state_dir:
             live = _driver_status(state_dir)
-            live_by = {s["source"]: s for s in (live or {}).get("sources", [])} if live else {}
+    live_by = _by_source(live)
     running = bool(live) and not live.get("stale") if live else False
     out: dict[str, Any] = {"state_dir": str(state_dir), "driver_running": running,
                            "sources": []}

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, cast, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -537,6 +537,10 @@ def fingerprint(data: Any, base_dir: Path) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
+#: where reclock keeps its state when the file does not say (relative to the file)
+DEFAULT_STATE_DIR = Path("./state")
+
+
 def absolute_path(path: Path, base: Path) -> Path:
     """``path`` (``~`` expanded) made absolute against ``base``."""
     return Path(os.path.abspath(base / path.expanduser()))
@@ -578,15 +582,15 @@ def quick_view(path: str | Path, env: Mapping[str, str] | None = None) -> QuickV
     if loader.problems or not isinstance(raw, dict):
         return None
     data, problems = _substituted(raw, env)
-    sd, sources = data.get("state_dir", "./state"), data.get("sources")
+    sd, sources = data.get("state_dir", str(DEFAULT_STATE_DIR)), data.get("sources")
     if problems or not isinstance(sd, str) or "://" in sd or not isinstance(sources, list):
         return None
-    names = [s.get("name") if isinstance(s, dict) else None for s in sources]
+    names = tuple(s.get("name") if isinstance(s, dict) else None for s in sources)
     if not all(isinstance(n, str) for n in names):
         return None
     base = Path(os.path.abspath(p.parent))
     return QuickView(fingerprint(data, base), absolute_path(Path(sd), base),
-                     tuple(n for n in names if isinstance(n, str)))
+                     cast(tuple[str, ...], names))
 
 
 def _char_at(text: str, mark: yaml.Mark | None) -> str:

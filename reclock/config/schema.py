@@ -74,6 +74,7 @@ from reclock.config.base import (
     redacted_dump,
 )
 from reclock.config.loader import (
+    DEFAULT_STATE_DIR,
     LineLoader,
     absolute_path,
     drop_marker,
@@ -515,7 +516,7 @@ class PipelineConfig(_Model):
     can hold YAML anchors (``x-sink: &sink {type: file}``, then ``sink: *sink``).
     """
 
-    state_dir: Annotated[Path, BeforeValidator(_local_dir)] = Path("./state")
+    state_dir: Annotated[Path, BeforeValidator(_local_dir)] = DEFAULT_STATE_DIR
     """Where reclock keeps its state (remap store, outputs, logs). Relative
     paths resolve against the YAML file's directory. A local directory: it
     holds the driver's lock file; outputs may live on ``s3://`` and the

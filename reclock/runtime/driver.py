@@ -112,6 +112,7 @@ log = logging.getLogger("reclock.driver")
 #: a tick starts this long after an IntoTime a binding can take (timers wake late, not early)
 TICK_AFTER_BOUNDARY_MS = 5
 
+
 @dataclass
 class OutputRuntime:
     """One output of a running source."""
@@ -1015,7 +1016,7 @@ class SourceRunner:
         this source's jobs is in flight and none of its commits under way, so
         a compaction never races this driver's commits."""
         now = self.clock.now()
-        released = False
+        did = False
         for out in self.outputs:
             try:
                 done = out.sink.maintain(now)
@@ -1025,8 +1026,8 @@ class SourceRunner:
                 continue
             if done:
                 self.events.log(self.name, "maintain", output=out.name, **done)
-                released = True
-        if released and self.settings.release_memory:
+                did = True
+        if did and self.settings.release_memory:
             release_free_memory()
 
     def _compact(self, b: Bindings[Any]) -> None:

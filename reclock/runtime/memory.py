@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import threading
 import time
@@ -31,25 +32,19 @@ MIN_GAP_S = 5.0
 
 _lock = threading.Lock()
 _last = -MIN_GAP_S
-_trim: Any = None
-_trim_loaded = False
 _timer: threading.Timer | None = None
 
 
+@functools.cache
 def _malloc_trim() -> Any:
     """glibc's ``malloc_trim``, or None where the C library has none."""
-    global _trim, _trim_loaded
-    if not _trim_loaded:
-        _trim_loaded = True
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            fn = libc.malloc_trim
-            fn.argtypes = [ctypes.c_size_t]
-            fn.restype = ctypes.c_int
-            _trim = fn
-        except (OSError, AttributeError):
-            _trim = None
-    return _trim
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def release_free_memory(force: bool = False) -> bool:
