@@ -409,7 +409,9 @@ def _find_output(pipe: Any, name: str) -> tuple[str, Any]:
 
 
 def _print_table(label: str, as_of: int | None, table: pa.Table, args: argparse.Namespace) -> None:
-    rows = table.slice(0, args.limit).to_pylist() if args.limit else table.to_pylist()
+    from sinks._encoding import py_rows
+
+    rows = py_rows(table.slice(0, args.limit) if args.limit else table)
     if args.json:
         for r in rows:
             print(json.dumps({"output": label, "as_of": as_of, **r}, default=str))

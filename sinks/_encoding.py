@@ -23,6 +23,41 @@ def is_listlike(t: pa.DataType) -> bool:
                 or pa.types.is_fixed_size_list(t) or pa.types.is_list_view(t)
                 or pa.types.is_large_list_view(t))
 
+def _nanos_as_text(t: pa.DataType) -> pa.DataType:
+    """``t`` with every nanosecond timestamp, time or duration inside it
+    (nested too) as a string: Python's datetime and timedelta hold only
+    microseconds, and pyarrow turns such values into Python objects only
+    through pandas, which reclock does not require."""
+    if getattr(t, "unit", None) == "ns" and (pa.types.is_timestamp(t) or pa.types.is_time(t)
+                                             or pa.types.is_duration(t)):
+        return pa.string()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_nanos_as_text(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(_nanos_as_text(t.key_type), _nanos_as_text(t.item_type))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_nanos_as_text(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_nanos_as_text(t.value_type)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_nanos_as_text(t.value_type)), t.list_size)
+    if pa.types.is_dictionary(t):
+        return _nanos_as_text(t.value_type)
+    return t
+
+
+def py_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """``table.to_pylist()``, with nanosecond temporal values (as in
+    :func:`_nanos_as_text`) given as their ISO text (``2023-11-14
+    22:13:20.123456789``; durations as a count of nanoseconds): for printing
+    rows and for a refused row's JSON, whatever the column types."""
+    cols = []
+    for f in table.schema:
+        safe = _nanos_as_text(f.type)
+        cols.append(table.column(f.name) if safe == f.type else table.column(f.name).cast(safe))
+    return pa.table(cols, names=table.column_names).to_pylist()
+
+
 def to_json(v: Any, t: pa.DataType) -> Any:
     if v is None:
         return None

@@ -104,6 +104,8 @@ def refuse_rows(table: pa.Table, mask: Any, reason: str,
 
     import pyarrow.compute as pc
 
+    from sinks._encoding import py_rows
+
     m = pa.array(mask, pa.bool_()) if not isinstance(mask, pa.Array | pa.ChunkedArray) else mask
     m = pc.and_(pc.fill_null(m, False), pc.is_null(table.column(ERROR)))
     if not pc.any(m).as_py():
@@ -113,7 +115,7 @@ def refuse_rows(table: pa.Table, mask: Any, reason: str,
     raw = table.column(RAW_VALUE).to_pylist()
     errors = table.column(ERROR).to_pylist()
     diffs = table.column(DIFF).to_pylist()
-    rows = table.select(user).to_pylist() if user else [{} for _ in flags]
+    rows = py_rows(table.select(user)) if user else [{} for _ in flags]
     for i, hit in enumerate(flags):
         if not hit:
             continue

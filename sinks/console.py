@@ -37,6 +37,7 @@ from pydantic import Field
 
 from reclock.config.base import SinkConfigBase
 from reclock.core.columns import DIFF, ERROR, INTO_TIME, META_FIELDS, META_NAMES
+from sinks._encoding import py_rows
 from sinks._fs import atomic_write, exclusive_lock, sink_os_error
 from sinks.base import SinkContext, SinkError, SinkFenced, SinkState, output_schema
 
@@ -76,7 +77,7 @@ class ConsoleStager:
     def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:
         if table.num_rows == 0:
             return []
-        head = table.slice(0, self.max_rows).to_pylist()
+        head = py_rows(table.slice(0, self.max_rows))
         rows = [{k: jsonable(v) for k, v in row.items()} for row in head]
         return [{"batch": batch_id, "part": part, "count": table.num_rows, "rows": rows}]
 

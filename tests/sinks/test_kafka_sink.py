@@ -565,12 +565,13 @@ def test_values_of_every_type_round_trip_exactly(topics: Topics) -> None:
     got = topics.sink().read_updates().sort_by("k")  # the stored schema, no ensure
     assert got.schema == schema
     for name in user.names:
+        if name == "ts":  # nanoseconds survive (Python's datetime would drop them)
+            assert got.column(name).cast(pa.int64()).to_pylist() == \
+                [1_700_000_000_123_456_789, None]
+            continue
         want, have = rows.column(name).to_pylist(), got.column(name).to_pylist()
         if name == "f":
             assert have[0] == math.inf and math.isnan(have[1])
-        elif name == "ts":  # nanoseconds survive (as_py would drop them)
-            assert got.column(name).cast(pa.int64()).to_pylist() == \
-                [1_700_000_000_123_456_789, None]
         else:
             assert have == want, name
     s.close()
