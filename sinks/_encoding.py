@@ -55,7 +55,8 @@ def py_rows(table: pa.Table) -> list[dict[str, Any]]:
     for f in table.schema:
         safe = _nanos_as_text(f.type)
         cols.append(table.column(f.name) if safe == f.type else table.column(f.name).cast(safe))
-    return pa.table(cols, names=table.column_names).to_pylist()
+    rows: list[dict[str, Any]] = pa.table(cols, names=table.column_names).to_pylist()
+    return rows
 
 
 def to_json(v: Any, t: pa.DataType) -> Any:
