@@ -740,6 +740,10 @@ class KafkaSource(SourceBase):
                 offsets = {p: (o if o >= 0 else ends[p]) for p, o in found.items()}
             else:
                 offsets = self._list_offsets(live, _spec('earliest'))
+                # a reading of the earliest offsets like any other: the
+                # first plan need not ask again (verify's re-read plans at once)
+                self._earliest.update(offsets)
+                self._earliest_at = time.monotonic()
                 if self.start == "offsets":
                     if self.multi:
                         self._learn(list(self.start_offsets))
