@@ -23,13 +23,19 @@ def is_listlike(t: pa.DataType) -> bool:
                 or pa.types.is_fixed_size_list(t) or pa.types.is_list_view(t)
                 or pa.types.is_large_list_view(t))
 
+def is_nanos(t: pa.DataType) -> bool:
+    """A timestamp, time or duration in nanoseconds (more than Python's
+    datetime and timedelta, or Delta, can hold)."""
+    return getattr(t, "unit", None) == "ns" and bool(
+        pa.types.is_timestamp(t) or pa.types.is_time(t) or pa.types.is_duration(t))
+
+
 def _nanos_as_text(t: pa.DataType) -> pa.DataType:
     """``t`` with every nanosecond timestamp, time or duration inside it
     (nested too) as a string: Python's datetime and timedelta hold only
     microseconds, and pyarrow turns such values into Python objects only
     through pandas, which reclock does not require."""
-    if getattr(t, "unit", None) == "ns" and (pa.types.is_timestamp(t) or pa.types.is_time(t)
-                                             or pa.types.is_duration(t)):
+    if is_nanos(t):
         return pa.string()
     if pa.types.is_struct(t):
         return pa.struct([f.with_type(_nanos_as_text(f.type)) for f in t])
@@ -42,7 +48,8 @@ def _nanos_as_text(t: pa.DataType) -> pa.DataType:
     if pa.types.is_fixed_size_list(t):
         return pa.list_(t.value_field.with_type(_nanos_as_text(t.value_type)), t.list_size)
     if pa.types.is_dictionary(t):
-        return _nanos_as_text(t.value_type)
+        inner = _nanos_as_text(t.value_type)
+        return t if inner == t.value_type else inner
     return t
 
 

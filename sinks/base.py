@@ -115,11 +115,13 @@ def refuse_rows(table: pa.Table, mask: Any, reason: str,
     raw = table.column(RAW_VALUE).to_pylist()
     errors = table.column(ERROR).to_pylist()
     diffs = table.column(DIFF).to_pylist()
-    rows = py_rows(table.select(user)) if user else [{} for _ in flags]
-    for i, hit in enumerate(flags):
-        if not hit:
-            continue
-        text = json.dumps(rows[i], default=str, ensure_ascii=True).encode()
+    hits = [i for i, hit in enumerate(flags) if hit]
+    # only the refused rows become Python values (a refusal is a few rows of
+    # a batch that may hold a million)
+    rows = (py_rows(table.select(user).take(pa.array(hits, pa.int64()))) if user
+            else [{} for _ in hits])
+    for i, row in zip(hits, rows, strict=True):
+        text = json.dumps(row, default=str, ensure_ascii=True).encode()
         raw[i] = text[:raw_max]
         errors[i] = reason if len(text) <= raw_max else (
             f"{reason} (the row's {len(text):,} bytes of JSON are cut to {raw_max:,})")

@@ -142,6 +142,7 @@ from reclock.config.base import ByteSize, DurationMs, SinkConfigBase, _Model, _p
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
 from reclock.core.errors import ReclockError
+from sinks._encoding import is_nanos
 from sinks._fs import (
     check_descriptor,
     check_stage_args,
@@ -239,10 +240,7 @@ class DeltaStager:
         sub-microsecond part (Delta keeps microseconds; rounding would change
         the value). Nested values are cast as a whole and fail loudly."""
         for f in table.schema:
-            if f.name in META_NAMES or getattr(f.type, "unit", None) != "ns":
-                continue
-            if not (pa.types.is_timestamp(f.type) or pa.types.is_duration(f.type)
-                    or pa.types.is_time(f.type)):
+            if f.name in META_NAMES or not is_nanos(f.type):
                 continue
             ns = pc.fill_null(pc.cast(table.column(f.name), pa.int64()), 0)
             hit = pa.array(ns.to_numpy() % 1000 != 0)
