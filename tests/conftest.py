@@ -30,6 +30,8 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests import lanes
+
 settings.register_profile(
     "ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -250,13 +252,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("integration") is not None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reports its collection
 def pytest_collection_finish(session: pytest.Session) -> None:
     """With tests that start Spark selected, every Spark driver the run starts
     maps a class-data-sharing archive of Spark's classes (tests/spark_cds.py).
-    The archive and the peers the selected tests use (a Kafka broker, the
+    The archive and the peers this process's tests use (a Kafka broker, the
     PostgreSQL cluster, MariaDB) are made in the background while the unit
-    tests run; their fixtures wait for them."""
-    integration = [i for i in session.items if i.get_closest_marker("integration")]
+    tests run; their fixtures wait for them. Under xdist, a worker makes
+    those of its lane (tests/lanes.py)."""
+    lanes.publish(session.config, session.items)
+    mine = lanes.runs_here(session.config, session.items)
+    integration = [i for i in mine if i.get_closest_marker("integration")]
     if not integration:
         return
     used = set().union(*(set(getattr(i, "fixturenames", ())) for i in integration))
@@ -264,14 +270,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         used.add("pg_logical")
     used.add("spark_cds")
     pool = ThreadPoolExecutor(4, thread_name_prefix="warm")
-    pool.submit(_bytecode)
+    if lanes.worker_id(session.config) in (None, "gw1"):  # once per run
+        pool.submit(_bytecode)
     for name in _PEERS.keys() & used:
         _WARMING[name] = pool.submit(_PEERS[name][0])
     pool.shutdown(wait=False)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Peers started in the background that no test asked for are stopped."""
+    """Peers started in the background that no test asked for are stopped; a
+    worker hands its counts (tests/tally.py) to the controller."""
     for name, fut in list(_WARMING.items()):
         try:
             peer = fut.result()
@@ -281,6 +289,42 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         if stop is not None:
             getattr(peer, stop)()
     _WARMING.clear()
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        from tests.tally import TALLY
+
+        out["tally"] = {k: dict(v) for k, v in TALLY.items()}
+
+
+class _Controller:
+    """xdist's controller: the lanes' scheduler, and the workers' counts."""
+
+    def __init__(self) -> None:
+        self.lanes_dir = lanes.lanes_dir()
+
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput["lanes_dir"] = str(self.lanes_dir)
+
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        if config.getvalue("dist") != "load":
+            return None
+        return lanes.make_scheduler(config, log, self.lanes_dir)
+
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        from tests.tally import count
+
+        for suite, numbers in getattr(node, "workeroutput", {}).get("tally", {}).items():
+            count(suite, **numbers)
+
+    def pytest_unconfigure(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.lanes_dir, ignore_errors=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_Controller(), "reclock-lanes")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

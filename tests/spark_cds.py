@@ -19,6 +19,7 @@ runs the tests without it.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -66,11 +67,19 @@ def _env() -> dict[str, str]:
 
 
 def build() -> Path | None:
-    """The archive, made first if missing; None when it cannot be made."""
+    """The archive, made first if missing; None when it cannot be made. The
+    test run's two workers (tests/lanes.py) may both ask: one makes it while
+    the other waits."""
     path = archive()
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return path if path.exists() else _make(path)
+
+
+def _make(path: Path) -> Path | None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     extra = _env()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **extra,
