@@ -51,7 +51,6 @@ from reclock.runtime.lock import DriverLock, holder_info
 from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.resnapshot import Requests
 from reclock.runtime.snapshot_progress import describe as describe_snapshot
-from reclock.statuspage import History, StatusServer
 from remap_store import RemapStore, open_store
 from sinks.base import PersistSink, SinkContext, check_output_names
 from sources.base import Source, SourceContext
@@ -459,6 +458,10 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
     if dropped and out is not None:
         out.write(f"reclock: not running dropped source(s) {', '.join(dropped)} "
                   "(reclock undrop FILE SOURCE brings one back)\n")
+    # (here, not at the top: the commands that only read a pipeline's state,
+    # `verify` among them, need no status page and no Prometheus client)
+    from reclock.statuspage import History, StatusServer
+
     history = History()
     server: StatusServer | None = None
     status_path = pipe.state_dir / "status.json"

@@ -204,27 +204,25 @@ def _cancelled(t: pa.Table, keys: pa.Table, corr: Any) -> pa.Table:
     return keys.filter(pa.array(keep))
 
 
-def check_complete(
-    report: SourceReport,
-    per_output: list[pa.Table],
-    progresses: list[Antichain[Any]],
-    source: Any,
-    max_records: int = 50_000_000,
-    keep: frozenset[int] = frozenset(),
-) -> dict[int, list[pa.RecordBatch]]:
-    """Re-read the source from its initial frontier up to the furthest output's
-    progress and compare, per output, the positions before *its* progress with
-    the positions it holds (with either sign). Returns the records re-read for
-    the outputs in ``keep`` (for :func:`check_keyed`)."""
+Reread = tuple[Antichain[Any], dict[int, list[pa.Table]], dict[int, list[pa.RecordBatch]]]
 
+
+def _furthest(progresses: list[Antichain[Any]]) -> Antichain[Any]:
     furthest = progresses[0]
     for p in progresses[1:]:
         furthest = furthest.join(p)
+    return furthest
 
-    def reread() -> tuple[Antichain[Any], dict[int, list[pa.Table]],
-                          dict[int, list[pa.RecordBatch]]]:
+
+def reread(source: Any, upto: Antichain[Any], max_records: int = 50_000_000,
+           keep: frozenset[int] = frozenset()) -> Reread:
+    """The source read again from its initial frontier up to ``upto``: the
+    frontier reached, the positions per output, and the records of the
+    outputs in ``keep`` (for :func:`check_keyed`)."""
+
+    def once() -> Reread:
         lower = source.initial_frontier()
-        tasks, reached = source.plan(lower, furthest, 1_000_000, max_records)
+        tasks, reached = source.plan(lower, upto, 1_000_000, max_records)
         reader = source.reader()
         expected: dict[int, list[pa.Table]] = {}
         raw: dict[int, list[pa.RecordBatch]] = {}
@@ -235,7 +233,27 @@ def check_complete(
                     raw.setdefault(i, []).append(batch)
         return reached, expected, raw
 
-    reached, expected, raw = _retrying(reread)
+    return _retrying(once)
+
+
+def check_complete(
+    report: SourceReport,
+    per_output: list[pa.Table],
+    progresses: list[Antichain[Any]],
+    source: Any,
+    max_records: int = 50_000_000,
+    keep: frozenset[int] = frozenset(),
+    reread_: Reread | None = None,
+) -> dict[int, list[pa.RecordBatch]]:
+    """Re-read the source from its initial frontier up to the furthest output's
+    progress and compare, per output, the positions before *its* progress with
+    the positions it holds (with either sign). Returns the records re-read for
+    the outputs in ``keep`` (for :func:`check_keyed`). ``reread_``: that
+    re-read, made already (:func:`verify_pipeline` reads the source while it
+    reads the outputs)."""
+    furthest = _furthest(progresses)
+    reached, expected, raw = (reread(source, furthest, max_records, keep)
+                              if reread_ is None else reread_)
     if reached != furthest:
         report.notes.append(f"complete: checked only up to {reached.encode()} (too many records)")
     for i, rep in enumerate(report.outputs):
@@ -315,11 +333,20 @@ def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.Rec
 
 
 def verify_pipeline(cfg: Any) -> list[SourceReport]:
-    """Verify every source of a pipeline configuration."""
+    """Verify every source of a pipeline configuration. Each output's state
+    and rows are read first, then the bindings (a live pipeline mints a
+    binding before any output commits up to it: read in this order, the
+    bindings cover every row read). A source that can be re-read is read
+    again in a thread meanwhile, while the rows are checked against the
+    bindings (the reader waits on the broker or the database, the checks on
+    numpy)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from reclock.pipeline import Pipeline
 
     pipe = Pipeline(cfg)
     reports: list[SourceReport] = []
+    pool = ThreadPoolExecutor(1, thread_name_prefix="verify-reread")
     try:
         shards = set(pipe.store.shards())
         for src in cfg.sources:
@@ -330,37 +357,42 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
             if src.name not in shards:
                 report.notes.append("no bindings yet: nothing ingested")
                 continue
-            b = pipe.store.read(src.name)
+            states = []
             tables = []
             progresses: list[Antichain[Any]] = []
             for o in built.outputs:
                 st = o.sink.state()
+                states.append(st)
                 if o.sink.holds_state:
                     # a current-state table keeps no history to audit
-                    report.notes.append(f"output {o.name}: current-state table, not audited")
-                    rep = OutputReport(o.name)
-                    report.outputs.append(rep)
                     tables.append(pa.table({k: pa.array([], pa.int64()) for k in KEYS}))
-                    progresses.append(_retrying(built.source.initial_frontier))  # owes nothing
-                    continue
-                updates = o.sink.read_updates()
-                tables.append(updates)
-                rep = check_output(o.name, updates, b, st.upper, o.upsert_key,
-                                   st.held(kind))
-                report.outputs.append(rep)
-                if st.progress is None:
-                    if updates.num_rows:
-                        rep.breach("data-without-progress", updates.num_rows, [])
-                    progresses.append(_retrying(built.source.initial_frontier))
                 else:
-                    progresses.append(Antichain.decode_json(kind, st.progress))
-            if not built.source.replayable:
-                report.notes.append("complete: source cannot be re-read; skipped")
-                continue
+                    tables.append(o.sink.read_updates())
+                progresses.append(
+                    _retrying(built.source.initial_frontier)  # owes nothing (yet)
+                    if o.sink.holds_state or st.progress is None
+                    else Antichain.decode_json(kind, st.progress))
             keyed = frozenset(o.index for o in built.outputs
                               if o.upsert_key is not None and not o.spec.typed
                               and not o.sink.holds_state)
-            raw = check_complete(report, tables, progresses, built.source, keep=keyed)
+            again = (pool.submit(reread, built.source, _furthest(progresses), keep=keyed)
+                     if built.source.replayable else None)
+            b = pipe.store.read(src.name)
+            for o, st, updates in zip(built.outputs, states, tables, strict=True):
+                if o.sink.holds_state:
+                    report.notes.append(f"output {o.name}: current-state table, not audited")
+                    report.outputs.append(OutputReport(o.name))
+                    continue
+                rep = check_output(o.name, updates, b, st.upper, o.upsert_key,
+                                   st.held(kind))
+                report.outputs.append(rep)
+                if st.progress is None and updates.num_rows:
+                    rep.breach("data-without-progress", updates.num_rows, [])
+            if again is None:
+                report.notes.append("complete: source cannot be re-read; skipped")
+                continue
+            raw = check_complete(report, tables, progresses, built.source, keep=keyed,
+                                 reread_=again.result())
             for o in built.outputs:
                 if o.index in keyed:
                     check_keyed(report.outputs[o.index], o, tables[o.index],
@@ -373,5 +405,6 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
                     report.notes.append(f"output {o.name}: keyed; positions without "
                                         "updates are not counted as missing")
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         pipe.close()
     return reports

@@ -489,10 +489,10 @@ class SqlRemapStore:
         """The shard of ``row`` as :meth:`read` gives it (``upper``: the
         shard's unless given)."""
         # an upper of 0 (a new shard) holds no binding: binding times < upper
-        bs = ([] if row.upper == 0 else
-              self._bindings(conn, row.shard, row.kind, 0, as_of, row.upper))
-        return Bindings(row.kind, bs, since=row.since,
-                        upper=_upper_ac(row.upper) if upper is None else upper)
+        rows = ([] if row.upper == 0 else
+                list(delta.decode(self._rows(conn, row.shard, 0, as_of, row.upper))))
+        return Bindings.from_encoded(row.kind, rows, since=row.since,
+                                     upper=_upper_ac(row.upper) if upper is None else upper)
 
     def read_encoded(self, shard: str) -> tuple[str, int, int | None, list[tuple[int, Any]]]:
         """The shard as :meth:`read` gives it with each frontier left in

@@ -9,6 +9,7 @@ removed at the end.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -106,6 +108,17 @@ class PgCluster:
 
     def restart(self) -> None:
         self._pg_ctl("restart")
+
+    @contextlib.contextmanager
+    def down(self) -> Iterator[None]:
+        """The server stopped (fast: sessions cut) for the block, then
+        started again on its data: an outage as long as the test needs, not
+        one a busy client may miss between two calls."""
+        self._pg_ctl("stop")
+        try:
+            yield
+        finally:
+            self._pg_ctl("start")
 
     def stop(self) -> None:
         try:

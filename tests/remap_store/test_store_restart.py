@@ -36,7 +36,10 @@ sources:
     with running(cfg, spark) as runners:
         r = runners[0]
         wait_for(lambda: r.records > 5_000, 60, "data before the restart")
-        pg_logical.restart()
+        with pg_logical.down():  # down until the pipeline notices (a restart may fall
+            # between two ticks of a busy machine, and go unnoticed)
+            wait_for(lambda: seen.add(r.health.status) or r.health.status == "stalled", 60,
+                     "the pipeline to stall on its store")
         wait_for(lambda: seen.add(r.health.status) or r.health.status == "finished", 180,
                  "the pipeline to finish after the restart")
     # the restart was noticed: a stall with its error is in the progress log
