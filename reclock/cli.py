@@ -528,12 +528,28 @@ def version_line() -> str:
     return f"reclock {ours} (PySpark {pyspark}, Python {python})"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the line is made when asked for (it reads installed
+    distributions through the metrics module; every other command would pay
+    for the Prometheus client's import)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(version_line())  # (on stdout, as argparse's own version action)
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     doc = __doc__ or ""
     p = argparse.ArgumentParser(prog="reclock", description=doc.split("\n\n", 1)[0],
                                 epilog=doc.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=version_line())
+    p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", required=True)
     file_help = "the pipeline's YAML file"
     r = sub.add_parser("run", help="run the pipeline")
