@@ -564,13 +564,26 @@ def _compile_encoded(times: list[int], encoded: Sequence[Any]) -> _Compiled | No
         parts.append(lo)
         rows.append(np.full(len(lo), i, dtype=np.int64))
         offsets.append(off)
+    # The order of frontiers is that of their elements (DESIGN.md): a later
+    # frontier's "every partition from lo" element needs an earlier one at
+    # or below it; an earlier point is not enough, although it may hold the
+    # same positions. (The points are checked by the bounds, in _fast_valid.)
+    above: dict[int, list[tuple[int, int]]] = {}
+    for lo_, _hi, i, off_ in spans:
+        above.setdefault(i, []).append((lo_, off_))
+    for i, mine in above.items():
+        if i > 0 and not all(any(a <= lo_ and b <= off_ for a, b in above.get(i - 1, ()))
+                             for lo_, off_ in mine):
+            return None
     return _compile_partitioned(times_ext, parts, rows, offsets, spans)
 
 
 def _fast_valid(c: _Compiled, since: int, upper: Antichain[IntoTime] | int | None) -> bool:
     """:func:`_validate` on compiled bindings: times increasing within
-    ``[since, upper)``, and each frontier at or beyond the one before it,
-    i.e. no partition's least contained offset ever moves back."""
+    ``[since, upper)``, and each frontier at or beyond the one before it:
+    no partition's least contained offset ever moves back (with the
+    unbounded elements' check in :func:`_compile_encoded`, that is the
+    order of frontiers)."""
     times = c.times_ext[:c.nb]
     u = upper if upper is None or isinstance(upper, int) else _upper_value(upper)
     if times[0] < since or (u is not None and (times[-1] >= u or u < since)):
