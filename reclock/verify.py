@@ -240,32 +240,28 @@ def check_complete(
     report: SourceReport,
     per_output: list[pa.Table],
     progresses: list[Antichain[Any]],
-    source: Any,
-    max_records: int = 50_000_000,
-    keep: frozenset[int] = frozenset(),
-    reread_: Reread | None = None,
+    kind: str,
+    furthest: Antichain[Any],
+    again: Reread,
 ) -> dict[int, list[pa.RecordBatch]]:
-    """Re-read the source from its initial frontier up to the furthest output's
-    progress and compare, per output, the positions before *its* progress with
-    the positions it holds (with either sign). Returns the records re-read for
-    the outputs in ``keep`` (for :func:`check_keyed`). ``reread_``: that
-    re-read, made already (:func:`verify_pipeline` reads the source while it
-    reads the outputs)."""
-    furthest = _furthest(progresses)
-    reached, expected, raw = (reread(source, furthest, max_records, keep)
-                              if reread_ is None else reread_)
+    """Compare, per output, the positions the source holds before *its*
+    progress (``again``: the source re-read up to ``furthest``, the furthest
+    output's progress; :func:`reread`) with the positions it holds (with
+    either sign). Returns the records re-read for the outputs :func:`reread`
+    kept (for :func:`check_keyed`)."""
+    reached, expected, raw = again
     if reached != furthest:
         report.notes.append(f"complete: checked only up to {reached.encode()} (too many records)")
     for i, rep in enumerate(report.outputs):
         exp = pa.concat_tables(expected[i]) if i in expected else _keys(pa.table({}))
         if exp.num_rows:
             # only what lies before this output's own progress is owed by it
-            owed = ~beyond(source.kind, progresses[i], exp.column(SRC_PART).to_numpy(),
+            owed = ~beyond(kind, progresses[i], exp.column(SRC_PART).to_numpy(),
                                exp.column(SRC_OFFSET).to_numpy())
             exp = exp.filter(pa.array(owed))
         report.complete_checked += exp.num_rows
         # a position may carry a retraction, an insertion, or both (debezium)
-        got = _held_positions(source.kind, per_output[i]).group_by(KEYS).aggregate([])
+        got = _held_positions(kind, per_output[i]).group_by(KEYS).aggregate([])
         exp_m = exp.append_column("e", pa.array(np.ones(exp.num_rows, dtype=np.int8)))
         got_m = got.append_column("g", pa.array(np.ones(got.num_rows, dtype=np.int8)))
         joined = exp_m.join(got_m, keys=KEYS, join_type="full outer")
@@ -375,7 +371,8 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
             keyed = frozenset(o.index for o in built.outputs
                               if o.upsert_key is not None and not o.spec.typed
                               and not o.sink.holds_state)
-            again = (pool.submit(reread, built.source, _furthest(progresses), keep=keyed)
+            furthest = _furthest(progresses)
+            again = (pool.submit(reread, built.source, furthest, keep=keyed)
                      if built.source.replayable else None)
             b = pipe.store.read(src.name)
             for o, st, updates in zip(built.outputs, states, tables, strict=True):
@@ -391,8 +388,7 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
             if again is None:
                 report.notes.append("complete: source cannot be re-read; skipped")
                 continue
-            raw = check_complete(report, tables, progresses, built.source, keep=keyed,
-                                 reread_=again.result())
+            raw = check_complete(report, tables, progresses, kind, furthest, again.result())
             for o in built.outputs:
                 if o.index in keyed:
                     check_keyed(report.outputs[o.index], o, tables[o.index],

@@ -270,7 +270,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         used.add("pg_logical")
     used.add("spark_cds")
     pool = ThreadPoolExecutor(4, thread_name_prefix="warm")
-    if lanes.worker_id(session.config) in (None, "gw1"):  # once per run
+    if lanes.once_per_run(session.config):
         pool.submit(_bytecode)
     for name in _PEERS.keys() & used:
         _WARMING[name] = pool.submit(_PEERS[name][0])

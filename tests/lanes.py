@@ -58,6 +58,13 @@ def runs_here(config: pytest.Config, items: Iterable[pytest.Item]) -> list[pytes
     return [i for i in items if pinned(i) == (wid == PEER_WORKER)]
 
 
+def once_per_run(config: pytest.Config) -> bool:
+    """Whether this process does the run's one-off work: outside xdist, or
+    on the last worker (the one the peer lane does not keep busy)."""
+    inp = getattr(config, "workerinput", None)
+    return inp is None or inp["workerid"] == f"gw{int(inp['workercount']) - 1}"
+
+
 def publish(config: pytest.Config, items: Sequence[pytest.Item]) -> None:
     """A worker writes the ids of the pinned tests for the controller."""
     inp = getattr(config, "workerinput", None)
@@ -84,10 +91,9 @@ def make_scheduler(config: pytest.Config, log: Any, lanes_dir: Path) -> Any:
                 self.log("**Different tests collected, aborting run**")
                 return
             self.collection = next(iter(self.node2collection.values()))
-            ids = set()
-            for f in lanes_dir.glob("gw*.json"):
-                ids = set(json.loads(f.read_text()))
-                break
+            # (every worker collected the same tests: any one's file will do)
+            first = next(lanes_dir.glob("gw*.json"), None)
+            ids = set() if first is None else set(json.loads(first.read_text()))
             pins = [i for i, nid in enumerate(self.collection) if nid in ids]
             self.pending[:] = [i for i, nid in enumerate(self.collection) if nid not in ids]
             if self.maxschedchunk is None:
@@ -104,12 +110,9 @@ def make_scheduler(config: pytest.Config, log: Any, lanes_dir: Path) -> Any:
             for node in self.nodes:
                 if node is not peer:
                     self.check_schedule(node)
-            if not self.pending and not pins:
+            if not self.pending:  # (the peer stops after its lane: check_schedule)
                 for node in self.nodes:
-                    node.shutdown()
-            elif not self.pending:
-                for node in self.nodes:
-                    if node is not peer:
+                    if node is not peer or not pins:
                         node.shutdown()
 
         def check_schedule(self, node: Any, duration: float = 0) -> None:

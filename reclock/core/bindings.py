@@ -124,6 +124,8 @@ class Bindings(Generic[T]):
         every row and never looks at a frontier (decoding and comparing 100
         of them took 1.2 s). Anything else is decoded and validated as
         before, which names what is wrong."""
+        if upper is None and rows:  # as the constructor makes it: just after the last
+            upper = int(rows[-1][0]) + 1
         fast = (_compile_encoded([t for t, _ in rows], [e for _, e in rows])
                 if is_partitioned(kind) and rows else None)
         if fast is None or not _fast_valid(fast, int(since), upper):
