@@ -10,6 +10,9 @@
 * :func:`atomic_write` -- temp file in the same directory, ``fsync``,
   ``os.replace``, ``fsync`` of the directory: readers see the old bytes or the
   new ones, never a torn file, even after a power cut.
+* :func:`create_exclusive` -- put-if-absent: a file that appears whole, only
+  if no file of that name exists (two writers of one name: one wins), made
+  durable like :func:`atomic_write`.
 * :func:`sink_os_error` -- turns an ``OSError`` into a :class:`SinkError`
   whose message names the output, the path and the reason in plain words.
 """
@@ -90,6 +93,30 @@ def atomic_write(path: Path, write: Callable[[object], None] | bytes) -> int:
         raise
     fsync_dir(path.parent)
     return path.stat().st_size
+
+
+def create_exclusive(path: Path, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` unless a file of that name exists;
+    whether it was created. The bytes go to a temp file (synced) that is then
+    hard-linked to ``path``: ``link`` fails when the name exists, so of two
+    writers exactly one succeeds, and a reader sees no file or the whole file.
+    The temp name starts with a dot (see :func:`atomic_write`); a kill between
+    writing and unlinking it leaves it behind, and nothing reads it."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+    finally:
+        with suppress(OSError):
+            tmp.unlink()
+    fsync_dir(path.parent)
+    return True
 
 
 @contextmanager

@@ -536,6 +536,128 @@ def test_progress_found_behind_foreign_commits(sink: DeltaSink) -> None:
     assert sink.state() == SinkState(11, "p11")
 
 
+# -- log entries reclock writes itself ---------------------------------------------------
+
+
+def _entry(path: Path, version: int) -> list[dict[str, Any]]:
+    text = (path / "_delta_log" / f"{version:020d}.json").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def _engine(path: Path, version: int) -> str:
+    return str(next(a["commitInfo"] for a in _entry(path, version) if "commitInfo" in a)
+               ["engineInfo"])
+
+
+def test_appends_are_log_entries_of_reclocks_own_that_delta_rs_reads(sink: DeltaSink) -> None:
+    """A commit on a local table writes its log entry itself: commitInfo
+    with the progress, an add action per file, the txn. delta-rs reads the
+    table's rows, state and history from those entries, and so does a
+    checkpoint it writes over them."""
+    staged = sink.stager().stage("b1", 0, updates(["a", "b"], 5))
+    sink.commit(staged, SinkState(), SinkState(6, "p6"))
+    v = log_versions(sink.path)[-1]
+    entry = _entry(sink.path, v)
+    assert [next(iter(a)) for a in entry] == ["commitInfo", "add", "txn"]
+    info, add, txn = entry[0]["commitInfo"], entry[1]["add"], entry[2]["txn"]
+    assert info["engineInfo"] == "reclock" and info["readVersion"] == v - 1
+    assert (info["reclock.upper"], info["reclock.progress"]) == (6, "p6")
+    assert add["path"] == staged[0]["path"] and add["size"] == staged[0]["size"]
+    assert json.loads(add["stats"])["numRecords"] == 2 and add["dataChange"] is True
+    assert (txn["appId"], txn["version"]) == (f"reclock:{NAME}", 6)
+    dt = DeltaTable(str(sink.path))
+    assert dt.version() == v and dt.transaction_version(f"reclock:{NAME}") == 6
+    assert dt.history(1)[0]["operation"] == "WRITE"
+    assert keys(dt.to_pyarrow_table()) == ["a", "b"]
+    for i in range(6, 6 + delta_mod.CHECKPOINT_INTERVAL):
+        sink.commit(sink.stager().stage(f"c{i}", 0, updates([f"k{i}"], i)),
+                    SinkState(i, f"p{i}"), SinkState(i + 1, f"p{i + 1}"))
+    assert (sink.path / "_delta_log" / "_last_checkpoint").exists()
+    fresh = DeltaSink(NAME, sink.path)
+    assert fresh.state() == SinkState(31, "p31")
+    assert fresh.read_updates().num_rows == 2 + delta_mod.CHECKPOINT_INTERVAL
+
+
+def test_a_table_with_a_writer_feature_reclock_does_not_honour_is_committed_by_delta_rs(
+    sink: DeltaSink,
+) -> None:
+    """A check constraint (writer protocol 3) is beyond what reclock's own
+    entries honour: delta-rs writes the commits, and they still land."""
+    sink.commit([], SinkState(), SinkState(1, "p1"))
+    assert _engine(sink.path, log_versions(sink.path)[-1]) == "reclock"
+    DeltaTable(str(sink.path)).alter.add_constraint({"v_non_negative": "v >= 0"})
+    for i in (1, 2):
+        sink.commit(sink.stager().stage(f"b{i}", 0, updates([f"k{i}"], i)),
+                    SinkState(i, f"p{i}"), SinkState(i + 1, f"p{i + 1}"))
+        assert _engine(sink.path, log_versions(sink.path)[-1]).startswith("delta-rs")
+    assert DeltaSink(NAME, sink.path).state() == SinkState(3, "p3")
+    assert keys(sink.read_updates()) == ["k1", "k2"]
+
+
+def test_a_commit_after_a_foreign_one_lands_after_it_and_a_zombies_commit_fences(
+    sink: DeltaSink,
+) -> None:
+    """The sink knows version v from its own last commit. Another writer's
+    commit since (not of this output) takes v+1: the sink's entry lands at
+    v+2. A commit of this output by someone else (a zombie driver, through
+    delta-rs) since: the sink is fenced, though its own last commit says its
+    state is the one expected."""
+    sink.commit([], SinkState(), SinkState(1, "p1"))
+    other = DeltaSink("someone.else", sink.path)
+    other.commit([], SinkState(), SinkState(7, "x"))
+    before = log_versions(sink.path)[-1]
+    sink.commit(sink.stager().stage("b", 0, updates(["a"], 1)), SinkState(1, "p1"),
+                SinkState(2, "p2"))
+    assert log_versions(sink.path) == list(range(before + 2))
+    assert _engine(sink.path, before + 1) == "reclock"
+    assert sink.state() == SinkState(2, "p2") and other.state() == SinkState(7, "x")
+
+    zombie = DeltaSink(NAME, sink.path)
+    zombie.commit(zombie.stager().stage("z", 0, updates(["z"], 2)), SinkState(2, "p2"),
+                  SinkState(3, "zombie"))
+    with pytest.raises(SinkFenced, match="durable state is"):
+        sink.commit(sink.stager().stage("c", 0, updates(["c"], 2)), SinkState(2, "p2"),
+                    SinkState(3, "p3"))
+    assert sink.state() == SinkState(3, "zombie")
+    assert keys(sink.read_updates()) == ["a", "z"]
+
+
+def test_a_table_made_again_under_the_same_path_is_not_appended_to_blindly(
+    sink: DeltaSink,
+) -> None:
+    """The table is removed and created again while the sink runs: its
+    versions start over, so the version the sink committed last is gone.
+    The sink loads the new table, which holds another state: fenced, and no
+    entry past the new table's end."""
+    for i in range(3):
+        sink.commit([], SinkState() if i == 0 else SinkState(i, f"p{i}"),
+                    SinkState(i + 1, f"p{i + 1}"))
+    import shutil
+
+    shutil.rmtree(sink.path)
+    DeltaSink(NAME, sink.path).ensure(USER)
+    with pytest.raises(SinkFenced):
+        sink.commit([], SinkState(3, "p3"), SinkState(4, "p4"))
+    assert log_versions(sink.path) == [0]
+
+
+def test_a_killed_commits_temp_file_is_ignored_and_vacuumed(tmp_path: Path) -> None:
+    clock = ManualClock(int((os.path.getmtime(tmp_path) + 10) * 1000))
+    s = DeltaSink(NAME, tmp_path / "t", clock=clock)
+    s.ensure(USER)
+    s.commit([], SinkState(), SinkState(1, "p1"))
+    v = log_versions(s.path)[-1]
+    temp = f".{v + 1:020d}.json.{'ab' * 16}.tmp"
+    (s.path / "_delta_log" / temp).write_text('{"commitInfo": {"half')  # killed mid-write
+    assert DeltaTable(str(s.path)).version() == v
+    s.commit([], SinkState(1, "p1"), SinkState(2, "p2"))
+    assert DeltaSink(NAME, s.path).state() == SinkState(2, "p2")
+    assert s.vacuum_orphans(grace_seconds=3600) == []
+    clock.advance(3_601_000)
+    assert s.vacuum_orphans(grace_seconds=3600) == [f"_delta_log/{temp}"]
+    assert not (s.path / "_delta_log" / temp).exists()
+
+
 # -- orphans -----------------------------------------------------------------------------
 
 
