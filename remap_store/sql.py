@@ -181,6 +181,10 @@ def _follow(kind: str, chain: delta.Chain, rows: list[tuple[int, str]], lower: i
     return new, last
 
 
+#: SQLite connections a store keeps open (more are opened while needed).
+SQLITE_POOL = 128
+
+
 class SqlRemapStore:
     """:class:`~remap_store.base.RemapStore` on SQLite or PostgreSQL."""
 
@@ -200,9 +204,13 @@ class SqlRemapStore:
                 Path(db).parent.mkdir(parents=True, exist_ok=True)
             # Every source's thread may wait for SQLite's one writer at the
             # same time, each with a connection: no cap on them (a file handle
-            # each), or a hundred sources would queue for the pool too.
+            # each), or a hundred sources would queue for the pool too. Up to
+            # SQLITE_POOL of them stay open: sources that tick together open
+            # that many at once every interval, and opening one (the file,
+            # its pragmas, the schema) under a hundred threads took longer
+            # than the reads it served (a read p90 106 -> 52 ms, 100 sources).
             self.engine: Engine = sa.create_engine(
-                self.url, echo=echo, max_overflow=-1,
+                self.url, echo=echo, pool_size=SQLITE_POOL, max_overflow=-1,
                 connect_args={"timeout": 30, "check_same_thread": False}
             )
             _sqlite_immediate_transactions(self.engine)

@@ -9,6 +9,7 @@ import os
 import pickle
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -656,6 +657,41 @@ def test_a_killed_commits_temp_file_is_ignored_and_vacuumed(tmp_path: Path) -> N
     clock.advance(3_601_000)
     assert s.vacuum_orphans(grace_seconds=3600) == [f"_delta_log/{temp}"]
     assert not (s.path / "_delta_log" / temp).exists()
+
+
+def test_a_pipelines_sink_checkpoints_aside_and_no_commit_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``checkpoint_aside`` (the file sink of a pipeline) the process's
+    checkpointer thread writes the checkpoints: commits go on while one is
+    being written, and it is written."""
+    s = DeltaSink(NAME, tmp_path / "t", checkpoint_aside=True)
+    s.ensure(USER)
+    writing, release = threading.Event(), threading.Event()
+    real = DeltaTable.create_checkpoint
+
+    def slow_checkpoint(dt: DeltaTable) -> None:
+        writing.set()
+        assert release.wait(60)
+        real(dt)
+
+    monkeypatch.setattr(DeltaTable, "create_checkpoint", slow_checkpoint)
+    n = 2 * delta_mod.CHECKPOINT_INTERVAL
+    for i in range(n):
+        s.commit(s.stager().stage(f"b{i}", 0, updates([f"k{i}"], i)),
+                 SinkState() if i == 0 else SinkState(i, f"p{i}"), SinkState(i + 1, f"p{i + 1}"))
+    assert writing.wait(30), "no checkpoint was asked for"
+    assert not (s.path / "_delta_log" / "_last_checkpoint").exists()  # none had to wait
+    release.set()
+    deadline = time.monotonic() + 30
+    while delta_mod._CHECKPOINTER.pending() or not (
+            s.path / "_delta_log" / "_last_checkpoint").exists():
+        assert time.monotonic() < deadline, "the checkpoint was never written"
+        time.sleep(0.05)
+    version = json.loads((s.path / "_delta_log" / "_last_checkpoint").read_text())["version"]
+    assert version >= delta_mod.CHECKPOINT_INTERVAL
+    assert DeltaSink(NAME, s.path).state() == SinkState(n, f"p{n}")
+    assert DeltaSink(NAME, s.path).read_updates().num_rows == n
 
 
 # -- orphans -----------------------------------------------------------------------------
