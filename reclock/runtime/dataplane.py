@@ -364,58 +364,80 @@ class JobGate:
     first served (one waiting ticket per source at a time) gives every source
     its turn; within Spark, FAIR pools still share cores between the admitted
     jobs, so a heavy job does not hold a light one back.
+
+    Each waiter sleeps on an event of its own, set when its turn comes: with
+    one condition notified on every change, each arrival and each finished
+    job woke every waiting source's thread to look (a thousand sources:
+    hundreds of thousands of wake-ups a second, the driver's GIL busy with
+    them).
     """
 
     def __init__(self, slots: int) -> None:
         self.slots = max(1, slots)
-        self._cond = threading.Condition()
-        self._queue: deque[object] = deque()
-        self._small: deque[_Shared] = deque()  # small jobs waiting to share one
+        self._lock = threading.Lock()
+        self._queue: deque[_Ticket | _Shared] = deque()
         self._running = 0
 
     def __enter__(self) -> JobGate:
-        me = object()
-        with self._cond:
-            self._queue.append(me)
-            while self._queue[0] is not me or self._running >= self.slots:
-                self._cond.wait()
-            self._queue.popleft()
-            self._running += 1
-            self._cond.notify_all()
+        me = _Ticket()
+        self._wait_turn(me)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        with self._cond:
+        self._release()
+
+    def _wait_turn(self, item: _Ticket | _Shared) -> None:
+        with self._lock:
+            self._queue.append(item)
+            self._admit()
+        item.wake.wait()
+
+    def _release(self) -> None:
+        with self._lock:
             self._running -= 1
-            self._cond.notify_all()
+            self._admit()
+
+    def _admit(self) -> None:
+        """Give free slots to the first in line (the lock held). A small job
+        first in line takes every small job waiting, up to
+        :data:`SHARED_MAX`, into its shared job."""
+        while self._queue and self._running < self.slots:
+            head = self._queue.popleft()
+            self._running += 1
+            if isinstance(head, _Shared):
+                batch = [head]
+                rest: deque[_Ticket | _Shared] = deque()
+                for item in self._queue:
+                    if isinstance(item, _Shared) and len(batch) < SHARED_MAX:
+                        batch.append(item)
+                    else:
+                        rest.append(item)
+                self._queue = rest
+                head.batch = batch
+            head.wake.set()
 
     def shared(self, req: _Shared, execute: Callable[[list[_Shared]], None]) -> None:
         """Run ``req`` in a job shared with the small jobs of other sources:
         the first of them admitted (in arrival order, as any job) takes
         every small job waiting, up to :data:`SHARED_MAX`, into one Spark job
         (``execute``); the others only wait for their results."""
-        with self._cond:
-            self._queue.append(req)
-            self._small.append(req)
-            while not req.taken and (self._queue[0] is not req or self._running >= self.slots):
-                self._cond.wait()
-            self._queue.remove(req)
-            batch: list[_Shared] = []
-            if not req.taken:
-                batch = [req, *(r for r in self._small if r is not req)][:SHARED_MAX]
-                for r in batch:
-                    r.taken = True
-                self._small = deque(r for r in self._small if not r.taken)
-                self._running += 1
-            self._cond.notify_all()
-        if batch:
-            try:
-                execute(batch)
-            finally:
-                with self._cond:
-                    self._running -= 1
-                    self._cond.notify_all()
-        req.done.wait()
+        self._wait_turn(req)
+        batch = req.batch
+        if batch is None:
+            return  # it ran in another's job, which woke it when done
+        try:
+            execute(batch)
+        finally:
+            self._release()
+            for r in batch:
+                r.wake.set()
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """A job waiting for its turn at the gate."""
+
+    wake: threading.Event = field(default_factory=threading.Event)
 
 
 #: Small jobs run in one shared Spark job at most (see :meth:`JobGate.shared`).
@@ -429,8 +451,10 @@ class _Shared:
     ctx: JobContext
     tasks: Sequence[ReadTask]
     group: str  # the source's job group
-    taken: bool = False
-    done: threading.Event = field(default_factory=threading.Event)
+    #: set when its turn comes (``batch`` then says which job it leads) or
+    #: when the job it ran in is done
+    wake: threading.Event = field(default_factory=threading.Event)
+    batch: list[_Shared] | None = None
     results: list[TaskResult] = field(default_factory=list)
     error: BaseException | None = None
 
@@ -522,8 +546,6 @@ def _run_shared_job(sc: Any, batch: list[_Shared]) -> None:
             for r in batch:
                 if _in_shared.get(r.group) == group:
                     del _in_shared[r.group]
-        for r in batch:
-            r.done.set()
 
 
 def _run_shared_partition(bc: Any, items: Iterable[tuple[int, ReadTask]]
