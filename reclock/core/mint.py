@@ -23,6 +23,12 @@ Rules:
    successful or not, the operator re-reads the store from its last known
    upper. A lost race (:class:`~reclock.core.errors.UpperMismatch`) is absorbed:
    the winner's bindings are read back and the next tick carries on.
+7. A tick starts from the bindings read back after the last append, not from
+   a read of its own: an append is fenced on the upper, so one built on a
+   view another writer has moved past fails and reads back instead (rule 6).
+   The view is never ahead of the store, so a probe behind its last binding
+   is behind the store's too (rule 5 stays true). A read per tick was a third
+   of a hundred sources' store transactions.
 """
 
 from __future__ import annotations
@@ -112,12 +118,12 @@ class RemapOperator(Generic[T]):
     def mint(self, probe: Callable[[], Antichain[T]] | Antichain[T]) -> Bindings[T]:
         """One tick: bind the upstream frontier at the current time.
 
-        ``probe`` is called *after* re-syncing with the store, so a frontier
-        behind the last binding means the upstream really went backwards, not
-        that another writer got ahead. Returns the bindings as read back from
-        the store.
+        ``probe`` is compared with the last binding read back from the store
+        (rule 7): a frontier behind it means the upstream really went
+        backwards, not that another writer got ahead. Returns the bindings as
+        read back from the store.
         """
-        b = self.sync()
+        b = self._bindings
         if b.is_closed:
             return b
         t = self.binding_time()
