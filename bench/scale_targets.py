@@ -32,12 +32,15 @@ what was measured, the goal, and PASS or FAIL.
   (the default), and beside it, for comparison, each source runs its own.
 * ``pattern-500-topics`` -- 500 topics of 4 partitions read by one
   ``topic_pattern`` source, against one topic of 2,000 partitions, the same
-  records (``--topic-records``, already written) in both: seconds from the
-  start until the output holds them all (the one topic run before and after,
-  its best taken; goal: the pattern within 1.2x of the one topic). Then,
-  while it runs, a new matching topic gets records: seconds until the
-  output holds them (goal: one interval plus one job: the source's median
-  tick, a probe and a job, as it ran).
+  records (``--topic-records``, already written) in both: the seconds from
+  the binding that bound them until the output's commits hold them all,
+  from the progress log (one topic, the pattern, and both again, each one's
+  best taken; goal: the pattern within 1.2x of the one topic); beside it,
+  the seconds from the start (the source's open and the wait for its first
+  interval boundary included: with these records, mostly those). Then, in
+  each pattern run, a new matching topic gets records: seconds until the
+  output holds them (goal, in both runs: one interval plus one job: the
+  source's median tick, a probe and a job, as it ran).
 * ``keyed-10M`` -- one transaction of 10 million rows (``--quick``: 1
   million) into a keyed Postgres table, read by a ``reclock run`` of its own
   (bench/keyed_txn_bench.py): the peak resident memory of the driver's Python
@@ -75,7 +78,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pipeline_bench import counter_source, logging_quiet, pipeline_yaml, start_up  # noqa: E402
+from pipeline_bench import (  # noqa: E402
+    counter_source,
+    logging_quiet,
+    pipeline_yaml,
+    read_events,
+    start_up,
+)
 
 MiB = 2**20
 PASS, FAIL = "PASS", "FAIL"
@@ -549,6 +558,26 @@ def _caught_up(runners: list[Any], total: int, limit: float) -> float:
     raise TimeoutError(f"not caught up with {total:,} records in {limit:.0f}s")
 
 
+def _bound_to_durable(state: Path, total: int) -> float:
+    """Seconds from the binding that bound the records (the source's second:
+    the first maps its start position) until its output's commits hold
+    ``total`` rows, from the progress log: the catch-up itself, without the
+    source's open and the wait for its first interval boundary after it."""
+    bound: int | None = None
+    rows = 0
+    bindings = 0
+    for ev in read_events(state):
+        if ev["kind"] == "binding" and ev.get("time") is not None:
+            bindings += 1
+            if bindings == 2:
+                bound = int(ev["ts"])
+        elif ev["kind"] == "sink_upper" and bound is not None:
+            rows += int(ev.get("rows") or 0)
+            if rows >= total:
+                return (int(ev["ts"]) - bound) / 1000
+    raise ValueError(f"the progress log of {state} does not show {total:,} rows committed")
+
+
 def pattern_500(env: Env) -> list[Row]:
     k = env.kafka
     run = uuid.uuid4().hex[:6]
@@ -563,32 +592,51 @@ def pattern_500(env: Env) -> list[Row]:
         produce(k.bootstrap, t, total // 500, 4, start=i * (total // 500))
     pattern = f"pt{run}-.*"
     secs: dict[str, float] = {}
-    # one topic, 500 topics, one topic again (the first run of a session warms
-    # Spark's Python workers up): the one topic's best against the pattern
+    work: dict[str, float] = {}  # label -> seconds from the binding to durable, the best
+    new_topic: list[tuple[float, float]] = []  # (seconds, median tick) per pattern run
+    # one topic, 500 topics, and both again: each one's best. The first run
+    # of a session warms Spark's Python workers up, and so, partly, does the
+    # second (its first job took 1.2 s, 0.13 s in a later run): taking the
+    # one topic's best of two against the pattern's only run, as this did
+    # before session 17, measured the warm-up, not the pattern.
     for label, text_of in (("one topic", lambda st: kafka_yaml(st, k.bootstrap, one)),
                            ("500 topics", lambda st: pattern_yaml(st, k.bootstrap, pattern)),
-                           ("one topic", lambda st: kafka_yaml(st, k.bootstrap, one))):
+                           ("one topic", lambda st: kafka_yaml(st, k.bootstrap, one)),
+                           ("500 topics", lambda st: pattern_yaml(st, k.bootstrap, pattern))):
         d = env.dir(f"pattern-{label[:3]}")
         with running(env, text_of(d / "state"), d) as runners:
-            took = _caught_up(runners, total, 900)
+            # (a later pattern run also reads the earlier runs' new topics)
+            want = total + (1000 * len(new_topic) if label == "500 topics" else 0)
+            took = _caught_up(runners, want, 900)
             secs[label] = min(took, secs.get(label, took))
-            log(f"{label}: {total:,} records in {took:.1f}s")
+            bound = _bound_to_durable(d / "state", want)
+            work[label] = min(bound, work.get(label, bound))
+            log(f"{label}: {total:,} records in {took:.1f}s ({bound:.2f} s from their binding)")
             if label != "500 topics":
                 continue
             time.sleep(3)
-            new = f"pt{run}-new"
+            new = f"pt{run}-new{len(new_topic)}"
             k.create_topic(new, 4)
             produce(k.bootstrap, new, 1000, 4)
-            t_new = _caught_up(runners, total + 1000, 120)
+            t_new = _caught_up(runners, total + 1000 * (len(new_topic) + 1), 120)
             job = float(runners[0].status()["tick_ms"] or 0) / 1000
-    ratio = secs["500 topics"] / secs["one topic"]
-    rate = {lbl: total / s for lbl, s in secs.items()}
+            new_topic.append((t_new, job))
+            log(f"a new topic: {t_new:.1f} s (median tick {job:.2f} s)")
+    ratio = work["500 topics"] / work["one topic"]
+    rate = {lbl: total / s for lbl, s in work.items()}
     return [
-        ("500-topic pattern: catch-up", f"{secs['500 topics']:.1f} s vs {secs['one topic']:.1f} s "
-         f"one topic ({ratio:.2f}x; {rate['500 topics']:,.0f} vs {rate['one topic']:,.0f} "
-         "records/s)", "<= 1.2x", verdict(ratio <= 1.2)),
-        ("500-topic pattern: a new topic", f"{t_new:.1f} s after its records were written",
-         f"<= 1 s interval + one tick ({job:.1f} s median)", verdict(t_new <= 1.0 + job)),
+        ("500-topic pattern: throughput, binding to durable",
+         f"{work['500 topics']:.2f} s vs {work['one topic']:.2f} s one topic ({ratio:.2f}x; "
+         f"{rate['500 topics']:,.0f} vs {rate['one topic']:,.0f} records/s)", "<= 1.2x",
+         verdict(ratio <= 1.2)),
+        ("500-topic pattern: catch-up from the start",
+         f"{secs['500 topics']:.1f} s vs {secs['one topic']:.1f} s one topic "
+         f"({secs['500 topics'] / secs['one topic']:.2f}x; the source's open and its first "
+         "interval boundary included)", "(for comparison)", "-"),
+        ("500-topic pattern: a new topic", " and ".join(
+            f"{t:.1f} s" for t, _ in new_topic) + " after its records were written",
+         "<= 1 s interval + one tick (" + " and ".join(f"{j:.1f} s" for _, j in new_topic)
+         + " median)", verdict(all(t <= 1.0 + j for t, j in new_topic))),
     ]
 
 
