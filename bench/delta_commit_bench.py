@@ -1,0 +1,109 @@
+"""One output's Delta commits, the way a pipeline makes them each tick: stage
+a small batch (what an executor does), then commit it with the new state.
+Side by side, alternating in rounds on tables of their own:
+
+* ``reclock log entry`` -- the sink writes the append's log entry itself
+  (put-if-absent on the version after the one it committed last; see
+  ``sinks/delta.py``);
+* ``delta-rs`` -- delta-rs loads the table and commits (what every commit did
+  before session 17, and what a table with writer features reclock's own
+  entries do not honour still gets), forced here by treating every table as
+  such.
+
+Prints the commit's wall and CPU time (the process's, every thread, delta-rs's
+own included) per commit, and the threads at the end::
+
+    python bench/delta_commit_bench.py                 # 4 rounds of 100 commits
+    python bench/delta_commit_bench.py --commits 500 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pyarrow as pa
+
+import sinks.delta as delta_mod
+from sinks.base import SinkState, output_schema
+from sinks.delta import DeltaSink
+
+USER = pa.schema([("k", pa.string()), ("v", pa.int64())])
+
+
+def batch(i: int, rows: int) -> pa.Table:
+    schema = output_schema(USER)
+    cols: dict[str, Any] = {}
+    for f in schema:
+        if f.name == "k":
+            cols[f.name] = pa.array([f"key-{i}-{j}" for j in range(rows)])
+        elif f.nullable:
+            cols[f.name] = pa.nulls(rows, f.type)
+        else:
+            cols[f.name] = pa.array([i] * rows, f.type)
+    return pa.table(cols, schema=schema)
+
+
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def run(root: Path, label: str, commits: int, rows: int) -> tuple[float, float]:
+    """``commits`` stage-and-commit rounds on a new table: (wall, CPU) ms per commit."""
+    sink = DeltaSink("bench", root / label.replace(" ", "-") / str(time.monotonic_ns()))
+    sink.ensure(USER)
+    state = sink.state()
+    wall = cpu = 0.0
+    for i in range(commits):
+        staged = sink.stager().stage(f"b{i}", 0, batch(i, rows))
+        new = SinkState(i + 1, f"p{i}")
+        w0, c0 = time.perf_counter(), cpu_s()
+        sink.commit(staged, state, new)
+        wall += time.perf_counter() - w0
+        cpu += cpu_s() - c0
+        state = new
+    assert DeltaSink("bench", sink.path).state() == state
+    return wall / commits * 1000, cpu / commits * 1000
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--commits", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rows", type=int, default=20, help="rows per commit")
+    args = ap.parse_args()
+    real = delta_mod._direct_ok
+    results: dict[str, list[tuple[float, float]]] = {"reclock log entry": [], "delta-rs": []}
+    with tempfile.TemporaryDirectory(prefix="delta-commit-") as tmp:
+        for _ in range(args.rounds):
+            for label in results:
+                delta_mod._direct_ok = real if label == "reclock log entry" else (
+                    lambda dt: False)
+                results[label].append(run(Path(tmp), label, args.commits, args.rows))
+        delta_mod._direct_ok = real
+    print(f"\n{args.rounds} rounds of {args.commits} commits of {args.rows} rows each "
+          f"(checkpoint every {delta_mod.CHECKPOINT_INTERVAL}), alternating; "
+          f"{os.cpu_count()} CPUs")
+    print("| commit | wall ms/commit (median round) | CPU ms/commit, all threads | ratio |")
+    print("|---|---|---|---|")
+    med = {k: sorted(v)[len(v) // 2] for k, v in results.items()}
+    base = med["delta-rs"][1]
+    for label, (wall, cpu) in med.items():
+        print(f"| {label} | {wall:.1f} | {cpu:.1f} | {cpu / base:.2f}x |")
+    print(f"threads at the end: {threading.active_count()} Python, "
+          f"{len(os.listdir('/proc/self/task'))} in the process")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
