@@ -48,9 +48,10 @@ writer, a compaction, a zombie driver), the sink loads the newest snapshot
 with delta-rs, checks the state again (which fences a writer of this output)
 and writes the entry after it. A blind append conflicts with no other commit
 but a metadata or protocol change, and such a change is in the snapshot
-loaded before retrying. Delta-rs loading a snapshot and committing cost about
-12 ms of CPU per commit (a third in its own threads); this costs about 1 ms,
-which a driver of a hundred outputs committing every second needs.
+loaded before retrying. delta-rs loading a snapshot and committing cost
+12-18 ms of CPU per commit (some of it in its own threads); this costs about
+2 ms (``bench/delta_commit_bench.py``), which a driver of a hundred outputs
+committing every second needs.
 Tables with writer features outside :data:`_DIRECT_FEATURES`, and tables on
 S3 (put-if-absent there is a conditional PUT that pyarrow does not make),
 are committed to by delta-rs as below.
