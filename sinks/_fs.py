@@ -69,6 +69,23 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _temp_of(path: Path) -> Path:
+    """A new temp name beside ``path``, starting with a dot (see :func:`atomic_write`)."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+
+
+def _write_synced(tmp: Path, write: Callable[[object], None] | bytes) -> None:
+    """Write ``tmp`` (the bytes, or through a function given the open binary
+    file) and sync it to disk."""
+    with open(tmp, "wb") as f:
+        if isinstance(write, bytes):
+            f.write(write)
+        else:
+            write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def atomic_write(path: Path, write: Callable[[object], None] | bytes) -> int:
     """Write ``path`` atomically; return its size in bytes.
 
@@ -76,15 +93,9 @@ def atomic_write(path: Path, write: Callable[[object], None] | bytes) -> int:
     name starts with a dot so that nothing scanning the directory for data
     files (Delta readers, :func:`os.scandir` filters) mistakes it for one.
     """
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp = _temp_of(path)
     try:
-        with open(tmp, "wb") as f:
-            if isinstance(write, bytes):
-                f.write(write)
-            else:
-                write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(tmp, write)
         os.replace(tmp, path)
     except BaseException:
         # Never leave a half-written temp file behind on a failure we saw.
@@ -102,12 +113,9 @@ def create_exclusive(path: Path, data: bytes) -> bool:
     writers exactly one succeeds, and a reader sees no file or the whole file.
     The temp name starts with a dot (see :func:`atomic_write`); a kill between
     writing and unlinking it leaves it behind, and nothing reads it."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp = _temp_of(path)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(tmp, data)
         try:
             os.link(tmp, path)
         except FileExistsError:
