@@ -588,8 +588,9 @@ class DeltaSink:
         self._aside = checkpoint_aside
         self._to_create: pa.Schema | None = None  # the user schema of a table to create
         self._seen_absent = False  # ensure() just found no table (for the next state())
-        #: the newest version this sink committed or loaded, while no other
-        #: writer is known to have committed since (see :meth:`commit`)
+        #: the version this sink committed or loaded last; a commit that finds
+        #: the next version taken (another writer's, or a maintenance commit
+        #: of this sink's own) loads the newest instead (see :meth:`commit`)
         self._head: _Head | None = None
 
     def __repr__(self) -> str:
@@ -621,7 +622,6 @@ class DeltaSink:
             return
         self.location.makedirs()
         with self._locked():
-            self._head = None  # a commit of its own may follow: load the next
             dt = self._open_or_create(user_schema)
             self._schema = pa.schema(dt.schema().to_arrow())
             # The first state() after ensure() (the driver's open) reuses this
@@ -1059,7 +1059,6 @@ class DeltaSink:
         if not self._exists():
             return {}
         with self._locked():
-            self._head = None  # a commit of its own may follow: load the next
             try:
                 dt = self._load()
                 txn = dt.transaction_version(self.app_id)
@@ -1209,7 +1208,6 @@ class DeltaSink:
         props = CommitProperties(custom_metadata={KEY_OUTPUT: self.name,
                                                   KEY_MAINTENANCE: "expire"})
         with self._locked():
-            self._head = None  # a commit of its own may follow: load the next
             try:
                 dt = self._load()
                 due = {os.path.basename(n) for n in dt.vacuum(
@@ -1233,7 +1231,6 @@ class DeltaSink:
         commit of ours retries over it)."""
         want = _interval(hours)
         with self._locked():
-            self._head = None  # a commit of its own may follow: load the next
             try:
                 dt = self._load()
                 have = (dt.metadata().configuration or {}).get(RETENTION_PROPERTY)
