@@ -27,30 +27,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pyarrow as pa
-
 import sinks.delta as delta_mod
-from sinks.base import SinkState, output_schema
+from sinks.base import SinkState
 from sinks.delta import DeltaSink
-
-USER = pa.schema([("k", pa.string()), ("v", pa.int64())])
-
-
-def batch(i: int, rows: int) -> pa.Table:
-    schema = output_schema(USER)
-    cols: dict[str, Any] = {}
-    for f in schema:
-        if f.name == "k":
-            cols[f.name] = pa.array([f"key-{i}-{j}" for j in range(rows)])
-        elif f.nullable:
-            cols[f.name] = pa.nulls(rows, f.type)
-        else:
-            cols[f.name] = pa.array([i] * rows, f.type)
-    return pa.table(cols, schema=schema)
+from tests.sinks.rows import USER, updates
 
 
 def cpu_s() -> float:
@@ -65,7 +48,8 @@ def run(root: Path, label: str, commits: int, rows: int) -> tuple[float, float]:
     state = sink.state()
     wall = cpu = 0.0
     for i in range(commits):
-        staged = sink.stager().stage(f"b{i}", 0, batch(i, rows))
+        keys = [f"key-{i}-{j}" for j in range(rows)]
+        staged = sink.stager().stage(f"b{i}", 0, updates(keys, i, offset=i * rows))
         new = SinkState(i + 1, f"p{i}")
         w0, c0 = time.perf_counter(), cpu_s()
         sink.commit(staged, state, new)
