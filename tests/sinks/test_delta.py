@@ -694,6 +694,46 @@ def test_a_pipelines_sink_checkpoints_aside_and_no_commit_waits_for_it(
     assert DeltaSink(NAME, s.path).read_updates().num_rows == n
 
 
+_EXIT_DURING_CHECKPOINT = """
+import sys, time
+from deltalake import DeltaTable
+import sinks.delta as delta_mod
+from sinks.base import SinkState
+from tests.sinks.rows import USER
+
+real = DeltaTable.create_checkpoint
+def slow(dt):
+    print("writing", flush=True)
+    time.sleep(1.0)
+    real(dt)
+DeltaTable.create_checkpoint = slow
+s = delta_mod.DeltaSink("o", sys.argv[1], checkpoint_aside=True)
+s.ensure(USER)
+for i in range(delta_mod.CHECKPOINT_INTERVAL):
+    s.commit([], SinkState() if i == 0 else SinkState(i), SinkState(i + 1))
+while delta_mod._CHECKPOINTER.pending():
+    time.sleep(0.01)
+"""
+
+
+def test_a_process_exiting_while_a_checkpoint_is_written_waits_for_it(tmp_path: Path) -> None:
+    """The interpreter exits while the checkpointer thread is inside a
+    checkpoint: the thread finishes it first (a daemon thread left inside
+    delta-rs at finalization killed a stopping driver with SIGSEGV), and the
+    process exits cleanly."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "t"
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _EXIT_DURING_CHECKPOINT, str(path)], cwd=root,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "writing" in out.stdout
+    assert (path / "_delta_log" / "_last_checkpoint").exists()
+
+
 # -- orphans -----------------------------------------------------------------------------
 
 
