@@ -343,6 +343,7 @@ def main() -> int:
         import tracemalloc
 
         tracemalloc.start(1)
+    from reclock import _allocator
     from reclock.config import parse_config
     from reclock.pipeline import run
 
@@ -383,6 +384,7 @@ def main() -> int:
     print(f"soak: {args.minutes:g} min, counter {args.rate}/s, orders {args.orders_rate}/s, "
           f"interval {args.interval}, {args.master}, arrow pool "
           f"{__import__('pyarrow').default_memory_pool().backend_name}, "
+          f"driver's mimalloc options {_allocator.APPLIED or 'defaults'}, "
           f"_RJEM_MALLOC_CONF {os.environ.get('_RJEM_MALLOC_CONF')!r}, "
           f"release_memory {not args.no_release_memory}, state {state}", flush=True)
     print(header(), flush=True)

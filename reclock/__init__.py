@@ -12,6 +12,7 @@ The time model lives here:
 * :mod:`reclock.core.errors` -- the error hierarchy.
 """
 
+from reclock import _allocator  # noqa: F401  (first: Arrow's pool options, before pyarrow loads)
 from reclock.core.bindings import UNBOUND, Binding, Bindings
 from reclock.core.clock import Clock, ManualClock, SystemClock
 from reclock.core.errors import DefiniteError, ReclockError, TransientError, UpperMismatch

@@ -491,9 +491,9 @@ class HousekeepingConfig(_Model):
     """A staged file that no commit references is deleted once it is this old
     (the source has no job in flight when the check runs)."""
     release_memory: bool = True
-    """After an output's maintenance pass (a compaction, expired files), hand
-    the memory the allocators hold free back to the system (glibc's
-    ``malloc_trim``, Arrow's pool) instead of keeping it for the next pass."""
+    """After an output's maintenance pass (a compaction, expired files), and
+    otherwise once a minute, hand the memory the allocators hold free back to
+    the system (glibc's ``malloc_trim``, Arrow's pool) instead of keeping it."""
 
 
 def _local_dir(value: Any) -> Any:

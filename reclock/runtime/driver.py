@@ -90,7 +90,7 @@ from reclock.runtime.dataplane import (
     run_local,
 )
 from reclock.runtime.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
-from reclock.runtime.memory import release_free_memory
+from reclock.runtime.memory import release_free_memory, release_if_idle
 from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.replay import heal
 from reclock.runtime.resnapshot import Requests
@@ -151,8 +151,9 @@ class Settings:
     stop_grace_s: float = 20.0
     jobs_in_flight: int = 2
     vacuum_every_s: float = 60.0
-    #: after a maintenance pass that did something, hand the memory the
-    #: allocators hold free back to the system (runtime/memory.py)
+    #: after a maintenance pass that did something, and otherwise once a
+    #: minute, hand the memory the allocators hold free back to the system
+    #: (runtime/memory.py)
     release_memory: bool = True
     orphan_grace_s: float = 300.0
     #: where keyed outputs keep their key state (SQLite files) and tasks
@@ -1027,8 +1028,11 @@ class SourceRunner:
             if done:
                 self.events.log(self.name, "maintain", output=out.name, **done)
                 did = True
-        if did and self.settings.release_memory:
-            release_free_memory()
+        if self.settings.release_memory:
+            if did:
+                release_free_memory()
+            else:
+                release_if_idle()
 
     def _compact(self, b: Bindings[Any]) -> None:
         if self.ticks % self.settings.compact_every_ticks:

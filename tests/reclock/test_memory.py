@@ -59,3 +59,69 @@ def test_releases_are_rate_limited_per_process_and_deferred_not_dropped(
     time.sleep(0.3)
     assert len(done) == 2 and done[1] - t0 >= 0.4  # once, at the gap's end
     assert memory._timer is None
+
+
+def test_an_idle_release_runs_once_per_period_across_threads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    done: list[float] = []
+    monkeypatch.setattr(memory, "_release", lambda: done.append(time.monotonic()))
+    monkeypatch.setattr(memory, "_last", time.monotonic() - 10)
+    assert memory.release_if_idle(5.0)
+    assert not memory.release_if_idle(5.0)  # just done: not due
+    import threading
+
+    outcomes: list[bool] = []
+    monkeypatch.setattr(memory, "_last", time.monotonic() - 10)
+    threads = [threading.Thread(target=lambda: outcomes.append(memory.release_if_idle(5.0)))
+               for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == [False] * 15 + [True] and len(done) == 2
+    # A release after a compaction pass counts: the idle one waits its period.
+    monkeypatch.setattr(memory, "_last", time.monotonic() - 10)
+    assert memory.release_free_memory()
+    assert not memory.release_if_idle(5.0) and len(done) == 3
+
+
+def _mimalloc_options(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Import reclock in a fresh interpreter with ``env``: the options Arrow's
+    mimalloc printed when it loaded (MIMALLOC_VERBOSE), and the MIMALLOC_
+    variables left for child processes."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, json, reclock, pyarrow as pa\n"
+            "assert pa.default_memory_pool().backend_name == 'mimalloc'\n"
+            "print(json.dumps(sorted(k for k in os.environ if k.startswith('MIMALLOC_'))))")
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith("MIMALLOC_") and k not in ("PYTHON_WORKER_FACTORY_SECRET",
+                                                           "RECLOCK_ARROW_ALLOCATOR")}
+    full.update(env, MIMALLOC_VERBOSE="1")
+    r = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True,
+                       text=True, timeout=120, check=True)
+    opts = {}
+    for line in r.stderr.splitlines():
+        if line.startswith("option '"):
+            name, _, value = line[len("option '"):].partition("':")
+            opts[name] = value.strip()
+    return opts, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_the_driver_sets_arrows_pool_to_hand_freed_pages_back_and_children_do_not_inherit() -> None:
+    opts, left = _mimalloc_options({})
+    assert opts["purge_delay"] == "0" and opts["arena_eager_commit"] == "0", opts
+    assert left == ["MIMALLOC_VERBOSE"]  # ours were removed once pyarrow loaded
+
+
+def test_spark_workers_and_users_settings_keep_their_allocator_options() -> None:
+    worker, _ = _mimalloc_options({"PYTHON_WORKER_FACTORY_SECRET": "x"})
+    assert worker["purge_delay"] == "1000" and worker["arena_eager_commit"] != "0", worker
+    opted_out, _ = _mimalloc_options({"RECLOCK_ARROW_ALLOCATOR": "default"})
+    assert opted_out["purge_delay"] == "1000", opted_out
+    user, left = _mimalloc_options({"MIMALLOC_PURGE_DELAY": "250"})
+    assert user["purge_delay"] == "250" and user["arena_eager_commit"] == "0", user
+    assert left == ["MIMALLOC_PURGE_DELAY", "MIMALLOC_VERBOSE"]  # the user's stays
