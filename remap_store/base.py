@@ -114,6 +114,23 @@ class RemapStore(Protocol):
         """
         ...
 
+    def append_and_read_from(
+        self,
+        shard: str,
+        bindings: Sequence[Binding[Any]],
+        expected_upper: Antichain[IntoTime],
+        new_upper: Antichain[IntoTime],
+        lower: int,
+    ) -> tuple[bool, tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]]:
+        """:meth:`compare_and_append`, then :meth:`read_from` ``lower``:
+        ``(appended, read)``. An :class:`~reclock.core.errors.UpperMismatch`
+        is not raised: ``appended`` is False and the read shows the winner's
+        bindings. Other errors of the append raise, as there. Where the
+        append succeeded the read may run in its transaction (the minting
+        tick's read back: one transaction instead of two); it is still a read
+        of what the store holds."""
+        ...
+
     def listen(
         self, shard: str, upper: Antichain[IntoTime], timeout: float
     ) -> tuple[list[Binding[Any]], Antichain[IntoTime]]:

@@ -166,6 +166,36 @@ class _Tail:
     since_whole: int
 
 
+def _new_upper(shard: str, expected_upper: Antichain[IntoTime],
+               new_upper: Antichain[IntoTime]) -> int | None:
+    """``new_upper``'s column value, checked against ``expected_upper`` before
+    any transaction: the append needs a closed-ended expected upper and an
+    upper that advances."""
+    expected = _upper_col(expected_upper)
+    new = _upper_col(new_upper)
+    if expected is None:
+        raise BindingError(f"remap shard {shard!r}: cannot append after the empty upper")
+    if new is not None and new <= expected:
+        raise BindingError(
+            f"remap shard {shard!r}: the upper must advance, got {expected} -> {new}"
+        )
+    return new
+
+
+@dataclass(frozen=True)
+class _Read:
+    """:meth:`SqlRemapStore.read_from`'s rows, read in a transaction: the
+    shard's kind, since and upper (None: closed), the cached tail it started
+    from (None: from the last whole row) and its chain, and the rows."""
+
+    kind: str
+    since: int
+    upper: int | None
+    tail: _Tail | None
+    chain: delta.Chain
+    rows: list[tuple[int, str]]
+
+
 def _follow(kind: str, chain: delta.Chain, rows: list[tuple[int, str]], lower: int,
             last: Binding[Any] | None) -> tuple[list[Binding[Any]], Binding[Any] | None]:
     """``rows`` (time order) applied to ``chain``: the bindings at ``lower`` or
@@ -519,28 +549,42 @@ class SqlRemapStore:
         self, shard: str, lower: int
     ) -> tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]:
         with self._tx(readonly=True) as conn:
-            row = conn.execute(_SHARD, {"s": shard}).first()
-            if row is None:
-                self._shard_row(conn, shard)  # raises
-            assert row is not None
-            below = _NO_UPPER if row.upper is None else int(row.upper)
-            tail = self._tail_at(shard, lower, str(row.kind))
-            if tail is not None:
-                chain = delta.Chain(tail.state, tail.since_whole)
-                start = lower
-            else:
-                tail, chain = None, delta.Chain()
-                start = self._whole_at_or_before(conn, shard, lower) if lower > 0 else 0
-            rows = [(int(t), str(f)) for t, f in
-                    conn.execute(_ROWS, {"s": shard, "lo": start, "below": below})]
-        kind = str(row.kind)
-        new, last = _follow(kind, chain, rows, lower, None if tail is None else tail.last)
-        if row.upper is None:
+            got = self._read_from_in(conn, shard, lower)
+        return self._read_from_done(shard, lower, got)
+
+    def _read_from_in(self, conn: Connection, shard: str, lower: int) -> _Read:
+        """:meth:`read_from`'s statements, in ``conn``'s transaction."""
+        row = conn.execute(_SHARD, {"s": shard}).first()
+        if row is None:
+            self._shard_row(conn, shard)  # raises
+        assert row is not None
+        below = _NO_UPPER if row.upper is None else int(row.upper)
+        tail = self._tail_at(shard, lower, str(row.kind))
+        if tail is not None:
+            chain = delta.Chain(tail.state, tail.since_whole)
+            start = lower
+        else:
+            tail, chain = None, delta.Chain()
+            start = self._whole_at_or_before(conn, shard, lower) if lower > 0 else 0
+        rows = [(int(t), str(f)) for t, f in
+                conn.execute(_ROWS, {"s": shard, "lo": start, "below": below})]
+        return _Read(str(row.kind), int(row.since),
+                     None if row.upper is None else int(row.upper), tail, chain, rows)
+
+    def _read_from_done(
+        self, shard: str, lower: int, got: _Read
+    ) -> tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]:
+        """:meth:`read_from`'s result from its statements' rows, after the
+        transaction; the shard's tail kept for the next read or append."""
+        tail = got.tail
+        new, last = _follow(got.kind, got.chain, got.rows, lower,
+                            None if tail is None else tail.last)
+        if got.upper is None:
             self._tails.pop(shard, None)
-        elif rows or tail is not None:
-            self._keep(shard, _Tail(kind, int(row.upper), last, chain.state(),
-                                    chain.since_whole))
-        return new, _upper_ac(row.upper), IntoTime(row.since)
+        elif got.rows or tail is not None:
+            self._keep(shard, _Tail(got.kind, got.upper, last, got.chain.state(),
+                                    got.chain.since_whole))
+        return new, _upper_ac(got.upper), IntoTime(got.since)
 
     def compare_and_append(
         self,
@@ -549,47 +593,80 @@ class SqlRemapStore:
         expected_upper: Antichain[IntoTime],
         new_upper: Antichain[IntoTime],
     ) -> None:
-        expected = _upper_col(expected_upper)
-        new = _upper_col(new_upper)
-        if expected is None:
-            raise BindingError(f"remap shard {shard!r}: cannot append after the empty upper")
-        if new is not None and new <= expected:
-            raise BindingError(
-                f"remap shard {shard!r}: the upper must advance, got {expected} -> {new}"
-            )
+        new = _new_upper(shard, expected_upper, new_upper)
         with self._tx() as conn:
-            row = conn.execute(_FENCE, {"s": shard, "expected": expected, "new": new,
-                                        "now": int(time.time() * 1000)}).first()
-            if row is None:
-                self._tails.pop(shard, None)
-                raise UpperMismatch(shard, expected_upper,
-                                    _upper_ac(self._shard_row(conn, shard).upper))
-            tail = (self._tail_at(shard, expected, str(row.kind))
-                    or self._tail_of(conn, shard, str(row.kind), expected))
-            last = [] if tail.last is None else [tail.last]
-            since = min([row.since, *(int(b.time) for b in last)])
-            # Validates kinds, time range, order and monotonicity; raising
-            # here rolls the upper move back too.
-            check_appendable(
-                Bindings(row.kind, last, since=since, upper=expected_upper), bindings, new_upper
+            done = self._append_in(conn, shard, bindings, expected_upper, new_upper, new)
+        self._append_done(shard, bindings, new, done)
+
+    def append_and_read_from(
+        self,
+        shard: str,
+        bindings: Sequence[Binding[Any]],
+        expected_upper: Antichain[IntoTime],
+        new_upper: Antichain[IntoTime],
+        lower: int,
+    ) -> tuple[bool, tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]]:
+        """One transaction when the append succeeds: the fence holds the
+        shard (SQLite's write lock, PostgreSQL's row lock on the shard, which
+        a compaction also takes), so the read sees exactly the shard as this
+        append left it. A lost race reads in a transaction of its own (in
+        PostgreSQL's read committed a read beside no lock could see a
+        compaction halfway)."""
+        new = _new_upper(shard, expected_upper, new_upper)
+        try:
+            with self._tx() as conn:
+                done = self._append_in(conn, shard, bindings, expected_upper, new_upper, new)
+                got = self._read_from_in(conn, shard, lower)
+        except UpperMismatch:
+            return False, self.read_from(shard, lower)
+        self._append_done(shard, bindings, new, done)
+        return True, self._read_from_done(shard, lower, got)
+
+    def _append_in(self, conn: Connection, shard: str, bindings: Sequence[Binding[Any]],
+                   expected_upper: Antichain[IntoTime], new_upper: Antichain[IntoTime],
+                   new: int | None) -> tuple[str, _Tail, Any]:
+        """:meth:`compare_and_append`'s statements, in ``conn``'s transaction:
+        ``(kind, the tail appended after, the writer)``."""
+        expected = _upper_col(expected_upper)
+        assert expected is not None
+        row = conn.execute(_FENCE, {"s": shard, "expected": expected, "new": new,
+                                    "now": int(time.time() * 1000)}).first()
+        if row is None:
+            self._tails.pop(shard, None)
+            raise UpperMismatch(shard, expected_upper,
+                                _upper_ac(self._shard_row(conn, shard).upper))
+        tail = (self._tail_at(shard, expected, str(row.kind))
+                or self._tail_of(conn, shard, str(row.kind), expected))
+        last = [] if tail.last is None else [tail.last]
+        since = min([row.since, *(int(b.time) for b in last)])
+        # Validates kinds, time range, order and monotonicity; raising
+        # here rolls the upper move back too.
+        check_appendable(
+            Bindings(row.kind, last, since=since, upper=expected_upper), bindings, new_upper)
+        w = delta.Writer(tail.state, tail.since_whole)
+        if bindings:
+            conn.execute(
+                sa.insert(bindings_table),
+                [
+                    {
+                        "shard": shard,
+                        "into_time": int(b.time),
+                        "frontier": w.text(b.frontier.encode()),
+                    }
+                    for b in bindings
+                ],
             )
-            w = delta.Writer(tail.state, tail.since_whole)
-            if bindings:
-                conn.execute(
-                    sa.insert(bindings_table),
-                    [
-                        {
-                            "shard": shard,
-                            "into_time": int(b.time),
-                            "frontier": w.text(b.frontier.encode()),
-                        }
-                        for b in bindings
-                    ],
-                )
+        return str(row.kind), tail, w
+
+    def _append_done(self, shard: str, bindings: Sequence[Binding[Any]], new: int | None,
+                     done: tuple[str, _Tail, Any]) -> None:
+        """After the append's transaction committed: the next append and the
+        read back start at its tail."""
+        kind, tail, w = done
         if new is None:
             self._tails.pop(shard, None)
-        else:  # committed: the next append and the read back start here
-            self._keep(shard, _Tail(str(row.kind), new, bindings[-1] if bindings else tail.last,
+        else:
+            self._keep(shard, _Tail(kind, new, bindings[-1] if bindings else tail.last,
                                     w.state, w.since_whole), tail)
 
     def _tail_at(self, shard: str, upper: int, kind: str) -> _Tail | None:

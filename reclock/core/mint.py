@@ -22,7 +22,10 @@ Rules:
 6. Only bindings read back from the store are used: after every append,
    successful or not, the operator re-reads the store from its last known
    upper. A lost race (:class:`~reclock.core.errors.UpperMismatch`) is absorbed:
-   the winner's bindings are read back and the next tick carries on.
+   the winner's bindings are read back and the next tick carries on. The
+   append and its read back are one store call
+   (:meth:`~remap_store.base.RemapStore.append_and_read_from`: one
+   transaction where the append succeeded).
 7. A tick starts from the bindings read back after the last append, not from
    a read of its own: an append is fenced on the upper, so one built on a
    view another writer has moved past fails and reads back instead (rule 6).
@@ -38,7 +41,7 @@ from typing import Any, Generic
 
 from reclock.core.bindings import Binding, Bindings
 from reclock.core.clock import Clock
-from reclock.core.errors import FrontierRegression, UpperMismatch
+from reclock.core.errors import FrontierRegression
 from reclock.core.frontier import Antichain
 from reclock.core.time import IntoTime, T
 from remap_store.base import RemapStore
@@ -89,7 +92,12 @@ class RemapOperator(Generic[T]):
         u = cur.upper.as_option()
         if u is None:
             return cur
-        new, upper, since = self.store.read_from(self.shard, int(u))
+        return self._absorb(*self.store.read_from(self.shard, int(u)))
+
+    def _absorb(self, new: list[Binding[T]], upper: Antichain[IntoTime],
+                since: IntoTime) -> Bindings[T]:
+        """Take a read from our last known upper (:meth:`sync`)."""
+        cur = self._bindings
         if upper != cur.upper or new:
             if int(since) > int(cur.since):
                 self._bindings = self.store.read(self.shard)
@@ -100,13 +108,15 @@ class RemapOperator(Generic[T]):
     def _append(
         self, new: list[Binding[T]], expected: Antichain[IntoTime], new_upper: Antichain[IntoTime]
     ) -> bool:
-        try:
-            self.store.compare_and_append(self.shard, new, expected, new_upper)
-            ok = True
-        except UpperMismatch:
+        """Append, then read back from our last known upper (``expected``: the
+        mint appends after the bindings it holds), in one store call."""
+        lower = expected.as_option()
+        assert lower is not None and expected == self._bindings.upper
+        ok, read = self.store.append_and_read_from(self.shard, new, expected, new_upper,
+                                                   int(lower))
+        if not ok:
             self.lost_races += 1
-            ok = False
-        self.sync()
+        self._absorb(*read)
         return ok
 
     # -- minting --------------------------------------------------------------

@@ -57,6 +57,43 @@ def test_compare_and_append_and_mismatch(store: RemapStore) -> None:
     assert [int(b.time) for b in store.read("pg").bindings] == [1000, 2000]
 
 
+def test_append_and_read_from_is_an_append_then_a_read(store: RemapStore,
+                                                        store_url: str) -> None:
+    """The minting tick's call: what compare_and_append then read_from would
+    give, on success and on a lost race (not raised: the winner's bindings);
+    an invalid append raises and moves nothing."""
+    store.create_shard("m", "lsn")
+    other = open_store(store_url)  # another driver's handle, no shared cache
+    try:
+        b1 = Binding(IntoTime(1000), lsn(10))
+        assert store.append_and_read_from("m", [b1], up(0), up(1001), 0) == (
+            True, ([b1], up(1001), IntoTime(0)))
+        assert store.append_and_read_from("m", [], up(1001), up(1500), 1001) == (
+            True, ([], up(1500), IntoTime(0)))
+        b2 = Binding(IntoTime(2000), lsn(20))
+        other.compare_and_append("m", [b2], up(1500), up(2001))  # wins the race
+        assert store.append_and_read_from(
+            "m", [Binding(IntoTime(1600), lsn(15))], up(1500), up(1601), 1500) == (
+            False, ([b2], up(2001), IntoTime(0)))
+        # the cached tail after a lost race: the next append and read go on from it
+        b3 = Binding(IntoTime(3000), lsn(30))
+        assert store.append_and_read_from("m", [b3], up(2001), up(3001), 2001) == (
+            True, ([b3], up(3001), IntoTime(0)))
+        assert other.read_from("m", 1500) == ([b2, b3], up(3001), IntoTime(0))
+        with pytest.raises(BindingError):  # a frontier going backwards: rolled back
+            store.append_and_read_from("m", [Binding(IntoTime(4000), lsn(5))], up(3001),
+                                       up(4001), 3001)
+        assert other.upper("m") == up(3001)
+        b4 = Binding(IntoTime(5000), Antichain.empty())  # the source finished
+        assert store.append_and_read_from("m", [b4], up(3001), up(None), 3001) == (
+            True, ([b4], up(None), IntoTime(0)))
+        final = store.read("m")
+        assert final == other.read("m")
+        assert list(final.bindings) == [b1, b2, b3, b4] and final.is_closed
+    finally:
+        other.close()
+
+
 def test_open_shards_creates_and_reads_many_at_once(store: RemapStore) -> None:
     # a driver starting many sources: what create_shard + read give each
     store.create_shard("old", "lsn")
@@ -268,6 +305,14 @@ class _Recorder:
         self._inner.compare_and_append(shard, bindings, expected, new)
         with self._lock:
             self._log.append((tuple(bindings), expected, new))
+
+    def append_and_read_from(self, shard: str, bindings: Any, expected: Any, new: Any,
+                             lower: int) -> Any:
+        ok, read = self._inner.append_and_read_from(shard, bindings, expected, new, lower)
+        if ok:
+            with self._lock:
+                self._log.append((tuple(bindings), expected, new))
+        return ok, read
 
 
 @pytest.mark.parametrize("rounds", [150])
