@@ -32,6 +32,10 @@ from reclock.core.bindings import Binding, Bindings
 from reclock.core.frontier import Antichain
 from reclock.core.time import IntoTime
 
+#: what :meth:`RemapStore.read_from` gives: the bindings at times ``>= lower``,
+#: the upper and the since
+ReadFrom = tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]
+
 
 class RemapStore(Protocol):
     """Durable binding shards, one per source."""
@@ -121,7 +125,7 @@ class RemapStore(Protocol):
         expected_upper: Antichain[IntoTime],
         new_upper: Antichain[IntoTime],
         lower: int,
-    ) -> tuple[bool, tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]]:
+    ) -> tuple[bool, ReadFrom]:
         """:meth:`compare_and_append`, then :meth:`read_from` ``lower``:
         ``(appended, read)``. An :class:`~reclock.core.errors.UpperMismatch`
         is not raised: ``appended`` is False and the read shows the winner's

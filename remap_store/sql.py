@@ -55,6 +55,7 @@ from reclock.core.errors import (
 from reclock.core.frontier import Antichain
 from reclock.core.time import TIME_KINDS, IntoTime, encoded_canonical, time_type
 from remap_store import delta
+from remap_store.base import ReadFrom
 
 R = TypeVar("R")
 
@@ -605,7 +606,7 @@ class SqlRemapStore:
         expected_upper: Antichain[IntoTime],
         new_upper: Antichain[IntoTime],
         lower: int,
-    ) -> tuple[bool, tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]]:
+    ) -> tuple[bool, ReadFrom]:
         """One transaction when the append succeeds: the fence holds the
         shard (SQLite's write lock, PostgreSQL's row lock on the shard, which
         a compaction also takes), so the read sees exactly the shard as this
