@@ -16,6 +16,8 @@ pool 22 -> 134 MiB, 49 MiB at the end of the hour). In the driver:
 Measured on a loop of twelve dataset merges like a compaction pass (400
 files, 32 read ahead): resident 312 MiB after the last pass with the
 defaults (152 after ``release_unused``), 124 MiB with these (121 after).
+The price: such merges took up to 1.8x as long (``bench/arrow_pool_bench.py``);
+a compaction pass's tick in a one-hour soak 1.03-1.15x (``bench/README.md``).
 
 Only the driver: Spark's Python workers decode every record through Arrow
 and keep the library's defaults (their memory is bounded by the task size),
