@@ -35,38 +35,33 @@ import sys
 #: mimalloc options for the driver process (see the module docstring)
 DRIVER_MIMALLOC = {"MIMALLOC_PURGE_DELAY": "0", "MIMALLOC_ARENA_EAGER_COMMIT": "0"}
 
-#: the variables :func:`configure` set (and :func:`settle` removes)
-_set: list[str] = []
-
-#: what :func:`configure` set in this process, for reports (``bench/soak.py``)
+#: what :func:`configure` set in this process (and :func:`settle` removed
+#: from the environment again), for reports (``bench/soak.py``)
 APPLIED: dict[str, str] = {}
 
 
-def configure() -> list[str]:
+def configure() -> None:
     """Set :data:`DRIVER_MIMALLOC` for this process if pyarrow has not loaded
-    yet, this is not a Spark Python worker, and the user did not opt out.
-    Returns the names set."""
+    yet, this is not a Spark Python worker, and the user did not opt out."""
     if ("pyarrow" in sys.modules or "PYTHON_WORKER_FACTORY_SECRET" in os.environ
             or os.environ.get("RECLOCK_ARROW_ALLOCATOR") == "default"):
-        return []
+        return
     for name, value in DRIVER_MIMALLOC.items():
         if name not in os.environ:
             os.environ[name] = value
-            _set.append(name)
             APPLIED[name] = value
-    return list(_set)
 
 
 def settle() -> None:
     """Load pyarrow (mimalloc reads its options then) and remove the
     variables :func:`configure` set, so that child processes do not inherit
-    them."""
-    if not _set:
+    them. Called once, right after :func:`configure`."""
+    if not APPLIED:
         return
     import pyarrow  # noqa: F401  (loads the library: mimalloc reads its options)
 
-    while _set:
-        os.environ.pop(_set.pop(), None)
+    for name in APPLIED:
+        os.environ.pop(name, None)
 
 
 configure()
