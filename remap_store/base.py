@@ -124,9 +124,9 @@ class RemapStore(Protocol):
         bindings: Sequence[Binding[Any]],
         expected_upper: Antichain[IntoTime],
         new_upper: Antichain[IntoTime],
-        lower: int,
     ) -> tuple[bool, ReadFrom]:
-        """:meth:`compare_and_append`, then :meth:`read_from` ``lower``:
+        """:meth:`compare_and_append`, then :meth:`read_from` the expected
+        upper (what was appended after it, ours or a winner's):
         ``(appended, read)``. An :class:`~reclock.core.errors.UpperMismatch`
         is not raised: ``appended`` is False and the read shows the winner's
         bindings. Other errors of the append raise, as there. Where the

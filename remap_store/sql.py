@@ -167,11 +167,10 @@ class _Tail:
     since_whole: int
 
 
-def _new_upper(shard: str, expected_upper: Antichain[IntoTime],
-               new_upper: Antichain[IntoTime]) -> int | None:
-    """``new_upper``'s column value, checked against ``expected_upper`` before
-    any transaction: the append needs a closed-ended expected upper and an
-    upper that advances."""
+def _upper_cols(shard: str, expected_upper: Antichain[IntoTime],
+                new_upper: Antichain[IntoTime]) -> tuple[int, int | None]:
+    """The two uppers' column values, checked before any transaction: the
+    append needs a closed-ended expected upper and an upper that advances."""
     expected = _upper_col(expected_upper)
     new = _upper_col(new_upper)
     if expected is None:
@@ -180,7 +179,7 @@ def _new_upper(shard: str, expected_upper: Antichain[IntoTime],
         raise BindingError(
             f"remap shard {shard!r}: the upper must advance, got {expected} -> {new}"
         )
-    return new
+    return expected, new
 
 
 @dataclass(frozen=True)
@@ -594,10 +593,10 @@ class SqlRemapStore:
         expected_upper: Antichain[IntoTime],
         new_upper: Antichain[IntoTime],
     ) -> None:
-        new = _new_upper(shard, expected_upper, new_upper)
+        cols = _upper_cols(shard, expected_upper, new_upper)
         with self._tx() as conn:
-            done = self._append_in(conn, shard, bindings, expected_upper, new_upper, new)
-        self._append_done(shard, bindings, new, done)
+            done = self._append_in(conn, shard, bindings, expected_upper, new_upper, cols)
+        self._append_done(shard, bindings, cols[1], done)
 
     def append_and_read_from(
         self,
@@ -605,7 +604,6 @@ class SqlRemapStore:
         bindings: Sequence[Binding[Any]],
         expected_upper: Antichain[IntoTime],
         new_upper: Antichain[IntoTime],
-        lower: int,
     ) -> tuple[bool, ReadFrom]:
         """One transaction when the append succeeds: the fence holds the
         shard (SQLite's write lock, PostgreSQL's row lock on the shard, which
@@ -613,10 +611,10 @@ class SqlRemapStore:
         append left it. A lost race reads in a transaction of its own (in
         PostgreSQL's read committed a read beside no lock could see a
         compaction halfway)."""
-        new = _new_upper(shard, expected_upper, new_upper)
+        cols = lower, new = _upper_cols(shard, expected_upper, new_upper)
         try:
             with self._tx() as conn:
-                done = self._append_in(conn, shard, bindings, expected_upper, new_upper, new)
+                done = self._append_in(conn, shard, bindings, expected_upper, new_upper, cols)
                 got = self._read_from_in(conn, shard, lower)
         except UpperMismatch:
             return False, self.read_from(shard, lower)
@@ -625,11 +623,11 @@ class SqlRemapStore:
 
     def _append_in(self, conn: Connection, shard: str, bindings: Sequence[Binding[Any]],
                    expected_upper: Antichain[IntoTime], new_upper: Antichain[IntoTime],
-                   new: int | None) -> tuple[str, _Tail, Any]:
-        """:meth:`compare_and_append`'s statements, in ``conn``'s transaction:
-        ``(kind, the tail appended after, the writer)``."""
-        expected = _upper_col(expected_upper)
-        assert expected is not None
+                   cols: tuple[int, int | None]) -> tuple[str, _Tail, Any]:
+        """:meth:`compare_and_append`'s statements, in ``conn``'s transaction
+        (``cols``: the uppers' column values): ``(kind, the tail appended
+        after, the writer)``."""
+        expected, new = cols
         row = conn.execute(_FENCE, {"s": shard, "expected": expected, "new": new,
                                     "now": int(time.time() * 1000)}).first()
         if row is None:

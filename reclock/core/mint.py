@@ -108,12 +108,9 @@ class RemapOperator(Generic[T]):
     def _append(
         self, new: list[Binding[T]], expected: Antichain[IntoTime], new_upper: Antichain[IntoTime]
     ) -> bool:
-        """Append, then read back from our last known upper (``expected``: the
+        """Append, then read back from ``expected`` (our last known upper: the
         mint appends after the bindings it holds), in one store call."""
-        lower = expected.as_option()
-        assert lower is not None and expected == self._bindings.upper
-        ok, read = self.store.append_and_read_from(self.shard, new, expected, new_upper,
-                                                   int(lower))
+        ok, read = self.store.append_and_read_from(self.shard, new, expected, new_upper)
         if not ok:
             self.lost_races += 1
         self._absorb(*read)

@@ -66,26 +66,26 @@ def test_append_and_read_from_is_an_append_then_a_read(store: RemapStore,
     other = open_store(store_url)  # another driver's handle, no shared cache
     try:
         b1 = Binding(IntoTime(1000), lsn(10))
-        assert store.append_and_read_from("m", [b1], up(0), up(1001), 0) == (
+        assert store.append_and_read_from("m", [b1], up(0), up(1001)) == (
             True, ([b1], up(1001), IntoTime(0)))
-        assert store.append_and_read_from("m", [], up(1001), up(1500), 1001) == (
+        assert store.append_and_read_from("m", [], up(1001), up(1500)) == (
             True, ([], up(1500), IntoTime(0)))
         b2 = Binding(IntoTime(2000), lsn(20))
         other.compare_and_append("m", [b2], up(1500), up(2001))  # wins the race
         assert store.append_and_read_from(
-            "m", [Binding(IntoTime(1600), lsn(15))], up(1500), up(1601), 1500) == (
+            "m", [Binding(IntoTime(1600), lsn(15))], up(1500), up(1601)) == (
             False, ([b2], up(2001), IntoTime(0)))
         # the cached tail after a lost race: the next append and read go on from it
         b3 = Binding(IntoTime(3000), lsn(30))
-        assert store.append_and_read_from("m", [b3], up(2001), up(3001), 2001) == (
+        assert store.append_and_read_from("m", [b3], up(2001), up(3001)) == (
             True, ([b3], up(3001), IntoTime(0)))
         assert other.read_from("m", 1500) == ([b2, b3], up(3001), IntoTime(0))
         with pytest.raises(BindingError):  # a frontier going backwards: rolled back
             store.append_and_read_from("m", [Binding(IntoTime(4000), lsn(5))], up(3001),
-                                       up(4001), 3001)
+                                       up(4001))
         assert other.upper("m") == up(3001)
         b4 = Binding(IntoTime(5000), Antichain.empty())  # the source finished
-        assert store.append_and_read_from("m", [b4], up(3001), up(None), 3001) == (
+        assert store.append_and_read_from("m", [b4], up(3001), up(None)) == (
             True, ([b4], up(None), IntoTime(0)))
         final = store.read("m")
         assert final == other.read("m")
@@ -306,9 +306,8 @@ class _Recorder:
         with self._lock:
             self._log.append((tuple(bindings), expected, new))
 
-    def append_and_read_from(self, shard: str, bindings: Any, expected: Any, new: Any,
-                             lower: int) -> Any:
-        ok, read = self._inner.append_and_read_from(shard, bindings, expected, new, lower)
+    def append_and_read_from(self, shard: str, bindings: Any, expected: Any, new: Any) -> Any:
+        ok, read = self._inner.append_and_read_from(shard, bindings, expected, new)
         if ok:
             with self._lock:
                 self._log.append((tuple(bindings), expected, new))
