@@ -401,6 +401,8 @@ def _read_all(reader: Any, spec: Any) -> Any:
 
     n = sum(e - b for _p, b, e in task_ranges(spec))
     batches = [b for _, b in reader.read(ReadTask("events", 0, spec, n))]
+    if not batches:  # a range of aborted records and markers only
+        return None, 0
     table = pa.Table.from_batches(batches)
     if not isinstance(spec[0], int):  # several partitions: their records interleave
         table = table.sort_by([("_src_part", "ascending"), ("_src_offset", "ascending")])
@@ -435,12 +437,17 @@ def test_native_and_python_readers_read_the_same_records(kafka: Any) -> None:
             tx.produce(topic, key=key, value=value, partition=part, timestamp=1_000 + i)
             if round_ % 3 != 1:
                 expected[part].append((key, value))
+        # Delivered before the abort, so the aborted records are in the log.
+        # (An abort racing the producer's registration of its partitions can
+        # fail with INVALID_TXN_STATE: librdkafka issue 4849.)
+        tx.flush(10)
         if round_ % 3 == 1:
             tx.abort_transaction(10)
         else:
             tx.commit_transaction(10)
     ends = {p: kafka_end(kafka.bootstrap, topic, p) for p in (0, 1)}
-    assert ends[0] > len(expected[0])  # markers and aborted records take offsets
+    # 6 rounds of 20 records per partition, aborted ones included, and a marker each.
+    assert ends == {0: 126, 1: 126}
 
     native = KafkaReader(kafka.bootstrap, topic, (), 5.0, native=True, batch=9)
     python = dataclasses.replace(native, native=False)
@@ -449,6 +456,9 @@ def test_native_and_python_readers_read_the_same_records(kafka: Any) -> None:
                  (1, 55, 80)]:
         got, n_batches = _read_all(native, spec)
         want, want_batches = _read_all(python, spec)
+        if spec == (1, 30, 31):  # inside round 1's aborted transaction: nothing delivered
+            assert got is None and want is None and n_batches == want_batches == 0
+            continue
         assert got.equals(want), spec
         # Both split at ``batch`` rows (the C reader after a whole poll of at most that many).
         assert want_batches == -(-want.num_rows // 9)
