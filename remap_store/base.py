@@ -143,11 +143,12 @@ class RemapStore(Protocol):
         the same upper on timeout)."""
         ...
 
-    def compact(self, shard: str, new_since: int) -> None:
+    def compact(self, shard: str, new_since: int) -> int:
         """Advance ``since`` to ``new_since`` and consolidate history below it.
 
         ``new_since`` must be below the upper; moving since backwards is a
         no-op. Callers pass at most the resumption frontier minus one step.
+        Returns how many bindings the shard holds fewer now (0 for a no-op).
         """
         ...
 

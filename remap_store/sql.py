@@ -706,12 +706,12 @@ class SqlRemapStore:
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, 1.0)
 
-    def compact(self, shard: str, new_since: int) -> None:
+    def compact(self, shard: str, new_since: int) -> int:
         self._tails.pop(shard, None)
         with self._tx() as conn:
             row = self._shard_row(conn, shard)
             if new_since <= row.since:
-                return
+                return 0
             if row.upper is not None and new_since >= row.upper:
                 raise SinceViolation(
                     f"remap shard {shard!r}: since {new_since} must stay below the upper "
@@ -723,7 +723,7 @@ class SqlRemapStore:
                 .values(since=new_since)
             )
             if res.rowcount != 1:
-                return  # a concurrent compaction got there first
+                return 0  # a concurrent compaction got there first
             head = self._bindings(conn, shard, row.kind, 0, new_since)
             compacted = compact_bindings(head, new_since)
             conn.execute(
@@ -743,6 +743,7 @@ class SqlRemapStore:
                         }
                     ],
                 )
+            return len(head) - len(compacted)
 
     def coordinates(self, shard: str, names: Sequence[str] = ()) -> dict[str, int]:
         """Dense ids for the coordinates of a partitioned FromTime

@@ -187,13 +187,13 @@ def test_compaction_keeps_frontiers_from_since(store: RemapStore) -> None:
             up(t + 1),
         )
     before = store.read("k")
-    store.compact("k", 2999)
+    assert store.compact("k", 2999) == 1  # 1000 and 2000 consolidated into one at 2999
     after = store.read("k")
     assert int(after.since) == 2999
     assert [int(b.time) for b in after.bindings] == [2999, 3000, 4000]
     for t in range(2999, 4001, 250):
         assert after.frontier_at(t) == before.frontier_at(t)
-    store.compact("k", 1000)  # backwards: no-op
+    assert store.compact("k", 1000) == 0  # backwards: no-op
     assert int(store.since("k")) == 2999
     with pytest.raises(SinceViolation):
         store.read("k", as_of=2000)
