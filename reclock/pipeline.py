@@ -296,6 +296,7 @@ class Pipeline:
             jobs_in_flight=sp.jobs_in_flight,
             vacuum_every_s=self.cfg.housekeeping.vacuum_every / 1000.0,
             orphan_grace_s=self.cfg.housekeeping.orphan_grace / 1000.0,
+            remap_retention_ms=self.cfg.housekeeping.remap_retention,
             release_memory=self.cfg.housekeeping.release_memory,
             max_backoff_s=self.cfg.max_retry_backoff / 1000.0,
             keys_dir=self.state_dir / "keys" / src.name,

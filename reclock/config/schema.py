@@ -490,6 +490,11 @@ class HousekeepingConfig(_Model):
     orphan_grace: DurationMs = Field(default=300_000, ge=10_000, le=7 * 24 * 3600 * 1000)
     """A staged file that no commit references is deleted once it is this old
     (the source has no job in flight when the check runs)."""
+    remap_retention: DurationMs = Field(default=24 * 3600 * 1000, ge=0, le=30 * 24 * 3600 * 1000)
+    """How much binding history the remap store keeps behind where the outputs
+    resume, for ``reclock verify`` and ``reclock bindings``: older bindings
+    are consolidated into one (0: keep only what resuming needs). The driver
+    holds in memory only the bindings from where the outputs resume on."""
     release_memory: bool = True
     """After an output's maintenance pass (a compaction, expired files), and
     otherwise once a minute, hand the memory the allocators hold free back to

@@ -205,6 +205,23 @@ class Bindings(Generic[T]):
         return Bindings(self.kind, bs[k:], since=int(self.since), upper=self.upper,
                         _checked=len(bs) - k)
 
+    def held_from(self, into_upper: int) -> Bindings[T]:
+        """The bindings from the latest one before ``into_upper`` on: what
+        :meth:`source_upper_at` of ``into_upper`` or later, and the reclocking
+        of every position it gives, still read. Equal to :meth:`compacted`
+        to that binding's time (nothing to consolidate: the older ones go)."""
+        i = bisect.bisect_left(self._times, into_upper) - 1
+        if i <= 0:
+            return self
+        if self._bs is None:  # still as stored: the rest need not be decoded
+            assert self._enc is not None
+            return Bindings.from_encoded(self.kind, list(zip(self._times[i:], self._enc[i:],
+                                                             strict=True)),
+                                         since=self._times[i], upper=self.upper)
+        bs = self.bindings
+        return Bindings(self.kind, bs[i:], since=self._times[i], upper=self.upper,
+                        _checked=len(bs) - i)
+
     def compacted(self, new_since: int) -> Bindings[T]:
         """History before ``new_since`` consolidated into one binding at ``new_since``.
 

@@ -1035,17 +1035,22 @@ class SourceRunner:
                 release_if_idle()
 
     def _compact(self, b: Bindings[Any]) -> None:
-        if self.ticks % self.settings.compact_every_ticks:
-            return
+        """Compact the stored bindings every ``compact_every_ticks``; hold in
+        memory only those from where the outputs resume on, every tick (the
+        store keeps ``remap_retention`` of history for ``reclock verify``)."""
+        assert self.operator is not None
         u = _min_upper([o.state for o in self.outputs])
         if u is None or not b.bindings:
             return
+        self.operator.hold_from(u)
+        if self.ticks % self.settings.compact_every_ticks:
+            return
         # At most the resumption frontier minus one step, and keep the
-        # retention window of history for `reclock verify`.
+        # retention window of history.
         target = min(u - 1, self.clock.now() - self.settings.remap_retention_ms)
         store_upper = _upper_value(b.upper)
-        if target > int(b.since) and (store_upper is None or target < store_upper):
-            self.store.compact(self.name, target)
+        if target > self.operator.store_since and (store_upper is None or target < store_upper):
+            self.operator.compact(target)
 
     # -- observation ---------------------------------------------------------------
     def _memo(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
@@ -1091,7 +1096,7 @@ class SourceRunner:
             "bound": (None if b is None or not b.bindings
                       else enc("bound", b.bindings[-1].frontier)),
             "remap_upper": None if b is None else _upper_value(b.upper),
-            "bindings": 0 if b is None else len(b),
+            "bindings": 0 if self.operator is None else self.operator.retained,
             "read_from": enc("read_from", self.read_from),
             "resume": enc("resume", self.resume),
             "records": self.records,

@@ -213,6 +213,41 @@ def test_a_job_ships_only_the_bindings_its_range_needs(
     assert len(c.covering(Antichain.from_elem(Counter(475))).bindings) == 2
 
 
+@given(kafka_bindings(max_bindings=10, max_partitions=4), st.data())
+def test_held_bindings_answer_what_the_run_still_asks(
+        b: Bindings[Any], data: st.DataObject) -> None:
+    """``held_from(u)``, what the driver holds once its outputs resume at
+    ``u``, equals the history compacted to the latest binding before ``u``:
+    from ``u`` on, resumption frontiers, and the stamps of every position
+    the resumption frontier leaves to read, are the whole history's. As
+    stored (not decoded yet) or decoded alike."""
+    if not b.bindings:
+        return
+    upper = b.upper.as_option()
+    last = int(upper) if upper is not None else int(b.bindings[-1].time) + 1
+    u = data.draw(st.integers(int(b.since), last))
+    stored = Bindings.from_encoded(b.kind, [(int(x.time), x.frontier.encode())
+                                            for x in b.bindings],
+                                   since=int(b.since), upper=b.upper)
+    for whole in (b, stored):
+        held = whole.held_from(u)
+        before = [x for x in b.bindings if int(x.time) < u]
+        if len(before) < 2:
+            assert held is whole
+            continue
+        assert held == b.compacted(int(before[-1].time))
+        for v in range(u, last + 1, max(1, (last - u) // 7)):
+            assert held.source_upper_at(v) == b.source_upper_at(v)
+        resume = b.source_upper_at(u)
+        parts = np.array(data.draw(st.lists(st.integers(0, 5), min_size=1, max_size=30)))
+        offs = np.array(data.draw(st.lists(st.integers(0, 60), min_size=len(parts),
+                                           max_size=len(parts))))
+        left = np.array([resume.less_equal_time(Partitioned.point(int(p), int(o)))
+                         for p, o in zip(parts, offs, strict=True)])
+        assert (held.reclock_positions(parts, offs)[left]
+                == b.reclock_positions(parts, offs)[left]).all()
+
+
 @given(kafka_bindings(max_bindings=12, max_partitions=10), st.data())
 def test_reclock_frontier_agrees_with_a_linear_scan(b: Bindings[Any], data: st.DataObject) -> None:
     """``reclock_frontier`` (which starts its search after the bindings the
