@@ -94,6 +94,125 @@ def test_append_and_read_from_is_an_append_then_a_read(store: RemapStore,
         other.close()
 
 
+def test_appends_arriving_together_each_go_as_alone(store: RemapStore, store_url: str,
+                                                    monkeypatch: Any) -> None:
+    """Forty minters append at the same moment, round after round (SQLite
+    takes them into shared transactions, a savepoint each): each gets what
+    it would alone. Some lose races to another driver's handle, some append
+    a frontier that goes backwards, and in one round the store fails midway
+    through a group: every append of that transaction fails and none lands.
+    The stored shards equal a model built from what each minter was told."""
+    from sqlalchemy.exc import OperationalError
+
+    from reclock.core.errors import TransientError
+    from remap_store import sql
+    from remap_store.sql import _Pending
+
+    n, rounds = 40, 12
+    other = open_store(store_url)
+    for i in range(n):
+        store.create_shard(f"g{i}", "lsn")
+    groups: list[list[_Pending]] = []
+    failing: list[list[_Pending]] = []  # the group the store fails midway through
+    if isinstance(store, sql.SqlRemapStore) and store._writer is not None:
+        group_tx = store._group_tx
+        read_in = store._read_from_in
+
+        def recorded(batch: list[Any]) -> None:
+            groups.append(batch)
+            group_tx(batch)
+
+        def read_failing(conn: Any, shard: str, lower: int) -> Any:
+            if shard == "g17" and not failing and len(groups[-1]) > 1:
+                failing.append(groups[-1])
+                raise OperationalError("SELECT", {}, Exception("disk I/O error"))
+            return read_in(conn, shard, lower)
+
+        monkeypatch.setattr(store, "_group_tx", recorded)
+        monkeypatch.setattr(store, "_read_from_in", read_failing)
+    model: dict[str, list[Binding[Lsn]]] = {f"g{i}": [] for i in range(n)}
+    outcomes: dict[str, list[str]] = {f"g{i}": [] for i in range(n)}
+    barrier = threading.Barrier(n, timeout=60)
+    problems: list[str] = []
+
+    def minter(i: int) -> None:
+        try:
+            mint_rounds(i)
+        except threading.BrokenBarrierError:
+            pass
+        except BaseException as exc:
+            problems.append(f"g{i}: {exc!r}")
+            barrier.abort()
+
+    def mint_rounds(i: int) -> None:
+        shard, upper, value = f"g{i}", 0, 0
+        for r in range(1, rounds + 1):
+            if i % 7 == 3 and r % 4 == 2:  # another driver appends first
+                value += 1
+                won = Binding(IntoTime(1000 * r - 500), lsn(value))
+                other.compare_and_append(shard, [won], up(upper), up(1000 * r - 499))
+                model[shard].append(won)
+                upper = 1000 * r - 499
+                expected = upper - 1  # this minter's stale view
+            else:
+                expected = upper
+            backwards = i % 5 == 1 and r % 3 == 0
+            b = Binding(IntoTime(1000 * r), lsn(0 if backwards else value + 1))
+            barrier.wait()
+            try:
+                ok, (new, got_upper, _since) = store.append_and_read_from(
+                    shard, [b], up(expected), up(1000 * r + 1))
+            except BindingError:
+                outcomes[shard].append("invalid")
+                if not backwards:
+                    problems.append(f"{shard} round {r}: refused a valid append")
+                continue
+            except TransientError:
+                outcomes[shard].append("failed")
+                continue
+            if ok and backwards:  # (a stale one loses its race first)
+                problems.append(f"{shard} round {r}: took a frontier going backwards")
+            if ok:
+                outcomes[shard].append("appended")
+                if expected != upper:
+                    problems.append(f"{shard} round {r}: appended on a stale upper")
+                model[shard].append(b)
+                value += 1
+                upper = 1000 * r + 1
+                if (new, got_upper) != ([b], up(upper)):
+                    problems.append(f"{shard} round {r}: read back {new} {got_upper}")
+            else:
+                outcomes[shard].append("lost")
+                if expected == upper:
+                    problems.append(f"{shard} round {r}: lost a race nobody ran")
+                if (new, got_upper) != (model[shard][-1:], up(upper)):
+                    problems.append(f"{shard} round {r}: read back {new} {got_upper}")
+
+    threads = [threading.Thread(target=minter, args=(i,)) for i in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not problems, problems[:5]
+        for shard, bs in model.items():
+            assert list(store.read(shard).bindings) == bs, shard
+            assert list(other.read(shard).bindings) == bs, shard
+        seen = {o for os in outcomes.values() for o in os}
+        assert {"appended", "lost", "invalid"} <= seen
+        if groups:  # SQLite: appends shared transactions, and one failed whole
+            assert max(len(g) for g in groups) > 1
+            assert sum(len(g) for g in groups) == sum(len(os) for os in outcomes.values())
+            assert len(failing) == 1
+            # none of that transaction's appends landed: each failed, or lost
+            # its race or was invalid, which it learns from its own savepoint
+            assert all(q.error is not None or q.lost for q in failing[0])
+            assert sum(isinstance(q.error, TransientError) for q in failing[0]) >= 2
+            assert "failed" in outcomes["g17"]
+    finally:
+        other.close()
+
+
 def test_open_shards_creates_and_reads_many_at_once(store: RemapStore) -> None:
     # a driver starting many sources: what create_shard + read give each
     store.create_shard("old", "lsn")
