@@ -69,8 +69,9 @@ def ticks(url: str, n: int, count: int) -> dict[str, float]:
 
 def threaded(url: str, n: int, seconds: float) -> dict[str, float]:
     """In this process: ``n`` operators, each minting on a thread of its own
-    about once a second (as ``n`` sources do) for ``seconds``: the wall time
-    of each mint, waits for the store's writer included."""
+    just past every whole second (as ``n`` sources do) for ``seconds``: the
+    wall time of each mint after the first two, waits for the store's writer
+    included."""
     import threading
 
     from reclock.core.clock import SystemClock
@@ -91,8 +92,10 @@ def threaded(url: str, n: int, seconds: float) -> dict[str, float]:
             k += 1
             t = time.monotonic()
             op.mint(Antichain.from_elem(Counter(k)))
-            took.append(time.monotonic() - t)
-            time.sleep(max(0.0, 1.0 - (time.monotonic() - t)))
+            if k > 2:  # past the start (creating the shard, the first binding)
+                took.append(time.monotonic() - t)
+            # as sources tick: just past the next whole second (the interval boundary)
+            time.sleep(1.005 - time.time() % 1.0)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
@@ -114,6 +117,10 @@ def main() -> int:
     ap.add_argument("--pg-url", help="a PostgreSQL database for the remap store")
     ap.add_argument("--seconds", type=float, default=15.0,
                     help="how long the threaded run mints (one thread per source)")
+    ap.add_argument("--fsync-ms", type=float, default=0.0,
+                    help="make every fsync of the minting processes this much slower, as "
+                         "on a slower disk (bench/slow_fsync.c, preloaded; SQLite only: "
+                         "the PostgreSQL server is not slowed)")
     ap.add_argument("--child", nargs=4, metavar=("URL", "N", "TICKS", "SECONDS"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -134,6 +141,12 @@ def main() -> int:
             cluster = PgCluster().start()
             stack.callback(cluster.stop)
             urls["postgresql"] = cluster.url
+        slow: dict[str, str] = {}
+        if args.fsync_ms > 0:
+            shim = d / "slow_fsync.so"
+            subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(shim),
+                            str(Path(__file__).with_name("slow_fsync.c")), "-ldl"], check=True)
+            slow = {"LD_PRELOAD": str(shim), "SLOW_FSYNC_US": str(int(args.fsync_ms * 1000))}
         code = {v: (stack.enter_context(checkout(args.before, d / "before"))
                     if v == "before" else Path(__file__).resolve().parents[1])
                 for v in args.variants.split(",")}
@@ -144,7 +157,8 @@ def main() -> int:
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", target, str(args.sources),
                      str(args.ticks), str(args.seconds)],
-                    env={**os.environ, "PYTHONPATH": str(path), "MINT_BENCH_CODE": str(path)},
+                    env={**os.environ, "PYTHONPATH": str(path), "MINT_BENCH_CODE": str(path),
+                         **slow},
                     cwd=str(path),
                     capture_output=True, text=True, check=True)
                 r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -154,7 +168,8 @@ def main() -> int:
                              f"{r['cpu_ms'] / cpu[store, 'now']:.2f}" if (store, "now") in cpu
                              else "-", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}",
                              f"{r['max_ms']:.1f}"])
-    print(table(f"minting: {args.sources} sources x {args.ticks} ticks",
+    print(table(f"minting: {args.sources} sources x {args.ticks} ticks"
+                + (f", every fsync {args.fsync_ms:g} ms slower" if args.fsync_ms else ""),
                 ["store", "variant", "CPU ms/tick", "wall ms/tick", "CPU / now's",
                  "threaded p50 ms", "p99 ms", "max ms"], rows,
                 left=(0, 1)))
