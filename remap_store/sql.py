@@ -47,7 +47,6 @@ from reclock.core.bindings import Binding, Bindings, check_appendable, compact_b
 from reclock.core.errors import (
     AlreadyRunning,
     BindingError,
-    DefiniteError,
     ShardNotFound,
     SinceViolation,
     TransientError,
@@ -215,40 +214,6 @@ def _follow(kind: str, chain: delta.Chain, rows: list[tuple[int, str]], lower: i
 #: SQLite connections a store keeps open (more are opened while needed).
 SQLITE_POOL = 128
 
-#: SQLite: appends one group transaction takes at most (see
-#: :meth:`SqlRemapStore._grouped`). Each waits for the whole group: with 256,
-#: a hundred sources' mints waited longer at this machine's fsync than one by
-#: one (p50 105 against 75 ms, bench/mint_bench.py); 16 was better at both a
-#: fast and a 5 ms slower fsync.
-GROUP_MAX = 16
-
-
-def _refused(q: _Pending, exc: UpperMismatch | DefiniteError) -> None:
-    """``q``'s own append rolled back: a lost race, or its error."""
-    q.done, q.got = None, None
-    if isinstance(exc, UpperMismatch):
-        q.lost = True
-    else:
-        q.error = exc
-
-
-@dataclass(eq=False)
-class _Pending:
-    """One :meth:`SqlRemapStore.append_and_read_from` in a group transaction,
-    and how it went: appended and read (``done``, ``got``), a lost race
-    (``lost``), or an error of its own or of the whole transaction."""
-
-    shard: str
-    bindings: Sequence[Binding[Any]]
-    expected_upper: Antichain[IntoTime]
-    new_upper: Antichain[IntoTime]
-    cols: tuple[int, int | None]
-    done: tuple[str, _Tail, Any] | None = None
-    got: _Read | None = None
-    lost: bool = False
-    error: BaseException | None = None
-    finished: bool = False
-
 
 class SqlRemapStore:
     """:class:`~remap_store.base.RemapStore` on SQLite or PostgreSQL."""
@@ -258,10 +223,6 @@ class SqlRemapStore:
         self._poll = poll_interval
         #: SQLite: this process's writers, one at a time (see :meth:`_tx`)
         self._writer: threading.Lock | None = None
-        #: SQLite: appends waiting for a group transaction, and whether one runs
-        self._group = threading.Condition()
-        self._queued: list[_Pending] = []
-        self._grouping = False
         #: shard -> where its rows ended, as last read or written here, and
         #: before that (an appender reads back from where its append began)
         self._tails: dict[str, tuple[_Tail, ...]] = {}
@@ -651,80 +612,14 @@ class SqlRemapStore:
         PostgreSQL's read committed a read beside no lock could see a
         compaction halfway)."""
         cols = lower, new = _upper_cols(shard, expected_upper, new_upper)
-        if self._writer is not None:  # SQLite: one writer; appends share transactions
-            p = self._grouped(_Pending(shard, bindings, expected_upper, new_upper, cols))
-            if p.error is not None:
-                raise p.error
-            if p.lost:
-                return False, self.read_from(shard, lower)
-            assert p.done is not None and p.got is not None
-            done, got = p.done, p.got
-        else:
-            try:
-                with self._tx() as conn:
-                    done = self._append_in(conn, shard, bindings, expected_upper, new_upper,
-                                           cols)
-                    got = self._read_from_in(conn, shard, lower)
-            except UpperMismatch:
-                return False, self.read_from(shard, lower)
-        self._append_done(shard, bindings, new, done)
-        return True, self._read_from_done(shard, lower, got)
-
-    def _grouped(self, p: _Pending) -> _Pending:
-        """Run ``p`` in a group transaction (group commit): SQLite has one
-        writer, and a hundred sources mint at the same interval boundary, so
-        each waited for every append queued before its own (one transaction
-        and one fsync each) while holding a thread and a connection. The
-        first appender in line takes every append waiting (up to
-        :data:`GROUP_MAX`) into one transaction, each append in a savepoint
-        of its own (one alone needs none): one append's lost race or invalid bindings leave the
-        others as they are, and each reads back the shard as its append left
-        it, as alone. Nothing is appended unless the transaction commits."""
-        with self._group:
-            self._queued.append(p)
-            while not p.finished and (self._grouping or self._queued[0] is not p):
-                self._group.wait()
-            if p.finished:
-                return p
-            batch, self._queued = self._queued[:GROUP_MAX], self._queued[GROUP_MAX:]
-            self._grouping = True
-        try:
-            self._group_tx(batch)
-        finally:
-            with self._group:
-                self._grouping = False
-                for q in batch:
-                    if q.got is None and not q.lost and q.error is None:
-                        q.error = TransientError("the remap store's transaction was interrupted")
-                    q.finished = True
-                self._group.notify_all()
-        return p
-
-    def _group_tx(self, batch: list[_Pending]) -> None:
-        alone = len(batch) == 1  # no savepoint: the transaction is the append's own
         try:
             with self._tx() as conn:
-                for q in batch:
-                    savepoint = None if alone else conn.begin_nested()
-                    try:
-                        q.done = self._append_in(conn, q.shard, q.bindings, q.expected_upper,
-                                                 q.new_upper, q.cols)
-                        q.got = self._read_from_in(conn, q.shard, q.cols[0])
-                    except (UpperMismatch, DefiniteError) as exc:
-                        if savepoint is None:
-                            raise
-                        savepoint.rollback()
-                        _refused(q, exc)
-                    else:
-                        if savepoint is not None:
-                            savepoint.commit()
-        except (UpperMismatch, DefiniteError) as exc:  # alone: rolled back
-            _refused(batch[0], exc)
-        except Exception as exc:  # nothing of the transaction holds
-            for q in batch:
-                q.done, q.got = None, None
-                if not q.lost and q.error is None:
-                    q.error = exc
+                done = self._append_in(conn, shard, bindings, expected_upper, new_upper, cols)
+                got = self._read_from_in(conn, shard, lower)
+        except UpperMismatch:
+            return False, self.read_from(shard, lower)
+        self._append_done(shard, bindings, new, done)
+        return True, self._read_from_done(shard, lower, got)
 
     def _append_in(self, conn: Connection, shard: str, bindings: Sequence[Binding[Any]],
                    expected_upper: Antichain[IntoTime], new_upper: Antichain[IntoTime],
