@@ -13,20 +13,21 @@ static void wait_first(void) {
     }
 }
 
-int fsync(int fd) {
-    static int (*real)(int) = NULL;
-    if (real == NULL) {
-        real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+/* The real call, looked up once into *real, after the wait. */
+static int synced(int (**real)(int), const char *name, int fd) {
+    if (*real == NULL) {
+        *real = (int (*)(int))dlsym(RTLD_NEXT, name);
     }
     wait_first();
-    return real(fd);
+    return (*real)(fd);
+}
+
+int fsync(int fd) {
+    static int (*real)(int) = NULL;
+    return synced(&real, "fsync", fd);
 }
 
 int fdatasync(int fd) {
     static int (*real)(int) = NULL;
-    if (real == NULL) {
-        real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
-    }
-    wait_first();
-    return real(fd);
+    return synced(&real, "fdatasync", fd);
 }

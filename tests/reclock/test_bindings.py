@@ -185,6 +185,19 @@ def test_large_offsets_fall_back_without_overflow() -> None:
     assert out.tolist() == [1000, 2000, 2000, UNBOUND, UNBOUND]
 
 
+def _same_stamps_past(lower: Antichain[Partitioned], part: Bindings[Any],
+                      whole: Bindings[Any], data: st.DataObject) -> None:
+    """Drawn positions that ``lower`` contains (not read yet from there)
+    reclock alike with ``part`` of the bindings and with ``whole``."""
+    parts = np.array(data.draw(st.lists(st.integers(0, 5), min_size=1, max_size=30)))
+    offs = np.array(data.draw(st.lists(st.integers(0, 60), min_size=len(parts),
+                                       max_size=len(parts))))
+    inside = np.array([lower.less_equal_time(Partitioned.point(int(p), int(o)))
+                       for p, o in zip(parts, offs, strict=True)])
+    assert (part.reclock_positions(parts, offs)[inside]
+            == whole.reclock_positions(parts, offs)[inside]).all()
+
+
 @given(kafka_bindings(max_bindings=10, max_partitions=4), st.integers(0, 12), st.data())
 def test_a_job_ships_only_the_bindings_its_range_needs(
         b: Bindings[Any], k: int, data: st.DataObject) -> None:
@@ -198,13 +211,7 @@ def test_a_job_ships_only_the_bindings_its_range_needs(
     assert all(not x.frontier.less_equal(lower) for x in cut.bindings[1:])
     assert cut.upper == b.upper
     assert cut.bindings == b.bindings[len(b.bindings) - len(cut.bindings):]
-    parts = np.array(data.draw(st.lists(st.integers(0, 5), min_size=1, max_size=30)))
-    offs = np.array(data.draw(st.lists(st.integers(0, 60), min_size=len(parts),
-                                       max_size=len(parts))))
-    inside = np.array([lower.less_equal_time(Partitioned.point(int(p), int(o)))
-                       for p, o in zip(parts, offs, strict=True)])
-    assert (cut.reclock_positions(parts, offs)[inside]
-            == b.reclock_positions(parts, offs)[inside]).all()
+    _same_stamps_past(lower, cut, b, data)
     # a total order too: a counter source's steady state ships the bindings
     # past where the job starts (here the last one), not 49
     c = Bindings("counter", [Binding(IntoTime(1000 * i), Antichain.from_elem(Counter(10 * i)))
@@ -238,14 +245,7 @@ def test_held_bindings_answer_what_the_run_still_asks(
         assert held == b.compacted(int(before[-1].time))
         for v in range(u, last + 1, max(1, (last - u) // 7)):
             assert held.source_upper_at(v) == b.source_upper_at(v)
-        resume = b.source_upper_at(u)
-        parts = np.array(data.draw(st.lists(st.integers(0, 5), min_size=1, max_size=30)))
-        offs = np.array(data.draw(st.lists(st.integers(0, 60), min_size=len(parts),
-                                           max_size=len(parts))))
-        left = np.array([resume.less_equal_time(Partitioned.point(int(p), int(o)))
-                         for p, o in zip(parts, offs, strict=True)])
-        assert (held.reclock_positions(parts, offs)[left]
-                == b.reclock_positions(parts, offs)[left]).all()
+        _same_stamps_past(b.source_upper_at(u), held, b, data)
 
 
 @given(kafka_bindings(max_bindings=12, max_partitions=10), st.data())
