@@ -290,7 +290,8 @@ def test_database_restart_stalls_then_recovers(tmp_path: Path, spark: Any, cdc_u
         time.sleep(2)
         writer.stop()
         wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 120, "recovery")
-        assert runners[0].health.status == "running"
+        # health is set when the tick that moved the resumption frontier ends
+        wait_for(lambda: runners[0].health.status == "running", 30, "running again")
     assert _rows(source_rows(cdc_url, "select id, owner, bal, note from acct")) == \
         _rows(source_rows(cdc_url, "select id, owner, bal, note from replica"))
 
