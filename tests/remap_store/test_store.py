@@ -114,8 +114,8 @@ def test_appends_arriving_together_each_go_as_alone(store: RemapStore,
     def minter(i: int) -> None:
         try:
             mint_rounds(i)
-        except threading.BrokenBarrierError:
-            pass
+        except threading.BrokenBarrierError:  # another minter failed or hung
+            problems.append(f"g{i}: the round's barrier broke")
         except BaseException as exc:
             problems.append(f"g{i}: {exc!r}")
             barrier.abort()
@@ -170,6 +170,7 @@ def test_appends_arriving_together_each_go_as_alone(store: RemapStore,
             t.start()
         for t in threads:
             t.join(120)
+        assert not any(t.is_alive() for t in threads), "a minter hung"
         assert not problems, problems[:5]
         for shard, bs in model.items():
             assert list(store.read(shard).bindings) == bs, shard
