@@ -27,12 +27,14 @@ records read so far.
 from __future__ import annotations
 
 import argparse
+import bisect
 import ctypes
 import gc
 import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -149,6 +151,91 @@ def native_breakdown() -> dict[str, float]:
     return out
 
 
+class MmapOwners:
+    """The driver's resident anonymous memory by the library that mapped it
+    (``--mmap-trace``): bench/mmap_trace.c, preloaded, logs every anonymous
+    mmap and munmap made through libc's symbols with its caller's library;
+    this replays the log into the live mappings and counts their resident
+    pages from /proc/self/pagemap. glibc's malloc maps its arenas, its large
+    chunks and thread stacks through internal calls, so what no logged
+    mapping holds is theirs (``unlogged``)."""
+
+    SHIM = Path(__file__).with_name("mmap_trace.c")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pos = 0
+        self.starts: list[int] = []          # sorted starts of live mappings
+        self.spans: dict[int, tuple[int, str]] = {}  # start -> (end, library)
+
+    @classmethod
+    def preload(cls, out_dir: Path) -> dict[str, str]:
+        """The environment that preloads the shim (compiled into out_dir)."""
+        so = out_dir / "mmap_trace.so"
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(so), str(cls.SHIM), "-ldl"],
+                       check=True)
+        return {"LD_PRELOAD": str(so), "MMAP_TRACE_DIR": str(out_dir)}
+
+    def _cut(self, a: int, b: int) -> None:
+        i = max(bisect.bisect_right(self.starts, a) - 1, 0)
+        hit = []
+        while i < len(self.starts) and self.starts[i] < b:
+            s = self.starts[i]
+            if self.spans[s][0] > a:
+                hit.append(s)
+            i += 1
+        for s in hit:
+            e, lib = self.spans.pop(s)
+            self.starts.remove(s)
+            if s < a:
+                self._add(s, a, lib)
+            if e > b:
+                self._add(b, e, lib)
+
+    def _add(self, a: int, b: int, lib: str) -> None:
+        bisect.insort(self.starts, a)
+        self.spans[a] = (b, lib)
+
+    def _replay(self) -> None:
+        with open(self.path, "rb") as f:
+            f.seek(self.pos)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self.pos += end
+        for line in data[:end].decode(errors="replace").splitlines():
+            op, a_hex, n_hex, lib = line.split(" ", 3)
+            a = int(a_hex, 16)
+            b = a + ((int(n_hex, 16) + 4095) & ~4095)
+            self._cut(a, b)
+            if op == "m":
+                self._add(a, b, os.path.basename(lib))
+
+    def resident(self) -> dict[str, float]:
+        """MiB resident per library, and ``unlogged`` (the process's anonymous
+        resident memory no logged mapping holds)."""
+        import numpy as np
+
+        self._replay()
+        out: dict[str, float] = defaultdict(float)
+        fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+        try:
+            for s in list(self.starts):
+                e, lib = self.spans[s]
+                pages = (e - s) >> 12
+                raw = os.pread(fd, pages * 8, (s >> 12) * 8)
+                present = (np.frombuffer(raw, dtype=np.uint64) >> np.uint64(63)).sum()
+                out[lib] += int(present) * 4096 / MIB
+        finally:
+            os.close(fd)
+        anon = 0
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Anonymous:"):
+                    anon = int(line.split()[1])
+        out["unlogged"] = anon / 1024 - sum(out.values())
+        return dict(out)
+
+
 def release_native() -> None:
     """Hand back what the allocators hold free: Arrow's pool (mimalloc) and
     glibc's malloc (``malloc_trim``). delta-rs's jemalloc has no handle here."""
@@ -188,7 +275,8 @@ class Ticks:
         return w
 
 
-def sample(t0: float, ticks: Ticks, runners: list[Any], traced: bool) -> dict[str, Any]:
+def sample(t0: float, ticks: Ticks, runners: list[Any], traced: bool,
+           owners: MmapOwners | None = None) -> dict[str, Any]:
     import pyarrow as pa
 
     st = proc_status()
@@ -230,6 +318,8 @@ def sample(t0: float, ticks: Ticks, runners: list[Any], traced: bool) -> dict[st
     s["ticks"] = len(w)
     s["rows"] = sum(r.records for r in runners)
     s["objs"] = len(gc.get_objects())
+    if owners is not None:
+        s["owners"] = owners.resident()
     return s
 
 
@@ -319,6 +409,9 @@ def main() -> int:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--tracemalloc", action="store_true",
                     help="trace Python allocations (slower); the py column")
+    ap.add_argument("--trace-frames", type=int, default=1, metavar="N",
+                    help="with --tracemalloc: frames kept per allocation; over 1, the "
+                         "growth is shown by call stack rather than by line")
     ap.add_argument("--jemalloc-conf", metavar="CONF",
                     help="delta-rs's jemalloc settings (_RJEM_MALLOC_CONF; '' for the "
                          "library's defaults; default: the one the sinks package sets)")
@@ -333,7 +426,16 @@ def main() -> int:
                          "Arrow's own choice, mimalloc on Linux wheels)")
     ap.add_argument("--state", type=Path, help="state directory (default: a temporary one)")
     ap.add_argument("--json", type=Path, help="also write every sample here (JSON lines)")
+    ap.add_argument("--mmap-trace", type=Path, metavar="DIR",
+                    help="preload bench/mmap_trace.c (gcc) and show the anonymous resident "
+                         "memory by the library that mapped it; its log goes to DIR")
     args = ap.parse_args()
+    if args.mmap_trace is not None and "MMAP_TRACE_DIR" not in os.environ:
+        args.mmap_trace.mkdir(parents=True, exist_ok=True)  # preloaded from the start
+        os.environ.update(MmapOwners.preload(args.mmap_trace.resolve()))
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+    owners = (MmapOwners(Path(os.environ["MMAP_TRACE_DIR"]) / f"mmap.{os.getpid()}")
+              if args.mmap_trace is not None else None)
 
     if args.jemalloc_conf is not None:
         os.environ["_RJEM_MALLOC_CONF"] = args.jemalloc_conf
@@ -342,7 +444,7 @@ def main() -> int:
     if args.tracemalloc:
         import tracemalloc
 
-        tracemalloc.start(1)
+        tracemalloc.start(max(1, args.trace_frames))
     from reclock import _allocator
     from reclock.config import parse_config
     from reclock.pipeline import run
@@ -395,12 +497,16 @@ def main() -> int:
         deadline = t0 + args.minutes * 60
         nxt = t0
         while True:
-            s = sample(t0, ticks, runners, args.tracemalloc)
+            s = sample(t0, ticks, runners, args.tracemalloc, owners)
             if args.probe_release:
                 release_native()
                 s["rss_released"] = proc_status().get("VmRSS", 0) / 1024
             samples.append(s)
             print(row(s), flush=True)
+            if owners is not None:
+                print("  by mapper (MiB): " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in sorted(s["owners"].items(), key=lambda kv: -kv[1])
+                    if abs(v) >= 0.05), flush=True)
             if jf is not None:
                 jf.write(json.dumps(s) + "\n")
                 jf.flush()
@@ -425,13 +531,18 @@ def main() -> int:
     if "error" in result:
         raise result["error"]
     summary(samples, args.warmup)
+    owners_summary(samples, args.warmup)
     if snap0 is not None:
         import tracemalloc
 
-        top = tracemalloc.take_snapshot().compare_to(snap0, "lineno")[:10]
-        print("\nPython allocations grown since the start sample (tracemalloc, top 10):")
+        by = "traceback" if args.trace_frames > 1 else "lineno"
+        top = tracemalloc.take_snapshot().compare_to(snap0, by)[:10]
+        print(f"\nPython allocations grown since the start sample (tracemalloc, top 10 by {by}):")
         for stat in top:
             print(f"  {stat}")
+            if by == "traceback":
+                for line in stat.traceback.format()[-2 * args.trace_frames:]:
+                    print(f"      {line}")
     if tmp is not None:
         tmp.cleanup()
     return 0
@@ -464,6 +575,20 @@ def summary(samples: list[dict[str, Any]], warmup: float) -> None:
     secs = (last["min"] - first["min"]) * 60
     if secs > 0:
         print(f"{'records/s':>22} {(last['rows'] - first['rows']) / secs:9.0f}")
+
+
+def owners_summary(samples: list[dict[str, Any]], warmup: float) -> None:
+    """Start against end of the resident memory by mapper (``--mmap-trace``)."""
+    after = [s for s in samples if s["min"] >= warmup and "owners" in s]
+    if len(after) < 2:
+        return
+    first, last = after[0]["owners"], after[-1]["owners"]
+    print("\nanonymous resident memory by the library that mapped it (MiB)")
+    print(f"{'':>30} {'start':>9} {'end':>9} {'change':>9}")
+    for lib in sorted(set(first) | set(last), key=lambda k: -abs(last.get(k, 0) - first.get(k, 0))):
+        a, b = first.get(lib, 0.0), last.get(lib, 0.0)
+        if max(abs(a), abs(b)) >= 0.05:
+            print(f"{lib[:30]:>30} {a:9.1f} {b:9.1f} {b - a:+9.1f}")
 
 
 if __name__ == "__main__":
