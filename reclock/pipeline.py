@@ -491,8 +491,10 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
                 if r.name not in dropped and pipe.is_dropped(r.name):
                     r.drop()  # (the runner may have seen the marker first)
                     dropped.append(r.name)
-            history.record(write_status(status_path, runners, dropped, pipe.clock,
-                                        runners.http_url, config=cfg.fingerprint))
+            doc = write_status(status_path, runners, dropped, pipe.clock, runners.http_url,
+                               config=cfg.fingerprint)
+            if server is not None:  # only the endpoint serves the history
+                history.record(doc)
             if out is not None and time.monotonic() - last_print >= 5:
                 last_print = time.monotonic()
                 for r in runners:

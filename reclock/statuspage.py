@@ -36,8 +36,8 @@ import math
 import socket
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Mapping
+from array import array
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any, cast
@@ -53,6 +53,10 @@ log = logging.getLogger("reclock.http")
 
 #: Points kept per source (one a second: the last hour).
 HISTORY_POINTS = 3600
+#: Points kept over all sources (:class:`History`): 37 MB for sources of one output.
+HISTORY_BUDGET = 360_000
+#: Points a source keeps however many sources there are (a minute).
+HISTORY_MIN_POINTS = 60
 
 StatusDocument = Mapping[str, Any]
 
@@ -73,61 +77,173 @@ class History:
     ``remap_upper``, ``sink_upper`` (the least output upper; ``None`` when
     every output is closed), ``uppers`` / ``rows`` / ``errors`` per output,
     ``records`` and ``lag_records``. Thread safe.
+
+    Each source keeps at most ``maxlen`` points, and all sources together
+    about ``budget`` (each at least ``min_points``): a thousand
+    sources keep six minutes each, not an hour. A point is stored as a row
+    of numbers (:class:`_Series`, 8 bytes a value: 104 bytes for a source
+    of one output, where a point of dictionaries took about 1.1 KiB) and
+    becomes a dictionary only when :meth:`snapshot` hands it out.
     """
 
-    def __init__(self, maxlen: int = HISTORY_POINTS) -> None:
+    def __init__(self, maxlen: int = HISTORY_POINTS, budget: int = HISTORY_BUDGET,
+                 min_points: int = HISTORY_MIN_POINTS) -> None:
         self.maxlen = maxlen
+        self.budget = budget
+        self.min_points = min_points
         self._lock = threading.Lock()
-        self._series: dict[str, tuple[str, deque[dict[str, Any]]]] = {}
+        self._series: dict[str, _Series] = {}
         #: ``time.monotonic()`` of the last :meth:`record`: the driver loop's
         #: heartbeat (it records once a second), for ``/healthz``.
         self.last_recorded = time.monotonic()
+
+    def capacity(self, sources: int) -> int:
+        """Points each of ``sources`` sources keeps."""
+        return min(self.maxlen, max(self.min_points, self.budget // max(1, sources)))
 
     def record(self, doc: StatusDocument) -> None:
         self.last_recorded = time.monotonic()
         t = doc.get("updated_ms")
         if t is None:
             return
-        for st in doc.get("sources") or []:
+        sources = doc.get("sources") or []
+        cap = self.capacity(len(sources))
+        for st in sources:
             kind = str(st.get("kind", ""))
             outs = st.get("outputs") or []
-            uppers = {str(o["name"]): o.get("upper") for o in outs}
-            finite = [u for u in uppers.values() if u is not None]
-            point: dict[str, Any] = {"t": int(t)}
-            for f in ("probe", "bound", "read_from", "resume"):
-                point[f] = frontier_position(kind, st.get(f))
+            names = tuple(str(o["name"]) for o in outs)
+            uppers = [o.get("upper") for o in outs]
+            finite = [u for u in uppers if u is not None]
+            closed = 0
+            values = [float(int(t))]
+            for bit, f in enumerate(_POSITIONS):
+                values.append(_number(frontier_position(kind, st.get(f))))
                 if _closed(st.get(f)):
-                    point[f + "_closed"] = True
-            point.update({
-                "remap_upper": st.get("remap_upper"),
-                "sink_upper": min(finite) if finite else None,
-                "uppers": uppers,
-                "rows": {str(o["name"]): o.get("rows") for o in outs},
-                "errors": {str(o["name"]): o.get("errors") for o in outs},
-                "records": st.get("records"),
-                "lag_records": st.get("lag_records"),
-            })
+                    closed |= 1 << bit
+            values += [float(closed), _number(st.get("remap_upper")),
+                       _number(min(finite) if finite else None),
+                       _number(st.get("records")), _number(st.get("lag_records"))]
+            for o, u in zip(outs, uppers, strict=True):
+                values += [_number(u), _number(o.get("rows")), _number(o.get("errors"))]
             name = str(st["source"])
             with self._lock:
-                if name not in self._series:
-                    self._series[name] = (kind, deque(maxlen=self.maxlen))
-                series = self._series[name][1]
-                if series and series[-1]["t"] >= point["t"]:
+                series = self._series.get(name)
+                if series is None or series.names != names or series.kind != kind:
+                    # (a source's outputs are fixed for a run: a new series
+                    # only if the document describes it anew)
+                    series = self._series[name] = _Series(kind, names, cap)
+                elif series.capacity != cap:
+                    series.resize(cap)
+                if series.count and series.last_t() >= values[0]:
                     continue  # the clock did not move: keep one point per instant
-                series.append(point)
+                series.append(values)
 
     def snapshot(self, since: int | None = None) -> dict[str, Any]:
         """``{"sources": {name: {"kind", "points": [...]}}}``, points after ``since``."""
         with self._lock:
-            return {"sources": {
-                name: {"kind": kind,
-                       "points": [p for p in series if since is None or p["t"] > since]}
-                for name, (kind, series) in self._series.items()
-            }}
+            rows = {name: (s.kind, s.names, s.rows_after(since))
+                    for name, s in self._series.items()}
+        return {"sources": {name: {"kind": kind, "points": [_point(names, r) for r in rs]}
+                            for name, (kind, names, rs) in rows.items()}}
 
     def __len__(self) -> int:
         with self._lock:
-            return max((len(s) for _, s in self._series.values()), default=0)
+            return max((s.count for s in self._series.values()), default=0)
+
+
+#: The frontiers whose positions a point holds, in its row's order.
+_POSITIONS = ("probe", "bound", "read_from", "resume")
+#: A row: ``t``, the positions, a bit per closed position, ``remap_upper``,
+#: ``sink_upper``, ``records``, ``lag_records``; then per output ``upper``,
+#: ``rows``, ``errors``.
+_FIXED = 1 + len(_POSITIONS) + 5
+
+
+def _number(v: Any) -> float:
+    """A point's value as stored (NaN: none, or not a number)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return math.nan
+    return float(v)
+
+
+def _int_or_none(v: float) -> int | None:
+    return None if math.isnan(v) else int(v)
+
+
+def _point(names: tuple[str, ...], row: Sequence[float]) -> dict[str, Any]:
+    """A stored row as the dictionary /history.json serves."""
+    point: dict[str, Any] = {"t": int(row[0])}
+    closed = int(row[1 + len(_POSITIONS)])
+    for bit, f in enumerate(_POSITIONS):
+        v = row[1 + bit]
+        point[f] = None if math.isnan(v) else v
+        if closed & (1 << bit):
+            point[f + "_closed"] = True
+    k = 2 + len(_POSITIONS)
+    point["remap_upper"] = _int_or_none(row[k])
+    point["sink_upper"] = _int_or_none(row[k + 1])
+    outs = [(n, row[_FIXED + 3 * i:_FIXED + 3 * i + 3]) for i, n in enumerate(names)]
+    point["uppers"] = {n: _int_or_none(v[0]) for n, v in outs}
+    point["rows"] = {n: _int_or_none(v[1]) for n, v in outs}
+    point["errors"] = {n: _int_or_none(v[2]) for n, v in outs}
+    point["records"] = _int_or_none(row[k + 2])
+    point["lag_records"] = _int_or_none(row[k + 3])
+    return point
+
+
+class _Series:
+    """A source's last ``capacity`` points, a ring of rows of doubles."""
+
+    __slots__ = ("capacity", "count", "data", "first", "kind", "names", "width")
+
+    def __init__(self, kind: str, names: tuple[str, ...], capacity: int) -> None:
+        self.kind = kind
+        self.names = names
+        self.width = _FIXED + 3 * len(names)
+        self.capacity = capacity
+        self.data = array("d", bytes(8 * self.width * capacity))
+        self.first = 0  # the slot of the oldest point
+        self.count = 0
+
+    def _row(self, slot: int) -> array[float]:
+        at = slot * self.width
+        return self.data[at:at + self.width]
+
+    def last_t(self) -> float:
+        return self.data[((self.first + self.count - 1) % self.capacity) * self.width]
+
+    def append(self, values: list[float]) -> None:
+        slot = (self.first + self.count) % self.capacity
+        self.data[slot * self.width:(slot + 1) * self.width] = array("d", values)
+        if self.count < self.capacity:
+            self.count += 1
+        else:
+            self.first = (self.first + 1) % self.capacity
+
+    def rows(self) -> list[array[float]]:
+        return [self._row((self.first + i) % self.capacity) for i in range(self.count)]
+
+    def rows_after(self, since: int | None) -> list[array[float]]:
+        """The rows with ``t`` after ``since``, oldest first (a binary search:
+        the status page asks for the newest few every second)."""
+        lo, hi = 0, self.count
+        if since is not None:
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self.data[((self.first + mid) % self.capacity) * self.width] > since:
+                    hi = mid
+                else:
+                    lo = mid + 1
+        return [self._row((self.first + i) % self.capacity) for i in range(lo, self.count)]
+
+    def resize(self, capacity: int) -> None:
+        """Keep the newest ``capacity`` points."""
+        kept = self.rows()[-capacity:]
+        self.capacity = capacity
+        self.data = array("d", bytes(8 * self.width * capacity))
+        self.first, self.count = 0, 0
+        for r in kept:
+            self.append(list(r))
 
 
 def page() -> bytes:

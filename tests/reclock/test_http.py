@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from reclock.config import ConfigError, PipelineConfig, load_config, parse_config
@@ -254,6 +256,111 @@ def test_history_is_bounded_and_incremental() -> None:
     assert topic["bound"] == 42 and topic["resume"] is None and topic["resume_closed"]
     assert [p["t"] for p in h.snapshot(since=6000)["sources"]["gen"]["points"]] == [7000, 8000]
     assert len(h) == 5
+
+
+def _model_point(doc: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """What a point of ``st`` must say, built from the document directly."""
+    kind = st["kind"]
+    outs = st["outputs"]
+    uppers = {o["name"]: o["upper"] for o in outs}
+    point: dict[str, Any] = {"t": doc["updated_ms"]}
+    for f in ("probe", "bound", "read_from", "resume"):
+        point[f] = frontier_position(kind, st[f])
+        if st[f] == []:
+            point[f + "_closed"] = True
+    finite = [u for u in uppers.values() if u is not None]
+    point.update(remap_upper=st["remap_upper"], sink_upper=min(finite) if finite else None,
+                 uppers=uppers, rows={o["name"]: o["rows"] for o in outs},
+                 errors={o["name"]: o["errors"] for o in outs}, records=st["records"],
+                 lag_records=st["lag_records"])
+    return point
+
+
+_maybe_int = st.none() | st.integers(0, 2**52)
+
+
+@st.composite
+def _docs(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """A run's status documents: sources come and go, clocks may stand still."""
+    names = draw(st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=1, max_size=4,
+                          unique=True))
+    outs = st.lists(st.sampled_from(["x", "y", "z"]), max_size=3, unique=True)
+    outputs = {n: (draw(outs), draw(outs)) for n in names}  # the usual, and another
+    docs, t = [], 1_700_000_000_000
+    for _ in range(draw(st.integers(1, 40))):
+        t += draw(st.sampled_from([0, 1, 1000, 1001]))
+        present = draw(st.lists(st.sampled_from(names), min_size=1, unique=True))
+        frontier = st.none() | st.just([]) | st.lists(st.integers(0, 2**40), min_size=1,
+                                                      max_size=1)
+        sources = [{
+            "source": n, "kind": "counter", "probe": draw(frontier), "bound": draw(frontier),
+            "read_from": draw(frontier), "resume": draw(frontier),
+            "remap_upper": draw(_maybe_int), "records": draw(_maybe_int),
+            "lag_records": draw(_maybe_int),
+            "outputs": [{"name": o, "upper": draw(_maybe_int), "rows": draw(_maybe_int),
+                         "errors": draw(_maybe_int)}
+                        for o in outputs[n][draw(st.sampled_from([0, 0, 0, 1]))]],
+        } for n in present]
+        docs.append({"updated_ms": t, "sources": sources})
+    return docs
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(docs=_docs(), maxlen=st.integers(1, 8), budget=st.integers(1, 12),
+       least=st.integers(1, 3), since=st.none() | st.integers(0, 40))
+def test_history_keeps_what_a_model_of_the_documents_says(
+        docs: list[dict[str, Any]], maxlen: int, budget: int, least: int,
+        since: int | None) -> None:
+    """The stored rows give back, per source, the newest points a model
+    built from the documents holds: as many as the budget allows the
+    sources of the document that last named a source (at least ``least``),
+    at most ``maxlen``, one per instant, each exactly as the document said;
+    a source whose outputs changed starts afresh."""
+    h = History(maxlen=maxlen, budget=budget, min_points=least)
+    model: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        h.record(doc)
+        cap = min(maxlen, max(least, budget // len(doc["sources"])))
+        for s in doc["sources"]:
+            pts = model.setdefault(s["source"], [])
+            if pts and list(pts[-1]["uppers"]) != [o["name"] for o in s["outputs"]]:
+                pts.clear()
+            del pts[:-cap]
+            if pts and pts[-1]["t"] >= doc["updated_ms"]:
+                continue
+            pts.append(_model_point(doc, s))
+            del pts[:-cap]
+    snap = h.snapshot()["sources"]
+    assert set(snap) == set(model)
+    for name, pts in model.items():
+        assert snap[name]["kind"] == "counter"
+        got = snap[name]["points"]
+        assert got == pts
+        cut = 1_700_000_000_000 + (since or 0) * 1000
+        later = h.snapshot(since=cut)["sources"][name]["points"]
+        assert later == [p for p in got if p["t"] > cut]
+
+
+def test_history_of_many_sources_shares_one_budget() -> None:
+    """A hundred sources keep ``budget / 100`` points each, two keep
+    ``maxlen``; when sources are added the others give up their oldest."""
+    h = History(maxlen=360, budget=3_600, min_points=10)
+    doc = fake_doc()
+    gen = doc["sources"][0]
+    many = {**doc, "sources": [{**gen, "source": f"s{i}"} for i in range(100)]}
+    for i in range(100):
+        h.record({**many, "updated_ms": 1000 * (i + 1)})
+    pts = h.snapshot()["sources"]["s7"]["points"]
+    assert [p["t"] for p in pts] == [1000 * (i + 1) for i in range(64, 100)]
+    two = {**doc, "sources": [{**gen, "source": "s7"}, {**gen, "source": "s8"}]}
+    for i in range(100, 500):
+        h.record({**two, "updated_ms": 1000 * (i + 1)})
+    assert len(h.snapshot()["sources"]["s7"]["points"]) == 360
+    assert len(h.snapshot()["sources"]["s9"]["points"]) == 36  # not recorded since
+    h.record({**many, "updated_ms": 10_000_000})
+    pts = h.snapshot()["sources"]["s7"]["points"]
+    assert len(pts) == 36 and pts[-1]["t"] == 10_000_000 and pts[-2]["t"] == 500_000
+    assert pts[-1] == {**pts[-2], "t": 10_000_000}
 
 
 # ---------------------------------------------------------------------------
