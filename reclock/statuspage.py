@@ -201,7 +201,7 @@ class _Series:
         self.names = names
         self.width = _FIXED + 3 * len(names)
         self.capacity = capacity
-        self.data = array("d", bytes(8 * self.width * capacity))
+        self.data = array("d")  # grown to ``capacity`` rows as points come
         self.first = 0  # the slot of the oldest point
         self.count = 0
 
@@ -213,12 +213,13 @@ class _Series:
         return self.data[((self.first + self.count - 1) % self.capacity) * self.width]
 
     def append(self, values: list[float]) -> None:
-        slot = (self.first + self.count) % self.capacity
-        self.data[slot * self.width:(slot + 1) * self.width] = array("d", values)
-        if self.count < self.capacity:
+        if self.count < self.capacity:  # (not yet full: the ring starts at slot 0)
+            self.data.extend(values)
             self.count += 1
-        else:
-            self.first = (self.first + 1) % self.capacity
+            return
+        slot = self.first
+        self.data[slot * self.width:(slot + 1) * self.width] = array("d", values)
+        self.first = (self.first + 1) % self.capacity
 
     def rows(self) -> list[array[float]]:
         return [self._row((self.first + i) % self.capacity) for i in range(self.count)]
@@ -240,7 +241,7 @@ class _Series:
         """Keep the newest ``capacity`` points."""
         kept = self.rows()[-capacity:]
         self.capacity = capacity
-        self.data = array("d", bytes(8 * self.width * capacity))
+        self.data = array("d")
         self.first, self.count = 0, 0
         for r in kept:
             self.append(list(r))
