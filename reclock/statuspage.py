@@ -12,8 +12,9 @@ thread, shut down when the run ends. Routes (``GET``):
     pipeline writes to ``state_dir/status.json`` every second.
 ``/history.json[?since=MS]``
     The recent past kept in memory by the pipeline loop (:class:`History`):
-    one point per source per second, the last :data:`HISTORY_POINTS`; with
-    ``since``, only points after that time.
+    one point per source per second, the last :data:`HISTORY_POINTS` (fewer
+    each when many sources share :data:`HISTORY_BUDGET`); with ``since``,
+    only points after that time.
 ``/healthz``
     Liveness: 200 while the driver loop ticks (it records the history once a
     second), 503 once it has not for 30 s.
