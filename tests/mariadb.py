@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -60,12 +61,27 @@ class MariaDB:
         if self.user:
             shutil.chown(self.dir, self.user, self.user)
 
+    def _install(self, user: list[str]) -> None:
+        """The system tables. A failure says what the tool printed (a CI run
+        once failed here with its output hidden): the first is printed to
+        stderr and retried once on a fresh data directory, a second raises."""
+        for attempt in (1, 2):
+            shutil.rmtree(self.data, ignore_errors=True)
+            r = subprocess.run([_bin("mariadb-install-db"), "--no-defaults", *user,
+                                f"--datadir={self.data}",
+                                "--auth-root-authentication-method=normal", "--skip-test-db"],
+                               capture_output=True, check=False)
+            if r.returncode == 0:
+                return
+            out = (r.stdout + r.stderr).decode(errors="replace")[-3000:]
+            if attempt == 2:
+                raise RuntimeError(f"mariadb-install-db failed twice (exit {r.returncode}): {out}")
+            print(f"mariadb-install-db failed (exit {r.returncode}); once more: {out}",
+                  file=sys.stderr, flush=True)
+
     def start(self) -> MariaDB:
         user = ["--user=" + self.user] if self.user else []
-        subprocess.run([_bin("mariadb-install-db"), "--no-defaults", *user,
-                        f"--datadir={self.data}", "--auth-root-authentication-method=normal",
-                        "--skip-test-db"],
-                       check=True, capture_output=True)
+        self._install(user)
         args = [_bin("mariadbd"), "--no-defaults", *user, f"--datadir={self.data}",
                 f"--socket={self.socket}", f"--port={self.port}", "--bind-address=127.0.0.1",
                 f"--pid-file={self.dir / 'mysqld.pid'}", f"--log-error={self.dir / 'error.log'}",
