@@ -82,8 +82,8 @@ class History:
     Each source keeps at most ``maxlen`` points, and all sources together
     about ``budget`` (each at least ``min_points``): a thousand
     sources keep six minutes each, not an hour. A point is stored as a row
-    of numbers (:class:`_Series`, 8 bytes a value: 104 bytes for a source
-    of one output, where a point of dictionaries took about 1.1 KiB) and
+    of numbers (:class:`_Series`, 8 bytes a value: about 110 bytes for a
+    source of one output, where a point of dictionaries took 1.3 KiB) and
     becomes a dictionary only when :meth:`snapshot` hands it out.
     """
 
