@@ -13,7 +13,9 @@ against the last, and the slope over the run.
 Columns: ``rss`` the driver's resident set (MiB) and ``anon`` its anonymous
 part; ``py`` the bytes Python allocated (``tracemalloc``'s current size, with
 ``--tracemalloc``); ``heap`` glibc malloc's in-use bytes and ``free`` its
-free-but-held bytes (``mallinfo2``); ``glibc`` / ``mimal`` / ``other`` /
+free-but-held bytes (``mallinfo2``); ``sqlite`` what SQLite allocated (through
+glibc's malloc: the page caches of the remap store's connections and of each
+keyed output's key state); ``glibc`` / ``mimal`` / ``other`` /
 ``stacks`` the anonymous memory by who mapped it (:func:`native_breakdown`);
 ``rel`` the RSS after :func:`release_native` (``--probe-release``);
 ``arrow`` Arrow's pool (``pyarrow.total_allocated_bytes``); ``thr`` threads
@@ -65,6 +67,32 @@ def _libc() -> Any:
 
 
 LIBC = _libc()
+
+
+def _sqlite() -> Any:
+    """The libsqlite3 Python's sqlite3 module is linked to (its memory
+    counters are process-wide), or None (a statically linked one)."""
+    try:
+        lib = ctypes.CDLL("libsqlite3.so.0")
+        lib.sqlite3_status64.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
+                                         ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
+        return lib
+    except (OSError, AttributeError):
+        return None
+
+
+SQLITE = _sqlite()
+
+
+def sqlite_memory() -> float | None:
+    """MiB SQLite has allocated in this process (page caches of every
+    connection: the remap store's pool, each keyed output's key state)."""
+    if SQLITE is None:
+        return None
+    cur, hi = ctypes.c_int64(), ctypes.c_int64()
+    if SQLITE.sqlite3_status64(0, ctypes.byref(cur), ctypes.byref(hi), 0) != 0:  # MEMORY_USED
+        return None
+    return cur.value / MIB
 
 
 def proc_status(pid: int | str = "self") -> dict[str, int]:
@@ -300,6 +328,7 @@ def sample(t0: float, ticks: Ticks, runners: list[Any], traced: bool,
         s["heap"] = (mi.uordblks + mi.hblkhd) / MIB
         s["free"] = mi.fordblks / MIB
         s["arena"] = mi.arena / MIB
+    s["sqlite"] = sqlite_memory()
     if traced:
         import tracemalloc
 
@@ -325,6 +354,7 @@ def sample(t0: float, ticks: Ticks, runners: list[Any], traced: bool,
 
 COLS = [("min", "min", "{:6.1f}"), ("rss", "rss", "{:6.0f}"), ("anon", "anon", "{:6.0f}"),
         ("py", "py", "{:6.1f}"), ("heap", "heap", "{:6.1f}"), ("free", "free", "{:6.1f}"),
+        ("sqlite", "sqlite", "{:6.1f}"),
         ("glibc", "glibc", "{:6.1f}"), ("mimalloc", "mimal", "{:6.1f}"),
         ("other", "other", "{:6.1f}"), ("stacks", "stacks", "{:6.1f}"),
         ("rss_released", "rel", "{:6.0f}"), ("arrow", "arrow", "{:6.1f}"),
@@ -363,7 +393,7 @@ def slope_per_hour(xs: list[float], ys: list[float]) -> float:
 
 
 def config_text(state: Path, rate: int, orders_rate: int, interval: str, master: str,
-                release_memory: bool = True) -> str:
+                release_memory: bool = True, housekeeping: str = "") -> str:
     src = [
         "  - name: counter",
         f"    generator: {{kind: counter, rate: {rate}, value_format: json, bad_every: 1000}}",
@@ -387,7 +417,7 @@ def config_text(state: Path, rate: int, orders_rate: int, interval: str, master:
         f"state_dir: {json.dumps(str(state))}",
         f"timestamp_interval: {interval}",
         "http: {host: 127.0.0.1, port: 0}",
-        f"housekeeping: {{release_memory: {json.dumps(release_memory)}}}",
+        f"housekeeping: {{release_memory: {json.dumps(release_memory)}{housekeeping}}}",
         "spark:",
         f"  master: {json.dumps(master)}",
         "  conf: {spark.sql.shuffle.partitions: '2'}",
@@ -421,6 +451,9 @@ def main() -> int:
     ap.add_argument("--no-release-memory", action="store_true",
                     help="housekeeping release_memory: false (the driver keeps what the "
                          "allocators hold free after a compaction pass)")
+    ap.add_argument("--key-cache", metavar="SIZE",
+                    help="housekeeping key_state_cache (the keyed outputs' SQLite page "
+                         "cache, all together; default: the pipeline's default)")
     ap.add_argument("--arrow-pool", choices=["mimalloc", "jemalloc", "system"],
                     help="Arrow's default memory pool (ARROW_DEFAULT_MEMORY_POOL; default: "
                          "Arrow's own choice, mimalloc on Linux wheels)")
@@ -456,7 +489,9 @@ def main() -> int:
     else:
         state = args.state
     text = config_text(state, args.rate, args.orders_rate, args.interval, args.master,
-                       release_memory=not args.no_release_memory)
+                       release_memory=not args.no_release_memory,
+                       housekeeping=(f", key_state_cache: {args.key_cache}"
+                                     if args.key_cache else ""))
     cfg = parse_config(text, "soak.yaml", base_dir=state.parent)
     ticks = Ticks()
     ticks.install()
@@ -559,7 +594,8 @@ def summary(samples: list[dict[str, Any]], warmup: float) -> None:
     print(f"{'':>22} {'start':>9} {'end':>9} {'change':>9} {'slope/h':>9}")
     for key, label in (("rss", "driver RSS MiB"), ("anon", "driver anon MiB"),
                        ("py", "Python heap MiB"), ("heap", "malloc in use MiB"),
-                       ("free", "malloc free MiB"), ("glibc", "glibc anon MiB"),
+                       ("free", "malloc free MiB"),
+                       ("sqlite", "SQLite MiB"), ("glibc", "glibc anon MiB"),
                        ("mimalloc", "mimalloc anon MiB"), ("other", "other anon MiB"),
                        ("stacks", "stacks MiB"), ("rss_released", "RSS released MiB"),
                        ("arrow", "Arrow pool MiB"),
