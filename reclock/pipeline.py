@@ -45,6 +45,7 @@ from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import rename_columns
 from reclock.core.errors import DefiniteError, TransientError
 from reclock.envelopes import Envelope, NoneEnvelope, envelope_for
+from reclock.envelopes.keystate import CacheShares
 from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner
 from reclock.runtime.health import STALLED
 from reclock.runtime.lock import DriverLock, holder_info
@@ -74,6 +75,8 @@ class Pipeline:
         self.state_dir = Path(cfg.state_dir)
         self._store: RemapStore | None = None
         self._identity: str | None = None
+        #: the key-state page cache all keyed outputs share
+        self.key_cache = CacheShares(cfg.housekeeping.key_state_cache)
 
     # -- pieces --------------------------------------------------------------------
     @property
@@ -300,6 +303,7 @@ class Pipeline:
             release_memory=self.cfg.housekeeping.release_memory,
             max_backoff_s=self.cfg.max_retry_backoff / 1000.0,
             keys_dir=self.state_dir / "keys" / src.name,
+            key_cache=self.key_cache,
             settle_bytes=sp.max_bytes_per_settle,
             spill_intents=sp.master.startswith("local"),
             share_jobs_up_to=sp.shared_jobs_max_records,

@@ -495,6 +495,14 @@ class HousekeepingConfig(_Model):
     resume, for ``reclock verify`` and ``reclock bindings``: older bindings
     are consolidated into one (0: keep only what resuming needs). The driver
     holds in memory only the bindings from where the outputs resume on."""
+    key_state_cache: ByteSize = Field(default=256 * 2**20, ge=2**20)
+    """The page cache of the key state of every keyed output (upsert, keyed
+    CDC) together (default ``256MiB``): a keyed output keeps the current row
+    of each key in a SQLite file under ``state_dir``, and caches its pages
+    in memory. The outputs open at a time share it evenly, each at most
+    64 MiB and at least 1 MiB, so the driver's memory stays bounded however
+    many keys or keyed outputs there are; a smaller cache means more reads
+    of the file when large transactions are settled."""
     release_memory: bool = True
     """After an output's maintenance pass (a compaction, expired files), and
     otherwise once a minute, hand the memory the allocators hold free back to

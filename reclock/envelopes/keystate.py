@@ -36,6 +36,7 @@ import contextlib
 import os
 import pickle
 import sqlite3
+import threading
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
@@ -51,6 +52,9 @@ from reclock.core.columns import DIFF, SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_UNCHAN
 
 #: How many buckets keys are spread over (fixed: a key's bucket is stored).
 KEY_BUCKETS = 64
+
+#: A key store's page cache when it shares no budget (:class:`CacheShares`).
+DEFAULT_CACHE = 64 * 2**20
 
 #: ``cleared`` argument of :meth:`KeyStore.write`: every bucket.
 ALL = frozenset(range(KEY_BUCKETS))
@@ -217,6 +221,39 @@ class MemoryKeys(KeyStore):
 _CHUNK = 500  # keys per lookup statement (SQLite allows 32,766 variables)
 
 
+class CacheShares:
+    """One page-cache budget for the SQLite key stores of a driver, shared
+    evenly by the stores open at the time: each gets ``total / n``, at most
+    ``most`` and at least ``least`` bytes. SQLite's page cache of a store
+    fills as its file grows (an output keyed by a stream of new keys grows
+    forever), so without one budget a driver of many keyed outputs would in
+    time hold ``n`` full caches. A store takes a changed share up at its next
+    transaction (SQLite frees the pages beyond it then)."""
+
+    def __init__(self, total: int, most: int = 64 * 2**20, least: int = 2**20) -> None:
+        self.total, self.most, self.least = total, most, least
+        self._lock = threading.Lock()
+        self._open = 0
+        #: bumped whenever the share changes
+        self.generation = 0
+
+    def join(self) -> None:
+        with self._lock:
+            self._open += 1
+            self.generation += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._open = max(0, self._open - 1)
+            self.generation += 1
+
+    def share(self) -> int:
+        """Bytes of page cache each open store may use now."""
+        with self._lock:
+            n = max(1, self._open)
+        return max(self.least, min(self.most, self.total // n))
+
+
 class SqliteKeys(KeyStore):
     """A key store in a SQLite file (see the module docstring). Rows are
     pickled, under their key prefixed with its bucket (``"2a:(17,)"``), so
@@ -228,27 +265,45 @@ class SqliteKeys(KeyStore):
 
     LAYOUT = 2  # PRAGMA user_version of the file
 
-    def __init__(self, path: Path, cache_mib: int = 64) -> None:
+    def __init__(self, path: Path, shares: CacheShares | None = None) -> None:
         self.path = path
+        #: the page-cache budget this store shares (None: a cache of its own,
+        #: :data:`DEFAULT_CACHE`)
+        self._shares = shares
+        self._generation = -1
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._conn = self._open(cache_mib)
+            self._conn = self._open()
         except sqlite3.DatabaseError:
             for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
-            self._conn = self._open(cache_mib)
+            self._conn = self._open()
+        if shares is not None:
+            shares.join()
+        self._size_cache()
         row = self._conn.execute("SELECT v FROM meta WHERE k = 'marker'").fetchone()
         self.marker = None if row is None else row[0]
 
-    def _open(self, cache_mib: int) -> sqlite3.Connection:
+    def _size_cache(self) -> None:
+        """Take the current share of the budget up, if it changed."""
+        shares = self._shares
+        if shares is None:
+            if self._generation < 0:
+                self._conn.execute(f"PRAGMA cache_size=-{DEFAULT_CACHE // 1024}")
+                self._generation = 0
+            return
+        if shares.generation != self._generation:
+            self._generation = shares.generation
+            self._conn.execute(f"PRAGMA cache_size=-{shares.share() // 1024}")
+
+    def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             # A lost file is rebuilt from the output, and a kill -9 leaves the
             # operating system's buffers intact: no fsync is needed.
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=OFF")
-            conn.execute(f"PRAGMA cache_size=-{cache_mib * 1024}")
             conn.execute("PRAGMA temp_store=FILE")
             if conn.execute("PRAGMA user_version").fetchone()[0] != self.LAYOUT:
                 conn.execute("DROP TABLE IF EXISTS keys")
@@ -273,6 +328,7 @@ class SqliteKeys(KeyStore):
 
     def _begin(self) -> None:
         if not self._conn.in_transaction:
+            self._size_cache()
             self._conn.execute("BEGIN")
 
     def lookup(self, keys: Iterable[str]) -> dict[str, tuple[Any, ...]]:
@@ -344,6 +400,9 @@ class SqliteKeys(KeyStore):
     def close(self) -> None:
         self.rollback()
         self._conn.close()
+        if self._shares is not None:
+            self._shares.leave()
+            self._shares = None
 
 
 # -- intents, split by bucket in the tasks ----------------------------------------------------

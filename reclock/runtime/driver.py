@@ -79,7 +79,13 @@ from reclock.core.frontier import Antichain, frontier_distance
 from reclock.core.mint import RemapOperator
 from reclock.core.time import IntoTime
 from reclock.envelopes import Envelope, NoneEnvelope, UpsertState, envelope_for
-from reclock.envelopes.keystate import KeyedIntents, KeyStore, MemoryKeys, SqliteKeys
+from reclock.envelopes.keystate import (
+    CacheShares,
+    KeyedIntents,
+    KeyStore,
+    MemoryKeys,
+    SqliteKeys,
+)
 from reclock.runtime.dataplane import (
     JobContext,
     OutputPlan,
@@ -160,6 +166,9 @@ class Settings:
     #: write large intents; None: the key state lives in memory, rebuilt
     #: from the output at every open
     keys_dir: Path | None = None
+    #: the page-cache budget the key stores of the pipeline share (None: a
+    #: cache of its own each)
+    key_cache: CacheShares | None = None
     #: bytes of intents the driver settles at once (a few key buckets)
     settle_bytes: int = 32 * 2**20
     #: whether tasks write large intents to files under ``keys_dir`` (they
@@ -506,7 +515,8 @@ class SourceRunner:
         store = self._keys.get(out.index)
         if store is None:
             d = self.settings.keys_dir
-            store = MemoryKeys() if d is None else SqliteKeys(d / f"{out.name}.sqlite")
+            store = MemoryKeys() if d is None else SqliteKeys(d / f"{out.name}.sqlite",
+                                                                 self.settings.key_cache)
             self._keys[out.index] = store
         return store
 

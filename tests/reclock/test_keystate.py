@@ -22,7 +22,9 @@ from reclock.core.errors import DefiniteError
 from reclock.envelopes import UpsertState, upsert
 from reclock.envelopes.keystate import (
     ALL,
+    DEFAULT_CACHE,
     KEY_BUCKETS,
+    CacheShares,
     IntentWriter,
     KeyedIntents,
     MemoryKeys,
@@ -246,3 +248,44 @@ def test_memory_and_sqlite_stores_agree_on_clears_and_open_changes(tmp_path: Pat
             else:
                 s.rollback()
         assert sorted(stores[0].live(ALL)) == sorted(stores[1].live(ALL))
+
+
+def _cache_kib(store: SqliteKeys) -> int:
+    return -int(store._conn.execute("PRAGMA cache_size").fetchone()[0])
+
+
+def test_key_stores_share_one_page_cache_budget(tmp_path: Path) -> None:
+    mib = 2**20
+    shares = CacheShares(12 * mib, most=8 * mib, least=2 * mib)
+    a = SqliteKeys(tmp_path / "a.sqlite", shares)
+    assert _cache_kib(a) == 8 * 1024  # alone: capped at `most`
+    b = SqliteKeys(tmp_path / "b.sqlite", shares)
+    assert _cache_kib(b) == 6 * 1024
+    a.write({"(1,)": (1, "x", 0)})  # a's next transaction takes its new share up
+    a.commit("m")
+    assert _cache_kib(a) == 6 * 1024
+    more = [SqliteKeys(tmp_path / f"{i}.sqlite", shares) for i in range(8)]
+    assert _cache_kib(more[-1]) == 2 * 1024  # 12 MiB over 10 stores: at least `least`
+    for s in more:
+        s.close()
+    b.close()
+    assert a.lookup(["(1,)"]) == {"(1,)": (1, "x", 0)}
+    a.write({"(2,)": (2, "y", 0)})
+    assert _cache_kib(a) == 8 * 1024  # alone again
+    a.rollback()
+    # Without a budget, a store keeps a cache of its own.
+    assert _cache_kib(SqliteKeys(tmp_path / "own.sqlite")) == DEFAULT_CACHE // 1024
+
+
+def test_the_budget_is_a_setting_every_keyed_output_of_a_pipeline_shares(tmp_path: Path) -> None:
+    from reclock.config import load_config
+    from reclock.pipeline import Pipeline
+
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("housekeeping: {key_state_cache: 96MiB}\nsources:\n"
+                   "  - {name: a, generator: {kind: counter}, outputs: [{name: a, sink: {type: file}}]}\n"
+                   "  - {name: b, generator: {kind: counter}, outputs: [{name: b, sink: {type: file}}]}\n")
+    p = Pipeline(load_config(cfg))
+    sa, sb = (p.settings(s) for s in p.cfg.sources)
+    assert sa.key_cache is sb.key_cache is p.key_cache
+    assert p.key_cache.total == 96 * 2**20
