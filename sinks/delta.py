@@ -163,6 +163,7 @@ from reclock.config.base import ByteSize, DurationMs, SinkConfigBase, _Model, _p
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
 from reclock.core.errors import ReclockError
+from sinks._apart import run_apart
 from sinks._encoding import is_nanos
 from sinks._fs import (
     check_descriptor,
@@ -390,6 +391,8 @@ class Compaction:
     min_files: int = COMPACT_MIN_FILES
     target_size: int = COMPACT_TARGET_SIZE
     retention_ms: int = RETENTION_MS
+    #: merge in a short-lived child process (``sinks/_apart.py``)
+    apart: bool = True
 
     @property
     def retention_hours(self) -> int:
@@ -413,6 +416,47 @@ class _Small:
     path: str
     size: int
     order: tuple[int, int, int]  # (min IntoTime, min offset, modification time)
+
+
+def merge_files(location: Location, paths: list[str], name: str,
+                schema: pa.Schema) -> dict[str, Any]:
+    """Write the rows of the files ``paths`` (of the output at ``location``),
+    in order, as file ``name`` in
+    row groups of :data:`COMPACT_ROW_GROUP` rows; its descriptor, as
+    :meth:`DeltaStager.stage` gives. The files are scanned as one Arrow
+    dataset of the table's schema (a file older than a column reads it as
+    nulls), :data:`COMPACT_READERS` files ahead, batches in file order."""
+    acc = FileStats()
+    data = location.dataset(paths, schema)
+
+    def write(out: BinaryIO) -> None:
+        writer: pq.ParquetWriter | None = None
+        buffered: list[pa.RecordBatch] = []
+        rows = 0
+
+        def flush() -> None:
+            nonlocal writer, rows
+            t = conform(location.name, pa.Table.from_batches(buffered, schema), schema)
+            buffered.clear()
+            rows = 0
+            if writer is None:
+                writer = pq.ParquetWriter(out, schema, use_dictionary=dictionary_columns(t))
+            writer.write_table(t, row_group_size=COMPACT_ROW_GROUP)
+            acc.add(t)
+
+        for batch in data.to_batches(use_threads=True, fragment_readahead=COMPACT_READERS):
+            buffered.append(batch)
+            rows += batch.num_rows
+            if rows >= COMPACT_ROW_GROUP:
+                flush()
+        if buffered or writer is None:
+            flush()
+        assert writer is not None
+        writer.close()
+
+    size = location.write(name, write)
+    return {"path": name, "size": size, "rows": acc.rows, "stats": acc.json()}
+
 
 
 # Part of the names of the files compactions write.
@@ -1123,7 +1167,14 @@ class DeltaSink:
         written: list[dict[str, Any]] = []
         try:
             for i, run in enumerate(runs):
-                written.append(self._merge(run, f"part-{batch}-{i:05d}-000.parquet", schema))
+                name = f"part-{batch}-{i:05d}-000.parquet"
+                paths = [f.path for f in run]
+                if self.compaction is None or self.compaction.apart:
+                    d = run_apart(merge_files, self.location, paths, name, schema,
+                                  what=f"output {self.name!r}: compaction")
+                else:
+                    d = merge_files(self.location, paths, name, schema)
+                written.append(d)
                 faults.crash_point("mid_compaction")
             now = int(time.time() * 1000)  # delta-rs's vacuum ages removes by the wall clock
             actions: list[AddAction | RemoveAction] = [
@@ -1144,43 +1195,6 @@ class DeltaSink:
         return {"files_removed": sum(len(r) for r in runs), "files_added": len(written),
                 "bytes_removed": sum(f.size for r in runs for f in r),
                 "bytes_added": sum(int(d["size"]) for d in written)}
-
-    def _merge(self, run: list[_Small], name: str, schema: pa.Schema) -> dict[str, Any]:
-        """Write the rows of ``run``'s files, in order, as file ``name`` in
-        row groups of :data:`COMPACT_ROW_GROUP` rows; its descriptor, as
-        :meth:`DeltaStager.stage` gives. The files are scanned as one Arrow
-        dataset of the table's schema (a file older than a column reads it as
-        nulls), :data:`COMPACT_READERS` files ahead, batches in file order."""
-        acc = FileStats()
-        data = self.location.dataset([f.path for f in run], schema)
-
-        def write(out: BinaryIO) -> None:
-            writer: pq.ParquetWriter | None = None
-            buffered: list[pa.RecordBatch] = []
-            rows = 0
-
-            def flush() -> None:
-                nonlocal writer, rows
-                t = conform(self.name, pa.Table.from_batches(buffered, schema), schema)
-                buffered.clear()
-                rows = 0
-                if writer is None:
-                    writer = pq.ParquetWriter(out, schema, use_dictionary=dictionary_columns(t))
-                writer.write_table(t, row_group_size=COMPACT_ROW_GROUP)
-                acc.add(t)
-
-            for batch in data.to_batches(use_threads=True, fragment_readahead=COMPACT_READERS):
-                buffered.append(batch)
-                rows += batch.num_rows
-                if rows >= COMPACT_ROW_GROUP:
-                    flush()
-            if buffered or writer is None:
-                flush()
-            assert writer is not None
-            writer.close()
-
-        size = self.location.write(name, write)
-        return {"path": name, "size": size, "rows": acc.rows, "stats": acc.json()}
 
     def _small_files(self, dt: DeltaTable, target_size: int) -> list[_Small]:
         """The data files below ``target_size`` a compaction may merge, in
@@ -1548,8 +1562,16 @@ class CompactConfig(_Model):
     table as ``delta.deletedFileRetentionDuration``. Longer keeps more files
     in the output's directory."""
 
+    in_child: bool = True
+    """Merge the files in a short-lived child process (forked from a helper
+    process started once) rather than in the driver, so that the memory a
+    merge needs goes back to the system when it ends instead of staying with
+    the driver's allocators (default ``true``). A child that dies fails the
+    pass, which is retried on schedule; the driver goes on."""
+
     def settings(self) -> Compaction:
-        return Compaction(self.every, self.min_files, self.target_size, self.retention)
+        return Compaction(self.every, self.min_files, self.target_size, self.retention,
+                          self.in_child)
 
 
 def _compact_switch(value: Any) -> Any:

@@ -778,7 +778,7 @@ def test_redacted_dump(tmp_path: Path) -> None:
     assert out["sink"] == {"type": "file", "path": str(tmp_path / "state/outputs/counter/main"),
                            "storage": None, "compact": {
                                "every": 600_000, "min_files": 50, "target_size": 128 * 2**20,
-                               "retention": 86_400_000}}
+                               "retention": 86_400_000, "in_child": True}}
     assert dumped["timestamp_interval"] == 1000 and dumped["state_dir"] == str(tmp_path / "state")
     text = repr(dumped) + repr(cfg) + str(cfg)
     for pw in ("pw@", "pw2", "pw3", "pw4"):
