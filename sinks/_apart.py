@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -68,8 +69,16 @@ def _get_pool() -> ProcessPoolExecutor:
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(PRELOAD)
             _pool = ProcessPoolExecutor(max_workers=WORKERS, mp_context=ctx,
-                                        max_tasks_per_child=1)
+                                        initializer=_child_start, max_tasks_per_child=1)
         return _pool
+
+
+def _child_start() -> None:
+    """In each child: Ctrl-C in a terminal signals the whole process group,
+    and stopping is the driver's to decide (it lets work in flight finish
+    or abandons it), so a child ignores SIGINT rather than raising
+    KeyboardInterrupt into the driver's thread that waits for it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _discard(pool: ProcessPoolExecutor) -> None:

@@ -282,9 +282,9 @@ def test_the_budget_is_a_setting_every_keyed_output_of_a_pipeline_shares(tmp_pat
     from reclock.pipeline import Pipeline
 
     cfg = tmp_path / "p.yaml"
-    cfg.write_text("housekeeping: {key_state_cache: 96MiB}\nsources:\n"
-                   "  - {name: a, generator: {kind: counter}, outputs: [{name: a, sink: {type: file}}]}\n"
-                   "  - {name: b, generator: {kind: counter}, outputs: [{name: b, sink: {type: file}}]}\n")
+    cfg.write_text("housekeeping: {key_state_cache: 96MiB}\nsources:\n" + "".join(
+        f"  - {{name: {n}, generator: {{kind: counter}}, outputs: [{{name: {n}, sink: file}}]}}\n"
+        for n in "ab"))
     p = Pipeline(load_config(cfg))
     sa, sb = (p.settings(s) for s in p.cfg.sources)
     assert sa.key_cache is sb.key_cache is p.key_cache

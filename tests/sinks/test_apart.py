@@ -115,3 +115,13 @@ def test_a_merge_killed_midway_fails_the_pass_and_changes_nothing(
     assert canonical(sink.read_updates()) == before
     fill(sink, 2, start=10, state=st)  # the output goes on committing
     assert len(canonical(sink.read_updates())) > len(before)
+
+
+def interrupted() -> str:
+    """Ctrl-C in a terminal reaches every process of the group."""
+    os.kill(os.getpid(), signal.SIGINT)
+    return "went on"
+
+
+def test_a_child_ignores_sigint_and_finishes() -> None:
+    assert _apart.run_apart(interrupted) == "went on"
