@@ -144,6 +144,12 @@ class Source(Protocol, Generic[T]):
     """Whether what was ingested can be read again (``reclock verify`` re-reads
     it): a Kafka topic within retention, a generator; not a replication slot,
     which releases what was acknowledged."""
+    plan_again: bool
+    """Whether :meth:`plan` may be called again for the same range with a
+    smaller ``max_task`` (it changes nothing but caches): the driver then
+    spreads a job that would leave cores idle over every core (a burst that
+    fits one task). False where planning takes something (a stream's
+    buffered changes, a snapshot's chunks)."""
     jobs_in_flight: int | None
     """At most that many of the source's jobs read at once (a Postgres slot
     serves one reader at a time); ``None``: the pipeline's setting."""
@@ -251,6 +257,7 @@ class SourceBase:
     no snapshot (and none again)."""
 
     replayable: bool = False
+    plan_again: bool = False
     jobs_in_flight: int | None = None
     can_resnapshot: bool = False
     first_task_records: int | None = None

@@ -443,6 +443,7 @@ class GeneratorSource(SourceBase):
 
     # -- for verification --------------------------------------------------------
     replayable = True
+    plan_again = True
     can_resnapshot = True  # by replay: every record can be made again
 
 

@@ -517,6 +517,7 @@ class KafkaSource(SourceBase):
 
     kind = Partitioned.KIND
     replayable = True
+    plan_again = True
     can_resnapshot = True  # by replay, while retention holds the records
     first_task_records = 4  # a record may be as large as the broker allows
 

@@ -182,6 +182,12 @@ class Settings:
 #: Tasks per core of a job whose tasks are cut by bytes (see SourceRunner._task_sizes).
 JOB_TASKS_PER_CORE = 4
 
+#: A job whose plan leaves cores idle is planned again with a task a core
+#: when each task would still read at least this many records
+#: (SourceRunner._even_task): 200,000 records of a burst were one task on
+#: one of two cores.
+SPLIT_MIN_RECORDS = 20_000
+
 
 def _key_marker(out: OutputRuntime, state: SinkState) -> str:
     """What a keyed output's key store is the state of: the output's
@@ -686,6 +692,9 @@ class SourceRunner:
         the source and the sinks) and run it on the job thread."""
         max_task, max_job = self._task_sizes()
         tasks, reached = self.source.plan(start, bound, max_task, max_job)
+        even = self._even_task(tasks, max_task)
+        if even is not None:  # a burst that fits fewer tasks than cores: one each
+            tasks, reached = self.source.plan(start, bound, even, max_job)
         if not start.less_equal(reached):
             raise AssertionError(f"plan moved backwards: {start} -> {reached}")
         fut: Future[list[TaskResult]] = Future()
@@ -700,6 +709,18 @@ class SourceRunner:
             self._progress[ctx.batch_id] = progress
         snaps = frozenset(t.snapshot for t in tasks if t.snapshot is not None)
         return _Job(self._jobs.submit(self._execute, ctx, tasks), reached, progress, snaps)
+
+    def _even_task(self, tasks: list[Any], max_task: int) -> int | None:
+        """Records per task that spread a job over every core, when the plan
+        leaves cores idle and the source may plan again (``plan_again``); a
+        job of fewer than :data:`SPLIT_MIN_RECORDS` records a core stays as
+        it is (a task costs more than it saves then). None: as planned."""
+        cores = self._cores()
+        if not self.source.plan_again or len(tasks) >= cores:
+            return None
+        total = sum(t.records for t in tasks)
+        even = -(-total // cores)
+        return even if SPLIT_MIN_RECORDS <= even < max_task else None
 
     def _task_sizes(self) -> tuple[int, int]:
         """Records per task and per job at most: the settings' counts, and

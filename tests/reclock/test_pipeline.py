@@ -77,3 +77,32 @@ def test_stop_and_resume_in_process(tmp_path: Path, spark: Any) -> None:
     reports = verify_pipeline(cfg)
     assert all(r.ok for r in reports), reports
     assert sum(r.complete_checked for r in reports) == 43000
+
+
+def test_a_burst_that_fits_one_task_is_spread_over_every_core(tmp_path: Path, spark: Any) -> None:
+    """60,000 records due at once fit one task (200,000 at most): planned
+    again as a task per core of local[2], they land once as before."""
+    import json
+
+    cfg = load_config(write(tmp_path, """
+timestamp_interval: 500ms
+sources:
+  - name: burst
+    generator: {kind: counter, rate: 100000000, max_records: 60000}
+    outputs:
+      - {name: value, format: {type: json, schema: {n: int64}}, sink: file}
+"""))
+    runners = run(cfg, spark=spark, duration=120, out=None, install_signals=False)
+    assert all(r.health.status == "finished" for r in runners), [r.status() for r in runners]
+    reads = [json.loads(line) for line in (tmp_path / "state" / "progress.jsonl")
+             .read_text().splitlines()]
+    reads = [e for e in reads if e["kind"] == "read" and e["records"]]
+    big = [e for e in reads if e["records"] >= 40_000]
+    assert big, reads
+    assert all(e["tasks"] == 2 and e["largest_task"] == -(-e["records"] // 2) for e in big), big
+    reports = verify_pipeline(cfg)
+    assert all(r.ok for r in reports) and sum(r.complete_checked for r in reports) == 60_000
+    pipe = Pipeline(cfg)
+    value = pipe.build_source(pipe.source_config("burst")).outputs[0].sink.read_updates()
+    assert sorted(value.column("n").to_pylist()) == list(range(60_000))
+    pipe.close()
