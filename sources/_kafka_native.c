@@ -93,6 +93,8 @@ static struct {
     int (*message_headers)(const rk_message_t *, rk_headers_t **);
     size_t (*header_cnt)(const rk_headers_t *);
     int (*header_get_all)(const rk_headers_t *, size_t, const char **, const void **, size_t *);
+    int (*metadata)(rk_t *, int, void *, const void **, int);
+    void (*metadata_destroy)(const void *);
     int loaded;
 } rk;
 
@@ -139,6 +141,8 @@ load(PyObject *self, PyObject *args)
     SYM(message_headers, "rd_kafka_message_headers");
     SYM(header_cnt, "rd_kafka_header_cnt");
     SYM(header_get_all, "rd_kafka_header_get_all");
+    SYM(metadata, "rd_kafka_metadata");
+    SYM(metadata_destroy, "rd_kafka_metadata_destroy");
 #undef SYM
     rk.loaded = 1;
     Py_RETURN_NONE;
@@ -439,6 +443,33 @@ Reader_unassign(Reader *r, PyObject *Py_UNUSED(ignored))
 }
 
 /*
+ * learn(timeout_ms) -> None or (code, text): fetch every topic's metadata
+ * into the consumer's cache. A partition assigned of a topic the consumer has
+ * no metadata of waits for librdkafka's periodic topic scan before its first
+ * fetch (about 0.8 s measured on a local broker); with the topic in the cache
+ * it is fetched at once.
+ */
+static PyObject *
+Reader_learn(Reader *r, PyObject *args)
+{
+    int timeout_ms;
+    if (!PyArg_ParseTuple(args, "i", &timeout_ms))
+        return NULL;
+    if (!reader_ready(r))
+        return NULL;
+    const void *md = NULL;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = rk.metadata(r->rk, 1, NULL, &md, timeout_ms);
+    Py_END_ALLOW_THREADS
+    if (md != NULL)
+        rk.metadata_destroy(md);
+    if (err)
+        return Py_BuildValue("(is)", err, rk.err2str(err));
+    Py_RETURN_NONE;
+}
+
+/*
  * advance() -> [(coord, pos, end), ...] of the ranges not read to their end.
  * Transaction markers and aborted records are never delivered: the consumer's
  * position (the next offset it will deliver) tells how far each log was read.
@@ -707,6 +738,8 @@ static PyMethodDef Reader_methods[] = {
      "assign(topic, [(partition, start, end) | (coord, start, end, topic, partition), ...], "
      "headers=False) -> None or (code, text)"},
     {"unassign", (PyCFunction)Reader_unassign, METH_NOARGS, "unassign() -> None or (code, text)"},
+    {"learn", (PyCFunction)Reader_learn, METH_VARARGS,
+     "learn(timeout_ms) -> None or (code, text): every topic's metadata into the cache"},
     {"advance", (PyCFunction)Reader_advance, METH_NOARGS,
      "advance() -> [(coord, pos, end), ...]: the ranges not read to their end"},
     {"poll", (PyCFunction)Reader_poll, METH_VARARGS,

@@ -213,6 +213,31 @@ class KafkaReader:
                 _CONSUMERS[key] = c
             return c
 
+    def _learn_topics(self, c: Any, native: bool, topics: set[str]) -> None:
+        """Fetch every topic's metadata into the consumer's cache when it is
+        about to read a topic it has not met (once per topic and consumer):
+        librdkafka fetches a partition of a topic it has no metadata of only
+        after its periodic topic scan, about 0.8 s after the assignment on a
+        local broker, against milliseconds with the metadata cached
+        (``bench/README.md``, session 21). A failure is left to the read,
+        which then waits as it would have."""
+        with _CACHE_LOCK:
+            known = _KNOWN_TOPICS.setdefault(id(c), set())
+            if topics <= known:
+                return
+        timeout = max(1, int(min(self.timeout_s, 10.0) * 1000))
+        if native:
+            failed = c.learn(timeout) is not None
+        else:
+            try:
+                c.list_topics(timeout=timeout / 1000)
+                failed = False
+            except KafkaException:
+                failed = True
+        if not failed:
+            with _CACHE_LOCK:
+                known |= topics
+
     def _ranges(self, spec: Any) -> list[Range]:
         if self.multi:
             return [(int(c), int(b), int(e), str(t), int(p)) for c, b, e, t, p in spec]
@@ -225,6 +250,7 @@ class KafkaReader:
         where = {c: (t, p) for c, _b, _e, t, p in ranges}
         native = native_reader() if self.native else None
         c = self._consumer(native)
+        self._learn_topics(c, native is not None, {t for _c, _b, _e, t, _p in ranges})
         if native is not None:
             err = c.assign(self.topic, ranges if self.multi else [r[:3] for r in ranges],
                            self.headers)
@@ -484,6 +510,8 @@ def _native_batch(taken: tuple[Any, ...], headers: bool = False) -> pa.RecordBat
 
 
 _CONSUMERS: dict[Any, Any] = {}  # Consumer or native Reader
+#: id of a cached consumer -> the topics whose metadata it has (_learn_topics)
+_KNOWN_TOPICS: dict[int, set[str]] = {}
 _CACHE_LOCK = threading.Lock()
 
 

@@ -842,3 +842,33 @@ def test_retention_after_the_plans_last_look_is_met_by_the_reader(
             src.plan(start, upper, 1000, 10_000)
     finally:
         src.close()
+
+
+def test_a_reader_learns_a_new_topics_metadata_before_reading_it(kafka: Any) -> None:
+    """A cached consumer about to read a topic it has not met fetches every
+    topic's metadata first, once (librdkafka otherwise fetches such a
+    partition only after its periodic topic scan, ~0.8 s): both readers read
+    topics created after their consumer was, and remember what they learnt."""
+    import dataclasses
+
+    from sources import kafka as kafka_mod
+    from sources.kafka import KafkaReader
+
+    first = f"t-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(first, 1)
+    produce(kafka.bootstrap, first, [(0, None, b'{"id": 0}')] * 5)
+    native = KafkaReader(kafka.bootstrap, first, (), 5.0, native=True, batch=100)
+    python = dataclasses.replace(native, native=False)
+    for reader in (native, python):
+        got, _ = _read_all(reader, (0, 0, 5))
+        assert got.num_rows == 5
+    for round_ in range(2):
+        topic = f"t-{uuid.uuid4().hex[:8]}"  # created after both consumers
+        kafka.create_topic(topic, 1)
+        produce(kafka.bootstrap, topic, [(0, b"k", b'{"id": %d}' % i) for i in range(7)])
+        for reader in (native, python):
+            r = dataclasses.replace(reader, topic=topic)
+            got, _ = _read_all(r, (0, 0, 7))
+            assert [json.loads(v)["id"] for v in got.column("value").to_pylist()] == list(range(7))
+            c = r._consumer(kafka_mod.native_reader() if r.native else None)
+            assert {first, topic} <= kafka_mod._KNOWN_TOPICS[id(c)], round_
