@@ -393,7 +393,7 @@ def slope_per_hour(xs: list[float], ys: list[float]) -> float:
 
 
 def config_text(state: Path, rate: int, orders_rate: int, interval: str, master: str,
-                release_memory: bool = True, housekeeping: str = "") -> str:
+                release_memory: bool = True, key_cache: str | None = None) -> str:
     src = [
         "  - name: counter",
         f"    generator: {{kind: counter, rate: {rate}, value_format: json, bad_every: 1000}}",
@@ -417,7 +417,8 @@ def config_text(state: Path, rate: int, orders_rate: int, interval: str, master:
         f"state_dir: {json.dumps(str(state))}",
         f"timestamp_interval: {interval}",
         "http: {host: 127.0.0.1, port: 0}",
-        f"housekeeping: {{release_memory: {json.dumps(release_memory)}{housekeeping}}}",
+        f"housekeeping: {{release_memory: {json.dumps(release_memory)}"
+        + (f", key_state_cache: {json.dumps(key_cache)}" if key_cache else "") + "}",
         "spark:",
         f"  master: {json.dumps(master)}",
         "  conf: {spark.sql.shuffle.partitions: '2'}",
@@ -490,8 +491,7 @@ def main() -> int:
         state = args.state
     text = config_text(state, args.rate, args.orders_rate, args.interval, args.master,
                        release_memory=not args.no_release_memory,
-                       housekeeping=(f", key_state_cache: {args.key_cache}"
-                                     if args.key_cache else ""))
+                       key_cache=args.key_cache)
     cfg = parse_config(text, "soak.yaml", base_dir=state.parent)
     ticks = Ticks()
     ticks.install()

@@ -392,7 +392,7 @@ class Compaction:
     target_size: int = COMPACT_TARGET_SIZE
     retention_ms: int = RETENTION_MS
     #: merge in a short-lived child process (``sinks/_apart.py``)
-    apart: bool = True
+    in_child: bool = True
 
     @property
     def retention_hours(self) -> int:
@@ -421,9 +421,8 @@ class _Small:
 def merge_files(location: Location, paths: list[str], name: str,
                 schema: pa.Schema) -> dict[str, Any]:
     """Write the rows of the files ``paths`` (of the output at ``location``),
-    in order, as file ``name`` in
-    row groups of :data:`COMPACT_ROW_GROUP` rows; its descriptor, as
-    :meth:`DeltaStager.stage` gives. The files are scanned as one Arrow
+    in order, as file ``name`` in row groups of :data:`COMPACT_ROW_GROUP`
+    rows; its descriptor, as :meth:`DeltaStager.stage` gives. The files are scanned as one Arrow
     dataset of the table's schema (a file older than a column reads it as
     nulls), :data:`COMPACT_READERS` files ahead, batches in file order."""
     acc = FileStats()
@@ -456,7 +455,6 @@ def merge_files(location: Location, paths: list[str], name: str,
 
     size = location.write(name, write)
     return {"path": name, "size": size, "rows": acc.rows, "stats": acc.json()}
-
 
 
 # Part of the names of the files compactions write.
@@ -1169,7 +1167,7 @@ class DeltaSink:
             for i, run in enumerate(runs):
                 name = f"part-{batch}-{i:05d}-000.parquet"
                 paths = [f.path for f in run]
-                if self.compaction is None or self.compaction.apart:
+                if self.compaction is None or self.compaction.in_child:
                     d = run_apart(merge_files, self.location, paths, name, schema,
                                   what=f"output {self.name!r}: compaction")
                 else:

@@ -194,14 +194,16 @@ class KafkaReader:
                "auto.offset.reset": "error", "enable.partition.eof": False,
                "fetch.max.bytes": 52428800})
 
-    def _consumer(self, native: Any) -> Any:
+    def _consumer(self, native: Any) -> tuple[Any, set[str]]:
+        """The thread's cached consumer, and the topics whose metadata it has
+        (:meth:`_learn_topics`)."""
         # One per thread: a consumer serves one read at a time (a Spark worker
         # reads on one thread; on the driver, sources replaying for a
         # re-snapshot and verify's re-reads each read on their own thread).
         key = (self.bootstrap, self.properties, native is not None, threading.get_ident())
         with _CACHE_LOCK:
-            c = _CONSUMERS.get(key)
-            if c is None:
+            cached = _CONSUMERS.get(key)
+            if cached is None:
                 if native is None:
                     c = Consumer(self._conf())
                 else:
@@ -210,10 +212,10 @@ class KafkaReader:
                     except ValueError as exc:
                         raise DefiniteError(f"Kafka consumer configuration: {exc}",
                                             hint="check the source's kafka.properties") from None
-                _CONSUMERS[key] = c
-            return c
+                cached = _CONSUMERS[key] = (c, set())
+            return cached
 
-    def _learn_topics(self, c: Any, native: bool, topics: set[str]) -> None:
+    def _learn_topics(self, c: Any, known: set[str], native: bool, topics: set[str]) -> None:
         """Fetch every topic's metadata into the consumer's cache when it is
         about to read a topic it has not met (once per topic and consumer):
         librdkafka fetches a partition of a topic it has no metadata of only
@@ -221,10 +223,8 @@ class KafkaReader:
         local broker, against milliseconds with the metadata cached
         (``bench/README.md``, session 21). A failure is left to the read,
         which then waits as it would have."""
-        with _CACHE_LOCK:
-            known = _KNOWN_TOPICS.setdefault(id(c), set())
-            if topics <= known:
-                return
+        if topics <= known:  # (only this thread uses the consumer and its set)
+            return
         timeout = max(1, int(min(self.timeout_s, 10.0) * 1000))
         if native:
             failed = c.learn(timeout) is not None
@@ -235,8 +235,7 @@ class KafkaReader:
             except KafkaException:
                 failed = True
         if not failed:
-            with _CACHE_LOCK:
-                known |= topics
+            known |= topics
 
     def _ranges(self, spec: Any) -> list[Range]:
         if self.multi:
@@ -249,8 +248,8 @@ class KafkaReader:
             return
         where = {c: (t, p) for c, _b, _e, t, p in ranges}
         native = native_reader() if self.native else None
-        c = self._consumer(native)
-        self._learn_topics(c, native is not None, {t for _c, _b, _e, t, _p in ranges})
+        c, known = self._consumer(native)
+        self._learn_topics(c, known, native is not None, {t for _c, _b, _e, t, _p in ranges})
         if native is not None:
             err = c.assign(self.topic, ranges if self.multi else [r[:3] for r in ranges],
                            self.headers)
@@ -509,9 +508,8 @@ def _native_batch(taken: tuple[Any, ...], headers: bool = False) -> pa.RecordBat
     return pa.RecordBatch.from_arrays([*cols, hdrs], names=[*_NAMES, HEADERS])
 
 
-_CONSUMERS: dict[Any, Any] = {}  # Consumer or native Reader
-#: id of a cached consumer -> the topics whose metadata it has (_learn_topics)
-_KNOWN_TOPICS: dict[int, set[str]] = {}
+#: (Consumer or native Reader, the topics whose metadata it has) per thread
+_CONSUMERS: dict[Any, tuple[Any, set[str]]] = {}
 _CACHE_LOCK = threading.Lock()
 
 

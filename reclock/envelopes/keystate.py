@@ -267,9 +267,9 @@ class SqliteKeys(KeyStore):
 
     def __init__(self, path: Path, shares: CacheShares | None = None) -> None:
         self.path = path
-        #: the page-cache budget this store shares (None: a cache of its own,
-        #: :data:`DEFAULT_CACHE`)
-        self._shares = shares
+        #: the page-cache budget this store shares (given none, one of its
+        #: own of :data:`DEFAULT_CACHE`)
+        self._shares = shares if shares is not None else CacheShares(DEFAULT_CACHE)
         self._generation = -1
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -279,23 +279,16 @@ class SqliteKeys(KeyStore):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
             self._conn = self._open()
-        if shares is not None:
-            shares.join()
+        self._shares.join()
         self._size_cache()
         row = self._conn.execute("SELECT v FROM meta WHERE k = 'marker'").fetchone()
         self.marker = None if row is None else row[0]
 
     def _size_cache(self) -> None:
         """Take the current share of the budget up, if it changed."""
-        shares = self._shares
-        if shares is None:
-            if self._generation < 0:
-                self._conn.execute(f"PRAGMA cache_size=-{DEFAULT_CACHE // 1024}")
-                self._generation = 0
-            return
-        if shares.generation != self._generation:
-            self._generation = shares.generation
-            self._conn.execute(f"PRAGMA cache_size=-{shares.share() // 1024}")
+        if self._shares.generation != self._generation:
+            self._generation = self._shares.generation
+            self._conn.execute(f"PRAGMA cache_size=-{self._shares.share() // 1024}")
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -400,9 +393,7 @@ class SqliteKeys(KeyStore):
     def close(self) -> None:
         self.rollback()
         self._conn.close()
-        if self._shares is not None:
-            self._shares.leave()
-            self._shares = None
+        self._shares.leave()
 
 
 # -- intents, split by bucket in the tasks ----------------------------------------------------

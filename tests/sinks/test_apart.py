@@ -81,7 +81,7 @@ def test_the_merge_runs_in_a_child(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_in_child_false_merges_in_the_driver(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    sink = DeltaSink(NAME, tmp_path / "out", compaction=Compaction(apart=False))
+    sink = DeltaSink(NAME, tmp_path / "out", compaction=Compaction(in_child=False))
     sink.ensure(USER)
     fill(sink, 6)
     monkeypatch.setattr(delta_mod, "merge_files", recording_merge)
