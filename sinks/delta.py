@@ -135,7 +135,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial, wraps
@@ -457,6 +457,157 @@ def merge_files(location: Location, paths: list[str], name: str,
     return {"path": name, "size": size, "rows": acc.rows, "stats": acc.json()}
 
 
+# -- maintenance that reads the whole table (run in a child, see DeltaSink._apart) --------
+#
+# Each of these loads the table with delta-rs: every file's add action, the
+# log since the last checkpoint. Done by the driver, that left delta-rs's
+# allocator and runtime, glibc and Python holding a little more after each
+# load, hour after hour (bench/soak.py: delta-rs's jemalloc +6 MiB/h with
+# checkpoints every 25 commits and a compaction pass every few minutes). So
+# they run in a short-lived child (sinks/_apart.py), take plain values and
+# return plain values; the driver keeps the lock, the schedule, the crash
+# points and the log messages.
+
+
+def checkpoint_table(location: Location, cleanup_every: int) -> int:
+    """Checkpoint the newest version of the table at ``location``; at every
+    ``cleanup_every``-th checkpoint interval, then delete the log entries
+    older than the table's ``delta.logRetentionDuration`` (30 days) *before*
+    that checkpoint: the newest commit, which holds the output's progress,
+    stays. Returns the version checkpointed."""
+    dt = DeltaTable(location.uri, storage_options=location.storage_options())
+    version = dt.version()
+    dt.create_checkpoint()
+    if (version // CHECKPOINT_INTERVAL) % cleanup_every == 0:
+        dt.cleanup_metadata()
+    return version
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A compaction pass chosen from snapshot ``version`` (:func:`plan_compaction`)."""
+
+    version: int
+    txn: int  # the output's txn as of ``version``
+    schema: pa.Schema
+    direct: bool  # reclock may write the swap's log entry itself
+    runs: list[list[_Small]]
+    files_left: int  # small files this pass does not take
+
+
+def plan_compaction(location: Location, app_id: str, target_size: int, min_files: int,
+                    max_files: int) -> _Plan | str:
+    """The pass :meth:`DeltaSink.compact` makes over the newest snapshot, or
+    why it makes none (``"unmergeable"``: files a raw Parquet read cannot
+    merge; ``""``: nothing to do)."""
+    dt = DeltaTable(location.uri, storage_options=location.storage_options())
+    txn = dt.transaction_version(app_id)
+    if txn is None:
+        return ""  # nothing of ours committed yet
+    if not _can_merge(dt):
+        return "unmergeable"
+    small = _small_files(dt, target_size)
+    if len(small) < max(2, min_files):
+        return ""
+    take = small
+    if len(small) > max_files:
+        # Catching up: merge files as they were committed, not the files
+        # earlier passes wrote, which every pass would otherwise read and
+        # write again; the last pass merges those.
+        fresh = [f for f in small if _COMPACTED not in f.path]
+        take = fresh if len(fresh) >= max(2, min_files) else small
+    runs = _runs(take[:max_files], target_size)
+    if not runs:
+        return ""
+    return _Plan(dt.version(), txn, pa.schema(dt.schema().to_arrow()),
+                 location.local and _direct_ok(dt), runs,
+                 len(small) - min(len(take), max_files))
+
+
+def swap_files(location: Location, plan: _Plan, actions: list[dict[str, Any]],
+               custom: dict[str, Any], app_id: str) -> bool:
+    """Commit a compaction's removes and adds (``{"remove": {...}}`` /
+    ``{"add": {...}}``) with delta-rs from snapshot ``plan.version`` (a table
+    reclock does not write log entries of itself); False when a concurrent
+    commit won."""
+    dt = DeltaTable(location.uri, version=plan.version,
+                    storage_options=location.storage_options())
+    acts: list[AddAction | RemoveAction] = [
+        AddAction(**a["add"]) if "add" in a else RemoveAction(**a["remove"]) for a in actions]
+    try:
+        dt.create_write_transaction(
+            acts, "append", dt.schema(),
+            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, plan.txn)],
+                                               custom_metadata=custom),
+            post_commithook_properties=_NO_HOOKS)
+    except CommitFailedError:
+        return False
+    return True
+
+
+def expire_files(location: Location, hours: int, custom: dict[str, Any]) -> list[str]:
+    """:meth:`DeltaSink.expire_removed`'s work: the files deleted."""
+    dt = DeltaTable(location.uri, storage_options=location.storage_options())
+    due = {os.path.basename(n) for n in dt.vacuum(
+        retention_hours=hours, dry_run=True, enforce_retention_duration=False)}
+    present = due & {name for name, _, _ in location.files()} if due else set()
+    if present:
+        dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False,
+                  commit_properties=CommitProperties(custom_metadata=custom),
+                  post_commithook_properties=_NO_HOOKS)
+    return sorted(present)
+
+
+def orphan_files(location: Location, now: float, grace_seconds: float) -> list[str]:
+    """The staged files (and their temp files) no version of the table at
+    ``location`` references, last written ``grace_seconds`` before ``now``
+    or earlier (:meth:`DeltaSink.vacuum_orphans` deletes them)."""
+    dt = DeltaTable(location.uri, storage_options=location.storage_options())
+    referenced = {os.path.basename(str(p)) for p in
+                  pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()}
+    stale = [name for name, _size, mtime in location.files()
+             if (_STAGED.fullmatch(name) or _STAGED_TMP.fullmatch(name))
+             # committed, or may belong to a job still running
+             and name not in referenced and now - mtime >= grace_seconds]
+    if stale:
+        # a lite vacuum's dry run with no retention lists exactly the files
+        # remove actions name that are still there; it writes nothing
+        kept = {os.path.basename(n) for n in dt.vacuum(
+            retention_hours=0, dry_run=True, enforce_retention_duration=False)}
+        stale = [name for name in stale if name not in kept]
+    return stale
+
+
+def _small_files(dt: DeltaTable, target_size: int) -> list[_Small]:
+    """The data files below ``target_size`` a compaction may merge, in
+    IntoTime order (then source offset, then age), from their statistics."""
+    adds = pa.table(dt.get_add_actions(flatten=True))
+    n = adds.num_rows
+
+    def col(name: str) -> list[Any]:
+        return adds.column(name).to_pylist() if name in adds.column_names else [None] * n
+
+    out = []
+    for path, size, mtime, t0, o0 in zip(
+            col("path"), col("size_bytes"), col("modification_time"),
+            col(f"min.{INTO_TIME}"), col(f"min.{SRC_OFFSET}"), strict=True):
+        if size < target_size and _PLAIN.fullmatch(str(path)):
+            out.append(_Small(str(path), int(size), (
+                -1 if t0 is None else int(t0), -1 if o0 is None else int(o0), int(mtime))))
+    out.sort(key=lambda f: (f.order, f.path))
+    return out
+
+
+def _can_merge(dt: DeltaTable) -> bool:
+    """Whether merging raw Parquet files keeps the table's rows: not with
+    deletion vectors (rows deleted outside the file) or column mapping
+    (stored column names differ)."""
+    p = dt.protocol()
+    conf = dt.metadata().configuration or {}
+    return "deletionVectors" not in (p.reader_features or []) and conf.get(
+        "delta.columnMapping.mode", "none") == "none"
+
+
 # Part of the names of the files compactions write.
 _COMPACTED = "-compact-"
 # Names of data files a compaction reads (plain names, no escaping needed).
@@ -499,14 +650,34 @@ def _append_entry(app_id: str, txn: int, custom: Mapping[str, Any],
     """The log entry of a blind append: commitInfo (with reclock's keys at
     its top level, where delta-rs puts a commit's custom metadata), one add
     action per file, the output's txn."""
+    return _log_entry("WRITE", {"mode": "Append"}, True, app_id, txn, custom,
+                      [{"add": a} for a in adds], read_version)
+
+
+def _log_entry(operation: str, parameters: Mapping[str, str], blind: bool, app_id: str,
+               txn: int, custom: Mapping[str, Any], actions: list[dict[str, Any]],
+               read_version: int) -> bytes:
+    """A log entry reclock writes itself: commitInfo, then ``actions``
+    (``{"add": ...}`` / ``{"remove": ...}`` with the fields of delta-rs's
+    ``AddAction`` / ``RemoveAction``), then the output's txn."""
     now = int(time.time() * 1000)
-    info = {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Append"},
-            "readVersion": read_version, "isBlindAppend": True, "engineInfo": _ENGINE,
+    info = {"timestamp": now, "operation": operation, "operationParameters": dict(parameters),
+            "readVersion": read_version, "isBlindAppend": blind, "engineInfo": _ENGINE,
             "clientVersion": _ENGINE, **custom}
     lines: list[dict[str, Any]] = [{"commitInfo": info}]
-    lines += [{"add": {"path": a["path"], "partitionValues": a["partition_values"],
-                       "size": a["size"], "modificationTime": a["modification_time"],
-                       "dataChange": a["data_change"], "stats": a["stats"]}} for a in adds]
+    for action in actions:
+        if "add" in action:
+            a = action["add"]
+            lines.append({"add": {
+                "path": a["path"], "partitionValues": a["partition_values"], "size": a["size"],
+                "modificationTime": a["modification_time"], "dataChange": a["data_change"],
+                "stats": a["stats"]}})
+        else:
+            r = action["remove"]
+            lines.append({"remove": {
+                "path": r["path"], "deletionTimestamp": r["deletion_timestamp"],
+                "dataChange": r["data_change"], "extendedFileMetadata": True,
+                "partitionValues": r.get("partition_values") or {}, "size": r["size"]}})
     lines.append({"txn": {"appId": app_id, "version": txn, "lastUpdated": now}})
     return "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines).encode()
 
@@ -798,11 +969,14 @@ class DeltaSink:
 
     def _state_of(self, dt: DeltaTable) -> SinkState:
         """The state as of ``dt``'s snapshot (and only that snapshot)."""
-        txn = dt.transaction_version(self.app_id)
+        return self._state_at(dt.version(), dt.transaction_version(self.app_id))
+
+    def _state_at(self, version: int, txn: int | None) -> SinkState:
+        """The state as of ``version``, where the output's txn is ``txn``."""
         if txn is None:
             return SinkState()
         upper = None if txn == CLOSED else txn
-        return SinkState(upper, self._progress_at(dt.version(), txn))
+        return SinkState(upper, self._progress_at(version, txn))
 
     def _progress_at(self, version: int, txn: int) -> str | None:
         """``reclock.progress`` of the newest commit ``<= version`` carrying our
@@ -945,6 +1119,13 @@ class DeltaSink:
         return {"path": d["path"], "size": d["size"], "partition_values": {},
                 "modification_time": st[1], "data_change": data_change, "stats": d["stats"]}
 
+    def _apart(self, fn: Callable[..., _R], *args: Any, what: str) -> _R:
+        """``fn(*args)`` in a short-lived child (:func:`~sinks._apart.run_apart`),
+        or here when the compaction settings say ``in_child: false``."""
+        if self.compaction is not None and not self.compaction.in_child:
+            return fn(*args)
+        return run_apart(fn, *args, what=f"output {self.name!r}: {what}")
+
     def _housekeep(self, version: int, checkpoint: bool = False) -> None:
         """Checkpoint every :data:`CHECKPOINT_INTERVAL` versions (or now, with
         ``checkpoint``: after a compaction, so that readers need not replay
@@ -958,18 +1139,12 @@ class DeltaSink:
             return
         self._checkpoint()
 
-    @_bounded
     def _checkpoint(self) -> None:
-        """Checkpoint the newest version, and clean the log up now and then."""
+        """Checkpoint the newest version, and clean the log up now and then
+        (in a child: :func:`checkpoint_table`)."""
         try:
-            dt = self._load()
-            version = dt.version()
-            dt.create_checkpoint()
-            if (version // CHECKPOINT_INTERVAL) % CLEANUP_EVERY_CHECKPOINTS == 0:
-                # Removes only log files older than delta.logRetentionDuration
-                # (30 days) *before* the checkpoint: the newest commit, which
-                # holds our progress, stays.
-                dt.cleanup_metadata()
+            self._apart(checkpoint_table, self.location, CLEANUP_EVERY_CHECKPOINTS,
+                        what="checkpoint")
         except Exception as exc:  # the commit is durable; a failed checkpoint only costs speed
             log.warning("output %r: checkpoint/cleanup failed: %s", self.name, exc)
 
@@ -1013,21 +1188,17 @@ class DeltaSink:
         """
         if not self._exists():
             return []
-        removed = []
         with self._locked():
-            dt = self._load()
-            referenced = set(self._referenced(dt))
             now = self._clock.now() / 1000.0
-            stale = [name for name, _size, mtime in self.location.files()
-                     if (_STAGED.fullmatch(name) or _STAGED_TMP.fullmatch(name))
-                     # committed, or may belong to a job still running
-                     and name not in referenced and now - mtime >= grace_seconds]
-            if stale:
-                kept = self._removed(dt)
-                stale = [name for name in stale if name not in kept]
-            for name in stale:
+            try:
+                removed = self._apart(orphan_files, self.location, now, grace_seconds,
+                                      what="vacuum")
+            except OSError as exc:
+                raise self._os_error(exc, "vacuum") from exc
+            except DeltaError as exc:
+                raise _delta_error(self.name, self.location, exc, "vacuum") from exc
+            for name in removed:
                 self.location.delete(name)
-                removed.append(name)
             removed += self._vacuum_log_temps(now - grace_seconds)
         if removed:
             log.info("output %r: removed %d orphan files", self.name, len(removed))
@@ -1052,18 +1223,6 @@ class DeltaSink:
         except OSError as exc:
             raise self._os_error(exc, "vacuum") from exc
         return out
-
-    def _removed(self, dt: DeltaTable) -> set[str]:
-        """The files that remove actions of snapshot ``dt`` name and that
-        are still there (a lite vacuum's dry run with no retention lists
-        exactly those; it writes nothing)."""
-        try:
-            names = dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)
-        except OSError as exc:
-            raise self._os_error(exc, "list") from exc
-        except DeltaError as exc:
-            raise _delta_error(self.name, self.location, exc, "list") from exc
-        return {os.path.basename(n) for n in names}
 
     @_bounded
     def maintain(self, now_ms: int) -> dict[str, int]:
@@ -1123,108 +1282,70 @@ class DeltaSink:
             return {}
         with self._locked():
             try:
-                dt = self._load()
-                txn = dt.transaction_version(self.app_id)
-                if txn is None or not self._can_merge(dt):
-                    return {}  # nothing of ours committed yet, or files we cannot merge
-                small = self._small_files(dt, target_size)
-                if len(small) < max(2, min_files):
+                plan = self._apart(plan_compaction, self.location, self.app_id, target_size,
+                                   min_files, max_files, what="compaction")
+                if plan == "unmergeable":
+                    log.warning("output %r: not compacted: its table uses deletion vectors "
+                                "or column mapping", self.name)
+                if not isinstance(plan, _Plan):
                     return {}
-                take = small
-                if len(small) > max_files:
-                    # Catching up: merge files as they were committed, not the
-                    # files earlier passes wrote, which every pass would
-                    # otherwise read and write again; the last pass merges those.
-                    fresh = [f for f in small if _COMPACTED not in f.path]
-                    take = fresh if len(fresh) >= max(2, min_files) else small
-                runs = _runs(take[:max_files], target_size)
-                if not runs:
-                    return {}
-                state = self._state_of(dt)
-                done = self._merge_and_swap(dt, runs, txn, state)
+                state = self._state_at(plan.version, plan.txn)
+                done = self._merge_and_swap(plan, state)
             except OSError as exc:
                 raise self._os_error(exc, "compact") from exc
             except DeltaError as exc:
                 raise _delta_error(self.name, self.location, exc, "compact") from exc
             if not done:
                 return {}
-            done["files_left"] = len(small) - min(len(take), max_files)
+            done["files_left"] = plan.files_left
         log.info("output %r: compacted %d files into %d", self.name, done["files_removed"],
                  done["files_added"])
         faults.crash_point("after_compaction")
-        self._housekeep(dt.version() + 1, checkpoint=True)
+        self._housekeep(plan.version + 1, checkpoint=True)
         return done
 
-    def _merge_and_swap(self, dt: DeltaTable, runs: list[list[_Small]], txn: int,
-                        state: SinkState) -> dict[str, int]:
+    def _merge_and_swap(self, plan: _Plan, state: SinkState) -> dict[str, int]:
         """Write one file per run, then the one transaction that swaps them
         in (the caller holds the lock). ``{}`` when a concurrent commit of
-        this output won: the new files are deleted again."""
-        schema = pa.schema(dt.schema().to_arrow())
+        this output won: the new files are deleted again.
+
+        The swap is log entry ``plan.version + 1``, written by reclock itself
+        (created only if absent, as :meth:`commit` does) or, on tables it
+        does not write entries of, by delta-rs from snapshot
+        ``plan.version`` in a child (:func:`swap_files`). The sink's head
+        moves past it, so that the next commit need not load the table."""
         batch = f"{self._clock.now()}{_COMPACTED}{uuid.uuid4().hex[:10]}"
         written: list[dict[str, Any]] = []
-        try:
-            for i, run in enumerate(runs):
-                name = f"part-{batch}-{i:05d}-000.parquet"
-                paths = [f.path for f in run]
-                if self.compaction is None or self.compaction.in_child:
-                    d = run_apart(merge_files, self.location, paths, name, schema,
-                                  what=f"output {self.name!r}: compaction")
-                else:
-                    d = merge_files(self.location, paths, name, schema)
-                written.append(d)
-                faults.crash_point("mid_compaction")
-            now = int(time.time() * 1000)  # delta-rs's vacuum ages removes by the wall clock
-            actions: list[AddAction | RemoveAction] = [
-                RemoveAction(f.path, False, now, f.size) for run in runs for f in run]
-            actions += [AddAction(**self._add_action(d, data_change=False)) for d in written]
-            props = CommitProperties(
-                app_transactions=[Transaction(self.app_id, txn)],
-                custom_metadata={KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(txn),
-                                 KEY_PROGRESS: state.progress, KEY_MAINTENANCE: "compact"})
-            dt.create_write_transaction(actions, "append", dt.schema(), commit_properties=props,
-                                        post_commithook_properties=_NO_HOOKS)
-        except CommitFailedError as exc:
-            log.info("output %r: compaction dropped, a concurrent commit came first: %s",
-                     self.name, exc)
+        for i, run in enumerate(plan.runs):
+            name = f"part-{batch}-{i:05d}-000.parquet"
+            written.append(self._apart(merge_files, self.location, [f.path for f in run], name,
+                                       plan.schema, what="compaction"))
+            faults.crash_point("mid_compaction")
+        now = int(time.time() * 1000)  # delta-rs's vacuum ages removes by the wall clock
+        actions: list[dict[str, Any]] = [
+            {"remove": {"path": f.path, "data_change": False, "deletion_timestamp": now,
+                        "size": f.size}} for run in plan.runs for f in run]
+        actions += [{"add": self._add_action(d, data_change=False)} for d in written]
+        custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(plan.txn),
+                  KEY_PROGRESS: state.progress, KEY_MAINTENANCE: "compact"}
+        if plan.direct:
+            swapped = self._put_entry(plan.version + 1, _log_entry(
+                "OPTIMIZE", {"reclock": "compact"}, False, self.app_id, plan.txn, custom,
+                actions, plan.version))
+        else:
+            swapped = self._apart(swap_files, self.location, plan, actions, custom, self.app_id,
+                                  what="compaction")
+        if not swapped:
+            log.info("output %r: compaction dropped, a concurrent commit came first", self.name)
             for d in written:
                 self.location.delete(d["path"])
             return {}
-        return {"files_removed": sum(len(r) for r in runs), "files_added": len(written),
-                "bytes_removed": sum(f.size for r in runs for f in r),
+        head = self._head
+        if head is not None and head.version == plan.version:
+            self._head = _Head(plan.version + 1, head.state, head.direct)
+        return {"files_removed": sum(len(r) for r in plan.runs), "files_added": len(written),
+                "bytes_removed": sum(f.size for r in plan.runs for f in r),
                 "bytes_added": sum(int(d["size"]) for d in written)}
-
-    def _small_files(self, dt: DeltaTable, target_size: int) -> list[_Small]:
-        """The data files below ``target_size`` a compaction may merge, in
-        IntoTime order (then source offset, then age), from their statistics."""
-        adds = pa.table(dt.get_add_actions(flatten=True))
-        n = adds.num_rows
-
-        def col(name: str) -> list[Any]:
-            return adds.column(name).to_pylist() if name in adds.column_names else [None] * n
-
-        out = []
-        for path, size, mtime, t0, o0 in zip(
-                col("path"), col("size_bytes"), col("modification_time"),
-                col(f"min.{INTO_TIME}"), col(f"min.{SRC_OFFSET}"), strict=True):
-            if size < target_size and _PLAIN.fullmatch(str(path)):
-                out.append(_Small(str(path), int(size), (
-                    -1 if t0 is None else int(t0), -1 if o0 is None else int(o0), int(mtime))))
-        out.sort(key=lambda f: (f.order, f.path))
-        return out
-
-    def _can_merge(self, dt: DeltaTable) -> bool:
-        """Whether merging raw Parquet files keeps the table's rows: not with
-        deletion vectors (rows deleted outside the file) or column mapping
-        (stored column names differ)."""
-        p = dt.protocol()
-        conf = dt.metadata().configuration or {}
-        if "deletionVectors" in (p.reader_features or []) or conf.get(
-                "delta.columnMapping.mode", "none") != "none":
-            log.warning("output %r: not compacted: its table uses deletion vectors or "
-                        "column mapping", self.name)
-            return False
-        return True
 
     @_bounded
     def expire_removed(self, retention_ms: int) -> list[str]:
@@ -1238,22 +1359,17 @@ class DeltaSink:
         if not self._exists():
             return []
         hours = -(-retention_ms // 3_600_000)
-        props = CommitProperties(custom_metadata={KEY_OUTPUT: self.name,
-                                                  KEY_MAINTENANCE: "expire"})
+        custom = {KEY_OUTPUT: self.name, KEY_MAINTENANCE: "expire"}
         with self._locked():
             try:
-                dt = self._load()
-                due = {os.path.basename(n) for n in dt.vacuum(
-                    retention_hours=hours, dry_run=True, enforce_retention_duration=False)}
-                present = due & {name for name, _, _ in self.location.files()} if due else set()
-                if not present:
-                    return []
-                dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False,
-                          commit_properties=props, post_commithook_properties=_NO_HOOKS)
+                present = self._apart(expire_files, self.location, hours, custom,
+                                      what="expiry")
             except OSError as exc:
                 raise self._os_error(exc, "vacuum") from exc
             except DeltaError as exc:
                 raise _delta_error(self.name, self.location, exc, "vacuum") from exc
+        if not present:
+            return []
         log.info("output %r: deleted %d files removed more than %d h ago", self.name,
                  len(present), hours)
         return sorted(present)
@@ -1280,11 +1396,6 @@ class DeltaSink:
                 raise self._os_error(exc, "configure") from exc
             except DeltaError as exc:
                 raise _delta_error(self.name, self.location, exc, "configure") from exc
-
-    def _referenced(self, dt: DeltaTable) -> Iterator[str]:
-        paths = pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()
-        for p in paths:
-            yield os.path.basename(str(p))
 
     def close(self) -> None:
         """Nothing to release: every call opens what it needs."""

@@ -5,6 +5,7 @@ the next pass merges."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -125,3 +126,35 @@ def interrupted() -> str:
 
 def test_a_child_ignores_sigint_and_finishes() -> None:
     assert _apart.run_apart(interrupted) == "went on"
+
+
+def test_maintenance_loads_the_table_only_in_children(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints, compaction passes (plan, merge, swap), expiry and the
+    orphan vacuum read the whole table; the driver does none of that itself
+    (delta-rs's allocations there stayed with the driver, bench/soak.py):
+    with delta-rs's table reads failing in this process, all of them work,
+    and the commits after a compaction go on without a reload (after an
+    expiry's commits, the next commit reloads: those are delta-rs's)."""
+    sink = DeltaSink(NAME, tmp_path / "out")
+    sink.ensure(USER)
+    st = fill(sink, 12)
+    before = canonical(sink.read_updates())
+    (tmp_path / "out" / "part-orphan-00000-000.parquet").write_bytes(b"PAR1")
+
+    def not_here(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a table read in the driver")
+
+    with monkeypatch.context() as m:
+        for method in ("__init__", "get_add_actions", "create_checkpoint", "vacuum",
+                       "create_write_transaction", "update_incremental"):
+            m.setattr(DeltaTable, method, not_here)
+        assert sink.compact(min_files=2)["files_removed"] == 12
+        st = fill(sink, 3, start=12, state=st)  # direct appends after the swap: no reload
+        sink._checkpoint()
+        assert sink.vacuum_orphans(grace_seconds=0) == ["part-orphan-00000-000.parquet"]
+        assert len(sink.expire_removed(0)) == 12  # (two commits of delta-rs's, in the child)
+    last = json.loads((tmp_path / "out" / "_delta_log" / "_last_checkpoint").read_text())
+    assert last["version"] >= 13
+    assert sink.state() == st
+    assert canonical(sink.read_updates(as_of=1000 + 10 * 11)) == before

@@ -659,30 +659,36 @@ def test_a_killed_commits_temp_file_is_ignored_and_vacuumed(tmp_path: Path) -> N
     assert not (s.path / "_delta_log" / temp).exists()
 
 
+def slow_checkpoint(location: Location, cleanup_every: int) -> int:
+    """A checkpoint (in the child) that waits for the test to let it go."""
+    root = Path(location.root)
+    (root / "writing").touch()
+    deadline = time.monotonic() + 60
+    while not (root / "release").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return delta_mod.checkpoint_table(location, cleanup_every)
+
+
 def test_a_pipelines_sink_checkpoints_aside_and_no_commit_waits_for_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With ``checkpoint_aside`` (the file sink of a pipeline) the process's
-    checkpointer thread writes the checkpoints: commits go on while one is
-    being written, and it is written."""
+    checkpointer thread has the checkpoints written (in a child): commits
+    go on while one is being written, and it is written."""
     s = DeltaSink(NAME, tmp_path / "t", checkpoint_aside=True)
     s.ensure(USER)
-    writing, release = threading.Event(), threading.Event()
-    real = DeltaTable.create_checkpoint
-
-    def slow_checkpoint(dt: DeltaTable) -> None:
-        writing.set()
-        assert release.wait(60)
-        real(dt)
-
-    monkeypatch.setattr(DeltaTable, "create_checkpoint", slow_checkpoint)
+    monkeypatch.setattr(delta_mod, "checkpoint_table", slow_checkpoint)
     n = 2 * delta_mod.CHECKPOINT_INTERVAL
     for i in range(n):
         s.commit(s.stager().stage(f"b{i}", 0, updates([f"k{i}"], i)),
                  SinkState() if i == 0 else SinkState(i, f"p{i}"), SinkState(i + 1, f"p{i + 1}"))
-    assert writing.wait(30), "no checkpoint was asked for"
+    deadline = time.monotonic() + 30
+    while not (s.path / "writing").exists():
+        assert time.monotonic() < deadline, "no checkpoint was asked for"
+        time.sleep(0.02)
     assert not (s.path / "_delta_log" / "_last_checkpoint").exists()  # none had to wait
-    release.set()
+    (s.path / "release").touch()
     deadline = time.monotonic() + 30
     while delta_mod._CHECKPOINTER.pending() or not (
             s.path / "_delta_log" / "_last_checkpoint").exists():
@@ -718,9 +724,9 @@ while delta_mod._CHECKPOINTER.pending():
 
 def test_a_process_exiting_while_a_checkpoint_is_written_waits_for_it(tmp_path: Path) -> None:
     """The interpreter exits while the checkpointer thread is inside a
-    checkpoint: the thread finishes it first (a daemon thread left inside
-    delta-rs at finalization killed a stopping driver with SIGSEGV), and the
-    process exits cleanly."""
+    checkpoint written in the process (``RECLOCK_IN_PROCESS=1``): the thread
+    finishes it first (a daemon thread left inside delta-rs at finalization
+    killed a stopping driver with SIGSEGV), and the process exits cleanly."""
     import subprocess
     import sys
 
@@ -728,7 +734,8 @@ def test_a_process_exiting_while_a_checkpoint_is_written_waits_for_it(tmp_path: 
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", _EXIT_DURING_CHECKPOINT, str(path)], cwd=root,
                          capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(root)})
+                         env={**os.environ, "PYTHONPATH": str(root),
+                              "RECLOCK_IN_PROCESS": "1"})  # delta-rs in this process
     assert out.returncode == 0, out.stderr[-2000:]
     assert "writing" in out.stdout
     assert (path / "_delta_log" / "_last_checkpoint").exists()

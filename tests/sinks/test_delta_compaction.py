@@ -208,15 +208,15 @@ def test_a_commit_between_a_compactions_load_and_commit_drops_the_compaction(
         sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> None:
     st = fill(sink, 6)
     compactor = DeltaSink(NAME, sink.path, lock=False)
-    real_load = compactor._load
+    real_state_at = compactor._state_at
 
-    def load_then_write() -> DeltaTable:
-        dt = real_load()
+    def planned_then_write(version: int, txn: int | None) -> SinkState:
+        """(after the pass was planned from its snapshot, in the child)"""
         sink.commit(sink.stager().stage("w", 0, updates(["w"], 2000)), st,
                     SinkState(3000, "p-w"))
-        return dt
+        return real_state_at(version, txn)
 
-    monkeypatch.setattr(compactor, "_load", load_then_write)
+    monkeypatch.setattr(compactor, "_state_at", planned_then_write)
     assert compactor.compact(min_files=2) == {}
     assert sink.state() == SinkState(3000, "p-w")
     assert len(data_files(sink)) == 7  # nothing merged
@@ -227,6 +227,51 @@ def test_a_commit_between_a_compactions_load_and_commit_drops_the_compaction(
     assert sink.compact(min_files=2)["files_removed"] == 7
 
 
+@pytest.mark.parametrize("race", [False, True])
+def test_a_table_reclock_does_not_append_to_itself_is_compacted_by_delta_rs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, race: bool) -> None:
+    """A table with a writer feature reclock does not write log entries for
+    (a CHECK constraint: writer protocol 3) has its swap committed by
+    delta-rs from the planned snapshot, in a child (:func:`swap_files`):
+    the same rows, state and reads as of; a commit of the output between
+    the plan and the swap drops the pass."""
+    sink = DeltaSink(NAME, tmp_path / "t")
+    sink.ensure(USER)
+    DeltaTable(str(sink.path)).alter.add_constraint({"k_set": "k IS NOT NULL"})
+    st = fill(sink, 8)
+    assert DeltaTable(str(sink.path)).protocol().min_writer_version == 3
+    before = canonical(sink.read_updates())
+    as_of = {t: canonical(sink.read_updates(t)) for t in (1000, 1035, 1080)}
+    if race:
+        real_state_at = sink._state_at
+        writer = DeltaSink(NAME, sink.path, lock=False)
+
+        def planned_then_write(version: int, txn: int | None) -> SinkState:
+            writer.commit(writer.stager().stage("w", 0, updates(["w"], 2000)), st,
+                          SinkState(3000, "p-w"))
+            return real_state_at(version, txn)
+
+        monkeypatch.setattr(sink, "_state_at", planned_then_write)
+        assert sink.compact(min_files=2) == {}
+        monkeypatch.undo()
+        assert len(data_files(sink)) == 9  # nothing merged, its files deleted again
+        assert sorted(p.name for p in sink.path.glob("*.parquet")) == sorted(
+            Path(f).name for f in data_files(sink))
+        assert sink.state() == SinkState(3000, "p-w")
+        return
+    assert sink.compact(min_files=2)["files_removed"] == 8
+    info = last_commit(sink.path)
+    assert info["remove"] == 8 and info["add"] == 1
+    assert info["info"].get("engineInfo") != "reclock"  # delta-rs wrote it
+    assert [(t["appId"], t["version"]) for t in info["txn"]] == [(sink.app_id, st.upper)]
+    assert info["info"]["reclock.progress"] == st.progress
+    assert sink.state() == st and DeltaSink(NAME, sink.path).state() == st
+    assert canonical(sink.read_updates()) == before
+    for t, rows in as_of.items():
+        assert canonical(sink.read_updates(t)) == rows, t
+    fill(sink, 2, start=8, state=st)
+
+
 def test_two_compactions_from_one_snapshot_never_both_commit(
         sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two drivers compacting at once (a zombie on S3, where there is no
@@ -235,14 +280,13 @@ def test_two_compactions_from_one_snapshot_never_both_commit(
     rows = sink.read_updates().num_rows
     a = DeltaSink(NAME, sink.path, lock=False)
     b = DeltaSink(NAME, sink.path, lock=False)
-    real_load = b._load
+    real_state_at = b._state_at
 
-    def load_then_let_a_compact() -> DeltaTable:
-        dt = real_load()
+    def planned_then_let_a_compact(version: int, txn: int | None) -> SinkState:
         assert a.compact(min_files=2)["files_removed"] == 8
-        return dt
+        return real_state_at(version, txn)
 
-    monkeypatch.setattr(b, "_load", load_then_let_a_compact)
+    monkeypatch.setattr(b, "_state_at", planned_then_let_a_compact)
     assert b.compact(min_files=2) == {}
     assert sink.read_updates().num_rows == rows
     assert len(data_files(sink)) == 1
