@@ -1,9 +1,10 @@
 """Heavy, occasional work in a short-lived child process, so that the memory
 it needed goes back to the system when the child ends.
 
-A compaction pass merges hundreds of small Parquet files through Arrow. Run
-in the driver, it leaves the driver's allocators holding what the pass
-freed: Arrow's mimalloc heaps of the I/O and CPU pool threads that decoded
+A compaction pass merges hundreds of small Parquet files through Arrow, and
+a checkpoint, an expiry or the choice of files to compact loads a whole
+Delta table with delta-rs. Run in the driver, such work leaves the driver's
+allocators holding what it freed: Arrow's mimalloc heaps of the I/O and CPU pool threads that decoded
 the batches (a page freed by another thread waits for its owner's next
 allocation), glibc's arenas, delta-rs's jemalloc. ``bench/soak.py`` saw the
 driver's resident set rise by 5-10 MiB at each pass and only partly come

@@ -88,10 +88,16 @@ per merged file, an add action per new file (both ``dataChange: false``: the
 rows are the same ones; streaming readers skip the commit), and the output's
 txn and commitInfo (upper, progress) exactly as snapshot v has them. So the
 state read after a compaction is the state before it, and a compaction is
-fenced like a commit: delta-rs rejects it when a commit after v carries our
-txn (a commit of this output, or a compaction by another driver), and a commit
-built on a snapshot older than the compaction is rejected, re-checked (the
-state is unchanged) and retried by :meth:`DeltaSink.commit`. delta-rs's own
+fenced like a commit. On a local table reclock writes that entry v+1 itself,
+created only if absent, so any commit after v drops the pass; elsewhere
+delta-rs rejects it when a commit after v carries our txn (a commit of this
+output, or a compaction by another driver). A commit built on a snapshot
+older than the compaction is rejected, re-checked (the state is unchanged)
+and retried by :meth:`DeltaSink.commit`. The pass's reading of the table
+(which files are small), its merges and a delta-rs swap run in a
+short-lived child process, as do checkpoints, expiry and the orphan vacuum
+(see "maintenance that reads the whole table" below): the driver's memory
+stays flat however long it runs. delta-rs's own
 ``optimize.compact`` is not used: it drops the ``app_transactions`` of its
 commit properties (so nothing fences it), and two of its compactions from one
 snapshot both commit -- delta-rs 1.6.6 lets concurrent removes of one file
@@ -391,7 +397,8 @@ class Compaction:
     min_files: int = COMPACT_MIN_FILES
     target_size: int = COMPACT_TARGET_SIZE
     retention_ms: int = RETENTION_MS
-    #: merge in a short-lived child process (``sinks/_apart.py``)
+    #: maintenance (merges, table reads) in short-lived child processes
+    #: (``sinks/_apart.py``)
     in_child: bool = True
 
     @property
@@ -1672,11 +1679,14 @@ class CompactConfig(_Model):
     in the output's directory."""
 
     in_child: bool = True
-    """Merge the files in a short-lived child process (forked from a helper
-    process started once) rather than in the driver, so that the memory a
-    merge needs goes back to the system when it ends instead of staying with
-    the driver's allocators (default ``true``). A child that dies fails the
-    pass, which is retried on schedule; the driver goes on."""
+    """Run the output's maintenance -- compaction passes (choosing and
+    merging the files), checkpoints, expiry, the orphan vacuum: whatever
+    reads the whole table -- in short-lived child processes (forked from a
+    helper process started once) rather than in the driver, so that the
+    memory it needs goes back to the system when it ends instead of staying
+    with the driver's allocators (default ``true``). A child that dies fails
+    that piece of maintenance, which is retried on schedule; the driver goes
+    on."""
 
     def settings(self) -> Compaction:
         return Compaction(self.every, self.min_files, self.target_size, self.retention,
