@@ -463,7 +463,16 @@ def main() -> int:
     ap.add_argument("--mmap-trace", type=Path, metavar="DIR",
                     help="preload bench/mmap_trace.c (gcc) and show the anonymous resident "
                          "memory by the library that mapped it; its log goes to DIR")
+    ap.add_argument("--summarize", type=Path, metavar="JSON",
+                    help="run nothing: print the summary and verdict of the samples a "
+                         "--json run wrote")
     args = ap.parse_args()
+    if args.summarize is not None:
+        samples = [json.loads(line) for line in args.summarize.read_text().splitlines()
+                   if line.strip()]
+        summary(samples, args.warmup)
+        owners_summary(samples, args.warmup)
+        return 0 if verdicts(samples, args.warmup, _key_budget(args.key_cache)) else 1
     if args.mmap_trace is not None and "MMAP_TRACE_DIR" not in os.environ:
         args.mmap_trace.mkdir(parents=True, exist_ok=True)  # preloaded from the start
         os.environ.update(MmapOwners.preload(args.mmap_trace.resolve()))
@@ -567,6 +576,7 @@ def main() -> int:
         raise result["error"]
     summary(samples, args.warmup)
     owners_summary(samples, args.warmup)
+    verdicts(samples, args.warmup, _key_budget(args.key_cache))
     if snap0 is not None:
         import tracemalloc
 
@@ -581,6 +591,77 @@ def main() -> int:
     if tmp is not None:
         tmp.cleanup()
     return 0
+
+
+def _key_budget(key_cache: str | None) -> int:
+    """The keyed outputs' SQLite page cache, all together (bytes)."""
+    from reclock.config.base import _parse_size
+    from reclock.config.schema import HousekeepingConfig
+
+    if key_cache:
+        return _parse_size(key_cache)
+    return int(HousekeepingConfig.model_fields["key_state_cache"].default)
+
+
+#: RSS noise allowed between the first and the last quarter of a soak:
+#: Arrow's pool and the threads' stacks swing a few MiB from sample to sample
+RSS_NOISE_MIB = 4.0
+
+
+def _quarter(samples: list[dict[str, Any]], key: str, last: bool) -> float:
+    """The median of ``key`` over the first (or last) quarter of ``samples``."""
+    n = max(1, len(samples) // 4)
+    part = samples[-n:] if last else samples[:n]
+    return float(statistics.median(float(s[key]) for s in part))
+
+
+def verdicts(samples: list[dict[str, Any]], warmup: float, key_budget: int) -> bool:
+    """The issue's target -- driver RSS, threads, file descriptors and tick
+    time flat -- judged on the samples after the warm-up: the median of the
+    last quarter against that of the first (medians: single samples swing).
+
+    RSS may grow by what SQLite allocated more (its page caches: the key
+    state's, which fills as keys arrive, up to ``housekeeping.key_state_cache``
+    over all keyed outputs, a bounded cache and not a leak), plus
+    :data:`RSS_NOISE_MIB`, and RSS less SQLite's may grow at most that much
+    an hour (least squares over every sample); SQLite's own must stay
+    within that budget (and 2 MiB for the remap store's). Threads and file descriptors: the last
+    quarter's largest no higher than the first quarter's. Tick: the median
+    no more than 20% (and 20 ms) slower. Prints one line each; True if all
+    pass."""
+    after = [s for s in samples if s["min"] >= warmup]
+    if len(after) < 8:
+        print("\n(too few samples after the warm-up for a verdict)")
+        return False
+    rows: list[tuple[str, str, str, bool]] = []
+    rss = _quarter(after, "rss", True) - _quarter(after, "rss", False)
+    sq = (_quarter(after, "sqlite", True) - _quarter(after, "sqlite", False)
+          if after[0].get("sqlite") is not None else 0.0)
+    sq_end = float(after[-1].get("sqlite") or 0.0)
+    rows.append(("driver RSS", f"{rss:+.1f} MiB ({sq:+.1f} of it SQLite's caches)",
+                 f"<= SQLite's {sq:+.1f} + {RSS_NOISE_MIB:.0f} MiB", rss - sq <= RSS_NOISE_MIB))
+    xs = [s["min"] for s in after]
+    slope = slope_per_hour(xs, [s["rss"] - (s.get("sqlite") or 0.0) for s in after])
+    rows.append(("RSS without SQLite", f"{slope:+.1f} MiB/h (least squares)",
+                 f"<= {RSS_NOISE_MIB:.0f} MiB/h", slope <= RSS_NOISE_MIB))
+    rows.append(("SQLite caches", f"{sq_end:.1f} MiB at the end",
+                 f"<= key_state_cache {key_budget / MIB:.0f} MiB + 2",
+                 sq_end <= key_budget / MIB + 2))
+    for key, label in (("thr", "threads"), ("fds", "file descriptors")):
+        n = max(1, len(after) // 4)
+        a, b = max(s[key] for s in after[:n]), max(s[key] for s in after[-n:])
+        rows.append((label, f"largest {a} in the first quarter, {b} in the last",
+                     "last <= first", b <= a))
+    ticks = [s for s in after if s.get("tick50")]
+    if len(ticks) >= 8:
+        a, b = _quarter(ticks, "tick50", False), _quarter(ticks, "tick50", True)
+        rows.append(("tick median", f"{a:.0f} -> {b:.0f} ms", "<= x1.2 + 20 ms",
+                     b <= 1.2 * a + 20))
+    span = f"minutes {after[0]['min']:.0f}-{after[-1]['min']:.0f}"
+    print(f"\nverdict ({span}: median of the last quarter against the first)")
+    for label, got, goal, ok in rows:
+        print(f"{label:>18}  {got:<52} {goal:<32} {'PASS' if ok else 'FAIL'}")
+    return all(ok for *_, ok in rows)
 
 
 def summary(samples: list[dict[str, Any]], warmup: float) -> None:

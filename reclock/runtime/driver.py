@@ -610,6 +610,7 @@ class SourceRunner:
             return f
 
         before = self.operator.bindings
+        minting = time.monotonic()
         b = self.operator.mint(probe)  # 1. mint (read back from the store)
         self._upstream_gone()
         if b.upper != before.upper or len(b) != len(before):
@@ -618,6 +619,7 @@ class SourceRunner:
                 self.name, "binding", upper=_upper_value(b.upper),
                 time=int(last.time) if last else None,
                 frontier=last.frontier.encode() if last else None,
+                mint_ms=round((time.monotonic() - minting) * 1000),  # its probe included
             )
         faults.crash_point("after_mint")
         if not b.bindings:
