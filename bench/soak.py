@@ -616,6 +616,21 @@ def _quarter(samples: list[dict[str, Any]], key: str, last: bool) -> float:
 
 
 def verdicts(samples: list[dict[str, Any]], warmup: float, key_budget: int) -> bool:
+    """Print :func:`verdict_rows`; True if all pass."""
+    rows = verdict_rows(samples, warmup, key_budget)
+    if not rows:
+        print("\n(too few samples after the warm-up for a verdict)")
+        return False
+    after = [s for s in samples if s["min"] >= warmup]
+    span = f"minutes {after[0]['min']:.0f}-{after[-1]['min']:.0f}"
+    print(f"\nverdict ({span}: median of the last quarter against the first)")
+    for label, got, goal, ok in rows:
+        print(f"{label:>18}  {got:<52} {goal:<32} {'PASS' if ok else 'FAIL'}")
+    return all(ok for *_, ok in rows)
+
+
+def verdict_rows(samples: list[dict[str, Any]], warmup: float,
+                 key_budget: int) -> list[tuple[str, str, str, bool]]:
     """The issue's target -- driver RSS, threads, file descriptors and tick
     time flat -- judged on the samples after the warm-up: the median of the
     last quarter against that of the first (medians: single samples swing).
@@ -627,12 +642,11 @@ def verdicts(samples: list[dict[str, Any]], warmup: float, key_budget: int) -> b
     an hour (least squares over every sample); SQLite's own must stay
     within that budget (and 2 MiB for the remap store's). Threads and file descriptors: the last
     quarter's largest no higher than the first quarter's. Tick: the median
-    no more than 20% (and 20 ms) slower. Prints one line each; True if all
-    pass."""
+    no more than 20% (and 20 ms) slower. One row each: (what, measured,
+    goal, passed); none with too few samples."""
     after = [s for s in samples if s["min"] >= warmup]
     if len(after) < 8:
-        print("\n(too few samples after the warm-up for a verdict)")
-        return False
+        return []
     rows: list[tuple[str, str, str, bool]] = []
     rss = _quarter(after, "rss", True) - _quarter(after, "rss", False)
     sq = (_quarter(after, "sqlite", True) - _quarter(after, "sqlite", False)
@@ -657,11 +671,7 @@ def verdicts(samples: list[dict[str, Any]], warmup: float, key_budget: int) -> b
         a, b = _quarter(ticks, "tick50", False), _quarter(ticks, "tick50", True)
         rows.append(("tick median", f"{a:.0f} -> {b:.0f} ms", "<= x1.2 + 20 ms",
                      b <= 1.2 * a + 20))
-    span = f"minutes {after[0]['min']:.0f}-{after[-1]['min']:.0f}"
-    print(f"\nverdict ({span}: median of the last quarter against the first)")
-    for label, got, goal, ok in rows:
-        print(f"{label:>18}  {got:<52} {goal:<32} {'PASS' if ok else 'FAIL'}")
-    return all(ok for *_, ok in rows)
+    return rows
 
 
 def summary(samples: list[dict[str, Any]], warmup: float) -> None:
