@@ -1126,12 +1126,19 @@ class DeltaSink:
         return {"path": d["path"], "size": d["size"], "partition_values": {},
                 "modification_time": st[1], "data_change": data_change, "stats": d["stats"]}
 
-    def _apart(self, fn: Callable[..., _R], *args: Any, what: str) -> _R:
+    def _apart(self, fn: Callable[..., _R], *args: Any, doing: str) -> _R:
         """``fn(*args)`` in a short-lived child (:func:`~sinks._apart.run_apart`),
-        or here when the compaction settings say ``in_child: false``."""
-        if self.compaction is not None and not self.compaction.in_child:
-            return fn(*args)
-        return run_apart(fn, *args, what=f"output {self.name!r}: {what}")
+        or here when the compaction settings say ``in_child: false``; an
+        OSError or delta-rs error it raises becomes a located error (``cannot
+        <doing> <table>``)."""
+        try:
+            if self.compaction is not None and not self.compaction.in_child:
+                return fn(*args)
+            return run_apart(fn, *args, what=f"output {self.name!r}: {doing}")
+        except OSError as exc:
+            raise self._os_error(exc, doing) from exc
+        except DeltaError as exc:
+            raise _delta_error(self.name, self.location, exc, doing) from exc
 
     def _housekeep(self, version: int, checkpoint: bool = False) -> None:
         """Checkpoint every :data:`CHECKPOINT_INTERVAL` versions (or now, with
@@ -1151,7 +1158,7 @@ class DeltaSink:
         (in a child: :func:`checkpoint_table`)."""
         try:
             self._apart(checkpoint_table, self.location, CLEANUP_EVERY_CHECKPOINTS,
-                        what="checkpoint")
+                        doing="checkpoint")
         except Exception as exc:  # the commit is durable; a failed checkpoint only costs speed
             log.warning("output %r: checkpoint/cleanup failed: %s", self.name, exc)
 
@@ -1197,13 +1204,8 @@ class DeltaSink:
             return []
         with self._locked():
             now = self._clock.now() / 1000.0
-            try:
-                removed = self._apart(orphan_files, self.location, now, grace_seconds,
-                                      what="vacuum")
-            except OSError as exc:
-                raise self._os_error(exc, "vacuum") from exc
-            except DeltaError as exc:
-                raise _delta_error(self.name, self.location, exc, "vacuum") from exc
+            removed = self._apart(orphan_files, self.location, now, grace_seconds,
+                                  doing="vacuum")
             for name in removed:
                 self.location.delete(name)
             removed += self._vacuum_log_temps(now - grace_seconds)
@@ -1288,20 +1290,14 @@ class DeltaSink:
         if not self._exists():
             return {}
         with self._locked():
-            try:
-                plan = self._apart(plan_compaction, self.location, self.app_id, target_size,
-                                   min_files, max_files, what="compaction")
-                if plan == "unmergeable":
-                    log.warning("output %r: not compacted: its table uses deletion vectors "
-                                "or column mapping", self.name)
-                if not isinstance(plan, _Plan):
-                    return {}
-                state = self._state_at(plan.version, plan.txn)
-                done = self._merge_and_swap(plan, state)
-            except OSError as exc:
-                raise self._os_error(exc, "compact") from exc
-            except DeltaError as exc:
-                raise _delta_error(self.name, self.location, exc, "compact") from exc
+            plan = self._apart(plan_compaction, self.location, self.app_id, target_size,
+                               min_files, max_files, doing="compact")
+            if plan == "unmergeable":
+                log.warning("output %r: not compacted: its table uses deletion vectors "
+                            "or column mapping", self.name)
+            if not isinstance(plan, _Plan):
+                return {}
+            done = self._merge_and_swap(plan, self._state_at(plan.version, plan.txn))
             if not done:
                 return {}
             done["files_left"] = plan.files_left
@@ -1326,7 +1322,7 @@ class DeltaSink:
         for i, run in enumerate(plan.runs):
             name = f"part-{batch}-{i:05d}-000.parquet"
             written.append(self._apart(merge_files, self.location, [f.path for f in run], name,
-                                       plan.schema, what="compaction"))
+                                       plan.schema, doing="compact"))
             faults.crash_point("mid_compaction")
         now = int(time.time() * 1000)  # delta-rs's vacuum ages removes by the wall clock
         actions: list[dict[str, Any]] = [
@@ -1341,7 +1337,7 @@ class DeltaSink:
                 actions, plan.version))
         else:
             swapped = self._apart(swap_files, self.location, plan, actions, custom, self.app_id,
-                                  what="compaction")
+                                  doing="compact")
         if not swapped:
             log.info("output %r: compaction dropped, a concurrent commit came first", self.name)
             for d in written:
@@ -1368,13 +1364,7 @@ class DeltaSink:
         hours = -(-retention_ms // 3_600_000)
         custom = {KEY_OUTPUT: self.name, KEY_MAINTENANCE: "expire"}
         with self._locked():
-            try:
-                present = self._apart(expire_files, self.location, hours, custom,
-                                      what="expiry")
-            except OSError as exc:
-                raise self._os_error(exc, "vacuum") from exc
-            except DeltaError as exc:
-                raise _delta_error(self.name, self.location, exc, "vacuum") from exc
+            present = self._apart(expire_files, self.location, hours, custom, doing="vacuum")
         if not present:
             return []
         log.info("output %r: deleted %d files removed more than %d h ago", self.name,
