@@ -179,6 +179,26 @@ def test_orphans_on_s3_are_vacuumed_after_the_grace_period(s3: Any) -> None:
     assert keys_of(sink) == ["a"]
 
 
+def test_compaction_on_s3_keeps_rows_and_state_and_expires_what_it_removed(s3: Any) -> None:
+    """On S3 the swap is delta-rs's commit (no put-if-absent of reclock's
+    own there), made in a child from the planned snapshot; the checkpoint
+    and the expiry after it run in children too."""
+    sink = open_sink(s3)
+    sink.ensure(USER)
+    st = SinkState()
+    for i in range(6):
+        new = SinkState(10 * i + 10, f"p{i}")
+        sink.commit(sink.stager().stage(f"c{i}", 0, updates([f"k{i}"], 10 * i)), st, new)
+        st = new
+    assert sink.compact(min_files=2)["files_removed"] == 6
+    assert sink.state() == st
+    assert keys_of(sink) == [f"k{i}" for i in range(6)]
+    assert len(sink.expire_removed(0)) == 6
+    assert keys_of(sink) == [f"k{i}" for i in range(6)]
+    sink.commit(sink.stager().stage("c6", 0, updates(["k6"], 60)), st, SinkState(70, "p6"))
+    assert sink.state() == SinkState(70, "p6")
+
+
 def test_a_missing_bucket_is_definite_and_an_unreachable_store_transient(s3: Any) -> None:
     with pytest.raises(SinkError, match="NoSuchBucket"):
         open_sink(s3, bucket="reclock-never-made").ensure(USER)
