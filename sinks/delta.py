@@ -119,7 +119,8 @@ pass find each removed file past its retention; other Delta tools (Spark's
 ``VACUUM``) honour it too. :meth:`DeltaSink.vacuum_orphans` never deletes a
 file a remove action of the log names; a removed file whose remove action a
 checkpoint dropped (the driver was down meanwhile) is past its retention, and
-is deleted by it like an orphan when named like ours.
+is deleted by it like an orphan when named like ours (by its next pass that
+reads the table: within :data:`FULL_VACUUM_EVERY` passes).
 
 Types. Delta has no time of day, duration, unsigned or half-float types:
 such columns are stored as :func:`storage_type` says (times and durations as
@@ -208,6 +209,9 @@ CLEANUP_EVERY_CHECKPOINTS = 10
 COMMIT_ATTEMPTS = 8
 #: Default age before an unreferenced staged file counts as an orphan.
 ORPHAN_GRACE_SECONDS = 6 * 3600.0
+#: Every this-many-th orphan vacuum of a sink (and its first) reads the
+#: table even when the directory shows no file it does not know.
+FULL_VACUUM_EVERY = 60
 
 #: Compaction defaults (the file sink's ``compact`` block): a pass every 10
 #: minutes when at least 50 files are below 128 MiB; removed files kept a day.
@@ -565,24 +569,26 @@ def expire_files(location: Location, hours: int, custom: dict[str, Any]) -> list
     return sorted(present)
 
 
-def orphan_files(location: Location, now: float, grace_seconds: float) -> list[str]:
-    """The staged files (and their temp files) no version of the table at
-    ``location`` references, last written ``grace_seconds`` before ``now``
-    or earlier (:meth:`DeltaSink.vacuum_orphans` deletes them)."""
+def orphan_files(location: Location, now: float,
+                 grace_seconds: float) -> tuple[list[str], list[str]]:
+    """``(orphans, kept)`` of the table at ``location``: the staged files
+    (and their temp files) no version references, last written
+    ``grace_seconds`` before ``now`` or earlier (:meth:`DeltaSink.vacuum_orphans`
+    deletes them); and the names of the files in its directory that the
+    newest version references or a remove action keeps (no orphans)."""
     dt = DeltaTable(location.uri, storage_options=location.storage_options())
     referenced = {os.path.basename(str(p)) for p in
                   pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()}
-    stale = [name for name, _size, mtime in location.files()
+    # a lite vacuum's dry run with no retention lists exactly the files
+    # remove actions name that are still there; it writes nothing
+    referenced |= {os.path.basename(n) for n in dt.vacuum(
+        retention_hours=0, dry_run=True, enforce_retention_duration=False)}
+    listed = location.files()
+    stale = [name for name, _size, mtime in listed
              if (_STAGED.fullmatch(name) or _STAGED_TMP.fullmatch(name))
              # committed, or may belong to a job still running
              and name not in referenced and now - mtime >= grace_seconds]
-    if stale:
-        # a lite vacuum's dry run with no retention lists exactly the files
-        # remove actions name that are still there; it writes nothing
-        kept = {os.path.basename(n) for n in dt.vacuum(
-            retention_hours=0, dry_run=True, enforce_retention_duration=False)}
-        stale = [name for name in stale if name not in kept]
-    return stale
+    return stale, [name for name, _, _ in listed if name in referenced]
 
 
 def _small_files(dt: DeltaTable, target_size: int) -> list[_Small]:
@@ -833,6 +839,10 @@ class DeltaSink:
         #: the next version taken (another writer's, or a maintenance commit
         #: of this sink's own) loads the newest instead (see :meth:`commit`)
         self._head: _Head | None = None
+        #: files of the directory known not to be orphans: referenced or
+        #: kept by the table at the last vacuum's read, or committed since
+        self._kept: set[str] = set()
+        self._vacuums = 0  # vacuum_orphans passes
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.name!r}, {self.uri!r})"
@@ -1068,6 +1078,7 @@ class DeltaSink:
                         last = f"version {head.version + 1} was written by another commit"
                         continue  # someone committed after v: re-check from a new snapshot
                     self._head = _Head(head.version + 1, new, True)
+                    self._kept.update(d["path"] for d in adds)
                     break
                 assert dt is not None
                 actions: list[AddAction | RemoveAction] = [
@@ -1084,6 +1095,7 @@ class DeltaSink:
                     raise self._os_error(exc, "commit to") from exc
                 except DeltaError as exc:
                     raise _delta_error(self.name, self.location, exc, "commit to") from exc
+                self._kept.update(d["path"] for d in adds)
                 break
             else:
                 raise SinkFenced(
@@ -1199,13 +1211,33 @@ class DeltaSink:
         works in whole hours from the wall clock and writes commits of its
         own. Under the commit lock, a file cannot be deleted between a
         commit's existence check and its Delta commit.
+
+        Which files are referenced takes reading the whole table (in a child:
+        :func:`orphan_files`). The sink remembers the names the table
+        referenced or kept at that read, and the files it committed since;
+        a pass whose directory holds no other old staged file reads nothing
+        but the directory (every :data:`FULL_VACUUM_EVERY`-th pass, and the
+        first, read the table anyway). A driver of a thousand outputs
+        vacuums 17 a second at the default minute. So a removed file whose
+        remove action a checkpoint dropped (past its retention, when
+        :meth:`expire_removed` did not delete it in time) is deleted by the
+        next pass that reads the table, not the next pass.
         """
         if not self._exists():
             return []
         with self._locked():
             now = self._clock.now() / 1000.0
-            removed = self._apart(orphan_files, self.location, now, grace_seconds,
-                                  doing="vacuum")
+            listed = {name: mtime for name, _, mtime in self.location.files()}
+            self._kept &= listed.keys()
+            self._vacuums += 1
+            due = [name for name, mtime in listed.items()
+                   if (_STAGED.fullmatch(name) or _STAGED_TMP.fullmatch(name))
+                   and name not in self._kept and now - mtime >= grace_seconds]
+            removed: list[str] = []
+            if due or self._vacuums % FULL_VACUUM_EVERY == 1:
+                removed, kept = self._apart(orphan_files, self.location, now, grace_seconds,
+                                            doing="vacuum")
+                self._kept = set(kept)
             for name in removed:
                 self.location.delete(name)
             removed += self._vacuum_log_temps(now - grace_seconds)
@@ -1343,6 +1375,7 @@ class DeltaSink:
             for d in written:
                 self.location.delete(d["path"])
             return {}
+        self._kept.update(d["path"] for d in written)
         head = self._head
         if head is not None and head.version == plan.version:
             self._head = _Head(plan.version + 1, head.state, head.direct)

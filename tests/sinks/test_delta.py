@@ -767,6 +767,49 @@ def test_orphans_are_invisible_and_vacuumed_after_the_grace_period(tmp_path: Pat
     assert s.state() == SinkState(2)
 
 
+def test_a_vacuum_reads_the_table_only_when_the_directory_holds_a_file_it_does_not_know(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver of a thousand outputs vacuums 17 of them a second: a pass
+    whose directory holds only files the table referenced or kept at the
+    last read, or that the sink committed since, lists the directory and
+    reads nothing else; an unknown old staged file (and every
+    FULL_VACUUM_EVERY-th pass) reads the table."""
+    clock = ManualClock(int((os.path.getmtime(tmp_path) + 10) * 1000))
+    s = DeltaSink(NAME, tmp_path / "t", clock=clock,
+                  compaction=delta_mod.Compaction(in_child=False))  # (counted here)
+    s.ensure(USER)
+    reads = []
+    real = delta_mod.orphan_files
+
+    def counted(*args: Any) -> Any:
+        reads.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(delta_mod, "orphan_files", counted)
+    monkeypatch.setattr(delta_mod, "FULL_VACUUM_EVERY", 5)
+    st = SinkState()
+    for i in range(3):
+        new = SinkState(i + 1)
+        s.commit(s.stager().stage(f"b{i}", 0, updates([f"k{i}"], i)), st, new)
+        st = new
+    # (the clock is ahead of every file: each is old enough to be an orphan)
+    assert s.vacuum_orphans(grace_seconds=1) == [] and len(reads) == 1  # the first pass
+    assert s.vacuum_orphans(grace_seconds=1) == [] and len(reads) == 1
+    s.commit(s.stager().stage("b3", 0, updates(["k3"], 3)), st, SinkState(4))
+    assert s.vacuum_orphans(grace_seconds=1) == [] and len(reads) == 1  # committed: known
+    orphan = s.stager().stage("crashed", 0, updates(["x"], 9))
+    assert s.vacuum_orphans(grace_seconds=1) == [orphan[0]["path"]] and len(reads) == 2
+    assert s.vacuum_orphans(grace_seconds=1) == [] and len(reads) == 2
+    assert s.vacuum_orphans(grace_seconds=1) == [] and len(reads) == 3  # the 6th pass
+    # A file the table references that this sink did not commit (another
+    # writer's) is read for once, then known.
+    other = DeltaSink(NAME, s.path, lock=False)
+    other.commit(other.stager().stage("w", 0, updates(["w"], 5)), SinkState(4), SinkState(5))
+    assert s.vacuum_orphans(grace_seconds=1) == [] and len(reads) == 4
+    assert s.vacuum_orphans(grace_seconds=1) == [] and len(reads) == 4
+    assert keys(DeltaSink(NAME, s.path).read_updates()) == ["k0", "k1", "k2", "k3", "w"]
+
+
 def test_commit_of_a_vacuumed_file_fails_and_writes_nothing(tmp_path: Path) -> None:
     clock = ManualClock(0)
     s = DeltaSink(NAME, tmp_path / "t", clock=clock)

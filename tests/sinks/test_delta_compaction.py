@@ -353,11 +353,14 @@ def test_removed_files_stay_for_the_retention_and_orphans_spare_them(sink: Delta
 
 
 def test_checkpoints_keep_removes_for_the_table_retention_and_orphans_follow_them(
-        sink: DeltaSink) -> None:
+        sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> None:
     """What the retention property is for: a checkpoint keeps remove actions
     younger than ``delta.deletedFileRetentionDuration`` (their files stay
     spared by vacuum_orphans) and drops older ones (their files, named like
-    ours, are then deleted like orphans: they are past any retention)."""
+    ours, are then deleted like orphans: they are past any retention) -- by
+    the sink's next pass that reads the table (a sink that read the table
+    knows the files it kept until then: every FULL_VACUUM_EVERY-th pass)."""
+    monkeypatch.setattr(delta_mod, "FULL_VACUUM_EVERY", 2)
     fill(sink, 3)
     dt = DeltaTable(str(sink.path))
     dt.alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 2 hours"})
@@ -370,7 +373,8 @@ def test_checkpoints_keep_removes_for_the_table_retention_and_orphans_follow_the
          RemoveAction(young, False, now - 1_800_000)], "append", dt.schema())
     assert sink.vacuum_orphans(0) == []  # no checkpoint yet: both removes are in the log
     DeltaTable(str(sink.path)).create_checkpoint()
-    assert sink.vacuum_orphans(0) == [old]
+    assert sink.vacuum_orphans(0) == []  # known as kept: the table is not read
+    assert sink.vacuum_orphans(0) == [old]  # the pass that reads it again
     assert sink.expire_removed(3_600_000) == []  # young is not an hour old
     assert sorted(p.name for p in sink.path.glob("*.parquet")) == sorted([young, kept])
     assert sink.read_updates().column("k").to_pylist() == ["k2-0", "k2-1", "k2-2"]
