@@ -455,14 +455,20 @@ def retained_512(env: Env) -> list[Row]:
             med[label] = _tick_median(runners, 40.0, window)
             rss[label] = _rss_mib() - rss0
             op = runners[0].operator
-        log(f"512 partitions, {label}: median tick {med[label]:.0f} ms, driver RSS "
+        log(f"512 partitions, {label}: median tick {_ms(med[label], window)}, driver RSS "
             f"+{rss[label]:.0f} MiB, the driver holds {len(op.bindings):,} of "
             f"{op.retained:,} retained bindings")
     ratio = med["seeded"] / med["fresh"]
     scope = "24 h" if count >= 86_400 else f"{count:,} bindings ({count / 3600:.1f} h)"
-    return [(f"{scope}, 512 partitions: tick time", f"{med['seeded']:.0f} ms vs "
-             f"{med['fresh']:.0f} ms fresh ({ratio:.2f}x); driver RSS +{rss['seeded']:.0f} MiB "
-             f"vs +{rss['fresh']:.0f}", "<= 1.2x", verdict(ratio <= 1.2 and count >= 86_400))]
+    return [(f"{scope}, 512 partitions: tick time", f"{_ms(med['seeded'], window)} vs "
+             f"{_ms(med['fresh'], window)} fresh ({ratio:.2f}x); driver RSS "
+             f"+{rss['seeded']:.0f} MiB vs +{rss['fresh']:.0f}", "<= 1.2x",
+             verdict(ratio <= 1.2 and count >= 86_400))]
+
+
+def _ms(median: float, window: float) -> str:
+    """A median tick, or that no tick ended in the window (NaN)."""
+    return f"{median:.0f} ms" if median == median else f"no tick ended in {window:.0f} s"
 
 
 def _rss_mib() -> float:
