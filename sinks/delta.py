@@ -212,6 +212,9 @@ ORPHAN_GRACE_SECONDS = 6 * 3600.0
 #: Every this-many-th orphan vacuum of a sink (and its first) reads the
 #: table even when the directory shows no file it does not know.
 FULL_VACUUM_EVERY = 60
+#: Every this-many-th maintenance pass (and the first) looks for removed
+#: files to expire even when this sink's compactions left none waiting.
+EXPIRY_CHECK_EVERY = 6
 
 #: Compaction defaults (the file sink's ``compact`` block): a pass every 10
 #: minutes when at least 50 files are below 128 MiB; removed files kept a day.
@@ -556,17 +559,24 @@ def swap_files(location: Location, plan: _Plan, actions: list[dict[str, Any]],
     return True
 
 
-def expire_files(location: Location, hours: int, custom: dict[str, Any]) -> list[str]:
-    """:meth:`DeltaSink.expire_removed`'s work: the files deleted."""
+def expire_files(location: Location, hours: int,
+                 custom: dict[str, Any]) -> tuple[list[str], int]:
+    """:meth:`DeltaSink.expire_removed`'s work: ``(the files deleted, how
+    many files remove actions name that are still there and not yet due)``."""
     dt = DeltaTable(location.uri, storage_options=location.storage_options())
-    due = {os.path.basename(n) for n in dt.vacuum(
-        retention_hours=hours, dry_run=True, enforce_retention_duration=False)}
-    present = due & {name for name, _, _ in location.files()} if due else set()
-    if present:
+    present = {name for name, _, _ in location.files()}
+
+    def removed(retention: int) -> set[str]:
+        return present & {os.path.basename(n) for n in dt.vacuum(
+            retention_hours=retention, dry_run=True, enforce_retention_duration=False)}
+
+    due = removed(hours)
+    waiting = len(removed(0) - due)
+    if due:
         dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False,
                   commit_properties=CommitProperties(custom_metadata=custom),
                   post_commithook_properties=_NO_HOOKS)
-    return sorted(present)
+    return sorted(due), waiting
 
 
 def orphan_files(location: Location, now: float,
@@ -829,6 +839,11 @@ class DeltaSink:
         self.compaction = compaction
         self._maintain_at: int | None = None  # clock ms of the next maintenance pass
         self._retention_set = False  # the table's retention property checked once
+        self._passes = 0  # maintenance passes run
+        #: files a compaction removed wait for their retention (see maintain)
+        self._expiring = False
+        #: files this sink's compactions removed, still in the directory
+        self._merged_away: set[str] = set()
         #: ensure() leaves creating a table that is absent to the first commit
         self._lazily = create_lazily
         #: checkpoints written by the process's checkpointer thread, not in commit
@@ -1277,8 +1292,12 @@ class DeltaSink:
         the next pass runs on the next call. A pass that fails is not retried
         before its time. Each pass: set the table's
         retention property (first pass only, when it differs), :meth:`compact`
-        when at least ``min_files`` files are below ``target_size``, then
-        :meth:`expire_removed`. Returns the counts of :meth:`compact` and
+        when at least ``min_files`` files are below ``target_size`` (not even
+        reading the table while the directory holds fewer), then
+        :meth:`expire_removed` while files it removed wait for their retention
+        (after a compaction, until an expiry finds none waiting; and every
+        :data:`EXPIRY_CHECK_EVERY`-th pass, the first included, for removes
+        of other writers). Returns the counts of :meth:`compact` and
         ``files_expired`` (``{}``: nothing was done or due)."""
         c = self.compaction
         if c is None:
@@ -1293,12 +1312,23 @@ class DeltaSink:
         if not self._retention_set:
             self._set_retention(c.removes_kept_hours)
             self._retention_set = True
-        done = self.compact(c.target_size, c.min_files, COMPACT_MAX_FILES)
+        self._passes += 1
+        # Choosing the files to merge reads the whole table (in a child): not
+        # while the directory holds fewer small data files than min_files
+        # (a thousand young outputs each forked a child at their first pass),
+        # not counting those this sink's compactions removed.
+        listed = self.location.files()
+        self._merged_away &= {name for name, _, _ in listed}
+        small = sum(1 for name, size, _ in listed if size < c.target_size
+                    and _PLAIN.fullmatch(name) and name not in self._merged_away)
+        done = (self.compact(c.target_size, c.min_files, COMPACT_MAX_FILES)
+                if small >= c.min_files else {})
         if done.pop("files_left", 0) >= c.min_files:
             self._maintain_at = now_ms  # catching up: the next pass on the next tick
-        expired = self.expire_removed(c.retention_ms)
-        if expired:
-            done["files_expired"] = len(expired)
+        if done or self._expiring or self._passes % EXPIRY_CHECK_EVERY == 1:
+            expired = self.expire_removed(c.retention_ms)
+            if expired:
+                done["files_expired"] = len(expired)
         return done
 
     @_bounded
@@ -1376,6 +1406,7 @@ class DeltaSink:
                 self.location.delete(d["path"])
             return {}
         self._kept.update(d["path"] for d in written)
+        self._merged_away.update(f.path for run in plan.runs for f in run)
         head = self._head
         if head is not None and head.version == plan.version:
             self._head = _Head(plan.version + 1, head.state, head.direct)
@@ -1397,7 +1428,9 @@ class DeltaSink:
         hours = -(-retention_ms // 3_600_000)
         custom = {KEY_OUTPUT: self.name, KEY_MAINTENANCE: "expire"}
         with self._locked():
-            present = self._apart(expire_files, self.location, hours, custom, doing="vacuum")
+            present, waiting = self._apart(expire_files, self.location, hours, custom,
+                                           doing="vacuum")
+        self._expiring = waiting > 0
         if not present:
             return []
         log.info("output %r: deleted %d files removed more than %d h ago", self.name,

@@ -380,6 +380,45 @@ def test_checkpoints_keep_removes_for_the_table_retention_and_orphans_follow_the
     assert sink.read_updates().column("k").to_pylist() == ["k2-0", "k2-1", "k2-2"]
 
 
+def test_a_maintenance_pass_reads_the_table_only_when_it_may_have_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Choosing files to merge and looking for files to expire read the
+    whole table (in a child). A pass skips the first while the directory
+    holds fewer small data files than min_files, and the second unless a
+    compaction of this sink left removed files waiting (or it is the first
+    pass, or every EXPIRY_CHECK_EVERY-th): a thousand young outputs each
+    forked two children at their first pass."""
+    calls: list[str] = []
+    for name in ("plan_compaction", "expire_files"):
+        real = getattr(delta_mod, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            calls.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(delta_mod, name, counted)
+    monkeypatch.setattr(delta_mod, "EXPIRY_CHECK_EVERY", 3)
+    s = DeltaSink(NAME, tmp_path / "t", compaction=Compaction(
+        every_ms=1000, min_files=5, retention_ms=3_600_000, in_child=False))  # (counted here)
+    s.ensure(USER)
+    st = fill(s, 4)
+    assert s.maintain(0) == {}  # schedules the first pass
+    assert s.maintain(1000) == {} and calls == ["expire_files"]  # 4 files: no plan
+    assert s.maintain(2000) == {} and calls == ["expire_files"]
+    st = fill(s, 2, start=4, state=st)
+    done = s.maintain(3000)
+    assert done["files_removed"] == 6
+    assert calls == ["expire_files", "plan_compaction", "expire_files"]
+    assert s.maintain(4000) == {}  # 1 file; its 6 removed files wait an hour
+    assert calls[3:] == ["expire_files"]
+    assert s.expire_removed(0) != [] and not s._expiring  # none waiting any more
+    calls.clear()
+    assert s.maintain(5000) == {} and calls == []
+    assert s.maintain(6000) == {} and calls == []
+    assert s.maintain(7000) == {} and calls == ["expire_files"]  # the 7th pass: 7 % 3 == 1
+    assert s.state() == st
+
+
 def test_maintain_runs_on_schedule_and_sets_the_retention_property(tmp_path: Path) -> None:
     path = tmp_path / "t"
     plain = DeltaSink(NAME, path)
