@@ -138,6 +138,7 @@ import atexit
 import json
 import logging
 import os
+import random
 import re
 import threading
 import time
@@ -407,6 +408,10 @@ class Compaction:
     #: maintenance (merges, table reads) in short-lived child processes
     #: (``sinks/_apart.py``)
     in_child: bool = True
+    #: the first pass up to ``every_ms`` later, at a random point (a
+    #: pipeline's outputs: a hundred outputs started together otherwise
+    #: compacted together, every pass, and their sources' ticks waited)
+    spread: bool = False
 
     @property
     def retention_hours(self) -> int:
@@ -1286,8 +1291,10 @@ class DeltaSink:
         (see the module docstring): nothing without :attr:`compaction`.
 
         The first pass runs :data:`FIRST_PASS_MS` after the first call (or
-        ``every_ms``, if shorter): a driver that just started catches up
-        first; then one every ``every_ms``. While a pass leaves at least
+        ``every_ms``, if shorter; with ``spread``, a pipeline's outputs, up
+        to ``every_ms`` later still, at a random point, so that outputs
+        started together do not compact together): a driver that just
+        started catches up first; then one every ``every_ms``. While a pass leaves at least
         ``min_files`` small files (it merges at most :data:`COMPACT_MAX_FILES`),
         the next pass runs on the next call. A pass that fails is not retried
         before its time. Each pass: set the table's
@@ -1303,7 +1310,8 @@ class DeltaSink:
         if c is None:
             return {}
         if self._maintain_at is None:
-            self._maintain_at = now_ms + min(c.every_ms, FIRST_PASS_MS)
+            self._maintain_at = now_ms + min(c.every_ms, FIRST_PASS_MS) + (
+                random.randrange(c.every_ms) if c.spread else 0)
         if now_ms < self._maintain_at:
             return {}
         self._maintain_at = now_ms + c.every_ms
@@ -1746,7 +1754,7 @@ class CompactConfig(_Model):
 
     def settings(self) -> Compaction:
         return Compaction(self.every, self.min_files, self.target_size, self.retention,
-                          self.in_child)
+                          self.in_child, spread=True)
 
 
 def _compact_switch(value: Any) -> Any:

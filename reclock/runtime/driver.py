@@ -39,6 +39,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import threading
 import time
@@ -313,7 +314,10 @@ class SourceRunner:
         self.ticks = 0
         self._gone: set[int] = set()  # outputs whose upstream is gone (output_errors)
         self._keys: dict[int, KeyStore] = {}  # keyed outputs' key stores, by output
-        self._vacuumed_at = time.monotonic()  # first vacuum one period after start
+        # The first vacuum one to two periods after start, at a random point:
+        # a thousand sources started together otherwise vacuumed together,
+        # every period (each vacuum's first pass reads its table, in a child).
+        self._vacuumed_at = time.monotonic() + random.uniform(0.0, self.settings.vacuum_every_s)
         self.records = 0
         #: bytes per record the source's tasks read (None: none reported yet);
         #: rises at once with larger records, falls slowly

@@ -380,6 +380,21 @@ def test_checkpoints_keep_removes_for_the_table_retention_and_orphans_follow_the
     assert sink.read_updates().column("k").to_pylist() == ["k2-0", "k2-1", "k2-2"]
 
 
+def test_spread_puts_the_first_pass_up_to_a_period_later_at_random(tmp_path: Path) -> None:
+    """A pipeline's outputs (``spread``): the first pass lands anywhere in
+    ``[first pass, first pass + every)``, so that outputs started together
+    do not compact together every period."""
+    firsts = set()
+    for i in range(20):
+        s = DeltaSink(NAME, tmp_path / f"t{i}", compaction=Compaction(every_ms=600_000,
+                                                                      spread=True))
+        s.maintain(0)
+        assert s._maintain_at is not None
+        firsts.add(s._maintain_at)
+        assert delta_mod.FIRST_PASS_MS <= s._maintain_at < delta_mod.FIRST_PASS_MS + 600_000
+    assert len(firsts) > 10
+
+
 def test_a_maintenance_pass_reads_the_table_only_when_it_may_have_work(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Choosing files to merge and looking for files to expire read the
@@ -501,11 +516,13 @@ def test_compact_config_defaults_custom_values_and_off(tmp_path: Path) -> None:
         block = cfg.sources[0].outputs[0].sink
         return None if block.compact is None else block.compact.settings()
 
-    assert compaction("file") == Compaction(600_000, 50, 128 * 2**20, 86_400_000)
+    # (a pipeline's outputs spread their first passes)
+    assert compaction("file") == Compaction(600_000, 50, 128 * 2**20, 86_400_000, spread=True)
     assert compaction("{type: file, compact: off}") is None
     assert compaction("{type: file, compact: null}") is None
     assert compaction("{type: file, compact: {every: 30s, min_files: 8, target_size: 64MB, "
-                      "retention: 7d}}") == Compaction(30_000, 8, 64_000_000, 7 * 86_400_000)
+                      "retention: 7d}}") == Compaction(30_000, 8, 64_000_000, 7 * 86_400_000,
+                                                       spread=True)
     with pytest.raises(ConfigError) as info:
         load_config(_pipeline(tmp_path, "{type: file, compact: {target_size: 12 parsecs, "
                                         "retention: 30m, min_files: 1, speed: 3}}"))
