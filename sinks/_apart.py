@@ -50,7 +50,7 @@ from reclock.core.errors import ReclockError, TransientError
 
 _R = TypeVar("_R")
 
-#: children running at once (merges of different outputs)
+#: children running at once (maintenance of different outputs)
 WORKERS = 2
 
 #: modules the fork server imports once, so that each child starts with

@@ -599,11 +599,19 @@ def orphan_files(location: Location, now: float,
     referenced |= {os.path.basename(n) for n in dt.vacuum(
         retention_hours=0, dry_run=True, enforce_retention_duration=False)}
     listed = location.files()
-    stale = [name for name, _size, mtime in listed
-             if (_STAGED.fullmatch(name) or _STAGED_TMP.fullmatch(name))
-             # committed, or may belong to a job still running
-             and name not in referenced and now - mtime >= grace_seconds]
-    return stale, [name for name, _, _ in listed if name in referenced]
+    return (_old_staged(listed, referenced, now, grace_seconds),
+            [name for name, _, _ in listed if name in referenced])
+
+
+def _old_staged(listed: list[tuple[str, int, float]], known: set[str], now: float,
+                grace_seconds: float) -> list[str]:
+    """The files of ``listed`` (``(name, size, mtime)``) named like staged
+    files or their temp files, not in ``known``, last written
+    ``grace_seconds`` before ``now`` or earlier: younger ones may belong to
+    a job still running."""
+    return [name for name, _size, mtime in listed
+            if (_STAGED.fullmatch(name) or _STAGED_TMP.fullmatch(name))
+            and name not in known and now - mtime >= grace_seconds]
 
 
 def _small_files(dt: DeltaTable, target_size: int) -> list[_Small]:
@@ -1098,7 +1106,6 @@ class DeltaSink:
                         last = f"version {head.version + 1} was written by another commit"
                         continue  # someone committed after v: re-check from a new snapshot
                     self._head = _Head(head.version + 1, new, True)
-                    self._kept.update(d["path"] for d in adds)
                     break
                 assert dt is not None
                 actions: list[AddAction | RemoveAction] = [
@@ -1115,7 +1122,6 @@ class DeltaSink:
                     raise self._os_error(exc, "commit to") from exc
                 except DeltaError as exc:
                     raise _delta_error(self.name, self.location, exc, "commit to") from exc
-                self._kept.update(d["path"] for d in adds)
                 break
             else:
                 raise SinkFenced(
@@ -1123,6 +1129,7 @@ class DeltaSink:
                     f"lost to concurrent commits (last: {last})",
                     hint="another writer is busy on this table; retry",
                 )
+            self._kept.update(d["path"] for d in adds)  # committed: no orphans
         self._housekeep(head.version + 1)
 
     def _head_of(self, dt: DeltaTable) -> _Head:
@@ -1247,14 +1254,12 @@ class DeltaSink:
             return []
         with self._locked():
             now = self._clock.now() / 1000.0
-            listed = {name: mtime for name, _, mtime in self.location.files()}
-            self._kept &= listed.keys()
+            listed = self.location.files()
+            self._kept &= {name for name, _, _ in listed}
             self._vacuums += 1
-            due = [name for name, mtime in listed.items()
-                   if (_STAGED.fullmatch(name) or _STAGED_TMP.fullmatch(name))
-                   and name not in self._kept and now - mtime >= grace_seconds]
             removed: list[str] = []
-            if due or self._vacuums % FULL_VACUUM_EVERY == 1:
+            if (_old_staged(listed, self._kept, now, grace_seconds)
+                    or self._vacuums % FULL_VACUUM_EVERY == 1):
                 removed, kept = self._apart(orphan_files, self.location, now, grace_seconds,
                                             doing="vacuum")
                 self._kept = set(kept)
