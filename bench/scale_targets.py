@@ -576,24 +576,31 @@ def _caught_up(runners: list[Any], total: int, limit: float) -> float:
     raise TimeoutError(f"not caught up with {total:,} records in {limit:.0f}s")
 
 
-def _bound_to_durable(state: Path, total: int) -> float:
-    """Seconds from the binding that bound the records (the source's second:
-    the first maps its start position) until its output's commits hold
-    ``total`` rows, from the progress log: the catch-up itself, without the
-    source's open and the wait for its first interval boundary after it."""
-    bound: int | None = None
+def _committed(state: Path, total: int) -> tuple[int, list[dict[str, Any]]]:
+    """From the progress log: the wall-clock ms of the ``sink_upper`` event
+    whose rows, added up from the log's start, reach ``total``, and the
+    binding events before it."""
     rows = 0
-    bindings = 0
+    bindings: list[dict[str, Any]] = []
     for ev in read_events(state):
-        if ev["kind"] == "binding" and ev.get("time") is not None:
-            bindings += 1
-            if bindings == 2:
-                bound = int(ev["ts"])
-        elif ev["kind"] == "sink_upper" and bound is not None:
+        if ev["kind"] == "binding":
+            bindings.append(ev)
+        elif ev["kind"] == "sink_upper":
             rows += int(ev.get("rows") or 0)
             if rows >= total:
-                return (int(ev["ts"]) - bound) / 1000
+                return int(ev["ts"]), bindings
     raise ValueError(f"the progress log of {state} does not show {total:,} rows committed")
+
+
+def _bound_to_durable(state: Path, total: int) -> float:
+    """Seconds from the binding that bound the records (the source's second:
+    the first maps its start position, so nothing commits before the second)
+    until its output's commits hold ``total`` rows: the catch-up itself,
+    without the source's open and the wait for its first interval boundary
+    after it."""
+    ts, bindings = _committed(state, total)
+    bound = [b for b in bindings if b.get("time") is not None][1]
+    return (ts - int(bound["ts"])) / 1000
 
 
 def _new_topic_landed(state: Path, written: float, total: int) -> tuple[float, float]:
@@ -604,17 +611,9 @@ def _new_topic_landed(state: Path, written: float, total: int) -> tuple[float, f
     that commit, until the commit). The goal, one interval plus one job,
     says that tick began within an interval of the records: its probe saw
     the new topic."""
-    rows = 0
-    bound: int | None = None
-    for ev in read_events(state):
-        if ev["kind"] == "binding":
-            bound = int(ev["ts"]) - int(ev.get("mint_ms") or 0)
-        elif ev["kind"] == "sink_upper":
-            rows += int(ev.get("rows") or 0)
-            if rows >= total:
-                assert bound is not None
-                return int(ev["ts"]) / 1000 - written, (int(ev["ts"]) - bound) / 1000
-    raise ValueError(f"the progress log of {state} does not show {total:,} rows committed")
+    ts, bindings = _committed(state, total)
+    bound = int(bindings[-1]["ts"]) - int(bindings[-1].get("mint_ms") or 0)
+    return ts / 1000 - written, (ts - bound) / 1000
 
 
 def pattern_500(env: Env) -> list[Row]:
