@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -204,19 +205,30 @@ def test_a_compaction_between_a_writers_check_and_commit_is_retried_over(
     assert keys.count("late") == 1 and len(keys) == 6 * 3 + 2 + 1 + 1
 
 
+def after_planning(monkeypatch: pytest.MonkeyPatch, compactor: DeltaSink,
+                   then: Callable[[], object]) -> None:
+    """Run ``then`` whenever a compaction pass of ``compactor`` has been
+    planned from its snapshot (in its child), before its merges and swap."""
+    real_state_at = compactor._state_at
+
+    def planned(version: int, txn: int | None) -> SinkState:
+        then()
+        return real_state_at(version, txn)
+
+    monkeypatch.setattr(compactor, "_state_at", planned)
+
+
+def commit_w(writer: DeltaSink, st: SinkState) -> None:
+    """A commit of one row ``w`` from state ``st`` to (3000, "p-w")."""
+    writer.commit(writer.stager().stage("w", 0, updates(["w"], 2000)), st,
+                  SinkState(3000, "p-w"))
+
+
 def test_a_commit_between_a_compactions_load_and_commit_drops_the_compaction(
         sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> None:
     st = fill(sink, 6)
     compactor = DeltaSink(NAME, sink.path, lock=False)
-    real_state_at = compactor._state_at
-
-    def planned_then_write(version: int, txn: int | None) -> SinkState:
-        """(after the pass was planned from its snapshot, in the child)"""
-        sink.commit(sink.stager().stage("w", 0, updates(["w"], 2000)), st,
-                    SinkState(3000, "p-w"))
-        return real_state_at(version, txn)
-
-    monkeypatch.setattr(compactor, "_state_at", planned_then_write)
+    after_planning(monkeypatch, compactor, lambda: commit_w(sink, st))
     assert compactor.compact(min_files=2) == {}
     assert sink.state() == SinkState(3000, "p-w")
     assert len(data_files(sink)) == 7  # nothing merged
@@ -243,15 +255,8 @@ def test_a_table_reclock_does_not_append_to_itself_is_compacted_by_delta_rs(
     before = canonical(sink.read_updates())
     as_of = {t: canonical(sink.read_updates(t)) for t in (1000, 1035, 1080)}
     if race:
-        real_state_at = sink._state_at
         writer = DeltaSink(NAME, sink.path, lock=False)
-
-        def planned_then_write(version: int, txn: int | None) -> SinkState:
-            writer.commit(writer.stager().stage("w", 0, updates(["w"], 2000)), st,
-                          SinkState(3000, "p-w"))
-            return real_state_at(version, txn)
-
-        monkeypatch.setattr(sink, "_state_at", planned_then_write)
+        after_planning(monkeypatch, sink, lambda: commit_w(writer, st))
         assert sink.compact(min_files=2) == {}
         monkeypatch.undo()
         assert len(data_files(sink)) == 9  # nothing merged, its files deleted again
@@ -280,13 +285,10 @@ def test_two_compactions_from_one_snapshot_never_both_commit(
     rows = sink.read_updates().num_rows
     a = DeltaSink(NAME, sink.path, lock=False)
     b = DeltaSink(NAME, sink.path, lock=False)
-    real_state_at = b._state_at
-
-    def planned_then_let_a_compact(version: int, txn: int | None) -> SinkState:
+    def a_compacts() -> None:
         assert a.compact(min_files=2)["files_removed"] == 8
-        return real_state_at(version, txn)
 
-    monkeypatch.setattr(b, "_state_at", planned_then_let_a_compact)
+    after_planning(monkeypatch, b, a_compacts)
     assert b.compact(min_files=2) == {}
     assert sink.read_updates().num_rows == rows
     assert len(data_files(sink)) == 1
