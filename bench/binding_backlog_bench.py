@@ -3,9 +3,9 @@ partitioned source: a SQLite remap store is seeded with ``--bindings``
 bindings of ``--partitions`` Kafka partitions (one partition moves a
 binding, as a steady source's do), then each step a driver's first tick
 takes is timed and its Python memory traced: reading the shard back, the
-compiled reclocking arrays, every frontier decoded (``Bindings.last``,
-``extended`` and ``covering`` decode them all), and the snapshot pickled
-for a job. Issue 17's "24 h of bindings, 512 partitions" target seeds
+compiled reclocking search, the last frontier, the bindings a job from the
+first frontier ships and their pickle, and the bindings held once the
+outputs are halfway. Issue 17's "24 h of bindings, 512 partitions" target seeds
 86,400 such bindings behind outputs that never committed.
 
     python bench/binding_backlog_bench.py                 # 4,320 bindings, 512 partitions
@@ -71,12 +71,17 @@ def main() -> int:
             return out
 
         b = step("read the shard back", lambda: store.read("k"))
-        step("compile the reclocking arrays", lambda: b._compiled,
-             lambda c: f"bounds {c.bounds.shape[0]} x {c.bounds.shape[1]}, "
-                       f"{c.bounds.nbytes / MIB:.1f} MiB")
-        step("decode every frontier (last)", lambda: b.last)
-        step("pickle it for a job", lambda: pickle.dumps(b),
+        step("compile the reclocking search", lambda: b._compiled,
+             lambda c: f"{len(c.at):,} moves of {len(c.start):,} rows, "
+                       f"{(c.at.nbytes + c.bound.nbytes) / MIB:.1f} MiB")
+        step("the last frontier", lambda: b.last)
+        first = b.frontier_at(int(b._times[0]))
+        step("a job from the first frontier (covering)", lambda: b.covering(first),
+             lambda c: f"{len(c):,} bindings")
+        step("pickle it for a job", lambda: pickle.dumps(b.covering(first)),
              lambda p: f"{len(p) / MIB:.1f} MiB pickled")
+        step("hold from the middle (held_from)",
+             lambda: b.held_from(int(b._times[len(b) // 2])), lambda h: f"{len(h):,} bindings")
         store.close()
     print(f"\n{args.bindings:,} bindings of {args.partitions} partitions "
           "(Python memory by tracemalloc)")

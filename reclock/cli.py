@@ -196,8 +196,8 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
             else:
                 entry["bindings"] = 0 if b is None else len(b)
                 entry["remap_upper"] = None if b is None else b.upper.as_option()
-                entry["bound"] = (None if b is None or not b.bindings
-                                  else b.bindings[-1].frontier.encode())
+                entry["bound"] = (None if b is None or not len(b)
+                                  else b.last.frontier.encode())
             live_outs = {o["name"]: o for o in (lv or {}).get("outputs") or []}
             outs = []
             uppers = []
@@ -246,7 +246,7 @@ def _resume(b: Any, resume_into: int | None, source: Any) -> Any:
     upstream (a Kafka source: the topic's partitions); or why it is
     unavailable."""
     try:
-        if b is not None and b.bindings:
+        if b is not None and len(b):
             from reclock.core.frontier import Antichain
             from reclock.core.time import IntoTime
 

@@ -22,6 +22,8 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from reclock.core.frontier_log import Log, builder
+
 #: A whole frontier at least every this many rows.
 CHECKPOINT = 64
 
@@ -84,6 +86,26 @@ class Chain:
         if self._whole is None and self._keyed is None:
             return None
         return dict(self._keyed) if self._keyed is not None else state_of(self._whole or [])
+
+
+def build(kind: str, rows: Iterable[tuple[int, str]]) -> tuple[list[int], Log]:
+    """The times and the frontier log (:mod:`reclock.core.frontier_log`) of
+    rows in time order, the first whole: a change row is taken as the
+    change it is, and a whole row as its difference from the frontier
+    before it, so that no whole frontier is made per row. Each is checked
+    against the one before it as it is taken."""
+    b = builder(kind)
+    times: list[int] = []
+    for t, text in rows:
+        value = json.loads(text)
+        if isinstance(value, list):
+            b.add_encoded(value)
+        elif isinstance(value, dict) and times:
+            b.add_change(value.get("-", ()), value.get("+", ()))
+        else:
+            raise ValueError(f"a change row with no whole frontier before it: {text[:80]!r}")
+        times.append(t)
+    return times, b.log()
 
 
 def decode(rows: Iterable[tuple[int, str]]) -> Iterator[tuple[int, list[Any]]]:

@@ -43,7 +43,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 
-from reclock.core.bindings import Binding, Bindings, check_appendable, compact_bindings
+from reclock.core.bindings import Binding, Bindings, check_appendable
 from reclock.core.errors import (
     AlreadyRunning,
     BindingError,
@@ -464,25 +464,6 @@ class SqlRemapStore:
         with self._tx(readonly=True) as conn:
             return IntoTime(self._shard_row(conn, shard).since)
 
-    def _bindings(
-        self,
-        conn: Connection,
-        shard: str,
-        kind: str,
-        lower: int,
-        upto: int | None = None,
-        below: int | None = None,
-    ) -> list[Binding[Any]]:
-        """Bindings with ``lower <= time``, ``time <= upto`` and ``time < below``.
-
-        Readers pass the upper they read as ``below``: under READ COMMITTED a
-        later statement may see bindings a concurrent writer committed after
-        the shard row was read, and those must wait for the next read."""
-        start = self._whole_at_or_before(conn, shard, lower) if lower > 0 else 0
-        rows = self._rows(conn, shard, start, upto, below)
-        return [Binding(IntoTime(t), Antichain.decode(kind, enc))
-                for t, enc in delta.decode(rows) if t >= lower]
-
     def _rows(self, conn: Connection, shard: str, start: int, upto: int | None = None,
               below: int | None = None) -> list[tuple[int, str]]:
         """``(time, stored text)`` of the rows with ``start <= time``, ``time <=
@@ -527,10 +508,10 @@ class SqlRemapStore:
         """The shard of ``row`` as :meth:`read` gives it (``upper``: the
         shard's unless given)."""
         # an upper of 0 (a new shard) holds no binding: binding times < upper
-        rows = ([] if row.upper == 0 else
-                list(delta.decode(self._rows(conn, row.shard, 0, as_of, row.upper))))
-        return Bindings.from_encoded(row.kind, rows, since=row.since,
-                                     upper=_upper_ac(row.upper) if upper is None else upper)
+        times, log = delta.build(row.kind, [] if row.upper == 0 else
+                                 self._rows(conn, row.shard, 0, as_of, row.upper))
+        return Bindings.from_log(row.kind, times, log, since=row.since,
+                                 upper=_upper_ac(row.upper) if upper is None else upper)
 
     def read_encoded(self, shard: str) -> tuple[str, int, int | None, list[tuple[int, Any]]]:
         """The shard as :meth:`read` gives it with each frontier left in
@@ -724,26 +705,25 @@ class SqlRemapStore:
             )
             if res.rowcount != 1:
                 return 0  # a concurrent compaction got there first
-            head = self._bindings(conn, shard, row.kind, 0, new_since)
-            compacted = compact_bindings(head, new_since)
-            conn.execute(
-                sa.delete(bindings_table).where(
-                    bindings_table.c.shard == shard, bindings_table.c.into_time <= new_since
-                )
-            )
-            if compacted:
-                first = compacted[0]
-                conn.execute(
-                    sa.insert(bindings_table),
-                    [
-                        {
-                            "shard": shard,
-                            "into_time": int(first.time),
-                            "frontier": first.frontier.encode_json(),
-                        }
-                    ],
-                )
-            return len(head) - len(compacted)
+            # The consolidated head is the frontier of the last row at or
+            # before new_since, whole: the rows from the last whole one on
+            # give it (at most delta.CHECKPOINT of them, not the history).
+            at = bindings_table.c.into_time <= new_since
+            head = self._rows(conn, shard, self._whole_at_or_before(conn, shard, new_since),
+                              upto=new_since)
+            gone = int(conn.execute(sa.select(sa.func.count()).select_from(bindings_table)
+                                    .where(bindings_table.c.shard == shard, at)).scalar() or 0)
+            conn.execute(sa.delete(bindings_table).where(bindings_table.c.shard == shard, at))
+            if not head:
+                return gone
+            chain = delta.Chain()
+            for _t, text in head:
+                chain.apply(text)
+            whole = encoded_canonical(row.kind)(chain.elements())
+            conn.execute(sa.insert(bindings_table), [{
+                "shard": shard, "into_time": new_since,
+                "frontier": json.dumps(whole, separators=(",", ":"))}])
+            return gone - 1
 
     def coordinates(self, shard: str, names: Sequence[str] = ()) -> dict[str, int]:
         """Dense ids for the coordinates of a partitioned FromTime

@@ -31,7 +31,6 @@ is never read).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -42,11 +41,10 @@ import numpy.typing as npt
 
 from reclock.core.errors import BindingError, SinceViolation
 from reclock.core.frontier import Antichain
-from reclock.core.time import IntoTime, T, is_partitioned, time_type
+from reclock.core.frontier_log import UNBOUND, Compiled, Log, builder
+from reclock.core.time import IntoTime, T, is_partitioned
 
-INT64_MAX = np.iinfo(np.int64).max
-#: Sentinel in vectorized results: the record is not bound yet (it waits).
-UNBOUND = -1
+__all__ = ["UNBOUND", "Binding", "Bindings", "beyond", "check_appendable"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,15 +64,19 @@ def _upper_value(upper: Antichain[IntoTime]) -> int | None:
 
 
 class Bindings(Generic[T]):
-    """An immutable, picklable snapshot of one source's remap collection."""
+    """An immutable, picklable snapshot of one source's remap collection.
+
+    The frontiers are held as what changed from one binding to the next
+    (:mod:`reclock.core.frontier_log`): memory, pickles and the reclocking
+    search grow with the partitions that moved, not with all of them. A
+    frontier is rebuilt when asked for (:attr:`last`, :meth:`frontier_at`,
+    :meth:`source_upper_at`); :attr:`bindings` rebuilds them all."""
 
     kind: str
     since: IntoTime
     upper: Antichain[IntoTime]
-    _bs: tuple[Binding[T], ...] | None
-    #: (:meth:`from_encoded`) the frontiers as stored, decoded on first use
-    _enc: Sequence[list[Any]] | None
-    _times: list[int]
+    _times: npt.NDArray[np.int64]
+    _log: Log
 
     def __init__(
         self,
@@ -88,79 +90,81 @@ class Bindings(Generic[T]):
         """``_checked``: how many leading bindings are known valid already
         (:meth:`extended`, unpickling); only the rest is validated, each
         against the one before it."""
-        time_type(kind)  # validates the kind
         bs = tuple(bindings)
+        b = builder(kind)
+        for i, x in enumerate(bs):
+            if not isinstance(x, Binding):
+                raise BindingError(f"not a Binding: {x!r}")
+            b.add(x.frontier, check=i >= _checked)
+        self._init(kind, since, upper, np.array([int(x.time) for x in bs], dtype=np.int64),
+                   b.log())
+
+    def _init(self, kind: str, since: int, upper: Antichain[IntoTime] | int | None,
+              times: npt.NDArray[np.int64], log: Log, checked: int = 0) -> None:
+        """Set the snapshot's fields; the times from ``checked`` on are
+        checked (increasing, within ``[since, upper)``)."""
         if upper is None:
-            upper_ac: Antichain[IntoTime] = (
-                Antichain.from_elem(IntoTime(int(bs[-1].time) + 1))
-                if bs
-                else Antichain.from_elem(IntoTime(since))
-            )
+            upper_ac: Antichain[IntoTime] = Antichain.from_elem(
+                IntoTime(int(times[-1]) + 1 if len(times) else since))
         elif isinstance(upper, Antichain):
             upper_ac = upper
         else:
             upper_ac = Antichain.from_elem(IntoTime(upper))
-        since_t = IntoTime(since)
-        _validate(kind, bs, since_t, upper_ac, _checked)
+        _check_times(times, int(since), _upper_value(upper_ac), checked)
         object.__setattr__(self, "kind", kind)
-        object.__setattr__(self, "_bs", bs)
-        object.__setattr__(self, "_enc", None)
-        object.__setattr__(self, "since", since_t)
+        object.__setattr__(self, "since", IntoTime(since))
         object.__setattr__(self, "upper", upper_ac)
-        object.__setattr__(self, "_times", [int(b.time) for b in bs])
+        object.__setattr__(self, "_times", times)
+        object.__setattr__(self, "_log", log)
+
+    @classmethod
+    def _of(cls, kind: str, since: int, upper: Antichain[IntoTime] | int | None,
+            times: npt.NDArray[np.int64], log: Log, checked: int = 0) -> Bindings[Any]:
+        b: Bindings[Any] = cls.__new__(cls)
+        b._init(kind, since, upper, times, log, checked)
+        return b
+
+    @classmethod
+    def from_log(cls, kind: str, times: Sequence[int] | npt.NDArray[np.int64], log: Log, *,
+                 since: int = 0, upper: Antichain[IntoTime] | int | None = None
+                 ) -> Bindings[Any]:
+        """The snapshot of frontiers a builder of
+        :mod:`reclock.core.frontier_log` validated (the remap store reads its
+        changes into one); the times are checked here."""
+        return cls._of(kind, since, upper, np.asarray(times, dtype=np.int64), log)
 
     @classmethod
     def from_encoded(
         cls, kind: str, rows: Sequence[tuple[int, list[Any]]], *, since: int = 0,
         upper: Antichain[IntoTime] | int | None = None,
     ) -> Bindings[Any]:
-        """The snapshot of stored bindings: ``(time, frontier as
-        :meth:`Antichain.encode` gave it)``, in time order. A Kafka shard's
-        frontiers of points and "every higher partition" elements are
-        compiled straight into the reclocking arrays, checked there
-        (times increasing within ``[since, upper)``, every partition's bound
-        never moving back), and decoded into :class:`Binding` objects only
-        when asked for: ``reclock verify`` at 2,048 partitions reclocks
-        every row and never looks at a frontier (decoding and comparing 100
-        of them took 1.2 s). Anything else is decoded and validated as
-        before, which names what is wrong."""
-        if upper is None and rows:  # as the constructor makes it: just after the last
-            upper = int(rows[-1][0]) + 1
-        fast = (_compile_encoded([t for t, _ in rows], [e for _, e in rows])
-                if is_partitioned(kind) and rows else None)
-        if fast is None or not _fast_valid(fast, int(since), upper):
-            return cls(kind, [Binding(IntoTime(t), Antichain.decode(kind, e)) for t, e in rows],
-                       since=since, upper=upper)
-        b: Bindings[Any] = cls(kind, [], since=since, upper=upper)
-        object.__setattr__(b, "_bs", None)
-        object.__setattr__(b, "_enc", [e for _, e in rows])
-        object.__setattr__(b, "_times", [int(t) for t, _ in rows])
-        b.__dict__["_compiled"] = fast
-        return b
+        """The snapshot of whole frontiers as :meth:`Antichain.encode` gave
+        them, ``(time, frontier)`` in time order."""
+        b = builder(kind)
+        for _t, enc in rows:
+            b.add_encoded(enc)
+        return cls.from_log(kind, [int(t) for t, _ in rows], b.log(), since=since, upper=upper)
 
     @property
     def bindings(self) -> tuple[Binding[T], ...]:
-        bs = self._bs
+        """Every binding, its frontier rebuilt whole (kept once asked for):
+        for a few bindings, or to show them; the driver and the jobs never
+        ask."""
+        bs = self.__dict__.get("_bs")
         if bs is None:
-            enc = self._enc
-            assert enc is not None
-            bs = tuple(Binding(IntoTime(t), Antichain.decode(self.kind, e))
-                       for t, e in zip(self._times, enc, strict=True))
-            object.__setattr__(self, "_bs", bs)
-            object.__setattr__(self, "_enc", None)
+            bs = tuple(Binding(IntoTime(t), f) for t, f in
+                       zip(self._times.tolist(), self._log.frontiers(), strict=True))
+            self.__dict__["_bs"] = bs
         return bs
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Bindings is immutable")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Ship the compiled arrays along when they exist, so that a broadcast
+        # Ship the compiled search along when it exists, so that a broadcast
         # snapshot is compiled once on the driver rather than in every task.
-        compiled = self.__dict__.get("_compiled")
-        return (
-            _rebuild_bindings,
-            (self.kind, self.bindings, int(self.since), self.upper, compiled),
-        )
+        return (_rebuild_bindings, (self.kind, int(self.since), self.upper, self._times,
+                                    self._log, self.__dict__.get("_compiled")))
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -168,11 +172,13 @@ class Bindings(Generic[T]):
             and self.kind == other.kind
             and self.since == other.since
             and self.upper == other.upper
-            and self.bindings == other.bindings
+            and np.array_equal(self._times, other._times)
+            and self._log.same(other._log)
         )
 
     def __hash__(self) -> int:
-        return hash((self.kind, self.since, self.upper, self.bindings))
+        return hash((self.kind, self.since, self.upper, len(self),
+                     int(self._times[-1]) if len(self) else None))
 
     def __len__(self) -> int:
         return len(self._times)
@@ -184,43 +190,52 @@ class Bindings(Generic[T]):
         )
 
     # -- derived snapshots ----------------------------------------------------
+    def _slice(self, lo: int, *, since: int | None = None, first: int | None = None
+               ) -> Bindings[T]:
+        """Bindings ``lo`` on (binding ``lo``'s frontier whole), with the
+        ``since`` given (else this one) and the first binding moved to
+        ``first``."""
+        times = self._times[lo:]
+        if first is not None and len(times):
+            times = times.copy()
+            times[0] = first
+        return Bindings._of(self.kind, int(self.since) if since is None else since, self.upper,
+                            times, self._log.sliced(lo), checked=len(times))
+
     def extended(self, new: Sequence[Binding[T]], new_upper: Antichain[IntoTime]) -> Bindings[T]:
-        """This snapshot plus bindings appended after it, with the new upper."""
-        return Bindings(
-            self.kind, self.bindings + tuple(new), since=int(self.since), upper=new_upper,
-            _checked=len(self.bindings),
-        )
+        """This snapshot plus bindings appended after it, with the new upper:
+        only the new ones are checked, each against the one before it."""
+        b = self._log.builder()
+        for x in new:
+            if not isinstance(x, Binding):
+                raise BindingError(f"not a Binding: {x!r}")
+            b.add(x.frontier)
+        times = np.concatenate([self._times, np.array([int(x.time) for x in new],
+                                                      dtype=np.int64)])
+        log = self._log.appended(b.log()) if new else self._log  # type: ignore[arg-type]
+        return Bindings._of(self.kind, int(self.since), new_upper, times, log,
+                            checked=len(self))
 
     def covering(self, lower: Antichain[T]) -> Bindings[T]:
         """The bindings a job reading from ``lower`` needs: every position
-        ``lower`` contains reclocks as it does here. Bindings whose frontier
-        ``lower`` has passed (a prefix: frontiers are monotone) are left out,
-        so a job ships what its range needs, not the whole retained history."""
-        bs = self.bindings
-        k = len(bs)
-        while k > 0 and not bs[k - 1].frontier.less_equal(lower):
-            k -= 1
-        if k == 0:
+        ``lower`` contains reclocks as it does here. Bindings that contain
+        every position ``lower`` contains (a prefix: frontiers are monotone)
+        are left out, so a job ships what its range needs, not the whole
+        retained history."""
+        if not len(self):
             return self
-        return Bindings(self.kind, bs[k:], since=int(self.since), upper=self.upper,
-                        _checked=len(bs) - k)
+        k = self._compiled.passed(self._log.lower_rows(lower))
+        return self if k == 0 else self._slice(k)
 
     def held_from(self, into_upper: int) -> Bindings[T]:
         """The bindings from the latest one before ``into_upper`` on: what
         :meth:`source_upper_at` of ``into_upper`` or later, and the reclocking
         of every position it gives, still read. Equal to :meth:`compacted`
         to that binding's time (nothing to consolidate: the older ones go)."""
-        i = bisect.bisect_left(self._times, into_upper) - 1
+        i = int(np.searchsorted(self._times, into_upper, side="left")) - 1
         if i <= 0:
             return self
-        if self._bs is None:  # still as stored: the rest need not be decoded
-            assert self._enc is not None
-            return Bindings.from_encoded(self.kind, list(zip(self._times[i:], self._enc[i:],
-                                                             strict=True)),
-                                         since=self._times[i], upper=self.upper)
-        bs = self.bindings
-        return Bindings(self.kind, bs[i:], since=self._times[i], upper=self.upper,
-                        _checked=len(bs) - i)
+        return self._slice(i, since=int(self._times[i]))
 
     def compacted(self, new_since: int) -> Bindings[T]:
         """History before ``new_since`` consolidated into one binding at ``new_since``.
@@ -233,9 +248,10 @@ class Bindings(Generic[T]):
         u = _upper_value(self.upper)
         if u is not None and new_since >= u:
             raise SinceViolation(f"since {new_since} must stay below the upper {u}")
-        return Bindings(
-            self.kind, compact_bindings(self.bindings, new_since), since=new_since, upper=self.upper
-        )
+        i = int(np.searchsorted(self._times, new_since, side="right"))
+        if i == 0:
+            return self._slice(0, since=new_since)
+        return self._slice(i - 1, since=new_since, first=new_since)
 
     # -- the frontier as of a time ---------------------------------------------
     @property
@@ -245,7 +261,19 @@ class Bindings(Generic[T]):
 
     @property
     def last(self) -> Binding[T] | None:
-        return self.bindings[-1] if self.bindings else None
+        if not len(self):
+            return None
+        last: Binding[T] | None = self.__dict__.get("_last")
+        if last is None:
+            last = Binding(IntoTime(int(self._times[-1])), self._frontier(len(self) - 1))
+            self.__dict__["_last"] = last
+        return last
+
+    def _frontier(self, i: int) -> Antichain[T]:
+        if i == len(self) - 1 and "_last" in self.__dict__:
+            return self.__dict__["_last"].frontier  # type: ignore[no-any-return]
+        bs = self.__dict__.get("_bs")
+        return bs[i].frontier if bs is not None else self._log.frontier(i)
 
     def frontier_at(self, into_time: int) -> Antichain[T] | None:
         """``R(into_time)``: the source frontier as of IntoTime ``into_time``.
@@ -260,26 +288,14 @@ class Bindings(Generic[T]):
         u = _upper_value(self.upper)
         if u is not None and into_time >= u:
             raise BindingError(f"IntoTime {into_time} is not below the remap upper {u} yet")
-        i = bisect.bisect_right(self._times, into_time)
-        return self.bindings[i - 1].frontier if i else None
+        i = int(np.searchsorted(self._times, into_time, side="right"))
+        return self._frontier(i - 1) if i else None
 
     # -- reclocking -------------------------------------------------------------
-    def _first_not_containing(self, time: T) -> int:
-        """Index of the least binding whose frontier does not contain ``time``."""
-        lo, hi = 0, len(self.bindings)
-        # Monotone bindings: "R(t_i) contains time" holds for a prefix of i.
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.bindings[mid].frontier.less_equal_time(time):
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
     def reclock(self, time: T) -> IntoTime | None:
         """The IntoTime of a record at FromTime ``time``, or ``None`` (not bound yet)."""
-        i = self._first_not_containing(time)
-        return self.bindings[i].time if i < len(self.bindings) else None
+        i = self._log.first_not_containing(time, self._compiled)
+        return IntoTime(int(self._times[i])) if i < len(self) else None
 
     def reclock_frontier(self, frontier: Antichain[T]) -> Antichain[IntoTime]:
         """The IntoTime frontier of a FromTime frontier, element by element.
@@ -288,15 +304,27 @@ class Bindings(Generic[T]):
         earlier than it). The empty frontier maps to the empty frontier.
         """
         # The bindings the frontier has passed contain each of its elements
-        # (monotone frontiers): the search starts after them. A commit's
-        # frontier is near the newest bindings, and at 2,048 partitions each
-        # element's search was a dozen containment checks.
-        b = self.covering(frontier) if len(self.bindings) > 4 else self
+        # (monotone frontiers): the search starts after them, and the points
+        # (all but one element of a Kafka frontier) are searched at once.
+        b = self.covering(frontier) if len(self) > 4 else self
+        elements: list[Any] = list(frontier)
+        part = is_partitioned(self.kind)
+        points = [e for e in elements if part and e.hi == e.lo]
+        rest = [e for e in elements if not (part and e.hi == e.lo)]
+        found: list[int] = []
+        if points:
+            c = b._compiled
+            found += c.first_above(np.array([e.lo for e in points], dtype=np.int64),
+                                   np.array([e.offset for e in points], dtype=np.int64)).tolist()
+            found = [i + len(self) - len(b) for i in found]
+        # (the others by DESIGN.md's order of elements, which the bindings
+        # left out may not have passed: searched in all, among the few
+        # elements that are not points)
+        found += [self._log.first_not_containing(e, self._compiled) for e in rest]
         out: list[IntoTime] = []
-        for f in frontier:
-            t = b.reclock(f)
-            if t is not None:
-                out.append(t)
+        for i in set(found):
+            if i < len(self):
+                out.append(IntoTime(int(self._times[i])))
             else:
                 out.extend(self.upper)
         return Antichain(out)
@@ -309,7 +337,7 @@ class Bindings(Generic[T]):
         into_upper``. Before any binding: the first binding's frontier. The
         empty IntoTime upper (everything durable) gives the last frontier.
         """
-        if not self.bindings:
+        if not len(self):
             raise BindingError("no bindings yet: mint the initial (as_of) binding first")
         u = _upper_value(into_upper) if isinstance(into_upper, Antichain) else into_upper
         if u is None:
@@ -318,20 +346,20 @@ class Bindings(Generic[T]):
                     "an empty IntoTime upper needs a closed remap collection "
                     f"(upper is {self.upper!r})"
                 )
-            return self.bindings[-1].frontier
+            return self._frontier(len(self) - 1)
         store_upper = _upper_value(self.upper)
         if store_upper is not None and u > store_upper:
             raise BindingError(
                 f"IntoTime upper {u} is beyond the remap upper {store_upper}: "
                 "an output cannot be ahead of its bindings"
             )
-        i = bisect.bisect_left(self._times, u)
-        return self.bindings[i - 1].frontier if i else self.bindings[0].frontier
+        i = int(np.searchsorted(self._times, u, side="left"))
+        return self._frontier(i - 1 if i else 0)
 
     # -- vectorized reclocking (data plane) ----------------------------------------
     @cached_property
-    def _compiled(self) -> _Compiled:
-        return _compile(self)
+    def _compiled(self) -> Compiled:
+        return self._log.compile(self._times)
 
     def reclock_values(self, values: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """Vectorized :meth:`reclock` for totally ordered times (LSNs, counters).
@@ -342,8 +370,7 @@ class Bindings(Generic[T]):
             raise TypeError(f"use reclock_offsets for partitioned ({self.kind}) times")
         c = self._compiled
         v = np.asarray(values, dtype=np.int64)
-        idx = np.searchsorted(c.bounds[0], v, side="right")
-        return c.times_ext[idx]
+        return c.times_of(c.first_above(np.zeros(v.shape, dtype=np.int64), v))
 
     def reclock_offsets(
         self, partitions: npt.ArrayLike, offsets: npt.ArrayLike
@@ -359,24 +386,7 @@ class Bindings(Generic[T]):
         o = np.asarray(offsets, dtype=np.int64)
         if p.shape != o.shape:
             raise ValueError(f"partitions {p.shape} and offsets {o.shape} differ in shape")
-        if p.size == 0 or c.nb == 0:
-            return np.full(p.shape, UNBOUND, dtype=np.int64)
-        pc = np.minimum(p, c.rest_row)
-        pmin, pmax = int(pc.min()), int(pc.max())
-        if pmin == pmax:
-            # One partition: the common case for a task reading one range.
-            idx = np.searchsorted(c.bounds[pmin], o, side="right")
-            return c.times_ext[idx]
-        if c.flat is not None:
-            keys = pc * c.stride + np.minimum(o, c.clip)
-            flat_idx: npt.NDArray[np.int64] = np.searchsorted(c.flat, keys, side="right")
-            res: npt.NDArray[np.int64] = c.times_ext[flat_idx - pc * c.nb]
-            return res
-        out = np.empty(p.shape, dtype=np.int64)
-        for part in np.unique(pc):
-            mask = pc == part
-            out[mask] = c.times_ext[np.searchsorted(c.bounds[part], o[mask], side="right")]
-        return out
+        return c.times_of(c.first_above(p, o))
 
     def reclock_positions(
         self, partitions: npt.ArrayLike, offsets: npt.ArrayLike
@@ -416,65 +426,37 @@ class Bindings(Generic[T]):
 
 
 def _rebuild_bindings(
-    kind: str,
-    bindings: tuple[Binding[Any], ...],
-    since: int,
-    upper: Antichain[IntoTime],
-    compiled: _Compiled | None = None,
+    kind: str, since: int, upper: Antichain[IntoTime], times: npt.NDArray[np.int64], log: Log,
+    compiled: Compiled | None = None,
 ) -> Bindings[Any]:
     # A snapshot validated where it was pickled (the driver): every task that
-    # unpickles the broadcast need not walk it again.
-    b: Bindings[Any] = Bindings(kind, bindings, since=since, upper=upper,
-                                _checked=len(bindings))
+    # unpickles the broadcast need not check it again.
+    b: Bindings[Any] = Bindings._of(kind, since, upper, times, log, checked=len(times))
     if compiled is not None:
         b.__dict__["_compiled"] = compiled
     return b
 
 
-def compact_bindings(bindings: Sequence[Binding[T]], new_since: int) -> tuple[Binding[T], ...]:
-    """Consolidate bindings before ``new_since``: the latest of them moves to
-    ``new_since``, older ones go; later ones stay as they are."""
-    times = [int(b.time) for b in bindings]
-    i = bisect.bisect_right(times, new_since)
-    if i == 0:
-        return tuple(bindings)
-    head = bindings[i - 1]
-    return (Binding(IntoTime(new_since), head.frontier), *bindings[i:])
-
-
-def _validate(
-    kind: str, bs: tuple[Binding[Any], ...], since: IntoTime, upper: Antichain[IntoTime],
-    checked: int = 0,
-) -> None:
-    """The bindings' invariants; the first ``checked`` are known to hold them
-    among themselves, so only the others are checked (each against the one
-    before it), and the upper against the last."""
-    ty = time_type(kind)
-    u = _upper_value(upper)
-    if u is not None and u < int(since):
-        raise BindingError(f"upper {u} is below since {int(since)}")
-    checked = max(0, min(checked, len(bs)))
-    if checked and u is not None and int(bs[checked - 1].time) >= u:
-        raise BindingError(f"binding {bs[checked - 1]!r} is not below the upper {u}")
-    prev: Binding[Any] | None = bs[checked - 1] if checked else None
-    for b in bs[checked:]:
-        if not isinstance(b, Binding):
-            raise BindingError(f"not a Binding: {b!r}")
-        for e in b.frontier:
-            if not isinstance(e, ty):
-                raise BindingError(f"binding {b!r}: element {e!r} is not a {kind} time")
-        if int(b.time) < int(since):
-            raise BindingError(f"binding {b!r} is below since {int(since)}")
-        if u is not None and int(b.time) >= u:
-            raise BindingError(f"binding {b!r} is not below the upper {u}")
-        if prev is not None:
-            if int(b.time) <= int(prev.time):
-                raise BindingError(
-                    f"binding times must increase: {int(prev.time)} then {int(b.time)}"
-                )
-            if not prev.frontier.less_equal(b.frontier):
-                raise BindingError(f"bindings must be monotone: {prev!r} is not <= {b!r}")
-        prev = b
+def _check_times(times: npt.NDArray[np.int64], since: int, upper: int | None,
+                 checked: int = 0) -> None:
+    """Binding times increasing within ``[since, upper)``; those before
+    ``checked`` are known to be (only the one before the rest is compared)."""
+    if upper is not None and upper < since:
+        raise BindingError(f"upper {upper} is below since {since}")
+    n = len(times)
+    if not n:
+        return
+    if upper is not None and int(times[-1]) >= upper:
+        raise BindingError(f"binding at {int(times[-1])} is not below the upper {upper}")
+    k = max(0, min(checked, n) - 1)
+    tail = times[k:]
+    if int(tail.min()) < since:
+        raise BindingError(f"binding at {int(tail.min())} is below since {since}")
+    steps = np.diff(tail)
+    if len(steps) and int(steps.min()) <= 0:
+        j = int(np.argmax(steps <= 0))
+        raise BindingError(
+            f"binding times must increase: {int(tail[j])} then {int(tail[j + 1])}")
 
 
 def check_appendable(
@@ -493,153 +475,6 @@ def check_appendable(
         if int(b.time) < old_u:
             raise BindingError(f"binding {b!r} is below the current upper {old_u}")
     existing.extended(new, new_upper)  # full validation
-
-
-@dataclass(frozen=True)
-class _Compiled:
-    """Bound arrays: ``bounds[p][i]`` is the least offset of partition ``p`` that
-    ``R(t_i)`` contains (``INT64_MAX`` when none); rows are non-decreasing."""
-
-    nb: int
-    bounds: npt.NDArray[np.int64]  # shape (rows, nb)
-    times_ext: npt.NDArray[np.int64]  # binding times, then UNBOUND
-    rest_row: int  # partitions >= rest_row all share this row
-    stride: int
-    clip: int
-    flat: npt.NDArray[np.int64] | None  # flattened keys for one global search
-
-
-def _compile(b: Bindings[Any]) -> _Compiled:
-    nb = len(b.bindings)
-    times_ext = np.empty(nb + 1, dtype=np.int64)
-    times_ext[:nb] = b._times
-    times_ext[nb] = UNBOUND
-    if not is_partitioned(b.kind):
-        bounds = np.full((1, nb), INT64_MAX, dtype=np.int64)
-        for i, bd in enumerate(b.bindings):
-            e = bd.frontier.as_option()
-            if e is not None:
-                bounds[0, i] = int(e)
-        return _Compiled(nb, bounds, times_ext, 0, 0, 0, None)
-    # points (one per partition of a Kafka frontier) in one numpy call; the
-    # few other elements (every partition above, intervals) span rows
-    parts: list[int] = []
-    rows: list[int] = []
-    offsets: list[int] = []
-    spans: list[tuple[int, int | None, int, int]] = []  # lo, hi, binding, offset
-    for i, bd in enumerate(b.bindings):
-        for e in bd.frontier:
-            if e.hi == e.lo:
-                parts.append(e.lo)
-                rows.append(i)
-                offsets.append(e.offset)
-            else:
-                spans.append((e.lo, e.hi, i, e.offset))
-    return _compile_partitioned(times_ext, parts, rows, offsets, spans)
-
-
-def _compile_encoded(times: list[int], encoded: Sequence[Any]) -> _Compiled | None:
-    """:func:`_compile` of partitioned frontiers as stored (lists of ``[lo,
-    hi, offset]``), without making their elements; ``None`` unless every
-    element is a valid point (``hi == lo``) or "every partition from
-    ``lo``" (``hi`` null) with non-negative integers. The checks and the
-    columns are C loops (``map``, ``zip``, numpy): 2,049 elements a binding
-    at 2,048 partitions."""
-    nb = len(encoded)
-    times_ext = np.empty(nb + 1, dtype=np.int64)
-    times_ext[:nb] = times
-    times_ext[nb] = UNBOUND
-    parts: list[Any] = []
-    rows: list[Any] = []
-    offsets: list[Any] = []
-    spans: list[tuple[int, int | None, int, int]] = []
-    none = type(None)
-    for i, enc in enumerate(encoded):
-        if type(enc) is not list:
-            return None
-        if not enc:
-            continue
-        if set(map(type, enc)) != {list} or set(map(len, enc)) != {3}:
-            return None
-        los, his, offs = zip(*enc, strict=True)
-        if set(map(type, los)) != {int} or set(map(type, offs)) != {int} \
-                or not set(map(type, his)) <= {int, none}:
-            return None  # (a bool, float or text anywhere)
-        lo = np.array(los, dtype=np.int64)
-        off = np.array(offs, dtype=np.int64)
-        if lo.min() < 0 or off.min() < 0:
-            return None
-        if his.count(None):
-            unbounded = np.fromiter((h is None for h in his), dtype=bool, count=len(his))
-            point = ~unbounded
-            hi = np.array([h for h in his if h is not None], dtype=np.int64)
-            spans += [(int(a), None, i, int(b))
-                      for a, b in zip(lo[unbounded], off[unbounded], strict=True)]
-            lo, off = lo[point], off[point]
-        else:
-            hi = np.array(his, dtype=np.int64)
-        if not np.array_equal(hi, lo):  # an interval of partitions: the general path
-            return None
-        parts.append(lo)
-        rows.append(np.full(len(lo), i, dtype=np.int64))
-        offsets.append(off)
-    # The order of frontiers is that of their elements (DESIGN.md): a later
-    # frontier's "every partition from lo" element needs an earlier one at
-    # or below it; an earlier point is not enough, although it may hold the
-    # same positions. (The points are checked by the bounds, in _fast_valid.)
-    above: dict[int, list[tuple[int, int]]] = {}
-    for lo_, _hi, i, off_ in spans:
-        above.setdefault(i, []).append((lo_, off_))
-    for i, mine in above.items():
-        if i > 0 and not all(any(a <= lo_ and b <= off_ for a, b in above.get(i - 1, ()))
-                             for lo_, off_ in mine):
-            return None
-    return _compile_partitioned(times_ext, parts, rows, offsets, spans)
-
-
-def _fast_valid(c: _Compiled, since: int, upper: Antichain[IntoTime] | int | None) -> bool:
-    """:func:`_validate` on compiled bindings: times increasing within
-    ``[since, upper)``, and each frontier at or beyond the one before it:
-    no partition's least contained offset ever moves back (with the
-    unbounded elements' check in :func:`_compile_encoded`, that is the
-    order of frontiers)."""
-    times = c.times_ext[:c.nb]
-    u = upper if upper is None or isinstance(upper, int) else _upper_value(upper)
-    if times[0] < since or (u is not None and (times[-1] >= u or u < since)):
-        return False
-    return bool(np.all(np.diff(times) > 0) and np.all(c.bounds[:, 1:] >= c.bounds[:, :-1]))
-
-
-def _ints(xs: list[Any]) -> npt.NDArray[np.int64]:
-    """One int64 array of ints, or of int64 arrays."""
-    if xs and isinstance(xs[0], np.ndarray):
-        return np.concatenate(xs)
-    return np.array(xs, dtype=np.int64)
-
-
-def _compile_partitioned(
-    times_ext: npt.NDArray[np.int64], parts: list[Any], rows: list[Any], offsets: list[Any],
-    spans: list[tuple[int, int | None, int, int]],
-) -> _Compiled:
-    nb = len(times_ext) - 1
-    p_a = _ints(parts)
-    top = max(int(p_a.max()) if p_a.size else 0,
-              max((max(lo, hi or 0) for lo, hi, _i, _o in spans), default=0))
-    rest = top + 1
-    bounds = np.full((rest + 1, nb), INT64_MAX, dtype=np.int64)
-    if p_a.size:
-        np.minimum.at(bounds, (p_a, _ints(rows)), _ints(offsets))
-    for lo, hi, i, off in spans:
-        seg = bounds[lo : (rest if hi is None else hi) + 1, i]
-        np.minimum(seg, off, out=seg)
-    finite = bounds[bounds != INT64_MAX]
-    clip = int(finite.max()) + 1 if finite.size else 0
-    stride = clip + 2
-    flat: npt.NDArray[np.int64] | None = None
-    if nb and (rest + 1) * stride < (1 << 62) and (rest + 1) * nb <= 50_000_000:
-        capped = np.minimum(bounds, clip + 1)
-        flat = (capped + (np.arange(rest + 1, dtype=np.int64) * stride)[:, None]).reshape(-1)
-    return _Compiled(nb, bounds, times_ext, rest, stride, clip, flat)
 
 
 def beyond(kind: str, frontier: Antichain[Any], partitions: npt.ArrayLike,

@@ -158,7 +158,7 @@ class RemapOperator(Generic[T]):
         if b.is_closed:
             return b
         t = self.binding_time()
-        if not b.bindings:
+        if not len(b):
             as_of = t if self.as_of is None else self.as_of
             upper = int(b.upper.elements[0])
             as_of = max(as_of, upper)
@@ -174,7 +174,7 @@ class RemapOperator(Generic[T]):
         if t < upper:
             return b  # already decided up to here; never mint ahead of the clock
         probed = probe() if callable(probe) else probe
-        last = b.bindings[-1].frontier if b.bindings else self.initial_frontier
+        last = b.last.frontier if b.last is not None else self.initial_frontier
         if not last.less_equal(probed):
             raise FrontierRegression(
                 f"source {self.shard!r}: probed frontier {probed!r} is behind the last "

@@ -501,9 +501,9 @@ class SourceRunner:
                 keys[out.name] = "rebuilt"
         b = self.operator.bindings  # just read back by the operator
         initial = self.source.initial_frontier()
-        if b.bindings:
+        if b.last is not None:
             self.resume = b.source_upper_at(self._resume_into())
-            bound = b.bindings[-1].frontier
+            bound = b.last.frontier
         else:
             self.resume = initial
             bound = initial
@@ -618,7 +618,7 @@ class SourceRunner:
         b = self.operator.mint(probe)  # 1. mint (read back from the store)
         self._upstream_gone()
         if b.upper != before.upper or len(b) != len(before):
-            last = b.bindings[-1] if b.bindings else None
+            last = b.last
             self.events.log(
                 self.name, "binding", upper=_upper_value(b.upper),
                 time=int(last.time) if last else None,
@@ -626,9 +626,9 @@ class SourceRunner:
                 mint_ms=round((time.monotonic() - minting) * 1000),  # its probe included
             )
         faults.crash_point("after_mint")
-        if not b.bindings:
+        if b.last is None:
             return False
-        bound = b.bindings[-1].frontier
+        bound = b.last.frontier
         deadline = time.monotonic() + self.settings.job_time_budget_s
         # 2.+3. read what is bound, in bounded jobs, and commit each in order;
         # up to jobs_in_flight jobs read at once (the next ones read while one
@@ -1077,7 +1077,7 @@ class SourceRunner:
         store keeps ``remap_retention`` of history for ``reclock verify``)."""
         assert self.operator is not None
         u = _min_upper([o.state for o in self.outputs])
-        if u is None or not b.bindings:
+        if u is None or not len(b):
             return
         self.operator.hold_from(u)
         if self.ticks % self.settings.compact_every_ticks:
@@ -1130,8 +1130,8 @@ class SourceRunner:
             "kind": self.source.kind,
             "health": self.health.as_dict(),
             "probe": enc("probe", self.last_probe),
-            "bound": (None if b is None or not b.bindings
-                      else enc("bound", b.bindings[-1].frontier)),
+            "bound": (None if b is None or b.last is None
+                      else enc("bound", b.last.frontier)),
             "remap_upper": None if b is None else _upper_value(b.upper),
             "bindings": 0 if self.operator is None else self.operator.retained,
             "read_from": enc("read_from", self.read_from),
