@@ -456,13 +456,13 @@ def retained_512(env: Env) -> list[Row]:
             rss[label] = _rss_mib() - rss0
             op = runners[0].operator
         log(f"512 partitions, {label}: median tick {_ms(med[label], window)}, driver RSS "
-            f"+{rss[label]:.0f} MiB, the driver holds {len(op.bindings):,} of "
+            f"{rss[label]:+.0f} MiB, the driver holds {len(op.bindings):,} of "
             f"{op.retained:,} retained bindings")
     ratio = med["seeded"] / med["fresh"]
     scope = "24 h" if count >= 86_400 else f"{count:,} bindings ({count / 3600:.1f} h)"
     return [(f"{scope}, 512 partitions: tick time", f"{_ms(med['seeded'], window)} vs "
              f"{_ms(med['fresh'], window)} fresh ({ratio:.2f}x); driver RSS "
-             f"+{rss['seeded']:.0f} MiB vs +{rss['fresh']:.0f}", "<= 1.2x",
+             f"{rss['seeded']:+.0f} MiB vs {rss['fresh']:+.0f}", "<= 1.2x",
              verdict(ratio <= 1.2 and count >= 86_400))]
 
 
