@@ -125,3 +125,47 @@ def test_spark_workers_and_users_settings_keep_their_allocator_options() -> None
     user, left = _mimalloc_options({"MIMALLOC_PURGE_DELAY": "250"})
     assert user["purge_delay"] == "250" and user["arena_eager_commit"] == "0", user
     assert left == ["MIMALLOC_PURGE_DELAY", "MIMALLOC_VERBOSE"]  # the user's stays
+
+
+_MMAPPED = """
+import ctypes, json
+import reclock  # noqa: F401
+class M(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                               "usmblks", "fsmblks", "uordblks", "fordblks",
+                                               "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = M
+big = ctypes.create_string_buffer(8 << 20)  # freed: glibc's own threshold rises past 1 MiB
+del big
+before = libc.mallinfo2().hblks
+kept = ctypes.create_string_buffer(1 << 20)
+print(json.dumps(libc.mallinfo2().hblks - before))
+"""
+
+
+def _mmapped_after_a_big_free(env: dict[str, str]) -> int:
+    """Whether a 1 MiB block gets its own mapping after an 8 MiB one was freed."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("PYTHON_WORKER_FACTORY_SECRET", "RECLOCK_MALLOC", "MALLOC_ARENA_MAX",
+                         "MALLOC_MMAP_THRESHOLD_")}
+    full.update(env)
+    r = subprocess.run([sys.executable, "-c", _MMAPPED], env=full, capture_output=True,
+                       text=True, timeout=120, check=True)
+    return int(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def test_the_driver_keeps_large_blocks_out_of_mallocs_arenas() -> None:
+    """The driver fixes glibc's mmap threshold (``reclock/_allocator.py``):
+    a large block is mapped on its own and handed back whole when freed,
+    also after a larger one was freed (which raises glibc's own threshold).
+    Spark's workers, an opt-out and the user's own setting keep glibc's."""
+    assert _mmapped_after_a_big_free({}) == 1
+    assert _mmapped_after_a_big_free({"PYTHON_WORKER_FACTORY_SECRET": "x"}) == 0
+    assert _mmapped_after_a_big_free({"RECLOCK_MALLOC": "default"}) == 0
+    assert _mmapped_after_a_big_free({"MALLOC_MMAP_THRESHOLD_": str(64 << 20)}) == 0
