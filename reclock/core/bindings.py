@@ -19,8 +19,12 @@ guessed. For one Kafka partition with ``1000 -> {offset 4}``,
 Reclocking is a pure function of (record time, bindings): executors get a
 snapshot (broadcast), never the store. The vectorized forms
 (:meth:`Bindings.reclock_offsets`, :meth:`Bindings.reclock_values`,
-:meth:`Bindings.reclock_arrow`) compile the snapshot once into per-partition
-bound arrays and answer with one binary search per record.
+:meth:`Bindings.reclock_arrow`) compile the snapshot once into each
+partition's moves (the bindings at which its least contained offset rises)
+and answer with one binary search per record. The frontiers themselves are
+held as what changed from one binding to the next
+(:mod:`reclock.core.frontier_log`): a day of bindings of a 512-partition
+topic is the partitions that moved, not 512 elements a binding.
 
 **Resumption.** :meth:`Bindings.source_upper_at` turns an IntoTime upper (all
 data at times ``< u`` is durable) into the FromTime frontier to resume from:

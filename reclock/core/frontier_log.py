@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from reclock.core.errors import BindingError, InvalidTimeError
+from reclock.core.errors import BindingError
 from reclock.core.frontier import Antichain
-from reclock.core.time import Partitioned, is_partitioned, time_type
+from reclock.core.time import is_partitioned, time_type
 
 INT64_MAX = np.iinfo(np.int64).max
 #: Sentinel in vectorized results: the record is not bound yet (it waits).
@@ -617,5 +617,5 @@ def builder(kind: str) -> Builder:
     return PartBuilder(kind) if is_partitioned(kind) else TotalBuilder(kind)
 
 
-__all__ = ["INT64_MAX", "UNBOUND", "Builder", "Compiled", "InvalidTimeError", "Log",
-           "PartBuilder", "PartLog", "Partitioned", "TotalBuilder", "TotalLog", "builder"]
+__all__ = ["INT64_MAX", "UNBOUND", "Builder", "Compiled", "Log", "PartBuilder", "PartLog",
+           "TotalBuilder", "TotalLog", "builder"]
