@@ -711,9 +711,8 @@ class SqlRemapStore:
             at = bindings_table.c.into_time <= new_since
             head = self._rows(conn, shard, self._whole_at_or_before(conn, shard, new_since),
                               upto=new_since)
-            gone = int(conn.execute(sa.select(sa.func.count()).select_from(bindings_table)
-                                    .where(bindings_table.c.shard == shard, at)).scalar() or 0)
-            conn.execute(sa.delete(bindings_table).where(bindings_table.c.shard == shard, at))
+            gone = conn.execute(
+                sa.delete(bindings_table).where(bindings_table.c.shard == shard, at)).rowcount
             if not head:
                 return gone
             chain = delta.Chain()

@@ -307,24 +307,19 @@ class Bindings(Generic[T]):
         Times not bound yet map to the remap upper (future bindings come no
         earlier than it). The empty frontier maps to the empty frontier.
         """
-        # The bindings the frontier has passed contain each of its elements
-        # (monotone frontiers): the search starts after them, and the points
-        # (all but one element of a Kafka frontier) are searched at once.
-        b = self.covering(frontier) if len(self) > 4 else self
+        # The points (all but one element of a Kafka frontier) are searched
+        # at once; the others by DESIGN.md's order of elements, among the
+        # few elements that are not points.
         elements: list[Any] = list(frontier)
         part = is_partitioned(self.kind)
         points = [e for e in elements if part and e.hi == e.lo]
         rest = [e for e in elements if not (part and e.hi == e.lo)]
+        c = self._compiled
         found: list[int] = []
         if points:
-            c = b._compiled
             found += c.first_above(np.array([e.lo for e in points], dtype=np.int64),
                                    np.array([e.offset for e in points], dtype=np.int64)).tolist()
-            found = [i + len(self) - len(b) for i in found]
-        # (the others by DESIGN.md's order of elements, which the bindings
-        # left out may not have passed: searched in all, among the few
-        # elements that are not points)
-        found += [self._log.first_not_containing(e, self._compiled) for e in rest]
+        found += [self._log.first_not_containing(e, c) for e in rest]
         out: list[IntoTime] = []
         for i in set(found):
             if i < len(self):

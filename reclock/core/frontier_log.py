@@ -76,9 +76,9 @@ class Compiled:
     clip: int
     flat: I64 | None
 
-    def _keys(self, rows: I64, offsets: I64) -> I64:
-        assert self.flat is not None
-        return rows * self.stride + np.minimum(offsets, self.clip)
+    def _at(self, k: I64, end: I64 | int) -> I64:
+        """The bindings of moves ``k``, ``nb`` where ``k`` is past its row's ``end``."""
+        return np.where(k < end, self.at[np.minimum(k, len(self.at) - 1)], self.nb)
 
     def first_above(self, rows: I64, offsets: I64) -> I64:
         """Per ``(row, offset)``: the first binding whose bound is above the
@@ -89,18 +89,16 @@ class Compiled:
         lo, hi = int(rows.min()), int(rows.max())
         if lo == hi:  # one partition: the common case of a task's range
             s, e = int(self.start[lo]), int(self.end[lo])
-            k = np.searchsorted(self.bound[s:e], offsets, side="right") + s
-            return np.where(k < e, self.at[np.minimum(k, len(self.at) - 1)], self.nb)
+            return self._at(np.searchsorted(self.bound[s:e], offsets, side="right") + s, e)
         if self.flat is not None:
-            g = np.searchsorted(self.flat, self._keys(rows, offsets), side="right")
-            ok = g < self.end[rows]
-            return np.where(ok, self.at[np.minimum(g, len(self.at) - 1)], self.nb)
+            keys = rows * self.stride + np.minimum(offsets, self.clip)
+            return self._at(np.searchsorted(self.flat, keys, side="right"), self.end[rows])
         out = np.empty(rows.shape, dtype=np.int64)
         for r in np.unique(rows):
             mask = rows == r
             s, e = int(self.start[r]), int(self.end[r])
-            k = np.searchsorted(self.bound[s:e], offsets[mask], side="right") + s
-            out[mask] = np.where(k < e, self.at[np.minimum(k, len(self.at) - 1)], self.nb)
+            out[mask] = self._at(np.searchsorted(self.bound[s:e], offsets[mask], side="right")
+                                 + s, e)
         return out
 
     def times_of(self, index: I64) -> I64:
@@ -164,8 +162,8 @@ class TotalLog:
     def frontiers(self) -> list[Antichain[Any]]:
         return [self.frontier(i) for i in range(self.n)]
 
-    def sliced(self, lo: int, hi: int | None = None) -> TotalLog:
-        return TotalLog(self.kind, self.values[lo:hi])
+    def sliced(self, lo: int) -> TotalLog:
+        return TotalLog(self.kind, self.values[lo:])
 
     def appended(self, other: TotalLog) -> TotalLog:
         return TotalLog(self.kind, np.concatenate([self.values, other.values]))
@@ -331,34 +329,24 @@ class PartLog:
         return out
 
     # -- derived logs -----------------------------------------------------------------
-    def sliced(self, lo: int, hi: int | None = None) -> PartLog:
-        """Bindings ``[lo, hi)``, renumbered from 0: binding ``lo``'s
-        frontier is the first, whole."""
-        hi = self.n if hi is None else min(hi, self.n)
-        if lo == 0 and hi == self.n:
+    def sliced(self, lo: int) -> PartLog:
+        """Bindings ``lo`` on, renumbered from 0: binding ``lo``'s frontier
+        is the first, whole."""
+        if lo == 0:
             return self
-        if hi <= lo:
+        if lo >= self.n:
             return PartLog(self.kind, 0, *(_ints([]),) * 4, (), ())
-        a = int(np.searchsorted(self.idx, lo, side="right"))
-        b = int(np.searchsorted(self.idx, hi - 1, side="right"))
-        first = self.points_at(lo) if lo else None
-        if first is None:  # from the start: binding 0's changes are its points already
-            head_p, head_o = self.part[:a], self.off[:a]
-            keep = head_o >= 0
-            head_p, head_o = head_p[keep], head_o[keep]
-        else:
-            ps = sorted(first)
-            head_p, head_o = _ints(ps), _ints([first[p] for p in ps])
-        k = len(head_p)
-        idx = np.concatenate([np.zeros(k, dtype=np.int64), self.idx[a:b] - lo])
-        part = np.concatenate([head_p, self.part[a:b]])
-        off = np.concatenate([head_o, self.off[a:b]])
-        prev = np.concatenate([np.full(k, -1, dtype=np.int64), self.prev[a:b]])
+        a = int(np.searchsorted(self.idx, lo, side="right"))  # the changes after lo
+        first = self.points_at(lo)
+        ps = sorted(first)
+        k = len(ps)
+        idx = np.concatenate([np.zeros(k, dtype=np.int64), self.idx[a:] - lo])
+        part = np.concatenate([_ints(ps), self.part[a:]])
+        off = np.concatenate([_ints([first[p] for p in ps]), self.off[a:]])
+        prev = np.concatenate([np.full(k, -1, dtype=np.int64), self.prev[a:]])
         s0 = int(np.searchsorted(_ints(self.span_at), lo, side="right")) - 1
-        s1 = int(np.searchsorted(_ints(self.span_at), hi - 1, side="right"))
-        span_at = (0, *(t - lo for t in self.span_at[s0 + 1:s1]))
-        spans = self.spans[s0:s1] if s0 >= 0 else (frozenset(), *self.spans[:s1])
-        return PartLog(self.kind, hi - lo, idx, part, off, prev, span_at, spans)
+        span_at = (0, *(t - lo for t in self.span_at[s0 + 1:]))
+        return PartLog(self.kind, self.n - lo, idx, part, off, prev, span_at, self.spans[s0:])
 
     def appended(self, other: PartLog) -> PartLog:
         """This log, then ``other`` (built by :meth:`builder`: its changes
@@ -383,7 +371,6 @@ class PartLog:
             b.spans = self.spans_at(self.n - 1)
             b.n = self.n
             b.span_at, b.span_sets = [], []
-            b.started = True
         return b
 
     # -- reclocking --------------------------------------------------------------------
@@ -482,8 +469,7 @@ class PartBuilder:
         self.ty = time_type(kind)
         self.points: dict[int, int] = {}
         self.spans: frozenset[Elem] = frozenset()
-        self.n = 0
-        self.started = False  # a frontier before the next exists
+        self.n = 0  # frontiers taken (numbering the next; a builder may continue a log)
         self.idx: list[int] = []
         self.part: list[int] = []
         self.off: list[int] = []
@@ -554,7 +540,7 @@ class PartBuilder:
     def _record(self, changes: dict[int, int], spans: frozenset[Elem], shown: Any,
                 check: bool) -> None:
         old, old_spans, i = self.points, self.spans, self.n
-        if check and self.started:
+        if check and self.n:
             for p, o in changes.items():
                 if o < 0:
                     continue
@@ -589,7 +575,6 @@ class PartBuilder:
                 self.span_sets.append(spans)
             self.spans = spans
         self.n += 1
-        self.started = True
 
     def log(self) -> PartLog:
         return PartLog(self.kind, self.n, _ints(self.idx), _ints(self.part), _ints(self.off),
