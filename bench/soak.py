@@ -23,7 +23,9 @@ keyed output's key state); ``glibc`` / ``mimal`` / ``other`` /
 descriptors; ``jvm`` the Spark driver JVM's RSS and ``wrk`` the Python
 workers' total RSS (MiB); ``tick50`` / ``tickmx`` the median and largest
 source tick in the window (ms); ``objs`` gc-tracked objects; ``rows``
-records read so far.
+records read so far; ``pya`` Python's object arenas (1 MiB each), ``pyblk``
+its live blocks, ``pyfree`` free blocks in its pools in use, ``pypool`` its
+empty pools (MiB, from ``sys._debugmallocstats``).
 """
 
 from __future__ import annotations
@@ -264,6 +266,48 @@ class MmapOwners:
         return dict(out)
 
 
+_PYMALLOC_KEYS = {
+    "# arenas allocated current": "pya",
+    "# bytes in allocated blocks": "pyblk",
+    "# bytes in available blocks": "pyfree",
+}
+
+
+def pymalloc_stats() -> dict[str, float]:
+    """Python's small-object allocator, from ``sys._debugmallocstats`` (which
+    writes to the C stderr; it is pointed at a file for the call): ``pya``
+    the object arenas held (MiB, 1 MiB each on 3.10+), ``pyblk`` the bytes
+    in live blocks, ``pyfree`` free blocks inside pools in use, ``pypools``
+    pools empty but kept in an arena. Arenas growing while live blocks stay
+    flat is fragmentation, not a leak."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as f:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(f.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        text = f.read()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        head, _, val = line.partition("=")
+        head = head.strip()
+        num = val.strip().replace(",", "")
+        if not num.isdigit():
+            continue
+        if head in _PYMALLOC_KEYS:
+            key = _PYMALLOC_KEYS[head]
+            out[key] = int(num) if key == "pya" else int(num) / MIB
+        elif head.endswith("unused pools * 16384 bytes") or "unused pools *" in head:
+            out["pypools"] = int(num) / MIB
+    return out
+
+
 def release_native() -> None:
     """Hand back what the allocators hold free: Arrow's pool (mimalloc) and
     glibc's malloc (``malloc_trim``). delta-rs's jemalloc has no handle here."""
@@ -347,6 +391,7 @@ def sample(t0: float, ticks: Ticks, runners: list[Any], traced: bool,
     s["ticks"] = len(w)
     s["rows"] = sum(r.records for r in runners)
     s["objs"] = len(gc.get_objects())
+    s.update(pymalloc_stats())
     if owners is not None:
         s["owners"] = owners.resident()
     return s
@@ -361,7 +406,9 @@ COLS = [("min", "min", "{:6.1f}"), ("rss", "rss", "{:6.0f}"), ("anon", "anon", "
         ("thr", "thr", "{:4d}"), ("tokio", "tokio", "{:5d}"),
         ("fds", "fds", "{:4d}"), ("jvm", "jvm", "{:6.0f}"), ("wrk", "wrk", "{:6.0f}"),
         ("tick50", "tick50", "{:6.0f}"), ("tickmax", "tickmx", "{:6.0f}"),
-        ("objs", "objs", "{:7d}"), ("rows", "rows", "{:10,d}")]
+        ("objs", "objs", "{:7d}"), ("pya", "pya", "{:4d}"), ("pyblk", "pyblk", "{:6.1f}"),
+        ("pyfree", "pyfree", "{:6.1f}"), ("pypools", "pypool", "{:6.1f}"),
+        ("rows", "rows", "{:10,d}")]
 
 
 def row(s: dict[str, Any]) -> str:
@@ -696,7 +743,9 @@ def summary(samples: list[dict[str, Any]], warmup: float) -> None:
                        ("thr", "threads"), ("tokio", "tokio threads"), ("fds", "fds"),
                        ("jvm", "JVM RSS MiB"), ("wrk", "workers RSS MiB"),
                        ("tick50", "tick median ms"), ("tickmax", "tick max ms"),
-                       ("objs", "gc objects")):
+                       ("objs", "gc objects"), ("pya", "pymalloc arenas"),
+                       ("pyblk", "pymalloc live MiB"), ("pyfree", "pymalloc free blk MiB"),
+                       ("pypools", "pymalloc free pools")):
         if first.get(key) is None or last.get(key) is None:
             continue
         ys = [float(s[key]) for s in after]
