@@ -144,13 +144,42 @@ def thread_names() -> dict[str, int]:
     return dict(names)
 
 
-def native_breakdown() -> dict[str, float]:
+class _PthreadAttr(ctypes.Structure):
+    _fields_ = [("opaque", ctypes.c_char * 64)]  # pthread_attr_t: 56 bytes on x86-64
+
+
+def python_thread_stacks() -> list[tuple[int, int, str]]:
+    """(low, high, name) of each live Python thread's stack, from glibc's
+    ``pthread_getattr_np`` (a Thread's ``ident`` is its ``pthread_t``)."""
+    out: list[tuple[int, int, str]] = []
+    if LIBC is None:
+        return out
+    for t in threading.enumerate():
+        if t.ident is None or not t.is_alive():
+            continue
+        attr = _PthreadAttr()
+        if LIBC.pthread_getattr_np(ctypes.c_ulong(t.ident), ctypes.byref(attr)) != 0:
+            continue
+        addr, size = ctypes.c_void_p(), ctypes.c_size_t()
+        if LIBC.pthread_attr_getstack(ctypes.byref(attr), ctypes.byref(addr),
+                                      ctypes.byref(size)) == 0 and addr.value:
+            name = re.sub(r"[-_ ]?\d+.*$", "", t.name) or t.name
+            out.append((addr.value, addr.value + size.value, name))
+        LIBC.pthread_attr_destroy(ctypes.byref(attr))
+    return out
+
+
+def native_breakdown() -> dict[str, Any]:
     """The process's anonymous memory (MiB) by who most likely mapped it, from
     /proc/self/smaps: ``glibc`` the main heap and the 64 MiB-aligned thread
     arenas; ``mimalloc`` Arrow's pool (its 1 GiB arenas); ``stacks`` thread
     stacks (2 and 8 MiB mappings); ``other`` the rest (delta-rs's jemalloc,
-    the interpreter's own mmaps, ...)."""
-    out = dict.fromkeys(("glibc", "mimalloc", "stacks", "other"), 0.0)
+    the interpreter's own mmaps, ...). ``stack_by``: the stacks' resident
+    MiB by Python thread name (``main``; ``native`` for threads Python did
+    not start: Arrow's, delta-rs's, SQLite's)."""
+    out: dict[str, Any] = dict.fromkeys(("glibc", "mimalloc", "stacks", "other"), 0.0)
+    ranges = python_thread_stacks()
+    by: dict[str, float] = defaultdict(float)
     start = size = 0
     name = ""
     try:
@@ -173,11 +202,15 @@ def native_breakdown() -> dict[str, float]:
                         k = "mimalloc"
                     elif name == "[stack]" or (not name and size in (2048, 8192)):
                         k = "stacks"
+                        who = "main" if name == "[stack]" else next(
+                            (n for lo, hi, n in ranges if lo <= start < hi), "native")
+                        by[who] += kb / 1024
                     else:
                         k = "other"
                     out[k] += kb / 1024
     except OSError:
         pass
+    out["stack_by"] = {k: round(v, 2) for k, v in sorted(by.items())}
     return out
 
 
@@ -440,7 +473,8 @@ def slope_per_hour(xs: list[float], ys: list[float]) -> float:
 
 
 def config_text(state: Path, rate: int, orders_rate: int, interval: str, master: str,
-                release_memory: bool = True, key_cache: str | None = None) -> str:
+                release_memory: bool = True, key_cache: str | None = None,
+                vacuum_every: str | None = None) -> str:
     src = [
         "  - name: counter",
         f"    generator: {{kind: counter, rate: {rate}, value_format: json, bad_every: 1000}}",
@@ -465,7 +499,8 @@ def config_text(state: Path, rate: int, orders_rate: int, interval: str, master:
         f"timestamp_interval: {interval}",
         "http: {host: 127.0.0.1, port: 0}",
         f"housekeeping: {{release_memory: {json.dumps(release_memory)}"
-        + (f", key_state_cache: {json.dumps(key_cache)}" if key_cache else "") + "}",
+        + (f", key_state_cache: {json.dumps(key_cache)}" if key_cache else "")
+        + (f", vacuum_every: {vacuum_every}" if vacuum_every else "") + "}",
         "spark:",
         f"  master: {json.dumps(master)}",
         "  conf: {spark.sql.shuffle.partitions: '2'}",
@@ -502,6 +537,9 @@ def main() -> int:
     ap.add_argument("--key-cache", metavar="SIZE",
                     help="housekeeping key_state_cache (the keyed outputs' SQLite page "
                          "cache, all together; default: the pipeline's default)")
+    ap.add_argument("--vacuum-every", metavar="DURATION",
+                    help="housekeeping vacuum_every (default 1m; every 60th pass reads "
+                         "the whole table in a child: 5s brings the hour's one forward)")
     ap.add_argument("--arrow-pool", choices=["mimalloc", "jemalloc", "system"],
                     help="Arrow's default memory pool (ARROW_DEFAULT_MEMORY_POOL; default: "
                          "Arrow's own choice, mimalloc on Linux wheels)")
@@ -547,7 +585,7 @@ def main() -> int:
         state = args.state
     text = config_text(state, args.rate, args.orders_rate, args.interval, args.master,
                        release_memory=not args.no_release_memory,
-                       key_cache=args.key_cache)
+                       key_cache=args.key_cache, vacuum_every=args.vacuum_every)
     cfg = parse_config(text, "soak.yaml", base_dir=state.parent)
     ticks = Ticks()
     ticks.install()
@@ -599,6 +637,8 @@ def main() -> int:
                 print("  by mapper (MiB): " + ", ".join(
                     f"{k} {v:.1f}" for k, v in sorted(s["owners"].items(), key=lambda kv: -kv[1])
                     if abs(v) >= 0.05), flush=True)
+            print("  stacks by thread (MiB): " + ", ".join(
+                f"{k} {v:.2f}" for k, v in s["stack_by"].items()), flush=True)
             if jf is not None:
                 jf.write(json.dumps(s) + "\n")
                 jf.flush()
@@ -757,7 +797,16 @@ def summary(samples: list[dict[str, Any]], warmup: float) -> None:
 
 
 def owners_summary(samples: list[dict[str, Any]], warmup: float) -> None:
-    """Start against end of the resident memory by mapper (``--mmap-trace``)."""
+    """Start against end of the thread stacks' resident memory by thread, and
+    of the resident memory by mapper (``--mmap-trace``)."""
+    stacked = [s for s in samples if s["min"] >= warmup and "stack_by" in s]
+    if len(stacked) >= 2:
+        a0, b0 = stacked[0]["stack_by"], stacked[-1]["stack_by"]
+        print("\nthread stacks resident, by thread (MiB)")
+        print(f"{'':>30} {'start':>9} {'end':>9} {'change':>9}")
+        for name in sorted(set(a0) | set(b0)):
+            a, b = a0.get(name, 0.0), b0.get(name, 0.0)
+            print(f"{name[:30]:>30} {a:9.2f} {b:9.2f} {b - a:+9.2f}")
     after = [s for s in samples if s["min"] >= warmup and "owners" in s]
     if len(after) < 2:
         return
