@@ -193,7 +193,8 @@ def _point(names: tuple[str, ...], row: Sequence[float]) -> dict[str, Any]:
 
 
 class _Series:
-    """A source's last ``capacity`` points, a ring of rows of doubles."""
+    """A source's last ``capacity`` points, a ring of rows of doubles,
+    allocated whole when the series starts."""
 
     __slots__ = ("capacity", "count", "data", "first", "kind", "names", "width")
 
@@ -202,7 +203,9 @@ class _Series:
         self.names = names
         self.width = _FIXED + 3 * len(names)
         self.capacity = capacity
-        self.data = array("d")  # grown to ``capacity`` rows as points come
+        # every slot allocated (and touched) now: a long run's memory is
+        # held from its first minute, not reached after an hour of points
+        self.data = array("d", bytes(8 * self.width * capacity))
         self.first = 0  # the slot of the oldest point
         self.count = 0
 
@@ -215,12 +218,12 @@ class _Series:
 
     def append(self, values: list[float]) -> None:
         if self.count < self.capacity:  # (not yet full: the ring starts at slot 0)
-            self.data.extend(values)
+            slot = self.count
             self.count += 1
-            return
-        slot = self.first
+        else:
+            slot = self.first
+            self.first = (self.first + 1) % self.capacity
         self.data[slot * self.width:(slot + 1) * self.width] = array("d", values)
-        self.first = (self.first + 1) % self.capacity
 
     def rows(self) -> list[array[float]]:
         return [self._row((self.first + i) % self.capacity) for i in range(self.count)]
@@ -242,7 +245,7 @@ class _Series:
         """Keep the newest ``capacity`` points."""
         kept = self.rows()[-capacity:]
         self.capacity = capacity
-        self.data = array("d")
+        self.data = array("d", bytes(8 * self.width * capacity))
         self.first, self.count = 0, 0
         for r in kept:
             self.append(list(r))

@@ -32,7 +32,7 @@ from reclock.config import ConfigError, PipelineConfig, load_config, parse_confi
 from reclock.core.errors import DefiniteError
 from reclock.metrics import families, frontier_position, frontier_value, make_registry, render
 from reclock.pipeline import Runners, run
-from reclock.statuspage import History, StatusServer
+from reclock.statuspage import HISTORY_POINTS, History, StatusServer
 from tests.running import running, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -256,6 +256,20 @@ def test_history_is_bounded_and_incremental() -> None:
     assert topic["bound"] == 42 and topic["resume"] is None and topic["resume_closed"]
     assert [p["t"] for p in h.snapshot(since=6000)["sources"]["gen"]["points"]] == [7000, 8000]
     assert len(h) == 5
+
+
+def test_history_holds_its_hour_from_the_first_point() -> None:
+    """A series is allocated whole when it starts: an hour of points later
+    it holds the same buffer, so a long run's memory does not climb while
+    the ring fills (bench/soak.py's hour)."""
+    h = History()
+    doc = fake_doc()
+    h.record({**doc, "updated_ms": 1000})
+    buffers = {name: s.data.buffer_info() for name, s in h._series.items()}
+    for i in range(1, HISTORY_POINTS + 10):
+        h.record({**doc, "updated_ms": 1000 + i * 1000})
+    assert {name: s.data.buffer_info() for name, s in h._series.items()} == buffers
+    assert len(h) == HISTORY_POINTS
 
 
 def _model_point(doc: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
