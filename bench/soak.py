@@ -169,16 +169,37 @@ def python_thread_stacks() -> list[tuple[int, int, str]]:
     return out
 
 
+def native_stack_pointers() -> list[tuple[int, str]]:
+    """(stack pointer, name) of each thread blocked in a system call, from
+    /proc/self/task/*/syscall (its next-to-last field), for the threads
+    Python did not start (Arrow's, delta-rs's tokio and jemalloc threads)."""
+    out: list[tuple[int, str]] = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/syscall") as f:
+                fields = f.read().split()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if len(fields) >= 3 and fields[-2].startswith("0x"):
+            out.append((int(fields[-2], 16), re.sub(r"[-_ ]?\d+$", "", comm) or comm))
+    return out
+
+
 def native_breakdown() -> dict[str, Any]:
     """The process's anonymous memory (MiB) by who most likely mapped it, from
     /proc/self/smaps: ``glibc`` the main heap and the 64 MiB-aligned thread
     arenas; ``mimalloc`` Arrow's pool (its 1 GiB arenas); ``stacks`` thread
     stacks (2 and 8 MiB mappings); ``other`` the rest (delta-rs's jemalloc,
     the interpreter's own mmaps, ...). ``stack_by``: the stacks' resident
-    MiB by Python thread name (``main``; ``native`` for threads Python did
-    not start: Arrow's, delta-rs's, SQLite's)."""
+    MiB by Python thread name (``main``), else by the name of the thread
+    whose stack pointer is in it (:func:`native_stack_pointers`);
+    ``unmatched``: a thread running at the time, or a stack no live thread
+    uses (glibc caches exited threads' stacks, resident pages and all)."""
     out: dict[str, Any] = dict.fromkeys(("glibc", "mimalloc", "stacks", "other"), 0.0)
     ranges = python_thread_stacks()
+    sps = native_stack_pointers()
     by: dict[str, float] = defaultdict(float)
     start = size = 0
     name = ""
@@ -202,8 +223,10 @@ def native_breakdown() -> dict[str, Any]:
                         k = "mimalloc"
                     elif name == "[stack]" or (not name and size in (2048, 8192)):
                         k = "stacks"
+                        end = start + (size << 10)
                         who = "main" if name == "[stack]" else next(
-                            (n for lo, hi, n in ranges if lo <= start < hi), "native")
+                            (n for lo, hi, n in ranges if lo <= start < hi), None) or next(
+                            (n for sp, n in sps if start <= sp < end), "unmatched")
                         by[who] += kb / 1024
                     else:
                         k = "other"
