@@ -137,6 +137,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -584,13 +585,14 @@ def expire_files(location: Location, hours: int,
     return sorted(due), waiting
 
 
-def orphan_files(location: Location, now: float,
-                 grace_seconds: float) -> tuple[list[str], list[str]]:
+def orphan_files(location: Location, now: float, grace_seconds: float,
+                 kept_after: float = -math.inf) -> tuple[list[str], list[str]]:
     """``(orphans, kept)`` of the table at ``location``: the staged files
     (and their temp files) no version references, last written
     ``grace_seconds`` before ``now`` or earlier (:meth:`DeltaSink.vacuum_orphans`
     deletes them); and the names of the files in its directory that the
-    newest version references or a remove action keeps (no orphans)."""
+    newest version references or a remove action keeps (no orphans), of
+    those last written after ``kept_after`` (seconds since the epoch)."""
     dt = DeltaTable(location.uri, storage_options=location.storage_options())
     referenced = {os.path.basename(str(p)) for p in
                   pa.table(dt.get_add_actions(flatten=False)).column("path").to_pylist()}
@@ -600,7 +602,7 @@ def orphan_files(location: Location, now: float,
         retention_hours=0, dry_run=True, enforce_retention_duration=False)}
     listed = location.files()
     return (_old_staged(listed, referenced, now, grace_seconds),
-            [name for name, _, _ in listed if name in referenced])
+            [name for name, _, mtime in listed if name in referenced and mtime > kept_after])
 
 
 def _old_staged(listed: list[tuple[str, int, float]], known: set[str], now: float,
@@ -855,8 +857,13 @@ class DeltaSink:
         self._passes = 0  # maintenance passes run
         #: files a compaction removed wait for their retention (see maintain)
         self._expiring = False
-        #: files this sink's compactions removed, still in the directory
-        self._merged_away: set[str] = set()
+        #: the small files a maintenance pass counts (see maintain): those
+        #: last written after the listing of this sink's last compaction
+        #: (seconds since the epoch), and the ``files_left`` it did not take.
+        #: (What a compaction removed stays in the directory for the
+        #: retention, a day of names by default: not held by name.)
+        self._compacted_upto = -math.inf
+        self._compaction_left = 0
         #: ensure() leaves creating a table that is absent to the first commit
         self._lazily = create_lazily
         #: checkpoints written by the process's checkpointer thread, not in commit
@@ -867,9 +874,13 @@ class DeltaSink:
         #: the next version taken (another writer's, or a maintenance commit
         #: of this sink's own) loads the newest instead (see :meth:`commit`)
         self._head: _Head | None = None
-        #: files of the directory known not to be orphans: referenced or
-        #: kept by the table at the last vacuum's read, or committed since
+        #: files of the directory last written after ``_judged`` known not
+        #: to be orphans: referenced or kept by the table at the last
+        #: vacuum's read, or committed since (see vacuum_orphans)
         self._kept: set[str] = set()
+        #: files last written at or before this (seconds since the epoch) were
+        #: judged by an earlier vacuum pass
+        self._judged = -math.inf
         self._vacuums = 0  # vacuum_orphans passes
 
     def __repr__(self) -> str:
@@ -1240,29 +1251,46 @@ class DeltaSink:
         commit's existence check and its Delta commit.
 
         Which files are referenced takes reading the whole table (in a child:
-        :func:`orphan_files`). The sink remembers the names the table
-        referenced or kept at that read, and the files it committed since;
-        a pass whose directory holds no other old staged file reads nothing
-        but the directory (every :data:`FULL_VACUUM_EVERY`-th pass, and the
-        first, read the table anyway). A driver of a thousand outputs
-        vacuums 17 a second at the default minute. So a removed file whose
-        remove action a checkpoint dropped (past its retention, when
-        :meth:`expire_removed` did not delete it in time) is deleted by the
-        next pass that reads the table, not the next pass.
+        :func:`orphan_files`). A pass whose directory holds no old staged
+        file it cannot account for reads nothing but the directory (every
+        :data:`FULL_VACUUM_EVERY`-th pass, and the first, read the table
+        anyway): a driver of a thousand outputs vacuums 17 a second at the
+        default minute. So a removed file whose remove action a checkpoint
+        dropped (past its retention, when :meth:`expire_removed` did not
+        delete it in time) is deleted by the next pass that reads the table,
+        not the next pass.
+
+        Accounting for a file takes no memory per file of the directory
+        (which holds a day of small files with the default retention): each
+        pass judges every file last written ``grace_seconds`` before it or
+        earlier -- by the sink's clock and by the file system's, whichever
+        is behind -- and later passes look only at files written after that
+        (``_judged``) and not among the names the table kept at its last
+        read or this sink committed since (``_kept``, pruned to those
+        written after ``_judged``). A file written before a pass but moved
+        into the directory after its listing (a staged file's rename) had
+        its temp file listed; one that appears with an older time than that
+        (a clock more than ``grace_seconds`` off the store's) waits for the
+        next pass that reads the table.
         """
         if not self._exists():
             return []
         with self._locked():
             now = self._clock.now() / 1000.0
+            judged = min(now, time.time()) - grace_seconds
             listed = self.location.files()
-            self._kept &= {name for name, _, _ in listed}
             self._vacuums += 1
             removed: list[str] = []
-            if (_old_staged(listed, self._kept, now, grace_seconds)
+            after = [f for f in listed if f[2] > self._judged]
+            if (_old_staged(after, self._kept, now, grace_seconds)
                     or self._vacuums % FULL_VACUUM_EVERY == 1):
                 removed, kept = self._apart(orphan_files, self.location, now, grace_seconds,
-                                            doing="vacuum")
+                                            judged, doing="vacuum")
                 self._kept = set(kept)
+            else:
+                self._kept = {name for name, _, mtime in after
+                              if mtime > judged and name in self._kept}
+            self._judged = judged
             for name in removed:
                 self.location.delete(name)
             removed += self._vacuum_log_temps(now - grace_seconds)
@@ -1329,11 +1357,11 @@ class DeltaSink:
         # Choosing the files to merge reads the whole table (in a child): not
         # while the directory holds fewer small data files than min_files
         # (a thousand young outputs each forked a child at their first pass),
-        # not counting those this sink's compactions removed.
-        listed = self.location.files()
-        self._merged_away &= {name for name, _, _ in listed}
-        small = sum(1 for name, size, _ in listed if size < c.target_size
-                    and _PLAIN.fullmatch(name) and name not in self._merged_away)
+        # not counting those this sink's compactions removed: of the files
+        # its last compaction listed, only those it left count.
+        small = self._compaction_left + sum(
+            1 for name, size, mtime in self.location.files()
+            if size < c.target_size and _PLAIN.fullmatch(name) and mtime > self._compacted_upto)
         done = (self.compact(c.target_size, c.min_files, COMPACT_MAX_FILES)
                 if small >= c.min_files else {})
         if done.pop("files_left", 0) >= c.min_files:
@@ -1365,6 +1393,7 @@ class DeltaSink:
         if not self._exists():
             return {}
         with self._locked():
+            listing_at = time.time()  # (files last written before this are in its plan)
             plan = self._apart(plan_compaction, self.location, self.app_id, target_size,
                                min_files, max_files, doing="compact")
             if plan == "unmergeable":
@@ -1376,6 +1405,7 @@ class DeltaSink:
             if not done:
                 return {}
             done["files_left"] = plan.files_left
+            self._compacted_upto, self._compaction_left = listing_at, plan.files_left
         log.info("output %r: compacted %d files into %d", self.name, done["files_removed"],
                  done["files_added"])
         faults.crash_point("after_compaction")
@@ -1419,7 +1449,6 @@ class DeltaSink:
                 self.location.delete(d["path"])
             return {}
         self._kept.update(d["path"] for d in written)
-        self._merged_away.update(f.path for run in plan.runs for f in run)
         head = self._head
         if head is not None and head.version == plan.version:
             self._head = _Head(plan.version + 1, head.state, head.direct)

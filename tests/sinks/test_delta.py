@@ -810,6 +810,68 @@ def test_a_vacuum_reads_the_table_only_when_the_directory_holds_a_file_it_does_n
     assert keys(DeltaSink(NAME, s.path).read_updates()) == ["k0", "k1", "k2", "k3", "w"]
 
 
+def test_vacuum_passes_hold_no_name_per_file_of_the_directory(tmp_path: Path) -> None:
+    """Against a model of the directory (what was committed, what was
+    staged and left): after every pass with no grace, exactly the committed
+    files remain and each orphan went at the first pass after it was
+    staged; what the sink holds to account for files between passes is the
+    files committed since the last pass, not the directory (a day of small
+    files with the default retention: 86,400 names an output)."""
+    import random
+
+    rnd = random.Random(17)
+    s = DeltaSink(NAME, tmp_path / "t", compaction=delta_mod.Compaction(in_child=False))
+    s.ensure(USER)
+    committed: set[str] = set()
+    orphans: set[str] = set()
+    since_pass = 0
+    model_keys: list[str] = []
+    st = SinkState()
+    for step in range(60):
+        op = rnd.choice(["commit", "commit", "commit", "orphan", "vacuum"])
+        if op == "commit":
+            files = s.stager().stage(f"b{step}", 0, updates([f"k{step}"], step))
+            new = SinkState(st.upper + 1)
+            s.commit(files, st, new)
+            st = new
+            committed |= {f["path"] for f in files}
+            model_keys.append(f"k{step}")
+            since_pass += len(files)
+        elif op == "orphan":
+            orphans |= {f["path"] for f in s.stager().stage(f"lost{step}", 0,
+                                                            updates(["x"], step))}
+        else:
+            assert s.vacuum_orphans(grace_seconds=0) == sorted(orphans)
+            orphans.clear()
+            staged = {p.name for p in s.path.glob("part-*.parquet")}
+            assert staged == committed
+            assert len(s._kept) <= since_pass
+            since_pass = 0
+    assert sorted(keys(s.read_updates())) == sorted(model_keys)
+
+
+def test_a_vacuum_judges_files_by_the_clock_that_is_behind(tmp_path: Path) -> None:
+    """A pass skips the files an earlier pass judged: those last written
+    ``grace`` before it by the sink's clock and by the file system's,
+    whichever is behind. With the sink's clock an hour behind the files',
+    an orphan written a minute ago is young at the first passes, and the
+    first pass after the clock reaches it still finds it without reading
+    the table for that (not judged by the file system's time alone)."""
+    real = time.time()
+    clock = ManualClock(int((real - 3600) * 1000))
+    s = DeltaSink(NAME, tmp_path / "t", clock=clock,
+                  compaction=delta_mod.Compaction(in_child=False))
+    s.ensure(USER)
+    s.commit(s.stager().stage("b", 0, updates(["a"], 1)), SinkState(), SinkState(1))
+    orphan = s.stager().stage("lost", 0, updates(["x"], 2))[0]["path"]
+    os.utime(s.path / orphan, (real - 60, real - 60))
+    assert s.vacuum_orphans(grace_seconds=1) == []  # (the first pass reads the table)
+    assert s.vacuum_orphans(grace_seconds=1) == []  # young by the sink's clock
+    clock.set(int((real + 10) * 1000))
+    assert s.vacuum_orphans(grace_seconds=1) == [orphan]
+    assert keys(s.read_updates()) == ["a"]
+
+
 def test_commit_of_a_vacuumed_file_fails_and_writes_nothing(tmp_path: Path) -> None:
     clock = ManualClock(0)
     s = DeltaSink(NAME, tmp_path / "t", clock=clock)
