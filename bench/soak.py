@@ -639,7 +639,6 @@ def main() -> int:
           f"interval {args.interval}, {args.master}, arrow pool "
           f"{__import__('pyarrow').default_memory_pool().backend_name}, "
           f"driver's mimalloc options {_allocator.APPLIED or 'defaults'}, "
-          f"glibc mallopt {_allocator.MALLOPT or 'defaults'}, "
           f"_RJEM_MALLOC_CONF {os.environ.get('_RJEM_MALLOC_CONF')!r}, "
           f"release_memory {not args.no_release_memory}, state {state}", flush=True)
     print(header(), flush=True)

@@ -64,50 +64,5 @@ def settle() -> None:
         os.environ.pop(name, None)
 
 
-#: glibc malloc options for the driver (``mallopt``; see :func:`tune_malloc`):
-#: option number, value, and the environment variable that overrides it
-DRIVER_MALLOPT = {
-    "M_ARENA_MAX": (-8, 2, "MALLOC_ARENA_MAX"),
-    "M_MMAP_THRESHOLD": (-3, 256 * 1024, "MALLOC_MMAP_THRESHOLD_"),
-}
-
-#: what :func:`tune_malloc` set in this process, for reports (``bench/soak.py``)
-MALLOPT: dict[str, int] = {}
-
-
-def tune_malloc() -> None:
-    """glibc's malloc in the driver, for a process that runs for weeks.
-
-    * ``M_ARENA_MAX`` 2: every thread that allocates may otherwise get an
-      arena of its own (up to 8 per core), and memory freed in one arena is
-      never reused by a thread of another; the driver's threads are mostly
-      waiting on the GIL or on I/O, so two arenas cost no contention.
-    * ``M_MMAP_THRESHOLD`` 256 KiB: glibc raises the threshold above which a
-      block gets its own mapping each time such a block is freed (up to 32
-      MiB), after which the task results the driver unpickles every tick
-      come from the arenas and leave free holes there. A fixed threshold
-      keeps large blocks mapped and returned whole when freed.
-
-    Not in Spark's Python workers (their memory is bounded by the task
-    size), not where the user set glibc's own variable, not with
-    ``RECLOCK_MALLOC=default``; nothing on a C library without ``mallopt``.
-    Children forked from the driver keep the settings; programs it starts
-    (the JVM) do not."""
-    if ("PYTHON_WORKER_FACTORY_SECRET" in os.environ or not sys.platform.startswith("linux")
-            or os.environ.get("RECLOCK_MALLOC") == "default"):
-        return
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    for name, (option, value, env) in DRIVER_MALLOPT.items():
-        if env not in os.environ and mallopt(option, value) == 1:
-            MALLOPT[name] = value
-
-
 configure()
 settle()
-tune_malloc()
