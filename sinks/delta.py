@@ -603,7 +603,7 @@ def set_retention(location: Location, name: str, hours: int) -> str | None:
 
 
 def orphan_files(location: Location, now: float, grace_seconds: float,
-                 kept_after: float = -math.inf) -> tuple[list[str], list[str]]:
+                 kept_after: float) -> tuple[list[str], list[str]]:
     """``(orphans, kept)`` of the table at ``location``: the staged files
     (and their temp files) no version references, last written
     ``grace_seconds`` before ``now`` or earlier (:meth:`DeltaSink.vacuum_orphans`
@@ -1305,7 +1305,7 @@ class DeltaSink:
                                             judged, doing="vacuum")
                 self._kept = set(kept)
             else:
-                self._kept = {name for name, _, mtime in after
+                self._kept = {name for name, _, mtime in listed
                               if mtime > judged and name in self._kept}
             self._judged = judged
             for name in removed:
