@@ -144,6 +144,11 @@ def thread_names() -> dict[str, int]:
     return dict(names)
 
 
+def _thread_kind(name: str) -> str:
+    """A Python thread's name without its number (``jobs-counter``, ``Thread``)."""
+    return re.sub(r"[-_ ]?\d+.*$", "", name) or name
+
+
 class _PthreadAttr(ctypes.Structure):
     _fields_ = [("opaque", ctypes.c_char * 64)]  # pthread_attr_t: 56 bytes on x86-64
 
@@ -163,8 +168,7 @@ def python_thread_stacks() -> list[tuple[int, int, str]]:
         addr, size = ctypes.c_void_p(), ctypes.c_size_t()
         if LIBC.pthread_attr_getstack(ctypes.byref(attr), ctypes.byref(addr),
                                       ctypes.byref(size)) == 0 and addr.value:
-            name = re.sub(r"[-_ ]?\d+.*$", "", t.name) or t.name
-            out.append((addr.value, addr.value + size.value, name))
+            out.append((addr.value, addr.value + size.value, _thread_kind(t.name)))
         LIBC.pthread_attr_destroy(ctypes.byref(attr))
     return out
 
@@ -359,7 +363,7 @@ def pymalloc_stats() -> dict[str, float]:
         if head in _PYMALLOC_KEYS:
             key = _PYMALLOC_KEYS[head]
             out[key] = int(num) if key == "pya" else int(num) / MIB
-        elif head.endswith("unused pools * 16384 bytes") or "unused pools *" in head:
+        elif "unused pools *" in head:
             out["pypools"] = int(num) / MIB
     return out
 
@@ -420,7 +424,7 @@ def sample(t0: float, ticks: Ticks, runners: list[Any], traced: bool,
     s["threads_by_name"] = names
     py: dict[str, int] = defaultdict(int)
     for t in threading.enumerate():
-        py[re.sub(r"[-_ ]?\d+.*$", "", t.name) or t.name] += 1
+        py[_thread_kind(t.name)] += 1
     s["python_threads"] = dict(py)
     s.update(native_breakdown())
     if LIBC is not None:
