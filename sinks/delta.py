@@ -252,6 +252,25 @@ _MAX_FILES_PER_PART = 1000  # the three digits of {n:03d}
 # Temp files of the log entries reclock writes (sinks._fs.create_exclusive).
 _LOG_TMP = re.compile(r"\.\d{20}\.json\.[0-9a-f]{32}\.tmp")
 
+# The names in ``_delta_log`` that make a directory a table for delta-rs:
+# a commit, a checksum, a compacted range of commits, or a checkpoint
+# (classic, multi-part, or V2 named by a UUID).
+_LOG_FILE = re.compile(
+    r"\d{20}\.(json|crc|\d{20}\.compacted\.json|checkpoint\.parquet"
+    r"|checkpoint\.\d{10}\.\d{10}\.parquet|checkpoint\.[0-9a-f-]{36}\.(json|parquet))")
+
+
+def has_log(root: str) -> bool:
+    """Whether the local table at ``root`` has a log entry or a checkpoint
+    (what delta-rs's ``is_deltatable`` asks), read from the file system; a
+    scan that stops at the first one."""
+    try:
+        with os.scandir(os.path.join(root, "_delta_log")) as entries:
+            return any(_LOG_FILE.fullmatch(e.name) for e in entries)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
 # We decide ourselves when to checkpoint (see ``_housekeep``): a failing
 # post-commit hook must not turn a durable commit into a raised error.
 _NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
@@ -1525,7 +1544,13 @@ class DeltaSink:
             raise _delta_error(self.name, self.location, exc, "open") from exc
 
     def _exists(self) -> bool:
+        """Whether the table has a log (a commit or a checkpoint). A local
+        table's is looked at directly: delta-rs's ``is_deltatable`` spawns a
+        thread in its runtime's blocking pool on every call, and maintenance
+        asks every pass (a driver's thread count would swing with it)."""
         try:
+            if self.location.local:
+                return has_log(self.location.root)
             return DeltaTable.is_deltatable(self.uri, self.location.storage_options())
         except OSError as exc:
             raise self._os_error(exc, "open") from exc

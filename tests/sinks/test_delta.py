@@ -141,6 +141,74 @@ def test_missing_table_reads_empty_and_has_the_initial_state(tmp_path: Path) -> 
     assert s.vacuum_orphans() == []
 
 
+#: Names in ``_delta_log``, with and without what makes it a table.
+_LOG_NAMES = [
+    "00000000000000000003.json", "00000000000000000003.crc",
+    "00000000000000000000.00000000000000000003.compacted.json",
+    "00000000000000000003.checkpoint.parquet",
+    "00000000000000000003.checkpoint.0000000001.0000000002.parquet",
+    "00000000000000000003.checkpoint.5d2ee3ca-6083-48a5-8ed1-f5b5fd18b513.parquet",
+    "00000000000000000003.checkpoint.5d2ee3ca-6083-48a5-8ed1-f5b5fd18b513.json",
+    "_last_checkpoint", ".00000000000000000000.json.0123456789abcdef0123456789abcdef.tmp",
+    "00000000000000000003.json.tmp", "00000000000000000003.foo", "0000000000000000003.json",
+    "00000000000000000003", "00000000000000000003.checkpoint.1.2.parquet",
+    "x00000000000000000003.json",
+]
+
+
+@pytest.mark.parametrize("names", [[n] for n in _LOG_NAMES] + [[], _LOG_NAMES[7:]])
+def test_a_local_tables_log_is_found_as_delta_rs_finds_it(tmp_path: Path,
+                                                          names: list[str]) -> None:
+    """``has_log`` (the file system, no delta-rs call) answers what
+    ``DeltaTable.is_deltatable`` answers, name by name."""
+    (tmp_path / "_delta_log").mkdir()
+    for n in names:
+        (tmp_path / "_delta_log" / n).write_bytes(b"")
+    assert delta_mod.has_log(str(tmp_path)) == DeltaTable.is_deltatable(str(tmp_path))
+
+
+def test_no_log_is_no_table(tmp_path: Path) -> None:
+    assert not delta_mod.has_log(str(tmp_path / "missing"))
+    assert not delta_mod.has_log(str(tmp_path))
+    (tmp_path / "_delta_log").write_bytes(b"")  # a file, not a directory
+    assert not delta_mod.has_log(str(tmp_path)) and not DeltaTable.is_deltatable(str(tmp_path))
+
+
+_PASSES_IN_A_FRESH_PROCESS = """
+import os, sys
+from sinks.delta import Compaction, DeltaSink
+s = DeltaSink("o", sys.argv[1], compaction=Compaction(every_ms=1, min_files=1_000_000))
+for i in range(3):
+    s.vacuum_orphans(grace_seconds=0)
+    s.maintain(10**13 + i)
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print(sum(n.startswith("tokio") for n in names))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+def test_maintenance_of_a_local_table_starts_no_delta_rs_thread_in_the_asker(
+        tmp_path: Path) -> None:
+    """Vacuum and maintenance passes (which read the table in children) start
+    no delta-rs runtime thread in the driver: asking whether the table is
+    there once went through ``is_deltatable``, whose runtime left a thread
+    behind for ten seconds each call (a soak's thread count swung with it)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "t"
+    s = DeltaSink(NAME, path)
+    s.ensure(USER)
+    s.commit(s.stager().stage("b", 0, updates(["a"], 1)), SinkState(), SinkState(2))
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "RECLOCK_IN_PROCESS"}
+    out = subprocess.run([sys.executable, "-c", _PASSES_IN_A_FRESH_PROCESS, str(path)],
+                         cwd=root, capture_output=True, text=True, timeout=120,
+                         env={**env, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0"]
+
+
 def test_ensure_rejects_a_changed_column_type_naming_output_path_and_column(
     sink: DeltaSink,
 ) -> None:
