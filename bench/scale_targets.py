@@ -719,6 +719,9 @@ def soak_1h(env: Env) -> list[Row]:
                           env={**os.environ, "PYSPARK_PYTHON": sys.executable})
     if done.returncode:
         raise RuntimeError(done.stderr[-2000:])
+    # its start-against-end summary and verdict, the profile behind the rows
+    summary_at = done.stdout.find("\nstart (minute")
+    sys.stderr.write(done.stdout[summary_at:] if summary_at >= 0 else done.stdout[-4000:])
     samples = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     return [(f"{minutes}-minute soak: {label}", got, goal, verdict(ok))
             for label, got, goal, ok in verdict_rows(samples, 3.0, _key_budget(None))]
