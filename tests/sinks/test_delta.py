@@ -174,6 +174,23 @@ def test_no_log_is_no_table(tmp_path: Path) -> None:
     assert not delta_mod.has_log(str(tmp_path)) and not DeltaTable.is_deltatable(str(tmp_path))
 
 
+def _in_a_fresh_process(code: str, path: Path, in_process: bool) -> Any:
+    """``code`` run by a new interpreter with ``path`` as its argument, this
+    repository importable; ``in_process``: ``RECLOCK_IN_PROCESS=1`` (delta-rs
+    calls in that process, none in children), else unset. Its
+    CompletedProcess, output captured as text."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "RECLOCK_IN_PROCESS"}
+    env["PYTHONPATH"] = str(root)
+    if in_process:
+        env["RECLOCK_IN_PROCESS"] = "1"
+    return subprocess.run([sys.executable, "-c", code, str(path)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
 _PASSES_IN_A_FRESH_PROCESS = """
 import os, sys
 from sinks.delta import Compaction, DeltaSink
@@ -193,18 +210,11 @@ def test_maintenance_of_a_local_table_starts_no_delta_rs_thread_in_the_asker(
     no delta-rs runtime thread in the driver: asking whether the table is
     there once went through ``is_deltatable``, whose runtime left a thread
     behind for ten seconds each call (a soak's thread count swung with it)."""
-    import subprocess
-    import sys
-
     path = tmp_path / "t"
     s = DeltaSink(NAME, path)
     s.ensure(USER)
     s.commit(s.stager().stage("b", 0, updates(["a"], 1)), SinkState(), SinkState(2))
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "RECLOCK_IN_PROCESS"}
-    out = subprocess.run([sys.executable, "-c", _PASSES_IN_A_FRESH_PROCESS, str(path)],
-                         cwd=root, capture_output=True, text=True, timeout=120,
-                         env={**env, "PYTHONPATH": str(root)})
+    out = _in_a_fresh_process(_PASSES_IN_A_FRESH_PROCESS, path, in_process=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["0"]
 
@@ -795,15 +805,8 @@ def test_a_process_exiting_while_a_checkpoint_is_written_waits_for_it(tmp_path: 
     checkpoint written in the process (``RECLOCK_IN_PROCESS=1``): the thread
     finishes it first (a daemon thread left inside delta-rs at finalization
     killed a stopping driver with SIGSEGV), and the process exits cleanly."""
-    import subprocess
-    import sys
-
     path = tmp_path / "t"
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", _EXIT_DURING_CHECKPOINT, str(path)], cwd=root,
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(root),
-                              "RECLOCK_IN_PROCESS": "1"})  # delta-rs in this process
+    out = _in_a_fresh_process(_EXIT_DURING_CHECKPOINT, path, in_process=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "writing" in out.stdout
     assert (path / "_delta_log" / "_last_checkpoint").exists()
