@@ -646,10 +646,15 @@ def _old_staged(listed: list[tuple[str, int, float]], known: set[str], now: floa
     """The files of ``listed`` (``(name, size, mtime)``) named like staged
     files or their temp files, not in ``known``, last written
     ``grace_seconds`` before ``now`` or earlier: younger ones may belong to
-    a job still running."""
+    a job still running.
+
+    Ages compare in whole milliseconds, the sink clock's resolution: ``now``
+    is that clock's millisecond, and a file written earlier in the same
+    millisecond has a file-system time (in nanoseconds) after it, so
+    compared exactly it would be younger than no grace at all."""
     return [name for name, _size, mtime in listed
             if (_STAGED.fullmatch(name) or _STAGED_TMP.fullmatch(name))
-            and name not in known and now - mtime >= grace_seconds]
+            and name not in known and now - math.floor(mtime * 1000) / 1000 >= grace_seconds]
 
 
 def _small_files(dt: DeltaTable, target_size: int) -> list[_Small]:

@@ -943,6 +943,19 @@ def test_a_vacuum_judges_files_by_the_clock_that_is_behind(tmp_path: Path) -> No
     assert keys(s.read_updates()) == ["a"]
 
 
+def test_a_file_of_the_passes_millisecond_is_old_enough_for_no_grace(tmp_path: Path) -> None:
+    """The sink's clock counts milliseconds and the file system nanoseconds:
+    a file written in the millisecond a pass starts is as old as no grace
+    asks. (CI once saw an orphan staged just before a pass outlive it.)"""
+    s = DeltaSink(NAME, tmp_path / "t", clock=ManualClock(0))
+    s.ensure(USER)
+    orphan = s.stager().stage("lost", 0, updates(["x"], 2))[0]["path"]
+    ms = int(os.path.getmtime(s.path / orphan) * 1000) - 5
+    os.utime(s.path / orphan, ns=(ms * 1_000_000 + 700_000,) * 2)  # 0.7 ms into it
+    s._clock = ManualClock(ms)
+    assert s.vacuum_orphans(grace_seconds=0) == [orphan]
+
+
 def test_commit_of_a_vacuumed_file_fails_and_writes_nothing(tmp_path: Path) -> None:
     clock = ManualClock(0)
     s = DeltaSink(NAME, tmp_path / "t", clock=clock)
