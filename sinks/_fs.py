@@ -27,7 +27,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ def sink_os_error(output: str, path: str | Path, exc: OSError, doing: str = "wri
     return err
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_dir(path: str | Path) -> None:
     """Make a rename or a new entry in ``path`` durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -69,12 +69,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _temp_of(path: Path) -> Path:
-    """A new temp name beside ``path``, starting with a dot (see :func:`atomic_write`)."""
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+def _temp_of(path: str) -> str:
+    """A new temp name beside ``path``, starting with a dot (see :func:`atomic_write`).
+
+    Paths here are strings, not :class:`~pathlib.Path`: this Python's pathlib
+    interns every component it parses, and a driver writing a file a second
+    under new names would churn the interpreter's table of interned strings
+    (it grows by a resize once the churn fills it: a 3.7 MiB step)."""
+    head, name = os.path.split(path)
+    return os.path.join(head, f".{name}.{uuid.uuid4().hex}.tmp")
 
 
-def _write_synced(tmp: Path, write: Callable[[object], None] | bytes) -> None:
+def _write_synced(tmp: str, write: Callable[[object], None] | bytes) -> None:
     """Write ``tmp`` (the bytes, or through a function given the open binary
     file) and sync it to disk."""
     with open(tmp, "wb") as f:
@@ -86,13 +92,14 @@ def _write_synced(tmp: Path, write: Callable[[object], None] | bytes) -> None:
         os.fsync(f.fileno())
 
 
-def atomic_write(path: Path, write: Callable[[object], None] | bytes) -> int:
+def atomic_write(path: str | Path, write: Callable[[object], None] | bytes) -> int:
     """Write ``path`` atomically; return its size in bytes.
 
     ``write`` is the bytes, or a function given the open binary file. The temp
     name starts with a dot so that nothing scanning the directory for data
     files (Delta readers, :func:`os.scandir` filters) mistakes it for one.
     """
+    path = os.fspath(path)
     tmp = _temp_of(path)
     try:
         _write_synced(tmp, write)
@@ -100,19 +107,20 @@ def atomic_write(path: Path, write: Callable[[object], None] | bytes) -> int:
     except BaseException:
         # Never leave a half-written temp file behind on a failure we saw.
         with suppress(OSError):
-            tmp.unlink()
+            os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
-    return path.stat().st_size
+    fsync_dir(os.path.dirname(path))
+    return os.stat(path).st_size
 
 
-def create_exclusive(path: Path, data: bytes) -> bool:
+def create_exclusive(path: str | Path, data: bytes) -> bool:
     """Create ``path`` holding ``data`` unless a file of that name exists;
     whether it was created. The bytes go to a temp file (synced) that is then
     hard-linked to ``path``: ``link`` fails when the name exists, so of two
     writers exactly one succeeds, and a reader sees no file or the whole file.
     The temp name starts with a dot (see :func:`atomic_write`); a kill between
     writing and unlinking it leaves it behind, and nothing reads it."""
+    path = os.fspath(path)
     tmp = _temp_of(path)
     try:
         _write_synced(tmp, data)
@@ -122,8 +130,8 @@ def create_exclusive(path: Path, data: bytes) -> bool:
             return False
     finally:
         with suppress(OSError):
-            tmp.unlink()
-    fsync_dir(path.parent)
+            os.unlink(tmp)
+    fsync_dir(os.path.dirname(path))
     return True
 
 
@@ -203,12 +211,12 @@ def check_descriptor(output: str, sink: str, d: Any, pattern: re.Pattern[str],
     return str(name)
 
 
-def check_staged_file(output: str, path: Path, size: int) -> None:
+def check_staged_file(output: str, path: str | Path, size: int) -> None:
     """A staged file must still be there with the size it was staged with."""
     from sinks.base import SinkError
 
     try:
-        actual: int | None = path.stat().st_size
+        actual: int | None = os.stat(path).st_size
     except FileNotFoundError:
         actual = None
     except OSError as exc:
@@ -233,11 +241,11 @@ def check_stage_args(batch_id: str, part: int) -> None:
         raise ValueError(f"part {part} must be >= 0")
 
 
-def remove_staged(output: str, files: list[Path], log: logging.Logger) -> None:
+def remove_staged(output: str, files: Sequence[str | Path], log: logging.Logger) -> None:
     """Delete staged files after their commit; a leftover only costs space."""
     for path in files:
         try:
-            path.unlink()
+            os.unlink(path)
         except FileNotFoundError:
             continue
         except OSError as exc:

@@ -119,7 +119,7 @@ class Location:
         """Write the file ``name`` whole (``write`` gets a binary file);
         return its size."""
         if self.s3 is None:
-            target = Path(self.root) / name
+            target = os.path.join(self.root, name)  # (a str: see sinks._fs._temp_of)
             try:
                 return atomic_write(target, write)
             except OSError as exc:
@@ -137,11 +137,12 @@ class Location:
         """``(size, mtime in ms)`` of the file ``name``, ``None`` if absent."""
         if self.s3 is None:
             try:
-                st = os.stat(Path(self.root) / name)
+                st = os.stat(os.path.join(self.root, name))
             except FileNotFoundError:
                 return None
             except OSError as exc:
-                raise sink_os_error(self.name, Path(self.root) / name, exc, "read") from exc
+                raise sink_os_error(self.name, os.path.join(self.root, name), exc,
+                                    "read") from exc
             return st.st_size, st.st_mtime_ns // 1_000_000
         try:
             info = self.s3.filesystem().get_file_info(f"{self.root}/{name}")
@@ -156,11 +157,13 @@ class Location:
         """The text of file ``name`` (a relative path), ``None`` if absent."""
         if self.s3 is None:
             try:
-                return (Path(self.root) / name).read_text(encoding="utf-8")
+                with open(os.path.join(self.root, name), encoding="utf-8") as f:
+                    return f.read()
             except FileNotFoundError:
                 return None
             except OSError as exc:
-                raise sink_os_error(self.name, Path(self.root) / name, exc, "read") from exc
+                raise sink_os_error(self.name, os.path.join(self.root, name), exc,
+                                    "read") from exc
         try:
             with self.s3.filesystem().open_input_stream(f"{self.root}/{name}") as f:
                 return bytes(f.read()).decode("utf-8")
@@ -176,7 +179,7 @@ class Location:
         import pyarrow.dataset as ds  # (pulls pandas in: not for every command)
 
         if self.s3 is None:
-            paths, fs = [str(Path(self.root) / n) for n in names], None
+            paths, fs = [os.path.join(self.root, n) for n in names], None
         else:
             paths, fs = [f"{self.root}/{n}" for n in names], self.s3.filesystem()
         try:
@@ -213,11 +216,12 @@ class Location:
         """Delete file ``name``; an absent file is not an error."""
         if self.s3 is None:
             try:
-                os.unlink(Path(self.root) / name)
+                os.unlink(os.path.join(self.root, name))
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                raise sink_os_error(self.name, Path(self.root) / name, exc, "delete") from exc
+                raise sink_os_error(self.name, os.path.join(self.root, name), exc,
+                                    "delete") from exc
             return
         try:
             self.s3.filesystem().delete_file(f"{self.root}/{name}")
@@ -229,7 +233,7 @@ class Location:
     def sync(self) -> None:
         """Make new entries in a local directory durable (nothing on S3)."""
         if self.s3 is None:
-            fsync_dir(Path(self.root))
+            fsync_dir(self.root)
 
 
 def store_error(output: str, where: str, exc: BaseException, doing: str) -> ReclockError:

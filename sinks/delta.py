@@ -145,7 +145,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
 from functools import partial, wraps
 from pathlib import Path
@@ -1196,7 +1196,7 @@ class DeltaSink:
 
     def _put_entry(self, version: int, entry: bytes) -> bool:
         """Write log entry ``version`` unless it exists (local tables)."""
-        target = Path(self.location.root) / "_delta_log" / f"{version:020d}.json"
+        target = os.path.join(self.location.root, "_delta_log", f"{version:020d}.json")
         try:
             return create_exclusive(target, entry)
         except OSError as exc:
@@ -1346,14 +1346,15 @@ class DeltaSink:
         Their names, as ``_delta_log/<name>``."""
         if not self.location.local:
             return []
-        logdir = Path(self.location.root) / "_delta_log"
+        logdir = os.path.join(self.location.root, "_delta_log")
         out = []
         try:
             with os.scandir(logdir) as entries:
                 old = [e.name for e in entries
                        if _LOG_TMP.fullmatch(e.name) and e.stat().st_mtime < before]
             for name in old:
-                (logdir / name).unlink(missing_ok=True)
+                with suppress(FileNotFoundError):
+                    os.unlink(os.path.join(logdir, name))
                 out.append(f"_delta_log/{name}")
         except OSError as exc:
             raise self._os_error(exc, "vacuum") from exc

@@ -117,6 +117,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -412,15 +413,15 @@ class KafkaStager:
         encoded, big = self._encode(table)
         if big is not None:
             encoded, _ = self._encode(self._refuse_big(table, big))
-        root = Path(self.root)
-        target = root / f"{batch_id}-{part:05d}.arrow"
+        name = f"{batch_id}-{part:05d}.arrow"
+        target = os.path.join(self.root, name)  # (a str: see sinks._fs._temp_of)
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            os.makedirs(self.root, exist_ok=True)
             size = atomic_write(target, partial(write_ipc, encoded))
         except OSError as exc:
             raise sink_os_error(self.name, target, exc) from exc
         errors = int(pc.sum(pc.equal(encoded.column("dest"), _ERRORS)).as_py() or 0)
-        return [{"path": target.name, "rows": encoded.num_rows - errors, "errors": errors,
+        return [{"path": name, "rows": encoded.num_rows - errors, "errors": errors,
                  "size": size}]
 
     def screen(self, table: pa.Table) -> pa.Table:
@@ -913,13 +914,13 @@ class KafkaSink:
         ``progress_produced``, ``committed``. Does nothing; tests override it
         to crash or to take the broker down at a precise point."""
 
-    def _check_descriptor(self, d: dict[str, Any]) -> Path:
+    def _check_descriptor(self, d: dict[str, Any]) -> str:
         name = check_descriptor(self.name, "Kafka", d, _STAGED, {"size": int, "rows": int})
-        path = self.staging_root / name
+        path = os.path.join(self.staging_root, name)
         check_staged_file(self.name, path, d["size"])
         return path
 
-    def _produce_staged(self, producer: Any, files: list[Path], batch: str) -> tuple[int, int]:
+    def _produce_staged(self, producer: Any, files: list[str], batch: str) -> tuple[int, int]:
         """Produce every staged record; flush; return (data records, error records)."""
         failures: list[Any] = []
 

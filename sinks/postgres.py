@@ -99,6 +99,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -443,15 +444,15 @@ class PostgresStager:
         if self.mode == "state":
             self._check_state_rows(data)
         wire = self._to_wire(data)
-        root = Path(self.root)
-        target = root / f"{batch_id}-{part:05d}.arrow"
+        name = f"{batch_id}-{part:05d}.arrow"
+        target = os.path.join(self.root, name)  # (a str: see sinks._fs._temp_of)
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            os.makedirs(self.root, exist_ok=True)
             size = atomic_write(target, partial(write_ipc, wire))
         except OSError as exc:
             raise sink_os_error(self.name, target, exc) from exc
         errors = data.num_rows - data.column(ERROR).null_count
-        return [{"path": target.name, "rows": data.num_rows, "errors": errors, "size": size}]
+        return [{"path": name, "rows": data.num_rows, "errors": errors, "size": size}]
 
     def screen(self, data: pa.Table) -> pa.Table:
         """Rows PostgreSQL cannot store become error rows (see
@@ -990,7 +991,7 @@ class PostgresSink:
                 hint="another pipeline committed this output; re-read its state",
             )
 
-    def _load(self, conn: Connection, files: list[tuple[Path, dict[str, Any]]]) -> None:
+    def _load(self, conn: Connection, files: list[tuple[str, dict[str, Any]]]) -> None:
         have = _describe_table(conn, self.schema, self.table)
         if have is None:
             raise SinkError(f"output {self.name!r}: table {self.target} does not exist on "
@@ -1104,11 +1105,11 @@ class PostgresSink:
             return True
         return False
 
-    def _check_descriptor(self, d: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    def _check_descriptor(self, d: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         name = check_descriptor(self.name, "Postgres", d, _STAGED, {"size": int, "rows": int})
-        return self.staging_root / name, d
+        return os.path.join(self.staging_root, name), d
 
-    def _open_staged(self, path: Path, d: dict[str, Any]) -> pa.Table:
+    def _open_staged(self, path: str, d: dict[str, Any]) -> pa.Table:
         check_staged_file(self.name, path, d["size"])
         try:
             with pa.memory_map(str(path)) as source:
