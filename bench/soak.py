@@ -195,7 +195,9 @@ def native_breakdown() -> dict[str, Any]:
     """The process's anonymous memory (MiB) by who most likely mapped it, from
     /proc/self/smaps: ``glibc`` the main heap and the 64 MiB-aligned thread
     arenas; ``mimalloc`` Arrow's pool (its 1 GiB arenas); ``stacks`` thread
-    stacks (2 and 8 MiB mappings); ``other`` the rest (delta-rs's jemalloc,
+    stacks (2 and 8 MiB mappings right above a guard page: two of the
+    interpreter's 1 MiB arenas side by side merge into one 2 MiB mapping,
+    which is not a stack); ``other`` the rest (delta-rs's jemalloc,
     the interpreter's own mmaps, ...). ``stack_by``: the stacks' resident
     MiB by Python thread name (``main``), else by the name of the thread
     whose stack pointer is in it (:func:`native_stack_pointers`);
@@ -207,6 +209,8 @@ def native_breakdown() -> dict[str, Any]:
     by: dict[str, float] = defaultdict(float)
     start = size = 0
     name = ""
+    guarded = False  # the mapping right below is a one-page guard (no access)
+    below = (0, "")  # the end and permissions of the mapping before
     try:
         with open("/proc/self/smaps") as f:
             for line in f:
@@ -216,6 +220,8 @@ def native_breakdown() -> dict[str, Any]:
                     start, size = int(a, 16), (int(b, 16) - int(a, 16)) >> 10
                     parts = rest.split(None, 4)
                     name = parts[4].strip() if len(parts) > 4 else ""
+                    guarded = below == (start, "---p")
+                    below = (int(b, 16), parts[0] if size == 4 else "")
                 elif line.startswith("Anonymous:"):
                     kb = int(line.split()[1])
                     if not kb:
@@ -225,7 +231,7 @@ def native_breakdown() -> dict[str, Any]:
                         k = "glibc"
                     elif not name and size >= 1 << 20:
                         k = "mimalloc"
-                    elif name == "[stack]" or (not name and size in (2048, 8192)):
+                    elif name == "[stack]" or (not name and size in (2048, 8192) and guarded):
                         k = "stacks"
                         end = start + (size << 10)
                         who = "main" if name == "[stack]" else next(
