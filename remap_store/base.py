@@ -163,6 +163,22 @@ class RemapStore(Protocol):
         binding names them; assigning before minting does that."""
         ...
 
+    def facts(self, shard: str) -> dict[str, str]:
+        """What the shard's state depends on besides its bindings, as
+        :meth:`put_facts` left it: key -> JSON text. Keys are namespaced by
+        who writes them (``kafka.topic:<name>``: the topic's identity;
+        ``sink:<output>``: the output's last committed state known to the
+        driver). A shard with none (or none yet) gives ``{}``."""
+        ...
+
+    def put_facts(self, shard: str, facts: Mapping[str, str | None]) -> None:
+        """Set each key of ``facts`` to its value (``None`` removes it), in
+        one transaction. Facts are durable once this returns, and are dropped
+        with the shard. A fact an identity check relies on is written before
+        anything that depends on it (a binding naming a new topic's
+        partitions, a commit after an output's first)."""
+        ...
+
     def drop_shard(self, shard: str) -> None:
         """Remove the shard and its bindings (``reclock drop`` with cleanup)."""
         ...

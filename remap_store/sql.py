@@ -9,6 +9,9 @@ Four tables::
     remap_pipeline     key (PK) | value        the pipeline's identity, minted once
     remap_coordinates  shard, name (PK) | coordinate (unique per shard)
                        a multi-topic Kafka source's (topic, partition) -> partition id
+    remap_facts        shard, key (PK) | value: JSON text
+                       what the shard's bindings depend on: upstream identities
+                       (topic ids, table identities), each output's committed state
 
 A store of an earlier version gains the tables it lacks when it is opened
 (``create_all`` creates missing tables and leaves existing ones as they are),
@@ -116,6 +119,15 @@ coordinates_table = sa.Table(
     sa.Column("name", sa.String(1024), primary_key=True),
     sa.Column("coordinate", sa.Integer, nullable=False),
     sa.UniqueConstraint("shard", "coordinate", name="remap_coordinates_unique"),
+)
+
+
+facts_table = sa.Table(
+    "remap_facts",
+    metadata,
+    sa.Column("shard", sa.String(255), primary_key=True),
+    sa.Column("key", sa.String(1024), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
 )
 
 
@@ -750,11 +762,36 @@ class SqlRemapStore:
                 conn.execute(sa.insert(coordinates_table), new)
         return known
 
+    def facts(self, shard: str) -> dict[str, str]:
+        sel = sa.select(facts_table.c.key, facts_table.c.value).where(
+            facts_table.c.shard == shard)
+        with self._tx(readonly=True) as conn:
+            return {str(k): str(v) for k, v in conn.execute(sel)}
+
+    def put_facts(self, shard: str, facts: Mapping[str, str | None]) -> None:
+        if not facts:
+            return
+        gone = [k for k, v in facts.items() if v is None]
+        rows = [{"shard": shard, "key": k, "value": v} for k, v in facts.items() if v is not None]
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as upsert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
+        with self._tx() as conn:
+            if gone:
+                conn.execute(sa.delete(facts_table).where(
+                    facts_table.c.shard == shard, facts_table.c.key.in_(gone)))
+            if rows:
+                ins = upsert(facts_table)
+                conn.execute(ins.on_conflict_do_update(
+                    index_elements=["shard", "key"], set_={"value": ins.excluded.value}), rows)
+
     def drop_shard(self, shard: str) -> None:
         self._tails.pop(shard, None)
         with self._tx() as conn:
             conn.execute(sa.delete(bindings_table).where(bindings_table.c.shard == shard))
             conn.execute(sa.delete(coordinates_table).where(coordinates_table.c.shard == shard))
+            conn.execute(sa.delete(facts_table).where(facts_table.c.shard == shard))
             conn.execute(sa.delete(shards_table).where(shards_table.c.shard == shard))
 
     def lock_driver(self, holder: dict[str, Any]) -> Callable[[], None] | None:

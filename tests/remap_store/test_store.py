@@ -484,6 +484,28 @@ def test_coordinates_are_dense_durable_and_shared(store: RemapStore, store_url: 
     assert store.coordinates("other") == {'["z",5]': 0}
 
 
+def test_facts_are_durable_per_shard_replaced_removed_and_dropped(
+        store: RemapStore, store_url: str) -> None:
+    """Facts a shard's state depends on: set and replaced in one call,
+    removed by None, seen alike by a second handle, per shard, and gone with
+    the shard (a re-created source must not inherit an old topic's id)."""
+    assert store.facts("s") == {}
+    store.put_facts("s", {"kafka.topic:a": '{"ids": ["x"]}', "sink:o": '{"upper": 5}'})
+    store.put_facts("t", {"sink:o": '{"upper": 1}'})
+    other = open_store(store_url)
+    try:
+        assert other.facts("s") == {"kafka.topic:a": '{"ids": ["x"]}', "sink:o": '{"upper": 5}'}
+        other.put_facts("s", {"sink:o": '{"upper": 9}', "kafka.topic:a": None, "new": "1"})
+    finally:
+        other.close()
+    assert store.facts("s") == {"sink:o": '{"upper": 9}', "new": "1"}
+    store.put_facts("s", {})  # nothing to do
+    store.create_shard("s", "kafka")
+    store.drop_shard("s")
+    assert store.facts("s") == {}
+    assert store.facts("t") == {"sink:o": '{"upper": 1}'}
+
+
 def test_coordinates_race(store_url: str) -> None:
     """Two assigners at once never give one id to two names, or two ids to one."""
     results: list[dict[str, int]] = []
