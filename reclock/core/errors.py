@@ -64,6 +64,13 @@ class FrontierRegression(BindingError):
     """A source's probed frontier went backwards (e.g. a recreated Kafka topic)."""
 
 
+class IdentityChanged(DefiniteError):
+    """An object the pipeline depends on was replaced behind its back under the
+    same name: a topic deleted and re-created, a sink's progress record removed
+    or rolled back. Never skipped or replayed silently: the message names the
+    object, what was known and what is found, and the hint the recovery."""
+
+
 class UpperMismatch(TransientError):
     """``compare_and_append`` found the store's upper elsewhere than expected.
 

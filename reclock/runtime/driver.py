@@ -97,6 +97,7 @@ from reclock.runtime.dataplane import (
     run_local,
 )
 from reclock.runtime.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
+from reclock.runtime.ledger import CommitLedger
 from reclock.runtime.memory import release_free_memory, release_if_idle
 from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.replay import heal
@@ -344,6 +345,8 @@ class SourceRunner:
         #: the remap shard as the pipeline read it at start, for the first
         #: open only (:meth:`~remap_store.base.RemapStore.open_shards`)
         self._prefetched = bindings
+        #: what the outputs committed, as the driver recorded it (runtime/ledger.py)
+        self.ledger = CommitLedger(store, self.name)
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -443,6 +446,12 @@ class SourceRunner:
             self._set_health(DROPPED)
         elif self.health.status not in (FINISHED, STOPPED):
             self._set_health(STOPPED)
+        if self._opened:
+            try:
+                self.ledger.record(((o.name, o.state) for o in self.outputs), force=True)
+            except Exception as exc:  # the store may be away; the next open compares anyway
+                log.warning("source %s: recording the outputs' uppers failed: %s",
+                            self.name, exc)
         if self._jobs is not None:
             self._jobs.shutdown(wait=not self._abandoned)
             self._jobs = None
@@ -470,10 +479,13 @@ class SourceRunner:
         self._describe_outputs()
         self._resnap = self._requested()
         self._clear_spill()
+        self.ledger.read()
         keys: dict[str, str] = {}
         for out in self.outputs:
             out.sink.ensure(out.user_schema)
             out.state = out.sink.state()
+            if out.index not in self._resnap:  # a re-snapshot rebuilds a lost output
+                self.ledger.check(out.name, out.sink, out.state)
             out.upsert = None
             if out.upsert_key is None:
                 continue
@@ -923,6 +935,8 @@ class SourceRunner:
                     raise Reopen(f"source {self.name!r}: output {out.name!r}: the key state "
                                  f"could not be saved ({exc})") from exc
             out.state = new
+            if replacing:
+                self.ledger.replace(out.name, new)
             if replacing and self.requests is not None:
                 self.requests.done(out.name, self._resnap.pop(out.index))
                 self.events.log(self.name, "resnapshot", outputs=[out.name], state="committed")
@@ -1017,6 +1031,7 @@ class SourceRunner:
                          for f in schema}).cast(schema)
 
     def _resume_and_acknowledge(self, b: Bindings[Any]) -> None:
+        self.ledger.record((o.name, o.state) for o in self.outputs)
         resume = b.source_upper_at(self._resume_into())
         if self.resume is not None and not self.resume.less_equal(resume):
             raise AssertionError(f"resumption frontier moved backwards: {self.resume} -> {resume}")
