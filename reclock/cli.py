@@ -8,6 +8,7 @@ landed exactly once.
     reclock drop FILE SOURCE              stop a source promptly, keep its outputs
     reclock undrop FILE SOURCE            the next run resumes a dropped source
     reclock resnapshot FILE SOURCE OUTPUT read one output's upstream again, correcting it
+    reclock accept-recreated FILE SOURCE TOPIC  read a re-created topic from its start
     reclock verify FILE                   audit every output against the bindings
     reclock load FILE SOURCE OUTPUT --from PATH_OR_URL   load files once, at one IntoTime
 
@@ -320,8 +321,10 @@ def cmd_bindings(args: argparse.Namespace) -> int:
         ids = {c: json.loads(n) for n, c in pipe.store.coordinates(args.source).items()}
     finally:
         pipe.close()
-    legend = ("  partition ids: " + ", ".join(f"{c} = {t}/{p}" for c, (t, p) in sorted(ids.items()))
-              if ids else None)
+    # ([topic, partition, topic id] for a topic's re-created incarnations)
+    legend = ("  partition ids: " + ", ".join(
+        f"{c} = {n[0]}/{n[1]}" + (f" (topic id {n[2]})" if len(n) > 2 else "")
+        for c, n in sorted(ids.items())) if ids else None)
     if args.at is not None:
         t = parse_time(args.at)
         f = b.frontier_at(t)
@@ -452,6 +455,17 @@ def cmd_undrop(args: argparse.Namespace) -> int:
         pipe.close()
     print(f"source {args.source} undropped: the next run resumes it from its outputs' "
           "frontier (a running driver does not restart it)")
+    return 0
+
+
+def cmd_accept_recreated(args: argparse.Namespace) -> int:
+    from reclock.pipeline import Pipeline
+
+    pipe = Pipeline(_load(args.file))
+    try:
+        print(pipe.accept_recreated(args.source, args.topic))
+    finally:
+        pipe.close()
     return 0
 
 
@@ -595,6 +609,13 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("source", help="the source's name")
     rs.add_argument("output", help="the output's name")
     rs.set_defaults(fn=cmd_resnapshot)
+    ac = sub.add_parser("accept-recreated", help="a topic of a source was deleted and "
+                        "re-created: read the new topic from its first record (after the old "
+                        "one's) from the next open on")
+    ac.add_argument("file", help=file_help)
+    ac.add_argument("source", help="the source's name")
+    ac.add_argument("topic", help="the re-created topic")
+    ac.set_defaults(fn=cmd_accept_recreated)
     ld = sub.add_parser("load", help="load CSV, JSON-lines or Parquet files into an output of "
                         "a oneshot source at one IntoTime, once (waits when a driver runs)")
     ld.add_argument("file", help=file_help)

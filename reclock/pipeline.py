@@ -54,7 +54,7 @@ from reclock.runtime.resnapshot import Requests
 from reclock.runtime.snapshot_progress import describe as describe_snapshot
 from remap_store import RemapStore, open_store
 from sinks.base import PersistSink, SinkContext, check_output_names
-from sources.base import Source, SourceContext
+from sources.base import Facts, Source, SourceContext
 
 log = logging.getLogger("reclock")
 
@@ -129,7 +129,9 @@ class Pipeline:
         return cast("Source[Any]", block.build(src.name, SourceContext(
             self.clock, self.identity, tuple(o.name for o in src.outputs),
             state_dir=self.state_dir,
-            coordinates=functools.partial(self.store.coordinates, src.name))))
+            coordinates=functools.partial(self.store.coordinates, src.name),
+            facts=Facts(functools.partial(self.store.facts, src.name),
+                        functools.partial(self.store.put_facts, src.name)))))
 
     def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig
                 ) -> OutputRuntime:
@@ -221,6 +223,20 @@ class Pipeline:
             mark = self._drop_mark(source) or {}
             self.drop_marker(source).write_text(json.dumps({**mark, "released": released}))
         return released
+
+    def accept_recreated(self, source: str, name: str) -> str:
+        """``reclock accept-recreated``: the upstream object ``name`` that
+        ``source`` found replaced (a re-created topic) is read as it is now,
+        from its start, by the source's next open (the source's
+        ``accept_replaced``). Says what was accepted."""
+        src = self.source_config(source)
+        shards = self.store.shards()
+        last = self.store.read(source).last if source in shards else None
+        conn = self._connector(src)
+        try:
+            return conn.accept_replaced(name, None if last is None else last.frontier)
+        finally:
+            conn.close()
 
     def _drop_mark(self, source: str) -> dict[str, Any] | None:
         """What the drop marker records (``None``: the source is not dropped;

@@ -190,10 +190,11 @@ def test_topic_faults_give_health_with_hints(tmp_path: Path, spark: Any, kafka: 
         wait_for(lambda: r.health.status == "stalled" and r.health.definite,
                  what="definite error for a deleted topic")
         assert "does not exist" in (r.health.error or "") and r.health.hint
-        kafka.create_topic(topic, 1)  # re-created: the frontier would go backwards
+        kafka.create_topic(topic, 1)  # re-created: a new topic id
         produce(kafka.bootstrap, topic, recs(0, 0, 3))
-        wait_for(lambda: "went back" in (r.health.error or ""), what="re-created topic error")
-        assert r.health.hint and "re-create" in r.health.hint
+        wait_for(lambda: "was deleted and re-created" in (r.health.error or ""),
+                 what="re-created topic error")
+        assert r.health.definite and "reclock accept-recreated" in (r.health.hint or "")
 
 
 def test_retention_before_read_is_a_definite_error(tmp_path: Path, spark: Any, kafka: Any
