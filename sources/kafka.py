@@ -802,6 +802,9 @@ class KafkaSource(SourceBase):
         if topic_id == rec.current:
             self._seen_ids[topic] = topic_id
             return False
+        if rec.accept != topic_id:  # accepted meanwhile (`reclock accept-recreated`)?
+            self.identities.load()
+            rec = self.identities.get(topic) or rec
         if self.pattern is not None:
             base = 0
         elif rec.accept == topic_id:

@@ -70,6 +70,7 @@ from reclock.core.columns import (
 )
 from reclock.core.errors import (
     DefiniteError,
+    IdentityChanged,
     ReclockError,
     Reopen,
     TransientError,
@@ -432,7 +433,7 @@ class SourceRunner:
                     log.error("source %s: stopped: %s (%s)", self.name, msg, hint)
                     self._set_health(STOPPED, f"Superseded: {msg}", hint, True)
                     break
-                if isinstance(exc, SinkFenced | Reopen):
+                if isinstance(exc, SinkFenced | Reopen | IdentityChanged):
                     self._opened = False  # re-read every output's durable state
                 self._set_health(STALLED, f"{type(exc).__name__}: {msg}", hint, definite)
                 self._stop.wait(backoff)

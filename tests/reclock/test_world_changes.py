@@ -250,3 +250,54 @@ def test_a_task_that_read_a_topic_replaced_since_its_probe_fails_and_commits_not
     else:
         raise AssertionError("a read of the re-created topic passed for the old one")
     assert read(_topic_id(kafka, topic)) == 5
+
+
+def test_a_listed_topic_recreated_while_running_stalls_its_output_only_until_accepted(
+        tmp_path: Path, spark: Any, kafka: Any, capsys: Any) -> None:
+    """`topics: [a, b]` with an output each: `a` deleted and re-created while
+    the driver runs. Its output stalls with the definite error (the other
+    goes on reading `b`); `reclock accept-recreated` while it runs takes the
+    new `a` up, read from its first record."""
+    run = uuid.uuid4().hex[:8]
+    a, b = f"wla{run}", f"wlb{run}"
+    kafka.create_topic(a, 1)
+    kafka.create_topic(b, 1)
+    _produce(kafka.bootstrap, a, 1, 0, 4)
+    _produce(kafka.bootstrap, b, 1, 100, 4)
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path / 'state'}
+timestamp_interval: 200ms
+sources:
+  - name: relay
+    kafka: {{bootstrap_servers: "{kafka.bootstrap}", topics: [{a}, {b}], output_per_topic: true,
+             topic_outputs: {{{a}: oa, {b}: ob}}, timeout: 5s}}
+    outputs:
+      - {{name: oa, format: {{type: json, schema: {{id: int64}}}}, sink: file}}
+      - {{name: ob, format: {{type: json, schema: {{id: int64}}}}, sink: file}}
+""")
+    cfg = load_config(path)
+
+    def ids(output: str) -> Counter[int]:
+        from tests.running import read_updates
+
+        t = read_updates(cfg, "relay", output)
+        assert all(r["_diff"] == 1 and r["_error"] is None for r in t.to_pylist())
+        return Counter(r["id"] for r in t.to_pylist())
+
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: sum(durable(r).values()) == 8, 60, "8 records")
+        kafka.delete_topic(a)
+        kafka.create_topic(a, 1)
+        _produce(kafka.bootstrap, a, 1, 10, 3)
+        wait_for(lambda: r.outputs[0].health.definite, 60,
+                 lambda: f"output oa's definite error, {r.outputs[0].health}")
+        assert "was deleted and re-created" in (r.outputs[0].health.error or "")
+        _produce(kafka.bootstrap, b, 1, 200, 2)  # the other topic goes on
+        wait_for(lambda: ids("ob") == Counter([*range(100, 104), 200, 201]), 60, "b goes on")
+        assert ids("oa") == Counter(range(4))
+        assert main(["accept-recreated", str(path), "relay", a]) == 0
+        wait_for(lambda: ids("oa") == Counter([*range(4), 10, 11, 12]), 60,
+                 lambda: f"the new a, {r.outputs[0].health}")
+        wait_for(lambda: not r.outputs[0].health.definite, 60, "oa running again")
