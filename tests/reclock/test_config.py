@@ -122,7 +122,7 @@ def test_full_valid_example(tmp_path: Path) -> None:
                 sink: file
               - name: orders
                 format: {type: avro, registry_url: "http://registry:8081", subject: o-value}
-                envelope: debezium
+                envelope: {type: debezium, key: [order_id]}
                 sink: {type: console, max_rows: 5}
         """)
     cfg = load_config(path, env={})
@@ -167,7 +167,7 @@ def test_full_valid_example(tmp_path: Path) -> None:
         path=tmp_path / "var" / "state" / "outputs" / "shop" / "customers")
     orders = shop.output("orders")
     assert orders.format == AvroFormat(registry_url="http://registry:8081", subject="o-value")
-    assert orders.envelope == DebeziumEnvelope()
+    assert orders.envelope == DebeziumEnvelope(key=("order_id",))
     assert orders.sink == ConsoleSinkConfig(max_rows=5)
 
 
@@ -242,6 +242,40 @@ def test_models_are_frozen(tmp_path: Path) -> None:
         cfg.sources[0].name = "other"
 
 
+def test_a_debezium_envelope_without_a_key_is_refused(tmp_path: Path) -> None:
+    """Reported: a keyless ``envelope: debezium`` over events with ``before:
+    null`` left a deleted row live, with error rows beside it (Materialize
+    requires a key for this envelope). Refused where it is written, saying
+    what to add; with a key the same events apply exactly
+    (tests/sources/test_kafka_source.py)."""
+    path = write(tmp_path, """
+        sources:
+          - name: cdc
+            kafka: {bootstrap_servers: "b:9092", topic: t}
+            outputs:
+              - {name: a, format: json, envelope: debezium, sink: console}
+              - name: b
+                envelope: {type: debezium}
+                sink: console
+              - name: c
+                envelope: {type: debezium, key: []}
+                sink: console
+        """)
+    lines = errors_of(path)
+    assert [line.split(": ", 2)[:2] for line in lines] == [
+        [at(path, 5, "debezium"), "sources[0].outputs[0].envelope"],
+        [at(path, 7, "{type"), "sources[0].outputs[1].envelope"],
+        [at(path, 10, "[]"), "sources[0].outputs[2].envelope.key"],
+    ]
+    for line in lines:
+        assert line.endswith(
+            "the debezium envelope needs a key: the key columns of the images, e.g. "
+            "envelope: {type: debezium, key: [id]} with the upstream table's primary key. "
+            "Without one, an update with 'before: null' or a delete whose before image holds "
+            "only the key (REPLICA IDENTITY DEFAULT) cannot retract the old row, which would "
+            "stay live beside error rows")
+
+
 def test_shorthand_forms(tmp_path: Path) -> None:
     path = write(tmp_path, """
         sources:
@@ -249,7 +283,7 @@ def test_shorthand_forms(tmp_path: Path) -> None:
             generator: {kind: counter, value_format: bytes}
             outputs:
               - {name: a, format: text, key_format: bytes, envelope: none, sink: console}
-              - {name: b, format: json, envelope: debezium, sink: file}
+              - {name: b, format: json, envelope: {type: debezium, key: [id]}, sink: file}
               - name: c
                 format: {type: json}
                 envelope: {type: none}
@@ -258,7 +292,7 @@ def test_shorthand_forms(tmp_path: Path) -> None:
     a, b, c = load_config(path, env={}).sources[0].outputs
     assert (a.format, a.key_format, a.envelope, a.sink) == (
         TextFormat(), BytesFormat(), NoneEnvelope(), ConsoleSinkConfig(max_rows=20))
-    assert (b.format, b.envelope) == (JsonFormat(), DebeziumEnvelope())
+    assert (b.format, b.envelope) == (JsonFormat(), DebeziumEnvelope(key=("id",)))
     assert isinstance(b.sink, FileSinkConfig)
     assert (c.format, c.envelope, c.sink) == (JsonFormat(), NoneEnvelope(), ConsoleSinkConfig())
 
