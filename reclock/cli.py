@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from reclock.core.errors import ReclockError
 from reclock.core.frontier import render as render_frontier
+from reclock.core.secrets import install_log_filter, scrub, scrub_data
 
 log = logging.getLogger("reclock")
 
@@ -77,6 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = _load(args.file)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    install_log_filter()
     sys.stderr.write(f"reclock: running {len(cfg.sources)} source(s); state in {cfg.state_dir}\n")
     runners = run(cfg, duration=args.duration)
     # The run is over and is only shutting down now. Python puts the default
@@ -88,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for r in runners:
         from reclock.pipeline import progress_line
 
-        sys.stderr.write(progress_line(r.status()) + "\n")
+        sys.stderr.write(scrub(progress_line(r.status())) + "\n")
     if runners.stalled:
         sys.stderr.write(f"reclock: stopped; stalled at the end: {', '.join(runners.stalled)}\n")
         return 1
@@ -275,7 +277,7 @@ def status_exit_code(doc: dict[str, Any]) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from reclock.runtime.snapshot_progress import describe as describe_snapshot
 
-    doc = collect_status(args.file, args.history)
+    doc = scrub_data(collect_status(args.file, args.history))
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
         return status_exit_code(doc)
@@ -647,11 +649,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    install_log_filter()  # (cmd_run installs it again on the handler it adds)
     try:
         rc: int = args.fn(args)
         return rc
     except ReclockError as exc:
-        sys.stderr.write(f"reclock: {exc}\n")
+        sys.stderr.write(f"reclock: {scrub(str(exc))}\n")
         return 2
     except KeyboardInterrupt:
         return 130

@@ -7,7 +7,9 @@ decoders, the remap store, and (when running) the Spark session.
 writes ``state_dir/status.json`` every second, watches for drop requests, and
 stops cleanly on SIGINT/SIGTERM. With an ``http`` section it also serves
 metrics, the status and its recent history, and a status page
-(:mod:`reclock.statuspage`).
+(:mod:`reclock.statuspage`). What it lets out (the status document, the
+progress log, the lines on stderr, log records) is scrubbed of the
+configuration's secrets (:mod:`reclock.core.secrets`).
 
 State directory layout::
 
@@ -39,11 +41,12 @@ from typing import Any, TextIO, cast
 import pyarrow as pa
 
 from reclock import faults
-from reclock.config import OutputConfig, PipelineConfig, SourceConfig
+from reclock.config import OutputConfig, PipelineConfig, SourceConfig, config_secrets
 from reclock.core.bindings import Bindings
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import rename_columns
 from reclock.core.errors import DefiniteError, TransientError
+from reclock.core.secrets import install_log_filter, register, scrub, scrub_json
 from reclock.envelopes import Envelope, NoneEnvelope, envelope_for
 from reclock.envelopes.keystate import CacheShares
 from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner
@@ -72,6 +75,9 @@ class Pipeline:
     def __init__(self, cfg: PipelineConfig, clock: Clock | None = None) -> None:
         self.cfg = cfg
         self.clock = clock or SystemClock()
+        # (a configuration loaded from YAML registered its secrets then; one
+        # built in code registers them here)
+        register(config_secrets(cfg))
         self.state_dir = Path(cfg.state_dir)
         self._store: RemapStore | None = None
         self._identity: str | None = None
@@ -337,15 +343,17 @@ def status_document(runners: list[SourceRunner], dropped: list[str], clock: Cloc
     ``/metrics`` (:mod:`reclock.metrics`), read by ``reclock status``: the
     single source of truth for what operators see. ``config``: the
     fingerprint of the configuration the driver runs
-    (:attr:`~reclock.config.schema.PipelineConfig.fingerprint`)."""
-    return {
+    (:attr:`~reclock.config.schema.PipelineConfig.fingerprint`). Every
+    string in it is scrubbed of secrets (:mod:`reclock.core.secrets`)."""
+    doc: dict[str, Any] = scrub_json({
         "pid": os.getpid(),
         "updated_ms": clock.now(),
         "http": http,
         "config": config,
         "sources": [r.status() for r in runners],
         "dropped": list(dropped),
-    }
+    })
+    return doc
 
 
 def write_status(path: Path, runners: list[SourceRunner], dropped: list[str], clock: Clock,
@@ -392,6 +400,7 @@ def run(
     or until every source finished. Returns the runners (for tests), with
     ``http_url`` set when the configuration enables the HTTP endpoint."""
     pipe = Pipeline(cfg, clock)
+    install_log_filter()  # every record a root handler writes is scrubbed of secrets
     stop = stop or threading.Event()
     # Arrow's datasets (and pandas with them: about 1 s) are imported lazily
     # for the CLI; a driver imports them now, not in its first compaction
@@ -518,7 +527,7 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
             if out is not None and time.monotonic() - last_print >= 5:
                 last_print = time.monotonic()
                 for r in runners:
-                    out.write(progress_line(r.status()) + "\n")
+                    out.write(scrub(progress_line(r.status())) + "\n")
                 out.flush()
             if duration is not None and time.monotonic() - started >= duration:
                 break

@@ -56,7 +56,9 @@ from reclock.core.errors import (
     UpperMismatch,
 )
 from reclock.core.frontier import Antichain
+from reclock.core.secrets import scrub
 from reclock.core.time import TIME_KINDS, IntoTime, encoded_canonical, time_type
+from reclock.core.urls import mask_url, url_secrets
 from remap_store import delta
 from remap_store.base import ReadFrom
 
@@ -105,11 +107,9 @@ def normalize_url(url: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced, for logs and errors."""
-    try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "<unparseable url>"
+    """The URL with any password replaced, for logs and errors
+    (:func:`reclock.core.urls.mask_url`)."""
+    return mask_url(url)
 
 
 coordinates_table = sa.Table(
@@ -315,13 +315,17 @@ class SqlRemapStore:
     def __repr__(self) -> str:
         return f"SqlRemapStore({redact_url(self.url)!r})"
 
+    def _said(self, exc: DBAPIError) -> str:
+        """What the database said, scrubbed of the URL's password."""
+        return scrub(str(exc.orig), url_secrets(self.url))
+
     # -- plumbing -------------------------------------------------------------
     def _retry(self, fn: Callable[[], R]) -> R:
         try:
             return fn()
         except OperationalError as exc:
             raise TransientError(
-                f"remap store {redact_url(self.url)} unavailable: {exc.orig}",
+                f"remap store {redact_url(self.url)} unavailable: {self._said(exc)}",
                 hint="check that the database is up; reclock retries with backoff",
             ) from exc
 
@@ -356,13 +360,13 @@ class SqlRemapStore:
                     yield conn
         except OperationalError as exc:
             raise TransientError(
-                f"remap store {redact_url(self.url)} unavailable: {exc.orig}",
+                f"remap store {redact_url(self.url)} unavailable: {self._said(exc)}",
                 hint="check that the database is up; reclock retries with backoff",
             ) from exc
         except DBAPIError as exc:
             if getattr(exc, "connection_invalidated", False):
                 raise TransientError(
-                    f"remap store {redact_url(self.url)} connection lost: {exc.orig}"
+                    f"remap store {redact_url(self.url)} connection lost: {self._said(exc)}"
                 ) from exc
             raise
 

@@ -108,8 +108,9 @@ and the progress topic with one partition and no time or size retention. It
 holds one small record per commit. An existing progress topic that is
 compacted or has a time or size retention is refused with the fix: a vanished
 chain means a lost state. ``properties`` are passed to librdkafka
-unchanged (security settings, timeouts); their values are never logged, and
-are masked in the messages of errors that quote them.
+unchanged (security settings, timeouts); the values of those librdkafka
+marks sensitive are never logged, and are masked in the messages of errors
+that quote them (:mod:`reclock.core.secrets`).
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -152,6 +153,7 @@ from reclock.core.columns import (
     SRC_TS,
 )
 from reclock.core.errors import ReclockError, TransientError
+from reclock.core.secrets import KAFKA_PROPERTIES, kafka_secret_values, scrub
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from sinks._fs import (
     atomic_write,
@@ -640,13 +642,10 @@ class KafkaSink:
         self._chain: _Chain | None = None
 
     def _redact(self, text: str) -> str:
-        """``text`` without any value of ``properties`` (librdkafka quotes
-        invalid values in its messages; values may be credentials)."""
-        for value in self._properties.values():
-            v = str(value)
-            if len(v) >= 3:
-                text = text.replace(v, "***")
-        return text
+        """``text`` scrubbed of the sensitive properties' values (librdkafka
+        quotes invalid values in its messages) and of every secret the
+        process knows (:func:`reclock.core.secrets.scrub`)."""
+        return scrub(text, kafka_secret_values(self._properties))
 
     def __repr__(self) -> str:
         # Never the properties: they may hold credentials.
@@ -1390,8 +1389,10 @@ class KafkaSinkConfig(SinkConfigBase):
     (a zombie too) uses the same id, so the broker fences the older."""
     key_columns: tuple[str, ...] = ()
     """Columns whose JSON forms the record key (default: no key)."""
-    properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    """Extra librdkafka producer settings; secret-looking values are never printed."""
+    properties: Annotated[dict[str, str | int | float | bool], KAFKA_PROPERTIES] = Field(
+        default_factory=dict)
+    """Extra librdkafka producer settings; the values of the properties
+    librdkafka marks sensitive are never printed."""
     timeout: DurationMs = Field(default=int(DEFAULT_TIMEOUT_S * 1000), gt=0)
     """Bound on one blocking broker call (a flush, a commit, a metadata or
     offset request); past it the output reports a transient stall and the

@@ -121,6 +121,7 @@ from pydantic import AfterValidator, Field
 from pydantic_core import InitErrorDetails
 
 from reclock.clients.postgres import (
+    DSN_SECRET,
     checked_dsn,
     connect_defaults,
     parse_dsn,
@@ -1234,8 +1235,10 @@ class PostgresSinkConfig(SinkConfigBase):
 
     type: Literal["postgres"] = "postgres"
     """``postgres``."""
-    dsn: Annotated[str, AfterValidator(checked_dsn)] = Field(min_length=1)
-    """``postgresql://user:${PGPASSWORD}@host:port/db``; the password is never printed."""
+    dsn: Annotated[str, AfterValidator(checked_dsn), DSN_SECRET] = Field(min_length=1)
+    """``postgresql://user:${PGPASSWORD}@host:port/db`` (a password holding
+    reserved characters percent-encoded) or ``host=... dbname=...``; checked
+    when the file is loaded; the password is never printed."""
     table: str = Field(min_length=1, max_length=63)
     """Target table (created with matching types when absent)."""
     schema_: str = Field(default="public", alias="schema", min_length=1, max_length=63)

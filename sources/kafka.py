@@ -86,6 +86,7 @@ from reclock.core.clock import Clock
 from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.core.errors import DefiniteError, FrontierRegression, TransientError
 from reclock.core.frontier import Antichain, kafka_frontier
+from reclock.core.secrets import KAFKA_PROPERTIES, redact_kafka_properties
 from reclock.core.time import Partitioned, kafka_offsets
 from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
 from sources.kafka_identity import TopicIdentities, TopicRecord, recreated
@@ -122,12 +123,11 @@ def native_reader() -> Any:
 def _conf_str(v: Any) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
 
-_SECRET_KEYS = ("password", "secret", "token", "jaas", "key.password")
-
 
 def redact_properties(props: dict[str, Any]) -> dict[str, Any]:
-    return {k: ("***" if any(s in k.lower() for s in _SECRET_KEYS) else v)
-            for k, v in props.items()}
+    """``props`` for display: the properties librdkafka marks sensitive as
+    ``***`` (:data:`reclock.core.secrets.KAFKA_SENSITIVE_PROPERTIES`)."""
+    return redact_kafka_properties(props)
 
 
 def _client_conf(bootstrap: str, properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -1217,10 +1217,11 @@ class KafkaConfig(ConnectorConfig):
     start_timestamp: int | None = Field(default=None, ge=0)
     """With ``start: timestamp``: milliseconds since the epoch; each partition
     starts at its first record at or after it."""
-    properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    properties: Annotated[dict[str, str | int | float | bool], KAFKA_PROPERTIES] = Field(
+        default_factory=dict)
     """Extra librdkafka settings passed straight to every client (for example
-    ``security.protocol``, ``sasl.username``, ``sasl.password``); values of
-    secret-looking keys are never printed."""
+    ``security.protocol``, ``sasl.username``, ``sasl.password``); the values
+    of the properties librdkafka marks sensitive are never printed."""
     timeout: DurationMs = 10_000
     """Timeout of metadata and offset requests, and of a read task waiting for
     its range."""

@@ -18,6 +18,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from reclock.core.errors import DefiniteError, TransientError
+from reclock.core.urls import mask_url
 from reclock.formats.base import (
     DecodeResult,
     FormatError,
@@ -48,7 +49,7 @@ class SchemaRegistryResolver:
     def __init__(self, url: str, timeout: float = 10.0) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise FormatError(f"registry_url must be an http(s) URL, got {_redact(url)!r}")
+            raise FormatError(f"registry_url must be an http(s) URL, got {mask_url(url)!r}")
         self._auth: str | None = None
         if parts.username is not None:
             user = urllib.parse.unquote(parts.username)
@@ -117,14 +118,6 @@ class SchemaRegistryResolver:
         return self._avro_text(
             self._get(f"/subjects/{quoted}/versions/latest"), f"subject {subject!r}"
         )
-
-
-def _redact(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 _AVRO_PRIMITIVES: dict[str, pa.DataType] = {

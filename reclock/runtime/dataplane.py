@@ -50,6 +50,7 @@ from reclock.core.columns import (
 )
 from reclock.core.errors import DefiniteError, ReclockError, classify
 from reclock.core.frontier import Antichain
+from reclock.core.secrets import install_log_filter, register
 from reclock.envelopes.base import Envelope, meta_columns
 from reclock.envelopes.keystate import IntentWriter, KeyedIntents
 from sinks.base import Stager, output_schema, refuse_rows
@@ -112,6 +113,9 @@ class JobContext:
     #: carried in the task results)
     spill_dir: str | None = None
     spill_bytes: int = 8 * 2**20
+    #: the driver's secrets (:mod:`reclock.core.secrets`): a task's worker
+    #: registers them and scrubs its log records of them too
+    secrets: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -174,6 +178,9 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
 
 def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
     """Read, reclock, decode and stage one task's range."""
+    if ctx.secrets:  # (executors log to the driver's stderr in local mode)
+        register(ctx.secrets)
+        install_log_filter()
     faults.hang_point("hang")
     started = time.perf_counter()
     res = TaskResult(task.index)

@@ -79,6 +79,7 @@ from reclock.core.errors import (
 )
 from reclock.core.frontier import Antichain, frontier_distance
 from reclock.core.mint import RemapOperator
+from reclock.core.secrets import SECRETS
 from reclock.core.time import IntoTime
 from reclock.envelopes import Envelope, NoneEnvelope, UpsertState, envelope_for
 from reclock.envelopes.keystate import (
@@ -829,7 +830,8 @@ class SourceRunner:
         return JobContext(self.name, self.source.kind, batch_id, b, self.source.reader(), plans,
                           flush_bytes=self.settings.max_bytes_per_task,
                           spill_dir=None if spill is None else str(spill),
-                          spill_bytes=min(self.settings.settle_bytes, 8 * 2**20))
+                          spill_bytes=min(self.settings.settle_bytes, 8 * 2**20),
+                          secrets=SECRETS.literals())
 
     def _execute(self, ctx: JobContext, tasks: list[Any]) -> list[TaskResult]:
         progress = self._progress.pop(ctx.batch_id, None)
