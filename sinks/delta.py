@@ -192,6 +192,7 @@ from sinks._fs import (
 )
 from sinks._store import Location, S3Access, split_uri, store_error
 from sinks.base import (
+    Owner,
     SinkContext,
     SinkError,
     SinkFenced,
@@ -249,6 +250,9 @@ LOCK_NAME = "_reclock.lock"
 KEY_UPPER = "reclock.upper"
 KEY_PROGRESS = "reclock.progress"
 KEY_OUTPUT = "reclock.output"
+#: commitInfo keys naming the pipeline that committed (:class:`~sinks.base.Owner`)
+KEY_PIPELINE = "reclock.pipeline"
+KEY_PIPELINE_STATE = "reclock.pipeline_state"
 #: commitInfo key of maintenance commits: ``compact``, ``expire``, ``retention``.
 KEY_MAINTENANCE = "reclock.maintenance"
 RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
@@ -898,6 +902,11 @@ class DeltaSink:
     :meth:`vacuum_orphans` and the schedule of :meth:`maintain`.
     ``compaction``: compact on a schedule (see :meth:`maintain`); ``None``
     (the default here; the file sink's config turns it on) never does.
+    ``owner``: the pipeline this output belongs to, recorded in the commit
+    info of every commit (``reclock.pipeline``, ``reclock.pipeline_state``)
+    and compared whenever the state is read: a state another pipeline
+    committed is :class:`~sinks.base.OutputOwned` (None: not recorded nor
+    compared).
     """
 
     holds_state = False  # an update log
@@ -914,8 +923,10 @@ class DeltaSink:
         compaction: Compaction | None = None,
         create_lazily: bool = False,
         checkpoint_aside: bool = False,
+        owner: Owner | None = None,
     ) -> None:
         self.name = name
+        self.owner = owner
         self.location = Location.of(name, path, storage)
         self.uri = self.location.uri
         self.app_id = f"reclock:{name}"
@@ -1133,6 +1144,9 @@ class DeltaSink:
                     "disagrees with itself",
                     hint="another writer uses this output's application id; give the output "
                          "its own table")
+            if self.owner is not None:
+                self.owner.check(self.name, self.uri, _text(info.get(KEY_PIPELINE)),
+                                 _text(info.get(KEY_PIPELINE_STATE)))
             progress = info.get(KEY_PROGRESS)
             return progress if isinstance(progress, str) else None
         return None  # the table's whole log, and no commit of ours: never committed
@@ -1162,7 +1176,7 @@ class DeltaSink:
         version = _encode_txn(new.upper)
         adds = [_check_descriptor(self.name, d) for d in staged]
         custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(version),
-                  KEY_PROGRESS: new.progress}
+                  KEY_PROGRESS: new.progress, **self._owner_keys()}
         props = CommitProperties(app_transactions=[Transaction(self.app_id, version)],
                                  custom_metadata=custom)
         if self._to_create is not None:
@@ -1215,6 +1229,15 @@ class DeltaSink:
                 )
             self._kept.update(d["path"] for d in adds)  # committed: no orphans
         self._housekeep(head.version + 1)
+
+    def _owner_keys(self) -> dict[str, str]:
+        """The commit info keys that name this output's pipeline."""
+        if self.owner is None:
+            return {}
+        keys = {KEY_PIPELINE: self.owner.pipeline}
+        if self.owner.state is not None:
+            keys[KEY_PIPELINE_STATE] = self.owner.state
+        return keys
 
     def _head_of(self, dt: DeltaTable) -> _Head:
         """What snapshot ``dt`` tells a commit on top of it."""
@@ -1508,7 +1531,8 @@ class DeltaSink:
                         "size": f.size}} for run in plan.runs for f in run]
         actions += [{"add": self._add_action(d, data_change=False)} for d in written]
         custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(plan.txn),
-                  KEY_PROGRESS: state.progress, KEY_MAINTENANCE: "compact"}
+                  KEY_PROGRESS: state.progress, KEY_MAINTENANCE: "compact",
+                  **self._owner_keys()}
         swapped = self._swap(plan, actions, custom)
         if swapped is None:
             for d in written:
@@ -1689,6 +1713,10 @@ def _decode_txn(version: int) -> int | None:
 def _check_descriptor(output: str, d: dict[str, Any]) -> dict[str, Any]:
     check_descriptor(output, "Delta", d, _STAGED, {"size": int, "stats": str})
     return d
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _scan_commit(text: str, app_id: str) -> tuple[dict[str, Any], int | None]:
@@ -1963,5 +1991,5 @@ class FileSinkConfig(SinkConfigBase):
         if split_uri(path)[0] == "s3":
             storage = (self.storage or S3StorageConfig()).access()
         return DeltaSink(ctx.name, path, storage=storage, create_lazily=True,
-                         checkpoint_aside=True,
+                         checkpoint_aside=True, owner=ctx.owner,
                          compaction=None if self.compact is None else self.compact.settings())
