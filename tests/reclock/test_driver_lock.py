@@ -168,3 +168,35 @@ def test_a_store_lock_taken_meanwhile_stays_with_its_taker(cdc_url: str) -> None
     finally:
         a.close()
         b.close()
+
+
+def test_a_commit_after_a_freeze_asks_the_lock_first(cdc_url: str) -> None:
+    """The gate (``LockWatch.require``) with its checking thread not
+    started and its clock driven by hand: within two check periods of the
+    last confirmation it trusts it; past them (the process was frozen) it
+    asks the store before anything commits, and meets the successor."""
+    from reclock.runtime.lock import LockWatch
+
+    a, b = SqlRemapStore(cdc_url), SqlRemapStore(cdc_url)
+    now = [100.0]
+    try:
+        lock_a = a.lock_driver({**holder_info(), "host": "host-a"})
+        assert lock_a is not None
+        watch = LockWatch(lock_a, every_s=1.0, monotonic=lambda: now[0])
+        watch.require()
+        _kill_sessions_holding_advisory_locks(cdc_url)
+        lock_b = b.lock_driver({"pid": 4343, "host": "host-b", "since": "2026-01-02T00:00:00Z"})
+        assert lock_b is not None
+        now[0] += 1.5
+        watch.require()  # confirmed 1.5 s ago: no check (the thread's job)
+        now[0] += 1.0
+        with pytest.raises(LockTaken, match="now held by pid 4343 on host host-b"):
+            watch.require()
+        assert watch.taken is not None
+        with pytest.raises(LockTaken):
+            watch.require()  # for good
+        lock_a.release()
+        lock_b.release()
+    finally:
+        a.close()
+        b.close()
