@@ -45,13 +45,13 @@ from reclock.config import OutputConfig, PipelineConfig, SourceConfig, config_se
 from reclock.core.bindings import Bindings
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import rename_columns
-from reclock.core.errors import DefiniteError, TransientError
+from reclock.core.errors import DefiniteError, LockTaken, TransientError
 from reclock.core.secrets import install_log_filter, register, scrub, scrub_json
 from reclock.envelopes import Envelope, NoneEnvelope, envelope_for
 from reclock.envelopes.keystate import CacheShares
 from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner
 from reclock.runtime.health import STALLED
-from reclock.runtime.lock import DriverLock, holder_info
+from reclock.runtime.lock import DriverLock, LockWatch, holder_info
 from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.resnapshot import Requests
 from reclock.runtime.snapshot_progress import describe as describe_snapshot
@@ -378,6 +378,9 @@ class Runners(list[SourceRunner]):
     http_url: str | None = None
     #: Sources that were stalled when the run ended (``reclock run`` exits 1).
     stalled: list[str]
+    #: The run ended because another driver took the pipeline's lock
+    #: (``reclock run`` exits 2).
+    lock_taken: LockTaken | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -413,12 +416,12 @@ def run(
             signal.signal(sig, handler)
     pipe.state_dir.mkdir(parents=True, exist_ok=True)
     try:
-        release = _lock(pipe)
+        release, watch = _lock(pipe)
     except BaseException:
         pipe.close()
         raise
     try:
-        return _run(pipe, cfg, spark, duration, stop, out, on_ready, use_spark, handler)
+        return _run(pipe, cfg, spark, duration, stop, out, on_ready, use_spark, handler, watch)
     finally:
         release()
 
@@ -433,31 +436,37 @@ def _stop_on(stop: threading.Event) -> Callable[..., None]:
     return handler
 
 
-def _lock(pipe: Pipeline) -> Callable[[], None]:
+def _lock(pipe: Pipeline) -> tuple[Callable[[], None], LockWatch | None]:
     """One driver per pipeline (:mod:`reclock.runtime.lock`): the state
-    directory's lock, then the remap store's where it has one. Returns the
-    release of both."""
+    directory's lock, then the remap store's where it has one, re-checked
+    for the driver's life by the :class:`LockWatch` returned (started).
+    Returns the release of both, and the watch (None: no store lock)."""
     if faults.driver_lock_skipped():
-        return lambda: None
+        return (lambda: None), None
     lock = DriverLock.acquire(pipe.state_dir)
     try:
-        store_release = pipe.store.lock_driver(holder_info())
+        store_lock = pipe.store.lock_driver(holder_info())
     except BaseException:
         lock.release()
         raise
+    watch = None if store_lock is None else LockWatch(store_lock)
+    if watch is not None:
+        watch.start()
 
     def release() -> None:
-        if store_release is not None:
-            store_release()
+        if watch is not None:
+            watch.stop()
+        if store_lock is not None:
+            store_lock.release()
         lock.release()
 
-    return release
+    return release, watch
 
 
 def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float | None,
          stop: threading.Event, out: TextIO | None,
          on_ready: Callable[[list[SourceRunner]], None] | None, use_spark: bool,
-         handler: Callable[..., None] | None) -> Runners:
+         handler: Callable[..., None] | None, watch: LockWatch | None) -> Runners:
     events = ProgressLog(pipe.state_dir / "progress.jsonl" if cfg.progress_log else None,
                          pipe.clock)
     if use_spark and spark is None:
@@ -484,6 +493,7 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
             b.source, b.outputs, pipe.store, spark if use_spark else None, pipe.clock,
             pipe.settings(src), events, requests=Requests(pipe.state_dir, src.name),
             drop_marker=pipe.drop_marker(src.name), bindings=shards.get(src.name),
+            lock=watch,
         ))
     if dropped and out is not None:
         out.write(f"reclock: not running dropped source(s) {', '.join(dropped)} "
@@ -535,6 +545,9 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
                 break
             stop.wait(1.0)
     finally:
+        # Another driver took the pipeline's lock: each source stopped at its
+        # next mint or commit (LockTaken), and with them the loop.
+        runners.lock_taken = None if watch is None else watch.taken
         runners.stalled = [r.name for r in runners if r.health.status == STALLED]
         for r in runners:
             r.stop()

@@ -10,7 +10,11 @@ Topics of an output named ``name`` writing to ``topic``::
                                 bytes base64; key = the raw key; same headers
     topic.reclock-progress      partition 0 only: one progress record per commit,
                                 key = name, value = {"batch", "prev", "upper",
-                                "progress", "records", "errors", "schema", ...}
+                                "progress", "records", "errors", "schema",
+                                "pipeline", "pipeline_state", ...}: the last two
+                                name the pipeline that committed (its identity
+                                and state directory, :class:`~sinks.base.Owner`);
+                                a head naming another pipeline is refused
 
 The commit path (numbering of :mod:`sinks.base`)::
 
@@ -167,6 +171,7 @@ from sinks._fs import (
 )
 from sinks.base import (
     REFUSED_RAW_MAX,
+    Owner,
     SinkContext,
     SinkError,
     SinkFenced,
@@ -469,6 +474,9 @@ class ProgressRecord:
     records: int = 0
     errors: int = 0
     schema: str | None = None  # base64 Arrow IPC of the user schema
+    #: the pipeline that committed it (None: written before owners were recorded)
+    pipeline: str | None = None
+    pipeline_state: str | None = None
 
     def user_schema(self) -> pa.Schema | None:
         return None if self.schema is None else _decode_schema(self.schema)
@@ -476,13 +484,17 @@ class ProgressRecord:
 
 def _progress_value(
     name: str, batch: str, prev: str | None, new: SinkState, records: int, errors: int,
-    schema: str | None,
+    schema: str | None, owner: Owner | None = None,
 ) -> bytes:
-    return _dumps({
+    doc = {
         "v": PROGRESS_VERSION, "output": name, "batch": batch, "prev": prev,
         "upper": new.upper, "progress": new.progress, "records": records, "errors": errors,
         "schema": schema,
-    })
+    }
+    if owner is not None:
+        doc["pipeline"] = owner.pipeline
+        doc["pipeline_state"] = owner.state
+    return _dumps(doc)
 
 
 def parse_progress(output: str, topic: str, offset: int, value: bytes | None) -> ProgressRecord:
@@ -494,12 +506,15 @@ def parse_progress(output: str, topic: str, offset: int, value: bytes | None) ->
         batch, prev = doc["batch"], doc["prev"]
         upper, progress = doc["upper"], doc["progress"]
         records, errors, schema = doc.get("records", 0), doc.get("errors", 0), doc.get("schema")
+        pipeline, pipeline_state = doc.get("pipeline"), doc.get("pipeline_state")
         ok = (
             isinstance(batch, str) and (prev is None or isinstance(prev, str))
             and (upper is None or (isinstance(upper, int) and not isinstance(upper, bool)))
             and (progress is None or isinstance(progress, str))
             and isinstance(records, int) and isinstance(errors, int)
             and (schema is None or isinstance(schema, str))
+            and (pipeline is None or isinstance(pipeline, str))
+            and (pipeline_state is None or isinstance(pipeline_state, str))
         )
         if not ok:
             raise TypeError("a field has the wrong type")
@@ -508,7 +523,8 @@ def parse_progress(output: str, topic: str, offset: int, value: bytes | None) ->
             f"output {output!r}: progress record at {topic}[0]@{offset} is corrupt: {exc}",
             hint="something other than reclock wrote this key to the progress topic",
         ) from exc
-    return ProgressRecord(offset, batch, prev, SinkState(upper, progress), records, errors, schema)
+    return ProgressRecord(offset, batch, prev, SinkState(upper, progress), records, errors, schema,
+                          pipeline, pipeline_state)
 
 
 def _forward(
@@ -619,11 +635,13 @@ class KafkaSink:
         properties: Mapping[str, Any] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         clock: Clock | None = None,
+        owner: Owner | None = None,
     ) -> None:
         if format not in FORMATS:
             raise SinkError(f"output {name!r}: format {format!r} is not supported; one of "
                             f"{list(FORMATS)}")
         self.name = name
+        self.owner = owner
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.errors_topic = f"{topic}.reclock-errors"
@@ -787,7 +805,15 @@ class KafkaSink:
     def state(self) -> SinkState:
         """The head of the progress chain; ``SinkState()`` if nothing was committed."""
         head = self._catch_up()
+        self._check_owner(head)
         return SinkState() if head is None else head.state
+
+    def _check_owner(self, head: ProgressRecord | None) -> None:
+        """:class:`~sinks.base.OutputOwned` when another pipeline committed
+        the head of the chain."""
+        if self.owner is not None and head is not None:
+            self.owner.check(self.name, f"topic {self.topic!r}", head.pipeline,
+                             head.pipeline_state)
 
     def _catch_up(self) -> ProgressRecord | None:
         """Read the progress records appended since the last call; the chain's head."""
@@ -842,7 +868,9 @@ class KafkaSink:
 
         1. Check the request: ``new`` does not go backwards; every descriptor
            names a staged file that is still there with its staged size.
-        2. The transactional producer (``init_transactions`` on first use:
+        2. Unless the chain's head was committed by another pipeline
+           (:class:`~sinks.base.OutputOwned`, before anything else), the
+           transactional producer (``init_transactions`` on first use:
            on Kafka this fences older producers with our transactional.id).
         3. Fence: read the chain's head; unless its state is ``expected``,
            :class:`SinkFenced` and nothing is written.
@@ -868,8 +896,13 @@ class KafkaSink:
         if not expected.less_equal(new):
             raise ValueError(f"output {self.name!r}: upper would go backwards {expected} -> {new}")
         files = [self._check_descriptor(d) for d in staged]
+        # Another pipeline's output: refused before our producer's
+        # init_transactions, which would fence the owner's producer when the
+        # two share a transactional id (one set in both configurations).
+        self._check_owner(self._catch_up())
         producer = self._transactional_producer()
         head = self._catch_up()
+        self._check_owner(head)
         actual = SinkState() if head is None else head.state
         if actual != expected:
             raise SinkFenced(
@@ -889,7 +922,7 @@ class KafkaSink:
                 self._step("data_flushed")
                 progress_sent = True
                 value = _progress_value(self.name, batch, None if head is None else head.batch,
-                                        new, rows, errors, schema)
+                                        new, rows, errors, schema, self.owner)
                 self._produce_flushed(producer, [(self.progress_topic, 0, self._key, value)],
                                       batch, "the progress record")
                 self._step("progress_produced")
@@ -1413,4 +1446,4 @@ class KafkaSinkConfig(SinkConfigBase):
             staging_dir=ctx.state_dir / "staging", progress_topic=self.progress_topic,
             transactional_id=self.transactional_id or f"reclock-{ctx.identity}-{ctx.name}",
             key_columns=self.key_columns, properties=dict(self.properties),
-            timeout_s=self.timeout / 1000.0)
+            timeout_s=self.timeout / 1000.0, owner=ctx.owner)

@@ -311,6 +311,7 @@ def _run_partition(bc: Any, acc: Any, tasks: Iterable[ReadTask]) -> Iterator[Tas
         except ReclockError as exc:
             yield TaskResult(task.index, error=exc)
             continue
+        faults.kill_worker_point(1)  # (a rehearsed worker death: files staged, no result)
         if acc is not None:
             acc.add({task.index: res.records})
         yield res
@@ -566,6 +567,7 @@ def _run_shared_partition(bc: Any, items: Iterable[tuple[int, ReadTask]]
             res = run_task(ctxs[i], task)
         except Exception as exc:
             res = TaskResult(task.index, error=classify(exc))
+        faults.kill_worker_point(len(ctxs))  # (a rehearsed worker death, see faults)
         yield i, res
 
 
