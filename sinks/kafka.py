@@ -120,6 +120,7 @@ that quote them (:mod:`reclock.core.secrets`).
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import json
 import logging
 import os
@@ -658,6 +659,8 @@ class KafkaSink:
         self._producer: Any = None
         self._consumer: Any = None
         self._chain: _Chain | None = None
+        #: the progress topic's id when the chain was first read
+        self._progress_id: str | None = None
 
     def _redact(self, text: str) -> str:
         """``text`` scrubbed of the sensitive properties' values (librdkafka
@@ -820,20 +823,54 @@ class KafkaSink:
         lo, hi = self._watermarks(self.progress_topic, 0)
         ch = self._chain
         if ch is not None and ch.next > hi:
+            now = self._progress_topic_id()
+            if now != self._progress_id:
+                # Deleted (and maybe re-created): the state read from it is
+                # gone. Fenced: the driver reads the output's state afresh
+                # (ensure makes the topic again), and compares it with what it
+                # knows was committed.
+                self._chain = None
+                self._progress_id = now
+                raise SinkFenced(
+                    f"output {self.name!r}: progress topic {self.progress_topic!r} was deleted"
+                    + ("" if now is None else " and re-created")
+                    + f" (its end is offset {hi}, offsets up to {ch.next} were read from it)",
+                    hint="the output's state is read again")
             # Never trust a shorter log than we have read: after a leader
             # change the new leader's end can lag for a moment.
             raise TransientError(
                 f"output {self.name!r}: progress topic {self.progress_topic!r} ends at offset "
                 f"{hi}, but offsets up to {ch.next} were read from it before",
-                hint="retried; if the topic was deleted or recreated, the output's state is "
-                "gone: restart the pipeline to start from what the topic holds",
+                hint="retried: a new partition leader may lag for a moment",
             )
+        if ch is None:
+            self._progress_id = self._progress_topic_id()
         if ch is None or ch.next < lo:
             # New sink object, or retention removed records we had not read.
             ch = self._chain = self._load_chain(lo, hi)
         elif ch.next < hi:
             ch.extend(self._read_progress(ch.next, hi), hi)
         return ch.head
+
+    def _progress_topic_id(self) -> str | None:
+        """The progress topic's Kafka topic id (None: it does not exist), to
+        tell a topic deleted or re-created from a partition leader that lags."""
+        from confluent_kafka import TopicCollection
+
+        topic = self.progress_topic
+        admin = self._admin()  # (held until the answer: a dropped client cancels it)
+        try:
+            fut = admin.describe_topics(TopicCollection([topic]),
+                                        request_timeout=self.timeout_s)[topic]
+            return str(fut.result(timeout=self.timeout_s + 5).topic_id)
+        except KafkaException as exc:
+            if exc.args and getattr(exc.args[0], "code", lambda: None)() in _MISSING_TOPIC_CODES:
+                return None
+            raise self._error(exc.args[0], "describe", topic, transient=True) from exc
+        except concurrent.futures.TimeoutError as exc:
+            raise TransientError(f"output {self.name!r}: describing topic {topic!r} timed "
+                                 "out", hint="is the Kafka broker reachable? reclock retries"
+                                 ) from exc
 
     def _load_chain(self, lo: int, hi: int) -> _Chain:
         """The chain from the end of the progress partition, read back in widening windows."""
@@ -1171,6 +1208,12 @@ class KafkaSink:
             conf.update(self._properties)
             conf["transactional.id"] = self.transactional_id
             conf["enable.idempotence"] = True
+            # A topic deleted behind the sink's back must not come back by
+            # itself with the cluster's defaults when the producer asks for
+            # it (brokers auto-create by default): a progress topic so made
+            # has the wrong shape, and a data topic the wrong partitions.
+            # The sink creates its topics (ensure) and notices them gone.
+            conf["allow.auto.create.topics"] = False
         else:
             # The reader stops at the end of a partition: no point in the
             # broker holding an empty fetch open for long.

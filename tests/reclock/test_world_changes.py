@@ -97,7 +97,7 @@ def test_a_kafka_sinks_progress_topic_deleted_while_stopped_is_a_definite_error(
     with running(cfg, spark) as runners:
         r = runners[0]
         wait_for(lambda: sum(durable(r).values()) == 350, 60, lambda: f"350, {r.health}")
-        assert r.health.status == "running"
+        wait_for(lambda: r.health.status == "running", 60, lambda: f"running, {r.health}")
     assert _ids(kafka.bootstrap, dst) == Counter(range(350))
 
 
@@ -155,7 +155,7 @@ def test_a_topic_recreated_while_stopped_stalls_until_accepted_then_reads_it_fro
         r = runners[0]
         # the new topic's partition 0 is partition id 1: the frontier's next id
         wait_for(lambda: durable(r).get(1) == 25, 60, lambda: f"25 new records, {r.health}")
-        assert r.health.status == "running"
+        wait_for(lambda: r.health.status == "running", 60, lambda: f"running, {r.health}")
         _produce(kafka.bootstrap, src, 1, 200, 5)  # and it goes on
         wait_for(lambda: durable(r).get(1) == 30, 60, lambda: f"5 more, {r.health}")
         assert r.source.committed() == {1: 30}  # the group: the new topic's offsets
@@ -301,3 +301,30 @@ sources:
         wait_for(lambda: ids("oa") == Counter([*range(4), 10, 11, 12]), 60,
                  lambda: f"the new a, {r.outputs[0].health}")
         wait_for(lambda: not r.outputs[0].health.definite, 60, "oa running again")
+
+
+def test_a_kafka_sinks_progress_topic_deleted_while_running_is_a_definite_error(
+        tmp_path: Path, spark: Any, kafka: Any) -> None:
+    """The progress topic deleted under a running driver: the sink's next
+    state read finds it gone (its topic id changed), is fenced, and the
+    re-open meets the recorded upper: the same definite error as after a
+    restart. Before, the producer's next commit made the broker auto-create
+    the topic with its defaults (4 partitions, a retention), and the source
+    stalled on a refusal of that topic that said nothing of the lost state."""
+    run = uuid.uuid4().hex[:8]
+    src, dst = f"wsrr{run}", f"wdsr{run}"
+    kafka.create_topic(src, 1)
+    kafka.create_topic(dst, 1)
+    _produce(kafka.bootstrap, src, 1, 0, 50)
+    path = _relay(tmp_path, kafka.bootstrap, src,
+                  f'{{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {dst}}}')
+    cfg = load_config(path)
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: sum(durable(r).values()) == 50, 60, "50 records")
+        kafka.delete_topic(f"{dst}.reclock-progress")
+        _produce(kafka.bootstrap, src, 1, 50, 10)
+        wait_for(lambda: _stalled_with(r, "IdentityChanged"), 60,
+                 lambda: f"a definite error, health is {r.health}")
+        assert "reports nothing committed" in (r.health.error or "")
+    assert _ids(kafka.bootstrap, dst) == Counter(range(50))  # nothing written twice
