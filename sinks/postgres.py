@@ -483,7 +483,9 @@ class PostgresStager:
     def screen(self, data: pa.Table) -> pa.Table:
         """Rows PostgreSQL cannot store become error rows (see
         :func:`sinks.base.refuse_rows`): a NUL character in text or jsonb
-        (also inside lists), and, in a state table, a null key."""
+        (also inside lists), and, in a state table, a null key (in a
+        tombstone intent, which holds the envelope's key only: a wholly
+        null key)."""
         for f in data.schema:
             if f.name in META_NAMES:
                 continue
@@ -502,9 +504,17 @@ class PostgresStager:
                 continue
             data = refuse_rows(data, hit, f"column {f.name!r} holds a NUL character, which "
                                           "PostgreSQL text and jsonb cannot store")
-        if self.mode == "state":
-            for k in self.key:
-                data = refuse_rows(data, pc.is_null(data.column(k)),
+        if self.mode == "state" and self.key:
+            # A tombstone (an upsert intent, _diff 0) carries the envelope's
+            # key alone: a state key containing it has other columns, null
+            # there. It stores nothing; only a wholly null key is refused.
+            tomb = pc.equal(data.column(DIFF), 0)
+            nulls = [pc.is_null(data.column(k)) for k in self.key]
+            whole = nulls[0]
+            for more in nulls[1:]:
+                whole = pc.and_(whole, more)
+            for k, null in zip(self.key, nulls, strict=True):
+                data = refuse_rows(data, pc.if_else(tomb, whole, null),
                                    f"key column {k!r} is null: a state table keeps one row "
                                    "per key")
         return data

@@ -859,6 +859,26 @@ def test_state_mode_consolidates_json_columns_of_an_existing_table(
     assert q(pg_url, "SELECT k, doc::jsonb, _into_time FROM docs") == [("x", {"a": 2}, 20)]
 
 
+def test_a_tombstone_passes_the_screen_of_a_key_containing_the_envelopes(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Issue: a state table keyed by ``[k, v]`` (containing the upsert key
+    ``k``) refused every tombstone as an error row, since its ``v`` is null:
+    the key state never saw the delete, and the table kept the row. A
+    tombstone holds the envelope's key alone; only a wholly null key is
+    refused, and a value with a null key column still is."""
+    s = make(pg_url, tmp_path, mode="state", key=("k", "v"))
+    s.ensure(USER)
+    screened = s.stager().screen(intents([("a", None, 10, 0), ("b", 1, 10, 1)]).set_column(
+        1, "v", pa.array([None, None], pa.int64())))
+    assert screened.column("_error").to_pylist() == [None, "key column 'v' is null: a state "
+                                                     "table keeps one row per key"]
+    nokey = s.stager().screen(intents([("x", None, 10, 0)]).set_column(
+        0, "k", pa.array([None], pa.string())))
+    assert nokey.column("_error").to_pylist() == ["key column 'k' is null: a state table "
+                                                  "keeps one row per key"]
+
+
 def test_state_mode_staging_checks(pg_url: str, tmp_path: Path) -> None:
     s = make(pg_url, tmp_path, mode="state", key=("k",))
     s.ensure(USER)
