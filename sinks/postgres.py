@@ -64,7 +64,12 @@ two rows or a negative count are a SinkError naming the key, the IntoTime
 and the positions, and nothing of the commit is written: never a row
 dropped or overwritten in silence (an error row instead would leave the key
 with a row the updates do not say, and each later update of the key would
-then not fit either). Commits of one IntoTime consolidate without sorting the keys; a
+then not fit either). The configuration keeps this from happening: a state
+table's key must contain the output's upstream key (the envelope's key, or
+the primary key of a CDC table; :func:`reclock.config.base.state_key_problem`),
+which makes one row per key true at every IntoTime; a table changed behind
+reclock's back, or an upstream that breaks its own key, still meets the
+error. Commits of one IntoTime consolidate without sorting the keys; a
 commit holding several orders each key's IntoTimes with a window.
 
 Why COPY in binary format. Measured with psycopg 3.3 against PostgreSQL 15 on
@@ -1416,7 +1421,11 @@ class PostgresSinkConfig(SinkConfigBase):
     ``state``: the current rows, keyed by ``key`` (each commit applies the sum
     of every IntoTime's updates per key, in the same transaction)."""
     key: tuple[str, ...] = ()
-    """With ``mode: state``: the primary key columns."""
+    """With ``mode: state``: the primary key columns. They must contain the
+    output's upstream key (:func:`~reclock.config.base.state_key_problem`):
+    the envelope's key, or the key the source declares (a CDC table's
+    primary key); other keys are refused when the configuration is loaded or
+    the source describes the output."""
 
     TARGET: ClassVar[str] = "table"
 
@@ -1426,6 +1435,13 @@ class PostgresSinkConfig(SinkConfigBase):
             return None
         return ("postgres", str(raw.get("dsn")), str(raw.get("schema") or "public"),
                 str(raw["table"]))
+
+    @classmethod
+    def state_key_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+        key = raw.get("key")
+        if raw.get("mode") != "state" or not isinstance(key, Sequence) or isinstance(key, str):
+            return None
+        return tuple(str(k) for k in key)
 
     @classmethod
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
