@@ -49,7 +49,7 @@ from reclock.core.errors import DefiniteError, LockTaken, TransientError
 from reclock.core.secrets import install_log_filter, register, scrub, scrub_json
 from reclock.envelopes import Envelope, NoneEnvelope, envelope_for
 from reclock.envelopes.keystate import CacheShares
-from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner
+from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner, check_state_key
 from reclock.runtime.health import STALLED
 from reclock.runtime.lock import DriverLock, LockWatch, holder_info
 from reclock.runtime.progress_log import ProgressLog
@@ -191,12 +191,15 @@ class Pipeline:
                 user_schema, upstream, upsert_key = rename_columns(
                     what, user_schema, ocfg.rename, upsert_key)
             check_output_names(what, user_schema)
-        return OutputRuntime(
+        out = OutputRuntime(
             index=index, name=spec.name, spec=spec, sink=self.sink(src, ocfg),
             user_schema=user_schema, key_decoder=key_dec, value_decoder=value_dec,
             envelope=envelope, upsert_key=upsert_key, upstream=upstream,
-            rename=dict(ocfg.rename),
+            rename=dict(ocfg.rename), state_key=ocfg.sink.state_key,
         )
+        if user_schema is not None:
+            check_state_key(what, out)
+        return out
 
     def sink(self, src: SourceConfig, ocfg: OutputConfig) -> PersistSink:
         return cast("PersistSink", ocfg.sink.build(
@@ -467,6 +470,16 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
          stop: threading.Event, out: TextIO | None,
          on_ready: Callable[[list[SourceRunner]], None] | None, use_spark: bool,
          handler: Callable[..., None] | None, watch: LockWatch | None) -> Runners:
+    dropped: list[str] = []
+    built: list[BuiltSource] = []
+    # Sources and outputs first: what the configuration refuses once the
+    # sources describe their outputs (a state table's key, typed columns)
+    # is said before Spark takes its seconds to start.
+    for src in cfg.sources:
+        if pipe.is_dropped(src.name):
+            dropped.append(src.name)
+            continue
+        built.append(pipe.build_source(src))
     events = ProgressLog(pipe.state_dir / "progress.jsonl" if cfg.progress_log else None,
                          pipe.clock)
     if use_spark and spark is None:
@@ -479,13 +492,6 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
             signal.signal(signal.SIGINT, handler)
     started = time.monotonic()
     runners = Runners()
-    dropped: list[str] = []
-    built: list[BuiltSource] = []
-    for src in cfg.sources:
-        if pipe.is_dropped(src.name):
-            dropped.append(src.name)
-            continue
-        built.append(pipe.build_source(src))
     shards = pipe.open_shards(built)
     for b in built:
         src = b.config

@@ -57,6 +57,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock import faults
+from reclock.config.base import KEYED_ENVELOPE, state_key_problem
 from reclock.core.bindings import Bindings
 from reclock.core.clock import Clock
 from reclock.core.columns import (
@@ -140,6 +141,8 @@ class OutputRuntime:
     upsert_key: tuple[str, ...] | None = None  # by output column names
     upstream: tuple[str, ...] = ()  # each user column's upstream name, if renamed
     rename: dict[str, str] = field(default_factory=dict)  # the output's rename mapping
+    #: the key of a sink that keeps one row per key (a state table), else None
+    state_key: tuple[str, ...] | None = None
     upsert: UpsertState | None = None
     state: SinkState = field(default_factory=SinkState)
     rows: int = 0
@@ -193,6 +196,42 @@ JOB_TASKS_PER_CORE = 4
 #: (SourceRunner._even_task): 200,000 records of a burst were one task on
 #: one of two cores.
 SPLIT_MIN_RECORDS = 20_000
+
+
+def check_state_key(what: str, out: OutputRuntime) -> None:
+    """An output's state table must be keyed by a key that contains the
+    output's upstream key (:func:`~reclock.config.base.state_key_problem`):
+    its envelope's key, else the key its source declares for typed rows (a
+    CDC table's primary key or replica identity index, a generator table's
+    id). Checked once the output's columns are known: when the pipeline is
+    built, or when the source describes its typed outputs. A
+    :class:`DefiniteError` naming ``what`` otherwise."""
+    if not out.state_key:
+        return
+    upstream: tuple[str, ...] | None = None
+    fix = KEYED_ENVELOPE
+    declared = ("the key the source declares for it: a CDC table's primary key or replica "
+                "identity index, a generator table's id")
+    if out.upsert_key:
+        upstream = out.upsert_key
+        origin = declared if out.spec.envelope is not None else (
+            f"the {out.envelope.type} envelope's key")
+    elif out.spec.typed and out.spec.key:
+        upstream = tuple(out.rename.get(k, k) for k in out.spec.key)
+        origin = declared
+    elif out.envelope.type == "debezium":
+        origin = ("a debezium envelope without a key retracts before images as they come, "
+                  "whatever their key")
+    elif out.spec.typed:
+        origin = ("the source declares no key for it: a CDC table without a primary key or "
+                  "replica identity index, or a file load")
+        fix = "give the table a primary key upstream and key the state table by it"
+    else:
+        origin = "envelope none: every record is an insertion, and none retracts an earlier one"
+    problem = state_key_problem(out.state_key, upstream, origin, fix)
+    if problem is not None:
+        raise DefiniteError(f"{what}: sink key {list(out.state_key)}: {problem}",
+                            hint="change the sink's key or mode in the pipeline file")
 
 
 def _key_marker(out: OutputRuntime, state: SinkState) -> str:
@@ -589,6 +628,7 @@ class SourceRunner:
                 rename_columns(what, spec.schema, out.rename, key) if out.rename
                 else (spec.schema, (), key))
             check_output_names(what, out.user_schema)
+            check_state_key(what, out)
         missing = [o.name for o in self.outputs if o.user_schema is None]
         if missing:
             raise DefiniteError(f"source {self.name!r}: outputs {missing} have no schema")
