@@ -28,7 +28,15 @@ from reclock.config import load_config
 from reclock.pipeline import Pipeline
 from reclock.runtime.driver import SourceRunner
 from reclock.verify import verify_pipeline
-from tests.running import read_updates, running, wait_for
+from tests.running import (
+    close_driver,
+    read_updates,
+    running,
+    start_driver,
+    status_sources,
+    wait_for,
+    wait_running,
+)
 from tests.sources.test_generator_kv import generate, replay
 
 pytestmark = pytest.mark.integration
@@ -130,27 +138,78 @@ def _finish(cfg: Any, spark: Any) -> SourceRunner:
     return r
 
 
-def test_a_key_file_damaged_while_stopped_is_rebuilt_at_open(tmp_path: Path, spark: Any) -> None:
+@pytest.mark.parametrize("summed", [True, False], ids=["checksum", "no-checksum"])
+def test_a_key_file_damaged_while_stopped_is_rebuilt_at_open(
+    tmp_path: Path, spark: Any, summed: bool
+) -> None:
     """The reported failure: 32 KiB overwritten in the middle of the key
     file of a stopped driver. The marker still reads, but the file fails its
-    check at open: it is rebuilt from the output (an event names the source,
-    output, file and reason) and the source finishes with every key right."""
+    check at open (the checksum its clean close kept; without one, as a file
+    of an older version, quick_check): it is rebuilt from the output (an
+    event names the source, output, file and reason) and the source
+    finishes with every key right."""
     cfg = _config(tmp_path, rate=4_000)
     _warm(spark)
     _first_part(cfg, spark, KEYS + 5_000)
     path = _key_file(cfg)
     assert path.exists() and not Path(f"{path}-wal").exists()  # a clean stop
+    if not summed:
+        Path(f"{path}.sum").unlink()
     _overwrite_middle(path)
     r = _finish(cfg, spark)
     rebuilt = _rebuilds(r)
     assert len(rebuilt) == 1, rebuilt
     ev = rebuilt[0]
     assert ev["source"] == "kv" and ev["output"] == "state" and ev["file"] == str(path)
-    assert "damaged" in ev["reason"] and "quick_check" in ev["reason"], ev
+    assert ev["reason"].startswith("damaged: "), ev
+    assert ("bytes changed since it was closed" if summed else "quick_check") in ev["reason"]
     assert next(e.get("keys") for e in r.events.recent if e["kind"] == "open") == {
         "state": "rebuilt"}
     _never_stalled_on_sqlite(r)
     _check_output(cfg)
+
+
+def test_a_crashed_driver_whose_wal_file_is_gone_rebuilds_its_key_state(
+    tmp_path: Path, spark: Any
+) -> None:
+    """A driver killed (kill -9) with its key file open leaves the file's
+    -wal file; when that is lost too (the file copied alone, a clean-up),
+    the file may hold part of its last transactions whatever its marker
+    says: the next driver rebuilds the key state, never reuses it, never
+    stalls, and the output ends right."""
+    cfg = _config(tmp_path, rate=3_000)
+    _warm(spark)
+    state = Pipeline(cfg).state_dir
+    path = _key_file(cfg)
+    proc = start_driver(tmp_path / "pipeline.yaml")
+    try:
+        assert wait_running(state, proc), "the driver exited"
+        wait_for(lambda: _read_from(state) >= KEYS + 2_000, 120,
+                 lambda: f"records committed: {status_sources(state)}")
+    finally:
+        proc.kill()
+        proc.wait()
+        close_driver(proc)
+    assert _read_from(state) < TOTAL, "the driver ran to the end before it was killed"
+    wal = Path(f"{path}-wal")
+    assert wal.exists()  # as kill -9 leaves it
+    wal.unlink()
+    Path(f"{path}-shm").unlink(missing_ok=True)
+    r = _finish(cfg, spark)
+    rebuilt = _rebuilds(r)
+    assert len(rebuilt) == 1, rebuilt
+    ev = rebuilt[0]
+    assert ev["output"] == "state" and ev["file"] == str(path)
+    assert ev["reason"].startswith("damaged: ") and "-wal" in ev["reason"], ev
+    _never_stalled_on_sqlite(r)
+    _check_output(cfg)
+
+
+def _read_from(state: Path) -> int:
+    """Where a driver process's source reads from (what its outputs hold)."""
+    src = status_sources(state).get("kv")
+    at = None if src is None else src.get("read_from")
+    return 0 if not at else int(at[0])
 
 
 def test_a_key_file_damaged_while_running_is_rebuilt_and_the_job_settled_again(
