@@ -9,14 +9,15 @@ closes it, and times, each ``--repeat`` times with the file in the
 operating system's page cache (warm) and once after evicting it (cold:
 fsync, then ``posix_fadvise(DONTNEED)``):
 
-* ``open, checked``: ``SqliteKeys(path)`` as the driver opens it (quick_check,
-  the -wal check, the marker read, the open mark written and checkpointed);
-* ``open, unchecked``: the same without quick_check (what opening cost
-  before the check);
-* ``quick_check`` and ``integrity_check`` alone, on a plain connection;
-* ``crc32 of the file``: reading and checksumming every byte (what a
-  checksum kept with the marker would cost at each open, and at each clean
-  close to compute it).
+* ``open, checksum``: ``SqliteKeys(path)`` as the driver opens a file its
+  last clean close left with a checksum (the CRC-32 compared, the -wal
+  check, the marker read, the open mark written and checkpointed);
+* ``close, checksum``: closing it (the -wal file folded in, the checksum of
+  the closed file written);
+* ``open, quick_check``: opening a file without a checksum (after a crash,
+  or of an older version): quick_check, after reading the file ahead;
+* ``open, unchecked``: opening without either check (what it cost before);
+* ``quick_check``, ``integrity_check`` and ``crc32 of the file`` alone.
 
 Run: ``python bench/keystate_check_bench.py`` (1M keys, about a minute) or
 ``--keys 10000000``.
@@ -62,19 +63,44 @@ def evict(path: Path) -> None:
         os.close(fd)
 
 
-def open_checked(path: Path) -> None:
+def timed(path: Path, cold: bool, step: Callable[[], object]) -> float:
+    if cold:
+        evict(path)
+    t0 = time.perf_counter()
+    step()
+    return time.perf_counter() - t0
+
+
+def open_summed(path: Path, cold: bool) -> float:
+    store: list[SqliteKeys] = []
+    took = timed(path, cold, lambda: store.append(SqliteKeys(path)))
+    assert store[0].discarded is None and store[0].marker is not None
+    store[0].close()
+    return took
+
+
+def close_summed(path: Path, cold: bool) -> float:
     store = SqliteKeys(path)
-    assert store.discarded is None and store.marker is not None
-    store.close()
+    return timed(path, cold, store.close)
 
 
-def open_unchecked(path: Path) -> None:
-    check = SqliteKeys._check
+def open_quick_check(path: Path, cold: bool) -> float:
+    Path(f"{path}.sum").unlink()
+    return open_summed(path, cold)
+
+
+def open_unchecked(path: Path, cold: bool) -> float:
+    check, summed = SqliteKeys._check, SqliteKeys._summed
     SqliteKeys._check = lambda self: None  # type: ignore[method-assign]
+    SqliteKeys._summed = lambda self: False  # type: ignore[method-assign]
     try:
-        open_checked(path)
+        return open_summed(path, cold)
     finally:
-        SqliteKeys._check = check  # type: ignore[method-assign]
+        SqliteKeys._check, SqliteKeys._summed = check, summed  # type: ignore[method-assign]
+
+
+def alone(fn: Callable[[Path], None]) -> Callable[[Path, bool], float]:
+    return lambda path, cold: timed(path, cold, lambda: fn(path))
 
 
 def pragma(what: str) -> Callable[[Path], None]:
@@ -109,20 +135,15 @@ def main() -> None:
               f"(sqlite {sqlite3.sqlite_version})")
         print(f"| {'what':<22} | warm median (min-max) | cold |")
         print("|---|---|---|")
-        for name, fn in [("open, checked", open_checked), ("open, unchecked", open_unchecked),
-                         ("quick_check", pragma("quick_check")),
-                         ("integrity_check", pragma("integrity_check")),
-                         ("crc32 of the file", crc)]:
-            fn(path)  # warm the cache
-            warm = []
-            for _ in range(args.repeat):
-                t0 = time.perf_counter()
-                fn(path)
-                warm.append(time.perf_counter() - t0)
-            evict(path)
-            t0 = time.perf_counter()
-            fn(path)
-            cold = time.perf_counter() - t0
+        for name, fn in [("open, checksum", open_summed), ("close, checksum", close_summed),
+                         ("open, quick_check", open_quick_check),
+                         ("open, unchecked", open_unchecked),
+                         ("quick_check", alone(pragma("quick_check"))),
+                         ("integrity_check", alone(pragma("integrity_check"))),
+                         ("crc32 of the file", alone(crc))]:
+            fn(path, False)  # warm the cache
+            warm = [fn(path, False) for _ in range(args.repeat)]
+            cold = fn(path, True)
             print(f"| {name:<22} | {statistics.median(warm) * 1000:.0f} ms "
                   f"({min(warm) * 1000:.0f}-{max(warm) * 1000:.0f}) | {cold * 1000:.0f} ms |")
 

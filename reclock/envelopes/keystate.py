@@ -189,6 +189,11 @@ class KeyStore(ABC):
     def close(self) -> None:
         """Release what the store holds open."""
 
+    @abstractmethod
+    def damage(self) -> None:
+        """Damage what the store keeps, as a failing disk would (rehearsing
+        one: ``RECLOCK_FAIL_AT=damage_keys``, :mod:`reclock.faults`)."""
+
     def remove(self) -> None:
         """Close the store and delete what it keeps: a store made anew for
         the same place starts empty. Never raises."""
@@ -260,6 +265,9 @@ class MemoryKeys(KeyStore):
 
     def close(self) -> None:
         """A dictionary holds nothing open."""
+
+    def damage(self) -> None:
+        """A dictionary keeps nothing a disk could damage."""
 
 
 _CHUNK = 500  # keys per lookup statement (SQLite allows 32,766 variables)
@@ -640,6 +648,31 @@ class SqliteKeys(KeyStore):
                 tmp = Path(f"{self._sum}.tmp")
                 tmp.write_text(self._crc())
                 os.replace(tmp, self._sum)
+
+    def damage(self, nbytes: int = 32 * 1024) -> None:
+        """Overwrite ``nbytes`` of pages in use with random bytes: leaf pages
+        of the keys from the middle of their B-tree (where SQLite can list
+        them, ``dbstat``; else the middle of the file, every page after the
+        first in a small one), and drop SQLite's page cache so that they are
+        read again. The -wal file is folded in first: a page read from there
+        would not show the damage."""
+        self.rollback()
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = int(self.conn.execute("PRAGMA page_size").fetchone()[0])
+        n = max(1, nbytes // page)
+        try:
+            leaves = [int(r[0]) for r in self.conn.execute(
+                "SELECT pageno FROM dbstat WHERE name = 'keys' AND pagetype = 'leaf' "
+                "ORDER BY pageno")]
+        except sqlite3.OperationalError:  # no dbstat in this SQLite
+            pages = self.path.stat().st_size // page
+            leaves = list(range(2, pages + 1))
+        mid = max(0, len(leaves) // 2 - n // 2)
+        with self.path.open("r+b") as f:
+            for no in leaves[mid:mid + n]:
+                f.seek((no - 1) * page)
+                f.write(os.urandom(page))
+        self.conn.execute("PRAGMA shrink_memory")
 
     def remove(self) -> None:
         self._shut(summed=False)

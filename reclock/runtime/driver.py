@@ -318,8 +318,8 @@ class SourceRunner:
         #: keyed outputs whose key store met damage and was thrown away: why
         #: (reported by the rebuild at the next open)
         self._key_damage: dict[int, str] = {}
-        #: keyed outputs whose key state was rebuilt after damage and has
-        #: not been committed since (damage again: the disk is suspect)
+        #: keyed outputs whose key state was rebuilt for damage and has not
+        #: been committed since (damage again: the disk is suspect)
         self._key_healing: set[int] = set()
         # The first vacuum one to two periods after start, at a random point:
         # a thousand sources started together otherwise vacuumed together,
@@ -544,6 +544,8 @@ class SourceRunner:
         # the key state is exactly that of the committed output
         updates = out.sink.read_updates()
         out.upsert = UpsertState.rebuild(updates, columns, key, store, marker)
+        if damage is not None:
+            self._key_healing.add(out.index)
         (log.warning if damage is not None else log.info)(
             "source %s: output %s: key state rebuilt from %d rows of the output (%s)%s",
             self.name, out.name, updates.num_rows, why,
@@ -567,11 +569,10 @@ class SourceRunner:
             store.remove()
         self._opened = False  # whatever is raised: the next round re-opens
         self._key_damage[out.index] = f"{exc.reason} (met while {during})"
-        log.error("source %s: output %s: %s; it is rebuilt from the output",
-                  self.name, out.name, exc)
-        again = out.index in self._key_healing
-        self._key_healing.add(out.index)
-        if again:
+        log.error("source %s: output %s: key state file %s is damaged (%s, met while %s): "
+                  "deleted; the source re-opens and rebuilds it from the output",
+                  self.name, out.name, exc.path, exc.reason, during)
+        if out.index in self._key_healing:
             return DefiniteError(
                 f"source {self.name!r}: output {out.name!r}: its key state file {exc.path} "
                 f"is damaged again ({exc.reason}), before any commit since it was rebuilt "
@@ -966,18 +967,21 @@ class SourceRunner:
                         extra = self._replaced(b, out)
                     staged += self._stage(out, "resnap", extra)
                 if intents and keys is not None:
+                    if faults.take("damage_keys"):
+                        keys.store.damage()
                     staged += self._settle(out, keys, KeyedIntents.merged(intents))
                 faults.fail_point("commit")
                 out.sink.commit(staged, cur, new)
             except BaseException as exc:
                 if keys is not None:
-                    damage = exc if isinstance(exc, KeyStateDamaged) else None
+                    damage, during = (exc, "settling a job") if isinstance(
+                        exc, KeyStateDamaged) else (None, "rolling back a failed commit")
                     try:
                         keys.rollback()
-                    except KeyStateDamaged as again:
-                        damage = damage or again
+                    except KeyStateDamaged as found:
+                        damage = damage or found
                     if damage is not None:
-                        raise self._lost_keys(out, damage, "settling a job") from exc
+                        raise self._lost_keys(out, damage, during) from exc
                 raise
             finally:
                 _remove_spilled(intents)

@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pytest
 
+from reclock import faults
 from reclock.config import load_config
 from reclock.pipeline import Pipeline
 from reclock.runtime.driver import SourceRunner
@@ -241,6 +242,37 @@ def test_a_key_file_damaged_while_running_is_rebuilt_and_the_job_settled_again(
     assert "damaged" in ev["reason"] and "malformed" in ev["reason"], ev
     assert "settling a job" in ev["reason"] or "saving the key state" in ev["reason"], ev
     _never_stalled_on_sqlite(r)
+    _check_output(cfg)
+
+
+def test_damage_again_before_any_commit_is_a_definite_error_then_heals(
+    tmp_path: Path, spark: Any
+) -> None:
+    """A disk that damages the key file again right after it was rebuilt
+    (``RECLOCK_FAIL_AT=damage_keys:2``: 32 KiB in the middle overwritten
+    before two settles in a row) does not loop fast on rebuilds: the second
+    damage, before any commit since the first rebuild, stalls the source
+    with a definite error that points at the disk; the retry rebuilds again
+    and, the disk sound now, the source finishes with every key right."""
+    cfg = _config(tmp_path, rate=3_000)
+    _warm(spark)
+    try:
+        with running(cfg, spark) as runners:
+            r = runners[0]
+            wait_for(lambda: _committed(r) >= KEYS + 2_000, 120,
+                     lambda: f"the snapshot committed: {r.status()}")
+            assert _committed(r) < TOTAL - 20_000, "too little left to settle after the damage"
+            faults.arm("damage_keys:2")
+            wait_for(lambda: r.health.status == "finished", 180,
+                     lambda: f"the end: {r.health} {list(r.events.recent)[-5:]}")
+    finally:
+        faults.disarm()
+    reasons = [e["reason"] for e in _rebuilds(r)]
+    assert reasons[0] == "no key state saved yet" and len(reasons) == 3, reasons
+    assert all(w.startswith("damaged: ") and "malformed" in w for w in reasons[1:]), reasons
+    stalls = [e for e in r.events.recent if e["kind"] == "health" and e.get("error")]
+    assert [e["error"].split(":")[0] for e in stalls] == ["Reopen", "DefiniteError"], stalls
+    assert "damaged again" in stalls[1]["error"] and "disk" in stalls[1]["hint"], stalls
     _check_output(cfg)
 
 
