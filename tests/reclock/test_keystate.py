@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 
 from reclock.core.columns import TRUNCATED
-from reclock.core.errors import DefiniteError, TransientError, classified, classify
+from reclock.core.errors import DefiniteError, classify
 from reclock.envelopes import UpsertState, upsert
 from reclock.envelopes.keystate import (
     ALL,
@@ -397,35 +397,6 @@ def test_damage_met_after_open_raises_key_state_damaged(tmp_path: Path) -> None:
     store.remove()
     assert not path.exists()
     assert SqliteKeys(path).marker is None  # made anew
-
-
-def test_sqlite_errors_are_classified_damage_definite_busy_transient(tmp_path: Path) -> None:
-    """A malformed image is definite (reading it again fails the same way),
-    a lock timeout transient: both real SQLite errors."""
-    path = tmp_path / "k.sqlite"
-    _filled(path, 5_000)
-    _overwrite(path, _middle(path), bytes(32 * 1024))
-    with sqlite3.connect(path) as raw, pytest.raises(sqlite3.DatabaseError) as damaged:
-        raw.execute("SELECT count(*), sum(length(row)) FROM keys").fetchone()
-    raw.close()
-    assert classified(damaged.value) and isinstance(classify(damaged.value), DefiniteError)
-    lock = tmp_path / "lock.sqlite"
-    a = sqlite3.connect(lock, isolation_level=None, timeout=0)
-    a.execute("CREATE TABLE t (x)")
-    a.execute("BEGIN IMMEDIATE")
-    b = sqlite3.connect(lock, isolation_level=None, timeout=0)
-    with pytest.raises(sqlite3.OperationalError, match="locked") as busy:
-        b.execute("BEGIN IMMEDIATE")
-    a.close()
-    b.close()
-    assert classified(busy.value) and isinstance(classify(busy.value), TransientError)
-    notadb = tmp_path / "text.sqlite"
-    notadb.write_text("not a database\n" * 300)
-    with (sqlite3.connect(notadb) as raw,
-          pytest.raises(sqlite3.DatabaseError, match="not a database") as garbage):
-        raw.execute("SELECT 1 FROM sqlite_master").fetchone()
-    raw.close()
-    assert isinstance(classify(garbage.value), DefiniteError)
 
 
 def test_memory_and_sqlite_stores_agree_on_clears_and_open_changes(tmp_path: Path) -> None:
