@@ -524,6 +524,10 @@ class SourceRunner:
             # however damaged: see _replaced); a replay's correction
             # brings its own key state (see _commit). A damaged output's
             # key state cannot be rebuilt: it is not needed.
+            if damage is not None:
+                log.warning("source %s: output %s: key state file %s was damaged (%s): "
+                            "emptied for the re-snapshot", self.name, out.name,
+                            store.location, damage)
             store.reset()
             out.upsert = UpsertState(columns, key, store)
             return "reset"
