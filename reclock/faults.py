@@ -42,7 +42,11 @@ before a sink commit), ``refuse`` (a task's sink refuses the first row it
 stages, which lands in the error collection as a row the sink could not
 store; counted per process, so each Spark worker process refuses ``n``),
 ``hang`` (a task stops for :data:`HANG_S` seconds, as one whose job never
-finishes; counted per process too).
+finishes; counted per process too), ``damage_keys`` (just before the driver
+settles a job of a keyed output, 32 KiB of its key-state file (pages of
+keys from the middle of the table) are overwritten with random bytes, as by
+a failing disk: the settle meets the damage, and the key state is rebuilt
+from the output).
 """
 
 from __future__ import annotations
@@ -105,7 +109,7 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-FAIL_POINTS = ("source", "stage", "commit", "refuse", "hang")
+FAIL_POINTS = ("source", "stage", "commit", "refuse", "hang", "damage_keys")
 
 #: Seconds a task stops at ``hang`` (see :func:`hang_point`).
 HANG_S = 8.0

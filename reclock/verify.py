@@ -316,8 +316,9 @@ def check_keyed(rep: OutputReport, out: Any, updates: pa.Table, raw: list[pa.Rec
             if int(r["_count"]) < 0:
                 held.setdefault(model._key_of(row), []).append(("<retracted more than held>",))
     bad: list[str] = []
-    for k in sorted(set(model.rows) | set(held), key=repr):
-        want = model.rows.get(k)
+    replayed = model.rows  # (read whole once: a property that reads every key)
+    for k in sorted(set(replayed) | set(held), key=repr):
+        want = replayed.get(k)
         got = held.get(k, [])
         if want is None and got:
             bad.append(f"key {k!r}: held {len(got)} rows, the replay retracted it")

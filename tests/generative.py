@@ -26,7 +26,8 @@ Faults, in one of two modes:
 * ``run_killed`` (``reclock run`` in processes of its own): each driver
   process is started with random ``RECLOCK_CRASH_AT`` crash points (SIGKILL
   at a step of the commit path) and ``RECLOCK_FAIL_AT`` failures (stage,
-  commit, source, and rows the sink refuses), and is SIGKILLed from outside
+  commit, source, rows the sink refuses, hung tasks, damaged key-state
+  files: every point of ``reclock.faults``), and is SIGKILLed from outside
   at a random moment if it lives that long. The Postgres lane is left out of
   this mode: an injected refusal there could not be matched to the change it
   refused (SIGKILLs of CDC are the Postgres kill test's subject).

@@ -141,6 +141,20 @@ _DEFINITE_ERRNO = frozenset({
     1, 2, 13, 20, 21, 30, 36})  # EPERM ENOENT EACCES ENOTDIR EISDIR EROFS ENAMETOOLONG
 
 
+#: SQLite's primary result codes for a damaged database file: SQLITE_CORRUPT
+#: (a malformed image) and SQLITE_NOTADB (not a database)
+SQLITE_DAMAGE = frozenset({11, 26})
+
+
+def sqlite_damaged(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``sqlite3`` error saying the database file is
+    damaged (:data:`SQLITE_DAMAGE`), not busy, locked, full or unreadable
+    for a reason outside the file."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (type(exc).__module__ == "sqlite3" and isinstance(code, int)
+            and code & 0xFF in SQLITE_DAMAGE)
+
+
 #: In the message of an exception a Spark task raises to fail its job on
 #: purpose (a reclock error would be returned as the task's result while the
 #: job goes on): a one-shot load cancelled by ``reclock load``. The job's
@@ -165,7 +179,13 @@ def classify(exc: BaseException) -> ReclockError:
     * a Spark job that failed (``Py4JJavaError``, a lost executor; a task
       that stopped it on purpose: :data:`TASK_STOPPED`) and ``MemoryError``,
       ``TimeoutError``, ``ConnectionError``: transient;
-    * ``pyarrow.ArrowInvalid``/``ArrowTypeError``: definite (the data).
+    * ``pyarrow.ArrowInvalid``/``ArrowTypeError``: definite (the data);
+    * ``sqlite3`` (the key state's files): a damaged file (SQLITE_CORRUPT, a
+      malformed image; SQLITE_NOTADB) is definite, since reading it again
+      fails the same way (the driver rebuilds key state that meets it:
+      :class:`~reclock.envelopes.keystate.KeyStateDamaged`); a busy or
+      locked file, an I/O error or a full disk (``OperationalError``)
+      transient.
 
     Anything else is a bug: it is treated as transient (a retry costs nothing
     and loses nothing) and the caller logs it as unclassified with its
@@ -213,6 +233,10 @@ def _kind(exc: BaseException) -> str | None:
         return "transient"  # a task that failed its job on purpose (TASK_STOPPED)
     if names & {"ArrowInvalid", "ArrowTypeError", "ArrowNotImplementedError"}:
         return "definite"
+    if mod == "sqlite3":
+        if sqlite_damaged(exc):
+            return "definite"
+        return "transient" if "OperationalError" in names else None
     if isinstance(exc, MemoryError | TimeoutError | ConnectionError | InterruptedError):
         return "transient"
     if isinstance(exc, OSError):

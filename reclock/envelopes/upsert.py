@@ -180,10 +180,11 @@ class UpsertState:
     def rebuild(cls, updates: pa.Table, user_columns: list[str], key: tuple[str, ...],
                 store: KeyStore | None = None, marker: str | None = None) -> UpsertState:
         """The state of an output's committed update log (written to
-        ``store`` from empty, and committed there with ``marker``)."""
+        ``store`` from empty, and committed there with ``marker``).
+        Whatever ``store`` held is thrown away first, its file too: a
+        damaged file is never written into."""
         st = cls(user_columns, key, store)
-        st.store.rollback()
-        st.store.write({}, ALL)
+        st.store.discard()
         new: dict[str, tuple[Any, ...]] = {}
 
         def dup(row: tuple[Any, ...], times: str = "more than once") -> DefiniteError:

@@ -87,6 +87,7 @@ from reclock.envelopes import Envelope, NoneEnvelope, UpsertState, envelope_for
 from reclock.envelopes.keystate import (
     CacheShares,
     KeyedIntents,
+    KeyStateDamaged,
     KeyStore,
     MemoryKeys,
     SqliteKeys,
@@ -359,6 +360,12 @@ class SourceRunner:
         self.ticks = 0
         self._gone: set[int] = set()  # outputs whose upstream is gone (output_errors)
         self._keys: dict[int, KeyStore] = {}  # keyed outputs' key stores, by output
+        #: keyed outputs whose key store met damage and was thrown away: why
+        #: (reported by the rebuild at the next open)
+        self._key_damage: dict[int, str] = {}
+        #: keyed outputs whose key state was rebuilt for damage and has not
+        #: been committed since (damage again: the disk is suspect)
+        self._key_healing: set[int] = set()
         # The first vacuum one to two periods after start, at a random point:
         # a thousand sources started together otherwise vacuumed together,
         # every period (each vacuum's first pass reads its table, in a child).
@@ -536,28 +543,7 @@ class SourceRunner:
             out.upsert = None
             if out.upsert_key is None:
                 continue
-            store = self._key_store(out)
-            store.rollback()
-            columns = [f.name for f in out.user_schema]
-            marker = _key_marker(out, out.state)
-            if out.index in self._resnap:
-                # Read again from scratch: the snapshot's rows start from no
-                # keys (what the output holds now is retracted as a whole,
-                # however damaged: see _replaced); a replay's correction
-                # brings its own key state (see _commit). A damaged output's
-                # key state cannot be rebuilt: it is not needed.
-                store.reset()
-                out.upsert = UpsertState(columns, out.upsert_key, store)
-                keys[out.name] = "reset"
-            elif store.marker == marker:
-                # the stored state is that of the output's committed version
-                out.upsert = UpsertState(columns, out.upsert_key, store)
-                keys[out.name] = "reused"
-            else:
-                # the key state is exactly that of the committed output
-                out.upsert = UpsertState.rebuild(
-                    out.sink.read_updates(), columns, out.upsert_key, store, marker)
-                keys[out.name] = "rebuilt"
+            keys[out.name] = self._open_keys(out)
         b = self.operator.bindings  # just read back by the operator
         initial = self.source.initial_frontier()
         if b.last is not None:
@@ -578,6 +564,86 @@ class SourceRunner:
         self.events.log(self.name, "open", resume=self.resume.encode(),
                         read_from=self.read_from.encode(), bound=bound.encode(),
                         **({"keys": keys} if keys else {}))
+
+    def _open_keys(self, out: OutputRuntime) -> str:
+        """Set up a keyed output's key state for its committed version:
+        ``reset``, ``reused`` or ``rebuilt`` (from the output, with an event
+        saying why). A store found damaged (when its file was opened, which
+        checks it, or while the driver ran) is rebuilt, never reused."""
+        key = out.upsert_key
+        assert key is not None
+        store = self._key_store(out)
+        damage = self._key_damage.pop(out.index, None) or store.discarded
+        store.discarded = None
+        columns = [f.name for f in out.user_schema]
+        marker = _key_marker(out, out.state)
+        if out.index in self._resnap:
+            # Read again from scratch: the snapshot's rows start from no
+            # keys (what the output holds now is retracted as a whole,
+            # however damaged: see _replaced); a replay's correction
+            # brings its own key state (see _commit). A damaged output's
+            # key state cannot be rebuilt: it is not needed.
+            if damage is not None:
+                log.warning("source %s: output %s: key state file %s was damaged (%s): "
+                            "emptied for the re-snapshot", self.name, out.name,
+                            store.location, damage)
+            store.reset()
+            out.upsert = UpsertState(columns, key, store)
+            return "reset"
+        if damage is None:
+            store.rollback()
+            if store.marker == marker:
+                # the stored state is that of the output's committed version
+                out.upsert = UpsertState(columns, key, store)
+                return "reused"
+        if damage is not None:
+            why = f"damaged: {damage}"
+        elif store.location is None:
+            why = "the key state is kept in memory"
+        elif store.marker is None:
+            why = "no key state saved yet"
+        else:  # a crash between the output's commit and the key state's, ...
+            why = "the saved key state is not that of the output's committed version"
+        # the key state is exactly that of the committed output
+        updates = out.sink.read_updates()
+        out.upsert = UpsertState.rebuild(updates, columns, key, store, marker)
+        if damage is not None:
+            self._key_healing.add(out.index)
+        (log.warning if damage is not None else log.info)(
+            "source %s: output %s: key state rebuilt from %d rows of the output (%s)%s",
+            self.name, out.name, updates.num_rows, why,
+            "" if store.location is None else f" in {store.location}")
+        self.events.log(self.name, "keys_rebuilt", output=out.name, file=store.location,
+                        reason=why, rows=updates.num_rows)
+        return "rebuilt"
+
+    def _lost_keys(self, out: OutputRuntime, exc: KeyStateDamaged, during: str
+                   ) -> ReclockError:
+        """A keyed output's key store met damage ``during`` a step: the store
+        is thrown away (its file deleted), and the source re-opens, which
+        rebuilds the key state from the output and reads the job again
+        (key state changes only after the sink commit: a job that was not
+        committed is settled again against the rebuilt state, one that was
+        is in the output it is rebuilt from). The error to raise: a
+        :class:`~reclock.core.errors.Reopen`, or a definite error when the
+        state rebuilt for damage is damaged again before any commit."""
+        store = self._keys.pop(out.index, None)
+        if store is not None:
+            store.remove()
+        self._opened = False  # whatever is raised: the next round re-opens
+        self._key_damage[out.index] = f"{exc.reason} (met while {during})"
+        log.error("source %s: output %s: key state file %s is damaged (%s, met while %s): "
+                  "deleted; the source re-opens and rebuilds it from the output",
+                  self.name, out.name, exc.path, exc.reason, during)
+        if out.index in self._key_healing:
+            return DefiniteError(
+                f"source {self.name!r}: output {out.name!r}: its key state file {exc.path} "
+                f"is damaged again ({exc.reason}), before any commit since it was rebuilt "
+                "for damage", hint="check the disk under state_dir (or move state_dir to "
+                "another disk); the key state is rebuilt from the output at each retry")
+        return Reopen(f"source {self.name!r}: output {out.name!r}: key state file "
+                      f"{exc.path} is damaged ({exc.reason}): it is rebuilt from the output",
+                      hint="nothing to do: the job in progress is read again")
 
     def _key_store(self, out: OutputRuntime) -> KeyStore:
         """The key store of a keyed output (made once per runner)."""
@@ -968,14 +1034,23 @@ class SourceRunner:
                         extra = self._replaced(b, out)
                     staged += self._stage(out, "resnap", extra)
                 if intents and keys is not None:
+                    if faults.take("damage_keys"):
+                        keys.store.damage()
                     staged += self._settle(out, keys, KeyedIntents.merged(intents))
                 faults.fail_point("commit")
                 if self.lock is not None:
                     self.lock.require()  # no sink commits without the driver lock
                 out.sink.commit(staged, cur, new)
-            except BaseException:
+            except BaseException as exc:
                 if keys is not None:
-                    keys.rollback()
+                    damage, during = (exc, "settling a job") if isinstance(
+                        exc, KeyStateDamaged) else (None, "rolling back a failed commit")
+                    try:
+                        keys.rollback()
+                    except KeyStateDamaged as found:
+                        damage = damage or found
+                    if damage is not None:
+                        raise self._lost_keys(out, damage, during) from exc
                 raise
             finally:
                 _remove_spilled(intents)
@@ -984,9 +1059,12 @@ class SourceRunner:
             if keys is not None:
                 try:
                     keys.commit(_key_marker(out, new))
+                except KeyStateDamaged as exc:
+                    raise self._lost_keys(out, exc, "saving the key state") from exc
                 except Exception as exc:  # the output moved: its key state is read again
                     raise Reopen(f"source {self.name!r}: output {out.name!r}: the key state "
                                  f"could not be saved ({exc})") from exc
+                self._key_healing.discard(out.index)
             out.state = new
             if replacing:
                 self.ledger.replace(out.name, new)
