@@ -34,8 +34,8 @@ columns (``typed=True`` outputs, e.g. generator tables and Postgres rows).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol
 
 import pyarrow as pa
@@ -70,6 +70,11 @@ class OutputSpec:
     #: raw outputs: columns each record carries besides key and value, handed
     #: to the output as they are, after the decoded ones (Kafka's headers)
     extra: pa.Schema | None = None
+    #: typed outputs: shape changes the source resolved itself and that
+    #: ``schema`` does not show (a column renamed upstream read under the
+    #: output's name, a dropped column kept); a ``schema_change: fail``
+    #: output refuses them (reclock.core.schema_change.Change)
+    changes: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,14 @@ class SourceContext:
     #: Kafka source numbers its (topic, partition) pairs with them. None
     #: where no store is at hand.
     coordinates: Any = None
+    #: ``facts() -> {key: JSON text}`` and ``put_facts({key: text or None})``
+    #: of the source's remap shard (:meth:`remap_store.base.RemapStore.facts`):
+    #: what the source's reading depends on and must outlive the driver (a
+    #: CDC table's column history). None where no store is at hand.
+    facts: Any = None
+    put_facts: Any = None
+    #: each output's ``schema_change`` policy, by output name
+    schema_change: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
