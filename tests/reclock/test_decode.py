@@ -909,8 +909,8 @@ def test_avro_wire_format_with_registry(registry: Registry) -> None:
     with pytest.raises(SchemaChanged) as changed:  # evolve (the default): re-open for it
         make_decoder(spec).decode(arr([v1]))
     assert changed.value.schema_id == 1 and changed.value.part == "value"
-    with pytest.raises(DefiniteError, match="schema id 1 change the output's shape .*"
-                                            "schema_change is fail"):
+    with pytest.raises(DefiniteError, match=r"schema id 1 change the output's shape .*"
+                                            r"schema_change is fail"):
         make_decoder(spec, policy="fail").decode(arr([v1]))
     # evolving: the union of the declared schema and v1 (legacy nullable)
     evolved = make_decoder(spec, seen=[1])
@@ -966,8 +966,8 @@ def test_avro_reader_schema_is_the_union_of_the_subjects_versions() -> None:
         # a later version adding a required field without a default: incompatible
         register(reg.url, "users-value", {**READER_V2, "fields": [
             *READER_V2["fields"], {"name": "age", "type": "int"}]})
-        with pytest.raises(DefiniteError, match="'users-value': version 3 .* field 'age' is "
-                                                "added as a required field without a default"):
+        with pytest.raises(DefiniteError, match=r"'users-value': version 3 .* field 'age' is "
+                                                r"added as a required field without a default"):
             make_decoder({"type": "avro", "registry_url": reg.url, "subject": "users-value"})
 
 
