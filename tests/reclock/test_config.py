@@ -539,7 +539,7 @@ def test_several_errors_in_line_order(tmp_path: Path) -> None:
         f"{at(path, 13, 'name')}: sources[1]: missing connector block "
         "(expected one of: generator, kafka, postgres, mysql, oneshot)",
         f"{at(path, 14, 'extra')}: sources[1].outputs[0]: unknown key 'extra' "
-        "(expected one of: envelope, format, key_format, name, rename, sink)",
+        "(expected one of: envelope, format, key_format, name, rename, schema_change, sink)",
     ]
 
 
@@ -916,3 +916,26 @@ def test_nesting_and_alias_expansion_are_bounded(tmp_path: Path, monkeypatch: An
 def test_durations_have_a_sane_range(tmp_path: Path, value: str) -> None:
     path = write(tmp_path, f"timestamp_interval: {value}\n" + MINIMAL)
     assert any("at most 30 days" in e for e in errors_of(path))
+
+
+def test_schema_change_is_a_policy_named_with_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        sources:
+          - name: g
+            generator: {kind: counter}
+            outputs:
+              - {name: main, sink: file, schema_change: sometimes}
+        """)
+    assert errors_of(path) == [
+        f"{at(path, 5, 'sometimes')}: sources[0].outputs[0].schema_change: expected 'evolve', "
+        "'freeze' or 'fail'"]
+    ok = write(tmp_path, """
+        sources:
+          - name: g
+            generator: {kind: counter}
+            outputs:
+              - {name: main, sink: file, schema_change: freeze}
+              - {name: other, sink: file}
+        """)
+    cfg = load_config(ok)
+    assert [o.schema_change for o in cfg.sources[0].outputs] == ["freeze", "evolve"]
