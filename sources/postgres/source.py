@@ -354,6 +354,15 @@ class PostgresSource(SourceBase):
         for t in tables:
             key = history.PREFIX + t.output
             m = history.merge(self.who, t, known.get(key))
+            dropped = [c.column for c in m.changes if c.kind == "dropped"]
+            if dropped and m.table.envelope == "none":
+                raise DefiniteError(
+                    f"{self.who}: table {t.qualified}: columns {dropped} were dropped upstream, "
+                    "and its output is a diff log (REPLICA IDENTITY FULL, or no key): a later "
+                    "change's old row lacks their values, so its retraction would not match "
+                    "the row the output holds", hint="re-read the output in the table's shape "
+                    "now (drop the output and the source's state: a new snapshot), or give the "
+                    "table a primary key (a keyed output retracts by key)")
             self._changes[t.output] = m.changes
             merged.append(m.table)
             if m.fact != known.get(key) and not (
@@ -1134,6 +1143,18 @@ class PostgresReader:
                 "the table: it has no column for their values",
                 hint="re-read the output in the table's shape now (drop the output and its "
                      "state: a new snapshot)")
+        if t.envelope == "none" and any(j < 0 and not c.gone
+                                        for c, j in zip(t.columns, pos, strict=True)):
+            # A diff log's retraction must match the row it retracts: a
+            # column dropped since the output was described is named by the
+            # describe of the re-open (a change from before a column was
+            # added lacks it too, and is fine: that column still exists).
+            now = self._catalog_now(params, rel.relid)
+            gone = [c.name for c, j in zip(t.columns, pos, strict=True)
+                    if j < 0 and not c.gone and c.upstream not in now]
+            if gone:
+                raise Reopen(f"{self.who}: table {t.qualified}: columns {gone} were dropped "
+                             "upstream")
         types = []
         for c, j in zip(t.columns, pos, strict=True):
             if j < 0:
