@@ -1143,12 +1143,12 @@ class PostgresReader:
                 "the table: it has no column for their values",
                 hint="re-read the output in the table's shape now (drop the output and its "
                      "state: a new snapshot)")
-        if t.envelope == "none" and any(j < 0 and not c.gone
-                                        for c, j in zip(t.columns, pos, strict=True)):
-            # A diff log's retraction must match the row it retracts: a
-            # column dropped since the output was described is named by the
-            # describe of the re-open (a change from before a column was
-            # added lacks it too, and is fine: that column still exists).
+        if any(j < 0 and not c.gone for c, j in zip(t.columns, pos, strict=True)):
+            # A column dropped since the output was described: the describe
+            # of the re-open records it and the output's policy decides (a
+            # diff log cannot take it: its retractions would not match). A
+            # change from before a column was added lacks it too, and is
+            # fine: that column still exists.
             now = self._catalog_now(params, rel.relid)
             gone = [c.name for c, j in zip(t.columns, pos, strict=True)
                     if j < 0 and not c.gone and c.upstream not in now]
