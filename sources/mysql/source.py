@@ -49,10 +49,14 @@ IntoTime of the first binding past Q, every transaction the snapshot holds
 that IntoTime or a later one. For the snapshot's outputs the stream drops
 every transaction before S.
 
-Schema changes are seen in the row events' table maps: a column added
-upstream re-opens the source (the output gains it); a dropped column is null
-from then on; a column whose new type the output cannot hold is a definite
-error naming it.
+Schema changes are seen in the row events' table maps: a column added or
+dropped upstream re-opens the source, whose output's ``schema_change``
+policy takes it (:mod:`reclock.core.schema_change`). Each output keeps its
+table's column history with the source's state (``my:<output>``): a dropped
+column stays in the output, read from the changes written before the drop
+(after a restart too), null from then on. The binlog names columns but
+numbers none: a rename reads as a drop and an add. A column whose new type
+the output cannot hold is a definite error naming it.
 """
 
 from __future__ import annotations

@@ -48,18 +48,23 @@ that the driver's upsert state turns into diffs; a TOASTed value an update
 left unchanged (the server does not send it) is marked (``_unchanged``) and
 the upsert state fills it from the key's current row.
 
-Schema changes (the relation messages in the stream): a column added upstream
-re-opens the source so that the output evolves (the sink adds the column,
-earlier rows hold nulls); a dropped column stays in the output and is null
-from then on (changes written before the drop keep their values, unless the
-pipeline restarts between the drop and reading them: the column is then no
-longer known and those values read as null); a retyped
-column is read as the output's type when that holds every value of the new
-type (int4 -> int8, float4 -> float8, wider numeric), and is otherwise a
-definite error naming the table and column. A truncate of a keyed table
-retracts every row (the driver's key state knows them); of a diff-log table
-(FULL, or no identity) it is a definite error (the output cannot retract rows
-it was never told about one by one).
+Schema changes. Each output keeps its table's column history with the
+source's state (:mod:`sources.postgres.history`): column numbers, every name
+a column had, its type, the table's oid. A relation message in the stream is
+mapped onto the output's columns by those names, so changes written before
+and after a rename (or a stop) land in one column; a name no column had is a
+column added upstream, and re-opens the source; a column missing from a
+message that the table no longer has was dropped, and re-opens it too; a
+type the output's column cannot hold re-opens it when the catalog shows it.
+At the open the output's ``schema_change`` policy meets the changes
+(:mod:`reclock.core.schema_change`): a dropped column stays (null from then
+on; of a diff log, a definite error: its retractions would not match), a
+renamed one keeps the output's name, a widened one widens the output under
+evolve.
+
+A truncate of a keyed table retracts every row (the driver's key state knows
+them); of a diff-log table (FULL, or no identity) it is a definite error (the
+output cannot retract rows it was never told about one by one).
 """
 
 from __future__ import annotations
