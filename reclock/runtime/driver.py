@@ -618,7 +618,7 @@ class SourceRunner:
                     ([*out.key_decoder.schema] if out.key_decoder is not None else [])
                     + [*out.value_decoder.schema] + list(out.spec.extra or []))
                 key_columns = ([f.name for f in out.key_decoder.schema]
-                               if out.key_decoder is not None else None)
+                               if out.key_decoder is not None else [])
             key = out.envelope.resolve(what, list(upstream.names), key_columns)
             if out.rename:
                 upstream, _, key = rename_columns(what, upstream, out.rename, key)
@@ -642,7 +642,7 @@ class SourceRunner:
         return any(getattr(d, "evolving", False) for d in (out.key_decoder, out.value_decoder))
 
     def _redecode(self, out: OutputRuntime, what: str, facts: Facts
-                  ) -> tuple[pa.Schema, list[str] | None]:
+                  ) -> tuple[pa.Schema, list[str]]:
         """Rebuild a raw output's decoders that follow a schema registry (the
         union of what they took before, the subject's versions now and the
         ids records named); record their unions; the upstream columns."""
@@ -667,7 +667,7 @@ class SourceRunner:
         out.seen = {}
         schema, key_columns = raw_user_schema(what, out.key_decoder, out.value_decoder,
                                               list(out.spec.extra or []), out.envelope.type)
-        return schema, (key_columns if out.key_decoder is not None else None)
+        return schema, key_columns
 
     def _count_dropped(self, out: OutputRuntime, results: list[TaskResult]) -> None:
         """Values of upstream columns the output does not take (freeze),
