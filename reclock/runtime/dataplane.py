@@ -185,12 +185,11 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
     arrays = [*cols, *meta, pa.nulls(n, pa.string()), pa.nulls(n, pa.binary()),
               pa.nulls(n, pa.binary())]
     rows = pa.Table.from_arrays(arrays, schema=plan.schema)
-    errors = 0
-    for i, why in sorted(refused.items()):  # values the output's column cannot hold
+    if refused:  # values the output's column cannot hold: error rows naming them
         mask = np.zeros(n, dtype=bool)
-        mask[i] = True
-        rows = refuse_rows(rows, mask, why)
-        errors += 1
+        mask[list(refused)] = True
+        rows = refuse_rows(rows, mask, refused)
+    errors = len(refused)
     if plan.keyed and SRC_UNCHANGED in batch.schema.names:
         rows = rows.append_column(SRC_UNCHANGED, batch.column(SRC_UNCHANGED))
     # columns upstream has and the output does not take (schema_change: freeze)
