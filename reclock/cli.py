@@ -8,6 +8,7 @@ landed exactly once.
     reclock drop FILE SOURCE              stop a source promptly, keep its outputs
     reclock undrop FILE SOURCE            the next run resumes a dropped source
     reclock resnapshot FILE SOURCE OUTPUT read one output's upstream again, correcting it
+    reclock accept-recreated FILE SOURCE TOPIC  read a re-created topic from its start
     reclock verify FILE                   audit every output against the bindings
     reclock load FILE SOURCE OUTPUT --from PATH_OR_URL   load files once, at one IntoTime
 
@@ -16,7 +17,8 @@ Exit codes:
     0  done; for status: the driver runs and no source is stalled
     1  run: a source was stalled when the run ended; status: a source is
        stalled; verify: an output breaches its bindings
-    2  an error (a bad configuration, an unreachable store, ...), on one line
+    2  an error (a bad configuration, an unreachable store, ...), on one line;
+       run: another driver took the pipeline's lock over while it ran
     3  status: the driver is not running
     130  interrupted before the pipeline started
 """
@@ -38,6 +40,7 @@ import pyarrow as pa
 
 from reclock.core.errors import ReclockError
 from reclock.core.frontier import render as render_frontier
+from reclock.core.secrets import install_log_filter, scrub, scrub_data
 
 log = logging.getLogger("reclock")
 
@@ -76,6 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = _load(args.file)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    install_log_filter()
     sys.stderr.write(f"reclock: running {len(cfg.sources)} source(s); state in {cfg.state_dir}\n")
     runners = run(cfg, duration=args.duration)
     # The run is over and is only shutting down now. Python puts the default
@@ -87,7 +91,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     for r in runners:
         from reclock.pipeline import progress_line
 
-        sys.stderr.write(progress_line(r.status()) + "\n")
+        sys.stderr.write(scrub(progress_line(r.status())) + "\n")
+    if runners.lock_taken is not None:
+        sys.stderr.write(scrub(f"reclock: stopped: {runners.lock_taken}") + "\n")
+        return 2
     if runners.stalled:
         sys.stderr.write(f"reclock: stopped; stalled at the end: {', '.join(runners.stalled)}\n")
         return 1
@@ -274,7 +281,7 @@ def status_exit_code(doc: dict[str, Any]) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from reclock.runtime.snapshot_progress import describe as describe_snapshot
 
-    doc = collect_status(args.file, args.history)
+    doc = scrub_data(collect_status(args.file, args.history))
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
         return status_exit_code(doc)
@@ -320,8 +327,10 @@ def cmd_bindings(args: argparse.Namespace) -> int:
         ids = {c: json.loads(n) for n, c in pipe.store.coordinates(args.source).items()}
     finally:
         pipe.close()
-    legend = ("  partition ids: " + ", ".join(f"{c} = {t}/{p}" for c, (t, p) in sorted(ids.items()))
-              if ids else None)
+    # ([topic, partition, topic id] for a topic's re-created incarnations)
+    legend = ("  partition ids: " + ", ".join(
+        f"{c} = {n[0]}/{n[1]}" + (f" (topic id {n[2]})" if len(n) > 2 else "")
+        for c, n in sorted(ids.items())) if ids else None)
     if args.at is not None:
         t = parse_time(args.at)
         f = b.frontier_at(t)
@@ -452,6 +461,17 @@ def cmd_undrop(args: argparse.Namespace) -> int:
         pipe.close()
     print(f"source {args.source} undropped: the next run resumes it from its outputs' "
           "frontier (a running driver does not restart it)")
+    return 0
+
+
+def cmd_accept_recreated(args: argparse.Namespace) -> int:
+    from reclock.pipeline import Pipeline
+
+    pipe = Pipeline(_load(args.file))
+    try:
+        print(pipe.accept_recreated(args.source, args.topic))
+    finally:
+        pipe.close()
     return 0
 
 
@@ -595,6 +615,13 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("source", help="the source's name")
     rs.add_argument("output", help="the output's name")
     rs.set_defaults(fn=cmd_resnapshot)
+    ac = sub.add_parser("accept-recreated", help="a topic of a source was deleted and "
+                        "re-created: read the new topic from its first record (after the old "
+                        "one's) from the next open on")
+    ac.add_argument("file", help=file_help)
+    ac.add_argument("source", help="the source's name")
+    ac.add_argument("topic", help="the re-created topic")
+    ac.set_defaults(fn=cmd_accept_recreated)
     ld = sub.add_parser("load", help="load CSV, JSON-lines or Parquet files into an output of "
                         "a oneshot source at one IntoTime, once (waits when a driver runs)")
     ld.add_argument("file", help=file_help)
@@ -626,11 +653,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    install_log_filter()  # (cmd_run installs it again on the handler it adds)
     try:
         rc: int = args.fn(args)
         return rc
     except ReclockError as exc:
-        sys.stderr.write(f"reclock: {exc}\n")
+        sys.stderr.write(f"reclock: {scrub(str(exc))}\n")
         return 2
     except KeyboardInterrupt:
         return 130

@@ -7,7 +7,9 @@ decoders, the remap store, and (when running) the Spark session.
 writes ``state_dir/status.json`` every second, watches for drop requests, and
 stops cleanly on SIGINT/SIGTERM. With an ``http`` section it also serves
 metrics, the status and its recent history, and a status page
-(:mod:`reclock.statuspage`).
+(:mod:`reclock.statuspage`). What it lets out (the status document, the
+progress log, the lines on stderr, log records) is scrubbed of the
+configuration's secrets (:mod:`reclock.core.secrets`).
 
 State directory layout::
 
@@ -37,23 +39,24 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from reclock import faults
-from reclock.config import OutputConfig, PipelineConfig, SourceConfig
+from reclock.config import OutputConfig, PipelineConfig, SourceConfig, config_secrets
 from reclock.core.bindings import Bindings
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import rename_columns
-from reclock.core.errors import DefiniteError, TransientError
+from reclock.core.errors import DefiniteError, LockTaken, TransientError
+from reclock.core.secrets import install_log_filter, register, scrub, scrub_json
 from reclock.envelopes import Envelope, NoneEnvelope, envelope_for
 from reclock.envelopes.keystate import CacheShares
 from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner
 from reclock.runtime.health import STALLED
-from reclock.runtime.lock import DriverLock, holder_info
+from reclock.runtime.lock import DriverLock, LockWatch, holder_info
 from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.resnapshot import Requests
 from reclock.runtime.shapes import raw_user_schema
 from reclock.runtime.snapshot_progress import describe as describe_snapshot
 from remap_store import RemapStore, open_store
 from sinks.base import PersistSink, SinkContext, check_output_names
-from sources.base import Source, SourceContext
+from sources.base import Facts, Source, SourceContext
 
 log = logging.getLogger("reclock")
 
@@ -71,6 +74,9 @@ class Pipeline:
     def __init__(self, cfg: PipelineConfig, clock: Clock | None = None) -> None:
         self.cfg = cfg
         self.clock = clock or SystemClock()
+        # (a configuration loaded from YAML registered its secrets then; one
+        # built in code registers them here)
+        register(config_secrets(cfg))
         self.state_dir = Path(cfg.state_dir)
         self._store: RemapStore | None = None
         self._identity: str | None = None
@@ -129,8 +135,8 @@ class Pipeline:
             self.clock, self.identity, tuple(o.name for o in src.outputs),
             state_dir=self.state_dir,
             coordinates=functools.partial(self.store.coordinates, src.name),
-            facts=functools.partial(self.store.facts, src.name),
-            put_facts=functools.partial(self.store.put_facts, src.name),
+            facts=Facts(functools.partial(self.store.facts, src.name),
+                        functools.partial(self.store.put_facts, src.name)),
             schema_change={o.name: o.schema_change for o in src.outputs})))
 
     def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig
@@ -215,6 +221,20 @@ class Pipeline:
             mark = self._drop_mark(source) or {}
             self.drop_marker(source).write_text(json.dumps({**mark, "released": released}))
         return released
+
+    def accept_recreated(self, source: str, name: str) -> str:
+        """``reclock accept-recreated``: the upstream object ``name`` that
+        ``source`` found replaced (a re-created topic) is read as it is now,
+        from its start, by the source's next open (the source's
+        ``accept_replaced``). Says what was accepted."""
+        src = self.source_config(source)
+        shards = self.store.shards()
+        last = self.store.read(source).last if source in shards else None
+        conn = self._connector(src)
+        try:
+            return conn.accept_replaced(name, None if last is None else last.frontier)
+        finally:
+            conn.close()
 
     def _drop_mark(self, source: str) -> dict[str, Any] | None:
         """What the drop marker records (``None``: the source is not dropped;
@@ -315,15 +335,17 @@ def status_document(runners: list[SourceRunner], dropped: list[str], clock: Cloc
     ``/metrics`` (:mod:`reclock.metrics`), read by ``reclock status``: the
     single source of truth for what operators see. ``config``: the
     fingerprint of the configuration the driver runs
-    (:attr:`~reclock.config.schema.PipelineConfig.fingerprint`)."""
-    return {
+    (:attr:`~reclock.config.schema.PipelineConfig.fingerprint`). Every
+    string in it is scrubbed of secrets (:mod:`reclock.core.secrets`)."""
+    doc: dict[str, Any] = scrub_json({
         "pid": os.getpid(),
         "updated_ms": clock.now(),
         "http": http,
         "config": config,
         "sources": [r.status() for r in runners],
         "dropped": list(dropped),
-    }
+    })
+    return doc
 
 
 def write_status(path: Path, runners: list[SourceRunner], dropped: list[str], clock: Clock,
@@ -348,6 +370,9 @@ class Runners(list[SourceRunner]):
     http_url: str | None = None
     #: Sources that were stalled when the run ended (``reclock run`` exits 1).
     stalled: list[str]
+    #: The run ended because another driver took the pipeline's lock
+    #: (``reclock run`` exits 2).
+    lock_taken: LockTaken | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -370,6 +395,7 @@ def run(
     or until every source finished. Returns the runners (for tests), with
     ``http_url`` set when the configuration enables the HTTP endpoint."""
     pipe = Pipeline(cfg, clock)
+    install_log_filter()  # every record a root handler writes is scrubbed of secrets
     stop = stop or threading.Event()
     # Arrow's datasets (and pandas with them: about 1 s) are imported lazily
     # for the CLI; a driver imports them now, not in its first compaction
@@ -382,12 +408,12 @@ def run(
             signal.signal(sig, handler)
     pipe.state_dir.mkdir(parents=True, exist_ok=True)
     try:
-        release = _lock(pipe)
+        release, watch = _lock(pipe)
     except BaseException:
         pipe.close()
         raise
     try:
-        return _run(pipe, cfg, spark, duration, stop, out, on_ready, use_spark, handler)
+        return _run(pipe, cfg, spark, duration, stop, out, on_ready, use_spark, handler, watch)
     finally:
         release()
 
@@ -402,31 +428,37 @@ def _stop_on(stop: threading.Event) -> Callable[..., None]:
     return handler
 
 
-def _lock(pipe: Pipeline) -> Callable[[], None]:
+def _lock(pipe: Pipeline) -> tuple[Callable[[], None], LockWatch | None]:
     """One driver per pipeline (:mod:`reclock.runtime.lock`): the state
-    directory's lock, then the remap store's where it has one. Returns the
-    release of both."""
+    directory's lock, then the remap store's where it has one, re-checked
+    for the driver's life by the :class:`LockWatch` returned (started).
+    Returns the release of both, and the watch (None: no store lock)."""
     if faults.driver_lock_skipped():
-        return lambda: None
+        return (lambda: None), None
     lock = DriverLock.acquire(pipe.state_dir)
     try:
-        store_release = pipe.store.lock_driver(holder_info())
+        store_lock = pipe.store.lock_driver(holder_info())
     except BaseException:
         lock.release()
         raise
+    watch = None if store_lock is None else LockWatch(store_lock)
+    if watch is not None:
+        watch.start()
 
     def release() -> None:
-        if store_release is not None:
-            store_release()
+        if watch is not None:
+            watch.stop()
+        if store_lock is not None:
+            store_lock.release()
         lock.release()
 
-    return release
+    return release, watch
 
 
 def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float | None,
          stop: threading.Event, out: TextIO | None,
          on_ready: Callable[[list[SourceRunner]], None] | None, use_spark: bool,
-         handler: Callable[..., None] | None) -> Runners:
+         handler: Callable[..., None] | None, watch: LockWatch | None) -> Runners:
     events = ProgressLog(pipe.state_dir / "progress.jsonl" if cfg.progress_log else None,
                          pipe.clock)
     if use_spark and spark is None:
@@ -453,6 +485,7 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
             b.source, b.outputs, pipe.store, spark if use_spark else None, pipe.clock,
             pipe.settings(src), events, requests=Requests(pipe.state_dir, src.name),
             drop_marker=pipe.drop_marker(src.name), bindings=shards.get(src.name),
+            lock=watch,
         ))
     if dropped and out is not None:
         out.write(f"reclock: not running dropped source(s) {', '.join(dropped)} "
@@ -496,7 +529,7 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
             if out is not None and time.monotonic() - last_print >= 5:
                 last_print = time.monotonic()
                 for r in runners:
-                    out.write(progress_line(r.status()) + "\n")
+                    out.write(scrub(progress_line(r.status())) + "\n")
                 out.flush()
             if duration is not None and time.monotonic() - started >= duration:
                 break
@@ -504,6 +537,9 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
                 break
             stop.wait(1.0)
     finally:
+        # Another driver took the pipeline's lock: each source stopped at its
+        # next mint or commit (LockTaken), and with them the loop.
+        runners.lock_taken = None if watch is None else watch.taken
         runners.stalled = [r.name for r in runners if r.health.status == STALLED]
         for r in runners:
             r.stop()

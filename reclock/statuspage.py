@@ -48,6 +48,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from reclock.core.errors import DefiniteError
+from reclock.core.secrets import scrub
 from reclock.metrics import frontier_position, make_registry, render
 
 log = logging.getLogger("reclock.http")
@@ -368,7 +369,7 @@ class _Handler(BaseHTTPRequestHandler):
             log.warning("http %s failed: %s", url.path, exc, exc_info=True)
             with contextlib.suppress(OSError):
                 self._send(500, "text/plain; charset=utf-8",
-                           f"{type(exc).__name__}: {exc}\n".encode())
+                           scrub(f"{type(exc).__name__}: {exc}\n").encode())
 
     def _send(self, code: int, ctype: str, body: bytes) -> None:
         self.send_response(code)

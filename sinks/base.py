@@ -160,6 +160,33 @@ class SinkContext:
         """The output's full name, ``<source>.<output>``."""
         return f"{self.source}.{self.output}"
 
+    @property
+    def owner(self) -> Owner:
+        """The pipeline this output's commits belong to (:class:`Owner`)."""
+        return Owner(self.identity, str(self.state_dir))
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The pipeline an output belongs to, recorded by every commit of it
+    with the output's state (Delta: the commit info; Postgres: its row in
+    ``reclock_uppers``; Kafka: its progress records) and compared whenever
+    the state is read: ``pipeline`` is the pipeline's identity (minted once
+    in its remap store), ``state`` where it keeps its state (for messages).
+    An output whose state records no owner (written before owners were
+    recorded) is adopted by the first pipeline that commits to it."""
+
+    pipeline: str
+    state: str | None = None
+
+    def check(self, output: str, where: str, recorded: str | None,
+              recorded_state: str | None) -> None:
+        """Raise :class:`OutputOwned` when the output's state at ``where``
+        was committed by another pipeline than this one (``recorded``: its
+        identity; None: no owner recorded, which any pipeline adopts)."""
+        if recorded is not None and recorded != self.pipeline:
+            raise OutputOwned(output, where, Owner(recorded, recorded_state), self)
+
 
 @dataclass(frozen=True)
 class SinkState:
@@ -202,6 +229,24 @@ class Superseded(SinkFenced):
 class SinkError(DefiniteError):
     """A sink cannot write (permissions, disk full, schema clash): nothing was
     committed, nothing already accepted is lost."""
+
+
+class OutputOwned(SinkError):
+    """The output's target holds the state of another pipeline's output:
+    two pipelines must never write one output (see :class:`Owner`). Nothing
+    was written."""
+
+    def __init__(self, output: str, where: str, theirs: Owner, ours: Owner) -> None:
+        self.theirs, self.ours = theirs, ours
+        at = f" (state in {theirs.state})" if theirs.state else ""
+        super().__init__(
+            f"output {output!r} at {where} belongs to another pipeline: its commits there "
+            f"carry pipeline id {theirs.pipeline!r}{at}, this pipeline is {ours.pipeline!r} "
+            f"(state in {ours.state}); nothing was written",
+            hint="two pipelines must not write one output: point this output at a target of "
+                 "its own, or run it from the other pipeline's state (its state_dir and "
+                 "remap_store); to take the target over, stop the other pipeline and remove "
+                 "the target first")
 
 
 class Stager(Protocol):

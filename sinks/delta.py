@@ -87,15 +87,23 @@ and swaps them in with ONE Delta transaction from snapshot v: a remove action
 per merged file, an add action per new file (both ``dataChange: false``: the
 rows are the same ones; streaming readers skip the commit), and the output's
 txn and commitInfo (upper, progress) exactly as snapshot v has them. So the
-state read after a compaction is the state before it, and a compaction is
-fenced like a commit. On a local table reclock writes that entry v+1 itself,
-created only if absent, so any commit after v drops the pass; elsewhere
-delta-rs rejects it when a commit after v carries our txn (a commit of this
-output, or a compaction by another driver). A commit built on a snapshot
-older than the compaction is rejected, re-checked (the state is unchanged)
-and retried by :meth:`DeltaSink.commit`. The pass's reading of the table
-(which files are small), its merges and a delta-rs swap run in a
-short-lived child process, as do checkpoints, expiry and the orphan vacuum
+state read after a compaction is the state before it. The swap commits only
+if none of the files it removes was removed meanwhile, by anyone
+(:meth:`DeltaSink._swap`): reclock reads the log entries after v up to the
+newest, w, and drops the pass if one of them removed one of its files (an
+outside ``OPTIMIZE`` or ``DELETE``, another driver's compaction), committed
+this output (its txn: a compaction is fenced like a commit) or changed the
+schema or protocol; else it writes the swap as entry w+1, created only if
+absent, and reads again from there when someone else wrote w+1 first. On a
+local table reclock writes that entry itself; elsewhere (S3, tables with
+writer features it does not write) delta-rs writes it, with no retries:
+delta-rs's own rebase over a newer commit lets a second removal of one file
+through when ``dataChange`` is false, which put the rows both merged in the
+table twice (tests/sinks/test_delta_compaction.py pins it). A commit built
+on a snapshot older than the compaction is rejected, re-checked (the state
+is unchanged) and retried by :meth:`DeltaSink.commit`. The pass's reading
+of the table (which files are small), its merges and a delta-rs swap run in
+a short-lived child process, as do checkpoints, expiry and the orphan vacuum
 (see "maintenance that reads the whole table" below): the driver's memory
 stays flat however long it runs. delta-rs's own
 ``optimize.compact`` is not used: it drops the ``app_transactions`` of its
@@ -150,6 +158,7 @@ from dataclasses import dataclass
 from functools import partial, wraps
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO, ClassVar, Literal, ParamSpec, TypeVar
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -184,6 +193,7 @@ from sinks._fs import (
 )
 from sinks._store import Location, S3Access, split_uri, store_error
 from sinks.base import (
+    Owner,
     SinkContext,
     SinkError,
     SinkFenced,
@@ -241,6 +251,9 @@ LOCK_NAME = "_reclock.lock"
 KEY_UPPER = "reclock.upper"
 KEY_PROGRESS = "reclock.progress"
 KEY_OUTPUT = "reclock.output"
+#: commitInfo keys naming the pipeline that committed (:class:`~sinks.base.Owner`)
+KEY_PIPELINE = "reclock.pipeline"
+KEY_PIPELINE_STATE = "reclock.pipeline_state"
 #: commitInfo key of maintenance commits: ``compact``, ``expire``, ``retention``.
 KEY_MAINTENANCE = "reclock.maintenance"
 RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
@@ -564,25 +577,48 @@ def plan_compaction(location: Location, app_id: str, target_size: int, min_files
                  len(small) - min(len(take), max_files))
 
 
-def swap_files(location: Location, plan: _Plan, actions: list[dict[str, Any]],
-               custom: dict[str, Any], app_id: str) -> bool:
+def swap_files(location: Location, version: int, actions: list[dict[str, Any]],
+               custom: dict[str, Any], app_id: str, txn: int) -> bool:
     """Commit a compaction's removes and adds (``{"remove": {...}}`` /
-    ``{"add": {...}}``) with delta-rs from snapshot ``plan.version`` (a table
-    reclock does not write log entries of itself); False when a concurrent
-    commit won."""
-    dt = DeltaTable(location.uri, version=plan.version,
-                    storage_options=location.storage_options())
+    ``{"add": {...}}``) with delta-rs as log entry ``version + 1`` exactly
+    (a table reclock does not write log entries of itself); False when that
+    entry exists. delta-rs is given no retries: its own rebase over a newer
+    commit would let a concurrent remove of the same files through (its
+    conflict checker does when ``dataChange`` is false), so the caller
+    checks the entries in between itself (:meth:`DeltaSink._swap`)."""
+    dt = DeltaTable(location.uri, version=version, storage_options=location.storage_options())
     acts: list[AddAction | RemoveAction] = [
         AddAction(**a["add"]) if "add" in a else RemoveAction(**a["remove"]) for a in actions]
     try:
         dt.create_write_transaction(
             acts, "append", dt.schema(),
-            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, plan.txn)],
-                                               custom_metadata=custom),
+            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, txn)],
+                                               custom_metadata=custom, max_commit_retries=0),
             post_commithook_properties=_NO_HOOKS)
     except CommitFailedError:
         return False
     return True
+
+
+def swap_conflict(text: str, removes: set[str], app_id: str) -> str | None:
+    """Why a compaction that removes the files ``removes`` may not commit
+    after the log entry ``text`` (None: it may): the entry removed one of
+    them (another compaction, an outside ``OPTIMIZE`` or ``DELETE``: the
+    swap would add their rows a second time), committed the output (a txn
+    of ``app_id``: the swap would carry the state from before it), or
+    changed the table's schema or protocol (the merged files were written
+    for the old one)."""
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        doc = json.loads(line)
+        if "remove" in doc and unquote(str(doc["remove"].get("path", ""))) in removes:
+            return f"it removed {doc['remove']['path']}, which this pass merged"
+        if "txn" in doc and doc["txn"].get("appId") == app_id:
+            return "it committed this output"
+        if "metaData" in doc or "protocol" in doc:
+            return "it changed the table's schema or protocol"
+    return None
 
 
 def expire_files(location: Location, hours: int,
@@ -860,6 +896,11 @@ class DeltaSink:
     :meth:`vacuum_orphans` and the schedule of :meth:`maintain`.
     ``compaction``: compact on a schedule (see :meth:`maintain`); ``None``
     (the default here; the file sink's config turns it on) never does.
+    ``owner``: the pipeline this output belongs to, recorded in the commit
+    info of every commit (``reclock.pipeline``, ``reclock.pipeline_state``)
+    and compared whenever the state is read: a state another pipeline
+    committed is :class:`~sinks.base.OutputOwned` (None: not recorded nor
+    compared).
     """
 
     holds_state = False  # an update log
@@ -876,8 +917,10 @@ class DeltaSink:
         compaction: Compaction | None = None,
         create_lazily: bool = False,
         checkpoint_aside: bool = False,
+        owner: Owner | None = None,
     ) -> None:
         self.name = name
+        self.owner = owner
         self.location = Location.of(name, path, storage)
         self.uri = self.location.uri
         self.app_id = f"reclock:{name}"
@@ -1113,6 +1156,9 @@ class DeltaSink:
                     "disagrees with itself",
                     hint="another writer uses this output's application id; give the output "
                          "its own table")
+            if self.owner is not None:
+                self.owner.check(self.name, self.uri, _text(info.get(KEY_PIPELINE)),
+                                 _text(info.get(KEY_PIPELINE_STATE)))
             progress = info.get(KEY_PROGRESS)
             return progress if isinstance(progress, str) else None
         return None  # the table's whole log, and no commit of ours: never committed
@@ -1142,7 +1188,7 @@ class DeltaSink:
         version = _encode_txn(new.upper)
         adds = [_check_descriptor(self.name, d) for d in staged]
         custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(version),
-                  KEY_PROGRESS: new.progress}
+                  KEY_PROGRESS: new.progress, **self._owner_keys()}
         props = CommitProperties(app_transactions=[Transaction(self.app_id, version)],
                                  custom_metadata=custom)
         if self._to_create is not None:
@@ -1263,6 +1309,15 @@ class DeltaSink:
             raise _delta_error(self.name, self.location, exc, "add columns to") from exc
         self._evolution = None
         return self._load()
+
+    def _owner_keys(self) -> dict[str, str]:
+        """The commit info keys that name this output's pipeline."""
+        if self.owner is None:
+            return {}
+        keys = {KEY_PIPELINE: self.owner.pipeline}
+        if self.owner.state is not None:
+            keys[KEY_PIPELINE_STATE] = self.owner.state
+        return keys
 
     def _head_of(self, dt: DeltaTable) -> _Head:
         """What snapshot ``dt`` tells a commit on top of it."""
@@ -1523,27 +1578,26 @@ class DeltaSink:
                             "or column mapping", self.name)
             if not isinstance(plan, _Plan):
                 return {}
-            done = self._merge_and_swap(plan, self._state_at(plan.version, plan.txn))
-            if not done:
+            done, swapped = self._merge_and_swap(plan,
+                                                 self._state_at(plan.version, plan.txn))
+            if swapped is None:
                 return {}
             done["files_left"] = plan.files_left
             self._compacted_upto, self._compaction_left = listing_at, plan.files_left
         log.info("output %r: compacted %d files into %d", self.name, done["files_removed"],
                  done["files_added"])
         faults.crash_point("after_compaction")
-        self._housekeep(plan.version + 1, checkpoint=True)
+        self._housekeep(swapped, checkpoint=True)
         return done
 
-    def _merge_and_swap(self, plan: _Plan, state: SinkState) -> dict[str, int]:
+    def _merge_and_swap(self, plan: _Plan,
+                        state: SinkState) -> tuple[dict[str, int], int | None]:
         """Write one file per run, then the one transaction that swaps them
-        in (the caller holds the lock). ``{}`` when a concurrent commit of
-        this output won: the new files are deleted again.
-
-        The swap is log entry ``plan.version + 1``, written by reclock itself
-        (created only if absent, as :meth:`commit` does) or, on tables it
-        does not write entries of, by delta-rs from snapshot
-        ``plan.version`` in a child (:func:`swap_files`). The sink's head
-        moves past it, so that the next commit need not load the table."""
+        in (the caller holds the lock): the pass's counts and the version
+        the swap became, ``({}, None)`` when the pass was dropped
+        (:meth:`_swap`): the new files are deleted again. The sink's head
+        moves past the swap, so that the next commit need not load the
+        table."""
         batch = f"{self._clock.now()}{_COMPACTED}{uuid.uuid4().hex[:10]}"
         written: list[dict[str, Any]] = []
         for i, run in enumerate(plan.runs):
@@ -1557,26 +1611,62 @@ class DeltaSink:
                         "size": f.size}} for run in plan.runs for f in run]
         actions += [{"add": self._add_action(d, data_change=False)} for d in written]
         custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(plan.txn),
-                  KEY_PROGRESS: state.progress, KEY_MAINTENANCE: "compact"}
-        if plan.direct:
-            swapped = self._put_entry(plan.version + 1, _log_entry(
-                "OPTIMIZE", {"reclock": "compact"}, False, self.app_id, plan.txn, custom,
-                actions, plan.version))
-        else:
-            swapped = self._apart(swap_files, self.location, plan, actions, custom, self.app_id,
-                                  doing="compact")
-        if not swapped:
-            log.info("output %r: compaction dropped, a concurrent commit came first", self.name)
+                  KEY_PROGRESS: state.progress, KEY_MAINTENANCE: "compact",
+                  **self._owner_keys()}
+        swapped = self._swap(plan, actions, custom)
+        if swapped is None:
             for d in written:
                 self.location.delete(d["path"])
-            return {}
+            return {}, None
         self._kept.update(d["path"] for d in written)
         head = self._head
-        if head is not None and head.version == plan.version:
-            self._head = _Head(plan.version + 1, head.state, head.direct)
+        if head is not None and head.version == swapped - 1:
+            self._head = _Head(swapped, head.state, head.direct)
         return {"files_removed": sum(len(r) for r in plan.runs), "files_added": len(written),
                 "bytes_removed": sum(f.size for r in plan.runs for f in r),
-                "bytes_added": sum(int(d["size"]) for d in written)}
+                "bytes_added": sum(int(d["size"]) for d in written)}, swapped
+
+    def _swap(self, plan: _Plan, actions: list[dict[str, Any]],
+              custom: dict[str, Any]) -> int | None:
+        """Commit a pass's swap; the version it became, or None when the pass
+        is dropped (the caller holds the lock).
+
+        1. Read the log entries after ``plan.version`` up to the newest, v.
+           If one of them removed a file the swap removes, committed the
+           output or changed the schema or protocol (:func:`swap_conflict`),
+           drop the pass: whoever removed a file first owns its rows.
+        2. Write the swap as log entry v+1, only if it is absent: reclock's
+           own entry (:meth:`_put_entry`), or on tables it does not write
+           entries of (S3 included) delta-rs with no retries
+           (:func:`swap_files`, in a child), whose put-if-absent is S3's
+           conditional write there. delta-rs's own rebase is never used: it
+           lets a second remove of one file through when ``dataChange`` is
+           false, which duplicated every row two compactions both merged.
+        3. Entry v+1 exists (someone committed after step 1): step 1 again
+           from there, at most :data:`COMMIT_ATTEMPTS` times."""
+        removes = {a["remove"]["path"] for a in actions if "remove" in a}
+        at = plan.version
+        for _ in range(COMMIT_ATTEMPTS):
+            while (text := self.location.read_text(f"_delta_log/{at + 1:020d}.json")) \
+                    is not None:
+                why = swap_conflict(text, removes, self.app_id)
+                if why is not None:
+                    log.info("output %r: compaction dropped: version %d came first (%s)",
+                             self.name, at + 1, why)
+                    return None
+                at += 1
+            if plan.direct:
+                swapped = self._put_entry(at + 1, _log_entry(
+                    "OPTIMIZE", {"reclock": "compact"}, False, self.app_id, plan.txn, custom,
+                    actions, at))
+            else:
+                swapped = self._apart(swap_files, self.location, at, actions, custom,
+                                      self.app_id, plan.txn, doing="compact")
+            if swapped:
+                return at + 1
+        log.info("output %r: compaction dropped: %d attempts lost to concurrent commits",
+                 self.name, COMMIT_ATTEMPTS)
+        return None
 
     @_bounded
     def expire_removed(self, retention_ms: int) -> list[str]:
@@ -1703,6 +1793,10 @@ def _decode_txn(version: int) -> int | None:
 def _check_descriptor(output: str, d: dict[str, Any]) -> dict[str, Any]:
     check_descriptor(output, "Delta", d, _STAGED, {"size": int, "stats": str})
     return d
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _scan_commit(text: str, app_id: str) -> tuple[dict[str, Any], int | None]:
@@ -2000,5 +2094,5 @@ class FileSinkConfig(SinkConfigBase):
         if split_uri(path)[0] == "s3":
             storage = (self.storage or S3StorageConfig()).access()
         return DeltaSink(ctx.name, path, storage=storage, create_lazily=True,
-                         checkpoint_aside=True,
+                         checkpoint_aside=True, owner=ctx.owner,
                          compaction=None if self.compact is None else self.compact.settings())

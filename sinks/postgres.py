@@ -8,10 +8,15 @@ characters work)::
                             name), output text (the output that last
                             committed), upper bigint (NULL = closed),
                             progress text, updated_at timestamptz,
-                            commit_id text. The state belongs to the table:
-                            two pipelines whose outputs share a name never
-                            share a state, and two writers of one table
-                            fence each other.
+                            commit_id text, pipeline text and
+                            pipeline_state text (the pipeline that
+                            committed: its identity and state directory,
+                            see :class:`~sinks.base.Owner`; added to a
+                            table of an earlier layout). The state belongs
+                            to the table: two pipelines whose outputs share
+                            a name never share a state, two writers of one
+                            table fence each other, and a pipeline finding
+                            another's identity there is refused.
     schema.table            mode "log":   user columns + reclock's columns
                                           (the update log: _into_time, _diff,
                                           provenance, _error, raw bytes)
@@ -121,6 +126,7 @@ from pydantic import AfterValidator, Field
 from pydantic_core import InitErrorDetails
 
 from reclock.clients.postgres import (
+    DSN_SECRET,
     checked_dsn,
     connect_defaults,
     parse_dsn,
@@ -152,6 +158,7 @@ from sinks._fs import (
     vacuum_staged,
 )
 from sinks.base import (
+    Owner,
     SinkContext,
     SinkError,
     SinkFenced,
@@ -168,6 +175,8 @@ Connection = psycopg.Connection[TupleRow]
 
 #: The table holding every output's state, in the output table's schema.
 UPPERS_TABLE = "reclock_uppers"
+#: columns of ``reclock_uppers`` naming the pipeline that committed (:class:`~sinks.base.Owner`)
+OWNER_COLUMNS = ("pipeline", "pipeline_state")
 #: Suffix of the error-row table of a state-mode output.
 ERRORS_SUFFIX = "_errors"
 #: The temp table a state-mode commit loads into.
@@ -644,8 +653,10 @@ class PostgresSink:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
         clock: Clock | None = None,
+        owner: Owner | None = None,
     ) -> None:
         self.name = name
+        self.owner = owner
         self.table = table
         self.schema = schema
         self.mode: Mode = mode
@@ -812,10 +823,20 @@ class PostgresSink:
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (target text PRIMARY KEY, output text, "
             "upper bigint, progress text, updated_at timestamptz NOT NULL DEFAULT now(), "
-            "commit_id text)"
+            "commit_id text, pipeline text, pipeline_state text)"
         ).format(_ident(self.schema, UPPERS_TABLE)))
         have = _describe_table(conn, self.schema, UPPERS_TABLE)
         assert have is not None
+        missing = [c for c in OWNER_COLUMNS if c not in have.columns]
+        if missing and "target" in have.columns:
+            # A table of the layout before owners were recorded: its rows
+            # record none, and the first pipeline to commit adopts each.
+            conn.execute(sql.SQL("ALTER TABLE {} {}").format(
+                _ident(self.schema, UPPERS_TABLE), sql.SQL(", ").join(
+                    sql.SQL("ADD COLUMN IF NOT EXISTS {} text").format(_ident(c))
+                    for c in missing)))
+            have = _describe_table(conn, self.schema, UPPERS_TABLE)
+            assert have is not None
         if have.primary_key == ("output",) and "target" not in have.columns:
             raise SinkError(
                 f"{_qualified(self.schema, UPPERS_TABLE)} on {self.server} has an earlier "
@@ -823,7 +844,7 @@ class PostgresSink:
                 hint="rename or drop it; reclock now keeps one row per target table",
             )
         need = {"target": "text", "output": "text", "upper": "bigint", "progress": "text",
-                "commit_id": "text"}
+                "commit_id": "text", **dict.fromkeys(OWNER_COLUMNS, "text")}
         bad = [f"{c!r} ({have.columns[c].type if c in have.columns else 'missing'})"
                for c, t in need.items()
                if c not in have.columns or have.columns[c].type != t]
@@ -906,15 +927,39 @@ class PostgresSink:
         conn = self._connect()
         try:
             row = conn.execute(
-                sql.SQL("SELECT upper, progress FROM {} WHERE target = %s").format(
-                    _ident(self.schema, UPPERS_TABLE)),
+                sql.SQL("SELECT upper, progress, pipeline, pipeline_state FROM {} "
+                        "WHERE target = %s").format(_ident(self.schema, UPPERS_TABLE)),
                 (self.table,),
             ).fetchone()
         except psycopg.errors.UndefinedTable:
             return SinkState()
+        except psycopg.errors.UndefinedColumn:
+            return self._state_before_owners(conn)
+        except psycopg.Error as exc:
+            raise self._fail(exc, "read the state of") from exc
+        if row is None:
+            return SinkState()
+        self._check_owner(row[2], row[3])
+        return SinkState(row[0], row[1])
+
+    def _state_before_owners(self, conn: Connection) -> SinkState:
+        """:meth:`state` from an upper table of the layout before owners
+        (ensure() has not added the columns yet: a reader)."""
+        try:
+            row = conn.execute(
+                sql.SQL("SELECT upper, progress FROM {} WHERE target = %s").format(
+                    _ident(self.schema, UPPERS_TABLE)),
+                (self.table,),
+            ).fetchone()
         except psycopg.Error as exc:
             raise self._fail(exc, "read the state of") from exc
         return SinkState() if row is None else SinkState(row[0], row[1])
+
+    def _check_owner(self, pipeline: str | None, pipeline_state: str | None) -> None:
+        """:class:`~sinks.base.OutputOwned` when another pipeline committed the table."""
+        if self.owner is not None:
+            self.owner.check(self.name, f"{self.target} on {self.server}", pipeline,
+                             pipeline_state)
 
     # -- commit --------------------------------------------------------------------------------
     def commit(self, staged: list[dict[str, Any]], expected: SinkState, new: SinkState) -> None:
@@ -955,11 +1000,16 @@ class PostgresSink:
                 if files:
                     self._load(conn, files)
                 self._step("loaded")
+                owner = self.owner
                 conn.execute(
                     sql.SQL("UPDATE {} SET output = %s, upper = %s, progress = %s, "
-                            "updated_at = now(), commit_id = %s WHERE target = %s").format(
-                        _ident(self.schema, UPPERS_TABLE)),
-                    (self.name, new.upper, new.progress, commit_id, self.table),
+                            "updated_at = now(), commit_id = %s, "
+                            "pipeline = coalesce(%s, pipeline), "
+                            "pipeline_state = coalesce(%s, pipeline_state) "
+                            "WHERE target = %s").format(_ident(self.schema, UPPERS_TABLE)),
+                    (self.name, new.upper, new.progress, commit_id,
+                     None if owner is None else owner.pipeline,
+                     None if owner is None else owner.state, self.table),
                 )
                 self._step("upper_set")
             except BaseException:
@@ -1014,11 +1064,12 @@ class PostgresSink:
                 f"on {self.server}", hint="call ensure() first",
             ) from exc
         row = conn.execute(
-            sql.SQL("SELECT upper, progress FROM {} WHERE target = %s FOR UPDATE").format(
-                uppers),
+            sql.SQL("SELECT upper, progress, pipeline, pipeline_state FROM {} "
+                    "WHERE target = %s FOR UPDATE").format(uppers),
             (self.table,),
         ).fetchone()
         assert row is not None
+        self._check_owner(row[2], row[3])
         actual = SinkState(row[0], row[1])
         if actual != expected:
             raise SinkFenced(
@@ -1270,8 +1321,10 @@ class PostgresSinkConfig(SinkConfigBase):
 
     type: Literal["postgres"] = "postgres"
     """``postgres``."""
-    dsn: Annotated[str, AfterValidator(checked_dsn)] = Field(min_length=1)
-    """``postgresql://user:${PGPASSWORD}@host:port/db``; the password is never printed."""
+    dsn: Annotated[str, AfterValidator(checked_dsn), DSN_SECRET] = Field(min_length=1)
+    """``postgresql://user:${PGPASSWORD}@host:port/db`` (a password holding
+    reserved characters percent-encoded) or ``host=... dbname=...``; checked
+    when the file is loaded; the password is never printed."""
     table: str = Field(min_length=1, max_length=63)
     """Target table (created with matching types when absent)."""
     schema_: str = Field(default="public", alias="schema", min_length=1, max_length=63)
@@ -1301,4 +1354,4 @@ class PostgresSinkConfig(SinkConfigBase):
     def build(self, ctx: SinkContext) -> PostgresSink:
         return PostgresSink(ctx.name, dsn=self.dsn, table=self.table, schema=self.schema_,
                             mode=self.mode, key=tuple(self.key),
-                            staging_dir=ctx.state_dir / "staging")
+                            staging_dir=ctx.state_dir / "staging", owner=ctx.owner)

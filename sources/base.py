@@ -34,7 +34,7 @@ columns (``typed=True`` outputs, e.g. generator tables and Postgres rows).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol
 
@@ -78,6 +78,19 @@ class OutputSpec:
 
 
 @dataclass(frozen=True)
+class Facts:
+    """Durable key/values of the source's remap shard
+    (:meth:`remap_store.base.RemapStore.facts`): what the source's bindings
+    depend on besides themselves, such as the identity of the upstream
+    objects they name (a Kafka topic's id). ``read() -> {key: JSON text}``;
+    ``write({key: text or None})`` sets or removes keys, durably, in one
+    transaction. A source writes an identity before any binding relies on it."""
+
+    read: Callable[[], dict[str, str]]
+    write: Callable[[Mapping[str, str | None]], None]
+
+
+@dataclass(frozen=True)
 class SourceContext:
     """What a connector's config needs besides itself to build its source
     (:meth:`reclock.config.base.ConnectorConfig.build`)."""
@@ -98,12 +111,10 @@ class SourceContext:
     #: Kafka source numbers its (topic, partition) pairs with them. None
     #: where no store is at hand.
     coordinates: Any = None
-    #: ``facts() -> {key: JSON text}`` and ``put_facts({key: text or None})``
-    #: of the source's remap shard (:meth:`remap_store.base.RemapStore.facts`):
-    #: what the source's reading depends on and must outlive the driver (a
-    #: CDC table's column history). None where no store is at hand.
-    facts: Any = None
-    put_facts: Any = None
+    #: the source's durable facts (:class:`Facts`); None where no store is at
+    #: hand (upstream identities, a CDC table's column history, are then kept
+    #: in memory only)
+    facts: Facts | None = None
     #: each output's ``schema_change`` policy, by output name
     schema_change: Mapping[str, str] = field(default_factory=dict)
 
@@ -245,6 +256,17 @@ class Source(Protocol, Generic[T]):
         source's own loop: must not block on upstream (report what is known)."""
         ...
 
+    def accept_replaced(self, name: str, bound: Antichain[T] | None = None) -> str:
+        """After an upstream object this source reads was replaced under the
+        same name (a Kafka topic deleted and re-created), which stalls it
+        with an :class:`~reclock.core.errors.IdentityChanged` error: accept
+        the object as it is now, durably, so that the next open reads it as a
+        new part of the source (``reclock accept-recreated``). ``bound``: the
+        last frontier the source's bindings name (None: none yet). Returns
+        what was accepted, for the user; a definite error where nothing was
+        replaced or the source cannot accept it."""
+        ...
+
     def output_errors(self) -> dict[int, DefiniteError]:
         """Outputs whose upstream is gone for good while the others go on (a
         deleted topic of a several-topic Kafka source): output index -> the
@@ -295,6 +317,11 @@ class SourceBase:
 
     def output_errors(self) -> dict[int, DefiniteError]:
         return {}
+
+    def accept_replaced(self, name: str, bound: Antichain[Any] | None = None) -> str:
+        raise DefiniteError(f"source {getattr(self, 'name', '?')!r} keeps no identity of "
+                            f"{name!r}: there is nothing to accept",
+                            hint="only a Kafka source's re-created topics can be accepted")
 
 
 def take_position_columns(batch: pa.RecordBatch) -> dict[str, pa.Array]:

@@ -55,7 +55,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal, cast
 
 import numpy as np
@@ -66,6 +66,7 @@ from confluent_kafka import (
     IsolationLevel,
     KafkaError,
     KafkaException,
+    TopicCollection,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
@@ -85,8 +86,10 @@ from reclock.core.clock import Clock
 from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.core.errors import DefiniteError, FrontierRegression, TransientError
 from reclock.core.frontier import Antichain, kafka_frontier
+from reclock.core.secrets import KAFKA_PROPERTIES, redact_kafka_properties
 from reclock.core.time import Partitioned, kafka_offsets
 from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
+from sources.kafka_identity import TopicIdentities, TopicRecord, recreated
 
 BATCH = 50_000
 #: plan() checks ranges against earliest offsets read at most this often
@@ -120,12 +123,11 @@ def native_reader() -> Any:
 def _conf_str(v: Any) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
 
-_SECRET_KEYS = ("password", "secret", "token", "jaas", "key.password")
-
 
 def redact_properties(props: dict[str, Any]) -> dict[str, Any]:
-    return {k: ("***" if any(s in k.lower() for s in _SECRET_KEYS) else v)
-            for k, v in props.items()}
+    """``props`` for display: the properties librdkafka marks sensitive as
+    ``***`` (:data:`reclock.core.secrets.KAFKA_SENSITIVE_PROPERTIES`)."""
+    return redact_kafka_properties(props)
 
 
 def _client_conf(bootstrap: str, properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -180,6 +182,9 @@ class KafkaReader:
     #: a multi-topic source with an output per topic: each topic's output
     #: index (empty: every record goes to output 0)
     routes: tuple[tuple[str, int], ...] = ()
+    #: the topic id of each topic as the probe that bound the ranges found it:
+    #: a task checks the topics it read still have them (sources/kafka_identity.py)
+    expect: tuple[tuple[str, str], ...] = ()
 
     def _conf(self) -> dict[str, Any]:
         # A task reads a known range and stops at its end: a short fetch wait
@@ -238,9 +243,13 @@ class KafkaReader:
             known |= topics
 
     def _ranges(self, spec: Any) -> list[Range]:
-        if self.multi:
-            return [(int(c), int(b), int(e), str(t), int(p)) for c, b, e, t, p in spec]
-        return [(p, b, e, self.topic, p) for p, b, e in task_ranges(spec)]
+        """A task's ranges: ``(id, start, end)`` triples read the source's one
+        topic at partition ``id``; ranges that name their topic and partition
+        (several topics, or a re-created topic's partitions) as they say."""
+        if spec and isinstance(spec[0], int):
+            spec = (spec,)
+        return [(int(r[0]), int(r[1]), int(r[2]), str(r[3]), int(r[4])) if len(r) == 5
+                else (int(r[0]), int(r[1]), int(r[2]), self.topic, int(r[0])) for r in spec]
 
     def read(self, task: ReadTask) -> Iterator[tuple[int, pa.RecordBatch]]:
         ranges = [r for r in self._ranges(task.spec) if r[2] > r[1]]
@@ -251,8 +260,7 @@ class KafkaReader:
         c, known = self._consumer(native)
         self._learn_topics(c, known, native is not None, {t for _c, _b, _e, t, _p in ranges})
         if native is not None:
-            err = c.assign(self.topic, ranges if self.multi else [r[:3] for r in ranges],
-                           self.headers)
+            err = c.assign(self.topic, ranges, self.headers)
             if err is not None:
                 raise _transient(f"assigning {_names(ranges)}",
                                  KafkaException(KafkaError(err[0], err[1])))
@@ -260,13 +268,46 @@ class KafkaReader:
                 yield from self._routed(self._read_native(c, ranges, where), where)
             finally:
                 c.unassign()
+        else:
+            c.assign([TopicPartition(t, p, b) for _c, b, _e, t, p in ranges])
+            try:
+                yield from self._routed(self._read_ranges(c, ranges, where), where)
+            finally:
+                with contextlib.suppress(KafkaException):
+                    c.unassign()
+        self._confirm({t for _c, _b, _e, t, _p in ranges})
+
+    def _confirm(self, topics: set[str]) -> None:
+        """After reading: each topic read still has the id the probe that
+        bound its ranges found. A topic deleted and re-created in between
+        handed over the new topic's records at the old one's positions: the
+        task fails (nothing it read is committed), and the next probe meets
+        the new id (sources/kafka_identity.py). Records read before a
+        re-creation that this check meets after it are read again, or lost
+        with the old topic: never taken for the new topic's."""
+        expect = {t: i for t, i in self.expect if t in topics}
+        if not expect:
             return
-        c.assign([TopicPartition(t, p, b) for _c, b, _e, t, p in ranges])
-        try:
-            yield from self._routed(self._read_ranges(c, ranges, where), where)
-        finally:
-            with contextlib.suppress(KafkaException):
-                c.unassign()
+        for attempt in (1, 2):
+            try:
+                found = {t: str(d.topic_id) for t, d in _described(
+                    _admin_for(self.bootstrap, self.properties), sorted(expect),
+                    self.timeout_s if attempt == 2 else min(self.timeout_s, 3.0)).items()}
+                break
+            except (KafkaException, concurrent.futures.TimeoutError) as exc:
+                # a new client next time (see KafkaSource._describe)
+                _admin_for(self.bootstrap, self.properties, fresh=True)
+                if attempt == 2:
+                    raise _transient(f"confirming the ids of topics {sorted(expect)}", exc
+                                     ) from None
+        changed = {t: (i, found.get(t)) for t, i in expect.items() if found.get(t) != i}
+        if changed:
+            raise TransientError(
+                "topics were replaced while a task read them: "
+                + ", ".join(f"{t!r} (topic id {old} -> {new})" for t, (old, new)
+                            in sorted(changed.items())),
+                hint="nothing of the task is committed; the source reads again once its "
+                "probe has met the new topic")
 
     def _routed(self, batches: Iterator[tuple[int, pa.RecordBatch]],
                 where: dict[int, tuple[str, int]]) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -511,6 +552,34 @@ def _native_batch(taken: tuple[Any, ...], headers: bool = False) -> pa.RecordBat
 #: (Consumer or native Reader, the topics whose metadata it has) per thread
 _CONSUMERS: dict[Any, tuple[Any, set[str]]] = {}
 _CACHE_LOCK = threading.Lock()
+#: an AdminClient per (bootstrap, properties), for the tasks' identity checks
+_ADMINS: dict[Any, AdminClient] = {}
+
+
+def _admin_for(bootstrap: str, properties: tuple[tuple[str, Any], ...], fresh: bool = False
+               ) -> AdminClient:
+    """The process's AdminClient for a cluster (``fresh``: a new one)."""
+    with _CACHE_LOCK:
+        a = None if fresh else _ADMINS.get((bootstrap, properties))
+        if a is None:
+            a = _ADMINS[(bootstrap, properties)] = AdminClient(
+                _client_conf(bootstrap, dict(properties)))
+        return a
+
+
+def _described(admin: AdminClient, topics: Sequence[str], timeout_s: float) -> dict[str, Any]:
+    """The descriptions (partitions, leaders, topic id) of those of
+    ``topics`` that exist; the first other error raises."""
+    futs = admin.describe_topics(TopicCollection(list(topics)), request_timeout=timeout_s)
+    found = {}
+    for name, fut in futs.items():
+        try:
+            found[name] = fut.result(timeout=timeout_s + 5)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not (isinstance(err, KafkaError) and err.code() in _MISSING_TOPIC):
+                raise
+    return found
 
 
 @dataclass
@@ -540,6 +609,8 @@ class KafkaSource(SourceBase):
     topic_outputs: dict[str, str] | None = None
     #: ``names -> {name: id}``: the store's dense coordinate ids (SourceContext)
     coordinates: Any = None
+    #: the source's durable facts (sources.base.Facts): its topics' identities
+    facts: Any = None
 
     kind = Partitioned.KIND
     replayable = True
@@ -565,6 +636,16 @@ class KafkaSource(SourceBase):
         self._pairs: dict[int, tuple[str, int]] = {}
         self._present: set[str] = set()  # topics in the last metadata
         self._gone: list[str] = []  # listed topics seen before and deleted since
+        # Topic identities (sources/kafka_identity.py): the records kept in
+        # the facts, the ids the last probe found, and the partition ids of
+        # topics' earlier incarnations (several topics; one topic: the ids
+        # below the current incarnation's base).
+        self.identities = TopicIdentities(self.name, self.facts)
+        self._seen_ids: dict[str, str] = {}
+        self._retired: set[int] = set()
+        self._base = 0
+        #: listed topics re-created and not accepted: topic -> its error
+        self._replaced: dict[str, DefiniteError] = {}
         if self.multi and self.coordinates is None:
             raise DefiniteError(f"source {self.name!r}: a Kafka source over several topics "
                                 "numbers their partitions in the remap store; it has none here")
@@ -620,27 +701,64 @@ class KafkaSource(SourceBase):
     # is seen (durably, before a binding names it), so the frontier's "every
     # id from N on, at offset 0" covers every partition of every topic not
     # seen yet, new topics and new partitions of known topics alike.
+    def _topic_partition(self, pid: int) -> tuple[str, int]:
+        """The topic and Kafka partition of a partition id (of a one-topic
+        source: in the incarnation whose ids hold it)."""
+        if self.multi:
+            return self._pairs.get(pid, ("?", pid))
+        rec = self.identities.get(self.topic)
+        base = max((b for b in (rec.bases if rec else (0,)) if b <= pid), default=0)
+        return self.topic, pid - base
+
     def _tp(self, pid: int, offset: int | None = None) -> TopicPartition:
-        topic, p = self._pairs[pid] if self.multi else (self.topic, pid)
+        topic, p = self._topic_partition(pid)
         return TopicPartition(topic, p) if offset is None else TopicPartition(topic, p, offset)
 
     def _pid(self, tp: TopicPartition) -> int:
-        return self._ids[(tp.topic, tp.partition)] if self.multi else int(tp.partition)
+        return (self._ids[(tp.topic, tp.partition)] if self.multi
+                else self._base + int(tp.partition))
 
     def _where(self, pid: int) -> str:
-        topic, p = self._pairs.get(pid, ("?", pid)) if self.multi else (self.topic, pid)
-        return f"topic {topic!r} partition {p}"
+        topic, p = self._topic_partition(pid)
+        old = " (before the topic was re-created)" if self._is_retired(pid) else ""
+        return f"topic {topic!r}{old} partition {p}"
+
+    def _is_retired(self, pid: int) -> bool:
+        """Whether ``pid`` is a partition of a topic's earlier incarnation."""
+        return pid in self._retired if self.multi else pid < self._base
+
+    def _coordinate(self, topic: str, partition: int) -> str:
+        """The coordinate name of a partition of ``topic``'s current
+        incarnation: ``[topic, p]`` for the first, ``[topic, p, id]`` after."""
+        rec = self.identities.get(topic)
+        if rec is None or rec.incarnation == 0:
+            return json.dumps([topic, partition])
+        return json.dumps([topic, partition, rec.current])
 
     def _learn(self, pairs: Sequence[tuple[str, int]] = ()) -> None:
-        """Ids for ``pairs`` (new ones assigned in the store), and every id
-        the store holds (another driver may have assigned some)."""
+        """Ids for ``pairs`` of their topics' current incarnations (new ones
+        assigned in the store), and every id the store holds (another
+        driver may have assigned some); ids of earlier incarnations are
+        retired."""
         if pairs and all(pr in self._ids for pr in pairs):
             return
-        got = self.coordinates([json.dumps([t, p]) for t, p in pairs])
+        got = self.coordinates([self._coordinate(t, p) for t, p in pairs])
         for name, pid in got.items():
-            t, p = json.loads(name)
-            self._ids[(t, p)] = pid
+            t, p, *inc = json.loads(name)
+            rec = self.identities.get(t)
+            if inc and (rec is None or inc[0] not in rec.ids):
+                self.identities.load()  # another driver took up a new incarnation
+                rec = self.identities.get(t)
+            current = (rec.incarnation == 0 if rec is not None else True) if not inc else (
+                rec is not None and inc[0] == rec.current)
             self._pairs[pid] = (t, p)
+            if current:
+                self._ids[(t, p)] = pid
+                self._retired.discard(pid)
+            else:
+                self._retired.add(pid)
+                if self._ids.get((t, p)) == pid:
+                    del self._ids[(t, p)]
 
     def _matches(self, topic: str) -> bool:
         if self._regex is not None:
@@ -648,26 +766,73 @@ class KafkaSource(SourceBase):
         return topic in self.topics
 
     # -- metadata and offsets -----------------------------------------------------------
+    def _describe(self, topics: Sequence[str]) -> dict[str, Any]:
+        """The metadata of those of ``topics`` that exist (a Metadata request
+        that never creates a topic): partitions with their leaders, and the
+        topic id."""
+        if not topics:
+            return {}
+        for attempt in (1, 2):
+            try:
+                # (the first try briefly: a client stuck on a broker that went
+                # away times out, and a new one answers within milliseconds)
+                return _described(self.admin, topics,
+                                  self.timeout_s if attempt == 2 else min(self.timeout_s, 3.0))
+            except (KafkaException, concurrent.futures.TimeoutError) as exc:
+                # The admin client waits for the broker it takes for the
+                # controller: after that broker went away (a failover, a
+                # restart) a new client finds the one that answers now.
+                self._admin = None
+                if attempt == 2:
+                    raise _transient(f"source {self.name!r}: metadata of {self.described}",
+                                     exc) from None
+        raise AssertionError("unreachable")
+
+    def _identify(self, topic: str, topic_id: str) -> bool:
+        """Compare ``topic``'s id with its record (sources/kafka_identity.py):
+        a topic seen for the first time is recorded; a new id is a new
+        incarnation where the pattern or the user accepted it (True: the
+        caller re-maps its partition ids), and otherwise the definite error
+        of a re-created topic."""
+        rec = self.identities.get(topic)
+        if rec is None:
+            self.identities.put(topic, TopicRecord((topic_id,)))
+            self._seen_ids[topic] = topic_id
+            return False
+        if topic_id == rec.current:
+            self._seen_ids[topic] = topic_id
+            return False
+        if rec.accept != topic_id:  # accepted meanwhile (`reclock accept-recreated`)?
+            self.identities.load()
+            rec = self.identities.get(topic) or rec
+        if self.pattern is not None:
+            base = 0
+        elif rec.accept == topic_id:
+            base = int(rec.accept_base or 0)
+        else:
+            raise recreated(self.name, topic, rec.current, topic_id,
+                            per_output=self.multi)
+        log.warning("source %s: topic %r was re-created (topic id %s -> %s): its records "
+                    "are read from its first one", self.name, topic, rec.current, topic_id)
+        self.identities.put(topic, rec.advanced(topic_id, base))
+        self._seen_ids[topic] = topic_id
+        return True
+
     def _partitions(self) -> tuple[list[int], list[int]]:
         """All partition ids, and those with a leader (readable now)."""
         if self.multi:
             return self._multi_partitions()
-        try:
-            # The consumer never auto-creates the topic by asking about it.
-            md = self.consumer.list_topics(self.topic, timeout=self.timeout_s)
-        except KafkaException as exc:
-            raise _transient(f"source {self.name!r}: metadata of topic {self.topic!r}", exc
-                             ) from None
-        t = md.topics.get(self.topic)
-        if (t is None or not t.partitions
-                or (t.error is not None and t.error.code() in _MISSING_TOPIC)):
+        t = self._describe([self.topic]).get(self.topic)
+        if t is None or not t.partitions:
             raise DefiniteError(
                 f"source {self.name!r}: topic {self.topic!r} does not exist (deleted?)",
                 hint="re-create the topic, or drop the source with `reclock drop`")
-        if t.error is not None:
-            raise _transient(f"source {self.name!r}: topic {self.topic!r}", KafkaException(t.error))
-        ids = sorted(t.partitions)
-        return ids, [p for p in ids if t.partitions[p].leader >= 0]
+        self._identify(self.topic, str(t.topic_id))
+        rec = self.identities.get(self.topic)
+        self._base = rec.bases[-1] if rec is not None else 0
+        ids = sorted(self._base + p.id for p in t.partitions)
+        return ids, [self._base + p.id for p in t.partitions
+                     if p.leader is not None and p.leader.id >= 0]
 
     def _multi_partitions(self) -> tuple[list[int], list[int]]:
         try:
@@ -683,6 +848,19 @@ class KafkaSource(SourceBase):
             if t.error is not None:
                 raise _transient(f"source {self.name!r}: topic {name!r}", KafkaException(t.error))
             found[name] = t
+        # the topics' ids (a second request: list_topics does not give them)
+        described = self._describe(sorted(found))
+        found = {n: t for n, t in found.items() if n in described}
+        for name in sorted(found):
+            try:
+                if self._identify(name, str(described[name].topic_id)):
+                    for pr in [pr for pr in self._ids if pr[0] == name]:
+                        self._retired.add(self._ids.pop(pr))
+            except DefiniteError as exc:  # a listed topic re-created: its output's error
+                self._replaced[name] = exc
+                del found[name]
+            else:
+                self._replaced.pop(name, None)
         known = {t for t, _p in self._pairs.values()}
         if self.topics:
             # a listed topic never seen is a mistake of the configuration; one
@@ -693,7 +871,7 @@ class KafkaSource(SourceBase):
                     f"source {self.name!r}: topics {absent} do not exist",
                     hint="create them, or correct the source's topics")
         self._present = set(found)
-        self._gone = sorted(known - set(found)) if self.topics else []
+        self._gone = sorted(known - set(found) - set(self._replaced)) if self.topics else []
         pairs = [(n, p) for n in sorted(found) for p in sorted(found[n].partitions)]
         self._learn(pairs)
         ids = sorted(self._ids[pr] for pr in pairs)
@@ -704,16 +882,23 @@ class KafkaSource(SourceBase):
         """A deleted topic of ``topics``: a definite error of its output (of
         the one output, when they share it); the other topics go on. (A
         pattern's topics come and go: a deleted one just keeps its offsets.)"""
-        if not self._gone:
+        if not self._gone and not self._replaced:
             return {}
         hint = ("the output holds everything read from it and nothing more can come; "
                 "remove the topic from topics (and its output), or re-create it")
         if self.topic_outputs is None:
+            # the one output of every topic: the first re-created topic's
+            # error (it names the recovery), else the deleted ones'
+            if self._replaced:
+                return {0: self._replaced[min(self._replaced)]}
             return {0: DefiniteError(f"source {self.name!r}: topics {self._gone} were deleted",
                                      hint=hint)}
+        errors: dict[str, DefiniteError] = {
+            t: DefiniteError(f"source {self.name!r}: topic {t!r} was deleted", hint=hint)
+            for t in self._gone}
+        errors.update(self._replaced)
         index = {t: i for i, t in enumerate(self.topic_outputs)}
-        return {index[t]: DefiniteError(f"source {self.name!r}: topic {t!r} was deleted",
-                                        hint=hint) for t in self._gone if t in index}
+        return {index[t]: e for t, e in errors.items() if t in index}
 
     def _id_count(self, ids: Sequence[int]) -> int:
         """How many partition ids the frontier gives a point (every id below)."""
@@ -791,9 +976,18 @@ class KafkaSource(SourceBase):
     def open(self, resume: Antichain[Partitioned], bound: Antichain[Partitioned],
              held: Sequence[Antichain[Partitioned] | None] = (),
              resnapshot: Sequence[int] = ()) -> None:
-        self._known, _ = kafka_offsets(bound)
+        self._known, above = kafka_offsets(bound)
+        self.identities.load()  # as durable now (a new incarnation accepted meanwhile?)
         if self.multi:
             self._learn()
+            return
+        rec = self.identities.get(self.topic)
+        if rec is not None and rec.accept is not None:
+            # An accepted incarnation's ids start above every id a binding named.
+            first = max(above or 0, max(self._known, default=-1) + 1)
+            if int(rec.accept_base or 0) < first:
+                self.identities.put(self.topic, replace(rec, accept_base=first))
+        self._base = rec.bases[-1] if rec is not None else 0
 
     def probe(self) -> Antichain[Partitioned]:
         ids, live = self._partitions()
@@ -834,6 +1028,11 @@ class KafkaSource(SourceBase):
         for p, end in hi.items():
             begin = lo.get(p, 0 if lo_above is not None and p >= lo_above else end)
             if end > begin:
+                if self._unreadable(p):
+                    log.warning("source %s: %s: offsets %d..%d were bound but not read before "
+                                "the topic was deleted and re-created; they went with it",
+                                self.name, self._where(p), begin, end - 1)
+                    continue
                 ranges[p] = (begin, end)
         if ranges:
             earliest = self._earliest_offsets(ranges)
@@ -866,6 +1065,9 @@ class KafkaSource(SourceBase):
             if any(p not in self._pairs for p in ranges):
                 self._learn()  # ids another driver assigned
             packed = [tuple((p, b, e, *self._pairs[p]) for p, b, e in spec) for spec in packed]
+        elif self._base:  # a re-created topic's partitions are not their ids
+            packed = [tuple((p, b, e, self.topic, p - self._base) for p, b, e in spec)
+                      for spec in packed]
         tasks = [ReadTask(self.name, i, spec, sum(e - b for _p, b, e in task_ranges(spec)))
                  for i, spec in enumerate(packed)]
         if all(cursor[p] == ranges[p][1] for p in ranges):
@@ -874,18 +1076,44 @@ class KafkaSource(SourceBase):
         reached = {**hi, **cursor}
         return tasks, kafka_frontier(reached, partitions=max([*reached, -1]) + 1)
 
+    def _unreadable(self, pid: int) -> bool:
+        """Whether ``pid``'s records can no longer be read: a partition of a
+        topic's earlier incarnation, or of a listed topic re-created and not
+        accepted (reading it would read the new topic's records)."""
+        return self._is_retired(pid) or (
+            self.multi and self._pairs.get(pid, ("", 0))[0] in self._replaced)
+
     def reader(self) -> KafkaReader:
         routes = tuple((t, i) for i, t in enumerate(self.topic_outputs or ()))
         return KafkaReader(self.bootstrap, self.topic, tuple(sorted(self.properties.items())),
                            self.timeout_s, native=self.native, headers=self.include_headers,
-                           multi=self.multi, routes=routes)
+                           multi=self.multi, routes=routes,
+                           expect=tuple(sorted(self._seen_ids.items())))
+
+    def accept_replaced(self, name: str, bound: Antichain[Partitioned] | None = None) -> str:
+        """``reclock accept-recreated``: the topic ``name`` as it is now
+        becomes the current incarnation at the next open (its partitions get
+        ids above every id of ``bound``, the last bound frontier)."""
+        if not (name == self.topic or name in self.topics or self._matches(name)):
+            raise DefiniteError(f"source {self.name!r} does not read topic {name!r}",
+                                hint=f"it reads {self.described}")
+        found = self._describe([name]).get(name)
+        above = 0
+        if bound is not None:
+            offsets, top = kafka_offsets(bound)
+            above = max(top or 0, max(offsets, default=-1) + 1)
+        return self.identities.accept(name, None if found is None else str(found.topic_id),
+                                      above)
 
     # -- acknowledgement ----------------------------------------------------------------------
     def acknowledge(self, frontier: Antichain[Partitioned]) -> None:
         offsets, _ = kafka_offsets(frontier)
         if self.multi:  # not a deleted topic's (the commit would fail every time)
             offsets = {p: o for p, o in offsets.items()
-                       if p in self._pairs and self._pairs[p][0] in self._present}
+                       if p in self._pairs and self._pairs[p][0] in self._present
+                       and p not in self._retired}
+        else:  # not an earlier incarnation's (they name the new topic's partitions)
+            offsets = {p: o for p, o in offsets.items() if p >= self._base}
         if not offsets or not self.commit_offsets:
             return
         tps = [self._tp(p, o) for p, o in sorted(offsets.items())]
@@ -899,6 +1127,7 @@ class KafkaSource(SourceBase):
             for fut in futs.values():
                 fut.result(timeout=self.timeout_s + 5)
         except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            self._admin = None  # a new client next time (see _describe)
             raise _transient(f"source {self.name!r}: committing offsets to group "
                              f"{self.group!r}", exc) from None
 
@@ -988,10 +1217,11 @@ class KafkaConfig(ConnectorConfig):
     start_timestamp: int | None = Field(default=None, ge=0)
     """With ``start: timestamp``: milliseconds since the epoch; each partition
     starts at its first record at or after it."""
-    properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    properties: Annotated[dict[str, str | int | float | bool], KAFKA_PROPERTIES] = Field(
+        default_factory=dict)
     """Extra librdkafka settings passed straight to every client (for example
-    ``security.protocol``, ``sasl.username``, ``sasl.password``); values of
-    secret-looking keys are never printed."""
+    ``security.protocol``, ``sasl.username``, ``sasl.password``); the values
+    of the properties librdkafka marks sensitive are never printed."""
     timeout: DurationMs = 10_000
     """Timeout of metadata and offset requests, and of a read task waiting for
     its range."""
@@ -1081,5 +1311,5 @@ class KafkaConfig(ConnectorConfig):
             native=self.reader == "native", commit_offsets=self.commit_offsets,
             include_headers=self.include_headers, topics=tuple(self.topics or ()),
             pattern=self.topic_pattern, topic_outputs=self.per_topic(),
-            coordinates=ctx.coordinates,
+            coordinates=ctx.coordinates, facts=ctx.facts,
         )

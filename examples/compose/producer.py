@@ -27,7 +27,7 @@ Every option has an environment variable as its default::
     --partitions         DEMO_PARTITIONS          4
     --dsn                SHOP_DSN                 postgresql://POSTGRES_USER:POSTGRES_PASSWORD@
                                                   POSTGRES_HOST:POSTGRES_PORT/SHOP_DB
-                                                  (postgres, reclock, postgres, 5432, shop)
+                                                  (postgres, reclock-demo-pw, postgres, 5432, shop)
     --rate               PRODUCER_RATE            Kafka records per second (50)
     --pg-rate            PRODUCER_PG_RATE         Postgres transactions per second (5)
     --duration           PRODUCER_DURATION        seconds, unset: forever
@@ -93,7 +93,7 @@ def default_dsn(env: Mapping[str, str]) -> str:
     if env.get("SHOP_DSN"):
         return env["SHOP_DSN"]
     user = quote(env.get("POSTGRES_USER", "postgres"), safe="")
-    password = quote(env.get("POSTGRES_PASSWORD", "reclock"), safe="")
+    password = quote(env.get("POSTGRES_PASSWORD", "reclock-demo-pw"), safe="")
     host = env.get("POSTGRES_HOST", "postgres")
     port = env.get("POSTGRES_PORT", "5432")
     db = env.get("SHOP_DB", "shop")

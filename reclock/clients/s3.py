@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 
+from reclock.core.secrets import register
+
 #: What an object store says when only the operator can help: refused
 #: access, a missing bucket, bad credentials (anything else is retried).
 _DEFINITE = re.compile(
@@ -71,7 +73,7 @@ class S3Access:
         if allow is None:
             allow = (e.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true", "yes")
                      or (endpoint or "").startswith("http://"))
-        return cls(
+        access = cls(
             endpoint=endpoint,
             region=g.get("region") or e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION"),
             access_key_id=g.get("access_key_id") or e.get("AWS_ACCESS_KEY_ID"),
@@ -79,6 +81,10 @@ class S3Access:
             session_token=g.get("session_token") or e.get("AWS_SESSION_TOKEN"),
             allow_http=bool(allow),
         )
+        # secrets from the environment are secrets too: scrubbed like the
+        # configuration's (reclock.core.secrets)
+        register([access.secret_access_key, access.session_token])
+        return access
 
     def delta_options(self) -> dict[str, str]:
         """delta-rs ``storage_options``. Commits use S3's conditional writes

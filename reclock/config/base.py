@@ -1,8 +1,10 @@
 """The configuration base: what every configuration model shares.
 
 Issues and :class:`ConfigError` (every problem located by file, line and key
-path), secret redaction, durations, names, and :class:`_Model`, the base of
-every model (unknown keys are errors, values frozen, cross-field checks in
+path), secrets (fields marked with :class:`~reclock.core.secrets.Secret`:
+:func:`config_secrets` collects their values, :func:`redacted_dump` shows
+them masked), durations, names, and :class:`_Model`, the base of every
+model (unknown keys are errors, values frozen, cross-field checks in
 ``_check``). Connectors and sinks define their own models on this base; the
 pipeline schema (:mod:`reclock.config`) assembles them.
 """
@@ -26,9 +28,11 @@ from pydantic import (
     ValidatorFunctionWrapHandler,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from reclock.core.errors import DefiniteError
+from reclock.core.secrets import MASK, Secret, scrub
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -87,19 +91,11 @@ def _issue_order(i: ConfigIssue) -> tuple[int, int, str, str]:
     return (i.line or 0, i.column or 0, i.path or "", i.message)
 
 
-_URL_USERINFO = re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<pw>[^/\s]*)@")
-_SECRET_PARAM = re.compile(
-    r"(?P<pre>(?:^|[?&;\s])(?:password|passwd|pwd|sslpassword|secret|token|api_key)=)[^&;\s]*",
-    re.IGNORECASE,
-)
-_SECRET_CONF_KEY = re.compile(r"pass(word|wd)?|secret|token|credential|private|sasl\.jaas", re.I)
-
-
 def redact_secrets(text: str) -> str:
-    """``text`` with passwords in URLs (``scheme://user:***@host``) and in
-    ``password=...`` style parameters masked."""
-    text = _URL_USERINFO.sub(lambda m: f"{m['pre']}:***@", text)
-    return _SECRET_PARAM.sub(lambda m: f"{m['pre']}***", text)
+    """``text`` scrubbed of every secret the process knows (the loaded
+    configurations' secrets) and of what looks like one (``scheme://user:***@host``,
+    ``password=***``): :func:`reclock.core.secrets.scrub`."""
+    return scrub(text)
 
 
 # ---------------------------------------------------------------------------
@@ -288,9 +284,12 @@ class _Model(BaseModel):
     )
 
     def __repr_args__(self) -> Any:
-        # repr() of a configuration is logged: mask secrets the way redacted_dump does.
+        # repr() of a configuration may be logged: secrets shown the way
+        # redacted_dump shows them.
+        fields = type(self).model_fields
         for name, value in super().__repr_args__():
-            yield name, _redact_repr(value, name or "")
+            marker = _secret_of(fields[name]) if name in fields else None
+            yield name, marker.shown(value) if marker is not None else _redact_repr(value)
 
     @classmethod
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
@@ -317,42 +316,72 @@ class _Model(BaseModel):
         raise ValidationError.from_exception_data(cls.__name__, errors + problems)
 
 
+def _secret_of(field: FieldInfo) -> Secret | None:
+    """The :class:`~reclock.core.secrets.Secret` marker of a field, if any."""
+    return next((m for m in field.metadata if isinstance(m, Secret)), None)
+
+
+def config_secrets(cfg: BaseModel) -> list[str]:
+    """The literal value of every secret ``cfg`` holds, at any depth: fields
+    marked with a :class:`~reclock.core.secrets.Secret` (DSN and URL
+    passwords, sensitive Kafka properties, Spark's secret settings) and
+    :class:`~pydantic.SecretStr` fields (the S3 keys). What the scrubber is
+    fed with when a configuration is loaded."""
+    out: list[str] = []
+    _collect(cfg, None, out)
+    return out
+
+
+def _collect(value: Any, marker: Secret | None, out: list[str]) -> None:
+    if marker is not None and value is not None:
+        out.extend(str(v) for v in marker.values(value) if v)
+    elif isinstance(value, SecretStr):
+        out.append(value.get_secret_value())
+    elif isinstance(value, BaseModel):
+        for name, f in type(value).model_fields.items():
+            _collect(getattr(value, name), _secret_of(f), out)
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            _collect(v, None, out)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _collect(v, None, out)
+
+
 def redacted_dump(cfg: BaseModel) -> dict[str, Any]:
     """``cfg`` as plain JSON-able data (keys as written in YAML) for display,
-    e.g. by ``reclock status``: :class:`~pydantic.SecretStr` values become
-    ``"***"``, passwords in URLs are masked, and values of Spark settings whose
-    name looks secret (password, secret, token, ...) become ``"***"``."""
-    out = _redact(cfg)
+    e.g. by ``reclock status``: every secret setting shown masked (its
+    :class:`~reclock.core.secrets.Secret` marker says how: ``***`` for a
+    URL's password, for a sensitive Kafka property, for a Spark setting Spark
+    redacts), :class:`~pydantic.SecretStr` values as ``"***"``, and every
+    other string scrubbed of the secrets the process knows."""
+    out = _redact(cfg, None)
     assert isinstance(out, dict)
     return out
 
 
-def _redact_repr(value: Any, key: str) -> Any:
-    if isinstance(value, str):
-        return redact_secrets(value)
-    if key in ("conf", "properties") and isinstance(value, Mapping):
-        return {k: "***" if _SECRET_CONF_KEY.search(str(k)) else v for k, v in value.items()}
-    return value
+def _redact_repr(value: Any) -> Any:
+    return scrub(value) if isinstance(value, str) else value
 
 
-def _redact(value: Any, key: str = "") -> Any:
+def _redact(value: Any, marker: Secret | None) -> Any:
+    if marker is not None and value is not None:
+        return _redact(marker.shown(value), None)
     if isinstance(value, BaseModel):
         return {
-            (f.alias or name): _redact(getattr(value, name), name)
+            (f.alias or name): _redact(getattr(value, name), _secret_of(f))
             for name, f in type(value).model_fields.items()
         }
     if isinstance(value, SecretStr):
-        return "***"
+        return MASK
     if isinstance(value, Mapping):
-        return {str(k): ("***" if key in ("conf", "properties")
-                         and _SECRET_CONF_KEY.search(str(k))
-                         else _redact(v)) for k, v in value.items()}
+        return {str(k): _redact(v, None) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_redact(v) for v in value]
+        return [_redact(v, None) for v in value]
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, str):
-        return redact_secrets(value)
+        return scrub(value)
     return value
 
 

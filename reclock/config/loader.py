@@ -1,6 +1,8 @@
 """Reading configuration YAML: the line-keeping loader (duplicate keys,
 bounded depth and size, aliases), ``${VAR}`` substitution, and pydantic errors
-mapped back to key paths and lines (:func:`parse_model`, for any model)."""
+mapped back to key paths and lines (:func:`parse_model`, for any model). A
+model that validates hands its secrets to the process's scrubber
+(:mod:`reclock.core.secrets`)."""
 
 from __future__ import annotations
 
@@ -29,8 +31,10 @@ from reclock.config.base import (
     ConfigIssue,
     KeyPath,
     _tags,
+    config_secrets,
     redact_secrets,
 )
+from reclock.core.secrets import register
 
 # ---------------------------------------------------------------------------
 # YAML with positions
@@ -516,6 +520,9 @@ def parse_model(
         raise ConfigError(issues) from None
     if issues:
         raise ConfigError(issues)
+    # From here on, every text the process lets out is scrubbed of this
+    # configuration's secrets (reclock.core.secrets).
+    register(config_secrets(cfg))
     if hasattr(cfg, "_fingerprint"):
         object.__setattr__(cfg, "_fingerprint", fingerprint(data, base_dir or Path.cwd()))
     return cfg

@@ -20,8 +20,12 @@ Every problem becomes one line of a :class:`ConfigError`::
 
 Secrets never appear in a message: messages are built from the error kind, the
 key path and what was expected, never from the offending value (so a
-:class:`~pydantic.SecretStr` field cannot leak), and URL passwords
-(``postgresql://u:pw@h/db``) are masked in anything that is printed.
+:class:`~pydantic.SecretStr` field cannot leak). Every DSN and URL is checked
+strictly where it is written (:func:`~reclock.core.urls.check_url`: a password
+with reserved characters must be percent-encoded). The fields that hold
+secrets say so (:class:`~reclock.core.secrets.Secret`), and a validated
+configuration hands their values to the process's scrubber, which every text
+leaving the process goes through (:mod:`reclock.core.secrets`).
 
 Adding a connector is a :class:`~reclock.config.base.ConnectorConfig`
 subclass in the connector's own module (every option spelled once, read by
@@ -35,12 +39,14 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
+    AfterValidator,
     BeforeValidator,
     Field,
     PrivateAttr,
@@ -70,6 +76,7 @@ from reclock.config.base import (
     _shorthand,
     _tags,
     check_column_type,
+    config_secrets,
     redact_secrets,
     redacted_dump,
 )
@@ -81,6 +88,8 @@ from reclock.config.loader import (
     format_path,
     parse_model,
 )
+from reclock.core.secrets import SPARK_CONF
+from reclock.core.urls import URL_SECRET, check_url
 from reclock.envelopes.debezium import DebeziumEnvelope
 from reclock.envelopes.none import NoneEnvelope
 from reclock.envelopes.upsert import UpsertEnvelope
@@ -198,6 +207,14 @@ class CsvFormat(_Model):
         return out
 
 
+def _registry_url(url: str | None) -> str | None:
+    """A schema registry URL reads alike everywhere (see :func:`check_url`)."""
+    if url is not None:
+        check_url(url, ("http", "https"), what="the registry URL",
+                  example="host:8081")
+    return url
+
+
 def _avro_schema(value: Any) -> Any:
     """An inline Avro schema: a JSON string or a mapping, stored as JSON text."""
     if value is None:
@@ -227,9 +244,10 @@ class AvroFormat(_Model):
     )
     """The (reader) Avro schema, inline: a JSON string or a YAML mapping (stored
     as JSON text)."""
-    registry_url: str | None = None
-    """A Confluent-compatible schema registry, e.g. ``http://registry:8081``
-    (credentials in the URL are never printed)."""
+    registry_url: Annotated[str | None, AfterValidator(_registry_url), URL_SECRET] = None
+    """A Confluent-compatible schema registry, e.g. ``http://registry:8081``;
+    basic auth as ``https://user:password@registry:8081`` (the password
+    percent-encoded where it holds reserved characters, and never printed)."""
     subject: str | None = None
     """With ``registry_url`` and no ``schema``: read with this subject's latest
     schema (e.g. ``orders-value``)."""
@@ -419,9 +437,12 @@ class SparkConfig(_Model):
     """Spark master URL: ``local[*]`` (embedded) or ``spark://host:7077``."""
     app_name: str = "reclock"
     """The Spark application name."""
-    conf: dict[str, Annotated[str, BeforeValidator(_conf_value)]] = Field(default_factory=dict)
+    conf: Annotated[dict[str, Annotated[str, BeforeValidator(_conf_value)]], SPARK_CONF] = Field(
+        default_factory=dict)
     """Extra Spark settings passed straight to ``SparkSession.builder.config``
-    (the escape hatch), e.g. ``spark.executor.memory: 2g``."""
+    (the escape hatch), e.g. ``spark.executor.memory: 2g``; the values of
+    those Spark itself redacts (``spark.redaction.regex``: secret, password,
+    token, access key, credential) are never printed."""
     max_records_per_job: int = Field(default=1_000_000, gt=0, le=1_000_000_000)
     """Records read by one Spark job at most (a binding's data may take several)."""
     jobs_in_flight: int = Field(default=2, ge=1, le=16)
@@ -545,9 +566,10 @@ class PipelineConfig(_Model):
     paths resolve against the YAML file's directory. A local directory: it
     holds the driver's lock file; outputs may live on ``s3://`` and the
     bindings in a PostgreSQL ``remap_store``."""
-    remap_store: str | None = None
+    remap_store: Annotated[str | None, URL_SECRET] = None
     """URL of the remap store that holds the bindings: ``sqlite:///path`` or
-    ``postgresql://user:password@host/db``. Default:
+    ``postgresql://user:password@host/db`` (the password percent-encoded
+    where it holds reserved characters). Default:
     ``sqlite:///<state_dir>/remap.db``. The password is never printed."""
     timestamp_interval: DurationMs = DEFAULT_INTERVAL_MS
     """How often bindings are minted (``1s``, ``500ms``, ``2m`` or an int in ms)."""
@@ -601,12 +623,17 @@ class PipelineConfig(_Model):
     def _remap_scheme(cls, url: str | None) -> str | None:
         if url is None or "://" not in url:
             return url
-        scheme = url.split("://", 1)[0].split("+", 1)[0].lower()
+        head = url.split("://", 1)[0]
+        scheme = head.split("+", 1)[0].lower()
         if scheme not in _REMAP_SCHEMES:
+            shown = f" {scheme!r}" if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", head) else ""
             raise ValueError(
-                f"unsupported remap store URL {redact_secrets(url)!r} "
+                f"unsupported remap store URL scheme{shown} "
                 "(expected sqlite:///path or postgresql://user@host/db)"
             )
+        if scheme != "sqlite":
+            check_url(url, (head.lower(),), what="the remap store URL", host_required=False,
+                      path_slashes=False, example="host:5432/dbname")
         return url
 
     @classmethod
@@ -742,6 +769,7 @@ __all__ = [
     "parse_config",
     "parse_model",
     "_Model",
+    "config_secrets",
     "redact_secrets",
     "redacted_dump",
 ]

@@ -42,14 +42,44 @@ class AlreadyRunning(DefiniteError):
 
     def __init__(self, holder: dict[str, object] | None, where: str) -> None:
         self.holder = holder
-        if holder:
-            who = (f"as pid {holder.get('pid', '?')} on host {holder.get('host', '?')} "
-                   f"since {holder.get('since', '?')}")
-        else:
-            who = "(its holder has not recorded itself yet)"
+        who = f"as {_who(holder)}" if holder else "(its holder has not recorded itself yet)"
         super().__init__(f"this pipeline is already running {who} ({where})",
                          hint="stop that driver first (Ctrl-C or SIGTERM), or wait for it "
                               "to exit; a driver killed with kill -9 holds no lock")
+
+
+def _who(holder: dict[str, object] | None) -> str:
+    if not holder:
+        return "a driver that has not recorded itself yet"
+    return (f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} "
+            f"since {holder.get('since', '?')}")
+
+
+class LockLost(TransientError):
+    """This driver's pipeline lock is not held right now (``where``: which
+    lock; ``why``: what happened to it): nothing commits until it is taken
+    again."""
+
+    def __init__(self, where: str, why: str) -> None:
+        self.where, self.why = where, why
+        super().__init__(
+            f"the driver lock ({where}) is not held: {why}; nothing commits until it is "
+            "taken again",
+            hint="reclock takes it again as soon as the store answers; if another driver "
+                 "of this pipeline takes it first, this one stops")
+
+
+class LockTaken(DefiniteError):
+    """This driver lost its pipeline lock and another driver took it
+    meanwhile: that one carries on, this one stops for good."""
+
+    def __init__(self, holder: dict[str, object] | None, where: str, why: str) -> None:
+        self.holder, self.where, self.why = holder, where, why
+        super().__init__(
+            f"the driver lock ({where}) was lost ({why}) and is now held by {_who(holder)}: "
+            "this driver stops and commits nothing more",
+            hint="the other driver runs the pipeline now; stop one of the two for good "
+                 "(two drivers must not be started for one pipeline)")
 
 
 class InvalidTimeError(DefiniteError, ValueError):

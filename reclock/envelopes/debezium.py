@@ -1,29 +1,43 @@
 """The ``debezium`` envelope: a change event carries a ``before`` and an
-``after`` image (optionally wrapped in ``{"schema": ..., "payload": ...}``):
-the before image is retracted (diff -1) and the after image inserted (diff
-+1), both at the record's IntoTime and with its source position. Creates have
-no before, deletes no after; an event with neither, or that is not a JSON
-object, is an error row. Without a key, an event whose before image cannot be
-retracted exactly (an update without one, a before image missing columns:
-what Debezium sends under ``REPLICA IDENTITY DEFAULT``) is an error row too,
-never a phantom. ``{type: debezium, key: [cols]}`` keys the output instead:
-after images are values, deletes are tombstones of the before image's key,
-and the key state retracts what the output holds, as for ``upsert``.
+``after`` image (optionally wrapped in ``{"schema": ..., "payload": ...}``).
+The envelope is keyed, ``{type: debezium, key: [cols]}`` (the key columns of
+the images): after images are values, deletes are tombstones of the before
+image's key, and the key state retracts what the output holds, as for
+``upsert``; each change lands at the record's IntoTime with its source
+position. Creates have no before, deletes no after; an event with neither,
+or that is not a JSON object, is an error row.
+
+The key is required (as Materialize requires one for this envelope): under
+``REPLICA IDENTITY DEFAULT`` Debezium sends updates with ``before: null`` and
+deletes whose before image holds only the key, so without a key there is
+nothing to retract: the old row would stay live beside error rows. A
+configuration without one is refused where it is written.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+from pydantic_core import InitErrorDetails
 
-from reclock.config.base import _Model
+from reclock.config.base import _Model, _problem
 from reclock.core.errors import DefiniteError
 from reclock.envelopes.base import RowPlan, meta_columns, null_columns
+
+#: Why a debezium envelope needs a key, and what to write.
+MISSING_KEY = (
+    "the debezium envelope needs a key: the key columns of the images, e.g. "
+    "envelope: {type: debezium, key: [id]} with the upstream table's primary key. "
+    "Without one, an update with 'before: null' or a delete whose before image holds "
+    "only the key (REPLICA IDENTITY DEFAULT) cannot retract the old row, which would "
+    "stay live beside error rows"
+)
 
 
 class DebeziumEnvelope(_Model):
@@ -32,22 +46,29 @@ class DebeziumEnvelope(_Model):
     type: Literal["debezium"] = "debezium"
     """``debezium``."""
     key: tuple[str, ...] = ()
-    """Key columns (of the images). With a key, the output keeps one row per
-    key and retracts what it holds, so events whose before image is missing
-    or holds only the key (``REPLICA IDENTITY DEFAULT`` upstream) are applied
-    exactly; without one, such events are error rows."""
+    """Key columns of the images (required, at least one: the upstream
+    table's primary key). The output keeps one row per key and retracts what
+    it holds, so events whose before image is missing or holds only the key
+    (``REPLICA IDENTITY DEFAULT`` upstream) are applied exactly."""
 
     @property
     def allow_null(self) -> bool:
         return False
+
+    @classmethod
+    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        key = data.get("key")
+        if key is None or (isinstance(key, list | tuple) and not key):
+            return [_problem(("key",) if "key" in data else (), MISSING_KEY)]
+        return []
 
     def resolve(self, what: str, columns: list[str], key_columns: list[str] | None
                 ) -> tuple[str, ...] | None:
         if key_columns is None:
             raise DefiniteError(f"{what}: debezium needs raw records (a Kafka topic), not "
                                 "typed rows")
-        if not self.key:
-            return None
+        if not self.key:  # (a model built in code without validation)
+            raise DefiniteError(f"{what}: {MISSING_KEY}")
         missing = [k for k in self.key if k not in columns]
         if missing:
             raise DefiniteError(
@@ -72,8 +93,6 @@ class DebeziumSplit:
     after: pa.Array
     errors: npt.NDArray[np.int64]
     reasons: list[str]
-    ops: list[str | None]  # the event's "op" (c, u, d, r, t), where it has one
-    before_fields: list[frozenset[str] | None]  # the fields the before image holds
 
 
 def split_debezium(values: pa.Array) -> DebeziumSplit:
@@ -81,12 +100,8 @@ def split_debezium(values: pa.Array) -> DebeziumSplit:
     after: list[bytes | None] = []
     errors: list[int] = []
     reasons: list[str] = []
-    ops: list[str | None] = []
-    fields: list[frozenset[str] | None] = []
     for i, raw in enumerate(values.to_pylist()):
         b = a = None
-        op: str | None = None
-        have: frozenset[str] | None = None
         try:
             if raw is None:
                 raise ValueError("value is null")
@@ -103,43 +118,27 @@ def split_debezium(values: pa.Array) -> DebeziumSplit:
                     raise ValueError(f"'{name}' is not a JSON object")
             b = None if bi is None else json.dumps(bi).encode()
             a = None if ai is None else json.dumps(ai).encode()
-            op = event.get("op") if isinstance(event.get("op"), str) else None
-            have = None if bi is None else frozenset(bi)
         except (ValueError, UnicodeDecodeError) as exc:
             errors.append(i)
             reasons.append(f"debezium: {exc}")
         before.append(b)
         after.append(a)
-        ops.append(op)
-        fields.append(have)
     return DebeziumSplit(pa.array(before, pa.binary()), pa.array(after, pa.binary()),
-                         np.array(errors, dtype=np.int64), reasons, ops, fields)
+                         np.array(errors, dtype=np.int64), reasons)
 
 
 
 def _debezium_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
                    ) -> tuple[pa.Table, int]:
-    """Before images retracted, after images inserted; with a key, intents
-    instead (after images are values, deletes tombstones of the before image's
-    key). An event fails as a whole: if it is malformed, either image does not
-    decode, or (without a key) its before image cannot be retracted exactly,
-    it becomes one error row and neither image is written."""
+    """The events as intents of the keyed output: after images are values,
+    deletes tombstones of the before image's key. An event fails as a whole:
+    if it is malformed or either image does not decode, it becomes one error
+    row and neither image is written."""
+    assert plan.keyed, "a debezium output is keyed (DebeziumEnvelope.resolve)"
     schema, user = plan.schema, plan.user_schema
     value = batch.column("value")
     split = split_debezium(value)
     bad: dict[int, str] = dict(zip(split.errors.tolist(), split.reasons, strict=True))
-    columns = {up for up, _ in plan.picks()}
-    if not plan.keyed:
-        for i, (op, have) in enumerate(zip(split.ops, split.before_fields, strict=True)):
-            if i in bad:
-                continue
-            if op == "u" and have is None:
-                bad[i] = ("debezium: an update without a before image cannot retract the old "
-                          "row (REPLICA IDENTITY DEFAULT upstream?): give the envelope a key")
-            elif have is not None and not columns <= have:
-                bad[i] = (f"debezium: the before image lacks columns "
-                          f"{sorted(columns - have)} (REPLICA IDENTITY DEFAULT upstream?): "
-                          "give the envelope a key, or set REPLICA IDENTITY FULL")
     decoded: list[tuple[int, npt.NDArray[np.int64], Any]] = []
     for images, diff in ((split.before, -1), (split.after, 1)):
         present = np.flatnonzero(~np.asarray(images.is_null().to_numpy(zero_copy_only=False)))
@@ -150,8 +149,7 @@ def _debezium_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.in
                           strict=True):
             bad.setdefault(int(present[j]), f"{'before' if diff < 0 else 'after'}: {why}")
         decoded.append((diff, present[np.asarray(res.ok, dtype=np.int64)], res.table))
-    if plan.keyed:
-        decoded = _debezium_intents(plan, decoded, split.after)
+    decoded = _debezium_intents(plan, decoded, split.after)
     parts: list[pa.Table] = []
     for diff, ok, table in decoded:
         keep = ~np.isin(ok, np.fromiter(bad, dtype=np.int64, count=len(bad)))

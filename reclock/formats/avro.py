@@ -19,6 +19,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from reclock.core.errors import DefiniteError, SchemaChanged, TransientError
+from reclock.core.urls import mask_url
 from reclock.formats import avro_union as au
 from reclock.formats.base import (
     DecodeResult,
@@ -50,7 +51,7 @@ class SchemaRegistryResolver:
     def __init__(self, url: str, timeout: float = 10.0) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise FormatError(f"registry_url must be an http(s) URL, got {_redact(url)!r}")
+            raise FormatError(f"registry_url must be an http(s) URL, got {mask_url(url)!r}")
         self._auth: str | None = None
         if parts.username is not None:
             user = urllib.parse.unquote(parts.username)
@@ -150,14 +151,6 @@ class SchemaRegistryResolver:
             text = self._avro_text(self._get(f"/schemas/ids/{schema_id}"), f"id {schema_id}")
             self._texts[schema_id] = text
         return text
-
-
-def _redact(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 _AVRO_PRIMITIVES: dict[str, pa.DataType] = {

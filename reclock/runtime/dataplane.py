@@ -51,6 +51,7 @@ from reclock.core.columns import (
 from reclock.core.errors import DefiniteError, ReclockError, SchemaChanged, classify
 from reclock.core.frontier import Antichain
 from reclock.core.schema_change import dropped_counts, with_dropped
+from reclock.core.secrets import install_log_filter, register
 from reclock.envelopes.base import Envelope, fit_column, meta_columns, unpicked_values
 from reclock.envelopes.keystate import IntentWriter, KeyedIntents
 from sinks.base import Stager, output_schema, refuse_rows
@@ -113,6 +114,9 @@ class JobContext:
     #: carried in the task results)
     spill_dir: str | None = None
     spill_bytes: int = 8 * 2**20
+    #: the driver's secrets (:mod:`reclock.core.secrets`): a task's worker
+    #: registers them and scrubs its log records of them too
+    secrets: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -199,6 +203,9 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
 
 def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
     """Read, reclock, decode and stage one task's range."""
+    if ctx.secrets:  # (executors log to the driver's stderr in local mode)
+        register(ctx.secrets)
+        install_log_filter()
     faults.hang_point("hang")
     started = time.perf_counter()
     res = TaskResult(task.index)
@@ -339,6 +346,7 @@ def _run_partition(bc: Any, acc: Any, tasks: Iterable[ReadTask]) -> Iterator[Tas
         except ReclockError as exc:
             yield TaskResult(task.index, error=exc)
             continue
+        faults.kill_worker_point(1)  # (a rehearsed worker death: files staged, no result)
         if acc is not None:
             acc.add({task.index: res.records})
         yield res
@@ -594,6 +602,7 @@ def _run_shared_partition(bc: Any, items: Iterable[tuple[int, ReadTask]]
             res = run_task(ctxs[i], task)
         except Exception as exc:
             res = TaskResult(task.index, error=classify(exc))
+        faults.kill_worker_point(len(ctxs))  # (a rehearsed worker death, see faults)
         yield i, res
 
 

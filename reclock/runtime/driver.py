@@ -70,6 +70,8 @@ from reclock.core.columns import (
 )
 from reclock.core.errors import (
     DefiniteError,
+    IdentityChanged,
+    LockTaken,
     ReclockError,
     Reopen,
     SchemaChanged,
@@ -87,6 +89,7 @@ from reclock.core.schema_change import (
     Policy,
     decide,
 )
+from reclock.core.secrets import SECRETS
 from reclock.core.time import IntoTime
 from reclock.envelopes import Envelope, NoneEnvelope, UpsertState, envelope_for
 from reclock.envelopes.keystate import (
@@ -107,6 +110,7 @@ from reclock.runtime.dataplane import (
 )
 from reclock.runtime.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
 from reclock.runtime.ledger import CommitLedger
+from reclock.runtime.lock import LockWatch
 from reclock.runtime.memory import release_free_memory, release_if_idle
 from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.replay import heal
@@ -306,6 +310,7 @@ class SourceRunner:
         requests: Requests | None = None,
         drop_marker: Path | None = None,
         bindings: Bindings[Any] | None = None,
+        lock: LockWatch | None = None,
     ) -> None:
         self.source = source
         self.name = source.name
@@ -367,6 +372,9 @@ class SourceRunner:
         self._prefetched = bindings
         #: what the outputs committed, as the driver recorded it (runtime/ledger.py)
         self.ledger = CommitLedger(store, self.name)
+        #: the pipeline's driver lock, which every mint and sink commit
+        #: requires (None: no store lock, or a rehearsed zombie)
+        self.lock = lock
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -446,17 +454,17 @@ class SourceRunner:
                 hint = exc.hint if isinstance(exc, ReclockError) else None
                 msg = (exc.args[0] if exc.args else str(exc)) if isinstance(
                     exc, ReclockError) else f"{exc} ({'definite' if definite else 'transient'})"
-                if isinstance(exc, Superseded):
-                    # A newer driver of this pipeline owns the output now: a
-                    # zombie writes nothing more.
+                if isinstance(exc, Superseded | LockTaken):
+                    # A newer driver of this pipeline owns the output (or its
+                    # lock) now: a zombie writes nothing more.
                     log.error("source %s: stopped: %s (%s)", self.name, msg, hint)
-                    self._set_health(STOPPED, f"Superseded: {msg}", hint, True)
+                    self._set_health(STOPPED, f"{type(exc).__name__}: {msg}", hint, True)
                     break
                 if isinstance(exc, SchemaChanged) and 0 <= exc.output < len(self.outputs):
                     # the next open takes the writer schema into the output's union
                     self.outputs[exc.output].seen.setdefault(exc.part, []).append(
                         exc.schema_id)
-                if isinstance(exc, SinkFenced | Reopen):
+                if isinstance(exc, SinkFenced | Reopen | IdentityChanged):
                     self._opened = False  # re-read every output's durable state
                 self._set_health(STALLED, f"{type(exc).__name__}: {msg}", hint, definite)
                 self._stop.wait(backoff)
@@ -739,6 +747,8 @@ class SourceRunner:
 
         before = self.operator.bindings
         minting = time.monotonic()
+        if self.lock is not None:
+            self.lock.require()  # no binding is appended without the driver lock
         b = self.operator.mint(probe)  # 1. mint (read back from the store)
         self._upstream_gone()
         if b.upper != before.upper or len(b) != len(before):
@@ -940,7 +950,8 @@ class SourceRunner:
         return JobContext(self.name, self.source.kind, batch_id, b, self.source.reader(), plans,
                           flush_bytes=self.settings.max_bytes_per_task,
                           spill_dir=None if spill is None else str(spill),
-                          spill_bytes=min(self.settings.settle_bytes, 8 * 2**20))
+                          spill_bytes=min(self.settings.settle_bytes, 8 * 2**20),
+                          secrets=SECRETS.literals())
 
     def _execute(self, ctx: JobContext, tasks: list[Any]) -> list[TaskResult]:
         progress = self._progress.pop(ctx.batch_id, None)
@@ -1031,6 +1042,8 @@ class SourceRunner:
                 if intents and keys is not None:
                     staged += self._settle(out, keys, KeyedIntents.merged(intents))
                 faults.fail_point("commit")
+                if self.lock is not None:
+                    self.lock.require()  # no sink commits without the driver lock
                 out.sink.commit(staged, cur, new)
             except BaseException:
                 if keys is not None:

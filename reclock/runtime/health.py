@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from reclock.core.secrets import scrub
+
 STARTING, RUNNING, STALLED, DROPPED, FINISHED, STOPPED = (
     "starting", "running", "stalled", "dropped", "finished", "stopped",
 )
@@ -15,11 +17,22 @@ HEALTH_STATES = (STARTING, RUNNING, STALLED, FINISHED, STOPPED, DROPPED)
 
 @dataclass
 class Health:
+    """A status, and the error and hint that explain it. ``error`` and
+    ``hint`` are scrubbed of secrets when the value is made: they are
+    exception texts (a driver may quote its connection string), and every
+    view of the pipeline shows them."""
+
     status: str = STARTING
     error: str | None = None
     hint: str | None = None
     since_ms: int = 0
     definite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.error is not None:
+            self.error = scrub(self.error)
+        if self.hint is not None:
+            self.hint = scrub(self.hint)
 
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "error": self.error, "hint": self.hint,

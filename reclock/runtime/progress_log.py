@@ -6,7 +6,9 @@ progress), ``resume`` (the resumption frontier and what was acknowledged
 upstream), ``health`` (status changes), ``open`` (a source started). Each line
 carries ``ts`` (wall clock ms) and ``source``. The file rotates at
 ``max_bytes`` (one previous generation kept as ``.1``), so it never grows
-without bound; ``reclock status`` shows its tail.
+without bound; ``reclock status`` shows its tail. Every string of an event is
+scrubbed of secrets before it is kept or written (errors quote upstream
+messages).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from reclock.core.clock import Clock, SystemClock
+from reclock.core.secrets import scrub_json
 
 
 class ProgressLog:
@@ -39,7 +42,7 @@ class ProgressLog:
             path.parent.mkdir(parents=True, exist_ok=True)
 
     def log(self, source: str, kind: str, **fields: Any) -> None:
-        event = {"ts": self.clock.now(), "source": source, "kind": kind, **fields}
+        event = scrub_json({"ts": self.clock.now(), "source": source, "kind": kind, **fields})
         line = (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
         with self._lock:
             self.recent.append(event)

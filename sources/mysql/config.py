@@ -3,9 +3,9 @@ imported until :meth:`MySqlConfig.build`)."""
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
-from urllib.parse import unquote, urlsplit
 
 from pydantic import AfterValidator, BeforeValidator, Field
 from pydantic_core import InitErrorDetails
@@ -18,6 +18,7 @@ from reclock.config.base import (
     _problem,
     table_output_problems,
 )
+from reclock.core.urls import URL_SECRET, check_url
 
 if TYPE_CHECKING:
     from sources.base import SourceContext
@@ -26,18 +27,15 @@ if TYPE_CHECKING:
 
 def parse_url(url: str) -> dict[str, Any]:
     """``mysql://user:password@host:port/database`` -> connection settings
-    (``host``, ``port``, ``user``, ``password``, ``database``)."""
-    u = urlsplit(url)
-    if u.scheme not in ("mysql", "mariadb"):
-        raise ValueError("expected mysql://user:password@host:port/database")
-    if not u.hostname:
-        raise ValueError("the URL names no host (mysql://user@host:port/database)")
-    try:
-        port = u.port or 3306
-    except ValueError:
-        raise ValueError("the URL's port is not a number") from None
-    return {"host": u.hostname, "port": port, "user": unquote(u.username or "root"),
-            "password": unquote(u.password or ""), "database": u.path.lstrip("/") or None}
+    (``host``, ``port``, ``user``, ``password``, ``database``). A
+    ``ValueError`` that never quotes the URL for one that parsers could read
+    differently (a password with an unencoded ``#``, ``/`` or ``@``: see
+    :func:`~reclock.core.urls.check_url`)."""
+    u = check_url(url, ("mysql", "mariadb"), what="the URL", path_slashes=False,
+                  example="host:3306/database")
+    (host, port), = u.hosts
+    return {"host": host, "port": port or 3306, "user": u.user or "root",
+            "password": u.password or "", "database": urllib.parse.unquote(u.path[1:]) or None}
 
 
 def _checked_url(url: str) -> str:
@@ -70,10 +68,11 @@ class MySqlConfig(ConnectorConfig):
     replication domain, every transaction stamped as a unit. One output per
     table, named after the table unless given."""
 
-    url: Annotated[str, AfterValidator(_checked_url)] = Field(min_length=1)
-    """``mysql://user:${MYSQL_PASSWORD}@host:3306/database``; the password is
-    never printed. The user needs REPLICATION SLAVE, REPLICATION CLIENT (BINLOG
-    MONITOR) and SELECT on the tables."""
+    url: Annotated[str, AfterValidator(_checked_url), URL_SECRET] = Field(min_length=1)
+    """``mysql://user:${MYSQL_PASSWORD}@host:3306/database`` (a password
+    holding reserved characters percent-encoded); checked when the file is
+    loaded; the password is never printed. The user needs REPLICATION SLAVE,
+    REPLICATION CLIENT (BINLOG MONITOR) and SELECT on the tables."""
     tables: tuple[Annotated[MyTableConfig, BeforeValidator(_table_entry)], ...] = Field(
         min_length=1)
     """``[database.table, table, {table, database, output}, ...]``; each feeds
@@ -122,5 +121,4 @@ class MySqlConfig(ConnectorConfig):
         return MySqlSource(name, self.url, ctx.clock, tables=self.table_outputs(),
                            snapshot=self.snapshot, server_id=self.server_id,
                            identity=ctx.identity, timeout_s=self.timeout / 1000.0,
-                           facts=ctx.facts, put_facts=ctx.put_facts,
-                           policies=ctx.schema_change)
+                           facts=ctx.facts, policies=ctx.schema_change)

@@ -69,7 +69,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +83,7 @@ from reclock.core.errors import DefiniteError, Reopen, TransientError
 from reclock.core.frontier import Antichain
 from reclock.core.schema_change import Change, widens
 from reclock.core.time import Gtid
-from sources.base import OutputSpec, ReadTask, SnapshotSize, SourceBase
+from sources.base import Facts, OutputSpec, ReadTask, SnapshotSize, SourceBase
 from sources.mysql import gtid
 from sources.mysql.config import parse_url
 from sources.mysql.types import MyColumn, arrow_array, describe_column, event_fits, normalize
@@ -318,8 +318,7 @@ class MySqlSource(SourceBase):
                  tables: Sequence[tuple[str, str, str]], snapshot: bool = True,
                  server_id: int | None = None, identity: str | None = None,
                  timeout_s: float = 30.0,
-                 facts: Callable[[], Mapping[str, str]] | None = None,
-                 put_facts: Callable[[Mapping[str, str | None]], None] | None = None,
+                 facts: Facts | None = None,
                  policies: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.clock = clock
@@ -339,7 +338,6 @@ class MySqlSource(SourceBase):
         #: each output's column history (see describe), kept with the
         #: source's state when a store is at hand, else in memory
         self._facts = facts
-        self._put_facts = put_facts
         self._histories: dict[str, str] = {}
         self._policies = dict(policies or {})
         self._changes: dict[str, tuple[Change, ...]] = {}
@@ -413,7 +411,7 @@ class MySqlSource(SourceBase):
         the drop are read with its values, also after a restart. MariaDB's
         binlog names columns but numbers none: a rename reads as a drop and
         an add."""
-        known = dict(self._facts()) if self._facts is not None else dict(self._histories)
+        known = dict(self._facts.read()) if self._facts is not None else dict(self._histories)
         out, updates = [], {}
         for t, now in zip(tables, described, strict=True):
             key = HISTORY_PREFIX + t.output
@@ -450,8 +448,8 @@ class MySqlSource(SourceBase):
             if fact != text and not (changes and self._policies.get(t.output) == "fail"):
                 updates[key] = fact  # (fail: the changes are reported until taken)
         if updates:
-            if self._put_facts is not None:
-                self._put_facts(updates)
+            if self._facts is not None:
+                self._facts.write(updates)
             self._histories.update(updates)
         return out
 

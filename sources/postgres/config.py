@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import AfterValidator, BeforeValidator, Field
 from pydantic_core import InitErrorDetails
 
-from reclock.clients.postgres import checked_dsn
+from reclock.clients.postgres import DSN_SECRET, checked_dsn
 from reclock.config.base import (
     SLOT_PATTERN,
     ConnectorConfig,
@@ -50,9 +50,11 @@ class PostgresConfig(ConnectorConfig):
     FromTime is the LSN, every transaction stamped at its commit LSN. One
     output per table, named after the table unless given."""
 
-    dsn: Annotated[str, AfterValidator(checked_dsn)] = Field(min_length=1)
-    """``postgresql://user:${PGPASSWORD}@host:port/db``; the password is never
-    printed. The role needs REPLICATION (or superuser) and SELECT on the tables."""
+    dsn: Annotated[str, AfterValidator(checked_dsn), DSN_SECRET] = Field(min_length=1)
+    """``postgresql://user:${PGPASSWORD}@host:port/db`` (a password holding
+    reserved characters percent-encoded) or ``host=... dbname=...``; checked
+    when the file is loaded; the password is never printed. The role needs
+    REPLICATION (or superuser) and SELECT on the tables."""
     tables: tuple[Annotated[PgTableConfig, BeforeValidator(_table_entry)], ...] | None = None
     """``[schema.table, table, {table, schema, output}, ...]`` (schema
     ``public`` by default); each feeds the output named after the table, or
@@ -111,6 +113,6 @@ class PostgresConfig(ConnectorConfig):
             identity=ctx.identity, tables=self.table_outputs(), snapshot=self.snapshot,
             snapshot_count=self.snapshot_count, drop_slot=self.drop_slot,
             timeout_s=self.timeout / 1000.0,
-            output_names=list(ctx.output_names), facts=ctx.facts, put_facts=ctx.put_facts,
+            output_names=list(ctx.output_names), facts=ctx.facts,
             policies=ctx.schema_change,
         )

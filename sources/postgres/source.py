@@ -76,7 +76,7 @@ import re
 import select
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,7 +101,7 @@ from reclock.core.errors import DefiniteError, Reopen, TransientError
 from reclock.core.frontier import Antichain
 from reclock.core.schema_change import Change
 from reclock.core.time import Lsn
-from sources.base import OutputSpec, ReadTask, SnapshotSize, SourceBase
+from sources.base import Facts, OutputSpec, ReadTask, SnapshotSize, SourceBase
 from sources.postgres import history
 from sources.postgres import pgoutput as po
 from sources.postgres.catalog import (
@@ -237,8 +237,7 @@ class PostgresSource(SourceBase):
         timeout_s: float = 30.0,
         output_names: Sequence[str] = (),
         identity: str | None = None,
-        facts: Callable[[], Mapping[str, str]] | None = None,
-        put_facts: Callable[[Mapping[str, str | None]], None] | None = None,
+        facts: Facts | None = None,
         policies: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
@@ -265,7 +264,6 @@ class PostgresSource(SourceBase):
         #: the tables' column histories (sources/postgres/history.py): kept
         #: with the source's state when a store is at hand, else in memory
         self._facts = facts
-        self._put_facts = put_facts
         self._histories: dict[str, str] = {}
         self._policies = dict(policies or {})
         #: per output: the changes its history merge found at the last describe
@@ -354,7 +352,7 @@ class PostgresSource(SourceBase):
                     hint="name each output after a published table")
         # Each table merged with its column history: renames keep the
         # output's names, dropped columns stay (null from then on).
-        known = dict(self._facts()) if self._facts is not None else dict(self._histories)
+        known = dict(self._facts.read()) if self._facts is not None else dict(self._histories)
         merged, updates = [], {}
         for t in tables:
             key = history.PREFIX + t.output
@@ -374,8 +372,8 @@ class PostgresSource(SourceBase):
                     m.changes and self._policies.get(t.output) == "fail"):
                 updates[key] = m.fact  # (fail: the changes are reported until taken)
         if updates:
-            if self._put_facts is not None:
-                self._put_facts(updates)
+            if self._facts is not None:
+                self._facts.write(updates)
             self._histories.update(updates)
         self.tables = merged
         return merged

@@ -85,7 +85,8 @@ def test_ensure_creates_the_log_table_and_the_upper_table(pg_url: str, tmp_path:
     assert column_types(pg_url, "public", "reclock_uppers") == {
         "target": ("text", True), "output": ("text", False), "upper": ("bigint", False),
         "progress": ("text", False), "updated_at": ("timestamp with time zone", True),
-        "commit_id": ("text", False)}
+        "commit_id": ("text", False), "pipeline": ("text", False),
+        "pipeline_state": ("text", False)}
     assert s.state() == SinkState()
     got = s.read_updates()
     assert got.num_rows == 0 and got.schema == SCHEMA
@@ -875,3 +876,30 @@ def test_rows_postgres_cannot_store_become_error_rows(pg_url: str, tmp_path: Pat
     if mode == "state":
         assert "key column 'k' is null" in errs[3]["_error"]
         assert state_rows(pg_url) == {"a": (0, 5), "d": (2, 5)}
+
+
+def test_an_upper_table_of_the_layout_before_owners_gains_them_and_is_adopted(
+        pg_url: str, tmp_path: Path) -> None:
+    """``reclock_uppers`` written before the owner columns existed: a reader
+    still reads its state; ``ensure`` adds the columns; the first pipeline
+    that commits adopts the output, and another is refused from then on."""
+    from sinks.base import OutputOwned, Owner
+
+    q(pg_url, "CREATE TABLE reclock_uppers (target text PRIMARY KEY, output text, "
+              "upper bigint, progress text, updated_at timestamptz NOT NULL DEFAULT now(), "
+              "commit_id text)")
+    q(pg_url, "INSERT INTO reclock_uppers (target, output, upper, progress) "
+              "VALUES ('orders', %s, 100, 'p100')", NAME)
+    assert make(pg_url, tmp_path).state() == SinkState(100, "p100")  # before ensure()
+    mine = make(pg_url, tmp_path, owner=Owner("pipe-a", "/a"))
+    mine.ensure(USER)
+    assert "pipeline" in column_types(pg_url, "public", "reclock_uppers")
+    assert mine.state() == SinkState(100, "p100")
+    mine.commit(mine.stager().stage("b1", 0, updates(["a"], 150)), SinkState(100, "p100"),
+                SinkState(200, "p200"))
+    assert q(pg_url, "SELECT pipeline, pipeline_state FROM reclock_uppers") == [("pipe-a", "/a")]
+    other = make(pg_url, tmp_path, owner=Owner("pipe-b", "/b"))
+    other.ensure(USER)
+    with pytest.raises(OutputOwned, match="'pipe-a' \\(state in /a\\)"):
+        other.state()
+    assert count(pg_url) == 1
