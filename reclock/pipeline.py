@@ -38,8 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-import pyarrow as pa
-
 from reclock import faults
 from reclock.config import OutputConfig, PipelineConfig, SourceConfig, config_secrets
 from reclock.core.bindings import Bindings
@@ -54,6 +52,7 @@ from reclock.runtime.health import STALLED
 from reclock.runtime.lock import DriverLock, LockWatch, holder_info
 from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.resnapshot import Requests
+from reclock.runtime.shapes import raw_user_schema
 from reclock.runtime.snapshot_progress import describe as describe_snapshot
 from remap_store import RemapStore, open_store
 from sinks.base import PersistSink, SinkContext, check_output_names
@@ -137,7 +136,8 @@ class Pipeline:
             state_dir=self.state_dir,
             coordinates=functools.partial(self.store.coordinates, src.name),
             facts=Facts(functools.partial(self.store.facts, src.name),
-                        functools.partial(self.store.put_facts, src.name)))))
+                        functools.partial(self.store.put_facts, src.name)),
+            schema_change={o.name: o.schema_change for o in src.outputs})))
 
     def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig
                 ) -> OutputRuntime:
@@ -156,8 +156,10 @@ class Pipeline:
             from reclock.formats import make_decoder
 
             # e.g. upsert: a null value is a tombstone, not an error
-            value_dec = make_decoder(ocfg.format.model_dump(), allow_null=envelope.allow_null)
-            key_dec = make_decoder(ocfg.key_format.model_dump()) if ocfg.key_format else None
+            value_dec = make_decoder(ocfg.format.model_dump(), allow_null=envelope.allow_null,
+                                     policy=ocfg.schema_change)
+            key_dec = make_decoder(ocfg.key_format.model_dump(), policy=ocfg.schema_change,
+                                   part="key") if ocfg.key_format else None
             if key_dec is not None:
                 from reclock.formats import KeyValueDecoder
 
@@ -168,21 +170,9 @@ class Pipeline:
                         f"{what}: {exc}",
                         hint="give the key format a schema whose columns differ from the "
                         "value's") from None
-            fields = list(key_dec.schema) if key_dec else []
-            key_columns = [f.name for f in fields]
-            extra = list(spec.extra) if spec.extra is not None else []
-            if extra and envelope.type == "debezium":
-                raise DefiniteError(
-                    f"{what}: the debezium envelope takes no {[f.name for f in extra]} "
-                    "column", hint="read the topic without include_headers, or with another "
-                    "envelope")
-            taken = {f.name for f in fields} | set(value_dec.schema.names)
-            clash = [f.name for f in extra if f.name in taken]
-            if clash:
-                raise DefiniteError(
-                    f"{what}: the decoded columns already have {clash}, which the source "
-                    "adds", hint="rename the decoded column in the format's schema")
-            user_schema = pa.schema(fields + list(value_dec.schema) + extra)
+            user_schema, key_columns = raw_user_schema(
+                what, key_dec, value_dec, list(spec.extra) if spec.extra is not None else [],
+                envelope.type)
         upsert_key: tuple[str, ...] | None = None
         upstream: tuple[str, ...] = ()
         if user_schema is not None:  # (typed rows described when the source opens: then)
@@ -196,6 +186,9 @@ class Pipeline:
             user_schema=user_schema, key_decoder=key_dec, value_decoder=value_dec,
             envelope=envelope, upsert_key=upsert_key, upstream=upstream,
             rename=dict(ocfg.rename), state_key=ocfg.sink.state_key,
+            policy=ocfg.schema_change,
+            formats=(None if ocfg.key_format is None else ocfg.key_format.model_dump(),
+                     ocfg.format.model_dump()),
         )
         if user_schema is not None:
             check_state_key(what, out)

@@ -34,6 +34,7 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -93,13 +94,14 @@ def check_output_names(what: str, user: pa.Schema) -> None:
 REFUSED_RAW_MAX = 64 * 1024
 
 
-def refuse_rows(table: pa.Table, mask: Any, reason: str,
+def refuse_rows(table: pa.Table, mask: Any, reason: str | Mapping[int, str],
                 raw_max: int = REFUSED_RAW_MAX) -> pa.Table:
     """``table`` (rows of an output schema) with the rows where ``mask`` holds
     turned into error rows: bad input is data, so a row the sink cannot store
     lands in the error collection with ``reason``, its position, and what it
     held (its columns as JSON in ``_raw_value``, cut at ``raw_max`` bytes)
-    instead of failing the batch. Rows that are errors already stay."""
+    instead of failing the batch. Rows that are errors already stay.
+    ``reason`` may give each refused row its own (by row index)."""
     import json
 
     import pyarrow.compute as pc
@@ -123,8 +125,9 @@ def refuse_rows(table: pa.Table, mask: Any, reason: str,
     for i, row in zip(hits, rows, strict=True):
         text = json.dumps(row, default=str, ensure_ascii=True).encode()
         raw[i] = text[:raw_max]
-        errors[i] = reason if len(text) <= raw_max else (
-            f"{reason} (the row's {len(text):,} bytes of JSON are cut to {raw_max:,})")
+        why = reason if isinstance(reason, str) else reason[i]
+        errors[i] = why if len(text) <= raw_max else (
+            f"{why} (the row's {len(text):,} bytes of JSON are cut to {raw_max:,})")
         diffs[i] = 1
     cols = []
     for f in table.schema:

@@ -181,6 +181,7 @@ from reclock.config.base import ByteSize, DurationMs, SinkConfigBase, _Model, _p
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
 from reclock.core.errors import ReclockError
+from reclock.core.schema_change import widens
 from sinks._apart import run_apart
 from sinks._encoding import is_nanos
 from sinks._fs import (
@@ -760,15 +761,6 @@ def _direct_ok(dt: DeltaTable) -> bool:
     return p.min_writer_version == 7 and set(p.writer_features or ()) <= _DIRECT_FEATURES
 
 
-def _append_entry(app_id: str, txn: int, custom: Mapping[str, Any],
-                  adds: list[dict[str, Any]], read_version: int) -> bytes:
-    """The log entry of a blind append: commitInfo (with reclock's keys at
-    its top level, where delta-rs puts a commit's custom metadata), one add
-    action per file, the output's txn."""
-    return _log_entry("WRITE", {"mode": "Append"}, True, app_id, txn, custom,
-                      [{"add": a} for a in adds], read_version)
-
-
 def _log_entry(operation: str, parameters: Mapping[str, str], blind: bool, app_id: str,
                txn: int, custom: Mapping[str, Any], actions: list[dict[str, Any]],
                read_version: int) -> bytes:
@@ -787,6 +779,8 @@ def _log_entry(operation: str, parameters: Mapping[str, str], blind: bool, app_i
                 "path": a["path"], "partitionValues": a["partition_values"], "size": a["size"],
                 "modificationTime": a["modification_time"], "dataChange": a["data_change"],
                 "stats": a["stats"]}})
+        elif "metaData" in action:
+            lines.append(action)
         else:
             r = action["remove"]
             lines.append({"remove": {
@@ -953,6 +947,8 @@ class DeltaSink:
         #: checkpoints written by the process's checkpointer thread, not in commit
         self._aside = checkpoint_aside
         self._to_create: pa.Schema | None = None  # the user schema of a table to create
+        #: the schema change the next commit makes (see _checked)
+        self._evolution: _Evolution | None = None
         self._seen_absent = False  # ensure() just found no table (for the next state())
         #: the version this sink committed or loaded last; a commit that finds
         #: the next version taken (another writer's, or a maintenance commit
@@ -997,7 +993,9 @@ class DeltaSink:
         self.location.makedirs()
         with self._locked():
             dt = self._open_or_create(user_schema)
-            self._schema = pa.schema(dt.schema().to_arrow())
+            evolved = self._evolution
+            self._schema = pa.schema((dt.schema() if evolved is None else evolved.schema)
+                                     .to_arrow())
             # The first state() after ensure() (the driver's open) reuses this
             # snapshot instead of loading the log again.
             self._fresh = dt
@@ -1032,20 +1030,32 @@ class DeltaSink:
         return dt
 
     def _checked(self, dt: DeltaTable, want: Schema) -> DeltaTable:
-        """``dt`` if its schema holds ``want`` (columns ``want`` adds are
-        added), else a SinkError naming the columns that differ."""
+        """``dt`` if its schema holds ``want``, else a SinkError naming the
+        columns that differ. Columns ``want`` adds (nullable) and types it
+        widens (int -> long) are the table's evolution: the next commit
+        applies it with its rows (:meth:`commit`), and the stager writes the
+        evolved schema meanwhile."""
         missing, clashes = _compare(dt.schema(), want)
+        widened = [c for c in clashes if c.startswith(_WIDENS)]
+        clashes = [c for c in clashes if not c.startswith(_WIDENS)]
         if clashes:
             raise SinkError(
                 f"output {self.name!r} at {self.uri}: the stored schema differs: "
                 + "; ".join(clashes),
                 hint="write to a new path, or migrate the table",
             )
-        if missing:
-            names = [f.name for f in missing]
-            log.info("output %r: adding columns %s", self.name, names)
-            dt.alter.add_columns(missing)
-            dt = self._load()
+        self._evolution = None
+        if missing or widened:
+            stored = {f.name: f for f in dt.schema().fields}
+            target = {f.name: f for f in want.fields}
+            fields = [target[n] if n in target and _type_of(target[n]) != _type_of(f) else f
+                      for n, f in stored.items()]
+            fields += missing
+            self._evolution = _Evolution(
+                Schema(fields), tuple(f.name for f in missing),
+                tuple(c[len(_WIDENS):].split("'")[1] for c in widened))
+            log.info("output %r: its next commit adds columns %s and widens %s", self.name,
+                     list(self._evolution.added), list(self._evolution.widened))
         return dt
 
     def _absent(self) -> bool:
@@ -1086,7 +1096,9 @@ class DeltaSink:
             if self._schema is None:
                 self._schema = pa.schema(_delta_schema(self._to_create).to_arrow())
         if self._schema is None:
-            self._schema = pa.schema(self._load().schema().to_arrow())
+            evolved = self._evolution
+            self._schema = pa.schema((self._load().schema() if evolved is None
+                                      else evolved.schema).to_arrow())
         return DeltaStager(self.name, self.location, self._schema, self._rows_per_file)
 
     # -- state -----------------------------------------------------------------------------
@@ -1187,7 +1199,7 @@ class DeltaSink:
                 head, self._head = self._head, None  # trusted again once this commit lands
                 dt: DeltaTable | None = None
                 if (attempt > 0 or head is None or not head.direct or head.state != expected
-                        or not self._logged(head.version)):
+                        or self._evolution is not None or not self._logged(head.version)):
                     dt = self._load() if self._to_create is None else self._open_or_create(
                         self._to_create)
                     head = self._head_of(dt)
@@ -1198,14 +1210,29 @@ class DeltaSink:
                         hint="another pipeline committed this output; re-read its state",
                     )
                 if head.direct:
-                    entry = _append_entry(self.app_id, version, custom,
-                                          [self._add_action(d) for d in adds], head.version)
+                    evolve: list[dict[str, Any]] = []
+                    if self._evolution is not None:
+                        assert dt is not None
+                        evolve = self._evolve_actions(dt)
+                    entry = _log_entry(
+                        "WRITE", {"mode": "Append"}, not evolve, self.app_id, version, custom,
+                        [*evolve, *({"add": self._add_action(d)} for d in adds)], head.version)
                     if not self._put_entry(head.version + 1, entry):
                         last = f"version {head.version + 1} was written by another commit"
+                        for a in evolve:  # the files the evolution rewrote: never referenced
+                            if "add" in a:
+                                self.location.delete(a["add"]["path"])
                         continue  # someone committed after v: re-check from a new snapshot
+                    evo, self._evolution = self._evolution, None
+                    if evo is not None:
+                        self._kept.update(a["add"]["path"] for a in evolve if "add" in a)
+                        log.info("output %r: added columns %s, widened %s", self.name,
+                                 list(evo.added), list(evo.widened))
                     self._head = _Head(head.version + 1, new, True)
                     break
                 assert dt is not None
+                if self._evolution is not None:
+                    dt = self._evolve_apart(dt)
                 actions: list[AddAction | RemoveAction] = [
                     AddAction(**self._add_action(d)) for d in adds]
                 try:
@@ -1229,6 +1256,59 @@ class DeltaSink:
                 )
             self._kept.update(d["path"] for d in adds)  # committed: no orphans
         self._housekeep(head.version + 1)
+
+    def _evolve_actions(self, dt: DeltaTable) -> list[dict[str, Any]]:
+        """The actions that make the pending evolution in a log entry of
+        reclock's own, with the commit's rows: the table's metadata with the
+        new schema and, for each widened column, every data file rewritten in
+        the new type (removed and added again, ``dataChange: false``: the
+        same rows). Readers need no table feature for it (delta-rs reads no
+        table with type widening)."""
+        evo = self._evolution
+        assert evo is not None
+        meta = dt.metadata()
+        actions: list[dict[str, Any]] = [{"metaData": {
+            "id": meta.id, "name": meta.name, "description": meta.description,
+            "format": {"provider": "parquet", "options": {}},
+            "schemaString": evo.schema.to_json(),
+            "partitionColumns": list(meta.partition_columns),
+            "configuration": dict(meta.configuration or {}), "createdTime": meta.created_time}}]
+        if not evo.widened:
+            return actions
+        schema = pa.schema(evo.schema.to_arrow())
+        files = pa.table(dt.get_add_actions(flatten=True))
+        batch = f"{self._clock.now()}-widen-{uuid.uuid4().hex[:10]}"
+        now = int(time.time() * 1000)
+        for k, (path, size) in enumerate(zip(files.column("path").to_pylist(),
+                                             files.column("size_bytes").to_pylist(),
+                                             strict=True)):
+            d = merge_files(self.location, [str(path)], f"part-{batch}-{k:05d}-000.parquet",
+                            schema)
+            actions.append({"remove": {"path": str(path), "data_change": False,
+                                       "deletion_timestamp": now, "size": int(size)}})
+            actions.append({"add": self._add_action(d, data_change=False)})
+        return actions
+
+    def _evolve_apart(self, dt: DeltaTable) -> DeltaTable:
+        """The pending evolution on a table delta-rs commits to (S3, other
+        writer features): columns are added by a commit of their own just
+        before the rows' (delta-rs writes no schema change with an append);
+        a widening cannot be made there."""
+        evo = self._evolution
+        assert evo is not None
+        if evo.widened:
+            raise SinkError(
+                f"output {self.name!r} at {self.uri}: columns {list(evo.widened)} widened "
+                "upstream, and this table (on S3, or with writer features reclock does not "
+                "write itself) cannot be widened by reclock",
+                hint="re-read the output into a new path (`reclock resnapshot` with a new "
+                     "target), or set the output's schema_change: freeze to keep the type")
+        try:
+            dt.alter.add_columns([f for f in evo.schema.fields if f.name in evo.added])
+        except DeltaError as exc:
+            raise _delta_error(self.name, self.location, exc, "add columns to") from exc
+        self._evolution = None
+        return self._load()
 
     def _owner_keys(self) -> dict[str, str]:
         """The commit info keys that name this output's pipeline."""
@@ -1793,6 +1873,25 @@ def _describe(field: Field) -> str:
     return (t if isinstance(t, str) else json.dumps(t)) + ("" if field.nullable else " not null")
 
 
+#: prefix of a difference :func:`_compare` finds that is a legal widening
+_WIDENS = "widens: "
+
+
+def _arrow_of(field: Field) -> pa.DataType:
+    return pa.schema(Schema([field]).to_arrow()).field(0).type
+
+
+@dataclass(frozen=True)
+class _Evolution:
+    """What the next commit changes in the table's schema: ``schema`` is the
+    whole new one; columns ``added``; columns ``widened`` (their files are
+    rewritten in the new type by that commit)."""
+
+    schema: Schema
+    added: tuple[str, ...]
+    widened: tuple[str, ...]
+
+
 def _compare(have: Schema, want: Schema) -> tuple[list[Field], list[str]]:
     """(columns to add, human-readable clashes) going from ``have`` to ``want``."""
     stored = {f.name: f for f in have.fields}
@@ -1806,6 +1905,10 @@ def _compare(have: Schema, want: Schema) -> tuple[list[Field], list[str]]:
                 missing.append(f)
             else:
                 clashes.append(f"column {f.name!r} ({_describe(f)}) is missing")
+        elif h.nullable == f.nullable and _type_of(h) != _type_of(f) and widens(
+                _arrow_of(h), _arrow_of(f)):
+            clashes.append(f"{_WIDENS}column {f.name!r}: stored {_describe(h)}, wanted "
+                           f"{_describe(f)}")
         elif _type_of(h) != _type_of(f) or h.nullable != f.nullable:
             clashes.append(f"column {f.name!r}: stored {_describe(h)}, wanted {_describe(f)}")
     for h in have.fields:

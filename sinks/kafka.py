@@ -158,6 +158,7 @@ from reclock.core.columns import (
     SRC_TS,
 )
 from reclock.core.errors import ReclockError, TransientError
+from reclock.core.schema_change import widens
 from reclock.core.secrets import KAFKA_PROPERTIES, kafka_secret_values, scrub
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from sinks._fs import (
@@ -677,9 +678,10 @@ class KafkaSink:
     def ensure(self, user_schema: pa.Schema) -> None:
         """Check the schema (no clash with reclock's columns, key columns exist)
         and that it agrees with the schema of the last commit, if any: columns
-        may be added or dropped, not change type. Creates the output's topics
-        that are missing, and refuses a progress topic that could lose records
-        (see :meth:`_provision_topics`)."""
+        may be added or dropped, and widen (int -> long), not change type
+        otherwise. The schema is recorded by the next commit, with its rows.
+        Creates the output's topics that are missing, and refuses a progress
+        topic that could lose records (see :meth:`_provision_topics`)."""
         output_schema(user_schema)
         self._provision_topics()
         missing = [c for c in self.key_columns if user_schema.get_field_index(c) < 0]
@@ -691,10 +693,13 @@ class KafkaSink:
         head = self._catch_up()
         stored = head.user_schema() if head is not None else None
         if stored is not None:
+            # a widened type (int -> long) reads the earlier records' JSON
+            # exactly; the next commit records the new schema with its rows
             clashes = [
                 f"column {f.name!r}: stored {stored.field(f.name).type}, wanted {f.type}"
                 for f in user_schema
-                if stored.get_field_index(f.name) >= 0 and stored.field(f.name).type != f.type
+                if stored.get_field_index(f.name) >= 0
+                and not widens(stored.field(f.name).type, f.type)
             ]
             if clashes:
                 raise SinkError(

@@ -340,6 +340,22 @@ _WIDER = {
 }
 
 
+def _widens_to(stored: str, wanted: str) -> bool:
+    """Whether a stored column of type ``stored`` can be widened to
+    ``wanted`` in place (``ALTER COLUMN ... TYPE``), every value kept."""
+    if stored.endswith("[]") and wanted.endswith("[]"):
+        return _widens_to(stored[:-2], wanted[:-2])
+    if wanted in ("integer", "bigint") and stored in ("smallint", "integer"):
+        return True
+    if wanted == "double precision" and stored in ("real", "smallint", "integer"):
+        return True
+    a, b = _NUMERIC.fullmatch(stored), _NUMERIC.fullmatch(wanted)
+    if a and b:
+        p, sc, p2, sc2 = int(a[1]), int(a[2]), int(b[1]), int(b[2])
+        return sc2 >= sc and p2 - sc2 >= p - sc
+    return False
+
+
 def _compatible(stored: str, wanted: str) -> bool:
     if stored == wanted:
         return True
@@ -701,6 +717,10 @@ class PostgresSink:
         self._check_settings()
         self._user: pa.Schema | None = None  # stored user schema, from ensure()
         self._conn: Connection | None = None
+        #: the schema change ensure() found the output needs (columns to add,
+        #: types to widen): the next commit makes it, in its transaction
+        self._evolve: list[sql.Composed] = []
+        self._evolve_said: list[str] = []
 
     def _check_settings(self) -> None:
         if self.mode not in ("log", "state"):
@@ -820,6 +840,7 @@ class PostgresSink:
         else:
             wanted[INTO_TIME] = meta[INTO_TIME]
         conn = self._connect()
+        self._evolve, self._evolve_said = [], []
         try:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
@@ -897,6 +918,7 @@ class PostgresSink:
             return
         clashes: list[str] = []
         add: list[str] = []
+        widen: list[str] = []
         for name, (typ, not_null) in wanted.items():
             col = have.columns.get(name)
             if col is None:
@@ -905,7 +927,10 @@ class PostgresSink:
                 else:
                     clashes.append(f"column {name!r} ({typ}) is missing")
             elif not _compatible(col.type, typ):
-                clashes.append(f"column {name!r}: stored {col.type}, wanted {typ}")
+                if name in user_names and _widens_to(col.type, typ):
+                    widen.append(name)
+                else:
+                    clashes.append(f"column {name!r}: stored {col.type}, wanted {typ}")
             elif col.not_null and not not_null:
                 clashes.append(f"column {name!r} is NOT NULL but reclock writes nulls to it")
         for col in have.columns.values():
@@ -920,11 +945,17 @@ class PostgresSink:
                 "does not fit the output: " + "; ".join(clashes),
                 hint="write to a new table, or migrate this one",
             )
+        # Made by the next commit, in its transaction: the rows that need
+        # the change and the change itself are visible together.
         for name in add:
-            log.info("output %r: adding column %r to %s", self.name, name,
-                     _qualified(self.schema, table))
-            conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+            self._evolve.append(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
                 ident, _ident(name), sql.SQL(wanted[name][0])))
+            self._evolve_said.append(f"add column {name!r} {wanted[name][0]}")
+        for name in widen:
+            self._evolve.append(sql.SQL("ALTER TABLE {} ALTER COLUMN {} TYPE {}").format(
+                ident, _ident(name), sql.SQL(wanted[name][0])))
+            self._evolve_said.append(f"widen column {name!r} from {have.columns[name].type} "
+                                     f"to {wanted[name][0]}")
 
     def stager(self) -> PostgresStager:
         if self._user is None:
@@ -1009,6 +1040,8 @@ class PostgresSink:
             try:
                 self._lock_and_check(conn, expected)
                 self._step("locked")
+                for stmt in self._evolve:  # the output's schema change, with its rows
+                    conn.execute(stmt)
                 if files:
                     self._load(conn, files)
                 self._step("loaded")
@@ -1036,6 +1069,9 @@ class PostgresSink:
             if not self._committed_anyway(commit_id, exc):
                 raise self._error(exc, "commit to") from exc
         self._step("committed")
+        if self._evolve:
+            log.info("output %r: %s (%s)", self.name, "; ".join(self._evolve_said), self.target)
+            self._evolve, self._evolve_said = [], []
         remove_staged(self.name, [p for p, _ in files], log)
 
     def _step(self, step: str, count: int = 0) -> None:

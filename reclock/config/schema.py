@@ -380,6 +380,17 @@ class OutputConfig(_Model):
     (two that differ only in case, or one that clashes with reclock's own
     ``_``-columns). Envelope keys name the upstream fields; the sink's
     settings (a state table's ``key``, ``key_columns``) name output columns."""
+    schema_change: Literal["evolve", "freeze", "fail"] = "evolve"
+    """What happens when upstream changes shape (a registry subject's new
+    version, a column added, dropped, renamed or retyped in a CDC table).
+    ``evolve``: the output gains new columns (nullable) and widens types
+    (int -> long), in the same commit as the first rows that need it.
+    ``freeze``: the output keeps today's columns; values of new columns are
+    dropped, counted (``reclock_output_dropped_values_total``) and named in
+    the progress log. ``fail``: any change stalls the source with a definite
+    error naming it. A change no type can hold (a narrowing of the output, a
+    type that cannot widen, a new required field without a default) is a
+    definite error under every policy. See README, "Schema changes"."""
 
 
 class SourceConfig(_Model):

@@ -132,6 +132,20 @@ class Reopen(TransientError):
     to take again). The driver re-opens and carries on from durable state."""
 
 
+class SchemaChanged(Reopen):
+    """A record names a writer schema that changes the output's shape, and
+    the output evolves (``schema_change: evolve``): the driver re-opens the
+    source, and the decoder it builds then takes the schema into its union.
+    ``schema_id`` is the writer's registry id (kept as an attribute, so that
+    it survives the trip back from a Spark task)."""
+
+    schema_id: int = 0
+    #: which decoder of the output met it (``key`` or ``value``)
+    part: str = "value"
+    #: the output's index (set by the data plane)
+    output: int = -1
+
+
 # -- classifying what the driver meets ---------------------------------------------------------
 
 #: errno values a retry cannot fix (permissions, a read-only or missing place, a

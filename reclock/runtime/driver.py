@@ -75,12 +75,21 @@ from reclock.core.errors import (
     LockTaken,
     ReclockError,
     Reopen,
+    SchemaChanged,
     TransientError,
     classified,
     classify,
 )
 from reclock.core.frontier import Antichain, frontier_distance
 from reclock.core.mint import RemapOperator
+from reclock.core.schema_change import (
+    DEFAULT_POLICY,
+    Change,
+    Decision,
+    DroppedTally,
+    Policy,
+    decide,
+)
 from reclock.core.secrets import SECRETS
 from reclock.core.time import IntoTime
 from reclock.envelopes import Envelope, NoneEnvelope, UpsertState, envelope_for
@@ -108,6 +117,7 @@ from reclock.runtime.memory import release_free_memory, release_if_idle
 from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.replay import heal
 from reclock.runtime.resnapshot import Requests
+from reclock.runtime.shapes import Facts, raw_user_schema
 from reclock.runtime.snapshot_progress import SnapshotProgress
 from remap_store.base import RemapStore
 from sinks.base import (
@@ -144,6 +154,16 @@ class OutputRuntime:
     rename: dict[str, str] = field(default_factory=dict)  # the output's rename mapping
     #: the key of a sink that keeps one row per key (a state table), else None
     state_key: tuple[str, ...] | None = None
+    #: the output's schema_change policy (reclock/core/schema_change.py)
+    policy: Policy = DEFAULT_POLICY
+    #: the key and value format specs of a raw output (its decoders are built
+    #: again at every open when they follow a schema registry)
+    formats: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
+    #: registry schema ids records named that the decoders' union lacked,
+    #: per decoder part (schema_change: evolve re-opens to take them)
+    seen: dict[str, list[int]] = field(default_factory=dict)
+    #: values of upstream columns the output does not take (freeze)
+    dropped: DroppedTally = field(default_factory=DroppedTally)
     upsert: UpsertState | None = None
     state: SinkState = field(default_factory=SinkState)
     rows: int = 0
@@ -486,6 +506,10 @@ class SourceRunner:
                     log.error("source %s: stopped: %s (%s)", self.name, msg, hint)
                     self._set_health(STOPPED, f"{type(exc).__name__}: {msg}", hint, True)
                     break
+                if isinstance(exc, SchemaChanged) and 0 <= exc.output < len(self.outputs):
+                    # the next open takes the writer schema into the output's union
+                    self.outputs[exc.output].seen.setdefault(exc.part, []).append(
+                        exc.schema_id)
                 if isinstance(exc, SinkFenced | Reopen | IdentityChanged):
                     self._opened = False  # re-read every output's durable state
                 self._set_health(STALLED, f"{type(exc).__name__}: {msg}", hint, definite)
@@ -675,29 +699,117 @@ class SourceRunner:
         return {index[n]: t for n, t in self.requests.pending().items() if n in index}
 
     def _describe_outputs(self) -> None:
-        """Typed outputs take their schema (and the envelope their rows need)
-        from the source as it is now: an upstream table may have changed."""
+        """Each output's columns as upstream is now, met by the output's
+        ``schema_change`` policy (runtime/shapes.py): typed outputs take the
+        source's description (an upstream table may have changed), raw
+        outputs whose decoders follow a schema registry rebuild them. What
+        the policy decides is kept as a fact before any commit uses it."""
         specs = self.source.current_outputs()
         if [s.name for s in specs] != [o.name for o in self.outputs]:
             raise DefiniteError(
                 f"source {self.name!r}: its outputs changed from {[o.name for o in self.outputs]}"
                 f" to {[s.name for s in specs]}", hint="restart the pipeline")
+        facts = Facts(self.store.facts(self.name))
         for out, spec in zip(self.outputs, specs, strict=True):
-            if not spec.typed or spec.schema is None:
-                continue
-            out.spec = spec
             what = f"source {self.name!r} output {out.name!r}"
-            if spec.envelope is not None:
-                out.envelope = envelope_for(spec.envelope, tuple(spec.key))
-            key = out.envelope.resolve(what, list(spec.schema.names), None)
-            out.user_schema, out.upstream, out.upsert_key = (
-                rename_columns(what, spec.schema, out.rename, key) if out.rename
-                else (spec.schema, (), key))
+            changes: tuple[Change, ...] = ()
+            if spec.typed:
+                if spec.schema is None:
+                    continue
+                out.spec = spec
+                if spec.envelope is not None:
+                    out.envelope = envelope_for(spec.envelope, tuple(spec.key))
+                upstream, key_columns = spec.schema, None
+                changes = tuple(spec.changes)
+            elif self._evolving(out):
+                upstream, key_columns = self._redecode(out, what, facts)
+            elif out.user_schema is None:
+                continue
+            else:
+                assert out.value_decoder is not None
+                upstream = pa.schema(
+                    ([*out.key_decoder.schema] if out.key_decoder is not None else [])
+                    + [*out.value_decoder.schema] + list(out.spec.extra or []))
+                key_columns = ([f.name for f in out.key_decoder.schema]
+                               if out.key_decoder is not None else [])
+            key = out.envelope.resolve(what, list(upstream.names), key_columns)
+            if out.rename:
+                upstream, _, key = rename_columns(what, upstream, out.rename, key)
+            decision = decide(what, out.name, out.policy, facts.today(out.name), upstream,
+                              changes)
+            self._log_changes(out, decision)
+            out.user_schema, out.upsert_key = decision.schema, key
+            if out.rename:
+                back = {v: k for k, v in out.rename.items()}
+                out.upstream = tuple(back.get(n, n) for n in decision.schema.names)
             check_output_names(what, out.user_schema)
             check_state_key(what, out)
+            facts.set_today(out.name, out.user_schema)
+        if facts.updates:
+            self.store.put_facts(self.name, facts.updates)
         missing = [o.name for o in self.outputs if o.user_schema is None]
         if missing:
             raise DefiniteError(f"source {self.name!r}: outputs {missing} have no schema")
+
+    @staticmethod
+    def _evolving(out: OutputRuntime) -> bool:
+        return any(getattr(d, "evolving", False) for d in (out.key_decoder, out.value_decoder))
+
+    def _redecode(self, out: OutputRuntime, what: str, facts: Facts
+                  ) -> tuple[pa.Schema, list[str]]:
+        """Rebuild a raw output's decoders that follow a schema registry (the
+        union of what they took before, the subject's versions now and the
+        ids records named); record their unions; the upstream columns."""
+        from reclock.formats import make_decoder
+
+        key_spec, value_spec = out.formats
+        decs: dict[str, Any] = {}
+        for part, spec in (("key", key_spec), ("value", value_spec)):
+            old = out.key_decoder if part == "key" else out.value_decoder
+            if spec is None or not getattr(old, "evolving", False):
+                decs[part] = old
+                continue
+            dec = make_decoder(spec, allow_null=part == "value" and out.envelope.allow_null,
+                               policy=out.policy, known=facts.avro(out.name, part),
+                               seen=out.seen.get(part, ()), part=part)
+            for note in getattr(dec, "notes", ()):
+                log.warning("%s: %s", what, note)
+                self.events.log(self.name, "schema", output=out.name, note=note)
+            facts.set_avro(out.name, part, dec.fact())  # type: ignore[attr-defined]
+            decs[part] = dec
+        out.key_decoder, out.value_decoder = decs["key"], decs["value"]
+        out.seen = {}
+        schema, key_columns = raw_user_schema(what, out.key_decoder, out.value_decoder,
+                                              list(out.spec.extra or []), out.envelope.type)
+        return schema, key_columns
+
+    def _count_dropped(self, out: OutputRuntime, results: list[TaskResult]) -> None:
+        """Values of upstream columns the output does not take (freeze),
+        committed with this batch: counted, and each column named in the
+        progress log the first time (in this run) its values are dropped."""
+        counts: dict[str, int] = {}
+        for r in results:
+            for c, v in r.dropped_values.get(out.index, {}).items():
+                counts[c] = counts.get(c, 0) + v
+        if not counts:
+            return
+        for c in out.dropped.add(counts):
+            log.warning("source %s output %s: dropping the values of upstream column %r "
+                        "(schema_change: %s; the output does not have it)", self.name, out.name,
+                        c, out.policy)
+            self.events.log(self.name, "schema", output=out.name, policy=out.policy,
+                            dropping_values_of=c)
+
+    def _log_changes(self, out: OutputRuntime, decision: Decision) -> None:
+        """Name what the policy did with upstream's changes in the progress log."""
+        if not decision.changes:
+            return
+        said = [c.describe() for c in decision.changes]
+        log.info("source %s output %s: schema_change %s: %s", self.name, out.name, out.policy,
+                 "; ".join(said))
+        self.events.log(self.name, "schema", output=out.name, policy=out.policy,
+                        changes=said, dropping=list(decision.dropped),
+                        keeping_types=list(decision.kept_types))
 
     def _resume_into(self) -> Antichain[IntoTime]:
         u = _min_upper([o.state for o in self.outputs])
@@ -1074,6 +1186,7 @@ class SourceRunner:
                 log.warning("source %s: output %s re-snapshotted", self.name, out.name)
             out.rows += sum(r.rows.get(out.index, 0) for r in results)
             out.errors += sum(r.errors.get(out.index, 0) for r in results)
+            self._count_dropped(out, results)
             if out.index not in self._gone:
                 out.health = Health(RUNNING, since_ms=self.clock.now())
             self.events.log(self.name, "sink_upper", output=out.name, upper=new_upper,
@@ -1267,6 +1380,7 @@ class SourceRunner:
                 "lag_ms": (None if o.state.upper is None
                            else max(0, now - (o.state.upper or self.started_ms))),
                 "rows": o.rows, "errors": o.errors, "health": o.health.as_dict(),
+                **({"dropped_values": dict(o.dropped.counts)} if o.dropped.counts else {}),
                 # the initial snapshot's rows read and in all (None: none in this run)
                 "snapshot": snapshots.get(o.index),
             })

@@ -573,7 +573,7 @@ def test_several_errors_in_line_order(tmp_path: Path) -> None:
         f"{at(path, 13, 'name')}: sources[1]: missing connector block "
         "(expected one of: generator, kafka, postgres, mysql, oneshot)",
         f"{at(path, 14, 'extra')}: sources[1].outputs[0]: unknown key 'extra' "
-        "(expected one of: envelope, format, key_format, name, rename, sink)",
+        "(expected one of: envelope, format, key_format, name, rename, schema_change, sink)",
     ]
 
 
@@ -1044,3 +1044,26 @@ def test_a_state_table_not_keyed_by_the_upstream_key_is_refused_with_the_reason(
     assert "sources[0].outputs[0].sink.key" in lines[0] and "upstream key ['id']" in lines[0] \
         and "and ['ID'] does not" in lines[0]
     assert "sources[1].outputs[0].sink.key" in lines[1] and "and ['email'] does not" in lines[1]
+
+
+def test_schema_change_is_a_policy_named_with_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        sources:
+          - name: g
+            generator: {kind: counter}
+            outputs:
+              - {name: main, sink: file, schema_change: sometimes}
+        """)
+    assert errors_of(path) == [
+        f"{at(path, 5, 'sometimes')}: sources[0].outputs[0].schema_change: expected 'evolve', "
+        "'freeze' or 'fail'"]
+    ok = write(tmp_path, """
+        sources:
+          - name: g
+            generator: {kind: counter}
+            outputs:
+              - {name: main, sink: file, schema_change: freeze}
+              - {name: other, sink: file}
+        """)
+    cfg = load_config(ok)
+    assert [o.schema_change for o in cfg.sources[0].outputs] == ["freeze", "evolve"]
