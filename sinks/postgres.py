@@ -12,11 +12,18 @@ characters work)::
                             pipeline_state text (the pipeline that
                             committed: its identity and state directory,
                             see :class:`~sinks.base.Owner`; added to a
-                            table of an earlier layout). The state belongs
+                            table of an earlier layout), target_oid bigint
+                            (the table's OID when it was committed: added
+                            likewise). The state belongs
                             to the table: two pipelines whose outputs share
                             a name never share a state, two writers of one
                             table fence each other, and a pipeline finding
-                            another's identity there is refused.
+                            another's identity there is refused. A row
+                            whose table was dropped (or dropped and made
+                            again: another OID) holds no state: the rows it
+                            counted are gone, so the output reads as never
+                            committed, which the driver compares with what
+                            it knows it committed (runtime/ledger.py).
     schema.table            mode "log":   user columns + reclock's columns
                                           (the update log: _into_time, _diff,
                                           provenance, _error, raw bytes)
@@ -202,6 +209,8 @@ Connection = psycopg.Connection[TupleRow]
 UPPERS_TABLE = "reclock_uppers"
 #: columns of ``reclock_uppers`` naming the pipeline that committed (:class:`~sinks.base.Owner`)
 OWNER_COLUMNS = ("pipeline", "pipeline_state")
+#: the column of ``reclock_uppers`` holding the OID of the table its state counts the rows of
+OID_COLUMN = "target_oid"
 #: Suffix of the error-row table of a state-mode output.
 ERRORS_SUFFIX = "_errors"
 #: The temp table a state-mode commit loads into.
@@ -866,18 +875,20 @@ class PostgresSink:
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (target text PRIMARY KEY, output text, "
             "upper bigint, progress text, updated_at timestamptz NOT NULL DEFAULT now(), "
-            "commit_id text, pipeline text, pipeline_state text)"
+            "commit_id text, pipeline text, pipeline_state text, target_oid bigint)"
         ).format(_ident(self.schema, UPPERS_TABLE)))
         have = _describe_table(conn, self.schema, UPPERS_TABLE)
         assert have is not None
-        missing = [c for c in OWNER_COLUMNS if c not in have.columns]
+        missing = [(c, "text") for c in OWNER_COLUMNS if c not in have.columns]
+        if OID_COLUMN not in have.columns:
+            missing.append((OID_COLUMN, "bigint"))
         if missing and "target" in have.columns:
-            # A table of the layout before owners were recorded: its rows
-            # record none, and the first pipeline to commit adopts each.
+            # A table of an earlier layout: its rows record no owner and no
+            # OID; the first pipeline to commit adopts each, with its table.
             conn.execute(sql.SQL("ALTER TABLE {} {}").format(
                 _ident(self.schema, UPPERS_TABLE), sql.SQL(", ").join(
-                    sql.SQL("ADD COLUMN IF NOT EXISTS {} text").format(_ident(c))
-                    for c in missing)))
+                    sql.SQL("ADD COLUMN IF NOT EXISTS {} {}").format(_ident(c), sql.SQL(t))
+                    for c, t in missing)))
             have = _describe_table(conn, self.schema, UPPERS_TABLE)
             assert have is not None
         if have.primary_key == ("output",) and "target" not in have.columns:
@@ -887,7 +898,8 @@ class PostgresSink:
                 hint="rename or drop it; reclock now keeps one row per target table",
             )
         need = {"target": "text", "output": "text", "upper": "bigint", "progress": "text",
-                "commit_id": "text", **dict.fromkeys(OWNER_COLUMNS, "text")}
+                "commit_id": "text", **dict.fromkeys(OWNER_COLUMNS, "text"),
+                OID_COLUMN: "bigint"}
         bad = [f"{c!r} ({have.columns[c].type if c in have.columns else 'missing'})"
                for c, t in need.items()
                if c not in have.columns or have.columns[c].type != t]
@@ -970,9 +982,10 @@ class PostgresSink:
         conn = self._connect()
         try:
             row = conn.execute(
-                sql.SQL("SELECT upper, progress, pipeline, pipeline_state FROM {} "
-                        "WHERE target = %s").format(_ident(self.schema, UPPERS_TABLE)),
-                (self.table,),
+                sql.SQL("SELECT upper, progress, pipeline, pipeline_state, {}, "
+                        "to_regclass(%s)::oid FROM {} WHERE target = %s").format(
+                    _ident(OID_COLUMN), _ident(self.schema, UPPERS_TABLE)),
+                (self.target, self.table),
             ).fetchone()
         except psycopg.errors.UndefinedTable:
             return SinkState()
@@ -983,7 +996,18 @@ class PostgresSink:
         if row is None:
             return SinkState()
         self._check_owner(row[2], row[3])
-        return SinkState(row[0], row[1])
+        return self._held(SinkState(row[0], row[1]), row[4], row[5])
+
+    def _held(self, recorded: SinkState, oid: int | None, now: int | None) -> SinkState:
+        """The state ``recorded`` for the table whose OID was ``oid`` when it
+        was committed, now that the table's OID is ``now`` (None: no such
+        table): nothing, if it is another table (dropped, made again)."""
+        if oid is None or oid == now or recorded.progress is None:
+            return recorded  # (a row of an earlier layout: adopted with its table)
+        log.warning("output %r: table %s was dropped%s since its last commit (upper %s): the "
+                    "rows its state counted are gone", self.name, self.target,
+                    "" if now is None else " and made again", recorded.upper)
+        return SinkState()
 
     def _state_before_owners(self, conn: Connection) -> SinkState:
         """:meth:`state` from an upper table of the layout before owners
@@ -1050,11 +1074,13 @@ class PostgresSink:
                     sql.SQL("UPDATE {} SET output = %s, upper = %s, progress = %s, "
                             "updated_at = now(), commit_id = %s, "
                             "pipeline = coalesce(%s, pipeline), "
-                            "pipeline_state = coalesce(%s, pipeline_state) "
-                            "WHERE target = %s").format(_ident(self.schema, UPPERS_TABLE)),
+                            "pipeline_state = coalesce(%s, pipeline_state), "
+                            "{} = to_regclass(%s)::oid "
+                            "WHERE target = %s").format(_ident(self.schema, UPPERS_TABLE),
+                                                        _ident(OID_COLUMN)),
                     (self.name, new.upper, new.progress, commit_id,
                      None if owner is None else owner.pipeline,
-                     None if owner is None else owner.state, self.table),
+                     None if owner is None else owner.state, self.target, self.table),
                 )
                 self._step("upper_set")
             except BaseException:
@@ -1109,13 +1135,14 @@ class PostgresSink:
                 f"on {self.server}", hint="call ensure() first",
             ) from exc
         row = conn.execute(
-            sql.SQL("SELECT upper, progress, pipeline, pipeline_state FROM {} "
-                    "WHERE target = %s FOR UPDATE").format(uppers),
-            (self.table,),
+            sql.SQL("SELECT upper, progress, pipeline, pipeline_state, {}, "
+                    "to_regclass(%s)::oid FROM {} WHERE target = %s FOR UPDATE").format(
+                _ident(OID_COLUMN), uppers),
+            (self.target, self.table),
         ).fetchone()
         assert row is not None
         self._check_owner(row[2], row[3])
-        actual = SinkState(row[0], row[1])
+        actual = self._held(SinkState(row[0], row[1]), row[4], row[5])
         if actual != expected:
             raise SinkFenced(
                 f"output {self.name!r}: durable state in {_qualified(self.schema, UPPERS_TABLE)} "

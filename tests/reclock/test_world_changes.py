@@ -328,3 +328,44 @@ def test_a_kafka_sinks_progress_topic_deleted_while_running_is_a_definite_error(
                  lambda: f"a definite error, health is {r.health}")
         assert "reports nothing committed" in (r.health.error or "")
     assert _ids(kafka.bootstrap, dst) == Counter(range(50))  # nothing written twice
+
+
+def test_a_postgres_sinks_table_dropped_while_stopped_is_a_definite_error(
+        tmp_path: Path, spark: Any, kafka: Any, pg_url: str) -> None:
+    """The sink's table dropped while the driver is stopped, its row in
+    reclock_uppers kept (a DBA's DROP TABLE). Before, the next start made an
+    empty table and trusted the row: the output read empty while its state
+    said everything was there, and only new records landed. Now the row
+    belongs to the dropped table, the sink reports nothing committed, and
+    the driver stalls naming the output; `reclock resnapshot` rebuilds it
+    with every record once."""
+    import psycopg
+
+    run = uuid.uuid4().hex[:8]
+    src = f"wpg{run}"
+    kafka.create_topic(src, 2)
+    _produce(kafka.bootstrap, src, 2, 0, 40)
+    path = _relay(tmp_path, kafka.bootstrap, src,
+                  f'{{type: postgres, dsn: "{pg_url}", table: relay_out}}')
+    cfg = load_config(path)
+
+    def ids() -> Counter[int]:
+        with psycopg.connect(pg_url) as c:
+            return Counter(i for (i,) in c.execute(
+                "SELECT id FROM relay_out WHERE _error IS NULL AND _diff = 1"))
+
+    with running(cfg, spark) as runners:
+        wait_for(lambda: sum(durable(runners[0]).values()) == 40, 60, "40 records")
+    assert ids() == Counter(range(40))
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute("DROP TABLE relay_out")
+    _produce(kafka.bootstrap, src, 2, 40, 10)
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: _stalled_with(r, "IdentityChanged"), 60,
+                 lambda: f"a definite error, health is {r.health}")
+        assert "output 'relay'" in (r.health.error or "")
+    assert main(["resnapshot", str(path), "relay", "relay"]) == 0
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: ids() == Counter(range(50)), 60, lambda: f"50 once, {r.health}")

@@ -86,7 +86,7 @@ def test_ensure_creates_the_log_table_and_the_upper_table(pg_url: str, tmp_path:
         "target": ("text", True), "output": ("text", False), "upper": ("bigint", False),
         "progress": ("text", False), "updated_at": ("timestamp with time zone", True),
         "commit_id": ("text", False), "pipeline": ("text", False),
-        "pipeline_state": ("text", False)}
+        "pipeline_state": ("text", False), "target_oid": ("bigint", False)}
     assert s.state() == SinkState()
     got = s.read_updates()
     assert got.num_rows == 0 and got.schema == SCHEMA
@@ -371,6 +371,38 @@ def test_two_outputs_share_the_upper_table(pg_url: str, tmp_path: Path) -> None:
     b.commit([], SinkState(), SinkState(20, "pb"))
     assert (a.state(), b.state()) == (SinkState(10, "pa"), SinkState(20, "pb"))
     assert count(pg_url, "a") == 1 and count(pg_url, "b") == 0
+
+
+def test_a_state_whose_table_was_dropped_counts_for_nothing(
+        pg_url: str, tmp_path: Path) -> None:
+    """The table dropped behind the sink's back, and made again (by the next
+    ensure, or by someone): its row in reclock_uppers still says upper 20,
+    but the rows it counted are gone. Before, the sink reported upper 20 over
+    an empty table; now it reports nothing committed (which the driver
+    compares with what it committed), and a commit from nothing starts the
+    table's state afresh. A row of the layout before OIDs were kept is
+    adopted with the table it finds."""
+    sink = make(pg_url, tmp_path)
+    sink.ensure(USER)
+    sink.commit(sink.stager().stage("b1", 0, updates(["a", "b"], 10)), SinkState(),
+                SinkState(20, "p"))
+    q(pg_url, "DROP TABLE orders")
+    again = make(pg_url, tmp_path)
+    assert again.state() == SinkState()  # no table: nothing
+    again.ensure(USER)  # made again, empty
+    assert again.state() == SinkState() and sink.state() == SinkState()
+    with pytest.raises(SinkFenced):  # the stale row is not what a writer can expect
+        again.commit([], SinkState(20, "p"), SinkState(30, "q"))
+    again.commit(again.stager().stage("b2", 0, updates(["c"], 25)), SinkState(),
+                 SinkState(30, "q"))
+    assert again.state() == SinkState(30, "q") and keys(again.read_updates()) == ["c"]
+    q(pg_url, "UPDATE reclock_uppers SET target_oid = NULL")  # as an earlier layout left it
+    assert make(pg_url, tmp_path).state() == SinkState(30, "q")
+    again.commit([], SinkState(30, "q"), SinkState(40, "r"))
+    assert q(pg_url, "SELECT target_oid = 'orders'::regclass::oid FROM reclock_uppers") == [
+        (True,)]
+    again.close()
+    sink.close()
 
 
 # -- fencing and retries -------------------------------------------------------------------------
