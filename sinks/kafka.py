@@ -479,6 +479,9 @@ class ProgressRecord:
     #: the pipeline that committed it (None: written before owners were recorded)
     pipeline: str | None = None
     pipeline_state: str | None = None
+    #: the data topic's Kafka topic id when it was committed (None: written
+    #: before topic ids were recorded): the state counts that topic's records
+    topic_id: str | None = None
 
     def user_schema(self) -> pa.Schema | None:
         return None if self.schema is None else _decode_schema(self.schema)
@@ -486,7 +489,7 @@ class ProgressRecord:
 
 def _progress_value(
     name: str, batch: str, prev: str | None, new: SinkState, records: int, errors: int,
-    schema: str | None, owner: Owner | None = None,
+    schema: str | None, owner: Owner | None = None, topic_id: str | None = None,
 ) -> bytes:
     doc = {
         "v": PROGRESS_VERSION, "output": name, "batch": batch, "prev": prev,
@@ -496,6 +499,8 @@ def _progress_value(
     if owner is not None:
         doc["pipeline"] = owner.pipeline
         doc["pipeline_state"] = owner.state
+    if topic_id is not None:
+        doc["topic_id"] = topic_id
     return _dumps(doc)
 
 
@@ -509,6 +514,7 @@ def parse_progress(output: str, topic: str, offset: int, value: bytes | None) ->
         upper, progress = doc["upper"], doc["progress"]
         records, errors, schema = doc.get("records", 0), doc.get("errors", 0), doc.get("schema")
         pipeline, pipeline_state = doc.get("pipeline"), doc.get("pipeline_state")
+        topic_id = doc.get("topic_id")
         ok = (
             isinstance(batch, str) and (prev is None or isinstance(prev, str))
             and (upper is None or (isinstance(upper, int) and not isinstance(upper, bool)))
@@ -517,6 +523,7 @@ def parse_progress(output: str, topic: str, offset: int, value: bytes | None) ->
             and (schema is None or isinstance(schema, str))
             and (pipeline is None or isinstance(pipeline, str))
             and (pipeline_state is None or isinstance(pipeline_state, str))
+            and (topic_id is None or isinstance(topic_id, str))
         )
         if not ok:
             raise TypeError("a field has the wrong type")
@@ -526,7 +533,7 @@ def parse_progress(output: str, topic: str, offset: int, value: bytes | None) ->
             hint="something other than reclock wrote this key to the progress topic",
         ) from exc
     return ProgressRecord(offset, batch, prev, SinkState(upper, progress), records, errors, schema,
-                          pipeline, pipeline_state)
+                          pipeline, pipeline_state, topic_id)
 
 
 def _forward(
@@ -662,6 +669,8 @@ class KafkaSink:
         self._chain: _Chain | None = None
         #: the progress topic's id when the chain was first read
         self._progress_id: str | None = None
+        #: the data topic's id, read by ensure (None: not known)
+        self._data_id: str | None = None
 
     def _redact(self, text: str) -> str:
         """``text`` scrubbed of the sensitive properties' values (librdkafka
@@ -684,6 +693,7 @@ class KafkaSink:
         topic that could lose records (see :meth:`_provision_topics`)."""
         output_schema(user_schema)
         self._provision_topics()
+        self._data_id = self._topic_id(self.topic)
         missing = [c for c in self.key_columns if user_schema.get_field_index(c) < 0]
         if missing:
             raise SinkError(
@@ -814,7 +824,21 @@ class KafkaSink:
         """The head of the progress chain; ``SinkState()`` if nothing was committed."""
         head = self._catch_up()
         self._check_owner(head)
-        return SinkState() if head is None else head.state
+        return self._held(head)
+
+    def _held(self, head: ProgressRecord | None) -> SinkState:
+        """The state the chain's ``head`` says, if it counts the records of
+        the data topic there now: a head committed to a data topic deleted
+        since (maybe made again: another topic id) holds nothing, its records
+        being gone; the driver compares that with what it committed."""
+        if head is None:
+            return SinkState()
+        if head.topic_id is None or self._data_id is None or head.topic_id == self._data_id:
+            return head.state  # (a head from before topic ids: adopted with the topic)
+        log.warning("output %r: topic %r was deleted (now topic id %s, was %s) since its last "
+                    "commit (upper %s): the records its state counted are gone", self.name,
+                    self.topic, self._data_id, head.topic_id, head.state.upper)
+        return SinkState()
 
     def _check_owner(self, head: ProgressRecord | None) -> None:
         """:class:`~sinks.base.OutputOwned` when another pipeline committed
@@ -860,9 +884,12 @@ class KafkaSink:
     def _progress_topic_id(self) -> str | None:
         """The progress topic's Kafka topic id (None: it does not exist), to
         tell a topic deleted or re-created from a partition leader that lags."""
+        return self._topic_id(self.progress_topic)
+
+    def _topic_id(self, topic: str) -> str | None:
+        """``topic``'s Kafka topic id (None: it does not exist)."""
         from confluent_kafka import TopicCollection
 
-        topic = self.progress_topic
         admin = self._admin()  # (held until the answer: a dropped client cancels it)
         try:
             fut = admin.describe_topics(TopicCollection([topic]),
@@ -945,7 +972,7 @@ class KafkaSink:
         producer = self._transactional_producer()
         head = self._catch_up()
         self._check_owner(head)
-        actual = SinkState() if head is None else head.state
+        actual = self._held(head)
         if actual != expected:
             raise SinkFenced(
                 f"output {self.name!r}: durable state on {self.progress_topic!r} is {actual}, "
@@ -964,7 +991,7 @@ class KafkaSink:
                 self._step("data_flushed")
                 progress_sent = True
                 value = _progress_value(self.name, batch, None if head is None else head.batch,
-                                        new, rows, errors, schema, self.owner)
+                                        new, rows, errors, schema, self.owner, self._data_id)
                 self._produce_flushed(producer, [(self.progress_topic, 0, self._key, value)],
                                       batch, "the progress record")
                 self._step("progress_produced")

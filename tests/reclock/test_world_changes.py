@@ -369,3 +369,34 @@ def test_a_postgres_sinks_table_dropped_while_stopped_is_a_definite_error(
     with running(cfg, spark) as runners:
         r = runners[0]
         wait_for(lambda: ids() == Counter(range(50)), 60, lambda: f"50 once, {r.health}")
+
+
+def test_a_kafka_sinks_data_topic_deleted_while_stopped_is_a_definite_error(
+        tmp_path: Path, spark: Any, kafka: Any) -> None:
+    """The data topic of a Kafka sink deleted while the driver is stopped,
+    its progress topic kept. Before, the next start made the topic again and
+    trusted the progress records: the records counted there were gone and
+    only new ones landed. Now each progress record names the data topic's id:
+    the sink reports nothing committed, the driver stalls naming the output,
+    and `reclock resnapshot` rebuilds it, every record once."""
+    run = uuid.uuid4().hex[:8]
+    src, dst = f"wdt{run}", f"wdtout{run}"
+    kafka.create_topic(src, 1)
+    kafka.create_topic(dst, 1)
+    _produce(kafka.bootstrap, src, 1, 0, 30)
+    path = _relay(tmp_path, kafka.bootstrap, src,
+                  f'{{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {dst}}}')
+    cfg = load_config(path)
+    with running(cfg, spark) as runners:
+        wait_for(lambda: sum(durable(runners[0]).values()) == 30, 60, "30 records")
+    kafka.delete_topic(dst)
+    _produce(kafka.bootstrap, src, 1, 30, 5)
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: _stalled_with(r, "IdentityChanged"), 60,
+                 lambda: f"a definite error, health is {r.health}")
+    assert main(["resnapshot", str(path), "relay", "relay"]) == 0
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: sum(durable(r).values()) == 35, 60, lambda: f"35, {r.health}")
+    assert _ids(kafka.bootstrap, dst) == Counter(range(35))
