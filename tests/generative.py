@@ -98,6 +98,16 @@ def _value(rng: random.Random, pg_text: bool) -> dict[str, Any]:
     return {"body": body, "x": x}
 
 
+def refuses(sink: str, value: dict[str, Any]) -> bool:
+    """The model's rule: what a lane's sink (``pglog``, ``pgstate``,
+    ``kafka``, ``file``) cannot store of a value."""
+    if sink in ("pglog", "pgstate"):
+        return "\x00" in value["body"]
+    if sink == "kafka":
+        return len(value["body"].encode()) > KAFKA_SINK_MAX
+    return False
+
+
 @dataclass
 class Lane:
     name: str
@@ -116,11 +126,7 @@ class Lane:
 
     def refuses(self, value: dict[str, Any]) -> bool:
         """The model's rule: what this lane's sink cannot store."""
-        if self.sink in ("pglog", "pgstate"):
-            return "\x00" in value["body"]
-        if self.sink == "kafka":
-            return len(value["body"].encode()) > KAFKA_SINK_MAX
-        return False
+        return refuses(self.sink, value)
 
     def expected_errors(self) -> set[int]:
         """Positions (offsets) the model says land in the error collection."""

@@ -53,7 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Producer, TopicCollection
 
-from tests.generative import KAFKA_SINK_MAX, OVERSIZED, Outcome, _norm, _row, _value
+from tests.generative import KAFKA_SINK_MAX, OVERSIZED, Outcome, _norm, _row, _value, refuses
 
 #: (lane, envelope, topic naming, sink)
 LANES = [
@@ -102,11 +102,7 @@ class Lane:
         return self.envelope != "none"
 
     def refuses(self, value: dict[str, Any]) -> bool:
-        if self.sink in ("pglog", "pgstate"):
-            return "\x00" in value["body"]
-        if self.sink == "kafka":
-            return len(value["body"].encode()) > KAFKA_SINK_MAX
-        return False
+        return refuses(self.sink, value)
 
 
 def plan(seed: int, sequences: int, ops_per_sequence: int = 6) -> dict[str, Lane]:

@@ -29,21 +29,45 @@ def _produce(bootstrap: str, topic: str, partitions: int, start: int, n: int) ->
     assert p.flush(30) == 0
 
 
-def _relay(tmp_path: Path, bootstrap: str, topic: str, sink: str) -> Path:
-    """A pipeline file: Kafka topic ``topic`` (JSON ``{"id": n}``) into ``sink``."""
+def _pipeline(tmp_path: Path, bootstrap: str, topics: str, outputs: str,
+              interval: str = "200ms") -> Path:
+    """A pipeline file: one Kafka source ``relay`` reading ``topics`` (its
+    keys: ``topic: t``, ``topic_pattern: ...``) into ``outputs`` (YAML lines)."""
     path = tmp_path / "pipeline.yaml"
     path.write_text(f"""
 state_dir: {tmp_path / 'state'}
-timestamp_interval: 200ms
+timestamp_interval: {interval}
 sources:
   - name: relay
-    kafka: {{bootstrap_servers: "{bootstrap}", topic: {topic}, timeout: 5s}}
+    kafka: {{bootstrap_servers: "{bootstrap}", {topics}, timeout: 5s}}
     outputs:
-      - name: relay
-        format: {{type: json, schema: {{id: int64}}}}
-        sink: {sink}
+{outputs}
 """)
     return path
+
+
+def _relay(tmp_path: Path, bootstrap: str, topic: str, sink: str) -> Path:
+    """A pipeline file: Kafka topic ``topic`` (JSON ``{"id": n}``) into ``sink``."""
+    return _pipeline(tmp_path, bootstrap, f"topic: {topic}", f"""      - name: relay
+        format: {{type: json, schema: {{id: int64}}}}
+        sink: {sink}""")
+
+
+def _relayed_into_kafka(tmp_path: Path, spark: Any, kafka: Any, partitions: int, n: int
+                        ) -> tuple[Path, Any, str, str]:
+    """A source topic of ``partitions`` holding ``n`` records relayed into a
+    Kafka sink's topic until all are durable: (file, config, source, data topic)."""
+    run = uuid.uuid4().hex[:8]
+    src, dst = f"wsrc{run}", f"wdst{run}"
+    kafka.create_topic(src, partitions)
+    kafka.create_topic(dst, 1)
+    _produce(kafka.bootstrap, src, partitions, 0, n)
+    path = _relay(tmp_path, kafka.bootstrap, src,
+                  f'{{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {dst}}}')
+    cfg = load_config(path)
+    with running(cfg, spark) as runners:
+        wait_for(lambda: sum(durable(runners[0]).values()) == n, 60, f"{n} records")
+    return path, cfg, src, dst
 
 
 def _stalled_with(r: SourceRunner, kind: str) -> bool:
@@ -64,16 +88,7 @@ def test_a_kafka_sinks_progress_topic_deleted_while_stopped_is_a_definite_error(
     output, not every record written a second time. ``reclock resnapshot``
     rebuilds the output; with the data topic emptied first, every record
     lands once."""
-    run = uuid.uuid4().hex[:8]
-    src, dst = f"wsrc{run}", f"wdst{run}"
-    kafka.create_topic(src, 2)
-    kafka.create_topic(dst, 1)
-    _produce(kafka.bootstrap, src, 2, 0, 300)
-    path = _relay(tmp_path, kafka.bootstrap, src,
-                  f'{{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {dst}}}')
-    cfg = load_config(path)
-    with running(cfg, spark) as runners:
-        wait_for(lambda: sum(durable(runners[0]).values()) == 300, 60, "300 records")
+    path, cfg, src, dst = _relayed_into_kafka(tmp_path, spark, kafka, 2, 300)
     assert _ids(kafka.bootstrap, dst) == Counter(range(300))
 
     kafka.delete_topic(f"{dst}.reclock-progress")
@@ -99,6 +114,15 @@ def test_a_kafka_sinks_progress_topic_deleted_while_stopped_is_a_definite_error(
         wait_for(lambda: sum(durable(r).values()) == 350, 60, lambda: f"350, {r.health}")
         wait_for(lambda: r.health.status == "running", 60, lambda: f"running, {r.health}")
     assert _ids(kafka.bootstrap, dst) == Counter(range(350))
+
+
+def _held_ids(cfg: Any, output: str) -> Counter[int]:
+    """The ids an output of ``relay`` holds, each row an insertion, no error."""
+    from tests.running import read_updates
+
+    t = read_updates(cfg, "relay", output)
+    assert all(r["_diff"] == 1 and r["_error"] is None for r in t.to_pylist())
+    return Counter(r["id"] for r in t.to_pylist())
 
 
 def _relayed(cfg: Any) -> Counter[tuple[int, int]]:
@@ -177,26 +201,14 @@ def test_a_pattern_topic_recreated_and_refilled_within_one_tick_is_a_new_member(
     topic = f"wpat{run}-a"
     kafka.create_topic(topic, 2)
     _produce(kafka.bootstrap, topic, 2, 0, 10)
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(f"""
-state_dir: {tmp_path / 'state'}
-timestamp_interval: 5s
-sources:
-  - name: relay
-    kafka: {{bootstrap_servers: "{kafka.bootstrap}", topic_pattern: "wpat{run}-.*", timeout: 5s}}
-    outputs:
+    path = _pipeline(tmp_path, kafka.bootstrap, f'topic_pattern: "wpat{run}-.*"', """\
       - name: relay
-        format: {{type: json, schema: {{id: int64}}}}
-        sink: file
-""")
+        format: {type: json, schema: {id: int64}}
+        sink: file""", interval="5s")
     cfg = load_config(path)
 
     def ids() -> Counter[int]:
-        from tests.running import read_updates
-
-        t = read_updates(cfg, "relay", "relay")
-        assert all(r["_diff"] == 1 and r["_error"] is None for r in t.to_pylist())
-        return Counter(r["id"] for r in t.to_pylist())
+        return _held_ids(cfg, "relay")
 
     with running(cfg, spark) as runners:
         r = runners[0]
@@ -264,26 +276,16 @@ def test_a_listed_topic_recreated_while_running_stalls_its_output_only_until_acc
     kafka.create_topic(b, 1)
     _produce(kafka.bootstrap, a, 1, 0, 4)
     _produce(kafka.bootstrap, b, 1, 100, 4)
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(f"""
-state_dir: {tmp_path / 'state'}
-timestamp_interval: 200ms
-sources:
-  - name: relay
-    kafka: {{bootstrap_servers: "{kafka.bootstrap}", topics: [{a}, {b}], output_per_topic: true,
-             topic_outputs: {{{a}: oa, {b}: ob}}, timeout: 5s}}
-    outputs:
-      - {{name: oa, format: {{type: json, schema: {{id: int64}}}}, sink: file}}
-      - {{name: ob, format: {{type: json, schema: {{id: int64}}}}, sink: file}}
-""")
+    path = _pipeline(
+        tmp_path, kafka.bootstrap,
+        f"topics: [{a}, {b}], output_per_topic: true, topic_outputs: {{{a}: oa, {b}: ob}}",
+        """\
+      - {name: oa, format: {type: json, schema: {id: int64}}, sink: file}
+      - {name: ob, format: {type: json, schema: {id: int64}}, sink: file}""")
     cfg = load_config(path)
 
     def ids(output: str) -> Counter[int]:
-        from tests.running import read_updates
-
-        t = read_updates(cfg, "relay", output)
-        assert all(r["_diff"] == 1 and r["_error"] is None for r in t.to_pylist())
-        return Counter(r["id"] for r in t.to_pylist())
+        return _held_ids(cfg, output)
 
     with running(cfg, spark) as runners:
         r = runners[0]
@@ -311,14 +313,7 @@ def test_a_kafka_sinks_progress_topic_deleted_while_running_is_a_definite_error(
     restart. Before, the producer's next commit made the broker auto-create
     the topic with its defaults (4 partitions, a retention), and the source
     stalled on a refusal of that topic that said nothing of the lost state."""
-    run = uuid.uuid4().hex[:8]
-    src, dst = f"wsrr{run}", f"wdsr{run}"
-    kafka.create_topic(src, 1)
-    kafka.create_topic(dst, 1)
-    _produce(kafka.bootstrap, src, 1, 0, 50)
-    path = _relay(tmp_path, kafka.bootstrap, src,
-                  f'{{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {dst}}}')
-    cfg = load_config(path)
+    _path, cfg, src, dst = _relayed_into_kafka(tmp_path, spark, kafka, 1, 50)
     with running(cfg, spark) as runners:
         r = runners[0]
         wait_for(lambda: sum(durable(r).values()) == 50, 60, "50 records")
@@ -379,16 +374,7 @@ def test_a_kafka_sinks_data_topic_deleted_while_stopped_is_a_definite_error(
     only new ones landed. Now each progress record names the data topic's id:
     the sink reports nothing committed, the driver stalls naming the output,
     and `reclock resnapshot` rebuilds it, every record once."""
-    run = uuid.uuid4().hex[:8]
-    src, dst = f"wdt{run}", f"wdtout{run}"
-    kafka.create_topic(src, 1)
-    kafka.create_topic(dst, 1)
-    _produce(kafka.bootstrap, src, 1, 0, 30)
-    path = _relay(tmp_path, kafka.bootstrap, src,
-                  f'{{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {dst}}}')
-    cfg = load_config(path)
-    with running(cfg, spark) as runners:
-        wait_for(lambda: sum(durable(runners[0]).values()) == 30, 60, "30 records")
+    path, cfg, src, dst = _relayed_into_kafka(tmp_path, spark, kafka, 1, 30)
     kafka.delete_topic(dst)
     _produce(kafka.bootstrap, src, 1, 30, 5)
     with running(cfg, spark) as runners:
