@@ -249,6 +249,15 @@ class Source(Protocol, Generic[T]):
         """The picklable executor-side reader."""
         ...
 
+    def confirm(self, tasks: Sequence[ReadTask]) -> None:
+        """Called once a job's ``tasks`` (planned by :meth:`plan`) have all
+        read, before anything they read is committed: raise when what they
+        read may not be what the bindings name, because an upstream object
+        was replaced under the same name since the probe that bound it (a
+        Kafka topic deleted and re-created). Nothing of the job is then
+        committed, and it is planned again after the next probe."""
+        ...
+
     def snapshot_sizes(self) -> dict[int, SnapshotSize]:
         """Per output whose initial snapshot the source is taking (from the
         open that decided to take it until it is durable everywhere): the
@@ -317,6 +326,9 @@ class SourceBase:
 
     def output_errors(self) -> dict[int, DefiniteError]:
         return {}
+
+    def confirm(self, tasks: Sequence[ReadTask]) -> None:
+        return None
 
     def accept_replaced(self, name: str, bound: Antichain[Any] | None = None) -> str:
         raise DefiniteError(f"source {getattr(self, 'name', '?')!r} keeps no identity of "

@@ -182,9 +182,6 @@ class KafkaReader:
     #: a multi-topic source with an output per topic: each topic's output
     #: index (empty: every record goes to output 0)
     routes: tuple[tuple[str, int], ...] = ()
-    #: the topic id of each topic as the probe that bound the ranges found it:
-    #: a task checks the topics it read still have them (sources/kafka_identity.py)
-    expect: tuple[tuple[str, str], ...] = ()
 
     def _conf(self) -> dict[str, Any]:
         # A task reads a known range and stops at its end: a short fetch wait
@@ -275,39 +272,6 @@ class KafkaReader:
             finally:
                 with contextlib.suppress(KafkaException):
                     c.unassign()
-        self._confirm({t for _c, _b, _e, t, _p in ranges})
-
-    def _confirm(self, topics: set[str]) -> None:
-        """After reading: each topic read still has the id the probe that
-        bound its ranges found. A topic deleted and re-created in between
-        handed over the new topic's records at the old one's positions: the
-        task fails (nothing it read is committed), and the next probe meets
-        the new id (sources/kafka_identity.py). Records read before a
-        re-creation that this check meets after it are read again, or lost
-        with the old topic: never taken for the new topic's."""
-        expect = {t: i for t, i in self.expect if t in topics}
-        if not expect:
-            return
-        for attempt in (1, 2):
-            try:
-                found = {t: str(d.topic_id) for t, d in _described(
-                    _admin_for(self.bootstrap, self.properties), sorted(expect),
-                    self.timeout_s if attempt == 2 else min(self.timeout_s, 3.0)).items()}
-                break
-            except (KafkaException, concurrent.futures.TimeoutError) as exc:
-                # a new client next time (see KafkaSource._describe)
-                _admin_for(self.bootstrap, self.properties, fresh=True)
-                if attempt == 2:
-                    raise _transient(f"confirming the ids of topics {sorted(expect)}", exc
-                                     ) from None
-        changed = {t: (i, found.get(t)) for t, i in expect.items() if found.get(t) != i}
-        if changed:
-            raise TransientError(
-                "topics were replaced while a task read them: "
-                + ", ".join(f"{t!r} (topic id {old} -> {new})" for t, (old, new)
-                            in sorted(changed.items())),
-                hint="nothing of the task is committed; the source reads again once its "
-                "probe has met the new topic")
 
     def _routed(self, batches: Iterator[tuple[int, pa.RecordBatch]],
                 where: dict[int, tuple[str, int]]) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -511,6 +475,13 @@ def task_ranges(spec: Any) -> list[tuple[int, int, int]]:
     return [(int(r[0]), int(r[1]), int(r[2])) for r in spec]
 
 
+def _spec_topics(spec: Any, topic: str) -> set[str]:
+    """The topics a task's spec reads (its one topic's ranges name none)."""
+    if spec and isinstance(spec[0], int):
+        return {topic}
+    return {str(r[3]) if len(r) == 5 else topic for r in spec}
+
+
 def _names(ranges: list[Range]) -> str:
     topics: dict[str, list[int]] = {}
     for _c, _b, _e, t, p in ranges:
@@ -552,19 +523,6 @@ def _native_batch(taken: tuple[Any, ...], headers: bool = False) -> pa.RecordBat
 #: (Consumer or native Reader, the topics whose metadata it has) per thread
 _CONSUMERS: dict[Any, tuple[Any, set[str]]] = {}
 _CACHE_LOCK = threading.Lock()
-#: an AdminClient per (bootstrap, properties), for the tasks' identity checks
-_ADMINS: dict[Any, AdminClient] = {}
-
-
-def _admin_for(bootstrap: str, properties: tuple[tuple[str, Any], ...], fresh: bool = False
-               ) -> AdminClient:
-    """The process's AdminClient for a cluster (``fresh``: a new one)."""
-    with _CACHE_LOCK:
-        a = None if fresh else _ADMINS.get((bootstrap, properties))
-        if a is None:
-            a = _ADMINS[(bootstrap, properties)] = AdminClient(
-                _client_conf(bootstrap, dict(properties)))
-        return a
 
 
 def _described(admin: AdminClient, topics: Sequence[str], timeout_s: float) -> dict[str, Any]:
@@ -1087,8 +1045,30 @@ class KafkaSource(SourceBase):
         routes = tuple((t, i) for i, t in enumerate(self.topic_outputs or ()))
         return KafkaReader(self.bootstrap, self.topic, tuple(sorted(self.properties.items())),
                            self.timeout_s, native=self.native, headers=self.include_headers,
-                           multi=self.multi, routes=routes,
-                           expect=tuple(sorted(self._seen_ids.items())))
+                           multi=self.multi, routes=routes)
+
+    def confirm(self, tasks: Sequence[ReadTask]) -> None:
+        """After a job's tasks read: each topic they read still has the id
+        the probe that bound their ranges found. A topic deleted and
+        re-created in between handed over the new topic's records at the old
+        one's positions: the job fails (nothing it read is committed), and
+        the next probe meets the new id (sources/kafka_identity.py). Reads
+        all happened before this check, so an id unchanged now was the id
+        they read."""
+        topics = sorted({t for task in tasks for t in _spec_topics(task.spec, self.topic)}
+                        & set(self._seen_ids))
+        if not topics:
+            return
+        found = {t: str(d.topic_id) for t, d in self._describe(topics).items()}
+        changed = {t: (self._seen_ids[t], found.get(t)) for t in topics
+                   if found.get(t) != self._seen_ids[t]}
+        if changed:
+            raise TransientError(
+                f"source {self.name!r}: topics were replaced while a job read them: "
+                + ", ".join(f"{t!r} (topic id {old} -> {new})" for t, (old, new)
+                            in sorted(changed.items())),
+                hint="nothing the job read is committed; the source reads again once its "
+                "probe has met the new topic")
 
     def accept_replaced(self, name: str, bound: Antichain[Partitioned] | None = None) -> str:
         """``reclock accept-recreated``: the topic ``name`` as it is now

@@ -15,11 +15,11 @@ So the source keeps, per topic it has read, a record in its remap facts
      "accept": id accepted by ``reclock accept-recreated``, "base": its first id}
 
 and compares the id it finds with the last one at every probe (the topic's
-metadata is described anyway) and after every read task (the task describes
-the topics it read: a topic replaced between the probe that bound a range
-and the read would otherwise hand over the new topic's records at the old
-positions). A record is written before any binding names the partitions it
-identifies.
+metadata is described anyway) and after every job, before its commit
+(:meth:`KafkaSource.confirm`: one description of the topics the job read; a
+topic replaced between the probe that bound a range and the read would
+otherwise hand over the new topic's records at the old positions). A record
+is written before any binding names the partitions it identifies.
 
 What a changed id means depends on how the topic was named:
 

@@ -129,7 +129,7 @@ from sinks.base import (
     output_schema,
 )
 from sinks.consolidate import COUNT, consolidate
-from sources.base import OutputSpec, Source
+from sources.base import OutputSpec, ReadTask, Source
 
 log = logging.getLogger("reclock.driver")
 
@@ -310,6 +310,8 @@ class _Job:
     #: the outputs whose snapshot chunks the job reads
     snapshots: frozenset[int] = frozenset()
     submitted: float = field(default_factory=time.monotonic)
+    #: its read tasks (the source confirms what they read before the commit)
+    tasks: list[ReadTask] = field(default_factory=list)
 
     def discard(self, timeout: float | None = None) -> bool:
         """Wait for it (up to ``timeout``) and drop its results: what it
@@ -904,6 +906,7 @@ class SourceRunner:
                     except ReclockError as exc:
                         failed = exc  # planning the next job failed: commit this one first
                 faults.crash_point("after_stage")
+                self.source.confirm(job.tasks)  # what the tasks read is what was bound
                 self._commit(b, results, job.reached, snapshots=job.snapshots)
                 if job.progress is not None:  # the outputs hold their snapshots
                     self.snapshots.committed(job.progress, results,
@@ -954,7 +957,8 @@ class SourceRunner:
         if progress is not None:
             self._progress[ctx.batch_id] = progress
         snaps = frozenset(t.snapshot for t in tasks if t.snapshot is not None)
-        return _Job(self._jobs.submit(self._execute, ctx, tasks), reached, progress, snaps)
+        return _Job(self._jobs.submit(self._execute, ctx, tasks), reached, progress, snaps,
+                    tasks=tasks)
 
     def _even_task(self, tasks: list[Any], max_task: int) -> int | None:
         """Records per task that spread a job over every core, when the plan

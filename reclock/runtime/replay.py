@@ -86,6 +86,7 @@ def replayed(source: Any, out: Any, bindings: Bindings[Any], lower: Antichain[An
             rows, _ = build_output_rows(plan, batch, bindings.reclock_positions(part, off))
             yield (screen_intents(plan.stager, rows) if plan.keyed
                    else plan.stager.screen(rows))
+    source.confirm(tasks)  # (before the caller commits a correction built on it)
 
 
 def _positions(t: pa.Table) -> tuple[Any, Any, Any]:

@@ -230,38 +230,46 @@ def test_a_pattern_topic_recreated_and_refilled_within_one_tick_is_a_new_member(
     assert ids() == Counter([*range(10), *range(1000, 1200), *range(2000, 2007)])
 
 
-def test_a_task_that_read_a_topic_replaced_since_its_probe_fails_and_commits_nothing(
-        kafka: Any) -> None:
+def test_a_job_that_read_a_topic_replaced_since_its_probe_commits_nothing(
+        kafka: Any, tmp_path: Path) -> None:
     """The race the probe cannot see: the topic re-created between the probe
-    that bound a range and the task that reads it. The task reads the new
-    topic's records at the old positions, then finds the topic's id changed
-    and fails, so nothing it read is committed; with the id the probe found,
-    the same read succeeds."""
+    that bound a range and the tasks that read it. They read the new topic's
+    records at the old positions; the source's check after the job (before
+    its commit) finds the topic's id changed and fails the job, so nothing
+    it read is committed; with the topic as probed, the same check passes."""
+    from reclock.config import load_config
     from reclock.core.errors import TransientError
-    from sources.base import ReadTask
-    from sources.kafka import KafkaReader
+    from reclock.pipeline import Pipeline
 
     topic = f"wrace{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 1)
     _produce(kafka.bootstrap, topic, 1, 0, 5)
-    probed = _topic_id(kafka, topic)
-    task = ReadTask("relay", 0, ((0, 0, 5),), 5)
-
-    def read(expect: str) -> int:
-        reader = KafkaReader(kafka.bootstrap, topic, (), 10.0, expect=((topic, expect),))
-        return sum(b.num_rows for _i, b in reader.read(task))
-
-    assert read(probed) == 5
-    kafka.delete_topic(topic)
-    kafka.create_topic(topic, 1)
-    _produce(kafka.bootstrap, topic, 1, 100, 5)
+    pipe = Pipeline(load_config(_relay(tmp_path, kafka.bootstrap, topic, "file")))
     try:
-        read(probed)
-    except TransientError as exc:
-        assert f"{topic!r} (topic id {probed} -> {_topic_id(kafka, topic)})" in str(exc)
-    else:
-        raise AssertionError("a read of the re-created topic passed for the old one")
-    assert read(_topic_id(kafka, topic)) == 5
+        source = pipe.build_source(pipe.source_config("relay")).source
+        probed = source.probe()
+        tasks, _ = source.plan(source.initial_frontier(), probed, 100, 100)
+
+        def read() -> int:
+            reader = source.reader()
+            n = sum(b.num_rows for t in tasks for _i, b in reader.read(t))
+            source.confirm(tasks)
+            return n
+
+        assert read() == 5
+        old = _topic_id(kafka, topic)
+        kafka.delete_topic(topic)
+        kafka.create_topic(topic, 1)
+        _produce(kafka.bootstrap, topic, 1, 100, 5)
+        try:
+            read()
+        except TransientError as exc:
+            assert f"{topic!r} (topic id {old} -> {_topic_id(kafka, topic)})" in str(exc)
+        else:
+            raise AssertionError("a read of the re-created topic passed for the old one")
+        source.close()
+    finally:
+        pipe.close()
 
 
 def test_a_listed_topic_recreated_while_running_stalls_its_output_only_until_accepted(
