@@ -317,13 +317,16 @@ class Owed:
     bindings: Bindings[Any]
     kind: str
     keyed: bool
+    #: the sink's stager (its ``screen``); None where the sink makes one
+    #: only once a driver opened it (:meth:`PersistSink.ensure`)
+    stager: Any = None
     #: positions where the output holds a row refused by an injected fault
+    #: (or, without a stager, any error row): the model refuses them too
     refused: frozenset[tuple[int, int, int]] = frozenset()
     positions: list[pa.Table] = field(default_factory=list)
     sums: list[pa.Table] = field(default_factory=list)
     intents: list[pa.Table] = field(default_factory=list)
     plan: Any = None
-    stager: Any = None
 
     @property
     def values(self) -> bool:
@@ -335,7 +338,6 @@ class Owed:
 
         if self.plan is None:
             o = self.out
-            self.stager = o.sink.stager()
             self.plan = OutputPlan(
                 index=o.index, name=o.name, typed=o.spec.typed, user_schema=o.user_schema,
                 key_decoder=o.key_decoder, value_decoder=o.value_decoder, progress=None,
@@ -370,9 +372,11 @@ class Owed:
             if any(mask):
                 rows = refuse_rows(rows, np.asarray(mask), INJECTED_REFUSAL)
         if self.keyed:
-            self.intents.append(screen_intents(self.stager, rows))
+            self.intents.append(rows if self.stager is None
+                                else screen_intents(self.stager, rows))
             return
-        rows = self.stager.screen(rows)
+        if self.stager is not None:
+            rows = self.stager.screen(rows)
         columns = list(self.out.user_schema.names)
         digests = signed(rows, update_digests(rows, columns))
         self.sums.append(pa.table({
@@ -571,7 +575,13 @@ def _output_schema(user_schema: pa.Schema) -> pa.Schema:
 
 
 def _refused_note(rep: OutputReport, owed: Owed) -> None:
-    if owed.refused:
+    if owed.progress is None:
+        return
+    if owed.stager is None:
+        rep.skip("values", "the sink's rules for values it cannot store are known once a "
+                 "driver opened it: each error row the output holds is taken as refused "
+                 f"({len(owed.refused)} positions)")
+    elif owed.refused:
         rep.skip("values", f"{len(owed.refused)} rows the run refused by an injected fault "
                  "(RECLOCK_FAIL_AT=refuse) are taken as refused")
 
@@ -684,7 +694,7 @@ def _check_history(rep: OutputReport, model: pa.Table, held: pa.Table, m_row: U6
     net = t.group_by(["r", "t"]).aggregate([("d", "sum")])
     diff = net.filter(pc.not_equal(net.column("d_sum"), 0))
     times = len(np.unique(np.concatenate([m_t, h_t])))
-    rep.did("history", f"as of {times} IntoTimes" + (
+    rep.did("history", f"as of {times} IntoTime{'s' if times != 1 else ''}" + (
         f" (from the re-snapshot correction at {last} on)" if last is not None else ""))
     if last is not None:
         rep.skip("history", f"the output before the re-snapshot correction at {last}: the "
@@ -749,14 +759,31 @@ def _furthest(progresses: list[Antichain[Any]]) -> Antichain[Any]:
     return furthest
 
 
-def _injected(updates: pa.Table) -> frozenset[tuple[int, int, int]]:
-    """Positions of the rows the run refused by an injected fault."""
+def _refused(updates: pa.Table, every: bool) -> frozenset[tuple[int, int, int]]:
+    """Positions of the rows the run refused by an injected fault (``every``:
+    of every error row)."""
     from reclock.runtime.dataplane import INJECTED_REFUSAL
 
     if updates.num_rows == 0 or ERROR not in updates.column_names:
         return frozenset()
-    hit = updates.filter(pc.fill_null(pc.equal(updates.column(ERROR), INJECTED_REFUSAL), False))
+    err = updates.column(ERROR)
+    hit = updates.filter(pc.is_valid(err) if every
+                         else pc.fill_null(pc.equal(err, INJECTED_REFUSAL), False))
     return frozenset(_positions(hit))
+
+
+def _stager(out: Any) -> Any:
+    """The output's stager, or None where its sink makes one only once a
+    driver opened it (a Postgres table's stored types); making it changes
+    nothing (verify never calls ``ensure``)."""
+    from sinks.base import SinkError
+
+    if out.user_schema is None:
+        return None
+    try:
+        return out.sink.stager()
+    except SinkError:
+        return None
 
 
 def _identity_breach(rep: OutputReport, exc: DefiniteError) -> None:
@@ -824,8 +851,9 @@ def _verify_source(pipe: Any, pool: Any, src: Any, built: Any, bound: bool) -> S
     again = None
     if source.replayable and audited and b.first is not None:
         for o in audited:
-            owed[o.index] = Owed(o, progresses[o.index], b, kind, o.index in keyed,
-                                 _injected(tables[o.index]))
+            stager = _stager(o) if progresses[o.index] is not None else None
+            owed[o.index] = Owed(o, progresses[o.index], b, kind, o.index in keyed, stager,
+                                 _refused(tables[o.index], stager is None))
         furthest = _furthest([p for p in progresses if p is not None] or [b.first.frontier])
         held_parts: set[int] = set()
         if is_partitioned(kind):
