@@ -249,37 +249,19 @@ def _keys(t: pa.Table) -> pa.Table:
 
 
 def _held_positions(kind: str, t: pa.Table) -> pa.Table:
-    """The record positions an output holds rows of. A correction (a
-    re-snapshot by replay) holds the record it restates; a position whose
-    rows a correction cancelled (every row there consolidates to nothing,
-    as a row the output never should have held) holds nothing."""
-    keys = _keys(t)
-    if kind not in REPLAYED_KINDS or t.num_rows == 0:
-        return keys
-    orig, corr = restated(keys.column(SRC_PART).to_numpy())
-    if not corr.any():
-        return keys
-    keys = keys.set_column(0, SRC_PART, pa.array(orig, pa.int64()))
-    return _cancelled(t, keys, corr)
+    """The record positions an output holds rows of (each once). A
+    correction (a re-snapshot by replay) holds the record it restates; a
+    position whose rows a correction cancelled (every row there
+    consolidates to nothing, as a row the output never should have held)
+    holds nothing."""
+    h = _held(kind, t)
+    live = _live(h, np.ones(len(h.part), dtype=bool), lambda: _content(t))
+    return pa.table(dict(zip(KEYS, _dense([live])[1], strict=True)))
 
 
-def _cancelled(t: pa.Table, keys: pa.Table, corr: Any) -> pa.Table:
-    """``keys`` without the positions where a correction left no row."""
-    from sinks.consolidate import _row_keys
-
-    users = [c for c in t.column_names if c not in META_NAMES]
-    content = _row_keys(t, users) if users else [""] * t.num_rows
-    pos = list(zip(*(keys.column(k).to_pylist() for k in KEYS), strict=True))
-    corrected = {pos[i] for i in np.flatnonzero(corr)}
-    net: dict[tuple[Any, ...], dict[str, int]] = {}
-    diffs = t.column(DIFF).to_pylist()
-    for i, p in enumerate(pos):
-        if p in corrected:
-            per = net.setdefault(p, {})
-            per[content[i]] = per.get(content[i], 0) + int(diffs[i])
-    gone = {p for p, per in net.items() if not any(per.values())}
-    keep = [p not in gone for p in pos]
-    return keys.filter(pa.array(keep))
+def _content(t: pa.Table) -> U64:
+    """A digest of each row's content, the columns as they are stored."""
+    return update_digests(t, [c for c in t.column_names if c not in META_NAMES])
 
 
 # -- the re-read ---------------------------------------------------------------------------------
@@ -500,66 +482,130 @@ def _mark_unreadable(rep: OutputReport, h: Held, kind: str, again: Reread) -> No
     h.unreadable = below | lost | past
 
 
-def _sums(part: I64, off: I64, seq: I64, d: U64) -> pa.Table:
-    """Per position, the sum of ``d`` (wrapping)."""
-    t = pa.table({SRC_PART: part, SRC_OFFSET: off, SRC_SEQ: seq, "d": pa.array(d, pa.uint64())})
-    return t.group_by(KEYS).aggregate([("d", "sum")])
+Pos = tuple[I64, I64, I64]  # (partition, offset, sequence) of each row
 
 
-def _compare_sums(rep: OutputReport, want: pa.Table, got: pa.Table, live: pa.Table) -> int:
-    """``wrong-value`` where the digest sums of a position differ, of the
-    positions the output holds (``live``; the others are ``missing``).
-    Returns how many positions were compared."""
-    w = want.rename_columns([*KEYS, "w"])
-    g = got.rename_columns([*KEYS, "g"])
-    held = live.append_column("h", pa.array(np.ones(live.num_rows, np.int8)))
-    both = w.join(g, keys=KEYS, join_type="left outer").join(held, keys=KEYS,
-                                                             join_type="inner")
-    # a position held whose rows all cancel sums to 0 (a correction's doing)
-    g_col = pc.fill_null(both.column("g"), pa.scalar(0, pa.uint64()))
-    bad = both.filter(pc.not_equal(both.column("w"), g_col))
-    if bad.num_rows:
-        bad = bad.sort_by([(k, "ascending") for k in KEYS])
-    rep.breach("wrong-value", bad.num_rows, _positions(bad))
-    return int(both.num_rows)
+def _pos(t: pa.Table) -> Pos:
+    return (t.column(SRC_PART).to_numpy().astype(np.int64),
+            t.column(SRC_OFFSET).to_numpy().astype(np.int64),
+            t.column(SRC_SEQ).to_numpy().astype(np.int64))
 
 
-def check_complete(rep: OutputReport, kind: str, exp: pa.Table, h: Held) -> pa.Table:
-    """The positions ``exp`` (records before the output's progress; of a
-    keyed output, where the model has updates) against those the output
-    holds rows of (with either sign): ``missing`` and ``unexpected``.
-    Returns the positions held."""
-    kept = h.table.filter(pa.array(~h.unreadable)) if h.unreadable.any() else h.table
-    got = _held_positions(kind, kept).group_by(KEYS).aggregate([])
-    exp = exp.group_by(KEYS).aggregate([])
-    exp_m = exp.append_column("e", pa.array(np.ones(exp.num_rows, dtype=np.int8)))
-    got_m = got.append_column("g", pa.array(np.ones(got.num_rows, dtype=np.int8)))
-    joined = exp_m.join(got_m, keys=KEYS, join_type="full outer")
-    missing = joined.filter(pc.is_null(joined.column("g")))
-    extra = joined.filter(pc.is_null(joined.column("e")))
-    rep.breach("missing", missing.num_rows, _positions(missing.sort_by(
-        [(k, "ascending") for k in KEYS])) if missing.num_rows else [])
-    rep.breach("unexpected", extra.num_rows, _positions(extra.sort_by(
-        [(k, "ascending") for k in KEYS])) if extra.num_rows else [])
-    return got
+def _take(p: Pos, mask: Bool) -> Pos:
+    return (p[0][mask], p[1][mask], p[2][mask])
+
+
+def _dense(groups: list[Pos]) -> tuple[list[I64], Pos]:
+    """Dense ids of the positions of ``groups``, one per distinct position
+    across them all, numbered in position order; and each id's position.
+    (numpy: one sort of positions that arrive mostly sorted, where Arrow's
+    hash grouping of three columns took seconds for a million rows.)"""
+    sizes = [len(g[0]) for g in groups]
+    part, off, seq = (np.concatenate([g[i] for g in groups]) if groups
+                      else np.zeros(0, np.int64) for i in range(3))
+    if not len(part):
+        return [np.zeros(0, np.int64) for _ in groups], (part, off, seq)
+    order = np.lexsort((seq, off, part))
+    sp, so, ss = part[order], off[order], seq[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (sp[1:] != sp[:-1]) | (so[1:] != so[:-1]) | (ss[1:] != ss[:-1])
+    ids = np.empty(len(order), np.int64)
+    ids[order] = np.cumsum(new) - 1
+    first = np.flatnonzero(new)
+    return np.split(ids, np.cumsum(sizes)[:-1]), (sp[first], so[first], ss[first])
+
+
+def _live(h: Held, keep: Bool, content: Callable[[], U64]) -> Pos:
+    """The positions the ``keep`` rows of ``h`` hold: a correction holds the
+    record it restates; a position with a correction where every row
+    (``content``: its digest) nets to nothing holds nothing."""
+    pos = (h.part[keep], h.off[keep], h.seq[keep])
+    corr = h.corr[keep]
+    if not corr.any():
+        return pos
+    (ids,), (up, uo, us) = _dense([pos])
+    has_corr = np.zeros(len(up), dtype=bool)
+    has_corr[ids[corr]] = True
+    rows = content()[keep]
+    diff = h.table.column(DIFF).to_numpy().astype(np.int64)[keep]
+    order = np.lexsort((rows, ids))
+    sid, sr = ids[order], rows[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (sid[1:] != sid[:-1]) | (sr[1:] != sr[:-1])
+    starts = np.flatnonzero(new)
+    nets = np.add.reduceat(diff[order], starts)
+    held = np.zeros(len(up), dtype=bool)
+    held[sid[starts][nets != 0]] = True
+    live = ~has_corr | held
+    return (up[live], uo[live], us[live])
+
+
+def _equal(a: Pos, b: Pos) -> bool:
+    return a is b or all(x is y or np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _sample(p: Pos, mask: Bool) -> list[tuple[int, int, int]]:
+    at = np.flatnonzero(mask)[:5]
+    return list(zip(p[0][at].tolist(), p[1][at].tolist(), p[2][at].tolist(), strict=True))
+
+
+def _compare(rep: OutputReport, must: Pos, may: Pos, held: Pos,
+             values: tuple[Pos, U64, Pos, U64] | None) -> int:
+    """Positions: ``missing`` where one of ``must`` is not ``held``,
+    ``unexpected`` where one held is in neither ``must`` nor ``may``; and
+    ``values`` (rows owed and rows held, each with its signed digest):
+    ``wrong-value`` where the sums differ at a position of ``must`` that is
+    held. Returns how many positions were compared for values."""
+    groups = [must, may, held] + ([values[0], values[2]] if values is not None else [])
+    # (the same positions are often given twice: sorted once)
+    same = [next((j for j in range(i) if _equal(groups[j], g)), i)
+            for i, g in enumerate(groups)]
+    distinct, at = _dense([g for i, g in enumerate(groups) if same[i] == i])
+    index = [i for i in range(len(groups)) if same[i] == i]
+    ids = [distinct[index.index(same[i])] for i in range(len(groups))]
+    n = len(at[0])
+    flags = []
+    for i in range(3):
+        f = np.zeros(n, dtype=bool)
+        f[ids[i]] = True
+        flags.append(f)
+    in_must, in_may, in_held = flags
+    missing = in_must & ~in_held
+    unexpected = in_held & ~in_may & ~in_must
+    rep.breach("missing", int(missing.sum()), _sample(at, missing))
+    rep.breach("unexpected", int(unexpected.sum()), _sample(at, unexpected))
+    if values is None:
+        return 0
+    want = np.zeros(n, np.uint64)
+    np.add.at(want, ids[3], values[1])
+    got = np.zeros(n, np.uint64)
+    np.add.at(got, ids[4], values[3])
+    compared = in_must & in_held
+    wrong = compared & (want != got)
+    rep.breach("wrong-value", int(wrong.sum()), _sample(at, wrong))
+    return int(compared.sum())
 
 
 def check_append(rep: OutputReport, kind: str, owed: Owed, h: Held) -> None:
-    """Complete and values of an append output."""
-    exp = owed.owed_positions()
-    got = check_complete(rep, kind, exp, h)
-    rep.did("complete", f"{exp.num_rows} records")
+    """Complete and values of an append output: every record before the
+    output's progress held, nothing else, and the rows at each position
+    those its record must produce."""
+    exp = _pos(owed.owed_positions())
+    rep.did("complete", f"{len(exp[0])} records")
+    keep = ~h.unreadable
     if not owed.values:
+        _compare(rep, exp, exp, _live(h, keep, lambda: _content(h.table)), None)
         rep.skip("values", "the output's columns are known only to a running source")
         return
     columns = list(owed.out.user_schema.names)
     held = conform(h.table, _output_schema(owed.out.user_schema))
-    keep = ~h.unreadable
-    d = signed(held, update_digests(held, columns))
-    got_sums = _sums(h.part[keep], h.off[keep], h.seq[keep], d[keep])
-    want = (pa.concat_tables(owed.sums).group_by(KEYS).aggregate([("d", "sum")])
-            if owed.sums else _sums(*(np.zeros(0, np.int64),) * 3, np.zeros(0, np.uint64)))
-    n = _compare_sums(rep, want, got_sums, got)
+    digests = update_digests(held, columns)
+    sums = (pa.concat_tables(owed.sums) if owed.sums else
+            pa.table({**{k: pa.array([], pa.int64()) for k in KEYS},
+                      "d": pa.array([], pa.uint64())}))
+    n = _compare(rep, exp, exp, _live(h, keep, lambda: digests),
+                 (_pos(sums), sums.column("d").to_numpy(),
+                  (h.part[keep], h.off[keep], h.seq[keep]), signed(held, digests)[keep]))
     rep.did("values", f"{n} positions")
     _refused_note(rep, owed)
     last = h.last_correction
@@ -595,7 +641,8 @@ def check_keyed(rep: OutputReport, kind: str, owed: Owed, h: Held) -> None:
     out = owed.out
     rep.did("complete", f"{sum(t.num_rows for t in owed.positions)} records")
     if not owed.values:
-        check_complete(rep, kind, owed.owed_positions(), h)
+        exp = _pos(owed.owed_positions())
+        _compare(rep, exp, exp, _live(h, ~h.unreadable, lambda: _content(h.table)), None)
         rep.skip("complete", "a keyed output whose columns are known only to a running "
                  "source: records that leave no update are not told apart")
         rep.skip("values", "the output's columns are known only to a running source")
@@ -625,56 +672,29 @@ def check_keyed(rep: OutputReport, kind: str, owed: Owed, h: Held) -> None:
                  "read again (see complete)")
     last = h.last_correction
 
-    # complete: the model's positions (after the last correction) against the held ones
-    m_part = model.column(SRC_PART).to_numpy().astype(np.int64)
-    m_off = model.column(SRC_OFFSET).to_numpy().astype(np.int64)
-    m_seq = model.column(SRC_SEQ).to_numpy().astype(np.int64)
+    # complete and values: the model's positions after the last correction
+    # must be held, with the same rows; one before it may be
+    m_pos = _pos(model)
     m_into = model.column(INTO_TIME).to_numpy().astype(np.int64)
     after = m_keep & (m_into > last) if last is not None else m_keep
-    exp = pa.table({SRC_PART: m_part[after], SRC_OFFSET: m_off[after], SRC_SEQ: m_seq[after]})
-    h.unreadable = ~h_keep
-    got = check_complete(rep, kind, exp, h)
-    if last is not None:
-        # a held position the model has (at any time) is not unexpected
-        before = pa.table({SRC_PART: m_part[m_keep], SRC_OFFSET: m_off[m_keep],
-                           SRC_SEQ: m_seq[m_keep]})
-        _forgive_unexpected(rep, got, before, exp)
-        rep.skip("complete", f"positions of records before the re-snapshot correction at "
-                 f"{last}: updates the correction replaced are not missing")
-
-    # values: per position, records after the last correction
     h_after = h_keep & ~h.corr
     if last is not None:
         h_after &= h.into > last
-    want = _sums(m_part[after], m_off[after], m_seq[after], signed(model, m_row)[after])
-    got_sums = _sums(h.part[h_after], h.off[h_after], h.seq[h_after],
-                     signed(held, h_row)[h_after])
-    n = _compare_sums(rep, want, got_sums, got)
+    n = _compare(rep, _take(m_pos, after), _take(m_pos, m_keep), _live(h, h_keep, lambda: h_row),
+                 (_take(m_pos, after), signed(model, m_row)[after],
+                  (h.part[h_after], h.off[h_after], h.seq[h_after]),
+                  signed(held, h_row)[h_after]))
     rep.did("values", f"{n} positions")
     _refused_note(rep, owed)
     if last is not None:
-        rep.skip("values", f"positions of records before the re-snapshot correction at {last}")
+        for c in ("complete", "values"):
+            rep.skip(c, f"positions of records before the re-snapshot correction at {last}: "
+                     "the updates it replaced are not owed")
 
     # history: per (row, IntoTime), net diffs equal
     _check_history(rep, model, held, m_row[m_keep & m_ok], h_row[h_keep & h_ok],
                    m_key, h_key, m_keep & m_ok, h_keep & h_ok, m_into, h.into, last, columns,
                    key)
-
-
-def _forgive_unexpected(rep: OutputReport, got: pa.Table, model_any: pa.Table,
-                        exp: pa.Table) -> None:
-    """Recount ``unexpected``: a held position the model has at any time is
-    one the correction left in place (its later ones are ``exp``)."""
-    if "unexpected" not in rep.breaches:
-        return
-    rep.breaches.pop("unexpected")
-    rep.samples.pop("unexpected", None)
-    allowed = pa.concat_tables([model_any, exp]).group_by(KEYS).aggregate([])
-    allowed = allowed.append_column("a", pa.array(np.ones(allowed.num_rows, np.int8)))
-    j = got.join(allowed, keys=KEYS, join_type="left outer")
-    extra = j.filter(pc.is_null(j.column("a")))
-    rep.breach("unexpected", extra.num_rows, _positions(extra.sort_by(
-        [(k, "ascending") for k in KEYS])) if extra.num_rows else [])
 
 
 def _check_history(rep: OutputReport, model: pa.Table, held: pa.Table, m_row: U64, h_row: U64,
