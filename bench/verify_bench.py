@@ -96,13 +96,14 @@ def breakdown(cfg: Any, source: str) -> list[tuple[str, float]]:
     verify_pipeline(one)
     prof.disable()
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
-    want = {"read_updates": "read the output", "reread": "re-read (thread)",
+    want = {"read_updates": "read the output",
+            "result": "waiting for the re-read (a thread, beside the time checks)",
             "take": "  rows built and digested", "check_output": "time, upper, once",
             "check_append": "complete, values (append)",
             "check_keyed": "complete, values, history (keyed)", "apply": "  key state model"}
     out: dict[str, float] = {}
     for (file, _line, fn), (_cc, _nc, _tt, ct, _callers) in stats.items():
-        if fn in want and ("reclock" in file or "sinks" in file):
+        if fn in want and ("reclock" in file or "sinks" in file or "concurrent" in file):
             out[want[fn]] = max(out.get(want[fn], 0.0), ct)
     return sorted(out.items(), key=lambda kv: -kv[1])
 

@@ -310,6 +310,9 @@ class Owed:
     intents: list[pa.Table] = field(default_factory=list)
     plan: Any = None
 
+    def __post_init__(self) -> None:
+        self.refused_offsets = np.array(sorted({o for _p, o, _s in self.refused}), np.int64)
+
     @property
     def values(self) -> bool:
         """Whether the rows can be built (the output's columns are known)."""
@@ -350,9 +353,12 @@ class Owed:
         plan = self._plan()
         rows, _ = build_output_rows(plan, batch, self.bindings.reclock_positions(part, off))
         if self.refused:  # refused as the run did (the fault is not the data's)
-            mask = [p in self.refused for p in _positions(rows)]
-            if any(mask):
-                rows = refuse_rows(rows, np.asarray(mask), INJECTED_REFUSAL)
+            r_part, r_off, r_seq = _pos(rows)
+            mask = np.isin(r_off, self.refused_offsets)
+            for i in np.flatnonzero(mask):
+                mask[i] = (int(r_part[i]), int(r_off[i]), int(r_seq[i])) in self.refused
+            if mask.any():
+                rows = refuse_rows(rows, mask, INJECTED_REFUSAL)
         if self.keyed:
             self.intents.append(rows if self.stager is None
                                 else screen_intents(self.stager, rows))
@@ -625,8 +631,8 @@ def _refused_note(rep: OutputReport, owed: Owed) -> None:
         return
     if owed.stager is None:
         rep.skip("values", "the sink's rules for values it cannot store are known once a "
-                 "driver opened it: each error row the output holds is taken as refused "
-                 f"({len(owed.refused)} positions)")
+                 f"driver opened it: the {len(owed.refused)} error rows the output holds are "
+                 "taken as refused")
     elif owed.refused:
         rep.skip("values", f"{len(owed.refused)} rows the run refused by an injected fault "
                  "(RECLOCK_FAIL_AT=refuse) are taken as refused")
@@ -899,7 +905,7 @@ def _verify_source(pipe: Any, pool: Any, src: Any, built: Any, bound: bool) -> S
         for o, rep in zip(built.outputs, report.outputs, strict=True):
             if not o.sink.holds_state:
                 for c in ("complete", "values", "history"):
-                    rep.skip(c, f"the source cannot be re-read ({_why_not(source)})")
+                    rep.skip(c, f"the source cannot be re-read ({_why_not()})")
         return report
     try:
         got: Reread = again.result()
@@ -922,8 +928,9 @@ def _verify_source(pipe: Any, pool: Any, src: Any, built: Any, bound: bool) -> S
     for o in audited:
         rep = report.outputs[o.index]
         err = got.errors.get(o.index)
-        if isinstance(err, IdentityChanged):
+        if isinstance(err, IdentityChanged):  # (its partitions are among the lost)
             rep.breach("identity", 1, [str(err)])
+            rep.did("identity", "changed")
         else:
             rep.did("identity", "unchanged" if err is None else "its upstream is gone")
             if err is not None:
@@ -941,6 +948,6 @@ def _verify_source(pipe: Any, pool: Any, src: Any, built: Any, bound: bool) -> S
     return report
 
 
-def _why_not(source: Any) -> str:
-    return ("what it delivered is released once acknowledged"
-            if not getattr(source, "replayable", False) else "not replayable")
+def _why_not() -> str:
+    return ("it keeps no copy of what it delivered: a replication slot or binlog releases "
+            "what was acknowledged, a one-shot load's files changed since they were loaded")
