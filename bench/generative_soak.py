@@ -1,23 +1,30 @@
-"""Soak of the generative fault harness (tests/generative.py): run after run,
-each with a new seed, for ``--minutes``, against a real Kafka broker and a
-private PostgreSQL cluster (``wal_level=logical``) it starts itself.
+"""Soak of the generative harnesses (tests/generative.py, tests/world.py): run
+after run, each with a new seed, for ``--minutes``, against a real Kafka
+broker and a private PostgreSQL cluster (``wal_level=logical``) it starts
+itself.
 
-Runs alternate between the two modes of the harness:
+Runs take turns between three modes:
 
 * ``in-process``: the pipeline in a thread, on one Spark session (local[2]),
   over every lane (Kafka append/upsert/debezium, Postgres CDC, generator),
   with stage, commit and source failures armed at random moments;
 * ``killed``: ``reclock run`` processes started with random crash points and
   failures (rows the sink refuses too) and SIGKILLed at random moments, over
-  every lane but the Postgres one.
+  every lane but the Postgres one;
+* ``world``: changes of the world around the pipeline (tests/world.py):
+  topics deleted and re-created (named, answered with ``reclock
+  accept-recreated``, and by pattern), partitions added, a Kafka sink's
+  progress topic deleted (answered with ``reclock resnapshot``), key-state
+  files damaged; each with the driver running or stopped.
 
 Prints one line per run (mode, seed, sequences, records, faults, rows the
 sinks refused as the model said, injected refusals, lost, doubled, wrong,
-seconds), the faults by kind, and a total; exits 1 if anything was lost,
-doubled or wrong, with the first samples.
+seconds), the faults and changes by kind, and a total; exits 1 if anything
+was lost, doubled or wrong, with the first samples.
 
     python bench/generative_soak.py                    # 30 minutes, 200 sequences a run
     python bench/generative_soak.py --minutes 5 --sequences 400 --seed 7
+    python bench/generative_soak.py --modes world      # world changes only
 """
 
 from __future__ import annotations
@@ -40,7 +47,10 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--sequences", type=int, default=200)
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
+    ap.add_argument("--modes", default="in-process,killed,world",
+                    help="comma-separated, taken in turn")
     args = ap.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
 
     import psycopg
 
@@ -48,6 +58,7 @@ def main() -> int:
     from tests.generative import run, run_killed
     from tests.kafkabroker import KafkaCluster
     from tests.pgcluster import PgCluster
+    from tests.world import run as run_world
 
     kafka = KafkaCluster(nodes=1).start()
     pg = PgCluster(wal_level="logical").start()
@@ -65,7 +76,7 @@ def main() -> int:
     runs = 0
     try:
         while time.monotonic() < deadline or runs == 0:
-            killed = runs % 2 == 1
+            mode = modes[runs % len(modes)]
             db = f"soak_{uuid.uuid4().hex[:8]}"
             with psycopg.connect(pg.url, autocommit=True) as c:
                 c.execute(f'CREATE DATABASE "{db}"')
@@ -73,15 +84,17 @@ def main() -> int:
             started = time.monotonic()
             try:
                 with tempfile.TemporaryDirectory(prefix="reclock-soak-") as tmp:
-                    if killed:
+                    if mode == "killed":
                         out = run_killed(Path(tmp), kafka, url, seed, args.sequences // 2)
+                    elif mode == "world":
+                        out = run_world(Path(tmp), spark, kafka, url, seed, args.sequences)
                     else:
                         out = run(Path(tmp), spark, kafka, url, seed, args.sequences)
             finally:
                 _drop(pg.url, db)
             took = time.monotonic() - started
             nf = sum(out.faults.values())
-            print(f"{'killed' if killed else 'in-process':>10} {seed:>8} {out.sequences:>9} "
+            print(f"{mode:>10} {seed:>8} {out.sequences:>9} "
                   f"{out.records:>8} {nf:>6} {out.refused:>7} {out.excused:>8} {out.lost:>5} "
                   f"{out.doubled:>7} {out.wrong:>5} {took:>8.1f}", flush=True)
             total.update(sequences=out.sequences, records=out.records, lost=out.lost,
@@ -100,7 +113,8 @@ def main() -> int:
           f"{total['faults']:,} faults, {total['refused']:,} refused rows, "
           f"{total['injected']:,} injected refusals; lost {total['lost']}, doubled "
           f"{total['doubled']}, wrong {total['wrong']}")
-    print("faults by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items())))
+    print("faults and changes by kind: " + ", ".join(
+        f"{k} {n}" for k, n in sorted(by_kind.items())))
     for s in samples[:10]:
         print("  " + s)
     return 1 if total["lost"] or total["doubled"] or total["wrong"] else 0

@@ -17,7 +17,8 @@ Exit codes:
     0  done; for status: the driver runs and no source is stalled
     1  run: a source was stalled when the run ended; status: a source is
        stalled; verify: an output breaches its bindings
-    2  an error (a bad configuration, an unreachable store, ...), on one line
+    2  an error (a bad configuration, an unreachable store, ...), on one line;
+       run: another driver took the pipeline's lock over while it ran
     3  status: the driver is not running
     130  interrupted before the pipeline started
 """
@@ -91,6 +92,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from reclock.pipeline import progress_line
 
         sys.stderr.write(scrub(progress_line(r.status())) + "\n")
+    if runners.lock_taken is not None:
+        sys.stderr.write(scrub(f"reclock: stopped: {runners.lock_taken}") + "\n")
+        return 2
     if runners.stalled:
         sys.stderr.write(f"reclock: stopped; stalled at the end: {', '.join(runners.stalled)}\n")
         return 1

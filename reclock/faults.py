@@ -22,6 +22,16 @@ incident reproduces each fault from the command line::
 
     RECLOCK_FAIL_AT=stage,commit:2 reclock run pipeline.yaml
 
+``RECLOCK_KILL_WORKER=PATH`` kills the Python worker process of one task with
+SIGKILL, once: the first task to finish staging its files creates ``PATH``
+(exclusively) and kills its own process before its result leaves it, as the
+operating system's OOM killer would. Its files are staged, its result never
+arrives, and Spark fails the job. Every other task, and every later run,
+finds ``PATH`` there and goes on. ``RECLOCK_KILL_WORKER=shared:PATH`` kills
+only in a Spark job that several sources' small jobs share. The variable
+must reach the workers (on a running session: ``SparkContext.environment``,
+which starts workers of their own for the jobs started after it is set).
+
 ``RECLOCK_SKIP_DRIVER_LOCK=1`` runs a driver without the one-driver lock
 (:mod:`reclock.runtime.lock`), as a driver that lost its store session would
 go on running: the way to rehearse a zombie, which the commits must fence.
@@ -32,7 +42,11 @@ before a sink commit), ``refuse`` (a task's sink refuses the first row it
 stages, which lands in the error collection as a row the sink could not
 store; counted per process, so each Spark worker process refuses ``n``),
 ``hang`` (a task stops for :data:`HANG_S` seconds, as one whose job never
-finishes; counted per process too).
+finishes; counted per process too), ``damage_keys`` (just before the driver
+settles a job of a keyed output, 32 KiB of its key-state file (pages of
+keys from the middle of the table) are overwritten with random bytes, as by
+a failing disk: the settle meets the damage, and the key state is rebuilt
+from the output).
 """
 
 from __future__ import annotations
@@ -95,7 +109,7 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-FAIL_POINTS = ("source", "stage", "commit", "refuse", "hang")
+FAIL_POINTS = ("source", "stage", "commit", "refuse", "hang", "damage_keys")
 
 #: Seconds a task stops at ``hang`` (see :func:`hang_point`).
 HANG_S = 8.0
@@ -150,6 +164,26 @@ def hang_point(name: str) -> None:
     one whose result a driver out of memory never takes in."""
     if take(name):
         time.sleep(HANG_S)
+
+
+def kill_worker_point(sources: int) -> None:
+    """SIGKILL this (Spark worker) process once per ``RECLOCK_KILL_WORKER``
+    marker file: the first caller to create the file dies. ``sources``: how
+    many sources' tasks the job runs (``shared:`` needs more than one)."""
+    marker = os.environ.get("RECLOCK_KILL_WORKER")
+    if not marker:
+        return
+    if marker.startswith("shared:"):
+        if sources < 2:
+            return
+        marker = marker.removeprefix("shared:")
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    os.write(fd, f"{os.getpid()}\n".encode())
+    os.close(fd)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def disarm() -> None:

@@ -47,6 +47,8 @@ output}``
                                                  start, so the series exists from the start
 ``reclock_output_rows_total``                    data rows committed (not the error rows)
 ``reclock_output_errors_total``                  error rows committed
+``reclock_output_dropped_values_total``          values of upstream columns a frozen
+                                                 output does not take, per column
 ``reclock_output_health{source,output,status}``  1 for the output's current health status
 ``reclock_snapshot_rows_read{source,output}``    rows of the output's initial snapshot (a
                                                  Postgres table's existing rows) read so far:
@@ -218,6 +220,10 @@ def families(doc: StatusDocument) -> list[Metric]:
     o_errors = CounterMetricFamily("reclock_output_errors",
                                    "Error rows committed since the driver started",
                                    labels=out_l)
+    o_dropped = CounterMetricFamily("reclock_output_dropped_values",
+                                    "Values of upstream columns the output does not take "
+                                    "(schema_change: freeze), per column, since the driver "
+                                    "started", labels=["source", "output", "column"])
     o_health = GaugeMetricFamily("reclock_output_health",
                                  "1 for the output's current health status, 0 for the others",
                                  labels=["source", "output", "status"])
@@ -275,6 +281,8 @@ def families(doc: StatusDocument) -> list[Metric]:
                 o_lag.add_metric(labels, float(o["lag_ms"]) / 1000.0)
             o_rows.add_metric(labels, float(o.get("rows") or 0))
             o_errors.add_metric(labels, float(o.get("errors") or 0))
+            for col, n in sorted((o.get("dropped_values") or {}).items()):
+                o_dropped.add_metric([*labels, str(col)], float(n))
             ostatus = str((o.get("health") or {}).get("status", "unknown"))
             for s in states(ostatus):
                 o_health.add_metric([*labels, s], 1.0 if s == ostatus else 0.0)
@@ -297,7 +305,7 @@ def families(doc: StatusDocument) -> list[Metric]:
     build.add_metric(list(versions()), 1.0)
     out: list[Metric] = [build, info, health, frontier, offsets, sums, partitions, lag_records,
                          records, job_s, tick_s, bindings, remap_upper, o_upper, o_lag, o_rows,
-                         o_errors, o_health, snap_read, snap_rows, snap_exact, snap_done]
+                         o_errors, o_dropped, o_health, snap_read, snap_rows, snap_exact, snap_done]
     if doc.get("updated_ms") is not None:
         out.append(GaugeMetricFamily("reclock_status_updated_timestamp_seconds",
                                      "When the status was assembled",

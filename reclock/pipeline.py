@@ -38,22 +38,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-import pyarrow as pa
-
 from reclock import faults
 from reclock.config import OutputConfig, PipelineConfig, SourceConfig, config_secrets
 from reclock.core.bindings import Bindings
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import rename_columns
-from reclock.core.errors import DefiniteError, TransientError
+from reclock.core.errors import DefiniteError, LockTaken, TransientError
 from reclock.core.secrets import install_log_filter, register, scrub, scrub_json
 from reclock.envelopes import Envelope, NoneEnvelope, envelope_for
 from reclock.envelopes.keystate import CacheShares
-from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner
+from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner, check_state_key
 from reclock.runtime.health import STALLED
-from reclock.runtime.lock import DriverLock, holder_info
+from reclock.runtime.lock import DriverLock, LockWatch, holder_info
 from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.resnapshot import Requests
+from reclock.runtime.shapes import raw_user_schema
 from reclock.runtime.snapshot_progress import describe as describe_snapshot
 from remap_store import RemapStore, open_store
 from sinks.base import PersistSink, SinkContext, check_output_names
@@ -145,7 +144,8 @@ class Pipeline:
             self.clock, self.identity, tuple(o.name for o in src.outputs),
             state_dir=self.state_dir,
             coordinates=functools.partial(self.store.coordinates, src.name),
-            facts=Facts(functools.partial(self.store.facts, src.name), write))))
+            facts=Facts(functools.partial(self.store.facts, src.name), write),
+            schema_change={o.name: o.schema_change for o in src.outputs})))
 
     def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig
                 ) -> OutputRuntime:
@@ -164,8 +164,10 @@ class Pipeline:
             from reclock.formats import make_decoder
 
             # e.g. upsert: a null value is a tombstone, not an error
-            value_dec = make_decoder(ocfg.format.model_dump(), allow_null=envelope.allow_null)
-            key_dec = make_decoder(ocfg.key_format.model_dump()) if ocfg.key_format else None
+            value_dec = make_decoder(ocfg.format.model_dump(), allow_null=envelope.allow_null,
+                                     policy=ocfg.schema_change)
+            key_dec = make_decoder(ocfg.key_format.model_dump(), policy=ocfg.schema_change,
+                                   part="key") if ocfg.key_format else None
             if key_dec is not None:
                 from reclock.formats import KeyValueDecoder
 
@@ -176,21 +178,9 @@ class Pipeline:
                         f"{what}: {exc}",
                         hint="give the key format a schema whose columns differ from the "
                         "value's") from None
-            fields = list(key_dec.schema) if key_dec else []
-            key_columns = [f.name for f in fields]
-            extra = list(spec.extra) if spec.extra is not None else []
-            if extra and envelope.type == "debezium":
-                raise DefiniteError(
-                    f"{what}: the debezium envelope takes no {[f.name for f in extra]} "
-                    "column", hint="read the topic without include_headers, or with another "
-                    "envelope")
-            taken = {f.name for f in fields} | set(value_dec.schema.names)
-            clash = [f.name for f in extra if f.name in taken]
-            if clash:
-                raise DefiniteError(
-                    f"{what}: the decoded columns already have {clash}, which the source "
-                    "adds", hint="rename the decoded column in the format's schema")
-            user_schema = pa.schema(fields + list(value_dec.schema) + extra)
+            user_schema, key_columns = raw_user_schema(
+                what, key_dec, value_dec, list(spec.extra) if spec.extra is not None else [],
+                envelope.type)
         upsert_key: tuple[str, ...] | None = None
         upstream: tuple[str, ...] = ()
         if user_schema is not None:  # (typed rows described when the source opens: then)
@@ -199,12 +189,18 @@ class Pipeline:
                 user_schema, upstream, upsert_key = rename_columns(
                     what, user_schema, ocfg.rename, upsert_key)
             check_output_names(what, user_schema)
-        return OutputRuntime(
+        out = OutputRuntime(
             index=index, name=spec.name, spec=spec, sink=self.sink(src, ocfg),
             user_schema=user_schema, key_decoder=key_dec, value_decoder=value_dec,
             envelope=envelope, upsert_key=upsert_key, upstream=upstream,
-            rename=dict(ocfg.rename),
+            rename=dict(ocfg.rename), state_key=ocfg.sink.state_key,
+            policy=ocfg.schema_change,
+            formats=(None if ocfg.key_format is None else ocfg.key_format.model_dump(),
+                     ocfg.format.model_dump()),
         )
+        if user_schema is not None:
+            check_state_key(what, out)
+        return out
 
     def sink(self, src: SourceConfig, ocfg: OutputConfig) -> PersistSink:
         return cast("PersistSink", ocfg.sink.build(
@@ -386,6 +382,9 @@ class Runners(list[SourceRunner]):
     http_url: str | None = None
     #: Sources that were stalled when the run ended (``reclock run`` exits 1).
     stalled: list[str]
+    #: The run ended because another driver took the pipeline's lock
+    #: (``reclock run`` exits 2).
+    lock_taken: LockTaken | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -421,12 +420,12 @@ def run(
             signal.signal(sig, handler)
     pipe.state_dir.mkdir(parents=True, exist_ok=True)
     try:
-        release = _lock(pipe)
+        release, watch = _lock(pipe)
     except BaseException:
         pipe.close()
         raise
     try:
-        return _run(pipe, cfg, spark, duration, stop, out, on_ready, use_spark, handler)
+        return _run(pipe, cfg, spark, duration, stop, out, on_ready, use_spark, handler, watch)
     finally:
         release()
 
@@ -441,31 +440,47 @@ def _stop_on(stop: threading.Event) -> Callable[..., None]:
     return handler
 
 
-def _lock(pipe: Pipeline) -> Callable[[], None]:
+def _lock(pipe: Pipeline) -> tuple[Callable[[], None], LockWatch | None]:
     """One driver per pipeline (:mod:`reclock.runtime.lock`): the state
-    directory's lock, then the remap store's where it has one. Returns the
-    release of both."""
+    directory's lock, then the remap store's where it has one, re-checked
+    for the driver's life by the :class:`LockWatch` returned (started).
+    Returns the release of both, and the watch (None: no store lock)."""
     if faults.driver_lock_skipped():
-        return lambda: None
+        return (lambda: None), None
     lock = DriverLock.acquire(pipe.state_dir)
     try:
-        store_release = pipe.store.lock_driver(holder_info())
+        store_lock = pipe.store.lock_driver(holder_info())
     except BaseException:
         lock.release()
         raise
+    watch = None if store_lock is None else LockWatch(store_lock)
+    if watch is not None:
+        watch.start()
 
     def release() -> None:
-        if store_release is not None:
-            store_release()
+        if watch is not None:
+            watch.stop()
+        if store_lock is not None:
+            store_lock.release()
         lock.release()
 
-    return release
+    return release, watch
 
 
 def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float | None,
          stop: threading.Event, out: TextIO | None,
          on_ready: Callable[[list[SourceRunner]], None] | None, use_spark: bool,
-         handler: Callable[..., None] | None) -> Runners:
+         handler: Callable[..., None] | None, watch: LockWatch | None) -> Runners:
+    dropped: list[str] = []
+    built: list[BuiltSource] = []
+    # Sources and outputs first: what the configuration refuses once the
+    # sources describe their outputs (a state table's key, typed columns)
+    # is said before Spark takes its seconds to start.
+    for src in cfg.sources:
+        if pipe.is_dropped(src.name):
+            dropped.append(src.name)
+            continue
+        built.append(pipe.build_source(src))
     events = ProgressLog(pipe.state_dir / "progress.jsonl" if cfg.progress_log else None,
                          pipe.clock)
     if use_spark and spark is None:
@@ -478,13 +493,6 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
             signal.signal(signal.SIGINT, handler)
     started = time.monotonic()
     runners = Runners()
-    dropped: list[str] = []
-    built: list[BuiltSource] = []
-    for src in cfg.sources:
-        if pipe.is_dropped(src.name):
-            dropped.append(src.name)
-            continue
-        built.append(pipe.build_source(src))
     shards = pipe.open_shards(built)
     for b in built:
         src = b.config
@@ -492,6 +500,7 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
             b.source, b.outputs, pipe.store, spark if use_spark else None, pipe.clock,
             pipe.settings(src), events, requests=Requests(pipe.state_dir, src.name),
             drop_marker=pipe.drop_marker(src.name), bindings=shards.get(src.name),
+            lock=watch,
         ))
     if dropped and out is not None:
         out.write(f"reclock: not running dropped source(s) {', '.join(dropped)} "
@@ -543,6 +552,9 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
                 break
             stop.wait(1.0)
     finally:
+        # Another driver took the pipeline's lock: each source stopped at its
+        # next mint or commit (LockTaken), and with them the loop.
+        runners.lock_taken = None if watch is None else watch.taken
         runners.stalled = [r.name for r in runners if r.health.status == STALLED]
         for r in runners:
             r.stop()

@@ -25,7 +25,7 @@ A store must never block indefinitely: every call either completes or raises
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from reclock.core.bindings import Binding, Bindings
@@ -35,6 +35,29 @@ from reclock.core.time import IntoTime
 #: what :meth:`RemapStore.read_from` gives: the bindings at times ``>= lower``,
 #: the upper and the since
 ReadFrom = tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]
+
+
+class StoreLock(Protocol):
+    """A driver's claim on its pipeline held in the store
+    (:meth:`RemapStore.lock_driver`), for the driver's whole life."""
+
+    #: which lock this is, for messages (no secret in it)
+    where: str
+
+    def check(self) -> str | None:
+        """Whether the claim still holds, asked every few seconds. ``None``:
+        held all along. When it was lost (the store restarted, the session
+        ended) it is taken again here: the reason it was lost is returned
+        once it is held again. Raises :class:`~reclock.core.errors.LockLost`
+        while it cannot be taken again (the store is unreachable), and
+        :class:`~reclock.core.errors.LockTaken` naming the holder when
+        another driver took it meanwhile (that one keeps it). Never blocks
+        for long (a connect timeout)."""
+        ...
+
+    def release(self) -> None:
+        """Give the claim up (idempotent)."""
+        ...
 
 
 class RemapStore(Protocol):
@@ -183,9 +206,9 @@ class RemapStore(Protocol):
         """Remove the shard and its bindings (``reclock drop`` with cleanup)."""
         ...
 
-    def lock_driver(self, holder: dict[str, Any]) -> Callable[[], None] | None:
+    def lock_driver(self, holder: dict[str, Any]) -> StoreLock | None:
         """Claim the pipeline for one driver where the store is shared between
-        hosts: returns the release, or ``None`` when the store needs no lock
+        hosts: returns the claim, or ``None`` when the store needs no lock
         of its own (a file store: the state directory's lock covers it).
         Raises :class:`~reclock.core.errors.AlreadyRunning` with the holder's
         record when another driver holds it."""

@@ -50,6 +50,8 @@ from reclock.core.bindings import Binding, Bindings, check_appendable
 from reclock.core.errors import (
     AlreadyRunning,
     BindingError,
+    LockLost,
+    LockTaken,
     ShardNotFound,
     SinceViolation,
     TransientError,
@@ -798,54 +800,132 @@ class SqlRemapStore:
             conn.execute(sa.delete(facts_table).where(facts_table.c.shard == shard))
             conn.execute(sa.delete(shards_table).where(shards_table.c.shard == shard))
 
-    def lock_driver(self, holder: dict[str, Any]) -> Callable[[], None] | None:
+    def lock_driver(self, holder: dict[str, Any]) -> PgDriverLock | None:
         """PostgreSQL: a session advisory lock keyed on the pipeline's
-        identity, on a connection of its own held until the release; the
-        holder's record goes to ``remap_pipeline`` (key ``driver``) for the
-        refusal message. The server drops the lock with the session, so a
-        killed driver's lock goes when its connection does. SQLite: ``None``
-        (the file lives with the state, whose lock covers it)."""
+        identity, on a connection of its own held until the release
+        (:class:`PgDriverLock`); the holder's record goes to
+        ``remap_pipeline`` (key ``driver``) for the refusal message. The
+        server drops the lock with the session, so a killed driver's lock
+        goes when its connection does, and so does a running driver's when
+        the server restarts: :meth:`PgDriverLock.check` notices and takes it
+        again. SQLite: ``None`` (the file lives with the state, whose lock
+        covers it)."""
         if self.dialect != "postgresql":
             return None
-        key = f"reclock-driver:{self.identity()}"
-        conn = self._retry(lambda: self.engine.connect().execution_options(
-            isolation_level="AUTOCOMMIT"))
-        try:
-            taken = conn.execute(sa.text("SELECT pg_try_advisory_lock(hashtextextended(:k, 0))"),
-                                 {"k": key}).scalar()
-        except BaseException:
-            conn.close()
-            raise
+        lock = PgDriverLock(self, f"reclock-driver:{self.identity()}", holder)
+        lock.take(retry=True)
+        return lock
+
+    def driver_record(self) -> dict[str, Any] | None:
+        """What the driver that last took the pipeline's lock recorded
+        about itself (pid, host, since), if it can be read."""
         sel = sa.select(pipeline_table.c.value).where(pipeline_table.c.key == "driver")
-        if not taken:
-            conn.close()
-            with self._tx(readonly=True) as tx:
-                raw = tx.execute(sel).scalar()
-            try:
-                rec = json.loads(raw) if raw else None
-            except ValueError:
-                rec = None
-            raise AlreadyRunning(rec if isinstance(rec, dict) else None,
-                                 f"advisory lock in the remap store {redact_url(self.url)}")
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        value = json.dumps(holder, sort_keys=True)
-        with self._tx() as tx:
-            ins = pg_insert(pipeline_table).values(key="driver", value=value)
-            tx.execute(ins.on_conflict_do_update(index_elements=["key"], set_={"value": value}))
-
-        def release() -> None:
-            # Close the session itself (not back to the pool, where it would
-            # keep the lock): the server drops the lock with it.
-            with contextlib.suppress(Exception):
-                conn.invalidate()
-            with contextlib.suppress(Exception):
-                conn.close()
-
-        return release
+        with self._tx(readonly=True) as tx:
+            raw = tx.execute(sel).scalar()
+        try:
+            rec = json.loads(raw) if raw else None
+        except ValueError:
+            rec = None
+        return rec if isinstance(rec, dict) else None
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+class PgDriverLock:
+    """A PostgreSQL remap store's driver lock (:meth:`SqlRemapStore.lock_driver`):
+    ``pg_try_advisory_lock`` on a session of its own, held for the driver's
+    life. The lock lives exactly as long as that session, so :meth:`check`
+    asks the session (``SELECT 1``); a session that is gone (the server
+    restarted, a network cut ended it) took the lock with it, and
+    :meth:`check` takes it again on a new session, unless another driver
+    holds it by then: that one keeps it (:class:`LockTaken`, naming it from
+    the record it wrote)."""
+
+    def __init__(self, store: SqlRemapStore, key: str, holder: dict[str, Any]) -> None:
+        self.store = store
+        self.key = key
+        self.holder = holder
+        self.where = f"advisory lock in the remap store {redact_url(store.url)}"
+        self._conn: Connection | None = None
+        self._lost: str | None = None  # why it was lost, while it is not held
+        self._mu = threading.Lock()
+
+    def take(self, retry: bool = False) -> None:
+        """Take the lock on a new session and record the holder; raises
+        :class:`AlreadyRunning` when another session holds it."""
+        engine = self.store.engine
+        conn = (self.store._retry(engine.connect) if retry else engine.connect()
+                ).execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            taken = conn.execute(sa.text("SELECT pg_try_advisory_lock(hashtextextended(:k, 0))"),
+                                 {"k": self.key}).scalar()
+        except BaseException:
+            conn.close()
+            raise
+        if not taken:
+            conn.close()
+            raise AlreadyRunning(self.store.driver_record(), self.where)
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        value = json.dumps(self.holder, sort_keys=True)
+        try:
+            with self.store._tx() as tx:
+                ins = pg_insert(pipeline_table).values(key="driver", value=value)
+                tx.execute(ins.on_conflict_do_update(index_elements=["key"],
+                                                     set_={"value": value}))
+        except BaseException:
+            self._close(conn)
+            raise
+        self._conn = conn
+
+    def check(self) -> str | None:
+        """See :meth:`remap_store.base.StoreLock.check`."""
+        with self._mu:
+            conn = self._conn
+            if conn is not None:
+                try:
+                    conn.execute(sa.text("SELECT 1")).scalar()
+                    return None  # the session lives, and the lock with it
+                except Exception as exc:
+                    self._conn = None
+                    self._close(conn)
+                    self._lost = f"its session ended ({_first_line(exc)})"
+            why = self._lost or "it was released"
+            try:
+                self.take()
+            except AlreadyRunning as exc:
+                if exc.holder == self.holder:
+                    # Our own record: the server still keeps the old session
+                    # (it has not noticed the connection is gone yet).
+                    raise LockLost(self.where, f"{why}; the server still holds it for the "
+                                   "old session") from None
+                raise LockTaken(exc.holder, self.where, why) from None
+            except Exception as exc:
+                raise LockLost(self.where, f"{why}; it cannot be taken again yet "
+                               f"({_first_line(exc)})") from exc
+            self._lost = None
+            return why
+
+    def release(self) -> None:
+        with self._mu:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                self._close(conn)
+
+    @staticmethod
+    def _close(conn: Connection) -> None:
+        # Close the session itself (not back to the pool, where it would
+        # keep the lock): the server drops the lock with it.
+        with contextlib.suppress(Exception):
+            conn.invalidate()
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _wal(cur: Any) -> None:

@@ -34,6 +34,7 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -93,13 +94,14 @@ def check_output_names(what: str, user: pa.Schema) -> None:
 REFUSED_RAW_MAX = 64 * 1024
 
 
-def refuse_rows(table: pa.Table, mask: Any, reason: str,
+def refuse_rows(table: pa.Table, mask: Any, reason: str | Mapping[int, str],
                 raw_max: int = REFUSED_RAW_MAX) -> pa.Table:
     """``table`` (rows of an output schema) with the rows where ``mask`` holds
     turned into error rows: bad input is data, so a row the sink cannot store
     lands in the error collection with ``reason``, its position, and what it
     held (its columns as JSON in ``_raw_value``, cut at ``raw_max`` bytes)
-    instead of failing the batch. Rows that are errors already stay."""
+    instead of failing the batch. Rows that are errors already stay.
+    ``reason`` may give each refused row its own (by row index)."""
     import json
 
     import pyarrow.compute as pc
@@ -123,8 +125,9 @@ def refuse_rows(table: pa.Table, mask: Any, reason: str,
     for i, row in zip(hits, rows, strict=True):
         text = json.dumps(row, default=str, ensure_ascii=True).encode()
         raw[i] = text[:raw_max]
-        errors[i] = reason if len(text) <= raw_max else (
-            f"{reason} (the row's {len(text):,} bytes of JSON are cut to {raw_max:,})")
+        why = reason if isinstance(reason, str) else reason[i]
+        errors[i] = why if len(text) <= raw_max else (
+            f"{why} (the row's {len(text):,} bytes of JSON are cut to {raw_max:,})")
         diffs[i] = 1
     cols = []
     for f in table.schema:
@@ -156,6 +159,33 @@ class SinkContext:
     def name(self) -> str:
         """The output's full name, ``<source>.<output>``."""
         return f"{self.source}.{self.output}"
+
+    @property
+    def owner(self) -> Owner:
+        """The pipeline this output's commits belong to (:class:`Owner`)."""
+        return Owner(self.identity, str(self.state_dir))
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The pipeline an output belongs to, recorded by every commit of it
+    with the output's state (Delta: the commit info; Postgres: its row in
+    ``reclock_uppers``; Kafka: its progress records) and compared whenever
+    the state is read: ``pipeline`` is the pipeline's identity (minted once
+    in its remap store), ``state`` where it keeps its state (for messages).
+    An output whose state records no owner (written before owners were
+    recorded) is adopted by the first pipeline that commits to it."""
+
+    pipeline: str
+    state: str | None = None
+
+    def check(self, output: str, where: str, recorded: str | None,
+              recorded_state: str | None) -> None:
+        """Raise :class:`OutputOwned` when the output's state at ``where``
+        was committed by another pipeline than this one (``recorded``: its
+        identity; None: no owner recorded, which any pipeline adopts)."""
+        if recorded is not None and recorded != self.pipeline:
+            raise OutputOwned(output, where, Owner(recorded, recorded_state), self)
 
 
 @dataclass(frozen=True)
@@ -199,6 +229,24 @@ class Superseded(SinkFenced):
 class SinkError(DefiniteError):
     """A sink cannot write (permissions, disk full, schema clash): nothing was
     committed, nothing already accepted is lost."""
+
+
+class OutputOwned(SinkError):
+    """The output's target holds the state of another pipeline's output:
+    two pipelines must never write one output (see :class:`Owner`). Nothing
+    was written."""
+
+    def __init__(self, output: str, where: str, theirs: Owner, ours: Owner) -> None:
+        self.theirs, self.ours = theirs, ours
+        at = f" (state in {theirs.state})" if theirs.state else ""
+        super().__init__(
+            f"output {output!r} at {where} belongs to another pipeline: its commits there "
+            f"carry pipeline id {theirs.pipeline!r}{at}, this pipeline is {ours.pipeline!r} "
+            f"(state in {ours.state}); nothing was written",
+            hint="two pipelines must not write one output: point this output at a target of "
+                 "its own, or run it from the other pipeline's state (its state_dir and "
+                 "remap_store); to take the target over, stop the other pipeline and remove "
+                 "the target first")
 
 
 class Stager(Protocol):

@@ -87,15 +87,23 @@ and swaps them in with ONE Delta transaction from snapshot v: a remove action
 per merged file, an add action per new file (both ``dataChange: false``: the
 rows are the same ones; streaming readers skip the commit), and the output's
 txn and commitInfo (upper, progress) exactly as snapshot v has them. So the
-state read after a compaction is the state before it, and a compaction is
-fenced like a commit. On a local table reclock writes that entry v+1 itself,
-created only if absent, so any commit after v drops the pass; elsewhere
-delta-rs rejects it when a commit after v carries our txn (a commit of this
-output, or a compaction by another driver). A commit built on a snapshot
-older than the compaction is rejected, re-checked (the state is unchanged)
-and retried by :meth:`DeltaSink.commit`. The pass's reading of the table
-(which files are small), its merges and a delta-rs swap run in a
-short-lived child process, as do checkpoints, expiry and the orphan vacuum
+state read after a compaction is the state before it. The swap commits only
+if none of the files it removes was removed meanwhile, by anyone
+(:meth:`DeltaSink._swap`): reclock reads the log entries after v up to the
+newest, w, and drops the pass if one of them removed one of its files (an
+outside ``OPTIMIZE`` or ``DELETE``, another driver's compaction), committed
+this output (its txn: a compaction is fenced like a commit) or changed the
+schema or protocol; else it writes the swap as entry w+1, created only if
+absent, and reads again from there when someone else wrote w+1 first. On a
+local table reclock writes that entry itself; elsewhere (S3, tables with
+writer features it does not write) delta-rs writes it, with no retries:
+delta-rs's own rebase over a newer commit lets a second removal of one file
+through when ``dataChange`` is false, which put the rows both merged in the
+table twice (tests/sinks/test_delta_compaction.py pins it). A commit built
+on a snapshot older than the compaction is rejected, re-checked (the state
+is unchanged) and retried by :meth:`DeltaSink.commit`. The pass's reading
+of the table (which files are small), its merges and a delta-rs swap run in
+a short-lived child process, as do checkpoints, expiry and the orphan vacuum
 (see "maintenance that reads the whole table" below): the driver's memory
 stays flat however long it runs. delta-rs's own
 ``optimize.compact`` is not used: it drops the ``app_transactions`` of its
@@ -150,6 +158,7 @@ from dataclasses import dataclass
 from functools import partial, wraps
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO, ClassVar, Literal, ParamSpec, TypeVar
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -172,6 +181,7 @@ from reclock.config.base import ByteSize, DurationMs, SinkConfigBase, _Model, _p
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
 from reclock.core.errors import ReclockError
+from reclock.core.schema_change import widens
 from sinks._apart import run_apart
 from sinks._encoding import is_nanos
 from sinks._fs import (
@@ -183,6 +193,7 @@ from sinks._fs import (
 )
 from sinks._store import Location, S3Access, split_uri, store_error
 from sinks.base import (
+    Owner,
     SinkContext,
     SinkError,
     SinkFenced,
@@ -240,6 +251,9 @@ LOCK_NAME = "_reclock.lock"
 KEY_UPPER = "reclock.upper"
 KEY_PROGRESS = "reclock.progress"
 KEY_OUTPUT = "reclock.output"
+#: commitInfo keys naming the pipeline that committed (:class:`~sinks.base.Owner`)
+KEY_PIPELINE = "reclock.pipeline"
+KEY_PIPELINE_STATE = "reclock.pipeline_state"
 #: commitInfo key of maintenance commits: ``compact``, ``expire``, ``retention``.
 KEY_MAINTENANCE = "reclock.maintenance"
 RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
@@ -563,25 +577,48 @@ def plan_compaction(location: Location, app_id: str, target_size: int, min_files
                  len(small) - min(len(take), max_files))
 
 
-def swap_files(location: Location, plan: _Plan, actions: list[dict[str, Any]],
-               custom: dict[str, Any], app_id: str) -> bool:
+def swap_files(location: Location, version: int, actions: list[dict[str, Any]],
+               custom: dict[str, Any], app_id: str, txn: int) -> bool:
     """Commit a compaction's removes and adds (``{"remove": {...}}`` /
-    ``{"add": {...}}``) with delta-rs from snapshot ``plan.version`` (a table
-    reclock does not write log entries of itself); False when a concurrent
-    commit won."""
-    dt = DeltaTable(location.uri, version=plan.version,
-                    storage_options=location.storage_options())
+    ``{"add": {...}}``) with delta-rs as log entry ``version + 1`` exactly
+    (a table reclock does not write log entries of itself); False when that
+    entry exists. delta-rs is given no retries: its own rebase over a newer
+    commit would let a concurrent remove of the same files through (its
+    conflict checker does when ``dataChange`` is false), so the caller
+    checks the entries in between itself (:meth:`DeltaSink._swap`)."""
+    dt = DeltaTable(location.uri, version=version, storage_options=location.storage_options())
     acts: list[AddAction | RemoveAction] = [
         AddAction(**a["add"]) if "add" in a else RemoveAction(**a["remove"]) for a in actions]
     try:
         dt.create_write_transaction(
             acts, "append", dt.schema(),
-            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, plan.txn)],
-                                               custom_metadata=custom),
+            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, txn)],
+                                               custom_metadata=custom, max_commit_retries=0),
             post_commithook_properties=_NO_HOOKS)
     except CommitFailedError:
         return False
     return True
+
+
+def swap_conflict(text: str, removes: set[str], app_id: str) -> str | None:
+    """Why a compaction that removes the files ``removes`` may not commit
+    after the log entry ``text`` (None: it may): the entry removed one of
+    them (another compaction, an outside ``OPTIMIZE`` or ``DELETE``: the
+    swap would add their rows a second time), committed the output (a txn
+    of ``app_id``: the swap would carry the state from before it), or
+    changed the table's schema or protocol (the merged files were written
+    for the old one)."""
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        doc = json.loads(line)
+        if "remove" in doc and unquote(str(doc["remove"].get("path", ""))) in removes:
+            return f"it removed {doc['remove']['path']}, which this pass merged"
+        if "txn" in doc and doc["txn"].get("appId") == app_id:
+            return "it committed this output"
+        if "metaData" in doc or "protocol" in doc:
+            return "it changed the table's schema or protocol"
+    return None
 
 
 def expire_files(location: Location, hours: int,
@@ -724,15 +761,6 @@ def _direct_ok(dt: DeltaTable) -> bool:
     return p.min_writer_version == 7 and set(p.writer_features or ()) <= _DIRECT_FEATURES
 
 
-def _append_entry(app_id: str, txn: int, custom: Mapping[str, Any],
-                  adds: list[dict[str, Any]], read_version: int) -> bytes:
-    """The log entry of a blind append: commitInfo (with reclock's keys at
-    its top level, where delta-rs puts a commit's custom metadata), one add
-    action per file, the output's txn."""
-    return _log_entry("WRITE", {"mode": "Append"}, True, app_id, txn, custom,
-                      [{"add": a} for a in adds], read_version)
-
-
 def _log_entry(operation: str, parameters: Mapping[str, str], blind: bool, app_id: str,
                txn: int, custom: Mapping[str, Any], actions: list[dict[str, Any]],
                read_version: int) -> bytes:
@@ -751,6 +779,8 @@ def _log_entry(operation: str, parameters: Mapping[str, str], blind: bool, app_i
                 "path": a["path"], "partitionValues": a["partition_values"], "size": a["size"],
                 "modificationTime": a["modification_time"], "dataChange": a["data_change"],
                 "stats": a["stats"]}})
+        elif "metaData" in action:
+            lines.append(action)
         else:
             r = action["remove"]
             lines.append({"remove": {
@@ -866,6 +896,11 @@ class DeltaSink:
     :meth:`vacuum_orphans` and the schedule of :meth:`maintain`.
     ``compaction``: compact on a schedule (see :meth:`maintain`); ``None``
     (the default here; the file sink's config turns it on) never does.
+    ``owner``: the pipeline this output belongs to, recorded in the commit
+    info of every commit (``reclock.pipeline``, ``reclock.pipeline_state``)
+    and compared whenever the state is read: a state another pipeline
+    committed is :class:`~sinks.base.OutputOwned` (None: not recorded nor
+    compared).
     """
 
     holds_state = False  # an update log
@@ -882,8 +917,10 @@ class DeltaSink:
         compaction: Compaction | None = None,
         create_lazily: bool = False,
         checkpoint_aside: bool = False,
+        owner: Owner | None = None,
     ) -> None:
         self.name = name
+        self.owner = owner
         self.location = Location.of(name, path, storage)
         self.uri = self.location.uri
         self.app_id = f"reclock:{name}"
@@ -910,6 +947,8 @@ class DeltaSink:
         #: checkpoints written by the process's checkpointer thread, not in commit
         self._aside = checkpoint_aside
         self._to_create: pa.Schema | None = None  # the user schema of a table to create
+        #: the schema change the next commit makes (see _checked)
+        self._evolution: _Evolution | None = None
         self._seen_absent = False  # ensure() just found no table (for the next state())
         #: the version this sink committed or loaded last; a commit that finds
         #: the next version taken (another writer's, or a maintenance commit
@@ -954,7 +993,9 @@ class DeltaSink:
         self.location.makedirs()
         with self._locked():
             dt = self._open_or_create(user_schema)
-            self._schema = pa.schema(dt.schema().to_arrow())
+            evolved = self._evolution
+            self._schema = pa.schema((dt.schema() if evolved is None else evolved.schema)
+                                     .to_arrow())
             # The first state() after ensure() (the driver's open) reuses this
             # snapshot instead of loading the log again.
             self._fresh = dt
@@ -989,20 +1030,32 @@ class DeltaSink:
         return dt
 
     def _checked(self, dt: DeltaTable, want: Schema) -> DeltaTable:
-        """``dt`` if its schema holds ``want`` (columns ``want`` adds are
-        added), else a SinkError naming the columns that differ."""
+        """``dt`` if its schema holds ``want``, else a SinkError naming the
+        columns that differ. Columns ``want`` adds (nullable) and types it
+        widens (int -> long) are the table's evolution: the next commit
+        applies it with its rows (:meth:`commit`), and the stager writes the
+        evolved schema meanwhile."""
         missing, clashes = _compare(dt.schema(), want)
+        widened = [c for c in clashes if c.startswith(_WIDENS)]
+        clashes = [c for c in clashes if not c.startswith(_WIDENS)]
         if clashes:
             raise SinkError(
                 f"output {self.name!r} at {self.uri}: the stored schema differs: "
                 + "; ".join(clashes),
                 hint="write to a new path, or migrate the table",
             )
-        if missing:
-            names = [f.name for f in missing]
-            log.info("output %r: adding columns %s", self.name, names)
-            dt.alter.add_columns(missing)
-            dt = self._load()
+        self._evolution = None
+        if missing or widened:
+            stored = {f.name: f for f in dt.schema().fields}
+            target = {f.name: f for f in want.fields}
+            fields = [target[n] if n in target and _type_of(target[n]) != _type_of(f) else f
+                      for n, f in stored.items()]
+            fields += missing
+            self._evolution = _Evolution(
+                Schema(fields), tuple(f.name for f in missing),
+                tuple(c[len(_WIDENS):].split("'")[1] for c in widened))
+            log.info("output %r: its next commit adds columns %s and widens %s", self.name,
+                     list(self._evolution.added), list(self._evolution.widened))
         return dt
 
     def _absent(self) -> bool:
@@ -1043,7 +1096,9 @@ class DeltaSink:
             if self._schema is None:
                 self._schema = pa.schema(_delta_schema(self._to_create).to_arrow())
         if self._schema is None:
-            self._schema = pa.schema(self._load().schema().to_arrow())
+            evolved = self._evolution
+            self._schema = pa.schema((self._load().schema() if evolved is None
+                                      else evolved.schema).to_arrow())
         return DeltaStager(self.name, self.location, self._schema, self._rows_per_file)
 
     # -- state -----------------------------------------------------------------------------
@@ -1101,6 +1156,9 @@ class DeltaSink:
                     "disagrees with itself",
                     hint="another writer uses this output's application id; give the output "
                          "its own table")
+            if self.owner is not None:
+                self.owner.check(self.name, self.uri, _text(info.get(KEY_PIPELINE)),
+                                 _text(info.get(KEY_PIPELINE_STATE)))
             progress = info.get(KEY_PROGRESS)
             return progress if isinstance(progress, str) else None
         return None  # the table's whole log, and no commit of ours: never committed
@@ -1130,7 +1188,7 @@ class DeltaSink:
         version = _encode_txn(new.upper)
         adds = [_check_descriptor(self.name, d) for d in staged]
         custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(version),
-                  KEY_PROGRESS: new.progress}
+                  KEY_PROGRESS: new.progress, **self._owner_keys()}
         props = CommitProperties(app_transactions=[Transaction(self.app_id, version)],
                                  custom_metadata=custom)
         if self._to_create is not None:
@@ -1141,7 +1199,7 @@ class DeltaSink:
                 head, self._head = self._head, None  # trusted again once this commit lands
                 dt: DeltaTable | None = None
                 if (attempt > 0 or head is None or not head.direct or head.state != expected
-                        or not self._logged(head.version)):
+                        or self._evolution is not None or not self._logged(head.version)):
                     dt = self._load() if self._to_create is None else self._open_or_create(
                         self._to_create)
                     head = self._head_of(dt)
@@ -1152,14 +1210,29 @@ class DeltaSink:
                         hint="another pipeline committed this output; re-read its state",
                     )
                 if head.direct:
-                    entry = _append_entry(self.app_id, version, custom,
-                                          [self._add_action(d) for d in adds], head.version)
+                    evolve: list[dict[str, Any]] = []
+                    if self._evolution is not None:
+                        assert dt is not None
+                        evolve = self._evolve_actions(dt)
+                    entry = _log_entry(
+                        "WRITE", {"mode": "Append"}, not evolve, self.app_id, version, custom,
+                        [*evolve, *({"add": self._add_action(d)} for d in adds)], head.version)
                     if not self._put_entry(head.version + 1, entry):
                         last = f"version {head.version + 1} was written by another commit"
+                        for a in evolve:  # the files the evolution rewrote: never referenced
+                            if "add" in a:
+                                self.location.delete(a["add"]["path"])
                         continue  # someone committed after v: re-check from a new snapshot
+                    evo, self._evolution = self._evolution, None
+                    if evo is not None:
+                        self._kept.update(a["add"]["path"] for a in evolve if "add" in a)
+                        log.info("output %r: added columns %s, widened %s", self.name,
+                                 list(evo.added), list(evo.widened))
                     self._head = _Head(head.version + 1, new, True)
                     break
                 assert dt is not None
+                if self._evolution is not None:
+                    dt = self._evolve_apart(dt)
                 actions: list[AddAction | RemoveAction] = [
                     AddAction(**self._add_action(d)) for d in adds]
                 try:
@@ -1183,6 +1256,68 @@ class DeltaSink:
                 )
             self._kept.update(d["path"] for d in adds)  # committed: no orphans
         self._housekeep(head.version + 1)
+
+    def _evolve_actions(self, dt: DeltaTable) -> list[dict[str, Any]]:
+        """The actions that make the pending evolution in a log entry of
+        reclock's own, with the commit's rows: the table's metadata with the
+        new schema and, for each widened column, every data file rewritten in
+        the new type (removed and added again, ``dataChange: false``: the
+        same rows). Readers need no table feature for it (delta-rs reads no
+        table with type widening)."""
+        evo = self._evolution
+        assert evo is not None
+        meta = dt.metadata()
+        actions: list[dict[str, Any]] = [{"metaData": {
+            "id": meta.id, "name": meta.name, "description": meta.description,
+            "format": {"provider": "parquet", "options": {}},
+            "schemaString": evo.schema.to_json(),
+            "partitionColumns": list(meta.partition_columns),
+            "configuration": dict(meta.configuration or {}), "createdTime": meta.created_time}}]
+        if not evo.widened:
+            return actions
+        schema = pa.schema(evo.schema.to_arrow())
+        files = pa.table(dt.get_add_actions(flatten=True))
+        batch = f"{self._clock.now()}-widen-{uuid.uuid4().hex[:10]}"
+        now = int(time.time() * 1000)
+        for k, (path, size) in enumerate(zip(files.column("path").to_pylist(),
+                                             files.column("size_bytes").to_pylist(),
+                                             strict=True)):
+            d = merge_files(self.location, [str(path)], f"part-{batch}-{k:05d}-000.parquet",
+                            schema)
+            actions.append({"remove": {"path": str(path), "data_change": False,
+                                       "deletion_timestamp": now, "size": int(size)}})
+            actions.append({"add": self._add_action(d, data_change=False)})
+        return actions
+
+    def _evolve_apart(self, dt: DeltaTable) -> DeltaTable:
+        """The pending evolution on a table delta-rs commits to (S3, other
+        writer features): columns are added by a commit of their own just
+        before the rows' (delta-rs writes no schema change with an append);
+        a widening cannot be made there."""
+        evo = self._evolution
+        assert evo is not None
+        if evo.widened:
+            raise SinkError(
+                f"output {self.name!r} at {self.uri}: columns {list(evo.widened)} widened "
+                "upstream, and this table (on S3, or with writer features reclock does not "
+                "write itself) cannot be widened by reclock",
+                hint="re-read the output into a new path (`reclock resnapshot` with a new "
+                     "target), or set the output's schema_change: freeze to keep the type")
+        try:
+            dt.alter.add_columns([f for f in evo.schema.fields if f.name in evo.added])
+        except DeltaError as exc:
+            raise _delta_error(self.name, self.location, exc, "add columns to") from exc
+        self._evolution = None
+        return self._load()
+
+    def _owner_keys(self) -> dict[str, str]:
+        """The commit info keys that name this output's pipeline."""
+        if self.owner is None:
+            return {}
+        keys = {KEY_PIPELINE: self.owner.pipeline}
+        if self.owner.state is not None:
+            keys[KEY_PIPELINE_STATE] = self.owner.state
+        return keys
 
     def _head_of(self, dt: DeltaTable) -> _Head:
         """What snapshot ``dt`` tells a commit on top of it."""
@@ -1443,27 +1578,26 @@ class DeltaSink:
                             "or column mapping", self.name)
             if not isinstance(plan, _Plan):
                 return {}
-            done = self._merge_and_swap(plan, self._state_at(plan.version, plan.txn))
-            if not done:
+            done, swapped = self._merge_and_swap(plan,
+                                                 self._state_at(plan.version, plan.txn))
+            if swapped is None:
                 return {}
             done["files_left"] = plan.files_left
             self._compacted_upto, self._compaction_left = listing_at, plan.files_left
         log.info("output %r: compacted %d files into %d", self.name, done["files_removed"],
                  done["files_added"])
         faults.crash_point("after_compaction")
-        self._housekeep(plan.version + 1, checkpoint=True)
+        self._housekeep(swapped, checkpoint=True)
         return done
 
-    def _merge_and_swap(self, plan: _Plan, state: SinkState) -> dict[str, int]:
+    def _merge_and_swap(self, plan: _Plan,
+                        state: SinkState) -> tuple[dict[str, int], int | None]:
         """Write one file per run, then the one transaction that swaps them
-        in (the caller holds the lock). ``{}`` when a concurrent commit of
-        this output won: the new files are deleted again.
-
-        The swap is log entry ``plan.version + 1``, written by reclock itself
-        (created only if absent, as :meth:`commit` does) or, on tables it
-        does not write entries of, by delta-rs from snapshot
-        ``plan.version`` in a child (:func:`swap_files`). The sink's head
-        moves past it, so that the next commit need not load the table."""
+        in (the caller holds the lock): the pass's counts and the version
+        the swap became, ``({}, None)`` when the pass was dropped
+        (:meth:`_swap`): the new files are deleted again. The sink's head
+        moves past the swap, so that the next commit need not load the
+        table."""
         batch = f"{self._clock.now()}{_COMPACTED}{uuid.uuid4().hex[:10]}"
         written: list[dict[str, Any]] = []
         for i, run in enumerate(plan.runs):
@@ -1477,26 +1611,62 @@ class DeltaSink:
                         "size": f.size}} for run in plan.runs for f in run]
         actions += [{"add": self._add_action(d, data_change=False)} for d in written]
         custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(plan.txn),
-                  KEY_PROGRESS: state.progress, KEY_MAINTENANCE: "compact"}
-        if plan.direct:
-            swapped = self._put_entry(plan.version + 1, _log_entry(
-                "OPTIMIZE", {"reclock": "compact"}, False, self.app_id, plan.txn, custom,
-                actions, plan.version))
-        else:
-            swapped = self._apart(swap_files, self.location, plan, actions, custom, self.app_id,
-                                  doing="compact")
-        if not swapped:
-            log.info("output %r: compaction dropped, a concurrent commit came first", self.name)
+                  KEY_PROGRESS: state.progress, KEY_MAINTENANCE: "compact",
+                  **self._owner_keys()}
+        swapped = self._swap(plan, actions, custom)
+        if swapped is None:
             for d in written:
                 self.location.delete(d["path"])
-            return {}
+            return {}, None
         self._kept.update(d["path"] for d in written)
         head = self._head
-        if head is not None and head.version == plan.version:
-            self._head = _Head(plan.version + 1, head.state, head.direct)
+        if head is not None and head.version == swapped - 1:
+            self._head = _Head(swapped, head.state, head.direct)
         return {"files_removed": sum(len(r) for r in plan.runs), "files_added": len(written),
                 "bytes_removed": sum(f.size for r in plan.runs for f in r),
-                "bytes_added": sum(int(d["size"]) for d in written)}
+                "bytes_added": sum(int(d["size"]) for d in written)}, swapped
+
+    def _swap(self, plan: _Plan, actions: list[dict[str, Any]],
+              custom: dict[str, Any]) -> int | None:
+        """Commit a pass's swap; the version it became, or None when the pass
+        is dropped (the caller holds the lock).
+
+        1. Read the log entries after ``plan.version`` up to the newest, v.
+           If one of them removed a file the swap removes, committed the
+           output or changed the schema or protocol (:func:`swap_conflict`),
+           drop the pass: whoever removed a file first owns its rows.
+        2. Write the swap as log entry v+1, only if it is absent: reclock's
+           own entry (:meth:`_put_entry`), or on tables it does not write
+           entries of (S3 included) delta-rs with no retries
+           (:func:`swap_files`, in a child), whose put-if-absent is S3's
+           conditional write there. delta-rs's own rebase is never used: it
+           lets a second remove of one file through when ``dataChange`` is
+           false, which duplicated every row two compactions both merged.
+        3. Entry v+1 exists (someone committed after step 1): step 1 again
+           from there, at most :data:`COMMIT_ATTEMPTS` times."""
+        removes = {a["remove"]["path"] for a in actions if "remove" in a}
+        at = plan.version
+        for _ in range(COMMIT_ATTEMPTS):
+            while (text := self.location.read_text(f"_delta_log/{at + 1:020d}.json")) \
+                    is not None:
+                why = swap_conflict(text, removes, self.app_id)
+                if why is not None:
+                    log.info("output %r: compaction dropped: version %d came first (%s)",
+                             self.name, at + 1, why)
+                    return None
+                at += 1
+            if plan.direct:
+                swapped = self._put_entry(at + 1, _log_entry(
+                    "OPTIMIZE", {"reclock": "compact"}, False, self.app_id, plan.txn, custom,
+                    actions, at))
+            else:
+                swapped = self._apart(swap_files, self.location, at, actions, custom,
+                                      self.app_id, plan.txn, doing="compact")
+            if swapped:
+                return at + 1
+        log.info("output %r: compaction dropped: %d attempts lost to concurrent commits",
+                 self.name, COMMIT_ATTEMPTS)
+        return None
 
     @_bounded
     def expire_removed(self, retention_ms: int) -> list[str]:
@@ -1625,6 +1795,10 @@ def _check_descriptor(output: str, d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _scan_commit(text: str, app_id: str) -> tuple[dict[str, Any], int | None]:
     """(commitInfo, version of our txn or None) of one log entry. Only the
     commitInfo and txn lines are parsed: add lines carry stats and may be many."""
@@ -1699,6 +1873,25 @@ def _describe(field: Field) -> str:
     return (t if isinstance(t, str) else json.dumps(t)) + ("" if field.nullable else " not null")
 
 
+#: prefix of a difference :func:`_compare` finds that is a legal widening
+_WIDENS = "widens: "
+
+
+def _arrow_of(field: Field) -> pa.DataType:
+    return pa.schema(Schema([field]).to_arrow()).field(0).type
+
+
+@dataclass(frozen=True)
+class _Evolution:
+    """What the next commit changes in the table's schema: ``schema`` is the
+    whole new one; columns ``added``; columns ``widened`` (their files are
+    rewritten in the new type by that commit)."""
+
+    schema: Schema
+    added: tuple[str, ...]
+    widened: tuple[str, ...]
+
+
 def _compare(have: Schema, want: Schema) -> tuple[list[Field], list[str]]:
     """(columns to add, human-readable clashes) going from ``have`` to ``want``."""
     stored = {f.name: f for f in have.fields}
@@ -1712,6 +1905,10 @@ def _compare(have: Schema, want: Schema) -> tuple[list[Field], list[str]]:
                 missing.append(f)
             else:
                 clashes.append(f"column {f.name!r} ({_describe(f)}) is missing")
+        elif h.nullable == f.nullable and _type_of(h) != _type_of(f) and widens(
+                _arrow_of(h), _arrow_of(f)):
+            clashes.append(f"{_WIDENS}column {f.name!r}: stored {_describe(h)}, wanted "
+                           f"{_describe(f)}")
         elif _type_of(h) != _type_of(f) or h.nullable != f.nullable:
             clashes.append(f"column {f.name!r}: stored {_describe(h)}, wanted {_describe(f)}")
     for h in have.fields:
@@ -1897,5 +2094,5 @@ class FileSinkConfig(SinkConfigBase):
         if split_uri(path)[0] == "s3":
             storage = (self.storage or S3StorageConfig()).access()
         return DeltaSink(ctx.name, path, storage=storage, create_lazily=True,
-                         checkpoint_aside=True,
+                         checkpoint_aside=True, owner=ctx.owner,
                          compaction=None if self.compact is None else self.compact.settings())

@@ -10,7 +10,11 @@ Topics of an output named ``name`` writing to ``topic``::
                                 bytes base64; key = the raw key; same headers
     topic.reclock-progress      partition 0 only: one progress record per commit,
                                 key = name, value = {"batch", "prev", "upper",
-                                "progress", "records", "errors", "schema", ...}
+                                "progress", "records", "errors", "schema",
+                                "pipeline", "pipeline_state", ...}: the last two
+                                name the pipeline that committed (its identity
+                                and state directory, :class:`~sinks.base.Owner`);
+                                a head naming another pipeline is refused
 
 The commit path (numbering of :mod:`sinks.base`)::
 
@@ -116,6 +120,7 @@ that quote them (:mod:`reclock.core.secrets`).
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import json
 import logging
 import os
@@ -153,6 +158,7 @@ from reclock.core.columns import (
     SRC_TS,
 )
 from reclock.core.errors import ReclockError, TransientError
+from reclock.core.schema_change import widens
 from reclock.core.secrets import KAFKA_PROPERTIES, kafka_secret_values, scrub
 from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from sinks._fs import (
@@ -167,6 +173,7 @@ from sinks._fs import (
 )
 from sinks.base import (
     REFUSED_RAW_MAX,
+    Owner,
     SinkContext,
     SinkError,
     SinkFenced,
@@ -469,6 +476,12 @@ class ProgressRecord:
     records: int = 0
     errors: int = 0
     schema: str | None = None  # base64 Arrow IPC of the user schema
+    #: the pipeline that committed it (None: written before owners were recorded)
+    pipeline: str | None = None
+    pipeline_state: str | None = None
+    #: the data topic's Kafka topic id when it was committed (None: written
+    #: before topic ids were recorded): the state counts that topic's records
+    topic_id: str | None = None
 
     def user_schema(self) -> pa.Schema | None:
         return None if self.schema is None else _decode_schema(self.schema)
@@ -476,13 +489,19 @@ class ProgressRecord:
 
 def _progress_value(
     name: str, batch: str, prev: str | None, new: SinkState, records: int, errors: int,
-    schema: str | None,
+    schema: str | None, owner: Owner | None = None, topic_id: str | None = None,
 ) -> bytes:
-    return _dumps({
+    doc = {
         "v": PROGRESS_VERSION, "output": name, "batch": batch, "prev": prev,
         "upper": new.upper, "progress": new.progress, "records": records, "errors": errors,
         "schema": schema,
-    })
+    }
+    if owner is not None:
+        doc["pipeline"] = owner.pipeline
+        doc["pipeline_state"] = owner.state
+    if topic_id is not None:
+        doc["topic_id"] = topic_id
+    return _dumps(doc)
 
 
 def parse_progress(output: str, topic: str, offset: int, value: bytes | None) -> ProgressRecord:
@@ -494,12 +513,17 @@ def parse_progress(output: str, topic: str, offset: int, value: bytes | None) ->
         batch, prev = doc["batch"], doc["prev"]
         upper, progress = doc["upper"], doc["progress"]
         records, errors, schema = doc.get("records", 0), doc.get("errors", 0), doc.get("schema")
+        pipeline, pipeline_state = doc.get("pipeline"), doc.get("pipeline_state")
+        topic_id = doc.get("topic_id")
         ok = (
             isinstance(batch, str) and (prev is None or isinstance(prev, str))
             and (upper is None or (isinstance(upper, int) and not isinstance(upper, bool)))
             and (progress is None or isinstance(progress, str))
             and isinstance(records, int) and isinstance(errors, int)
             and (schema is None or isinstance(schema, str))
+            and (pipeline is None or isinstance(pipeline, str))
+            and (pipeline_state is None or isinstance(pipeline_state, str))
+            and (topic_id is None or isinstance(topic_id, str))
         )
         if not ok:
             raise TypeError("a field has the wrong type")
@@ -508,7 +532,8 @@ def parse_progress(output: str, topic: str, offset: int, value: bytes | None) ->
             f"output {output!r}: progress record at {topic}[0]@{offset} is corrupt: {exc}",
             hint="something other than reclock wrote this key to the progress topic",
         ) from exc
-    return ProgressRecord(offset, batch, prev, SinkState(upper, progress), records, errors, schema)
+    return ProgressRecord(offset, batch, prev, SinkState(upper, progress), records, errors, schema,
+                          pipeline, pipeline_state, topic_id)
 
 
 def _forward(
@@ -619,11 +644,13 @@ class KafkaSink:
         properties: Mapping[str, Any] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         clock: Clock | None = None,
+        owner: Owner | None = None,
     ) -> None:
         if format not in FORMATS:
             raise SinkError(f"output {name!r}: format {format!r} is not supported; one of "
                             f"{list(FORMATS)}")
         self.name = name
+        self.owner = owner
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.errors_topic = f"{topic}.reclock-errors"
@@ -640,6 +667,10 @@ class KafkaSink:
         self._producer: Any = None
         self._consumer: Any = None
         self._chain: _Chain | None = None
+        #: the progress topic's id when the chain was first read
+        self._progress_id: str | None = None
+        #: the data topic's id, read by ensure (None: not known)
+        self._data_id: str | None = None
 
     def _redact(self, text: str) -> str:
         """``text`` scrubbed of the sensitive properties' values (librdkafka
@@ -656,11 +687,13 @@ class KafkaSink:
     def ensure(self, user_schema: pa.Schema) -> None:
         """Check the schema (no clash with reclock's columns, key columns exist)
         and that it agrees with the schema of the last commit, if any: columns
-        may be added or dropped, not change type. Creates the output's topics
-        that are missing, and refuses a progress topic that could lose records
-        (see :meth:`_provision_topics`)."""
+        may be added or dropped, and widen (int -> long), not change type
+        otherwise. The schema is recorded by the next commit, with its rows.
+        Creates the output's topics that are missing, and refuses a progress
+        topic that could lose records (see :meth:`_provision_topics`)."""
         output_schema(user_schema)
         self._provision_topics()
+        self._data_id = self._topic_id(self.topic)
         missing = [c for c in self.key_columns if user_schema.get_field_index(c) < 0]
         if missing:
             raise SinkError(
@@ -670,10 +703,13 @@ class KafkaSink:
         head = self._catch_up()
         stored = head.user_schema() if head is not None else None
         if stored is not None:
+            # a widened type (int -> long) reads the earlier records' JSON
+            # exactly; the next commit records the new schema with its rows
             clashes = [
                 f"column {f.name!r}: stored {stored.field(f.name).type}, wanted {f.type}"
                 for f in user_schema
-                if stored.get_field_index(f.name) >= 0 and stored.field(f.name).type != f.type
+                if stored.get_field_index(f.name) >= 0
+                and not widens(stored.field(f.name).type, f.type)
             ]
             if clashes:
                 raise SinkError(
@@ -787,27 +823,86 @@ class KafkaSink:
     def state(self) -> SinkState:
         """The head of the progress chain; ``SinkState()`` if nothing was committed."""
         head = self._catch_up()
-        return SinkState() if head is None else head.state
+        self._check_owner(head)
+        return self._held(head)
+
+    def _held(self, head: ProgressRecord | None) -> SinkState:
+        """The state the chain's ``head`` says, if it counts the records of
+        the data topic there now: a head committed to a data topic deleted
+        since (maybe made again: another topic id) holds nothing, its records
+        being gone; the driver compares that with what it committed."""
+        if head is None:
+            return SinkState()
+        if head.topic_id is None or self._data_id is None or head.topic_id == self._data_id:
+            return head.state  # (a head from before topic ids: adopted with the topic)
+        log.warning("output %r: topic %r was deleted (now topic id %s, was %s) since its last "
+                    "commit (upper %s): the records its state counted are gone", self.name,
+                    self.topic, self._data_id, head.topic_id, head.state.upper)
+        return SinkState()
+
+    def _check_owner(self, head: ProgressRecord | None) -> None:
+        """:class:`~sinks.base.OutputOwned` when another pipeline committed
+        the head of the chain."""
+        if self.owner is not None and head is not None:
+            self.owner.check(self.name, f"topic {self.topic!r}", head.pipeline,
+                             head.pipeline_state)
 
     def _catch_up(self) -> ProgressRecord | None:
         """Read the progress records appended since the last call; the chain's head."""
         lo, hi = self._watermarks(self.progress_topic, 0)
         ch = self._chain
         if ch is not None and ch.next > hi:
+            now = self._progress_topic_id()
+            if now != self._progress_id:
+                # Deleted (and maybe re-created): the state read from it is
+                # gone. Fenced: the driver reads the output's state afresh
+                # (ensure makes the topic again), and compares it with what it
+                # knows was committed.
+                self._chain = None
+                self._progress_id = now
+                raise SinkFenced(
+                    f"output {self.name!r}: progress topic {self.progress_topic!r} was deleted"
+                    + ("" if now is None else " and re-created")
+                    + f" (its end is offset {hi}, offsets up to {ch.next} were read from it)",
+                    hint="the output's state is read again")
             # Never trust a shorter log than we have read: after a leader
             # change the new leader's end can lag for a moment.
             raise TransientError(
                 f"output {self.name!r}: progress topic {self.progress_topic!r} ends at offset "
                 f"{hi}, but offsets up to {ch.next} were read from it before",
-                hint="retried; if the topic was deleted or recreated, the output's state is "
-                "gone: restart the pipeline to start from what the topic holds",
+                hint="retried: a new partition leader may lag for a moment",
             )
+        if ch is None:
+            self._progress_id = self._progress_topic_id()
         if ch is None or ch.next < lo:
             # New sink object, or retention removed records we had not read.
             ch = self._chain = self._load_chain(lo, hi)
         elif ch.next < hi:
             ch.extend(self._read_progress(ch.next, hi), hi)
         return ch.head
+
+    def _progress_topic_id(self) -> str | None:
+        """The progress topic's Kafka topic id (None: it does not exist), to
+        tell a topic deleted or re-created from a partition leader that lags."""
+        return self._topic_id(self.progress_topic)
+
+    def _topic_id(self, topic: str) -> str | None:
+        """``topic``'s Kafka topic id (None: it does not exist)."""
+        from confluent_kafka import TopicCollection
+
+        admin = self._admin()  # (held until the answer: a dropped client cancels it)
+        try:
+            fut = admin.describe_topics(TopicCollection([topic]),
+                                        request_timeout=self.timeout_s)[topic]
+            return str(fut.result(timeout=self.timeout_s + 5).topic_id)
+        except KafkaException as exc:
+            if exc.args and getattr(exc.args[0], "code", lambda: None)() in _MISSING_TOPIC_CODES:
+                return None
+            raise self._error(exc.args[0], "describe", topic, transient=True) from exc
+        except concurrent.futures.TimeoutError as exc:
+            raise TransientError(f"output {self.name!r}: describing topic {topic!r} timed "
+                                 "out", hint="is the Kafka broker reachable? reclock retries"
+                                 ) from exc
 
     def _load_chain(self, lo: int, hi: int) -> _Chain:
         """The chain from the end of the progress partition, read back in widening windows."""
@@ -842,7 +937,9 @@ class KafkaSink:
 
         1. Check the request: ``new`` does not go backwards; every descriptor
            names a staged file that is still there with its staged size.
-        2. The transactional producer (``init_transactions`` on first use:
+        2. Unless the chain's head was committed by another pipeline
+           (:class:`~sinks.base.OutputOwned`, before anything else), the
+           transactional producer (``init_transactions`` on first use:
            on Kafka this fences older producers with our transactional.id).
         3. Fence: read the chain's head; unless its state is ``expected``,
            :class:`SinkFenced` and nothing is written.
@@ -868,9 +965,14 @@ class KafkaSink:
         if not expected.less_equal(new):
             raise ValueError(f"output {self.name!r}: upper would go backwards {expected} -> {new}")
         files = [self._check_descriptor(d) for d in staged]
+        # Another pipeline's output: refused before our producer's
+        # init_transactions, which would fence the owner's producer when the
+        # two share a transactional id (one set in both configurations).
+        self._check_owner(self._catch_up())
         producer = self._transactional_producer()
         head = self._catch_up()
-        actual = SinkState() if head is None else head.state
+        self._check_owner(head)
+        actual = self._held(head)
         if actual != expected:
             raise SinkFenced(
                 f"output {self.name!r}: durable state on {self.progress_topic!r} is {actual}, "
@@ -889,7 +991,7 @@ class KafkaSink:
                 self._step("data_flushed")
                 progress_sent = True
                 value = _progress_value(self.name, batch, None if head is None else head.batch,
-                                        new, rows, errors, schema)
+                                        new, rows, errors, schema, self.owner, self._data_id)
                 self._produce_flushed(producer, [(self.progress_topic, 0, self._key, value)],
                                       batch, "the progress record")
                 self._step("progress_produced")
@@ -1138,6 +1240,12 @@ class KafkaSink:
             conf.update(self._properties)
             conf["transactional.id"] = self.transactional_id
             conf["enable.idempotence"] = True
+            # A topic deleted behind the sink's back must not come back by
+            # itself with the cluster's defaults when the producer asks for
+            # it (brokers auto-create by default): a progress topic so made
+            # has the wrong shape, and a data topic the wrong partitions.
+            # The sink creates its topics (ensure) and notices them gone.
+            conf["allow.auto.create.topics"] = False
         else:
             # The reader stops at the end of a partition: no point in the
             # broker holding an empty fetch open for long.
@@ -1413,4 +1521,4 @@ class KafkaSinkConfig(SinkConfigBase):
             staging_dir=ctx.state_dir / "staging", progress_topic=self.progress_topic,
             transactional_id=self.transactional_id or f"reclock-{ctx.identity}-{ctx.name}",
             key_columns=self.key_columns, properties=dict(self.properties),
-            timeout_s=self.timeout / 1000.0)
+            timeout_s=self.timeout / 1000.0, owner=ctx.owner)

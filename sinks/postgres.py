@@ -8,10 +8,22 @@ characters work)::
                             name), output text (the output that last
                             committed), upper bigint (NULL = closed),
                             progress text, updated_at timestamptz,
-                            commit_id text. The state belongs to the table:
-                            two pipelines whose outputs share a name never
-                            share a state, and two writers of one table
-                            fence each other.
+                            commit_id text, pipeline text and
+                            pipeline_state text (the pipeline that
+                            committed: its identity and state directory,
+                            see :class:`~sinks.base.Owner`; added to a
+                            table of an earlier layout), target_oid bigint
+                            (the table's OID when it was committed: added
+                            likewise). The state belongs
+                            to the table: two pipelines whose outputs share
+                            a name never share a state, two writers of one
+                            table fence each other, and a pipeline finding
+                            another's identity there is refused. A row
+                            whose table was dropped (or dropped and made
+                            again: another OID) holds no state: the rows it
+                            counted are gone, so the output reads as never
+                            committed, which the driver compares with what
+                            it knows it committed (runtime/ledger.py).
     schema.table            mode "log":   user columns + reclock's columns
                                           (the update log: _into_time, _diff,
                                           provenance, _error, raw bytes)
@@ -31,11 +43,12 @@ The commit path (numbering of :mod:`sinks.base`)::
            ROLLBACK and SinkFenced (nothing written)
         c. COPY ... FROM STDIN (FORMAT BINARY) every staged file
              log:   straight into the table
-             state: into a temp table (ON COMMIT DROP); then, per key, the
-                    last update in (_into_time, _src_part, _src_offset,
-                    _src_seq, _diff) order wins: -1 deletes the key, +1
-                    upserts it (INSERT ... ON CONFLICT (key) DO UPDATE);
-                    error rows go to table_errors
+             state: into a temp table (ON COMMIT DROP); error rows go to
+                    table_errors; the others are consolidated in SQL (see
+                    "State tables" below): per key, the sum of each
+                    IntoTime's updates, the IntoTimes in time order; the
+                    last one's row is upserted (INSERT ... ON CONFLICT (key)
+                    DO UPDATE), or the key deleted when it leaves none
         d. UPDATE reclock_uppers SET upper, progress, updated_at, commit_id
         e. COMMIT
         f. delete the staged files
@@ -50,6 +63,29 @@ on a new connection: if it is this attempt's, the commit went through and
 ``commit`` returns normally, otherwise it raises :class:`TransientError`
 (nothing was written; retrying with the same ``expected`` is safe).
 
+State tables. The updates of one IntoTime are a multiset with no order in
+it (partitions and jobs interleave as they come), so a state table holds
+their sum: per IntoTime, equal rows are added up (zeros dropped), and a key
+is then applicable when every count is -1 or +1, it retracts exactly the
+row the key has (if any: a retraction removes the key's row whatever its
+other columns hold, as a diff log's before image may miss a column dropped
+upstream since), and it is left with at most one row. A moved value (id 1
+releases email x, id 2 takes it) is -old +new for key x: one row remains,
+whatever order the two updates come in. Updates that would leave a key with
+two rows or a negative count are a SinkError naming the key, the IntoTime
+and the positions, and nothing of the commit is written: never a row
+dropped or overwritten in silence (an error row instead would leave the key
+with a row the updates do not say, and each later update of the key would
+then not fit either). The configuration keeps this from happening: a state
+table's key must contain the output's upstream key (the envelope's key, or
+the primary key of a CDC table; :func:`reclock.config.base.state_key_problem`),
+which makes one row per key true at every IntoTime; a table changed behind
+reclock's back, or an upstream that breaks its own key, still meets the
+error. Commits of one IntoTime consolidate without sorting the keys; a
+commit holding several orders each key's IntoTimes with a window. Either
+way the table is probed once per key (by its primary key) and written by
+one upsert and one delete: the work grows with the commit, not the table.
+
 Why COPY in binary format. Measured with psycopg 3.3 against PostgreSQL 15 on
 one host, 200k rows of the test schema (two text/bytea columns, the rest
 integers), Arrow -> Python conversion included: ``write_row`` in text format
@@ -57,7 +93,8 @@ integers), Arrow -> Python conversion included: ``write_row`` in text format
 Each column is sent with the type of the *stored* column (its OID from the
 catalog), so a compatible wider stored type (bigint for int32) is written
 exactly. ``test_copy_throughput`` prints the whole commit's rate; a state
-table is slower (the upsert into a primary key dominates, not the COPY).
+table is slower (the upsert into a primary key and the consolidation
+dominate, not the COPY).
 
 Types, Arrow -> PostgreSQL (``read_updates`` returns the staged Arrow type:
 timestamps, times and durations in microseconds, date64 as date32, uint64 as
@@ -153,6 +190,7 @@ from sinks._fs import (
     vacuum_staged,
 )
 from sinks.base import (
+    Owner,
     SinkContext,
     SinkError,
     SinkFenced,
@@ -169,6 +207,10 @@ Connection = psycopg.Connection[TupleRow]
 
 #: The table holding every output's state, in the output table's schema.
 UPPERS_TABLE = "reclock_uppers"
+#: columns of ``reclock_uppers`` naming the pipeline that committed (:class:`~sinks.base.Owner`)
+OWNER_COLUMNS = ("pipeline", "pipeline_state")
+#: the column of ``reclock_uppers`` holding the OID of the table its state counts the rows of
+OID_COLUMN = "target_oid"
 #: Suffix of the error-row table of a state-mode output.
 ERRORS_SUFFIX = "_errors"
 #: The temp table a state-mode commit loads into.
@@ -181,9 +223,15 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 ORPHAN_GRACE_SECONDS = 6 * 3600.0
 
-#: The order updates of one key are applied in (the last one wins); at one
-#: source position a retraction (-1) comes before an insertion (+1).
-APPLY_ORDER = (INTO_TIME, SRC_PART, SRC_OFFSET, SRC_SEQ, DIFF)
+#: The order rows are read back in: by IntoTime, then source position.
+POSITION_ORDER = (INTO_TIME, SRC_PART, SRC_OFFSET, SRC_SEQ)
+#: The temp tables a state-mode commit consolidates in (see :meth:`PostgresSink._apply`).
+NET_TABLE = "_reclock_net"
+STEPS_TABLE = "_reclock_steps"
+#: work_mem of a state-mode commit's transaction (see :meth:`PostgresSink._apply`).
+STATE_WORK_MEM = "64MB"
+#: Keys a refused state-mode commit names at most (it counts the others).
+NAMED_BREACHES = 5
 
 _STAGED = re.compile(r"[A-Za-z0-9_.-]{1,128}-\d{5,}\.arrow")
 
@@ -299,6 +347,22 @@ _WIDER = {
     "real": ("double precision",),
     "jsonb": ("json",),
 }
+
+
+def _widens_to(stored: str, wanted: str) -> bool:
+    """Whether a stored column of type ``stored`` can be widened to
+    ``wanted`` in place (``ALTER COLUMN ... TYPE``), every value kept."""
+    if stored.endswith("[]") and wanted.endswith("[]"):
+        return _widens_to(stored[:-2], wanted[:-2])
+    if wanted in ("integer", "bigint") and stored in ("smallint", "integer"):
+        return True
+    if wanted == "double precision" and stored in ("real", "smallint", "integer"):
+        return True
+    a, b = _NUMERIC.fullmatch(stored), _NUMERIC.fullmatch(wanted)
+    if a and b:
+        p, sc, p2, sc2 = int(a[1]), int(a[2]), int(b[1]), int(b[2])
+        return sc2 >= sc and p2 - sc2 >= p - sc
+    return False
 
 
 def _compatible(stored: str, wanted: str) -> bool:
@@ -433,7 +497,9 @@ class PostgresStager:
 
         The rows are conformed to the stored schema (a SinkError names a
         column that does not fit), state-mode rows are checked (``_diff`` is
-        -1 or 1 and the key is set, except on error rows), and nested values
+        -1 or 1 and the key is set, except on error rows: a row on its own;
+        what the rows of an IntoTime leave per key is checked at commit, when
+        all of them are there), and nested values
         become JSON text. Returns one descriptor: ``path`` (relative to the
         root), ``rows``, ``errors`` (error rows among them) and ``size``
         (bytes). Restaging the same ``(batch_id, part)`` replaces the file.
@@ -458,7 +524,9 @@ class PostgresStager:
     def screen(self, data: pa.Table) -> pa.Table:
         """Rows PostgreSQL cannot store become error rows (see
         :func:`sinks.base.refuse_rows`): a NUL character in text or jsonb
-        (also inside lists), and, in a state table, a null key."""
+        (also inside lists), and, in a state table, a null key (in a
+        tombstone intent, which holds the envelope's key only: a wholly
+        null key)."""
         for f in data.schema:
             if f.name in META_NAMES:
                 continue
@@ -477,9 +545,17 @@ class PostgresStager:
                 continue
             data = refuse_rows(data, hit, f"column {f.name!r} holds a NUL character, which "
                                           "PostgreSQL text and jsonb cannot store")
-        if self.mode == "state":
-            for k in self.key:
-                data = refuse_rows(data, pc.is_null(data.column(k)),
+        if self.mode == "state" and self.key:
+            # A tombstone (an upsert intent, _diff 0) carries the envelope's
+            # key alone: a state key containing it has other columns, null
+            # there. It stores nothing; only a wholly null key is refused.
+            tomb = pc.equal(data.column(DIFF), 0)
+            nulls = [pc.is_null(data.column(k)) for k in self.key]
+            whole = nulls[0]
+            for more in nulls[1:]:
+                whole = pc.and_(whole, more)
+            for k, null in zip(self.key, nulls, strict=True):
+                data = refuse_rows(data, pc.if_else(tomb, whole, null),
                                    f"key column {k!r} is null: a state table keeps one row "
                                    "per key")
         return data
@@ -629,8 +705,10 @@ class PostgresSink:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
         clock: Clock | None = None,
+        owner: Owner | None = None,
     ) -> None:
         self.name = name
+        self.owner = owner
         self.table = table
         self.schema = schema
         self.mode: Mode = mode
@@ -648,6 +726,10 @@ class PostgresSink:
         self._check_settings()
         self._user: pa.Schema | None = None  # stored user schema, from ensure()
         self._conn: Connection | None = None
+        #: the schema change ensure() found the output needs (columns to add,
+        #: types to widen): the next commit makes it, in its transaction
+        self._evolve: list[sql.Composed] = []
+        self._evolve_said: list[str] = []
 
     def _check_settings(self) -> None:
         if self.mode not in ("log", "state"):
@@ -767,6 +849,7 @@ class PostgresSink:
         else:
             wanted[INTO_TIME] = meta[INTO_TIME]
         conn = self._connect()
+        self._evolve, self._evolve_said = [], []
         try:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
@@ -792,10 +875,22 @@ class PostgresSink:
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (target text PRIMARY KEY, output text, "
             "upper bigint, progress text, updated_at timestamptz NOT NULL DEFAULT now(), "
-            "commit_id text)"
+            "commit_id text, pipeline text, pipeline_state text, target_oid bigint)"
         ).format(_ident(self.schema, UPPERS_TABLE)))
         have = _describe_table(conn, self.schema, UPPERS_TABLE)
         assert have is not None
+        missing = [(c, "text") for c in OWNER_COLUMNS if c not in have.columns]
+        if OID_COLUMN not in have.columns:
+            missing.append((OID_COLUMN, "bigint"))
+        if missing and "target" in have.columns:
+            # A table of an earlier layout: its rows record no owner and no
+            # OID; the first pipeline to commit adopts each, with its table.
+            conn.execute(sql.SQL("ALTER TABLE {} {}").format(
+                _ident(self.schema, UPPERS_TABLE), sql.SQL(", ").join(
+                    sql.SQL("ADD COLUMN IF NOT EXISTS {} {}").format(_ident(c), sql.SQL(t))
+                    for c, t in missing)))
+            have = _describe_table(conn, self.schema, UPPERS_TABLE)
+            assert have is not None
         if have.primary_key == ("output",) and "target" not in have.columns:
             raise SinkError(
                 f"{_qualified(self.schema, UPPERS_TABLE)} on {self.server} has an earlier "
@@ -803,7 +898,8 @@ class PostgresSink:
                 hint="rename or drop it; reclock now keeps one row per target table",
             )
         need = {"target": "text", "output": "text", "upper": "bigint", "progress": "text",
-                "commit_id": "text"}
+                "commit_id": "text", **dict.fromkeys(OWNER_COLUMNS, "text"),
+                OID_COLUMN: "bigint"}
         bad = [f"{c!r} ({have.columns[c].type if c in have.columns else 'missing'})"
                for c, t in need.items()
                if c not in have.columns or have.columns[c].type != t]
@@ -834,6 +930,7 @@ class PostgresSink:
             return
         clashes: list[str] = []
         add: list[str] = []
+        widen: list[str] = []
         for name, (typ, not_null) in wanted.items():
             col = have.columns.get(name)
             if col is None:
@@ -842,7 +939,10 @@ class PostgresSink:
                 else:
                     clashes.append(f"column {name!r} ({typ}) is missing")
             elif not _compatible(col.type, typ):
-                clashes.append(f"column {name!r}: stored {col.type}, wanted {typ}")
+                if name in user_names and _widens_to(col.type, typ):
+                    widen.append(name)
+                else:
+                    clashes.append(f"column {name!r}: stored {col.type}, wanted {typ}")
             elif col.not_null and not not_null:
                 clashes.append(f"column {name!r} is NOT NULL but reclock writes nulls to it")
         for col in have.columns.values():
@@ -857,11 +957,17 @@ class PostgresSink:
                 "does not fit the output: " + "; ".join(clashes),
                 hint="write to a new table, or migrate this one",
             )
+        # Made by the next commit, in its transaction: the rows that need
+        # the change and the change itself are visible together.
         for name in add:
-            log.info("output %r: adding column %r to %s", self.name, name,
-                     _qualified(self.schema, table))
-            conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+            self._evolve.append(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
                 ident, _ident(name), sql.SQL(wanted[name][0])))
+            self._evolve_said.append(f"add column {name!r} {wanted[name][0]}")
+        for name in widen:
+            self._evolve.append(sql.SQL("ALTER TABLE {} ALTER COLUMN {} TYPE {}").format(
+                ident, _ident(name), sql.SQL(wanted[name][0])))
+            self._evolve_said.append(f"widen column {name!r} from {have.columns[name].type} "
+                                     f"to {wanted[name][0]}")
 
     def stager(self) -> PostgresStager:
         if self._user is None:
@@ -876,15 +982,51 @@ class PostgresSink:
         conn = self._connect()
         try:
             row = conn.execute(
+                sql.SQL("SELECT upper, progress, pipeline, pipeline_state, {}, "
+                        "to_regclass(%s)::oid FROM {} WHERE target = %s").format(
+                    _ident(OID_COLUMN), _ident(self.schema, UPPERS_TABLE)),
+                (self.target, self.table),
+            ).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return SinkState()
+        except psycopg.errors.UndefinedColumn:
+            return self._state_before_owners(conn)
+        except psycopg.Error as exc:
+            raise self._fail(exc, "read the state of") from exc
+        if row is None:
+            return SinkState()
+        self._check_owner(row[2], row[3])
+        return self._held(SinkState(row[0], row[1]), row[4], row[5])
+
+    def _held(self, recorded: SinkState, oid: int | None, now: int | None) -> SinkState:
+        """The state ``recorded`` for the table whose OID was ``oid`` when it
+        was committed, now that the table's OID is ``now`` (None: no such
+        table): nothing, if it is another table (dropped, made again)."""
+        if oid is None or oid == now or recorded.progress is None:
+            return recorded  # (a row of an earlier layout: adopted with its table)
+        log.warning("output %r: table %s was dropped%s since its last commit (upper %s): the "
+                    "rows its state counted are gone", self.name, self.target,
+                    "" if now is None else " and made again", recorded.upper)
+        return SinkState()
+
+    def _state_before_owners(self, conn: Connection) -> SinkState:
+        """:meth:`state` from an upper table of the layout before owners
+        (ensure() has not added the columns yet: a reader)."""
+        try:
+            row = conn.execute(
                 sql.SQL("SELECT upper, progress FROM {} WHERE target = %s").format(
                     _ident(self.schema, UPPERS_TABLE)),
                 (self.table,),
             ).fetchone()
-        except psycopg.errors.UndefinedTable:
-            return SinkState()
         except psycopg.Error as exc:
             raise self._fail(exc, "read the state of") from exc
         return SinkState() if row is None else SinkState(row[0], row[1])
+
+    def _check_owner(self, pipeline: str | None, pipeline_state: str | None) -> None:
+        """:class:`~sinks.base.OutputOwned` when another pipeline committed the table."""
+        if self.owner is not None:
+            self.owner.check(self.name, f"{self.target} on {self.server}", pipeline,
+                             pipeline_state)
 
     # -- commit --------------------------------------------------------------------------------
     def commit(self, staged: list[dict[str, Any]], expected: SinkState, new: SinkState) -> None:
@@ -899,8 +1041,10 @@ class PostgresSink:
            is fenced.
         3. Every staged file must still be there with its staged size (else
            SinkError), and is COPYed (binary) into the table (log mode) or a
-           temp table that is then applied (state mode, see the module
-           docstring); the server's row count must match the staged one.
+           temp table that is then consolidated and applied (state mode, see
+           the module docstring: updates that would leave a key with two
+           rows or a negative count are a SinkError naming it); the server's
+           row count must match the staged one.
         4. ``UPDATE reclock_uppers`` with ``new`` and a fresh ``commit_id``.
         5. COMMIT. When it fails, the outcome is looked up by ``commit_id``
            on a new connection: committed -> return normally.
@@ -920,14 +1064,23 @@ class PostgresSink:
             try:
                 self._lock_and_check(conn, expected)
                 self._step("locked")
+                for stmt in self._evolve:  # the output's schema change, with its rows
+                    conn.execute(stmt)
                 if files:
                     self._load(conn, files)
                 self._step("loaded")
+                owner = self.owner
                 conn.execute(
                     sql.SQL("UPDATE {} SET output = %s, upper = %s, progress = %s, "
-                            "updated_at = now(), commit_id = %s WHERE target = %s").format(
-                        _ident(self.schema, UPPERS_TABLE)),
-                    (self.name, new.upper, new.progress, commit_id, self.table),
+                            "updated_at = now(), commit_id = %s, "
+                            "pipeline = coalesce(%s, pipeline), "
+                            "pipeline_state = coalesce(%s, pipeline_state), "
+                            "{} = to_regclass(%s)::oid "
+                            "WHERE target = %s").format(_ident(self.schema, UPPERS_TABLE),
+                                                        _ident(OID_COLUMN)),
+                    (self.name, new.upper, new.progress, commit_id,
+                     None if owner is None else owner.pipeline,
+                     None if owner is None else owner.state, self.target, self.table),
                 )
                 self._step("upper_set")
             except BaseException:
@@ -942,6 +1095,9 @@ class PostgresSink:
             if not self._committed_anyway(commit_id, exc):
                 raise self._error(exc, "commit to") from exc
         self._step("committed")
+        if self._evolve:
+            log.info("output %r: %s (%s)", self.name, "; ".join(self._evolve_said), self.target)
+            self._evolve, self._evolve_said = [], []
         remove_staged(self.name, [p for p, _ in files], log)
 
     def _step(self, step: str, count: int = 0) -> None:
@@ -979,12 +1135,14 @@ class PostgresSink:
                 f"on {self.server}", hint="call ensure() first",
             ) from exc
         row = conn.execute(
-            sql.SQL("SELECT upper, progress FROM {} WHERE target = %s FOR UPDATE").format(
-                uppers),
-            (self.table,),
+            sql.SQL("SELECT upper, progress, pipeline, pipeline_state, {}, "
+                    "to_regclass(%s)::oid FROM {} WHERE target = %s FOR UPDATE").format(
+                _ident(OID_COLUMN), uppers),
+            (self.target, self.table),
         ).fetchone()
         assert row is not None
-        actual = SinkState(row[0], row[1])
+        self._check_owner(row[2], row[3])
+        actual = self._held(SinkState(row[0], row[1]), row[4], row[5])
         if actual != expected:
             raise SinkFenced(
                 f"output {self.name!r}: durable state in {_qualified(self.schema, UPPERS_TABLE)} "
@@ -1019,7 +1177,7 @@ class PostgresSink:
         assert stage is not None
         for table, d in tables:
             self._copy(conn, _ident(STAGE_TABLE), stage, table, d)
-        self._apply(conn, user)
+        self._apply(conn, user, stage)
 
     def _check_columns(self, have: _Table, names: Iterable[str]) -> None:
         unknown = [n for n in names if n not in have.columns]
@@ -1052,36 +1210,173 @@ class PostgresSink:
                     f"the server took {cur.rowcount}", hint="restage the batch",
                 )
 
-    def _apply(self, conn: Connection, user: list[str]) -> None:
+    def _apply(self, conn: Connection, user: list[str], stage: _Table) -> None:
         """State mode: the staged updates (in the temp table) onto the table,
-        and error rows into the errors table."""
+        and error rows into the errors table.
+
+        The updates of one IntoTime are a multiset, in no order: they are
+        consolidated (rows of one IntoTime summed by value, zeros dropped)
+        and checked per key and IntoTime, the IntoTimes of a key in time
+        order. Let ``before`` be whether the key has a row before the
+        IntoTime (in the table, or after the key's previous IntoTime of this
+        commit), ``del``/``ins`` its consolidated rows with a negative /
+        positive count: the IntoTime is applicable when every count is -1 or
+        +1, ``del == before`` (it retracts exactly the row the key has, if
+        any) and ``ins <= 1`` (it leaves at most one). A retraction removes
+        the key's row whatever its other columns hold (a diff log's before
+        image may lack a column added or dropped since). Each key then takes
+        its last IntoTime's inserted row (upserted, ``_into_time`` that
+        IntoTime) or, if it inserts none, is deleted. A key that breaks the
+        rule is a :class:`SinkError` naming it, its IntoTime and the updates'
+        positions; nothing is written (see :meth:`_refuse`).
+
+        All of it is SQL over the temp table: a GROUP BY, an index probe of
+        the table per key, a window over the keys' IntoTimes (when there are
+        several), one upsert and one delete."""
         target = _ident(self.schema, self.table)
-        stage = _ident(STAGE_TABLE)
+        staged = _ident(STAGE_TABLE)
         meta = _idents(META_NAMES)
         conn.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} WHERE {} IS NOT NULL").format(
-            _ident(self.schema, self.errors_table), meta, meta, stage, _ident(ERROR)))
+            _ident(self.schema, self.errors_table), meta, meta, staged, _ident(ERROR)))
         keys = list(self.key)
-        order = sql.SQL(", ").join(
-            [_ident(k) for k in keys] + [sql.SQL("{} DESC").format(_ident(c)) for c in APPLY_ORDER]
-        )
-        cols = [*user, INTO_TIME]
-        non_key = [c for c in cols if c not in keys]
-        match = sql.SQL(" AND ").join(
-            sql.SQL("t.{k} = l.{k}").format(k=_ident(k)) for k in keys)
+        # The consolidation hashes and sorts every staged row: in memory, not
+        # in temp files (PostgreSQL's default work_mem is 4 MB).
+        conn.execute(sql.SQL("SET LOCAL work_mem = {}").format(sql.Literal(STATE_WORK_MEM)))
+        # json has no equality: its values are grouped (and then written) as jsonb
+        json_cols = {c for c in user if stage.columns[c].type == "json"}
+        grouped = [sql.SQL("{}::jsonb AS {}").format(_ident(c), _ident(c)) if c in json_cols
+                   else _ident(c) for c in user]
+        # (the computed columns' names are spelled out in the SQL: _reclock_*)
+        names = {"net": _ident(NET_TABLE), "steps": _ident(STEPS_TABLE), "staged": staged,
+                 "target": target, "into": _ident(INTO_TIME), "diff": _ident(DIFF),
+                 "err": _ident(ERROR), "keys": _idents(keys)}
         conn.execute(sql.SQL(
-            "WITH last AS MATERIALIZED ("
-            "  SELECT DISTINCT ON ({keys}) * FROM {stage} WHERE {err} IS NULL ORDER BY {order}"
-            "), gone AS ("
-            "  DELETE FROM {target} t USING last l WHERE l.{diff} = -1 AND {match}"
+            "CREATE TEMP TABLE {net} ON COMMIT DROP AS "
+            "SELECT {grouped}, {into}, sum({diff})::bigint AS _reclock_n "
+            "FROM {staged} WHERE {err} IS NULL "
+            "GROUP BY {positions} HAVING sum({diff}) <> 0"
+        ).format(grouped=sql.SQL(", ").join(grouped),
+                 positions=sql.SQL(", ").join(sql.SQL(str(i)) for i in range(1, len(user) + 2)),
+                 **names))
+
+        span = conn.execute(sql.SQL("SELECT min({into}), max({into}) FROM {net}").format(
+            **names)).fetchone()
+        if span is None or span[0] is None:
+            return  # every update cancelled out
+        # Most commits hold one IntoTime: then a key's row before it is the
+        # table's, and its last IntoTime that one, without sorting the keys.
+        several = span[0] != span[1]
+
+        def match(a: str, b: str) -> sql.Composable:
+            return sql.SQL(" AND ").join(sql.SQL("{}.{} = {}.{}").format(
+                sql.Identifier(a), _ident(k), sql.Identifier(b), _ident(k)) for k in keys)
+
+        # Whether the table has the key: one index probe per key (the
+        # commit's keys are few next to a big table's rows, which a join
+        # would hash whole).
+        held = sql.SQL("CASE WHEN EXISTS (SELECT FROM {target} t WHERE {ts}) THEN 1 ELSE 0 END"
+                       ).format(ts=match("t", "s"), **names)
+        conn.execute(sql.SQL(
+            "CREATE TEMP TABLE {steps} ON COMMIT DROP AS "
+            "SELECT {s_keys}, s.{into}, s._reclock_ins, s._reclock_del, s._reclock_lo, "
+            "       s._reclock_hi, s._reclock_plus, {before} AS _reclock_before, "
+            "       {last} AS _reclock_last "
+            "FROM (SELECT {keys}, {into}, "
+            "             count(*) FILTER (WHERE _reclock_n > 0) AS _reclock_ins, "
+            "             count(*) FILTER (WHERE _reclock_n < 0) AS _reclock_del, "
+            "             min(_reclock_n) AS _reclock_lo, max(_reclock_n) AS _reclock_hi, "
+            "             coalesce(sum(_reclock_n) FILTER (WHERE _reclock_n > 0), 0)::bigint "
+            "               AS _reclock_plus "
+            "      FROM {net} GROUP BY {keys}, {into}) s{window}"
+        ).format(
+            s_keys=sql.SQL(", ").join(sql.SQL("s.{}").format(_ident(k)) for k in keys),
+            before=sql.SQL("coalesce(lag(s._reclock_ins) OVER w, {})").format(held)
+            if several else held,
+            last=sql.SQL("lead(s.{}) OVER w IS NULL").format(names["into"])
+            if several else sql.SQL("true"),
+            window=sql.SQL(" WINDOW w AS (PARTITION BY {} ORDER BY s.{})").format(
+                sql.SQL(", ").join(sql.SQL("s.{}").format(_ident(k)) for k in keys),
+                names["into"]) if several else sql.SQL(""),
+            **names))
+        breach = sql.SQL("_reclock_lo < -1 OR _reclock_hi > 1 OR _reclock_ins > 1 "
+                         "OR _reclock_del <> _reclock_before")
+        bad = conn.execute(sql.SQL(
+            "SELECT {keys}, {into}, _reclock_before, _reclock_del, _reclock_ins, _reclock_lo, "
+            "       _reclock_hi, _reclock_plus, count(*) OVER () "
+            "FROM {steps} WHERE {breach} ORDER BY {into}, {keys} LIMIT {limit}"
+        ).format(breach=breach, limit=sql.Literal(NAMED_BREACHES), **names)).fetchall()
+        if bad:
+            self._refuse(conn, bad, breach)
+        cols = [*user, INTO_TIME]
+        picked = [sql.SQL("n.{}::json").format(_ident(c)) if c in json_cols
+                  else sql.SQL("n.{}").format(_ident(c)) for c in cols]
+        # (checked: a key's last IntoTime inserts one row at most)
+        source = (sql.SQL("{net} n JOIN {steps} l ON {nl} AND n.{into} = l.{into} "
+                          "WHERE l._reclock_last AND n._reclock_n > 0")
+                  if several else sql.SQL("{net} n WHERE n._reclock_n > 0")
+                  ).format(nl=match("n", "l"), **names)
+        conn.execute(sql.SQL(
+            "WITH gone AS ("
+            "  DELETE FROM {target} t USING {steps} l "
+            "  WHERE l._reclock_last AND l._reclock_ins = 0 AND {tl}"
             ") "
-            "INSERT INTO {target} ({cols}) SELECT {cols} FROM last WHERE {diff} = 1 "
+            "INSERT INTO {target} ({cols}) SELECT {picked} FROM {source} "
             "ON CONFLICT ({keys}) DO UPDATE SET {sets}"
         ).format(
-            keys=_idents(keys), stage=stage, err=_ident(ERROR), order=order, target=target,
-            diff=_ident(DIFF), match=match, cols=_idents(cols),
+            tl=match("t", "l"), cols=_idents(cols), picked=sql.SQL(", ").join(picked),
+            source=source,
             sets=sql.SQL(", ").join(sql.SQL("{c} = EXCLUDED.{c}").format(c=_ident(c))
-                                    for c in non_key),
+                                    for c in cols if c not in keys),
+            **names,
         ))
+
+    def _refuse(self, conn: Connection, bad: list[TupleRow], breach: sql.Composable) -> None:
+        """Raise the :class:`SinkError` of a state-mode commit whose updates
+        leave a key with more than one row or a negative count (``bad``: the
+        first such keys and IntoTimes, from :meth:`_apply`). A definite error,
+        not an error row: the table cannot hold what the updates say, an
+        error row would leave the key with a row they do not say, and every
+        later update of the key would then not fit either. So nothing is
+        written and the output stalls, naming the key, the IntoTime and the
+        positions of its updates, until the cause is fixed."""
+        keys = list(self.key)
+        nk = len(keys)
+        positions = conn.execute(sql.SQL(
+            "SELECT st.{diff}, st.{part}, st.{off}, st.{seq} FROM {staged} st JOIN "
+            "(SELECT {keys}, {into} FROM {steps} WHERE {breach} ORDER BY {into}, {keys} "
+            " LIMIT 1) b "
+            "ON {match} AND st.{into} = b.{into} WHERE st.{err} IS NULL "
+            "ORDER BY st.{part}, st.{off}, st.{seq}, st.{diff} LIMIT 8"
+        ).format(diff=_ident(DIFF), part=_ident(SRC_PART), off=_ident(SRC_OFFSET),
+                 seq=_ident(SRC_SEQ), staged=_ident(STAGE_TABLE), keys=_idents(keys),
+                 into=_ident(INTO_TIME), steps=_ident(STEPS_TABLE), breach=breach,
+                 match=sql.SQL(" AND ").join(sql.SQL("st.{k} = b.{k}").format(k=_ident(k))
+                                             for k in keys),
+                 err=_ident(ERROR))).fetchall()
+        row = bad[0]
+        value = ", ".join(f"{k}={v!r}" for k, v in zip(keys, row[:nk], strict=True))
+        into, before, dels, ins, lo, hi, plus, total = row[nk:]
+        if lo < -1 or dels > before:
+            what = "a negative count: they retract a row the key does not have"
+        else:
+            what = f"{before - dels + plus} live rows"
+        held = "a row" if before else "no row"
+        rows = [f"retract {dels} and insert {ins} distinct row{'' if ins == 1 else 's'}"]
+        if hi > 1:
+            rows.append(f"one of them {hi} times")
+        if lo < -1:
+            rows.append(f"one retracted {-lo} times")
+        at = ", ".join(f"{d:+d} at partition {p} offset {o} seq {q}"
+                       for d, p, o, q in positions)
+        more = "" if total == 1 else f" ({total - 1} more keys or IntoTimes do too)"
+        raise SinkError(
+            f"output {self.name!r}: the updates of IntoTime {into} leave key ({value}) of "
+            f"{self.target} with {what} (it had {held}; they {', '.join(rows)}; updates: "
+            f"{at}){more}; a state table holds one row per key, so nothing was written",
+            hint="the updates do not keep one row per key: the upstream broke the key the "
+                 "output relies on, or something else changed the table. Keep the update log "
+                 "(mode: log), or key the table by the output's upstream key",
+        )
 
     def _committed_anyway(self, commit_id: str, exc: psycopg.Error) -> bool:
         """After COMMIT failed: did it go through? (see the module docstring)."""
@@ -1140,7 +1435,7 @@ class PostgresSink:
                              sql.SQL(" WHERE {} <= {}").format(_ident(INTO_TIME),
                                                              sql.Literal(as_of)))
                     return self._select(conn, have, output_schema(user), self.table, where,
-                                        _idents(APPLY_ORDER[:-1]))
+                                        _idents(POSITION_ORDER))
                 return self._read_state(conn, have, user, as_of)
         except psycopg.Error as exc:
             raise self._fail(exc, "read") from exc
@@ -1167,7 +1462,7 @@ class PostgresSink:
         where = (sql.SQL("") if as_of is None else
                  sql.SQL(" WHERE {} <= {}").format(_ident(INTO_TIME), sql.Literal(as_of)))
         errs = self._select(conn, errors_have, pa.schema(META_FIELDS), self.errors_table, where,
-                            _idents(APPLY_ORDER[:-1]))
+                            _idents(POSITION_ORDER))
         return pa.concat_tables([data, conform(self.name, errs, schema)])
 
     def _select(self, conn: Connection, have: _Table, schema: pa.Schema, table: str,
@@ -1245,10 +1540,14 @@ class PostgresSinkConfig(SinkConfigBase):
     """Target schema."""
     mode: Literal["log", "state"] = "log"
     """``log``: every update with ``_into_time``, ``_diff`` and provenance.
-    ``state``: the current rows, keyed by ``key`` (upserts and deletes applied in
-    the same transaction)."""
+    ``state``: the current rows, keyed by ``key`` (each commit applies the sum
+    of every IntoTime's updates per key, in the same transaction)."""
     key: tuple[str, ...] = ()
-    """With ``mode: state``: the primary key columns."""
+    """With ``mode: state``: the primary key columns. They must contain the
+    output's upstream key (:func:`~reclock.config.base.state_key_problem`):
+    the envelope's key, or the key the source declares (a CDC table's
+    primary key); other keys are refused when the configuration is loaded or
+    the source describes the output."""
 
     TARGET: ClassVar[str] = "table"
 
@@ -1260,6 +1559,13 @@ class PostgresSinkConfig(SinkConfigBase):
                 str(raw["table"]))
 
     @classmethod
+    def state_key_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+        key = raw.get("key")
+        if raw.get("mode") != "state" or not isinstance(key, Sequence) or isinstance(key, str):
+            return None
+        return tuple(str(k) for k in key)
+
+    @classmethod
     def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         if data.get("mode") == "state" and not data.get("key"):
             return [_problem(("key",), "required with mode: state")]
@@ -1268,4 +1574,4 @@ class PostgresSinkConfig(SinkConfigBase):
     def build(self, ctx: SinkContext) -> PostgresSink:
         return PostgresSink(ctx.name, dsn=self.dsn, table=self.table, schema=self.schema_,
                             mode=self.mode, key=tuple(self.key),
-                            staging_dir=ctx.state_dir / "staging")
+                            staging_dir=ctx.state_dir / "staging", owner=ctx.owner)

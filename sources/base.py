@@ -35,7 +35,7 @@ columns (``typed=True`` outputs, e.g. generator tables and Postgres rows).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol
 
 import pyarrow as pa
@@ -70,6 +70,11 @@ class OutputSpec:
     #: raw outputs: columns each record carries besides key and value, handed
     #: to the output as they are, after the decoded ones (Kafka's headers)
     extra: pa.Schema | None = None
+    #: typed outputs: shape changes the source resolved itself and that
+    #: ``schema`` does not show (a column renamed upstream read under the
+    #: output's name, a dropped column kept); a ``schema_change: fail``
+    #: output refuses them (reclock.core.schema_change.Change)
+    changes: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,8 +112,11 @@ class SourceContext:
     #: where no store is at hand.
     coordinates: Any = None
     #: the source's durable facts (:class:`Facts`); None where no store is at
-    #: hand (upstream identities are then not kept)
+    #: hand (upstream identities, a CDC table's column history, are then kept
+    #: in memory only)
     facts: Facts | None = None
+    #: each output's ``schema_change`` policy, by output name
+    schema_change: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

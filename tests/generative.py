@@ -26,7 +26,8 @@ Faults, in one of two modes:
 * ``run_killed`` (``reclock run`` in processes of its own): each driver
   process is started with random ``RECLOCK_CRASH_AT`` crash points (SIGKILL
   at a step of the commit path) and ``RECLOCK_FAIL_AT`` failures (stage,
-  commit, source, and rows the sink refuses), and is SIGKILLed from outside
+  commit, source, rows the sink refuses, hung tasks, damaged key-state
+  files: every point of ``reclock.faults``), and is SIGKILLed from outside
   at a random moment if it lives that long. The Postgres lane is left out of
   this mode: an injected refusal there could not be matched to the change it
   refused (SIGKILLs of CDC are the Postgres kill test's subject).
@@ -97,6 +98,16 @@ def _value(rng: random.Random, pg_text: bool) -> dict[str, Any]:
     return {"body": body, "x": x}
 
 
+def refuses(sink: str, value: dict[str, Any]) -> bool:
+    """The model's rule: what a lane's sink (``pglog``, ``pgstate``,
+    ``kafka``, ``file``) cannot store of a value."""
+    if sink in ("pglog", "pgstate"):
+        return "\x00" in value["body"]
+    if sink == "kafka":
+        return len(value["body"].encode()) > KAFKA_SINK_MAX
+    return False
+
+
 @dataclass
 class Lane:
     name: str
@@ -115,11 +126,7 @@ class Lane:
 
     def refuses(self, value: dict[str, Any]) -> bool:
         """The model's rule: what this lane's sink cannot store."""
-        if self.sink in ("pglog", "pgstate"):
-            return "\x00" in value["body"]
-        if self.sink == "kafka":
-            return len(value["body"].encode()) > KAFKA_SINK_MAX
-        return False
+        return refuses(self.sink, value)
 
     def expected_errors(self) -> set[int]:
         """Positions (offsets) the model says land in the error collection."""

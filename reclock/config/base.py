@@ -416,9 +416,60 @@ class SinkConfigBase(_Model):
         element is what messages show."""
         return None
 
+    @classmethod
+    def state_key_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+        """The key of a raw (unvalidated) block of this kind that keeps one
+        row per key (a state table: :func:`state_key_problem` says which
+        outputs it may hold); ``None`` for a sink that keeps the update log."""
+        return None
+
+    @property
+    def state_key(self) -> tuple[str, ...] | None:
+        """:meth:`state_key_of` this block."""
+        return type(self).state_key_of(self.model_dump())
+
     def build(self, ctx: Any) -> Any:
         """The sink (``ctx`` is a :class:`~sinks.base.SinkContext`)."""
         raise NotImplementedError
+
+
+#: What to do about an output without an upstream key, read from raw records.
+KEYED_ENVELOPE = ("read it with an envelope that has a key ({type: upsert, key: [...]} or "
+                  "{type: debezium, key: [...]}) and key the table by it")
+
+
+def state_key_problem(state_key: Sequence[str], upstream: Sequence[str] | None,
+                      origin: str, fix: str = KEYED_ENVELOPE) -> str | None:
+    """Why a state table keyed by ``state_key`` cannot hold an output whose
+    upstream key is ``upstream`` (``origin`` says where that key comes from,
+    or why there is none, and ``fix`` what gives it one); ``None`` when it
+    can.
+
+    The rule: the state key must contain the upstream key (an envelope's
+    key, or the key a source declares for its typed rows: a CDC table's
+    primary key). The output holds one row per upstream key at every
+    IntoTime (an upstream key's updates come in its order, and an IntoTime
+    holds a prefix of them), hence one row per any key that contains it. A
+    key that does not contain it groups rows of several upstream keys, and
+    an IntoTime need not hold their updates together: a value moving from
+    one upstream key to another can sit in two partitions (or two jobs of
+    one binding), so the table would be asked to hold two rows for it, or
+    none. An output without an upstream key (``envelope: none`` of raw
+    records, a keyless ``debezium``) promises nothing about any key."""
+    state = list(state_key)
+    if not upstream:
+        return (f"a state table keeps one row per key, and nothing keeps this output at one "
+                f"row per {state} ({origin}); {fix}, or keep the update log (mode: log)")
+    if set(upstream) <= set(state):
+        return None
+    better = [*upstream, *(c for c in state if c not in upstream)]
+    return (f"a state table's key must contain the output's upstream key {list(upstream)} "
+            f"({origin}), and {state} does not: rows of one {state} can belong to several "
+            f"upstream keys, whose updates an IntoTime need not hold together (they can sit "
+            f"in different partitions, or in different jobs of one binding), so a {state} value "
+            f"that moves from one {list(upstream)} to another could leave the table with two "
+            f"rows for it or none; key the table by {better}, or keep the update log "
+            "(mode: log)")
 
 
 def table_output_problems(i: int, table: str, output: Any, seen: dict[str, int]

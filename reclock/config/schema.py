@@ -79,6 +79,7 @@ from reclock.config.base import (
     config_secrets,
     redact_secrets,
     redacted_dump,
+    state_key_problem,
 )
 from reclock.config.loader import (
     DEFAULT_STATE_DIR,
@@ -144,6 +145,56 @@ def _shared_targets(sources: Any) -> list[InitErrorDetails]:
                     also=loc))
             else:
                 first[target] = (here, label)
+    return out
+
+
+#: Connectors whose outputs carry raw records, which the output's envelope
+#: turns into updates: the envelope alone says what key the output keeps.
+#: (The others describe typed rows and their key themselves: checked when the
+#: source describes its outputs, :func:`reclock.runtime.driver.check_state_key`.)
+_RAW_CONNECTORS = ("kafka",)
+
+
+def _state_key_problems(data: Mapping[str, Any], connectors: list[str]
+                        ) -> list[InitErrorDetails]:
+    """One problem per output whose sink is a state table that the output's
+    upstream key does not bound (:func:`~reclock.config.base.state_key_problem`),
+    where the file alone decides it: an envelope with a key, a keyless
+    ``debezium``, or raw records (a Kafka topic) without a keyed envelope."""
+    outputs = data.get("outputs")
+    if not isinstance(outputs, Sequence) or isinstance(outputs, str):
+        return []
+    raw_records = len(connectors) == 1 and connectors[0] in _RAW_CONNECTORS
+    out: list[InitErrorDetails] = []
+    for j, o in enumerate(outputs):
+        sink = _get(o, "sink")
+        if not isinstance(sink, Mapping):
+            continue
+        kind = next((k for k in _SINKS if sink.get("type") in _tags([k])), None)
+        state_key = None if kind is None else kind.state_key_of(sink)
+        if kind is None or not state_key:
+            continue
+        env = _get(o, "envelope")
+        env_type = env if isinstance(env, str) else (
+            env.get("type") if isinstance(env, Mapping) else None)
+        key = env.get("key") if isinstance(env, Mapping) else None
+        rename = _get(o, "rename")
+        renamed = rename if isinstance(rename, Mapping) else {}
+        if env_type in ("upsert", "debezium") and isinstance(key, Sequence) \
+                and not isinstance(key, str) and key:
+            upstream: list[str] | None = [str(renamed.get(k, k)) for k in key]
+            origin = f"the {env_type} envelope's key"
+        elif env_type == "debezium":
+            upstream, origin = None, ("a debezium envelope without a key retracts before "
+                                      "images as they come, whatever their key")
+        elif raw_records and env_type in (None, "none"):
+            upstream, origin = None, ("envelope none: every record is an insertion, and none "
+                                      "retracts an earlier one")
+        else:
+            continue  # typed rows: their key is the source's, known when it describes them
+        problem = state_key_problem(state_key, upstream, origin)
+        if problem is not None:
+            out.append(_problem(("outputs", j, "sink", str(sink.get("type")), "key"), problem))
     return out
 
 
@@ -329,6 +380,17 @@ class OutputConfig(_Model):
     (two that differ only in case, or one that clashes with reclock's own
     ``_``-columns). Envelope keys name the upstream fields; the sink's
     settings (a state table's ``key``, ``key_columns``) name output columns."""
+    schema_change: Literal["evolve", "freeze", "fail"] = "evolve"
+    """What happens when upstream changes shape (a registry subject's new
+    version, a column added, dropped, renamed or retyped in a CDC table).
+    ``evolve``: the output gains new columns (nullable) and widens types
+    (int -> long), in the same commit as the first rows that need it.
+    ``freeze``: the output keeps today's columns; values of new columns are
+    dropped, counted (``reclock_output_dropped_values_total``) and named in
+    the progress log. ``fail``: any change stalls the source with a definite
+    error naming it. A change no type can hold (a narrowing of the output, a
+    type that cannot widen, a new required field without a default) is a
+    definite error under every policy. See README, "Schema changes"."""
 
 
 class SourceConfig(_Model):
@@ -394,7 +456,7 @@ class SourceConfig(_Model):
         elif len(given) > 1:
             out.append(_problem((given[1],), f"only one connector block allowed, found: "
                                              f"{', '.join(given)}"))
-        return out
+        return out + _state_key_problems(data, given)
 
 
 _CONNECTOR_KEYS: dict[type, tuple[str, ...]] = {}

@@ -42,14 +42,44 @@ class AlreadyRunning(DefiniteError):
 
     def __init__(self, holder: dict[str, object] | None, where: str) -> None:
         self.holder = holder
-        if holder:
-            who = (f"as pid {holder.get('pid', '?')} on host {holder.get('host', '?')} "
-                   f"since {holder.get('since', '?')}")
-        else:
-            who = "(its holder has not recorded itself yet)"
+        who = f"as {_who(holder)}" if holder else "(its holder has not recorded itself yet)"
         super().__init__(f"this pipeline is already running {who} ({where})",
                          hint="stop that driver first (Ctrl-C or SIGTERM), or wait for it "
                               "to exit; a driver killed with kill -9 holds no lock")
+
+
+def _who(holder: dict[str, object] | None) -> str:
+    if not holder:
+        return "a driver that has not recorded itself yet"
+    return (f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} "
+            f"since {holder.get('since', '?')}")
+
+
+class LockLost(TransientError):
+    """This driver's pipeline lock is not held right now (``where``: which
+    lock; ``why``: what happened to it): nothing commits until it is taken
+    again."""
+
+    def __init__(self, where: str, why: str) -> None:
+        self.where, self.why = where, why
+        super().__init__(
+            f"the driver lock ({where}) is not held: {why}; nothing commits until it is "
+            "taken again",
+            hint="reclock takes it again as soon as the store answers; if another driver "
+                 "of this pipeline takes it first, this one stops")
+
+
+class LockTaken(DefiniteError):
+    """This driver lost its pipeline lock and another driver took it
+    meanwhile: that one carries on, this one stops for good."""
+
+    def __init__(self, holder: dict[str, object] | None, where: str, why: str) -> None:
+        self.holder, self.where, self.why = holder, where, why
+        super().__init__(
+            f"the driver lock ({where}) was lost ({why}) and is now held by {_who(holder)}: "
+            "this driver stops and commits nothing more",
+            hint="the other driver runs the pipeline now; stop one of the two for good "
+                 "(two drivers must not be started for one pipeline)")
 
 
 class InvalidTimeError(DefiniteError, ValueError):
@@ -102,6 +132,20 @@ class Reopen(TransientError):
     to take again). The driver re-opens and carries on from durable state."""
 
 
+class SchemaChanged(Reopen):
+    """A record names a writer schema that changes the output's shape, and
+    the output evolves (``schema_change: evolve``): the driver re-opens the
+    source, and the decoder it builds then takes the schema into its union.
+    ``schema_id`` is the writer's registry id (kept as an attribute, so that
+    it survives the trip back from a Spark task)."""
+
+    schema_id: int = 0
+    #: which decoder of the output met it (``key`` or ``value``)
+    part: str = "value"
+    #: the output's index (set by the data plane)
+    output: int = -1
+
+
 # -- classifying what the driver meets ---------------------------------------------------------
 
 #: errno values a retry cannot fix (permissions, a read-only or missing place, a
@@ -109,6 +153,20 @@ class Reopen(TransientError):
 #: may pass.
 _DEFINITE_ERRNO = frozenset({
     1, 2, 13, 20, 21, 30, 36})  # EPERM ENOENT EACCES ENOTDIR EISDIR EROFS ENAMETOOLONG
+
+
+#: SQLite's primary result codes for a damaged database file: SQLITE_CORRUPT
+#: (a malformed image) and SQLITE_NOTADB (not a database)
+SQLITE_DAMAGE = frozenset({11, 26})
+
+
+def sqlite_damaged(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``sqlite3`` error saying the database file is
+    damaged (:data:`SQLITE_DAMAGE`), not busy, locked, full or unreadable
+    for a reason outside the file."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (type(exc).__module__ == "sqlite3" and isinstance(code, int)
+            and code & 0xFF in SQLITE_DAMAGE)
 
 
 #: In the message of an exception a Spark task raises to fail its job on
@@ -135,7 +193,13 @@ def classify(exc: BaseException) -> ReclockError:
     * a Spark job that failed (``Py4JJavaError``, a lost executor; a task
       that stopped it on purpose: :data:`TASK_STOPPED`) and ``MemoryError``,
       ``TimeoutError``, ``ConnectionError``: transient;
-    * ``pyarrow.ArrowInvalid``/``ArrowTypeError``: definite (the data).
+    * ``pyarrow.ArrowInvalid``/``ArrowTypeError``: definite (the data);
+    * ``sqlite3`` (the key state's files): a damaged file (SQLITE_CORRUPT, a
+      malformed image; SQLITE_NOTADB) is definite, since reading it again
+      fails the same way (the driver rebuilds key state that meets it:
+      :class:`~reclock.envelopes.keystate.KeyStateDamaged`); a busy or
+      locked file, an I/O error or a full disk (``OperationalError``)
+      transient.
 
     Anything else is a bug: it is treated as transient (a retry costs nothing
     and loses nothing) and the caller logs it as unclassified with its
@@ -183,6 +247,10 @@ def _kind(exc: BaseException) -> str | None:
         return "transient"  # a task that failed its job on purpose (TASK_STOPPED)
     if names & {"ArrowInvalid", "ArrowTypeError", "ArrowNotImplementedError"}:
         return "definite"
+    if mod == "sqlite3":
+        if sqlite_damaged(exc):
+            return "definite"
+        return "transient" if "OperationalError" in names else None
     if isinstance(exc, MemoryError | TimeoutError | ConnectionError | InterruptedError):
         return "transient"
     if isinstance(exc, OSError):

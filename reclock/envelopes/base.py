@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.core.errors import DefiniteError
+from reclock.core.schema_change import with_dropped
 
 POS_COLUMNS = [SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS]
 
@@ -114,6 +115,39 @@ def meta_columns(
 
 
 
+def fit_column(col: pa.Array | pa.ChunkedArray, t: pa.DataType, name: str
+               ) -> tuple[pa.Array, dict[int, str]]:
+    """``col`` as type ``t``, and the rows whose value ``t`` cannot hold
+    (row -> reason; such values are nulled): upstream widened a column whose
+    output type stays (``schema_change: freeze``), so that one value that
+    does not fit is an error row, not a failed batch."""
+    from reclock.formats.base import _convert_isolating, _show
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if col.type == t:
+        return col, {}
+    try:
+        fixed, bad = _convert_isolating(col, lambda a: a.cast(t))
+    except (pa.ArrowException, ValueError) as exc:
+        raise DefiniteError(f"column {name!r}: {col.type} cannot be stored as {t}: {exc}",
+                            hint="an incompatible schema change: see the output's "
+                                 "schema_change") from None
+    return fixed, {i: (f"column {name!r}: value {_show(col[i].as_py())} does not fit the "
+                       f"output's {t} (the output keeps the column's type: schema_change)")
+                   for i in bad}
+
+
+def unpicked_values(table: pa.Table | pa.RecordBatch, picked: set[str],
+                    skip: frozenset[str] = frozenset()) -> dict[str, int]:
+    """Non-null values per column of ``table`` that the output does not
+    take (not in ``picked``, nor reclock's own in ``skip``): what a frozen
+    output drops, to be counted."""
+    return {c: len(table) - table.column(c).null_count for c in table.column_names
+            if c not in picked and c not in skip and not c.startswith("_src_")
+            and len(table) - table.column(c).null_count}
+
+
 def decoded_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64],
                  tombstones: bool) -> tuple[pa.Table, int]:
     """Decoded key/value records, each an insertion (``_diff`` 1); with
@@ -132,9 +166,38 @@ def decoded_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int6
     # a column the source hands over as it is (Kafka's headers, a multi-topic
     # source's _topic and _partition) is not decoded: error rows keep it too
     decoded = set(res.table.column_names)
+    picks = plan.picks()
+    dropped = dict(res.dropped)
+    for c, v in unpicked_values(res.table, {up for up, _ in picks}).items():
+        dropped[c] = dropped.get(c, 0) + v
+    err_idx = np.asarray(res.errors, dtype=np.int64)
+    reasons = list(res.reasons)
     if len(ok_idx):
-        cols = [res.table.column(up).cast(f.type) if up in decoded
-                else batch.column(up).take(pa.array(ok_idx)) for up, f in plan.picks()]
+        cols = []
+        refused: dict[int, str] = {}
+        for up, f in picks:
+            if up in decoded:
+                col, bad = fit_column(res.table.column(up), f.type, f.name)
+                for i, why in bad.items():
+                    refused.setdefault(i, why)
+            elif up in batch.schema.names:
+                col = batch.column(up).take(pa.array(ok_idx))
+            else:  # a column the output keeps that upstream no longer has
+                col = pa.nulls(len(ok_idx), f.type)
+            cols.append(col)
+        if refused:
+            # values the output's column cannot hold: those records are error rows
+            keep = np.ones(len(ok_idx), dtype=bool)
+            keep[list(refused)] = False
+            mask = pa.array(keep)
+            cols = [c.filter(mask) for c in cols]
+            moved = sorted(refused)
+            merged = sorted([*zip(err_idx.tolist(), reasons, strict=True),
+                             *((int(ok_idx[i]), refused[i]) for i in moved)])
+            err_idx = np.array([i for i, _ in merged], dtype=np.int64)
+            reasons = [r for _, r in merged]
+            ok_idx = ok_idx[keep]
+    if len(ok_idx):
         k = len(ok_idx)
         meta = meta_columns(batch, into, ok_idx)
         if tombstones:
@@ -144,7 +207,6 @@ def decoded_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int6
         parts.append(pa.Table.from_arrays(
             [*cols, *meta, pa.nulls(k, err_type), pa.nulls(k, pa.binary()),
              pa.nulls(k, pa.binary())], schema=schema))
-    err_idx = np.asarray(res.errors, dtype=np.int64)
     if len(err_idx):
         k = len(err_idx)
         take = pa.array(err_idx)
@@ -153,11 +215,11 @@ def decoded_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int6
                   for up, f in plan.picks()]
         parts.append(pa.Table.from_arrays(
             [*handed, *meta_columns(batch, into, err_idx),
-             pa.array(list(res.reasons), err_type), key.take(take).cast(pa.binary()),
+             pa.array(reasons, err_type), key.take(take).cast(pa.binary()),
              value.take(take).cast(pa.binary())], schema=schema))
     if not parts:
-        return schema.empty_table(), 0
+        return with_dropped(schema.empty_table(), dropped), 0
     table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    return table, len(err_idx)
+    return with_dropped(table, dropped), len(err_idx)
 
 

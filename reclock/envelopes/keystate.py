@@ -13,6 +13,13 @@ The key state (the current row per key of an upsert or keyed CDC output,
   says it is the state of exactly the output's committed version; otherwise
   it is rebuilt from the output.
 
+Key state is derived: a damaged file is thrown away and rebuilt, never
+repaired or retried. A file is checked when it is opened (SQLite's
+``quick_check``, and whether a driver that did not close it left its
+``-wal`` file behind), and a store that meets damage later, in a page it
+reads or a row that does not decode, raises :class:`KeyStateDamaged` (the
+driver then rebuilds it from the output).
+
 Changes are written inside the store's open transaction (:meth:`KeyStore.write`)
 and become the state only with :meth:`KeyStore.commit`, after the sink
 commit that carries their updates succeeded; :meth:`KeyStore.rollback`
@@ -33,6 +40,7 @@ the two buckets together.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pickle
 import sqlite3
@@ -49,6 +57,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.core.columns import DIFF, SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_UNCHANGED, TRUNCATED
+from reclock.core.errors import DefiniteError, sqlite_damaged
 
 #: How many buckets keys are spread over (fixed: a key's bucket is stored).
 KEY_BUCKETS = 64
@@ -93,12 +102,36 @@ def key_bucket(key: str) -> int:
     return zlib.crc32(key.encode("utf-8", "surrogatepass")) % KEY_BUCKETS
 
 
+class KeyStateDamaged(DefiniteError):
+    """A key store's file is damaged: a page SQLite cannot read (a
+    malformed image, not a database), or a stored row that does not decode.
+    The file cannot be trusted any more: it is thrown away and rebuilt from
+    the output (retrying the same read would fail the same way)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"key state file {path} is damaged: {reason}",
+                         hint="it is rebuilt from the output; if this repeats, the disk "
+                              "under state_dir may be failing (check it, or move state_dir)")
+
+
 class KeyStore(ABC):
     """The current row of every key (by canonical key), with one open
-    transaction of changes (see the module docstring)."""
+    transaction of changes (see the module docstring). Any method may raise
+    :class:`KeyStateDamaged`: the store is then to be thrown away
+    (:meth:`remove`) and rebuilt."""
 
     #: what the committed state is the state of (None: nothing known)
     marker: str | None = None
+    #: why the store threw away what its file held when it was opened (a
+    #: damaged file; None: it did not): to report the rebuild that follows
+    discarded: str | None = None
+
+    @property
+    def location(self) -> str | None:
+        """Where the state is kept (a file), for messages; None: in memory."""
+        return None
 
     @abstractmethod
     def lookup(self, keys: Iterable[str]) -> dict[str, tuple[Any, ...]]:
@@ -147,9 +180,25 @@ class KeyStore(ABC):
         self.write({}, ALL)
         self.commit(marker)
 
+    def discard(self) -> None:
+        """Throw everything away, committed or not (a file too: a damaged
+        one is never read again): no keys, marker unknown."""
+        self.reset(None)
+
     @abstractmethod
     def close(self) -> None:
         """Release what the store holds open."""
+
+    @abstractmethod
+    def damage(self) -> None:
+        """Damage what the store keeps, as a failing disk would (rehearsing
+        one: ``RECLOCK_FAIL_AT=damage_keys``, :mod:`reclock.faults`)."""
+
+    def remove(self) -> None:
+        """Close the store and delete what it keeps: a store made anew for
+        the same place starts empty. Never raises."""
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 class MemoryKeys(KeyStore):
@@ -217,6 +266,9 @@ class MemoryKeys(KeyStore):
     def close(self) -> None:
         """A dictionary holds nothing open."""
 
+    def damage(self) -> None:
+        """A dictionary keeps nothing a disk could damage."""
+
 
 _CHUNK = 500  # keys per lookup statement (SQLite allows 32,766 variables)
 
@@ -259,9 +311,20 @@ class SqliteKeys(KeyStore):
     pickled, under their key prefixed with its bucket (``"2a:(17,)"``), so
     that one clustered B-tree serves lookups and a bucket's keys are one
     range of it. The transaction stays open from the first :meth:`write` to
-    :meth:`commit` or :meth:`rollback`. A file that cannot be read, or of
-    another layout, is replaced by an empty one (its marker is then unknown:
-    rebuilt)."""
+    :meth:`commit` or :meth:`rollback`.
+
+    Opening the file checks it; it is replaced by an empty one (marker
+    unknown: rebuilt, :attr:`discarded` says why) when it is not a database,
+    when its bytes changed since it was closed (:meth:`close` keeps a
+    CRC-32 of the closed file beside it, ``<file>.sum``), when it fails
+    ``PRAGMA quick_check`` (a page overwritten, the file cut short: the
+    check of a file without a checksum, as after a crash), when a driver
+    that did not close it left no ``-wal`` file (its last transactions may
+    be half in the file), or when it is of another layout. Either check
+    reads the whole file: for a million keys (90 MiB) about 0.03 s for the
+    checksum and 0.15 s for quick_check with the file in the operating
+    system's cache (bench/keystate_check_bench.py). Damage met later raises
+    :class:`KeyStateDamaged`."""
 
     LAYOUT = 2  # PRAGMA user_version of the file
 
@@ -272,26 +335,179 @@ class SqliteKeys(KeyStore):
         self._shares = shares if shares is not None else CacheShares(DEFAULT_CACHE)
         self._generation = -1
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._conn = self._open()
-        except sqlite3.DatabaseError:
-            for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-                with contextlib.suppress(FileNotFoundError):
-                    p.unlink()
-            self._conn = self._open()
+        self._conn: sqlite3.Connection | None = None
+        self.discarded = self._opened()
         self._shares.join()
         self._size_cache()
-        row = self._conn.execute("SELECT v FROM meta WHERE k = 'marker'").fetchone()
-        self.marker = None if row is None else row[0]
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        assert self._conn is not None, f"key store {self.path} is closed"
+        return self._conn
+
+    @property
+    def _sum(self) -> Path:
+        """The checksum of the file as :meth:`close` left it."""
+        return Path(f"{self.path}.sum")
+
+    def _files(self) -> list[Path]:
+        return [self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm"), self._sum]
+
+    def _crc(self) -> str:
+        """The file's CRC-32 and size, as kept in :attr:`_sum`."""
+        h, n = 0, 0
+        buf = bytearray(1 << 20)
+        with self.path.open("rb", buffering=0) as f:
+            while k := f.readinto(buf):
+                h = zlib.crc32(memoryview(buf)[:k], h)
+                n += k
+        return f"crc32 {h:08x} size {n}\n"
+
+    def _summed(self) -> bool | str:
+        """Whether the file is as :meth:`close` left it: True when its
+        checksum matches, False when there is none to compare with (a crash,
+        a new file), else what differs. The checksum is removed: the file
+        changes from now on."""
+        try:
+            kept = self._sum.read_text()
+        except (OSError, UnicodeDecodeError):
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            self._sum.unlink()
+        try:
+            now = self._crc()
+        except FileNotFoundError:
+            return False
+        if now == kept:
+            return True
+        return (f"its bytes changed since it was closed (checksum {kept.strip()!r}, now "
+                f"{now.strip()!r})")
+
+    def _opened(self) -> str | None:
+        """Open the file, checked (see the class docstring); the reason it
+        was replaced by an empty one, or None."""
+        # SQLite keeps a -wal file while the database is open and removes it
+        # when the last connection closes: a file marked open (by a driver
+        # that crashed) without one has lost transactions it had committed,
+        # and a checkpoint cut short may have copied part of them.
+        wal = Path(f"{self.path}-wal").exists()
+        summed: bool | str = False
+        if wal:  # opened and not closed since: a checksum beside it is stale
+            with contextlib.suppress(FileNotFoundError):
+                self._sum.unlink()
+        else:
+            summed = self._summed()
+        if isinstance(summed, str):
+            self._fresh()
+            self._mark_open()
+            return summed
+        why: str | None
+        try:
+            self._conn = self._open()
+            why = None if summed else self._check()
+            if why is None and self._get("open") is not None and not wal:
+                why = ("a driver that did not close it left no -wal file: the file may hold "
+                       "part of its last transactions")
+            if why is None:
+                self.marker = self._get("marker")
+        except sqlite3.DatabaseError as exc:
+            if not sqlite_damaged(exc):
+                self._close_conn()
+                raise
+            why = str(exc)
+        if why is not None:
+            self._fresh()
+        self._mark_open()
+        return why
+
+    def _check(self) -> str | None:
+        """``PRAGMA quick_check``: None when it finds the file sound, else
+        what it found (the first few problems)."""
+        self._read_ahead()
+        found = [r[0] for r in self.conn.execute("PRAGMA quick_check(5)")]
+        return None if found == ["ok"] else "quick_check: " + "; ".join(found)
+
+    def _read_ahead(self) -> None:
+        """Read the file once in order, into the operating system's cache:
+        quick_check reads pages in B-tree order, at random on a cold cache
+        (0.8 s for a million keys cold, 0.1-0.2 s after this). Not for a
+        file that would not stay in memory (a quarter of it at most)."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.path.stat().st_size > os.sysconf("SC_PHYS_PAGES") * os.sysconf(
+                    "SC_PAGE_SIZE") // 4:
+                return
+            buf = bytearray(1 << 20)
+            with self.path.open("rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+
+    def _fresh(self) -> None:
+        """Delete the file (and SQLite's sidecars) and open an empty one."""
+        self._close_conn()
+        for p in self._files():
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        self._conn = self._open()
+        self.marker = None
+        self._generation = -1
+
+    def _mark_open(self) -> None:
+        """Mark the file open (see :meth:`_opened`), checkpointed: the mark is
+        in the file itself, not only in its -wal file. :meth:`close` removes it."""
+        with self._guard():
+            self.conn.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('open', ?)",
+                              (str(os.getpid()),))
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def _get(self, k: str) -> str | None:
+        row = self.conn.execute("SELECT v FROM meta WHERE k = ?", (k,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def _close_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """SQLite's errors of a damaged file as :class:`KeyStateDamaged`."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            if sqlite_damaged(exc):
+                raise KeyStateDamaged(self.path, str(exc)) from exc
+            raise
+        except UnicodeDecodeError as exc:  # a stored key (see _open's text_factory)
+            raise KeyStateDamaged(self.path, f"a stored key does not decode: {exc}") from exc
+
+    def _row(self, blob: bytes) -> tuple[Any, ...]:
+        """A stored row, unpickled: bytes that do not unpickle are damage
+        (SQLite's checks do not read inside a row)."""
+        try:
+            row = pickle.loads(blob)
+        except Exception as exc:
+            raise KeyStateDamaged(self.path, f"a stored row does not decode: "
+                                             f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(row, tuple):
+            raise KeyStateDamaged(self.path, f"a stored row decodes to a {type(row).__name__}")
+        return row
 
     def _size_cache(self) -> None:
         """Take the current share of the budget up, if it changed."""
         if self._shares.generation != self._generation:
             self._generation = self._shares.generation
-            self._conn.execute(f"PRAGMA cache_size=-{self._shares.share() // 1024}")
+            self.conn.execute(f"PRAGMA cache_size=-{self._shares.share() // 1024}")
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        # Keys decode strictly, in Python: a damaged key raises UnicodeDecodeError
+        # (the default raises an OperationalError of its own, which says less).
+        conn.text_factory = functools.partial(str, encoding="utf-8")
         try:
             # A lost file is rebuilt from the output, and a kill -9 leaves the
             # operating system's buffers intact: no fsync is needed.
@@ -320,80 +536,149 @@ class SqliteKeys(KeyStore):
             yield f"{b:02x}:", f"{b:02x};"  # ';' follows ':'
 
     def _begin(self) -> None:
-        if not self._conn.in_transaction:
+        if not self.conn.in_transaction:
             self._size_cache()
-            self._conn.execute("BEGIN")
+            self.conn.execute("BEGIN")
 
     def lookup(self, keys: Iterable[str]) -> dict[str, tuple[Any, ...]]:
         ks = [self._stored(k) for k in keys]
         out: dict[str, tuple[Any, ...]] = {}
-        for i in range(0, len(ks), _CHUNK):
-            part = ks[i:i + _CHUNK]
-            q = f"SELECT key, row FROM keys WHERE key IN ({','.join('?' * len(part))})"
-            for k, blob in self._conn.execute(q, part):
-                out[k[3:]] = pickle.loads(blob)
+        with self._guard():
+            for i in range(0, len(ks), _CHUNK):
+                part = ks[i:i + _CHUNK]
+                q = f"SELECT key, row FROM keys WHERE key IN ({','.join('?' * len(part))})"
+                for k, blob in self.conn.execute(q, part):
+                    out[k[3:]] = self._row(blob)
         return out
 
     def live(self, buckets: frozenset[int]) -> Iterator[tuple[str, tuple[Any, ...]]]:
-        for lo, hi in ([("", "~")] if buckets == ALL else self._ranges(buckets)):
-            cur = self._conn.execute(
-                "SELECT key, row FROM keys WHERE key >= ? AND key < ? ORDER BY key", (lo, hi))
-            while batch := cur.fetchmany(10_000):
-                for k, blob in batch:
-                    yield k[3:], pickle.loads(blob)
+        with self._guard():
+            for lo, hi in ([("", "~")] if buckets == ALL else self._ranges(buckets)):
+                cur = self.conn.execute(
+                    "SELECT key, row FROM keys WHERE key >= ? AND key < ? ORDER BY key", (lo, hi))
+                while batch := cur.fetchmany(10_000):
+                    for k, blob in batch:
+                        yield k[3:], self._row(blob)
 
     def write(self, changes: dict[str, tuple[Any, ...] | None],
               cleared: frozenset[int] = frozenset()) -> None:
-        self._begin()
-        if cleared == ALL:
-            self._conn.execute("DELETE FROM keys")
-        elif cleared:
-            self._conn.executemany("DELETE FROM keys WHERE key >= ? AND key < ?",
-                                   self._ranges(cleared))
-        gone = [(self._stored(k),) for k, row in changes.items() if row is None]
-        if gone:
-            self._conn.executemany("DELETE FROM keys WHERE key = ?", gone)
-        self._conn.executemany(
-            "INSERT OR REPLACE INTO keys (key, row) VALUES (?, ?)",
-            ((self._stored(k), pickle.dumps(row, protocol=5))
-             for k, row in changes.items() if row is not None))
+        with self._guard():
+            self._begin()
+            if cleared == ALL:
+                self.conn.execute("DELETE FROM keys")
+            elif cleared:
+                self.conn.executemany("DELETE FROM keys WHERE key >= ? AND key < ?",
+                                      self._ranges(cleared))
+            gone = [(self._stored(k),) for k, row in changes.items() if row is None]
+            if gone:
+                self.conn.executemany("DELETE FROM keys WHERE key = ?", gone)
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO keys (key, row) VALUES (?, ?)",
+                ((self._stored(k), pickle.dumps(row, protocol=5))
+                 for k, row in changes.items() if row is not None))
 
     def commit(self, marker: str | None) -> None:
-        self._begin()
-        self._conn.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('marker', ?)", (marker,))
-        self._conn.execute("COMMIT")
+        with self._guard():
+            self._begin()
+            self.conn.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('marker', ?)",
+                              (marker,))
+            self.conn.execute("COMMIT")
         self.marker = marker
 
     def rollback(self) -> None:
-        if self._conn.in_transaction:
-            self._conn.execute("ROLLBACK")
+        with self._guard():
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
 
     def __len__(self) -> int:
-        return int(self._conn.execute("SELECT count(*) FROM keys").fetchone()[0])
+        with self._guard():
+            return int(self.conn.execute("SELECT count(*) FROM keys").fetchone()[0])
 
     def net_rows(self, rows: Iterable[list[tuple[str, tuple[Any, ...], int]]]
                  ) -> Iterator[tuple[tuple[Any, ...], int]]:
         """As :meth:`KeyStore.net_rows`, counted in a table of the file
         (dropped after): an output of any size is rebuilt in bounded memory."""
-        self._begin()
-        self._conn.execute("DROP TABLE IF EXISTS net")
-        self._conn.execute("CREATE TABLE net (h TEXT PRIMARY KEY, n INTEGER NOT NULL, "
-                           "row BLOB NOT NULL) WITHOUT ROWID")
-        for chunk in rows:
-            self._conn.executemany(
-                "INSERT INTO net (h, n, row) VALUES (?, ?, ?) "
-                "ON CONFLICT (h) DO UPDATE SET n = n + excluded.n",
-                ((h, d, pickle.dumps(row, protocol=5)) for h, row, d in chunk))
-        cur = self._conn.execute("SELECT row, n FROM net WHERE n != 0")
-        while batch := cur.fetchmany(10_000):
-            for blob, n in batch:
-                yield pickle.loads(blob), int(n)
-        self._conn.execute("DROP TABLE net")
+        with self._guard():
+            self._begin()
+            self.conn.execute("DROP TABLE IF EXISTS net")
+            self.conn.execute("CREATE TABLE net (h TEXT PRIMARY KEY, n INTEGER NOT NULL, "
+                              "row BLOB NOT NULL) WITHOUT ROWID")
+            for chunk in rows:
+                self.conn.executemany(
+                    "INSERT INTO net (h, n, row) VALUES (?, ?, ?) "
+                    "ON CONFLICT (h) DO UPDATE SET n = n + excluded.n",
+                    ((h, d, pickle.dumps(row, protocol=5)) for h, row, d in chunk))
+            cur = self.conn.execute("SELECT row, n FROM net WHERE n != 0")
+            while batch := cur.fetchmany(10_000):
+                for blob, n in batch:
+                    yield self._row(blob), int(n)
+            self.conn.execute("DROP TABLE net")
+
+    def discard(self) -> None:
+        """A new, empty file in place of this one (never read again: it may
+        be damaged), marked open."""
+        self._fresh()
+        self._mark_open()
+        self._size_cache()
+
+    def reset(self, marker: str | None = None) -> None:
+        self.discard()
+        self.commit(marker)
 
     def close(self) -> None:
+        """Roll back, mark the file closed (see :meth:`_opened`) and close it
+        (SQLite then folds the -wal file into it and removes it); then keep
+        the closed file's checksum beside it, for the next open to compare."""
+        self._shut(summed=True)
+
+    def _shut(self, summed: bool) -> None:
+        if self._conn is None:
+            return
+        clean = False
+        try:
+            with contextlib.suppress(sqlite3.Error, KeyStateDamaged):
+                self.rollback()
+                self.conn.execute("DELETE FROM meta WHERE k = 'open'")
+                clean = True
+        finally:
+            self._close_conn()
+            self._shares.leave()
+        if summed and clean and not Path(f"{self.path}-wal").exists():
+            with contextlib.suppress(OSError):
+                tmp = Path(f"{self._sum}.tmp")
+                tmp.write_text(self._crc())
+                os.replace(tmp, self._sum)
+
+    def damage(self, nbytes: int = 32 * 1024) -> None:
+        """Overwrite ``nbytes`` of pages in use with random bytes: leaf pages
+        of the keys from the middle of their B-tree (where SQLite can list
+        them, ``dbstat``; else the middle of the file, every page after the
+        first in a small one), and drop SQLite's page cache so that they are
+        read again. The -wal file is folded in first: a page read from there
+        would not show the damage."""
         self.rollback()
-        self._conn.close()
-        self._shares.leave()
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = int(self.conn.execute("PRAGMA page_size").fetchone()[0])
+        n = max(1, nbytes // page)
+        try:
+            leaves = [int(r[0]) for r in self.conn.execute(
+                "SELECT pageno FROM dbstat WHERE name = 'keys' AND pagetype = 'leaf' "
+                "ORDER BY pageno")]
+        except sqlite3.OperationalError:  # no dbstat in this SQLite
+            pages = self.path.stat().st_size // page
+            leaves = list(range(2, pages + 1))
+        mid = max(0, len(leaves) // 2 - n // 2)
+        with self.path.open("r+b") as f:
+            for no in leaves[mid:mid + n]:
+                f.seek((no - 1) * page)
+                f.write(os.urandom(page))
+        self.conn.execute("PRAGMA shrink_memory")
+
+    def remove(self) -> None:
+        self._shut(summed=False)
+        for p in self._files():
+            with contextlib.suppress(OSError):
+                p.unlink()
 
 
 # -- intents, split by bucket in the tasks ----------------------------------------------------

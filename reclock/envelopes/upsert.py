@@ -180,10 +180,11 @@ class UpsertState:
     def rebuild(cls, updates: pa.Table, user_columns: list[str], key: tuple[str, ...],
                 store: KeyStore | None = None, marker: str | None = None) -> UpsertState:
         """The state of an output's committed update log (written to
-        ``store`` from empty, and committed there with ``marker``)."""
+        ``store`` from empty, and committed there with ``marker``).
+        Whatever ``store`` held is thrown away first, its file too: a
+        damaged file is never written into."""
         st = cls(user_columns, key, store)
-        st.store.rollback()
-        st.store.write({}, ALL)
+        st.store.discard()
         new: dict[str, tuple[Any, ...]] = {}
 
         def dup(row: tuple[Any, ...], times: str = "more than once") -> DefiniteError:
@@ -342,9 +343,13 @@ class UpsertState:
 
 def _log_chunks(ok: pa.Table, user_columns: list[str]
                 ) -> Iterator[list[tuple[str, tuple[Any, ...], int]]]:
-    """An update log's rows in chunks of ``(canonical row, row, diff)``."""
+    """An update log's rows in chunks of ``(canonical row, row, diff)``. A
+    column the log does not hold yet (the output evolves with its next
+    commit) is null in every row, as it reads once added."""
     for batch in ok.to_batches(max_chunksize=65_536):
         diffs = batch.column(DIFF).to_pylist()
-        cols = [batch.column(c).to_pylist() for c in user_columns]
+        names = set(batch.schema.names)
+        cols = [batch.column(c).to_pylist() if c in names else [None] * batch.num_rows
+                for c in user_columns]
         rows = [tuple(vals) for vals in zip(*cols, strict=True)]
         yield [(canonical(row), row, int(d)) for row, d in zip(rows, diffs, strict=True)]

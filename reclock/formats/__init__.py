@@ -15,13 +15,14 @@ error with its reason), add its spec keys to ``_SPEC_KEYS`` and a branch to
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from reclock.core.errors import SchemaChanged
 from reclock.formats.avro import AvroDecoder, SchemaRegistryResolver
 from reclock.formats.base import (
     NULL_REASON,
@@ -38,6 +39,7 @@ from reclock.formats.text import BytesDecoder, TextDecoder
 
 __all__ = [
     "NULL_REASON",
+    "SchemaChanged",
     "TIMESTAMP",
     "TYPE_NAMES",
     "AvroDecoder",
@@ -67,12 +69,16 @@ _SPEC_KEYS = {
 }
 
 
-def make_decoder(spec: Mapping[str, Any], *, allow_null: bool = False) -> Decoder:
+def make_decoder(spec: Mapping[str, Any], *, allow_null: bool = False,
+                 policy: str = "evolve", known: Mapping[str, Any] | None = None,
+                 seen: Sequence[int] = (), part: str = "value") -> Decoder:
     """Build the decoder a format spec describes (driver side; checks the spec).
 
     ``allow_null`` is set by the envelope, not the user: the upsert envelope
     passes ``True`` for the value decoder so that a tombstone becomes a row of
-    nulls (a delete) instead of an error.
+    nulls (a delete) instead of an error. ``policy`` is the output's
+    ``schema_change``; ``known`` and ``seen`` feed an Avro decoder's union of
+    writer schemas (see :class:`~reclock.formats.avro.AvroDecoder`).
     """
     if not isinstance(spec, Mapping) or "type" not in spec:
         raise FormatError(f"format spec needs a 'type' ({', '.join(_SPEC_KEYS)}), got {spec!r}")
@@ -101,6 +107,7 @@ def make_decoder(spec: Mapping[str, Any], *, allow_null: bool = False) -> Decode
     return AvroDecoder(
         spec.get("schema"), registry_url=spec.get("registry_url"), subject=spec.get("subject"),
         allow_null=allow_null, timeout=float(spec.get("timeout", 10.0)),
+        policy=policy, known=known, seen=seen, part=part,
     )
 
 
@@ -138,7 +145,7 @@ class KeyValueDecoder:
         vr = self.value.decode(value)
         if self.key is None:
             reasons = [_part_reason("value", r) for r in vr.reasons]
-            return DecodeResult(vr.table, vr.ok, vr.errors, reasons)
+            return DecodeResult(vr.table, vr.ok, vr.errors, reasons, vr.dropped)
         n = len(value)
         if len(key) != n:
             raise ValueError(f"key has {len(key)} records, value has {n}")
@@ -156,7 +163,11 @@ class KeyValueDecoder:
             why.setdefault(i, []).append(_part_reason("value", r))
         errors = np.array(sorted(why), dtype=np.int64)
         reasons = ["; ".join(why[int(i)]) for i in errors]
-        return DecodeResult(table, np.flatnonzero(both).astype(np.int64), errors, reasons)
+        dropped = dict(vr.dropped)
+        for k, v in kr.dropped.items():
+            dropped[k] = dropped.get(k, 0) + v
+        return DecodeResult(table, np.flatnonzero(both).astype(np.int64), errors, reasons,
+                            dropped)
 
 
 def decode_key_value(

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +18,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from reclock.core.errors import DefiniteError, TransientError
+from reclock.core.errors import DefiniteError, SchemaChanged, TransientError
 from reclock.core.urls import mask_url
+from reclock.formats import avro_union as au
 from reclock.formats.base import (
     DecodeResult,
     FormatError,
@@ -60,6 +62,7 @@ class SchemaRegistryResolver:
         self.url = urllib.parse.urlunsplit(parts).rstrip("/")
         self.timeout = timeout
         self._schemas: dict[int, Any] = {}
+        self._texts: dict[int, str] = {}
 
     def __repr__(self) -> str:
         return f"SchemaRegistryResolver({self.url!r})"
@@ -104,7 +107,7 @@ class SchemaRegistryResolver:
         """The parsed writer schema registered under ``schema_id``."""
         hit = self._schemas.get(schema_id)
         if hit is None:
-            text = self._avro_text(self._get(f"/schemas/ids/{schema_id}"), f"id {schema_id}")
+            text = self.writer_text(schema_id)
             try:
                 hit = fastavro.parse_schema(json.loads(text))
             except Exception as exc:  # any parse failure is definite
@@ -118,6 +121,36 @@ class SchemaRegistryResolver:
         return self._avro_text(
             self._get(f"/subjects/{quoted}/versions/latest"), f"subject {subject!r}"
         )
+
+    def versions(self, subject: str) -> dict[int, tuple[int, str]] | None:
+        """``version -> (schema id, schema text)`` of every version of
+        ``subject`` the registry lists now; None when it knows no such subject
+        (never registered, or deleted)."""
+        quoted = urllib.parse.quote(subject, safe="")
+        try:
+            listed = self._get(f"/subjects/{quoted}/versions")
+        except _SchemaMissing:
+            return None
+        if not isinstance(listed, list):
+            raise TransientError(f"schema registry {self.url}: subject {subject!r}: the "
+                                 "version list is not a list")
+        out: dict[int, tuple[int, str]] = {}
+        for v in sorted(int(x) for x in listed):
+            try:
+                body = self._get(f"/subjects/{quoted}/versions/{v}")
+            except _SchemaMissing:
+                continue  # deleted meanwhile
+            text = self._avro_text(body, f"subject {subject!r} version {v}")
+            out[v] = (int(body["id"]), text)
+        return out
+
+    def writer_text(self, schema_id: int) -> str:
+        """The text of the schema registered under ``schema_id`` (cached)."""
+        text = self._texts.get(schema_id)
+        if text is None:
+            text = self._avro_text(self._get(f"/schemas/ids/{schema_id}"), f"id {schema_id}")
+            self._texts[schema_id] = text
+        return text
 
 
 _AVRO_PRIMITIVES: dict[str, pa.DataType] = {
@@ -247,6 +280,10 @@ class _MapFix:
         return None if v is None else {k: self.value(x) for k, x in v.items()}
 
 
+#: ``schema_change`` of a decoder made without one
+_DEFAULT_POLICY = "evolve"
+
+
 class AvroDecoder:
     """``{"type": "avro", "schema": ..., "registry_url": ..., "subject": ...}``.
 
@@ -254,9 +291,21 @@ class AvroDecoder:
       ``schema``.
     * With ``registry_url``: each record is in the Confluent wire format
       (``0x00``, 4-byte big-endian schema id, datum). The writer schema is
-      fetched by id (:class:`SchemaRegistryResolver`) and resolved against the
-      reader schema: ``schema`` if given, else the latest version of
-      ``subject``, fetched once when the decoder is built.
+      fetched by id (:class:`SchemaRegistryResolver`) and each record is
+      resolved from its own writer schema into the *union* of the writer
+      schemas the output takes (:mod:`reclock.formats.avro_union`): the
+      format's ``schema`` if given, the schemas recorded before (``known``:
+      what :meth:`fact` returned to the driver last time), every version of
+      ``subject`` the registry lists now, and the ids in ``seen``. A record
+      whose writer schema the union already holds is decoded; one that would
+      change the union is handled by ``policy`` (the output's
+      ``schema_change``): ``evolve`` raises :class:`SchemaChanged` (the driver
+      re-opens with the new union), ``freeze`` decodes it into today's
+      columns and counts the values of fields they lack
+      (:attr:`DecodeResult.dropped`), ``fail`` raises a definite error naming
+      the subject, the schema id and the change. A writer schema no union can
+      hold (:class:`~reclock.formats.avro_union.Incompatible`) is a definite
+      error under every policy.
 
     The columns are the fields of the top-level record (one column ``value``
     if the schema is not a record): nested records -> struct, arrays -> list,
@@ -273,24 +322,123 @@ class AvroDecoder:
         subject: str | None = None,
         allow_null: bool = False,
         timeout: float = 10.0,
+        *,
+        policy: str = _DEFAULT_POLICY,
+        known: Mapping[str, Any] | None = None,
+        seen: Sequence[int] = (),
+        part: str = "value",
     ) -> None:
         self.allow_null = allow_null
+        self.policy = policy
+        self.part = part
+        self.subject = subject
         self.resolver = SchemaRegistryResolver(registry_url, timeout) if registry_url else None
-        if schema is None:
-            if self.resolver is None or not subject:
-                raise FormatError(
-                    "avro format: give 'schema' (the reader schema), or 'registry_url' "
-                    "with 'subject' to use the subject's latest schema"
-                )
-            schema = self.resolver.latest(subject)
-        parsed: Any = schema
-        if isinstance(schema, str):
+        if schema is None and (self.resolver is None or not subject):
+            raise FormatError(
+                "avro format: give 'schema' (the reader schema), or 'registry_url' "
+                "with 'subject' to use the union of the subject's versions"
+            )
+        explicit = None if schema is None else _parsed(schema)
+        #: notes for the progress log (a subject found reset)
+        self.notes: list[str] = []
+        self._ids: dict[int, str] = {}  # registry ids merged into the union -> text
+        self._order: list[int] = []
+        self._versions: dict[int, int] = {}
+        self._union: Any = None
+        if self.resolver is None:
+            assert explicit is not None
+            self._set_reader(explicit)
+            return
+        if explicit is not None:
+            self._union = self._merged(None, explicit, "the format's schema")
+        self._build(known or {}, seen)
+        self._set_reader(au.to_json(self._union))
+
+    # -- the union (driver side) -----------------------------------------------------------
+    @property
+    def evolving(self) -> bool:
+        """Whether the columns follow a registry (re-described at every open)."""
+        return self.resolver is not None
+
+    def _where(self) -> str:
+        return f"subject {self.subject!r}" if self.subject else "the records' writer schemas"
+
+    def _merged(self, union: Any, schema: Any, label: str) -> Any:
+        # a subject's versions come in order: a later one adding a required
+        # field without a default is refused, as a registry's backward check
+        # would; beside a declared reader schema, writers come in any order
+        try:
+            return au.merge(union, au.expand(schema), strict=bool(self.subject))
+        except au.Incompatible as exc:
+            raise DefiniteError(
+                f"avro format, {self._where()}: {label} is incompatible with the schemas "
+                f"before it: {exc.args[0]}",
+                hint="register a compatible version (a new field needs a default or a null "
+                     "branch; a type may only widen: int -> long, float -> double), or re-read "
+                     "the output in the new shape (`reclock resnapshot`, or a new target)"
+            ) from None
+
+    def _take(self, sid: int, text: str, label: str) -> None:
+        if sid in self._ids:
+            return
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = text.strip()
+        self._union = self._merged(self._union, doc, label)
+        self._ids[sid] = text
+        self._order.append(sid)
+
+    def _build(self, known: Mapping[str, Any], seen: Sequence[int]) -> None:
+        assert self.resolver is not None
+        recorded = {int(k): str(v) for k, v in dict(known.get("schemas") or {}).items()}
+        for sid in [int(i) for i in known.get("order") or sorted(recorded)]:
+            if sid in recorded:
+                self._take(sid, recorded[sid], f"schema id {sid} (taken before)")
+        was = {int(k): int(v) for k, v in dict(known.get("versions") or {}).items()}
+        now = self.resolver.versions(self.subject) if self.subject else {}
+        if self.subject and now is None and not was and not self._ids and self._union is None:
+            raise FormatError(f"avro format: schema registry {self.resolver.url} has no "
+                              f"subject {self.subject!r}")
+        now = now or {}
+        gone = {v: sid for v, sid in was.items() if now.get(v, (None, ""))[0] != sid}
+        if gone:
+            # The subject was deleted (and maybe registered again): its old
+            # versions are kept (recorded), its new ones must fit with them.
+            said = ", ".join(f"version {v} was id {sid}, "
+                             + (f"is id {now[v][0]}" if v in now else "is gone")
+                             for v, sid in sorted(gone.items()))
+            self.notes.append(f"schema registry subject {self.subject!r} was reset ({said})")
             try:
-                parsed = json.loads(schema)
-            except ValueError:
-                parsed = schema.strip()  # a bare primitive name such as string
-        elif isinstance(schema, Mapping):
-            parsed = dict(schema)
+                for v, (sid, text) in now.items():
+                    self._take(sid, text, f"version {v} (schema id {sid})")
+            except DefiniteError as exc:
+                raise DefiniteError(
+                    f"schema registry subject {self.subject!r} was deleted and registered "
+                    f"again ({said}), and its new schemas do not fit the output: "
+                    f"{exc.args[0]}",
+                    hint="if the subject was reset on purpose, re-read the output in its new "
+                         "shape (`reclock resnapshot`, or a new target); else restore the "
+                         "subject's versions") from None
+        else:
+            for v, (sid, text) in now.items():
+                self._take(sid, text, f"version {v} (schema id {sid})")
+        self._versions = {v: sid for v, (sid, _) in now.items()}
+        for sid in seen:
+            if sid not in self._ids:
+                self._take(sid, self.resolver.writer_text(sid), f"schema id {sid}")
+        if self._union is None:
+            raise FormatError(f"avro format: {self._where()} has no schema yet",
+                              hint="register the subject's first version")
+
+    def fact(self) -> dict[str, Any]:
+        """What identifies the union, for the driver to keep durably: the
+        subject's versions (version -> schema id) and every schema taken."""
+        return {"subject": self.subject, "versions": {str(v): i for v, i in
+                                                      sorted(self._versions.items())},
+                "order": list(self._order), "schemas": {str(i): t for i, t in self._ids.items()}}
+
+    def _set_reader(self, parsed: Any) -> None:
         named: dict[str, Any] = {}
         try:
             self._reader = fastavro.parse_schema(parsed, named_schemas=named)
@@ -306,10 +454,58 @@ class AvroDecoder:
             self._columns = ["value"]
             self._record = False
         self._fix = fix
+        #: writer ids judged in this process: the reader to resolve them into
+        #: (freeze: the union with them) and the fields the output lacks
+        self._judged: dict[int, tuple[Any, tuple[str, ...]]] = {}
 
-    def _read_one(self, raw: bytes) -> Any:
-        """One datum (raises on bad bytes; ``_SchemaMissing``/``TransientError``
-        for registry faults)."""
+    # -- decoding (executors) --------------------------------------------------------------
+    def _judge(self, sid: int, writer: Any) -> tuple[Any, tuple[str, ...]]:
+        """(the reader to resolve records of writer ``sid`` into, the fields
+        they carry that the output lacks); raises per the policy."""
+        hit = self._judged.get(sid)
+        if hit is not None:
+            return hit
+        if sid in self._ids:
+            hit = (self._reader, ())
+        else:
+            assert self.resolver is not None
+            text = self.resolver.writer_text(sid)
+            label = f"schema id {sid}"
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                doc = text.strip()
+            merged = self._merged(self._union, doc, label)
+            if au.canonical(merged) == au.canonical(self._union):
+                hit = (self._reader, ())
+            else:
+                have = set(self._columns)
+                new = tuple(f["name"] for f in merged.get("fields", ()) if f["name"] not in have
+                            ) if isinstance(merged, dict) else ()
+                what = (f"fields {list(new)} added" if new else "field types changed")
+                if self.policy == "evolve":
+                    exc = SchemaChanged(
+                        f"avro format, {self._where()}: records written with {label} change "
+                        f"the output's shape ({what}); the output evolves",
+                        hint="the source re-opens and the sink takes the new shape")
+                    exc.schema_id = sid
+                    exc.part = self.part
+                    raise exc
+                if self.policy == "fail":
+                    raise DefiniteError(
+                        f"avro format, {self._where()}: records written with {label} change "
+                        f"the output's shape ({what}) and the output's schema_change is fail",
+                        hint="to take it, set schema_change: evolve (or freeze) on the output "
+                             "and restart; or re-read the output in its new shape with "
+                             "`reclock resnapshot`")
+                hit = (fastavro.parse_schema(au.to_json(merged), named_schemas={}), new)
+        self._judged[sid] = hit
+        return hit
+
+    def _read_one(self, raw: bytes) -> tuple[Any, tuple[str, ...]]:
+        """One datum and the fields of it the output lacks (raises on bad
+        bytes; ``_SchemaMissing``/``TransientError`` for registry faults)."""
+        lacks: tuple[str, ...] = ()
         if self.resolver is not None:
             if len(raw) < 5 or raw[0] != 0:
                 head = f"0x{raw[0]:02x}" if raw else "nothing"
@@ -317,40 +513,58 @@ class AvroDecoder:
                     f"not in the Confluent wire format (starts with {head}, expected 0x00 "
                     "and a 4-byte schema id)"
                 )
-            writer = self.resolver.writer_schema(int.from_bytes(raw[1:5], "big"))
+            sid = int.from_bytes(raw[1:5], "big")
+            writer = self.resolver.writer_schema(sid)
+            reader, lacks = self._judge(sid, writer)
             body = io.BytesIO(raw)
             body.seek(5)
-            value = fastavro.schemaless_reader(body, writer, self._reader)
+            value = fastavro.schemaless_reader(body, writer, reader)
         else:
             body = io.BytesIO(raw)
             value = fastavro.schemaless_reader(body, self._reader, None)
         rest = len(raw) - body.tell()
         if rest:
             raise ValueError(f"{rest} trailing bytes after the datum")
-        return value
+        return value, lacks
 
     def decode(self, data: pa.Array) -> DecodeResult:
         data = _as_binary(data)
         c = _Collector(self.schema, "avro")
+        dropped: dict[str, int] = {}
         for i, raw in enumerate(data.to_pylist()):
             if raw is None:
                 c.null(i, self.allow_null)
                 continue
             try:
-                value = self._read_one(raw)
+                value, lacks = self._read_one(raw)
                 if self._fix is not None:
                     value = self._fix(value)
-            except TransientError:
+            except (TransientError, SchemaChanged):
                 raise
             except _SchemaMissing as exc:
                 c.error(i, f"avro: {exc}")
                 continue
+            except DefiniteError:
+                raise  # an incompatible writer schema, or a change the policy refuses
             except Exception as exc:  # bad bytes fail in many ways
                 msg = str(exc)
                 c.error(i, f"avro: {type(exc).__name__}: {msg}" if msg else
                         f"avro: {type(exc).__name__} (truncated or corrupt datum)")
                 continue
+            for k in lacks:
+                if isinstance(value, dict) and value.get(k) is not None:
+                    dropped[k] = dropped.get(k, 0) + 1
             c.row(i, [value.get(k) for k in self._columns] if self._record else [value])
-        return c.result()
+        res = c.result()
+        return dataclasses.replace(res, dropped=dropped) if dropped else res
 
 
+def _parsed(schema: str | Mapping[str, Any] | list[Any]) -> Any:
+    if isinstance(schema, str):
+        try:
+            return json.loads(schema)
+        except ValueError:
+            return schema.strip()  # a bare primitive name such as string
+    if isinstance(schema, Mapping):
+        return dict(schema)
+    return schema

@@ -222,6 +222,9 @@ class DecodeResult:
     ok: I64
     errors: I64
     reasons: list[str]
+    #: values of fields the output does not have that the decoder left out,
+    #: per field (an Avro writer schema wider than a frozen output's)
+    dropped: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.table.num_rows != len(self.ok) or len(self.errors) != len(self.reasons):

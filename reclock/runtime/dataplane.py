@@ -48,10 +48,11 @@ from reclock.core.columns import (
     SRC_UNCHANGED,
     TRUNCATED,
 )
-from reclock.core.errors import DefiniteError, ReclockError, classify
+from reclock.core.errors import DefiniteError, ReclockError, SchemaChanged, classify
 from reclock.core.frontier import Antichain
+from reclock.core.schema_change import dropped_counts, with_dropped
 from reclock.core.secrets import install_log_filter, register
-from reclock.envelopes.base import Envelope, meta_columns
+from reclock.envelopes.base import Envelope, fit_column, meta_columns, unpicked_values
 from reclock.envelopes.keystate import IntentWriter, KeyedIntents
 from sinks.base import Stager, output_schema, refuse_rows
 from sources.base import ReadTask, SourceReader
@@ -141,6 +142,9 @@ class TaskResult:
     #: a reclock error raised by the task, re-raised by the driver as is (its
     #: class decides stall, re-open or retry); Spark does not retry these
     error: ReclockError | None = None
+    #: per output, values of upstream columns the output does not take
+    #: (``schema_change: freeze``), per column
+    dropped_values: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
 def _reclock(ctx: JobContext, part: npt.NDArray[np.int64], off: npt.NDArray[np.int64]
@@ -156,6 +160,10 @@ def _reclock(ctx: JobContext, part: npt.NDArray[np.int64], off: npt.NDArray[np.i
     return t
 
 
+#: columns of a source's batch that are not user columns
+_BATCH_META = frozenset({SRC_DIFF, SRC_OFFSET, SRC_PART, SRC_TS, SRC_UNCHANGED, "key", "value"})
+
+
 def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
                       ) -> tuple[pa.Table, int]:
     """Decode/shape one output's batch into stored rows; returns (rows, errors).
@@ -164,16 +172,33 @@ def build_output_rows(plan: OutputPlan, batch: pa.RecordBatch, into: npt.NDArray
     if not plan.typed:
         return plan.envelope.rows(plan, batch, into)
     n = batch.num_rows
-    cols = [batch.column(up).cast(f.type) for up, f in plan.picks()]
+    names = set(batch.schema.names)
+    cols = []
+    refused: dict[int, str] = {}
+    for up, f in plan.picks():
+        if up not in names:  # a column the output keeps that upstream no longer has
+            cols.append(pa.nulls(n, f.type))
+            continue
+        col, bad = fit_column(batch.column(up), f.type, f.name)
+        for i, why in bad.items():
+            refused.setdefault(i, why)
+        cols.append(col)
     meta = meta_columns(batch, into, None)
     if SRC_DIFF in batch.schema.names:  # CDC rows: -1/+1, or keyed intents 1/0
         meta[1] = batch.column(SRC_DIFF).cast(pa.int64())
     arrays = [*cols, *meta, pa.nulls(n, pa.string()), pa.nulls(n, pa.binary()),
               pa.nulls(n, pa.binary())]
     rows = pa.Table.from_arrays(arrays, schema=plan.schema)
+    if refused:  # values the output's column cannot hold: error rows naming them
+        mask = np.zeros(n, dtype=bool)
+        mask[list(refused)] = True
+        rows = refuse_rows(rows, mask, refused)
+    errors = len(refused)
     if plan.keyed and SRC_UNCHANGED in batch.schema.names:
         rows = rows.append_column(SRC_UNCHANGED, batch.column(SRC_UNCHANGED))
-    return rows, 0
+    # columns upstream has and the output does not take (schema_change: freeze)
+    dropped = unpicked_values(batch, {up for up, _ in plan.picks()}, _BATCH_META)
+    return with_dropped(rows, dropped), errors
 
 
 def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
@@ -232,7 +257,17 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
             mx = pc.max(ts).as_py()
             if mx is not None:
                 res.max_src_ts = mx if res.max_src_ts is None else max(res.max_src_ts, mx)
-        rows, nerr = build_output_rows(plan, batch, into)
+        try:
+            rows, nerr = build_output_rows(plan, batch, into)
+        except SchemaChanged as exc:
+            exc.output = i  # which output's union the driver widens
+            raise
+        gone = dropped_counts(rows.schema.metadata)
+        if gone:
+            mine = res.dropped_values.setdefault(i, {})
+            for c, v in gone.items():
+                mine[c] = mine.get(c, 0) + v
+            rows = rows.replace_schema_metadata(None)
         if plan.keyed:
             # Values the sink cannot store are refused here, before the
             # driver's key state sees them: the key keeps its current row.
@@ -316,6 +351,7 @@ def _run_partition(bc: Any, acc: Any, tasks: Iterable[ReadTask]) -> Iterator[Tas
         except ReclockError as exc:
             yield TaskResult(task.index, error=exc)
             continue
+        faults.kill_worker_point(1)  # (a rehearsed worker death: files staged, no result)
         if acc is not None:
             acc.add({task.index: res.records})
         yield res
@@ -571,6 +607,7 @@ def _run_shared_partition(bc: Any, items: Iterable[tuple[int, ReadTask]]
             res = run_task(ctxs[i], task)
         except Exception as exc:
             res = TaskResult(task.index, error=classify(exc))
+        faults.kill_worker_point(len(ctxs))  # (a rehearsed worker death, see faults)
         yield i, res
 
 

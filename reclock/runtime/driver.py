@@ -57,6 +57,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock import faults
+from reclock.config.base import KEYED_ENVELOPE, state_key_problem
 from reclock.core.bindings import Bindings
 from reclock.core.clock import Clock
 from reclock.core.columns import (
@@ -71,20 +72,31 @@ from reclock.core.columns import (
 from reclock.core.errors import (
     DefiniteError,
     IdentityChanged,
+    LockTaken,
     ReclockError,
     Reopen,
+    SchemaChanged,
     TransientError,
     classified,
     classify,
 )
 from reclock.core.frontier import Antichain, frontier_distance
 from reclock.core.mint import RemapOperator
+from reclock.core.schema_change import (
+    DEFAULT_POLICY,
+    Change,
+    Decision,
+    DroppedTally,
+    Policy,
+    decide,
+)
 from reclock.core.secrets import SECRETS
 from reclock.core.time import IntoTime
 from reclock.envelopes import Envelope, NoneEnvelope, UpsertState, envelope_for
 from reclock.envelopes.keystate import (
     CacheShares,
     KeyedIntents,
+    KeyStateDamaged,
     KeyStore,
     MemoryKeys,
     SqliteKeys,
@@ -100,10 +112,12 @@ from reclock.runtime.dataplane import (
 )
 from reclock.runtime.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
 from reclock.runtime.ledger import CommitLedger
+from reclock.runtime.lock import LockWatch
 from reclock.runtime.memory import release_free_memory, release_if_idle
 from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.replay import heal
 from reclock.runtime.resnapshot import Requests
+from reclock.runtime.shapes import Facts, raw_user_schema
 from reclock.runtime.snapshot_progress import SnapshotProgress
 from remap_store.base import RemapStore
 from sinks.base import (
@@ -138,6 +152,18 @@ class OutputRuntime:
     upsert_key: tuple[str, ...] | None = None  # by output column names
     upstream: tuple[str, ...] = ()  # each user column's upstream name, if renamed
     rename: dict[str, str] = field(default_factory=dict)  # the output's rename mapping
+    #: the key of a sink that keeps one row per key (a state table), else None
+    state_key: tuple[str, ...] | None = None
+    #: the output's schema_change policy (reclock/core/schema_change.py)
+    policy: Policy = DEFAULT_POLICY
+    #: the key and value format specs of a raw output (its decoders are built
+    #: again at every open when they follow a schema registry)
+    formats: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
+    #: registry schema ids records named that the decoders' union lacked,
+    #: per decoder part (schema_change: evolve re-opens to take them)
+    seen: dict[str, list[int]] = field(default_factory=dict)
+    #: values of upstream columns the output does not take (freeze)
+    dropped: DroppedTally = field(default_factory=DroppedTally)
     upsert: UpsertState | None = None
     state: SinkState = field(default_factory=SinkState)
     rows: int = 0
@@ -191,6 +217,42 @@ JOB_TASKS_PER_CORE = 4
 #: (SourceRunner._even_task): 200,000 records of a burst were one task on
 #: one of two cores.
 SPLIT_MIN_RECORDS = 20_000
+
+
+def check_state_key(what: str, out: OutputRuntime) -> None:
+    """An output's state table must be keyed by a key that contains the
+    output's upstream key (:func:`~reclock.config.base.state_key_problem`):
+    its envelope's key, else the key its source declares for typed rows (a
+    CDC table's primary key or replica identity index, a generator table's
+    id). Checked once the output's columns are known: when the pipeline is
+    built, or when the source describes its typed outputs. A
+    :class:`DefiniteError` naming ``what`` otherwise."""
+    if not out.state_key:
+        return
+    upstream: tuple[str, ...] | None = None
+    fix = KEYED_ENVELOPE
+    declared = ("the key the source declares for it: a CDC table's primary key or replica "
+                "identity index, a generator table's id")
+    if out.upsert_key:
+        upstream = out.upsert_key
+        origin = declared if out.spec.envelope is not None else (
+            f"the {out.envelope.type} envelope's key")
+    elif out.spec.typed and out.spec.key:
+        upstream = tuple(out.rename.get(k, k) for k in out.spec.key)
+        origin = declared
+    elif out.envelope.type == "debezium":
+        origin = ("a debezium envelope without a key retracts before images as they come, "
+                  "whatever their key")
+    elif out.spec.typed:
+        origin = ("the source declares no key for it: a CDC table without a primary key or "
+                  "replica identity index, or a file load")
+        fix = "give the table a primary key upstream and key the state table by it"
+    else:
+        origin = "envelope none: every record is an insertion, and none retracts an earlier one"
+    problem = state_key_problem(out.state_key, upstream, origin, fix)
+    if problem is not None:
+        raise DefiniteError(f"{what}: sink key {list(out.state_key)}: {problem}",
+                            hint="change the sink's key or mode in the pipeline file")
 
 
 def _key_marker(out: OutputRuntime, state: SinkState) -> str:
@@ -288,6 +350,7 @@ class SourceRunner:
         requests: Requests | None = None,
         drop_marker: Path | None = None,
         bindings: Bindings[Any] | None = None,
+        lock: LockWatch | None = None,
     ) -> None:
         self.source = source
         self.name = source.name
@@ -317,6 +380,12 @@ class SourceRunner:
         self.ticks = 0
         self._gone: set[int] = set()  # outputs whose upstream is gone (output_errors)
         self._keys: dict[int, KeyStore] = {}  # keyed outputs' key stores, by output
+        #: keyed outputs whose key store met damage and was thrown away: why
+        #: (reported by the rebuild at the next open)
+        self._key_damage: dict[int, str] = {}
+        #: keyed outputs whose key state was rebuilt for damage and has not
+        #: been committed since (damage again: the disk is suspect)
+        self._key_healing: set[int] = set()
         # The first vacuum one to two periods after start, at a random point:
         # a thousand sources started together otherwise vacuumed together,
         # every period (each vacuum's first pass reads its table, in a child).
@@ -349,6 +418,9 @@ class SourceRunner:
         self._prefetched = bindings
         #: what the outputs committed, as the driver recorded it (runtime/ledger.py)
         self.ledger = CommitLedger(store, self.name)
+        #: the pipeline's driver lock, which every mint and sink commit
+        #: requires (None: no store lock, or a rehearsed zombie)
+        self.lock = lock
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -428,12 +500,16 @@ class SourceRunner:
                 hint = exc.hint if isinstance(exc, ReclockError) else None
                 msg = (exc.args[0] if exc.args else str(exc)) if isinstance(
                     exc, ReclockError) else f"{exc} ({'definite' if definite else 'transient'})"
-                if isinstance(exc, Superseded):
-                    # A newer driver of this pipeline owns the output now: a
-                    # zombie writes nothing more.
+                if isinstance(exc, Superseded | LockTaken):
+                    # A newer driver of this pipeline owns the output (or its
+                    # lock) now: a zombie writes nothing more.
                     log.error("source %s: stopped: %s (%s)", self.name, msg, hint)
-                    self._set_health(STOPPED, f"Superseded: {msg}", hint, True)
+                    self._set_health(STOPPED, f"{type(exc).__name__}: {msg}", hint, True)
                     break
+                if isinstance(exc, SchemaChanged) and 0 <= exc.output < len(self.outputs):
+                    # the next open takes the writer schema into the output's union
+                    self.outputs[exc.output].seen.setdefault(exc.part, []).append(
+                        exc.schema_id)
                 if isinstance(exc, SinkFenced | Reopen | IdentityChanged):
                     self._opened = False  # re-read every output's durable state
                 self._set_health(STALLED, f"{type(exc).__name__}: {msg}", hint, definite)
@@ -491,28 +567,7 @@ class SourceRunner:
             out.upsert = None
             if out.upsert_key is None:
                 continue
-            store = self._key_store(out)
-            store.rollback()
-            columns = [f.name for f in out.user_schema]
-            marker = _key_marker(out, out.state)
-            if out.index in self._resnap:
-                # Read again from scratch: the snapshot's rows start from no
-                # keys (what the output holds now is retracted as a whole,
-                # however damaged: see _replaced); a replay's correction
-                # brings its own key state (see _commit). A damaged output's
-                # key state cannot be rebuilt: it is not needed.
-                store.reset()
-                out.upsert = UpsertState(columns, out.upsert_key, store)
-                keys[out.name] = "reset"
-            elif store.marker == marker:
-                # the stored state is that of the output's committed version
-                out.upsert = UpsertState(columns, out.upsert_key, store)
-                keys[out.name] = "reused"
-            else:
-                # the key state is exactly that of the committed output
-                out.upsert = UpsertState.rebuild(
-                    out.sink.read_updates(), columns, out.upsert_key, store, marker)
-                keys[out.name] = "rebuilt"
+            keys[out.name] = self._open_keys(out)
         b = self.operator.bindings  # just read back by the operator
         initial = self.source.initial_frontier()
         if b.last is not None:
@@ -533,6 +588,86 @@ class SourceRunner:
         self.events.log(self.name, "open", resume=self.resume.encode(),
                         read_from=self.read_from.encode(), bound=bound.encode(),
                         **({"keys": keys} if keys else {}))
+
+    def _open_keys(self, out: OutputRuntime) -> str:
+        """Set up a keyed output's key state for its committed version:
+        ``reset``, ``reused`` or ``rebuilt`` (from the output, with an event
+        saying why). A store found damaged (when its file was opened, which
+        checks it, or while the driver ran) is rebuilt, never reused."""
+        key = out.upsert_key
+        assert key is not None
+        store = self._key_store(out)
+        damage = self._key_damage.pop(out.index, None) or store.discarded
+        store.discarded = None
+        columns = [f.name for f in out.user_schema]
+        marker = _key_marker(out, out.state)
+        if out.index in self._resnap:
+            # Read again from scratch: the snapshot's rows start from no
+            # keys (what the output holds now is retracted as a whole,
+            # however damaged: see _replaced); a replay's correction
+            # brings its own key state (see _commit). A damaged output's
+            # key state cannot be rebuilt: it is not needed.
+            if damage is not None:
+                log.warning("source %s: output %s: key state file %s was damaged (%s): "
+                            "emptied for the re-snapshot", self.name, out.name,
+                            store.location, damage)
+            store.reset()
+            out.upsert = UpsertState(columns, key, store)
+            return "reset"
+        if damage is None:
+            store.rollback()
+            if store.marker == marker:
+                # the stored state is that of the output's committed version
+                out.upsert = UpsertState(columns, key, store)
+                return "reused"
+        if damage is not None:
+            why = f"damaged: {damage}"
+        elif store.location is None:
+            why = "the key state is kept in memory"
+        elif store.marker is None:
+            why = "no key state saved yet"
+        else:  # a crash between the output's commit and the key state's, ...
+            why = "the saved key state is not that of the output's committed version"
+        # the key state is exactly that of the committed output
+        updates = out.sink.read_updates()
+        out.upsert = UpsertState.rebuild(updates, columns, key, store, marker)
+        if damage is not None:
+            self._key_healing.add(out.index)
+        (log.warning if damage is not None else log.info)(
+            "source %s: output %s: key state rebuilt from %d rows of the output (%s)%s",
+            self.name, out.name, updates.num_rows, why,
+            "" if store.location is None else f" in {store.location}")
+        self.events.log(self.name, "keys_rebuilt", output=out.name, file=store.location,
+                        reason=why, rows=updates.num_rows)
+        return "rebuilt"
+
+    def _lost_keys(self, out: OutputRuntime, exc: KeyStateDamaged, during: str
+                   ) -> ReclockError:
+        """A keyed output's key store met damage ``during`` a step: the store
+        is thrown away (its file deleted), and the source re-opens, which
+        rebuilds the key state from the output and reads the job again
+        (key state changes only after the sink commit: a job that was not
+        committed is settled again against the rebuilt state, one that was
+        is in the output it is rebuilt from). The error to raise: a
+        :class:`~reclock.core.errors.Reopen`, or a definite error when the
+        state rebuilt for damage is damaged again before any commit."""
+        store = self._keys.pop(out.index, None)
+        if store is not None:
+            store.remove()
+        self._opened = False  # whatever is raised: the next round re-opens
+        self._key_damage[out.index] = f"{exc.reason} (met while {during})"
+        log.error("source %s: output %s: key state file %s is damaged (%s, met while %s): "
+                  "deleted; the source re-opens and rebuilds it from the output",
+                  self.name, out.name, exc.path, exc.reason, during)
+        if out.index in self._key_healing:
+            return DefiniteError(
+                f"source {self.name!r}: output {out.name!r}: its key state file {exc.path} "
+                f"is damaged again ({exc.reason}), before any commit since it was rebuilt "
+                "for damage", hint="check the disk under state_dir (or move state_dir to "
+                "another disk); the key state is rebuilt from the output at each retry")
+        return Reopen(f"source {self.name!r}: output {out.name!r}: key state file "
+                      f"{exc.path} is damaged ({exc.reason}): it is rebuilt from the output",
+                      hint="nothing to do: the job in progress is read again")
 
     def _key_store(self, out: OutputRuntime) -> KeyStore:
         """The key store of a keyed output (made once per runner)."""
@@ -564,28 +699,117 @@ class SourceRunner:
         return {index[n]: t for n, t in self.requests.pending().items() if n in index}
 
     def _describe_outputs(self) -> None:
-        """Typed outputs take their schema (and the envelope their rows need)
-        from the source as it is now: an upstream table may have changed."""
+        """Each output's columns as upstream is now, met by the output's
+        ``schema_change`` policy (runtime/shapes.py): typed outputs take the
+        source's description (an upstream table may have changed), raw
+        outputs whose decoders follow a schema registry rebuild them. What
+        the policy decides is kept as a fact before any commit uses it."""
         specs = self.source.current_outputs()
         if [s.name for s in specs] != [o.name for o in self.outputs]:
             raise DefiniteError(
                 f"source {self.name!r}: its outputs changed from {[o.name for o in self.outputs]}"
                 f" to {[s.name for s in specs]}", hint="restart the pipeline")
+        facts = Facts(self.store.facts(self.name))
         for out, spec in zip(self.outputs, specs, strict=True):
-            if not spec.typed or spec.schema is None:
-                continue
-            out.spec = spec
             what = f"source {self.name!r} output {out.name!r}"
-            if spec.envelope is not None:
-                out.envelope = envelope_for(spec.envelope, tuple(spec.key))
-            key = out.envelope.resolve(what, list(spec.schema.names), None)
-            out.user_schema, out.upstream, out.upsert_key = (
-                rename_columns(what, spec.schema, out.rename, key) if out.rename
-                else (spec.schema, (), key))
+            changes: tuple[Change, ...] = ()
+            if spec.typed:
+                if spec.schema is None:
+                    continue
+                out.spec = spec
+                if spec.envelope is not None:
+                    out.envelope = envelope_for(spec.envelope, tuple(spec.key))
+                upstream, key_columns = spec.schema, None
+                changes = tuple(spec.changes)
+            elif self._evolving(out):
+                upstream, key_columns = self._redecode(out, what, facts)
+            elif out.user_schema is None:
+                continue
+            else:
+                assert out.value_decoder is not None
+                upstream = pa.schema(
+                    ([*out.key_decoder.schema] if out.key_decoder is not None else [])
+                    + [*out.value_decoder.schema] + list(out.spec.extra or []))
+                key_columns = ([f.name for f in out.key_decoder.schema]
+                               if out.key_decoder is not None else [])
+            key = out.envelope.resolve(what, list(upstream.names), key_columns)
+            if out.rename:
+                upstream, _, key = rename_columns(what, upstream, out.rename, key)
+            decision = decide(what, out.name, out.policy, facts.today(out.name), upstream,
+                              changes)
+            self._log_changes(out, decision)
+            out.user_schema, out.upsert_key = decision.schema, key
+            if out.rename:
+                back = {v: k for k, v in out.rename.items()}
+                out.upstream = tuple(back.get(n, n) for n in decision.schema.names)
             check_output_names(what, out.user_schema)
+            check_state_key(what, out)
+            facts.set_today(out.name, out.user_schema)
+        if facts.updates:
+            self.store.put_facts(self.name, facts.updates)
         missing = [o.name for o in self.outputs if o.user_schema is None]
         if missing:
             raise DefiniteError(f"source {self.name!r}: outputs {missing} have no schema")
+
+    @staticmethod
+    def _evolving(out: OutputRuntime) -> bool:
+        return any(getattr(d, "evolving", False) for d in (out.key_decoder, out.value_decoder))
+
+    def _redecode(self, out: OutputRuntime, what: str, facts: Facts
+                  ) -> tuple[pa.Schema, list[str]]:
+        """Rebuild a raw output's decoders that follow a schema registry (the
+        union of what they took before, the subject's versions now and the
+        ids records named); record their unions; the upstream columns."""
+        from reclock.formats import make_decoder
+
+        key_spec, value_spec = out.formats
+        decs: dict[str, Any] = {}
+        for part, spec in (("key", key_spec), ("value", value_spec)):
+            old = out.key_decoder if part == "key" else out.value_decoder
+            if spec is None or not getattr(old, "evolving", False):
+                decs[part] = old
+                continue
+            dec = make_decoder(spec, allow_null=part == "value" and out.envelope.allow_null,
+                               policy=out.policy, known=facts.avro(out.name, part),
+                               seen=out.seen.get(part, ()), part=part)
+            for note in getattr(dec, "notes", ()):
+                log.warning("%s: %s", what, note)
+                self.events.log(self.name, "schema", output=out.name, note=note)
+            facts.set_avro(out.name, part, dec.fact())  # type: ignore[attr-defined]
+            decs[part] = dec
+        out.key_decoder, out.value_decoder = decs["key"], decs["value"]
+        out.seen = {}
+        schema, key_columns = raw_user_schema(what, out.key_decoder, out.value_decoder,
+                                              list(out.spec.extra or []), out.envelope.type)
+        return schema, key_columns
+
+    def _count_dropped(self, out: OutputRuntime, results: list[TaskResult]) -> None:
+        """Values of upstream columns the output does not take (freeze),
+        committed with this batch: counted, and each column named in the
+        progress log the first time (in this run) its values are dropped."""
+        counts: dict[str, int] = {}
+        for r in results:
+            for c, v in r.dropped_values.get(out.index, {}).items():
+                counts[c] = counts.get(c, 0) + v
+        if not counts:
+            return
+        for c in out.dropped.add(counts):
+            log.warning("source %s output %s: dropping the values of upstream column %r "
+                        "(schema_change: %s; the output does not have it)", self.name, out.name,
+                        c, out.policy)
+            self.events.log(self.name, "schema", output=out.name, policy=out.policy,
+                            dropping_values_of=c)
+
+    def _log_changes(self, out: OutputRuntime, decision: Decision) -> None:
+        """Name what the policy did with upstream's changes in the progress log."""
+        if not decision.changes:
+            return
+        said = [c.describe() for c in decision.changes]
+        log.info("source %s output %s: schema_change %s: %s", self.name, out.name, out.policy,
+                 "; ".join(said))
+        self.events.log(self.name, "schema", output=out.name, policy=out.policy,
+                        changes=said, dropping=list(decision.dropped),
+                        keeping_types=list(decision.kept_types))
 
     def _resume_into(self) -> Antichain[IntoTime]:
         u = _min_upper([o.state for o in self.outputs])
@@ -629,6 +853,8 @@ class SourceRunner:
 
         before = self.operator.bindings
         minting = time.monotonic()
+        if self.lock is not None:
+            self.lock.require()  # no binding is appended without the driver lock
         b = self.operator.mint(probe)  # 1. mint (read back from the store)
         self._upstream_gone()
         if b.upper != before.upper or len(b) != len(before):
@@ -920,12 +1146,23 @@ class SourceRunner:
                         extra = self._replaced(b, out)
                     staged += self._stage(out, "resnap", extra)
                 if intents and keys is not None:
+                    if faults.take("damage_keys"):
+                        keys.store.damage()
                     staged += self._settle(out, keys, KeyedIntents.merged(intents))
                 faults.fail_point("commit")
+                if self.lock is not None:
+                    self.lock.require()  # no sink commits without the driver lock
                 out.sink.commit(staged, cur, new)
-            except BaseException:
+            except BaseException as exc:
                 if keys is not None:
-                    keys.rollback()
+                    damage, during = (exc, "settling a job") if isinstance(
+                        exc, KeyStateDamaged) else (None, "rolling back a failed commit")
+                    try:
+                        keys.rollback()
+                    except KeyStateDamaged as found:
+                        damage = damage or found
+                    if damage is not None:
+                        raise self._lost_keys(out, damage, during) from exc
                 raise
             finally:
                 _remove_spilled(intents)
@@ -934,9 +1171,12 @@ class SourceRunner:
             if keys is not None:
                 try:
                     keys.commit(_key_marker(out, new))
+                except KeyStateDamaged as exc:
+                    raise self._lost_keys(out, exc, "saving the key state") from exc
                 except Exception as exc:  # the output moved: its key state is read again
                     raise Reopen(f"source {self.name!r}: output {out.name!r}: the key state "
                                  f"could not be saved ({exc})") from exc
+                self._key_healing.discard(out.index)
             out.state = new
             if replacing:
                 self.ledger.replace(out.name, new)
@@ -946,6 +1186,7 @@ class SourceRunner:
                 log.warning("source %s: output %s re-snapshotted", self.name, out.name)
             out.rows += sum(r.rows.get(out.index, 0) for r in results)
             out.errors += sum(r.errors.get(out.index, 0) for r in results)
+            self._count_dropped(out, results)
             if out.index not in self._gone:
                 out.health = Health(RUNNING, since_ms=self.clock.now())
             self.events.log(self.name, "sink_upper", output=out.name, upper=new_upper,
@@ -1139,6 +1380,7 @@ class SourceRunner:
                 "lag_ms": (None if o.state.upper is None
                            else max(0, now - (o.state.upper or self.started_ms))),
                 "rows": o.rows, "errors": o.errors, "health": o.health.as_dict(),
+                **({"dropped_values": dict(o.dropped.counts)} if o.dropped.counts else {}),
                 # the initial snapshot's rows read and in all (None: none in this run)
                 "snapshot": snapshots.get(o.index),
             })

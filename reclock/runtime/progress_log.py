@@ -3,7 +3,10 @@
 Events (``kind``): ``binding`` (a new binding or remap upper), ``read`` (the
 data plane's read frontier), ``sink_upper`` (an output's durable upper and
 progress), ``resume`` (the resumption frontier and what was acknowledged
-upstream), ``health`` (status changes), ``open`` (a source started). Each line
+upstream), ``health`` (status changes), ``open`` (a source started),
+``keys_rebuilt`` (a keyed output's key state rebuilt from the output:
+``output``, ``file``, ``reason``, ``rows`` read; a ``reason`` starting
+``damaged:`` is a damaged key file thrown away). Each line
 carries ``ts`` (wall clock ms) and ``source``. The file rotates at
 ``max_bytes`` (one previous generation kept as ``.1``), so it never grows
 without bound; ``reclock status`` shows its tail. Every string of an event is

@@ -120,4 +120,5 @@ class MySqlConfig(ConnectorConfig):
 
         return MySqlSource(name, self.url, ctx.clock, tables=self.table_outputs(),
                            snapshot=self.snapshot, server_id=self.server_id,
-                           identity=ctx.identity, timeout_s=self.timeout / 1000.0)
+                           identity=ctx.identity, timeout_s=self.timeout / 1000.0,
+                           facts=ctx.facts, policies=ctx.schema_change)

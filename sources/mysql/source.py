@@ -49,21 +49,27 @@ IntoTime of the first binding past Q, every transaction the snapshot holds
 that IntoTime or a later one. For the snapshot's outputs the stream drops
 every transaction before S.
 
-Schema changes are seen in the row events' table maps: a column added
-upstream re-opens the source (the output gains it); a dropped column is null
-from then on; a column whose new type the output cannot hold is a definite
-error naming it.
+Schema changes are seen in the row events' table maps: a column added or
+dropped upstream re-opens the source, whose output's ``schema_change``
+policy takes it (:mod:`reclock.core.schema_change`). Each output keeps its
+table's column history with the source's state (``my:<output>``): a dropped
+column stays in the output, read from the changes written before the drop
+(after a restart too), null from then on. The binlog names columns but
+numbers none: a rename reads as a drop and an add. A column whose new type
+the output cannot hold is a definite error naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import json
 import logging
 import random
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,13 +81,17 @@ from reclock.core.clock import Clock
 from reclock.core.columns import SRC_DIFF, SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS, TRUNCATED
 from reclock.core.errors import DefiniteError, Reopen, TransientError
 from reclock.core.frontier import Antichain
+from reclock.core.schema_change import Change, widens
 from reclock.core.time import Gtid
-from sources.base import OutputSpec, ReadTask, SnapshotSize, SourceBase
+from sources.base import Facts, OutputSpec, ReadTask, SnapshotSize, SourceBase
 from sources.mysql import gtid
 from sources.mysql.config import parse_url
 from sources.mysql.types import MyColumn, arrow_array, describe_column, event_fits, normalize
 
 log = logging.getLogger("reclock.mysql")
+
+#: remap-store fact key prefix of an output's column history
+HISTORY_PREFIX = "my:"
 
 #: Rows per output buffered in a task before they become one Arrow batch.
 BATCH_ROWS = 50_000
@@ -307,7 +317,9 @@ class MySqlSource(SourceBase):
     def __init__(self, name: str, url: str, clock: Clock, *,
                  tables: Sequence[tuple[str, str, str]], snapshot: bool = True,
                  server_id: int | None = None, identity: str | None = None,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0,
+                 facts: Facts | None = None,
+                 policies: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.clock = clock
         try:
@@ -323,6 +335,12 @@ class MySqlSource(SourceBase):
         self.server_id = server_id or default_server_id(name, identity)
         self.timeout_s = timeout_s
         self.tables: list[MyTable] = []
+        #: each output's column history (see describe), kept with the
+        #: source's state when a store is at hand, else in memory
+        self._facts = facts
+        self._histories: dict[str, str] = {}
+        self._policies = dict(policies or {})
+        self._changes: dict[str, tuple[Change, ...]] = {}
         self._conn: pymysql.Connection[Any] | None = None
         self._snap: _Snapshot | None = None
         #: per output: drop transactions before this position (snapshot
@@ -357,6 +375,7 @@ class MySqlSource(SourceBase):
     # -- outputs -------------------------------------------------------------------
     def describe(self) -> list[MyTable]:
         tables = []
+        described: list[list[list[Any]]] = []
         for db, name, out in self._configured:
             cols = self._query(
                 f"cannot read the columns of `{db}`.`{name}`",
@@ -374,13 +393,65 @@ class MySqlSource(SourceBase):
             est = self._query("cannot size the table",
                               "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE "
                               "TABLE_SCHEMA = %s AND TABLE_NAME = %s", (db, name))
-            columns = tuple(describe_column(str(c[0]), str(c[1]), str(c[2]),
-                                            None if c[3] is None else int(c[3]),
-                                            None if c[4] is None else int(c[4])) for c in cols)
-            tables.append(MyTable(db, name, out, columns, tuple(str(k[0]) for k in key_rows),
+            now: list[list[Any]] = [
+                [str(c[0]), str(c[1]), str(c[2]), None if c[3] is None else int(c[3]),
+                 None if c[4] is None else int(c[4])] for c in cols]
+            tables.append(MyTable(db, name, out, tuple(describe_column(*c) for c in now),
+                                  tuple(str(k[0]) for k in key_rows),
                                   int(est[0][0] or 0) if est else 0))
-        self.tables = tables
-        return tables
+            described.append(now)
+        self.tables = self._with_history(tables, described)
+        return self.tables
+
+    def _with_history(self, tables: list[MyTable], described: list[list[list[Any]]]
+                      ) -> list[MyTable]:
+        """Each table merged with its output's column history (a fact
+        ``my:<output>``: the columns it ever had, the dropped ones marked):
+        a column dropped upstream stays, so that the changes written before
+        the drop are read with its values, also after a restart. MariaDB's
+        binlog names columns but numbers none: a rename reads as a drop and
+        an add."""
+        known = dict(self._facts.read()) if self._facts is not None else dict(self._histories)
+        out, updates = [], {}
+        for t, now in zip(tables, described, strict=True):
+            key = HISTORY_PREFIX + t.output
+            text = known.get(key)
+            hist: list[list[Any]] = [] if text is None else json.loads(text)["columns"]
+            by_name = {c[0]: c for c in now}
+            changes: list[Change] = []
+            merged: list[list[Any]] = []
+            for h in hist:
+                cur = by_name.pop(h[0], None)
+                if cur is None:
+                    if not h[5]:
+                        changes.append(Change("dropped", h[0], f"in {t.qualified}"))
+                    merged.append([*h[:5], True])
+                    continue
+                old, new = describe_column(*h[:5]), describe_column(*cur)
+                # a narrowing needs nothing: the output's type holds the new values
+                merged.append([*(h[:5] if widens(new.arrow, old.arrow) else cur), False])
+            merged += [[*c, False] for c in now if c[0] in by_name]
+            dropped = [c.column for c in changes]
+            if dropped and not t.key:
+                raise DefiniteError(
+                    f"{self.who}: table {t.qualified}: columns {dropped} were dropped upstream, "
+                    "and its output is a diff log (no primary key): a later change's before "
+                    "image lacks their values, so its retraction would not match the row the "
+                    "output holds", hint="re-read the output in the table's shape now (drop the "
+                    "output and the source's state: a new snapshot), or give the table a "
+                    "primary key (a keyed output retracts by key)")
+            cols = tuple(dataclasses.replace(describe_column(*m[:5]), gone=bool(m[5]))
+                         for m in merged)
+            out.append(dataclasses.replace(t, columns=cols))
+            self._changes[t.output] = tuple(changes)
+            fact = json.dumps({"columns": merged})
+            if fact != text and not (changes and self._policies.get(t.output) == "fail"):
+                updates[key] = fact  # (fail: the changes are reported until taken)
+        if updates:
+            if self._facts is not None:
+                self._facts.write(updates)
+            self._histories.update(updates)
+        return out
 
     def outputs(self) -> list[OutputSpec]:
         try:
@@ -391,7 +462,8 @@ class MySqlSource(SourceBase):
     def current_outputs(self) -> list[OutputSpec]:
         self.describe()
         return [OutputSpec(t.output, typed=True, schema=t.arrow_schema, key=t.key,
-                           envelope=t.envelope) for t in self.tables]
+                           envelope=t.envelope, changes=self._changes.get(t.output, ()))
+                for t in self.tables]
 
     def initial_frontier(self) -> Antichain[Gtid]:
         return gtid.INITIAL()
@@ -847,15 +919,27 @@ class MySqlReader:
                     "every value of it", hint="drop and re-create the output (a new snapshot) "
                                               "to take the new type")
         extra = [n for n in names if t.column(n) is None]
-        if extra:
+        missing = [c.name for c in t.columns if not c.gone and c.name not in names]
+        if extra or missing:
             with self.conn.connect() as conn:
                 now = {str(r[0]) for r in _query(
                     conn, "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE "
                     "TABLE_SCHEMA = %s AND TABLE_NAME = %s", (t.database, t.name))}
+            dropped = [n for n in missing if n not in now]
+            if dropped:  # (a change from before a column was added lacks it too: fine)
+                raise Reopen(f"{self.who}: table {t.qualified}: columns {dropped} were "
+                             "dropped upstream; the output's schema_change policy decides")
+        if extra:
             added = [n for n in extra if n in now]
             if added:
                 raise Reopen(f"{self.who}: table {t.qualified}: columns {added} were added "
-                             "upstream; the output evolves to include them")
+                             "upstream; the output's schema_change policy takes them")
+            raise DefiniteError(
+                f"{self.who}: table {t.qualified}: changes carry columns {extra}, which were "
+                "added and dropped (or renamed) upstream before this output described the "
+                "table: it has no column for their values",
+                hint="re-read the output in the table's shape now (drop the output and its "
+                     "state: a new snapshot)")
         out = {c.name: names.get(c.name, -1) for c in t.columns}
         checked[key] = out
         return out
@@ -912,7 +996,8 @@ class MySqlReader:
     def _chunk(self, spec: ChunkSpec) -> Iterator[tuple[int, pa.RecordBatch]]:
         t = self.tables[spec.output]
         at = dict(spec.at)
-        cols = ", ".join(_ident(c.name) for c in t.columns)
+        live = [j for j, c in enumerate(t.columns) if not c.gone]  # dropped ones: null
+        cols = ", ".join(_ident(t.columns[j].name) for j in live)
         cond, args = [], []
         key = _ident(t.key[0]) if t.key else ""
         if spec.lo is not None:
@@ -928,8 +1013,12 @@ class MySqlReader:
                 read_at, _, _ = snapshot_point(c)
                 with c.cursor() as cur:
                     cur.execute(q, args)
-                    rows = [[normalize(col, v) for col, v in zip(t.columns, r, strict=True)]
-                            for r in cur]
+                    rows = []
+                    for r in cur:
+                        row: list[Any] = [None] * len(t.columns)
+                        for j, v in zip(live, r, strict=True):
+                            row[j] = normalize(t.columns[j], v)
+                        rows.append(row)
                 _query(c, "COMMIT")
         except pymysql.Error as exc:
             raise self.conn.error(exc, f"cannot read {t.qualified} (snapshot)") from None

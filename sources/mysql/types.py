@@ -54,6 +54,9 @@ class MyColumn:
     #            datetime | timestamp | time
     arrow: pa.DataType
     members: tuple[str, ...] = ()  # a set's members, in their order
+    #: dropped upstream: kept in the output (null from then on), read from
+    #: the changes written before the drop (sources/mysql/source.py history)
+    gone: bool = False
 
     @property
     def label(self) -> str:

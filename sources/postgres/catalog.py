@@ -62,9 +62,22 @@ def quoted(schema: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class PgColumn:
+    """A column: ``name`` as the output names it (see :mod:`sources.postgres.history`)."""
+
     name: str
     type: PgType
     not_null: bool
+    #: the table's column number (stable across renames, never reused)
+    attnum: int = 0
+    #: every name it had upstream, the current one last (empty: ``name``)
+    names: tuple[str, ...] = ()
+    #: dropped upstream: kept in the output, null from then on
+    gone: bool = False
+
+    @property
+    def upstream(self) -> str:
+        """Its name upstream now."""
+        return self.names[-1] if self.names else self.name
 
 
 @dataclass(frozen=True)
@@ -121,7 +134,7 @@ SELECT c.oid, n.nspname, c.relname, c.relreplident, c.relkind, c.relpages, c.rel
        has_table_privilege(c.oid, 'SELECT'),
        a.attname, bt.oid, CASE WHEN t.typbasetype <> 0 THEN t.typtypmod ELSE a.atttypmod END,
        format_type(a.atttypid, a.atttypmod),
-       CASE WHEN bt.typcategory = 'A' THEN bt.typelem ELSE 0 END, a.attnotnull
+       CASE WHEN bt.typcategory = 'A' THEN bt.typelem ELSE 0 END, a.attnotnull, a.attnum
 FROM unnest(%s::text[], %s::text[]) AS want(nsp, rel)
 JOIN pg_namespace n ON n.nspname = want.nsp
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = want.rel
@@ -150,13 +163,13 @@ def describe_tables(conn: Connection, tables: Sequence[tuple[str, str, str]]
     rows = conn.execute(_COLUMNS, ([t[0] for t in tables], [t[1] for t in tables])).fetchall()
     by_name: dict[tuple[str, str], dict[str, Any]] = {}
     for (oid, nsp, rel, ident, kind, pages, tuples, can_read, att, typ, typmod, tname, elem,
-         notnull) in rows:
+         notnull, attnum) in rows:
         t = by_name.setdefault((nsp, rel), {
             "oid": oid, "ident": ident, "kind": kind, "pages": pages, "tuples": tuples,
             "read": can_read, "cols": []})
         if att is not None:
             t["cols"].append(PgColumn(att, PgType(int(typ), int(typmod), tname, int(elem or 0)),
-                                      bool(notnull)))
+                                      bool(notnull), attnum=int(attnum)))
     missing = [quoted(s, n) for s, n, _ in tables if (s, n) not in by_name]
     if missing:
         raise DefiniteError(f"tables {', '.join(missing)} do not exist",

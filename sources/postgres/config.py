@@ -113,5 +113,6 @@ class PostgresConfig(ConnectorConfig):
             identity=ctx.identity, tables=self.table_outputs(), snapshot=self.snapshot,
             snapshot_count=self.snapshot_count, drop_slot=self.drop_slot,
             timeout_s=self.timeout / 1000.0,
-            output_names=list(ctx.output_names),
+            output_names=list(ctx.output_names), facts=ctx.facts,
+            policies=ctx.schema_change,
         )

@@ -48,31 +48,35 @@ that the driver's upsert state turns into diffs; a TOASTed value an update
 left unchanged (the server does not send it) is marked (``_unchanged``) and
 the upsert state fills it from the key's current row.
 
-Schema changes (the relation messages in the stream): a column added upstream
-re-opens the source so that the output evolves (the sink adds the column,
-earlier rows hold nulls); a dropped column stays in the output and is null
-from then on (changes written before the drop keep their values, unless the
-pipeline restarts between the drop and reading them: the column is then no
-longer known and those values read as null); a retyped
-column is read as the output's type when that holds every value of the new
-type (int4 -> int8, float4 -> float8, wider numeric), and is otherwise a
-definite error naming the table and column. A truncate of a keyed table
-retracts every row (the driver's key state knows them); of a diff-log table
-(FULL, or no identity) it is a definite error (the output cannot retract rows
-it was never told about one by one).
+Schema changes. Each output keeps its table's column history with the
+source's state (:mod:`sources.postgres.history`): column numbers, every name
+a column had, its type, the table's oid. A relation message in the stream is
+mapped onto the output's columns by those names, so changes written before
+and after a rename (or a stop) land in one column; a name no column had is a
+column added upstream, and re-opens the source; a column missing from a
+message that the table no longer has was dropped, and re-opens it too; a
+type the output's column cannot hold re-opens it when the catalog shows it.
+At the open the output's ``schema_change`` policy meets the changes
+(:mod:`reclock.core.schema_change`): a dropped column stays (null from then
+on; of a diff log, a definite error: its retractions would not match), a
+renamed one keeps the output's name, a widened one widens the output under
+evolve.
+
+A truncate of a keyed table retracts every row (the driver's key state knows
+them); of a diff-log table (FULL, or no identity) it is a definite error (the
+output cannot retract rows it was never told about one by one).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import re
 import select
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,12 +99,13 @@ from reclock.core.columns import (
 )
 from reclock.core.errors import DefiniteError, Reopen, TransientError
 from reclock.core.frontier import Antichain
+from reclock.core.schema_change import Change
 from reclock.core.time import Lsn
-from sources.base import OutputSpec, ReadTask, SnapshotSize, SourceBase
+from sources.base import Facts, OutputSpec, ReadTask, SnapshotSize, SourceBase
+from sources.postgres import history
 from sources.postgres import pgoutput as po
 from sources.postgres.catalog import (
     Connection,
-    PgColumn,
     PgTable,
     SlotInfo,
     check_server,
@@ -232,6 +237,8 @@ class PostgresSource(SourceBase):
         timeout_s: float = 30.0,
         output_names: Sequence[str] = (),
         identity: str | None = None,
+        facts: Facts | None = None,
+        policies: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self.clock = clock
@@ -254,7 +261,13 @@ class PostgresSource(SourceBase):
         if self._configured is not None:
             _check_outputs(self.who, self._configured)
         self.tables: list[PgTable] = []
-        self._known: dict[str, tuple[PgColumn, ...]] = {}
+        #: the tables' column histories (sources/postgres/history.py): kept
+        #: with the source's state when a store is at hand, else in memory
+        self._facts = facts
+        self._histories: dict[str, str] = {}
+        self._policies = dict(policies or {})
+        #: per output: the changes its history merge found at the last describe
+        self._changes: dict[str, tuple[Change, ...]] = {}
         self._conn: Connection | None = None
         self._inval: str | None = None  # see slot_invalidation(), per connection
         self._snap: _Snapshot | None = None
@@ -337,16 +350,31 @@ class PostgresSource(SourceBase):
                     f"{self.who}: outputs {extra} are not tables of publication "
                     f"{self.publication!r} (it publishes {sorted(have)})",
                     hint="name each output after a published table")
-        # Columns dropped upstream stay in the output (null from the drop on):
-        # changes written before the drop may still be read, with values.
-        merged = []
+        # Each table merged with its column history: renames keep the
+        # output's names, dropped columns stay (null from then on).
+        known = dict(self._facts.read()) if self._facts is not None else dict(self._histories)
+        merged, updates = [], {}
         for t in tables:
-            before = self._known.get(t.output, ())
-            gone = tuple(c for c in before if t.column(c.name) is None)
-            if gone:
-                t = dataclasses.replace(t, columns=t.columns + gone)
-            self._known[t.output] = t.columns
-            merged.append(t)
+            key = history.PREFIX + t.output
+            m = history.merge(self.who, t, known.get(key))
+            dropped = [c.column for c in m.changes if c.kind == "dropped"]
+            if dropped and m.table.envelope == "none":
+                raise DefiniteError(
+                    f"{self.who}: table {t.qualified}: columns {dropped} were dropped upstream, "
+                    "and its output is a diff log (REPLICA IDENTITY FULL, or no key): a later "
+                    "change's old row lacks their values, so its retraction would not match "
+                    "the row the output holds", hint="re-read the output in the table's shape "
+                    "now (drop the output and the source's state: a new snapshot), or give the "
+                    "table a primary key (a keyed output retracts by key)")
+            self._changes[t.output] = m.changes
+            merged.append(m.table)
+            if m.fact != known.get(key) and not (
+                    m.changes and self._policies.get(t.output) == "fail"):
+                updates[key] = m.fact  # (fail: the changes are reported until taken)
+        if updates:
+            if self._facts is not None:
+                self._facts.write(updates)
+            self._histories.update(updates)
         self.tables = merged
         return merged
 
@@ -368,7 +396,8 @@ class PostgresSource(SourceBase):
         raises what keeps them from being described."""
         self.describe()
         return [OutputSpec(t.output, typed=True, schema=t.arrow_schema, key=t.key,
-                           envelope=t.envelope) for t in self.tables]
+                           envelope=t.envelope, changes=self._changes.get(t.output, ()))
+                for t in self.tables]
 
     def initial_frontier(self) -> Antichain[Lsn]:
         return Antichain.from_elem(Lsn(0))
@@ -893,9 +922,11 @@ class PostgresReader:
         # CSV, parsed by Arrow's reader in blocks: every value arrives as the
         # same text the text format's rows carry (NULL unquoted and empty, an
         # empty string quoted), with no Python work per row.
+        live = [i for i, c in enumerate(t.columns) if not c.gone]  # dropped ones: null
         q = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT WITH (FORMAT csv)").format(
-            sql.SQL(", ").join(sql.Identifier(c.name) for c in t.columns), t.ident, cond)
-        names = [f"c{i}" for i in range(len(t.columns))]
+            sql.SQL(", ").join(sql.Identifier(t.columns[i].upstream) for i in live), t.ident,
+            cond)
+        names = [f"c{i}" for i in range(len(live))]
         options = (
             pacsv.ReadOptions(column_names=names, use_threads=False, block_size=4 << 20),
             pacsv.ParseOptions(newlines_in_values=True),
@@ -928,8 +959,11 @@ class PostgresReader:
                     for block in reader or ():
                         n = block.num_rows
                         if n:
+                            got = dict(zip(live, block.columns, strict=True))
+                            cols = [got[i] if i in got else pa.nulls(n, pa.string())
+                                    for i in range(len(t.columns))]
                             yield spec.output, buf.take_columns(
-                                block.columns, 1, -1 - spec.chunk, spec.lsn - 1, seq)
+                                cols, 1, -1 - spec.chunk, spec.lsn - 1, seq)
                             seq += n
                 conn.rollback()
         except psycopg.Error as exc:
@@ -1070,18 +1104,62 @@ class PostgresReader:
                 yield i, buf.take(binary=True)
 
     def _layout(self, params: dict[str, Any], i: int, rel: po.Relation) -> _Layout:
+        """How the columns of relation message ``rel`` map onto output
+        ``i``'s columns: by the names each output column had upstream (its
+        history), so that changes written before and after a rename land in
+        one column. A name no column had is a column added since the output
+        was described (re-open: the output's policy takes it)."""
         t = self.tables[i]
         names = [c.name for c in rel.columns]
-        extra = [c.name for c in rel.columns if t.column(c.name) is None]
-        if extra:
-            added = self._still_exist(params, rel.relid, extra)
+        aliases: dict[str, list[int]] = {}
+        for k, c in enumerate(t.columns):
+            for n in c.names or (c.name,):
+                aliases.setdefault(n, []).append(k)
+        pos = [-1] * len(t.columns)
+        unknown: list[str] = []
+        for j, n in enumerate(names):
+            cands = aliases.get(n, [])
+            if len(cands) > 1:
+                # a name two columns had (b renamed to c, a new b added): not
+                # the column whose current name this message also carries
+                cands = [k for k in cands
+                         if not any(m != n and m == t.columns[k].upstream for m in names)]
+                if len(cands) != 1:
+                    raise DefiniteError(
+                        f"{self.who}: table {t.qualified}: a change names column {n!r}, which "
+                        "two columns of the table were named in turn, and which one it was "
+                        "cannot be told", hint="re-read the output in the table's shape now "
+                        "(drop the output and its state: a new snapshot)")
+            if not cands:
+                unknown.append(n)
+                continue
+            pos[cands[0]] = j
+        if unknown:
+            now = self._catalog_now(params, rel.relid)
+            added = [n for n in unknown if n in now]
             if added:
                 raise Reopen(f"{self.who}: table {t.qualified}: columns {added} were added "
-                             "upstream; the output evolves to include them")
-        pos, types = [], []
-        for c in t.columns:
-            j = names.index(c.name) if c.name in names else -1
-            pos.append(j)
+                             "upstream; the output's schema_change policy takes them")
+            raise DefiniteError(
+                f"{self.who}: table {t.qualified}: changes carry columns {unknown}, which "
+                "were added and dropped (or renamed) upstream before this output described "
+                "the table: it has no column for their values",
+                hint="re-read the output in the table's shape now (drop the output and its "
+                     "state: a new snapshot)")
+        if any(j < 0 and not c.gone for c, j in zip(t.columns, pos, strict=True)):
+            # A column dropped since the output was described: the describe
+            # of the re-open records it and the output's policy decides (a
+            # diff log cannot take it: its retractions would not match). A
+            # change from before a column was added lacks it too, and is
+            # fine: that column still exists.
+            now = self._catalog_now(params, rel.relid)
+            gone = [c.name for c, j in zip(t.columns, pos, strict=True)
+                    if j < 0 and not c.gone and c.upstream not in now]
+            if gone:
+                raise Reopen(f"{self.who}: table {t.qualified}: columns {gone} were dropped "
+                             "upstream")
+        types = []
+        for c, j in zip(t.columns, pos, strict=True):
             if j < 0:
                 types.append(c.type)
                 continue
@@ -1092,31 +1170,36 @@ class PostgresReader:
             new = PgType(rc.type_oid, rc.type_modifier, f"oid {rc.type_oid}",
                          _ARRAY_ELEMS.get(rc.type_oid, 0))
             if not widens_to(new.arrow, c.type.arrow):
+                now = self._catalog_now(params, rel.relid)
+                if now.get(rc.name, (c.type.oid, c.type.typmod)) != (c.type.oid, c.type.typmod):
+                    raise Reopen(f"{self.who}: table {t.qualified} column {c.name!r} changed "
+                                 "type upstream; the output's schema_change policy decides")
                 raise DefiniteError(
-                    f"{self.who}: table {t.qualified} column {c.name!r} changed type upstream "
-                    f"(now type oid {rc.type_oid}, read as {new.arrow}) and the output's "
-                    f"{c.type.arrow} cannot hold every value of it",
-                    hint="drop and re-create the output (a new snapshot) to take the new type")
+                    f"{self.who}: table {t.qualified} column {c.name!r} held type oid "
+                    f"{rc.type_oid} (read as {new.arrow}) upstream for a while, and the "
+                    f"output's {c.type.arrow} cannot hold every value of it",
+                    hint="re-read the output in the table's shape now (drop the output and "
+                         "its state: a new snapshot)")
             types.append(new)
-        key_pos = [names.index(k) for k in t.key if k in names]
+        by_name = {c.name: k for k, c in enumerate(t.columns)}
+        key_pos = [pos[by_name[k]] for k in t.key if k in by_name and pos[by_name[k]] >= 0]
         if t.envelope == "upsert" and len(key_pos) != len(t.key):
             raise DefiniteError(f"{self.who}: table {t.qualified}: key columns {list(t.key)} "
                                 "are missing from the replicated columns",
                                 hint=_identity_hint(t))
         return _Layout(i, t, pos, types, key_pos)
 
-    def _still_exist(self, params: dict[str, Any], relid: int, cols: list[str]) -> list[str]:
-        """Which of ``cols`` the table has now (added), as opposed to dropped
-        since the change being read was written."""
+    def _catalog_now(self, params: dict[str, Any], relid: int) -> dict[str, tuple[int, int]]:
+        """The table's columns now: name -> (type oid, typmod)."""
         try:
             with connect(self.dsn, params, app=f"reclock {self.source}",
                          timeout_s=self.timeout_s) as c:
-                rows = c.execute("SELECT attname::text FROM pg_attribute WHERE attrelid = %s "
-                                 "AND attname = ANY(%s) AND NOT attisdropped",
-                                 (relid, cols)).fetchall()
+                rows = c.execute("SELECT attname::text, atttypid::int, atttypmod FROM "
+                                 "pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT "
+                                 "attisdropped", (relid,)).fetchall()
         except psycopg.Error as exc:
             raise pg_error(exc, f"{self.who}: cannot read the catalog") from None
-        return [r[0] for r in rows]
+        return {str(r[0]): (int(r[1]), int(r[2])) for r in rows}
 
     def _change(self, lay: _Layout, m: po.Insert | po.Update | po.Delete, buf: _Buffer,
                 lsn: int, seq: int, ts: int | None) -> None:

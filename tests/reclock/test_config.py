@@ -573,7 +573,7 @@ def test_several_errors_in_line_order(tmp_path: Path) -> None:
         f"{at(path, 13, 'name')}: sources[1]: missing connector block "
         "(expected one of: generator, kafka, postgres, mysql, oneshot)",
         f"{at(path, 14, 'extra')}: sources[1].outputs[0]: unknown key 'extra' "
-        "(expected one of: envelope, format, key_format, name, rename, sink)",
+        "(expected one of: envelope, format, key_format, name, rename, schema_change, sink)",
     ]
 
 
@@ -952,3 +952,118 @@ def test_nesting_and_alias_expansion_are_bounded(tmp_path: Path, monkeypatch: An
 def test_durations_have_a_sane_range(tmp_path: Path, value: str) -> None:
     path = write(tmp_path, f"timestamp_interval: {value}\n" + MINIMAL)
     assert any("at most 30 days" in e for e in errors_of(path))
+
+
+# -- state tables: the key must contain the output's upstream key ------------------------
+
+STATE_KEYS = """
+    sources:
+      - name: users
+        kafka: {bootstrap_servers: "k:9092", topic: users}
+        outputs:
+          - name: users
+            format: {type: json, schema: {email: string, Name: string}}
+            key_format: {type: json, schema: {ID: int64}}
+            envelope: {type: upsert, key: [ID]}
+            rename: {ID: id, Name: name}
+            sink: {type: postgres, dsn: "postgresql://h/db", table: t, mode: state, %s}
+      - name: cdc
+        kafka: {bootstrap_servers: "k:9092", topic: cdc}
+        outputs:
+          - name: cdc
+            format: {type: json, schema: {id: int64, email: string}}
+            envelope: %s
+            sink: {type: postgres, dsn: "postgresql://h/db", table: c, mode: state, %s}
+      - name: shop
+        generator: {kind: orders}
+        outputs:
+          - name: customers
+            sink: {type: postgres, dsn: "postgresql://h/db", table: s, mode: state, %s}
+          - name: orders
+            sink: {type: postgres, dsn: "postgresql://h/db", table: o, mode: log}
+    """
+
+
+@pytest.mark.parametrize(("users", "cdc", "cdc_key"), [
+    (("id",), "{type: debezium, key: [id]}", ("id",)),  # the upstream key itself
+    (("email", "id"), "{type: upsert, key: [id]}", ("id", "email")),  # a key containing it
+    (("name", "id"), "{type: debezium, key: [id]}", ("email", "id")),  # a renamed column
+])
+def test_a_state_table_keyed_by_what_contains_the_upstream_key_loads(
+    tmp_path: Path, users: tuple[str, ...], cdc: str, cdc_key: tuple[str, ...]
+) -> None:
+    """Envelope keys name upstream fields, the sink's key output columns
+    (after rename): ``ID`` read as ``id`` is the upstream key ``[id]``.
+    Typed outputs (a generator's, a CDC table's) are not decided here: their
+    key is the source's, known when it describes them (see
+    tests/sinks/test_postgres_pipeline.py)."""
+    path = write(tmp_path, STATE_KEYS % (f"key: [{', '.join(users)}]", cdc,
+                                         f"key: [{', '.join(cdc_key)}]", "key: [name]"))
+    cfg = load_config(path)
+    assert [o.sink.state_key for s in cfg.sources for o in s.outputs] == [
+        users, cdc_key, ("name",), None]
+
+
+def test_a_state_table_not_keyed_by_the_upstream_key_is_refused_with_the_reason(
+    tmp_path: Path
+) -> None:
+    """Issue: a state table keyed by ``email``, fed by an upsert output keyed
+    by ``id`` over a topic of 2 partitions, lost every email that moved from
+    one id to another within one IntoTime: the table ended with 10 of 20
+    rows. One row per id at every IntoTime does not make one row per email:
+    an IntoTime need not hold the two ids' updates together. Such keys are
+    refused when the file is loaded, at the sink's key, saying why and what
+    to do; so are outputs that keep no key at all."""
+    path = write(tmp_path, STATE_KEYS % ("key: [email]", "debezium", "key: [id]",
+                                         "key: [customer_id]"))
+    lines = errors_of(path)
+    assert lines[0] == (
+        f"{at(path, 10, '[email]')}: sources[0].outputs[0].sink.key: a state table's key must "
+        "contain the output's "
+        "upstream key ['id'] (the upsert envelope's key), and ['email'] does not: rows of one "
+        "['email'] can belong to several upstream keys, whose updates an IntoTime need not "
+        "hold together (they can sit in different partitions, or in different jobs of one "
+        "binding), so a ['email'] value that moves from one ['id'] to another could leave "
+        "the table with two rows for it or none; key the table by ['id', 'email'], or keep "
+        "the update log (mode: log)")
+    assert "sources[1].outputs[0].sink.key: a state table keeps one row per key, and " \
+           "nothing keeps this output at one row per ['id'] (a debezium envelope without a " \
+           "key retracts before images as they come" in lines[1], lines
+    assert "{type: debezium, key: [...]}" in lines[1]
+    assert len(lines) == 2, lines  # the generator's customers are the source's to decide
+
+    none = write(tmp_path, STATE_KEYS % ("key: [id]", "none", "key: [id]", "key: [x]"),
+                 name="none.yaml")
+    (line,) = errors_of(none)
+    assert "sources[1].outputs[0].sink.key" in line
+    assert "(envelope none: every record is an insertion, and none retracts an earlier one)" \
+        in line
+    renamed = write(tmp_path, STATE_KEYS % ("key: [ID]", "{type: upsert, key: [id]}",
+                                            "key: [email]", "key: [x]"), name="renamed.yaml")
+    lines = errors_of(renamed)
+    assert "sources[0].outputs[0].sink.key" in lines[0] and "upstream key ['id']" in lines[0] \
+        and "and ['ID'] does not" in lines[0]
+    assert "sources[1].outputs[0].sink.key" in lines[1] and "and ['email'] does not" in lines[1]
+
+
+def test_schema_change_is_a_policy_named_with_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        sources:
+          - name: g
+            generator: {kind: counter}
+            outputs:
+              - {name: main, sink: file, schema_change: sometimes}
+        """)
+    assert errors_of(path) == [
+        f"{at(path, 5, 'sometimes')}: sources[0].outputs[0].schema_change: expected 'evolve', "
+        "'freeze' or 'fail'"]
+    ok = write(tmp_path, """
+        sources:
+          - name: g
+            generator: {kind: counter}
+            outputs:
+              - {name: main, sink: file, schema_change: freeze}
+              - {name: other, sink: file}
+        """)
+    cfg = load_config(ok)
+    assert [o.schema_change for o in cfg.sources[0].outputs] == ["freeze", "evolve"]

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reclock.formats.base as decode_mod
-from reclock.core.errors import DefiniteError, TransientError
+from reclock.core.errors import DefiniteError, SchemaChanged, TransientError
 from reclock.formats import (
     NULL_REASON,
     TIMESTAMP,
@@ -903,9 +903,24 @@ READER_V2 = {"type": "record", "name": "User", "fields": [
 
 def test_avro_wire_format_with_registry(registry: Registry) -> None:
     registry.schemas = {1: json.dumps(WRITER_V1), 2: json.dumps(READER_V2)}
-    dec = make_decoder({"type": "avro", "schema": READER_V2, "registry_url": registry.url})
-    assert dec.schema.names == ["id", "name", "email"]
+    spec = {"type": "avro", "schema": READER_V2, "registry_url": registry.url}
     v1 = wire(1, avro_bytes(WRITER_V1, {"id": 1, "name": "ann", "legacy": 9}))
+    # v1 carries a field the declared columns lack: never dropped silently
+    with pytest.raises(SchemaChanged) as changed:  # evolve (the default): re-open for it
+        make_decoder(spec).decode(arr([v1]))
+    assert changed.value.schema_id == 1 and changed.value.part == "value"
+    with pytest.raises(DefiniteError, match=r"schema id 1 change the output's shape .*"
+                                            r"schema_change is fail"):
+        make_decoder(spec, policy="fail").decode(arr([v1]))
+    # evolving: the union of the declared schema and v1 (legacy nullable)
+    evolved = make_decoder(spec, seen=[1])
+    assert evolved.schema.names == ["id", "name", "email", "legacy"]
+    assert run(evolved, [v1]).table.to_pylist() == [
+        {"id": 1, "name": "ann", "email": None, "legacy": 9}]
+    # freeze: the declared columns; legacy's values dropped and counted
+    registry.requests.clear()
+    dec = make_decoder(spec, policy="freeze")
+    assert dec.schema.names == ["id", "name", "email"]
     v2 = wire(2, avro_bytes(READER_V2, {"id": 2, "name": "bo", "email": "b@x"}))
     unknown = wire(99, avro_bytes(READER_V2, {"id": 3, "name": "c", "email": None}))
     res = run(dec, [v1, v2, unknown, b"\x01abcd", avro_bytes(READER_V2, {"id": 4, "name": "d",
@@ -915,6 +930,7 @@ def test_avro_wire_format_with_registry(registry: Registry) -> None:
         1: {"id": 2, "name": "bo", "email": "b@x"},
         5: {"id": 1, "name": "ann", "email": None},
     }
+    assert res.dropped == {"legacy": 2}
     errs = errors(res)
     assert errs[2] == f"avro: {registry.url}/schemas/ids/99: not found"
     assert errs[3] == ("avro: ValueError: not in the Confluent wire format (starts with 0x01, "
@@ -929,15 +945,30 @@ def test_avro_wire_format_with_registry(registry: Registry) -> None:
     assert len(registry.requests) == before
 
 
-def test_avro_reader_schema_from_subject(registry: Registry) -> None:
-    registry.schemas = {5: json.dumps(READER_V2)}
-    registry.subjects = {"users-value": 5}
-    dec = make_decoder({"type": "avro", "registry_url": registry.url, "subject": "users-value"})
-    assert dec.schema.names == ["id", "name", "email"]
-    res = run(dec, [wire(5, avro_bytes(READER_V2, {"id": 1, "name": "a", "email": None}))])
-    assert res.table.to_pylist() == [{"id": 1, "name": "a", "email": None}]
-    with pytest.raises(DefiniteError, match="not found"):
-        make_decoder({"type": "avro", "registry_url": registry.url, "subject": "nope"})
+def test_avro_reader_schema_is_the_union_of_the_subjects_versions() -> None:
+    from tests.registry import register, registry_server
+
+    with registry_server() as reg:
+        with pytest.raises(DefiniteError, match="no subject 'users-value'"):
+            make_decoder({"type": "avro", "registry_url": reg.url, "subject": "users-value"})
+        one = register(reg.url, "users-value", WRITER_V1)
+        dec = make_decoder({"type": "avro", "registry_url": reg.url, "subject": "users-value"})
+        assert dec.schema.names == ["id", "name", "legacy"]
+        two = register(reg.url, "users-value", READER_V2)  # drops legacy, adds email
+        dec = make_decoder({"type": "avro", "registry_url": reg.url, "subject": "users-value"})
+        assert dec.schema.names == ["id", "name", "legacy", "email"]
+        res = run(dec, [wire(one, avro_bytes(WRITER_V1, {"id": 1, "name": "a", "legacy": 3})),
+                        wire(two, avro_bytes(READER_V2, {"id": 2, "name": "b", "email": "e"}))])
+        assert res.table.to_pylist() == [
+            {"id": 1, "name": "a", "legacy": 3, "email": None},
+            {"id": 2, "name": "b", "legacy": None, "email": "e"}]
+        assert dec.fact()["versions"] == {"1": one, "2": two}  # type: ignore[attr-defined]
+        # a later version adding a required field without a default: incompatible
+        register(reg.url, "users-value", {**READER_V2, "fields": [
+            *READER_V2["fields"], {"name": "age", "type": "int"}]})
+        with pytest.raises(DefiniteError, match=r"'users-value': version 3 .* field 'age' is "
+                                                r"added as a required field without a default"):
+            make_decoder({"type": "avro", "registry_url": reg.url, "subject": "users-value"})
 
 
 def test_avro_registry_faults_are_transient(registry: Registry) -> None:

@@ -5,6 +5,7 @@ anything else is flagged as unclassified (a bug) and retried."""
 from __future__ import annotations
 
 import errno
+import sqlite3
 from pathlib import Path
 
 import psycopg
@@ -82,3 +83,44 @@ def test_a_busy_connection_pool_is_transient(tmp_path: Path) -> None:
         engine.connect()
     assert classified(got.value) and isinstance(classify(got.value), TransientError)
     engine.dispose()
+
+
+def test_a_damaged_sqlite_file_is_definite_a_locked_one_transient(tmp_path: Path) -> None:
+    """Issue: a key-state file with 32 KiB overwritten failed every settle
+    with ``database disk image is malformed``, unclassified, so retried as
+    transient forever. A malformed image or a file that is not a database
+    is definite (reading it again fails the same way; the driver rebuilds
+    key state that meets it), a lock timeout transient: real SQLite errors."""
+    path = tmp_path / "k.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v BLOB) WITHOUT ROWID")
+        conn.executemany("INSERT INTO t VALUES (?, ?)", ((str(i), b"x" * 200) for i in range(5000)))
+    conn.close()
+    size = path.stat().st_size
+    with path.open("r+b") as f:
+        f.seek(size // 2 // 4096 * 4096)
+        f.write(bytes(32 * 1024))
+    conn = sqlite3.connect(path)
+    with pytest.raises(sqlite3.DatabaseError, match="malformed") as damaged:
+        conn.execute("SELECT count(*), sum(length(v)) FROM t").fetchone()
+    conn.close()
+    assert classified(damaged.value) and _kind(damaged.value) == "definite"
+
+    garbage = tmp_path / "text.sqlite"
+    garbage.write_text("not a database\n" * 300)
+    conn = sqlite3.connect(garbage)
+    with pytest.raises(sqlite3.DatabaseError, match="not a database") as notadb:
+        conn.execute("SELECT 1 FROM sqlite_master").fetchone()
+    conn.close()
+    assert classified(notadb.value) and _kind(notadb.value) == "definite"
+
+    lock = tmp_path / "lock.sqlite"
+    a = sqlite3.connect(lock, isolation_level=None, timeout=0)
+    a.execute("CREATE TABLE t (x)")
+    a.execute("BEGIN IMMEDIATE")
+    b = sqlite3.connect(lock, isolation_level=None, timeout=0)
+    with pytest.raises(sqlite3.OperationalError, match="locked") as busy:
+        b.execute("BEGIN IMMEDIATE")
+    a.close()
+    b.close()
+    assert classified(busy.value) and _kind(busy.value) == "transient"

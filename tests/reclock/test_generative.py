@@ -47,3 +47,18 @@ def test_generated_sequences_through_killed_drivers_match_the_model(
     out = run_killed(tmp_path, kafka, cdc_url, SEED + 1, 70, restarts=4)
     _report(f"generative, killed drivers (seed {SEED + 1})", out)
     assert out.faults["sigkill"] + out.faults["crash-point exit"] >= 2, out.faults
+
+
+@pytest.mark.timeout(300)
+def test_generated_world_changes_match_the_model(
+    tmp_path: Path, spark: Any, kafka: Any, pg_url: str
+) -> None:
+    """200 sequences over three runs of a driver, with topics deleted and
+    re-created (named and by pattern), partitions added, a Kafka sink's
+    progress topic deleted and key-state files damaged, each drawn with the
+    driver running or stopped (tests/world.py)."""
+    from tests.world import run as run_world
+
+    out = run_world(tmp_path, spark, kafka, pg_url, SEED + 2, 200)
+    _report(f"generative, world changes (seed {SEED + 2})", out)
+    assert sum(out.faults.values()) >= 9, out.faults

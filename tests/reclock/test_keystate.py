@@ -10,7 +10,11 @@ positions, some written to files, settled in rounds of one key group each.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +22,7 @@ import pyarrow as pa
 import pytest
 
 from reclock.core.columns import TRUNCATED
-from reclock.core.errors import DefiniteError
+from reclock.core.errors import DefiniteError, classify
 from reclock.envelopes import UpsertState, upsert
 from reclock.envelopes.keystate import (
     ALL,
@@ -27,8 +31,10 @@ from reclock.envelopes.keystate import (
     CacheShares,
     IntentWriter,
     KeyedIntents,
+    KeyStateDamaged,
     MemoryKeys,
     SqliteKeys,
+    canonical,
     key_bucket,
     split_intents,
 )
@@ -222,6 +228,175 @@ def test_an_unreadable_store_is_replaced_by_an_empty_one(tmp_path: Path) -> None
     store.write({"(1,)": (1, "a", 0)})
     store.commit("m")
     assert SqliteKeys(path).lookup(["(1,)"]) == {"(1,)": (1, "a", 0)}
+
+
+def _filled(path: Path, n: int = 20_000, marker: str = "m") -> dict[str, tuple[Any, ...]]:
+    """A key file of ``n`` keys (a few MiB), committed with ``marker`` and
+    closed; returns its rows."""
+    rows = {canonical((k,)): (k, f"value-{k}-" + "x" * 60, k * 3) for k in range(n)}
+    store = SqliteKeys(path)
+    store.write(dict(rows))
+    store.commit(marker)
+    store.close()
+    return rows
+
+
+def _overwrite(path: Path, at: int, data: bytes) -> None:
+    with path.open("r+b") as f:
+        f.seek(at)
+        f.write(data)
+
+
+def _middle(path: Path) -> int:
+    return path.stat().st_size // 2 // 4096 * 4096
+
+
+@pytest.mark.parametrize("summed", [True, False], ids=["checksum", "no-checksum"])
+@pytest.mark.parametrize("damage", ["middle-32k", "middle-32k-zeros", "unaligned-32k",
+                                    "in-a-row", "truncated", "cut-to-50-bytes", "garbage",
+                                    "empty"])
+def test_a_damaged_file_is_replaced_by_an_empty_one_at_open(
+    tmp_path: Path, damage: str, summed: bool
+) -> None:
+    """Issue: 32 KiB overwritten in the middle of a key file left its marker
+    readable, so the file was reused and every settle failed. Now opening a
+    file checks it: against the checksum its last clean close kept, or, with
+    none (a file of an older version, or a lost checksum), with quick_check.
+    A damaged file is thrown away: the store is empty with no marker (the
+    driver rebuilds it) and says why. A few bytes inside a row escape
+    quick_check (they are met when the row is read: see below), not the
+    checksum."""
+    path = tmp_path / "k.sqlite"
+    rows = _filled(path)
+    if not summed:
+        Path(f"{path}.sum").unlink()
+    size = path.stat().st_size
+    rng = random.Random(damage)
+    if damage == "middle-32k":
+        _overwrite(path, _middle(path), rng.randbytes(32 * 1024))
+    elif damage == "middle-32k-zeros":
+        _overwrite(path, _middle(path), bytes(32 * 1024))
+    elif damage == "unaligned-32k":
+        _overwrite(path, _middle(path) + 1234, rng.randbytes(32 * 1024))
+    elif damage == "in-a-row":  # the bytes of one row's value, in place
+        data = path.read_bytes()
+        at = data.index(rows[canonical((12_345,))][1].encode())
+        _overwrite(path, at, b"X" * 8)
+    elif damage == "truncated":
+        os.truncate(path, size // 2 + 1000)
+    elif damage == "cut-to-50-bytes":
+        os.truncate(path, 50)
+    elif damage == "garbage":
+        path.write_bytes(rng.randbytes(size))
+    else:
+        os.truncate(path, 0)
+    with sqlite3.connect(path) as raw:  # the marker alone may still read
+        still: Any = None
+        found: Any = None
+        with contextlib.suppress(sqlite3.DatabaseError):
+            still = raw.execute("SELECT v FROM meta WHERE k = 'marker'").fetchone()
+            found = raw.execute("PRAGMA quick_check").fetchall()
+    raw.close()
+    if damage in ("middle-32k", "middle-32k-zeros", "unaligned-32k", "in-a-row"):
+        assert still == ("m",)
+    if damage == "in-a-row":
+        assert found == [("ok",)]  # quick_check does not read inside a row
+    store = SqliteKeys(path)
+    if damage == "in-a-row" and not summed:
+        assert store.discarded is None and store.marker == "m"  # see the test below
+        return
+    assert store.marker is None and len(store) == 0
+    if summed:
+        assert store.discarded is not None and "bytes changed" in store.discarded
+    elif damage == "empty":
+        assert store.discarded is None  # an empty file is an empty database: no marker
+    else:
+        assert store.discarded is not None
+        if damage in ("middle-32k", "middle-32k-zeros", "unaligned-32k"):
+            assert "quick_check" in store.discarded, store.discarded
+    # the new file works, and is reused when sound
+    store.write({"(1,)": (1, "a", 0)})
+    store.commit("m2")
+    store.close()
+    again = SqliteKeys(path)
+    assert again.discarded is None and again.marker == "m2"
+    assert again.lookup(["(1,)"]) == {"(1,)": (1, "a", 0)}
+
+
+def test_a_crashed_store_is_reused_with_its_wal_and_rebuilt_without_it(tmp_path: Path) -> None:
+    """A driver killed while its key file is open leaves the file with its
+    -wal file (SQLite removes it only at the last close): with it, the
+    store opens at its last commit; a file whose -wal file is gone (copied
+    alone, cleaned away) may hold part of its last transactions, so it is
+    thrown away, never reused."""
+    path = tmp_path / "k.sqlite"
+    rows = _filled(path, 5_000, marker="m1")
+    store = SqliteKeys(path)  # running: the file marked open
+    more = {canonical((k,)): (k, "changed", 0) for k in range(0, 5_000, 3)}
+    store.write(dict(more))
+    store.commit("m2")
+    wal = Path(f"{path}-wal")
+    assert wal.exists() and wal.stat().st_size > 0
+    # the files as a kill -9 leaves them (the process's memory is gone)
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    shutil.copy(path, crashed / "k.sqlite")
+    shutil.copy(wal, crashed / "k.sqlite-wal")
+    lost = tmp_path / "lost"
+    lost.mkdir()
+    shutil.copy(path, lost / "k.sqlite")
+    store.close()
+    assert not wal.exists()  # a clean close folds it in
+
+    recovered = SqliteKeys(crashed / "k.sqlite")
+    assert recovered.discarded is None and recovered.marker == "m2"
+    assert dict(recovered.live(ALL)) == {**rows, **more}
+    recovered.close()
+    gone = SqliteKeys(lost / "k.sqlite")
+    assert gone.discarded is not None and "-wal" in gone.discarded
+    assert gone.marker is None and len(gone) == 0
+    gone.close()
+    # and a clean close leaves a file that is simply reused
+    assert SqliteKeys(path).marker == "m2"
+
+
+def test_damage_met_after_open_raises_key_state_damaged(tmp_path: Path) -> None:
+    """Damage the check at open cannot see (a row's bytes: SQLite does not
+    read inside a row) or that happens after it (pages overwritten while the
+    store is open) is raised as KeyStateDamaged, a definite error that names
+    the file, not as an error retried forever."""
+    path = tmp_path / "k.sqlite"
+    rows = _filled(path, 2_000)
+    Path(f"{path}.sum").unlink()  # no checksum to compare with: quick_check
+    with sqlite3.connect(path) as raw:  # one row's bytes garbled, the pages sound
+        raw.execute("UPDATE keys SET row = ? WHERE key = ?",
+                    (b"\x80\x05garbage", f"{key_bucket('(7,)'):02x}:(7,)"))
+    raw.close()
+    store = SqliteKeys(path)
+    assert store.discarded is None and store.marker == "m"
+    assert store.lookup(["(8,)"]) == {"(8,)": rows["(8,)"]}
+    with pytest.raises(KeyStateDamaged, match="does not decode") as info:
+        store.lookup(["(7,)", "(8,)"])
+    assert info.value.path == path and str(path) in str(info.value)
+    assert isinstance(classify(info.value), DefiniteError)
+    store.close()
+
+    # pages overwritten while the store is open: met when SQLite reads them
+    # again (another connection's commit makes it drop its page cache)
+    path = tmp_path / "open.sqlite"
+    _filled(path)
+    store = SqliteKeys(path)
+    assert store.discarded is None
+    _overwrite(path, _middle(path), random.Random(3).randbytes(32 * 1024))
+    with sqlite3.connect(path, isolation_level=None) as other:
+        other.execute("INSERT INTO meta (k, v) VALUES ('x', 'y')")
+    other.close()
+    with pytest.raises(KeyStateDamaged, match="malformed") as info:
+        store.lookup([canonical((k,)) for k in range(20_000)])
+    assert isinstance(info.value.__cause__, sqlite3.DatabaseError)
+    store.remove()
+    assert not path.exists()
+    assert SqliteKeys(path).marker is None  # made anew
 
 
 def test_memory_and_sqlite_stores_agree_on_clears_and_open_changes(tmp_path: Path) -> None:

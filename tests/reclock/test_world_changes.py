@@ -29,21 +29,45 @@ def _produce(bootstrap: str, topic: str, partitions: int, start: int, n: int) ->
     assert p.flush(30) == 0
 
 
-def _relay(tmp_path: Path, bootstrap: str, topic: str, sink: str) -> Path:
-    """A pipeline file: Kafka topic ``topic`` (JSON ``{"id": n}``) into ``sink``."""
+def _pipeline(tmp_path: Path, bootstrap: str, topics: str, outputs: str,
+              interval: str = "200ms") -> Path:
+    """A pipeline file: one Kafka source ``relay`` reading ``topics`` (its
+    keys: ``topic: t``, ``topic_pattern: ...``) into ``outputs`` (YAML lines)."""
     path = tmp_path / "pipeline.yaml"
     path.write_text(f"""
 state_dir: {tmp_path / 'state'}
-timestamp_interval: 200ms
+timestamp_interval: {interval}
 sources:
   - name: relay
-    kafka: {{bootstrap_servers: "{bootstrap}", topic: {topic}, timeout: 5s}}
+    kafka: {{bootstrap_servers: "{bootstrap}", {topics}, timeout: 5s}}
     outputs:
-      - name: relay
-        format: {{type: json, schema: {{id: int64}}}}
-        sink: {sink}
+{outputs}
 """)
     return path
+
+
+def _relay(tmp_path: Path, bootstrap: str, topic: str, sink: str) -> Path:
+    """A pipeline file: Kafka topic ``topic`` (JSON ``{"id": n}``) into ``sink``."""
+    return _pipeline(tmp_path, bootstrap, f"topic: {topic}", f"""      - name: relay
+        format: {{type: json, schema: {{id: int64}}}}
+        sink: {sink}""")
+
+
+def _relayed_into_kafka(tmp_path: Path, spark: Any, kafka: Any, partitions: int, n: int
+                        ) -> tuple[Path, Any, str, str]:
+    """A source topic of ``partitions`` holding ``n`` records relayed into a
+    Kafka sink's topic until all are durable: (file, config, source, data topic)."""
+    run = uuid.uuid4().hex[:8]
+    src, dst = f"wsrc{run}", f"wdst{run}"
+    kafka.create_topic(src, partitions)
+    kafka.create_topic(dst, 1)
+    _produce(kafka.bootstrap, src, partitions, 0, n)
+    path = _relay(tmp_path, kafka.bootstrap, src,
+                  f'{{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {dst}}}')
+    cfg = load_config(path)
+    with running(cfg, spark) as runners:
+        wait_for(lambda: sum(durable(runners[0]).values()) == n, 60, f"{n} records")
+    return path, cfg, src, dst
 
 
 def _stalled_with(r: SourceRunner, kind: str) -> bool:
@@ -64,16 +88,7 @@ def test_a_kafka_sinks_progress_topic_deleted_while_stopped_is_a_definite_error(
     output, not every record written a second time. ``reclock resnapshot``
     rebuilds the output; with the data topic emptied first, every record
     lands once."""
-    run = uuid.uuid4().hex[:8]
-    src, dst = f"wsrc{run}", f"wdst{run}"
-    kafka.create_topic(src, 2)
-    kafka.create_topic(dst, 1)
-    _produce(kafka.bootstrap, src, 2, 0, 300)
-    path = _relay(tmp_path, kafka.bootstrap, src,
-                  f'{{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {dst}}}')
-    cfg = load_config(path)
-    with running(cfg, spark) as runners:
-        wait_for(lambda: sum(durable(runners[0]).values()) == 300, 60, "300 records")
+    path, cfg, src, dst = _relayed_into_kafka(tmp_path, spark, kafka, 2, 300)
     assert _ids(kafka.bootstrap, dst) == Counter(range(300))
 
     kafka.delete_topic(f"{dst}.reclock-progress")
@@ -97,8 +112,17 @@ def test_a_kafka_sinks_progress_topic_deleted_while_stopped_is_a_definite_error(
     with running(cfg, spark) as runners:
         r = runners[0]
         wait_for(lambda: sum(durable(r).values()) == 350, 60, lambda: f"350, {r.health}")
-        assert r.health.status == "running"
+        wait_for(lambda: r.health.status == "running", 60, lambda: f"running, {r.health}")
     assert _ids(kafka.bootstrap, dst) == Counter(range(350))
+
+
+def _held_ids(cfg: Any, output: str) -> Counter[int]:
+    """The ids an output of ``relay`` holds, each row an insertion, no error."""
+    from tests.running import read_updates
+
+    t = read_updates(cfg, "relay", output)
+    assert all(r["_diff"] == 1 and r["_error"] is None for r in t.to_pylist())
+    return Counter(r["id"] for r in t.to_pylist())
 
 
 def _relayed(cfg: Any) -> Counter[tuple[int, int]]:
@@ -155,7 +179,7 @@ def test_a_topic_recreated_while_stopped_stalls_until_accepted_then_reads_it_fro
         r = runners[0]
         # the new topic's partition 0 is partition id 1: the frontier's next id
         wait_for(lambda: durable(r).get(1) == 25, 60, lambda: f"25 new records, {r.health}")
-        assert r.health.status == "running"
+        wait_for(lambda: r.health.status == "running", 60, lambda: f"running, {r.health}")
         _produce(kafka.bootstrap, src, 1, 200, 5)  # and it goes on
         wait_for(lambda: durable(r).get(1) == 30, 60, lambda: f"5 more, {r.health}")
         assert r.source.committed() == {1: 30}  # the group: the new topic's offsets
@@ -177,26 +201,14 @@ def test_a_pattern_topic_recreated_and_refilled_within_one_tick_is_a_new_member(
     topic = f"wpat{run}-a"
     kafka.create_topic(topic, 2)
     _produce(kafka.bootstrap, topic, 2, 0, 10)
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(f"""
-state_dir: {tmp_path / 'state'}
-timestamp_interval: 5s
-sources:
-  - name: relay
-    kafka: {{bootstrap_servers: "{kafka.bootstrap}", topic_pattern: "wpat{run}-.*", timeout: 5s}}
-    outputs:
+    path = _pipeline(tmp_path, kafka.bootstrap, f'topic_pattern: "wpat{run}-.*"', """\
       - name: relay
-        format: {{type: json, schema: {{id: int64}}}}
-        sink: file
-""")
+        format: {type: json, schema: {id: int64}}
+        sink: file""", interval="5s")
     cfg = load_config(path)
 
     def ids() -> Counter[int]:
-        from tests.running import read_updates
-
-        t = read_updates(cfg, "relay", "relay")
-        assert all(r["_diff"] == 1 and r["_error"] is None for r in t.to_pylist())
-        return Counter(r["id"] for r in t.to_pylist())
+        return _held_ids(cfg, "relay")
 
     with running(cfg, spark) as runners:
         r = runners[0]
@@ -264,26 +276,16 @@ def test_a_listed_topic_recreated_while_running_stalls_its_output_only_until_acc
     kafka.create_topic(b, 1)
     _produce(kafka.bootstrap, a, 1, 0, 4)
     _produce(kafka.bootstrap, b, 1, 100, 4)
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(f"""
-state_dir: {tmp_path / 'state'}
-timestamp_interval: 200ms
-sources:
-  - name: relay
-    kafka: {{bootstrap_servers: "{kafka.bootstrap}", topics: [{a}, {b}], output_per_topic: true,
-             topic_outputs: {{{a}: oa, {b}: ob}}, timeout: 5s}}
-    outputs:
-      - {{name: oa, format: {{type: json, schema: {{id: int64}}}}, sink: file}}
-      - {{name: ob, format: {{type: json, schema: {{id: int64}}}}, sink: file}}
-""")
+    path = _pipeline(
+        tmp_path, kafka.bootstrap,
+        f"topics: [{a}, {b}], output_per_topic: true, topic_outputs: {{{a}: oa, {b}: ob}}",
+        """\
+      - {name: oa, format: {type: json, schema: {id: int64}}, sink: file}
+      - {name: ob, format: {type: json, schema: {id: int64}}, sink: file}""")
     cfg = load_config(path)
 
     def ids(output: str) -> Counter[int]:
-        from tests.running import read_updates
-
-        t = read_updates(cfg, "relay", output)
-        assert all(r["_diff"] == 1 and r["_error"] is None for r in t.to_pylist())
-        return Counter(r["id"] for r in t.to_pylist())
+        return _held_ids(cfg, output)
 
     with running(cfg, spark) as runners:
         r = runners[0]
@@ -301,3 +303,86 @@ sources:
         wait_for(lambda: ids("oa") == Counter([*range(4), 10, 11, 12]), 60,
                  lambda: f"the new a, {r.outputs[0].health}")
         wait_for(lambda: not r.outputs[0].health.definite, 60, "oa running again")
+
+
+def test_a_kafka_sinks_progress_topic_deleted_while_running_is_a_definite_error(
+        tmp_path: Path, spark: Any, kafka: Any) -> None:
+    """The progress topic deleted under a running driver: the sink's next
+    state read finds it gone (its topic id changed), is fenced, and the
+    re-open meets the recorded upper: the same definite error as after a
+    restart. Before, the producer's next commit made the broker auto-create
+    the topic with its defaults (4 partitions, a retention), and the source
+    stalled on a refusal of that topic that said nothing of the lost state."""
+    _path, cfg, src, dst = _relayed_into_kafka(tmp_path, spark, kafka, 1, 50)
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: sum(durable(r).values()) == 50, 60, "50 records")
+        kafka.delete_topic(f"{dst}.reclock-progress")
+        _produce(kafka.bootstrap, src, 1, 50, 10)
+        wait_for(lambda: _stalled_with(r, "IdentityChanged"), 60,
+                 lambda: f"a definite error, health is {r.health}")
+        assert "reports nothing committed" in (r.health.error or "")
+    assert _ids(kafka.bootstrap, dst) == Counter(range(50))  # nothing written twice
+
+
+def test_a_postgres_sinks_table_dropped_while_stopped_is_a_definite_error(
+        tmp_path: Path, spark: Any, kafka: Any, pg_url: str) -> None:
+    """The sink's table dropped while the driver is stopped, its row in
+    reclock_uppers kept (a DBA's DROP TABLE). Before, the next start made an
+    empty table and trusted the row: the output read empty while its state
+    said everything was there, and only new records landed. Now the row
+    belongs to the dropped table, the sink reports nothing committed, and
+    the driver stalls naming the output; `reclock resnapshot` rebuilds it
+    with every record once."""
+    import psycopg
+
+    run = uuid.uuid4().hex[:8]
+    src = f"wpg{run}"
+    kafka.create_topic(src, 2)
+    _produce(kafka.bootstrap, src, 2, 0, 40)
+    path = _relay(tmp_path, kafka.bootstrap, src,
+                  f'{{type: postgres, dsn: "{pg_url}", table: relay_out}}')
+    cfg = load_config(path)
+
+    def ids() -> Counter[int]:
+        with psycopg.connect(pg_url) as c:
+            return Counter(i for (i,) in c.execute(
+                "SELECT id FROM relay_out WHERE _error IS NULL AND _diff = 1"))
+
+    with running(cfg, spark) as runners:
+        wait_for(lambda: sum(durable(runners[0]).values()) == 40, 60, "40 records")
+    assert ids() == Counter(range(40))
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute("DROP TABLE relay_out")
+    _produce(kafka.bootstrap, src, 2, 40, 10)
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: _stalled_with(r, "IdentityChanged"), 60,
+                 lambda: f"a definite error, health is {r.health}")
+        assert "output 'relay'" in (r.health.error or "")
+    assert main(["resnapshot", str(path), "relay", "relay"]) == 0
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: ids() == Counter(range(50)), 60, lambda: f"50 once, {r.health}")
+
+
+def test_a_kafka_sinks_data_topic_deleted_while_stopped_is_a_definite_error(
+        tmp_path: Path, spark: Any, kafka: Any) -> None:
+    """The data topic of a Kafka sink deleted while the driver is stopped,
+    its progress topic kept. Before, the next start made the topic again and
+    trusted the progress records: the records counted there were gone and
+    only new ones landed. Now each progress record names the data topic's id:
+    the sink reports nothing committed, the driver stalls naming the output,
+    and `reclock resnapshot` rebuilds it, every record once."""
+    path, cfg, src, dst = _relayed_into_kafka(tmp_path, spark, kafka, 1, 30)
+    kafka.delete_topic(dst)
+    _produce(kafka.bootstrap, src, 1, 30, 5)
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: _stalled_with(r, "IdentityChanged"), 60,
+                 lambda: f"a definite error, health is {r.health}")
+    assert main(["resnapshot", str(path), "relay", "relay"]) == 0
+    with running(cfg, spark) as runners:
+        r = runners[0]
+        wait_for(lambda: sum(durable(r).values()) == 35, 60, lambda: f"35, {r.health}")
+    assert _ids(kafka.bootstrap, dst) == Counter(range(35))

@@ -12,7 +12,10 @@ PostgreSQL cluster, the shared Kafka broker):
 * a commit whose ``expected`` is stale is fenced and writes nothing, and its
   staged files stay for a retry;
 * the stager is picklable, restaging the same part replaces it, and
-  ``screen`` keeps every row the sink can store.
+  ``screen`` keeps every row the sink can store;
+* an output belongs to the pipeline that committed it: another pipeline's
+  read of its state, or commit, is a definite error naming both (an output
+  committed before owners were recorded is adopted by the first).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import io
 import pickle
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from sinks.base import PersistSink, SinkFenced, SinkState
+from sinks.base import OutputOwned, Owner, PersistSink, SinkFenced, SinkState
 from tests.sinks.rows import USER, updates
 
 NAME = "orders.main"
@@ -39,15 +42,19 @@ class Target:
     """One sink kind: how to open its output, and where its staged files are."""
 
     kind: str
-    open: Callable[[], PersistSink]
+    open_as: Callable[[Owner | None], PersistSink]  # the output, for a pipeline (or none)
     staged_exists: Callable[[PersistSink, dict[str, Any]], bool | None]  # None: keeps none
     keeps_rows: bool = True  # the console keeps only the state
+    owned: bool = True  # records the pipeline that committed (not the console)
+
+    def open(self) -> PersistSink:
+        return self.open_as(None)
 
 
 def _delta(tmp_path: Path, request: Any) -> Target:
     from sinks.delta import DeltaSink
 
-    return Target("delta", lambda: DeltaSink(NAME, tmp_path / "out"),
+    return Target("delta", lambda owner: DeltaSink(NAME, tmp_path / "out", owner=owner),
                   lambda s, d: (s.path / d["path"]).exists())  # type: ignore[attr-defined]
 
 
@@ -58,7 +65,7 @@ def _delta_s3(tmp_path: Path, request: Any) -> Target:
     s3 = request.getfixturevalue("s3")
     access = S3Access.resolve(env=s3.env())
     uri = f"s3://{s3.bucket()}/lake/out"
-    return Target("delta-s3", lambda: DeltaSink(NAME, uri, storage=access),
+    return Target("delta-s3", lambda owner: DeltaSink(NAME, uri, storage=access, owner=owner),
                   lambda s, d: s.location.stat(d["path"]) is not None)  # type: ignore[attr-defined]
 
 
@@ -67,9 +74,9 @@ def _postgres(mode: str) -> Callable[[Path, Any], Target]:
         from sinks.postgres import PostgresSink
 
         url = request.getfixturevalue("pg_url")
-        return Target(f"postgres-{mode}", lambda: PostgresSink(
+        return Target(f"postgres-{mode}", lambda owner: PostgresSink(
             NAME, dsn=url, table="orders", staging_dir=tmp_path / "staging", mode=mode,
-            key=("k",) if mode == "state" else ()),
+            key=("k",) if mode == "state" else (), owner=owner),
             lambda s, d: (s.staging_root / d["path"]).exists())  # type: ignore[attr-defined]
     return make
 
@@ -80,18 +87,18 @@ def _kafka(tmp_path: Path, request: Any) -> Target:
     kafka = request.getfixturevalue("kafka")
     topic = f"contract-{uuid.uuid4().hex[:10]}"
     kafka.create_topic(topic, 2)
-    return Target("kafka", lambda: KafkaSink(
+    return Target("kafka", lambda owner: KafkaSink(
         NAME, bootstrap_servers=kafka.bootstrap, topic=topic, staging_dir=tmp_path / "staging",
-        timeout_s=10.0, key_columns=("k",)),
+        timeout_s=10.0, key_columns=("k",), owner=owner),
         lambda s, d: (s.staging_root / d["path"]).exists())  # type: ignore[attr-defined]
 
 
 def _console(tmp_path: Path, request: Any) -> Target:
     from sinks.console import ConsoleSink
 
-    return Target("console", lambda: ConsoleSink(NAME, tmp_path / "console.json",
-                                                 out=io.StringIO()),
-                  lambda s, d: None, keeps_rows=False)
+    return Target("console", lambda _owner: ConsoleSink(NAME, tmp_path / "console.json",
+                                                        out=io.StringIO()),
+                  lambda s, d: None, keeps_rows=False, owned=False)
 
 
 KINDS = {"delta": _delta, "delta-s3": _delta_s3, "postgres-log": _postgres("log"),
@@ -102,9 +109,23 @@ KINDS = {"delta": _delta, "delta-s3": _delta_s3, "postgres-log": _postgres("log"
 PEER_KINDS = {"delta-s3", "postgres-log", "postgres-state", "kafka"}
 
 
-@pytest.fixture(params=[pytest.param(k, marks=pytest.mark.integration) if k in PEER_KINDS else k
-                        for k in KINDS])
+def _params(kinds: Iterable[str]) -> list[Any]:
+    return [pytest.param(k, marks=pytest.mark.integration) if k in PEER_KINDS else k
+            for k in kinds]
+
+
+@pytest.fixture(params=_params(KINDS))
 def target(request: Any, tmp_path: Path) -> Target:
+    return KINDS[request.param](tmp_path, request)
+
+
+#: The kinds whose output lives outside the pipeline's state, where another
+#: pipeline could write it (not the console: its state is the pipeline's own).
+OWNED_KINDS = [k for k in KINDS if k != "console"]
+
+
+@pytest.fixture(params=_params(OWNED_KINDS))
+def owned_target(request: Any, tmp_path: Path) -> Target:
     return KINDS[request.param](tmp_path, request)
 
 
@@ -191,3 +212,45 @@ def test_the_stager_is_picklable_restaging_replaces_and_screen_keeps_good_rows(
     sink.commit(staged, SinkState(), SinkState(11))
     if target.keeps_rows:
         assert held(sink) == ["a", "b"]
+
+
+def test_an_output_belongs_to_the_pipeline_that_committed_it(owned_target: Target) -> None:
+    """Two pipelines (two identities) on one target: the first to commit
+    owns it, recorded with its state; the other's read of the state and its
+    commit are :class:`OutputOwned`, naming the output, both pipelines and
+    the owner's state location, and write nothing; the owner goes on. An
+    output committed before owners were recorded (``sink``: no owner) is
+    adopted by the first pipeline that commits."""
+    target = owned_target
+    assert target.owned
+    sink = target.open()
+    sink.ensure(USER)
+    s1 = SinkState(100, '"p100"')
+    sink.commit(sink.stager().stage("old", 0, updates(["a"], 50)), SinkState(), s1)
+    a = target.open_as(Owner("pipe-a", "/state/a"))
+    a.ensure(USER)
+    assert a.state() == s1  # no owner recorded: adopted
+    s2 = SinkState(200, '"p200"')
+    a.commit(a.stager().stage("a1", 0, updates(["b"], 150, offset=1)), s1, s2)
+    b = target.open_as(Owner("pipe-b", "/state/b"))
+    b.ensure(USER)
+    with pytest.raises(OutputOwned) as err:
+        b.state()
+    text = str(err.value)
+    assert f"output {NAME!r}" in text and "'pipe-a' (state in /state/a)" in text, text
+    assert "this pipeline is 'pipe-b' (state in /state/b)" in text, text
+    assert "two pipelines must not write one output" in (err.value.hint or "")
+    staged = b.stager().stage("b1", 0, updates(["z"], 250, offset=9))
+    with pytest.raises(OutputOwned):
+        b.commit(staged, s2, SinkState(300, '"p300"'))
+    again = target.open_as(Owner("pipe-a", "/state/a"))
+    assert again.state() == s2
+    if target.keeps_rows:
+        assert held(again) == ["a", "b"]
+    s3 = SinkState(300, '"p300"')
+    a.commit(a.stager().stage("a2", 0, updates(["c"], 250, offset=2)), s2, s3)
+    assert target.open_as(Owner("pipe-a")).state() == s3
+    # A reader that names no pipeline (verify of an old build, a tool) is not refused.
+    assert target.open().state() == s3
+    for s in (a, b, again, sink):
+        s.close()

@@ -563,3 +563,97 @@ def test_compaction_and_retention_on_s3(s3: Any) -> None:
     st = fill(sink, 1, 12, state=st)
     assert sink.state() == st
     assert pc.sum(sink.read_updates().column("_diff")).as_py() > 0
+
+
+# -- an outside OPTIMIZE racing a pass ----------------------------------------------------------
+
+
+def model_of_fill(commits: int, keys: int = 3) -> list[tuple[int, int]]:
+    """What :func:`fill` committed, from its parameters alone: ``(source
+    offset, diff)`` of every row, sorted (each exactly once)."""
+    out: list[tuple[int, int]] = []
+    for i in range(commits):
+        out += [(keys * i + j, 1) for j in range(keys)]
+        if i % 5 == 0:
+            out.append((10**6 + i, 1))
+        if i % 4 == 3:
+            out.append((keys * (i - 1), -1))
+    return sorted(out)
+
+
+def rows_of(sink: DeltaSink) -> list[tuple[int, int]]:
+    t = DeltaTable(sink.uri, storage_options=sink.location.storage_options()).to_pyarrow_table(
+        columns=["_src_offset", "_diff"])
+    return sorted(zip(t.column("_src_offset").to_pylist(), t.column("_diff").to_pylist(),
+                      strict=True))
+
+
+@pytest.mark.parametrize("where", ["local", "local-delta-rs",
+                                   pytest.param("s3", marks=pytest.mark.integration)])
+def test_an_outside_optimize_between_plan_and_swap_drops_the_pass(
+        where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest) -> None:
+    """Regression: a delta-rs ``optimize.compact()`` of another program
+    committed while a pass was between choosing its files and committing
+    its swap; the swap went through delta-rs, whose conflict checker lets a
+    second remove of one file pass when ``dataChange`` is false, and every
+    row both merged was in the table twice (on S3, and on a local table
+    reclock does not write log entries of itself: ``local-delta-rs``, a
+    CHECK constraint). The swap now commits only if none of the files it
+    removes was removed meanwhile, by anyone: the pass is dropped and its
+    merged file deleted. Rows are compared with a model of what was written
+    (each position exactly once)."""
+    if where == "s3":
+        s3 = request.getfixturevalue("s3")
+        sink = DeltaSink(NAME, f"s3://{s3.bucket()}/lake/{uuid.uuid4().hex[:6]}",
+                         storage=S3Access.resolve(env=s3.env()))
+    else:
+        sink = DeltaSink(NAME, tmp_path / "out")
+    sink.ensure(USER)
+    if where == "local-delta-rs":
+        DeltaTable(str(sink.path)).alter.add_constraint({"k_set": "k IS NOT NULL"})
+    st = fill(sink, 12)
+    model = model_of_fill(12)
+    assert rows_of(sink) == model
+    outside = DeltaTable(sink.uri, storage_options=sink.location.storage_options())
+    optimized: list[dict[str, Any]] = []
+    after_planning(monkeypatch, sink, lambda: optimized.append(outside.optimize.compact()))
+    assert sink.compact(min_files=2) == {}
+    monkeypatch.undo()
+    assert optimized and optimized[0]["numFilesRemoved"] == 12
+    assert rows_of(sink) == model  # each position exactly once
+    assert sink.state() == st
+    # The dropped pass's merged file is gone: no orphan, nothing referenced lost.
+    assert not [n for n, _, _ in sink.location.files() if "-compact-" in n]
+    assert sink.vacuum_orphans(0) == []
+    assert rows_of(sink) == model
+    # The output carries on: a commit, then a pass over what is small now.
+    st = fill(sink, 2, 12, state=st)
+    assert sink.state() == st
+    assert sink.compact(min_files=2)["files_removed"] == 3
+    assert rows_of(sink) == model_of_fill(14)
+
+
+def test_a_pass_commits_over_a_commit_that_removed_none_of_its_files(
+        sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another program's commit between plan and swap that touches none of
+    the pass's files (an append of its own) does not drop the pass: the
+    swap goes on top of it, and both are in the table."""
+    st = fill(sink, 6)
+    other = DeltaTable(str(sink.path))
+    v = other.version()
+
+    def outside_append() -> None:
+        other.create_write_transaction(
+            [], "append", other.schema(),
+            commit_properties=CommitProperties(app_transactions=[Transaction("other", 1)]))
+
+    after_planning(monkeypatch, sink, outside_append)
+    assert sink.compact(min_files=2)["files_removed"] == 6
+    monkeypatch.undo()
+    assert DeltaTable(str(sink.path)).version() == v + 2
+    assert last_commit(sink.path)["info"]["readVersion"] == v + 1
+    assert rows_of(sink) == model_of_fill(6) and sink.state() == st
+    assert len(data_files(sink)) == 1
+    st = fill(sink, 1, 6, state=st)
+    assert rows_of(sink) == model_of_fill(7) and sink.state() == st

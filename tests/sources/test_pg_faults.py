@@ -218,19 +218,20 @@ def test_schema_changes_evolve_the_output_or_name_the_column(tmp_path: Path, spa
             c.execute("insert into evo values (2, 2, 'two', 2)")
             c.execute("alter table evo add column d text")
             c.execute("insert into evo values (3, 3, 'three', 3, 'dee')")
-            c.execute("alter table evo drop column b")
-            c.execute("insert into evo (id, a, c, d) values (4, 4, 4, 'four')")
+            c.execute("alter table evo alter column c type bigint")  # widens the output
+            c.execute("insert into evo (id, a, b, c) values (4, 4, 'four', 2 ^ 40)")
         wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 90, "the evolved output")
         assert runners[0].health.status == "running"
         with psycopg.connect(cdc_url, autocommit=True) as c:
-            c.execute("alter table evo alter column c type bigint")
-            c.execute("insert into evo (id, a, c) values (5, 5, 5)")
-        h = _stalled_with(runners, '"public"."evo"', "'c'", "changed type")
+            c.execute("alter table evo alter column a type text")  # no type holds both
+            c.execute("insert into evo (id, a, c) values (5, 'five', 5)")
+        h = _stalled_with(runners, "'evo'", "'a'", "changed type")
         assert h.definite
     rows = sorted((r["id"], r["a"], r["b"], r["c"], r["d"])
                   for r in read_updates(cfg, "db", "evo").to_pylist())
     assert rows == [(1, 1, "one", 1, None), (2, 2, "two", 2, None),
-                    (3, 3, "three", 3, "dee"), (4, 4, None, 4, "four")]
+                    (3, 3, "three", 3, "dee"), (4, 4, "four", 2**40, None)]
+    assert str(read_updates(cfg, "db", "evo").schema.field("c").type) == "int64"
 
 
 def test_slot_dropped_behind_the_back_and_reclock_drop(tmp_path: Path, spark: Any,

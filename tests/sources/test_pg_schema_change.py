@@ -1,0 +1,206 @@
+"""Schema changes upstream of a Postgres source, with the driver running and
+while it is stopped: each output ends holding what the table holds (every
+row once, no value lost) or stalls with a definite error naming the change
+and the way out (the output's ``schema_change`` policy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow.compute as pc
+import pytest
+
+from tests.running import read_updates, running, wait_for
+from tests.sources.cdc import flushed_lsn, output_rows, resumed_past, source_rows
+from tests.sources.test_pg_faults import _cfg, _snapshot_durable, _stalled_with
+
+
+def _caught_up(runners: list[Any], url: str) -> None:
+    wait_for(resumed_past(runners, flushed_lsn(url)), 90, "the changes to be durable")
+    assert runners[0].health.status == "running", runners[0].health
+
+
+@pytest.mark.parametrize("identity", ["key", "full"])
+def test_rename_while_stopped_keeps_every_value(tmp_path: Path, spark: Any, cdc_url: str,
+                                                identity: str) -> None:
+    """A column renamed while the driver is stopped: changes written before
+    the rename (under the old name) and after it (under the new one) land in
+    the output's column, retractions match what was inserted."""
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table ren (id int primary key, a int, b text)")
+        if identity == "full":
+            c.execute("alter table ren replica identity full")
+        c.execute("insert into ren values (1, 1, 'one'), (2, 2, 'two'), (4, 4, 'four')")
+    cfg = _cfg(tmp_path, cdc_url, "ren", "      - {name: ren, sink: file}")
+    with running(cfg, spark) as runners:
+        _snapshot_durable(runners)
+        _caught_up(runners, cdc_url)
+    with psycopg.connect(cdc_url, autocommit=True) as c:  # the driver is stopped
+        c.execute("update ren set b = 'uno' where id = 1")
+        c.execute("alter table ren rename column b to c")
+        c.execute("update ren set c = 'dos' where id = 2")
+        c.execute("insert into ren values (3, 3, 'three')")
+        c.execute("delete from ren where id = 4")
+    with running(cfg, spark) as runners:
+        _caught_up(runners, cdc_url)
+        with psycopg.connect(cdc_url, autocommit=True) as c:  # and running again
+            c.execute("update ren set c = 'eins' where id = 1")
+        _caught_up(runners, cdc_url)
+    upstream = source_rows(cdc_url, "select id, a, c from ren")
+    assert upstream == [(1, 1, "eins"), (2, 2, "dos"), (3, 3, "three")]
+    # the output keeps its column's name: b holds what upstream's c holds
+    assert output_rows(read_updates(cfg, "db", "ren"), ["id", "a", "b"]) == upstream
+
+
+@pytest.mark.parametrize("identity", ["key", "full"])
+def test_rename_while_running_keeps_every_value(tmp_path: Path, spark: Any, cdc_url: str,
+                                                identity: str) -> None:
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table ren (id int primary key, a int, b text)")
+        if identity == "full":
+            c.execute("alter table ren replica identity full")
+        c.execute("insert into ren values (1, 1, 'one'), (2, 2, 'two')")
+    cfg = _cfg(tmp_path, cdc_url, "ren", "      - {name: ren, sink: file}")
+    with running(cfg, spark) as runners:
+        _snapshot_durable(runners)
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("update ren set b = 'uno' where id = 1")
+            c.execute("alter table ren rename column b to c")
+            c.execute("update ren set c = 'dos' where id = 2")
+            c.execute("insert into ren values (3, 3, 'three')")
+        _caught_up(runners, cdc_url)
+    upstream = source_rows(cdc_url, "select id, a, c from ren")
+    assert output_rows(read_updates(cfg, "db", "ren"), ["id", "a", "b"]) == upstream
+
+
+def _policy_cfg(tmp_path: Path, url: str, table: str, policy: str) -> Any:
+    return _cfg(tmp_path, url, table,
+                f"      - {{name: {table}, sink: file, schema_change: {policy}}}")
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["running", "stopped"])
+def test_add_drop_and_widen_evolve_the_output(tmp_path: Path, spark: Any, cdc_url: str,
+                                              stopped: bool) -> None:
+    """A keyed table gains a column, loses one and widens one, with the driver
+    running or stopped across it: the output holds every row as upstream
+    holds it, plus the dropped column's values as they were before the drop
+    (rows not changed since keep them, rows changed since hold null)."""
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table shop (id int primary key, qty int, note text)")
+        c.execute("insert into shop values (1, 1, 'n1'), (2, 2, 'n2'), (3, 3, 'n3')")
+    cfg = _cfg(tmp_path, cdc_url, "shop", "      - {name: shop, sink: file}")
+
+    def change() -> None:
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("update shop set note = 'n2b' where id = 2")  # before the drop
+            c.execute("alter table shop add column tag text")
+            c.execute("insert into shop values (4, 4, 'n4', 't4')")
+            c.execute("alter table shop drop column note")
+            c.execute("update shop set tag = 't1' where id = 1")  # after it: note is null
+            c.execute("alter table shop alter column qty type bigint")
+            c.execute("insert into shop values (5, 2 ^ 40, 't5')")
+            c.execute("delete from shop where id = 3")
+
+    with running(cfg, spark) as runners:
+        _snapshot_durable(runners)
+        if not stopped:
+            change()
+        _caught_up(runners, cdc_url)
+    if stopped:
+        change()
+        with running(cfg, spark) as runners:
+            _caught_up(runners, cdc_url)
+    upstream = source_rows(cdc_url, "select id, qty, tag from shop")
+    note = {2: "n2b", 4: "n4"}  # the dropped column, as of each row's last change
+    model = sorted(((i, q, note.get(i), t) for i, q, t in upstream), key=repr)
+    updates = read_updates(cfg, "db", "shop")
+    assert output_rows(updates, ["id", "qty", "note", "tag"]) == model
+    assert str(updates.schema.field("qty").type) == "int64"
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["running", "stopped"])
+def test_a_dropped_column_of_a_diff_log_is_named(tmp_path: Path, spark: Any, cdc_url: str,
+                                                 stopped: bool) -> None:
+    """A diff log (REPLICA IDENTITY FULL) retracts rows whole: once a column
+    is dropped a retraction cannot match what the output holds, so the drop
+    is a definite error with the way out, never a row left at -1."""
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table dl (id int primary key, v text, w text)")
+        c.execute("alter table dl replica identity full")
+        c.execute("insert into dl values (1, 'a', 'x')")
+    cfg = _cfg(tmp_path, cdc_url, "dl", "      - {name: dl, sink: file}")
+
+    def change() -> None:
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("alter table dl drop column w")
+            c.execute("update dl set v = 'b' where id = 1")
+
+    with running(cfg, spark) as runners:
+        _snapshot_durable(runners)
+        if not stopped:
+            change()
+            h = _stalled_with(runners, '"public"."dl"', "['w']", "diff log", "primary key")
+            assert h.definite
+    if stopped:
+        change()
+        with running(cfg, spark) as runners:
+            h = _stalled_with(runners, '"public"."dl"', "['w']", "diff log", "primary key")
+            assert h.definite
+    # what was accepted stays, every row once
+    assert output_rows(read_updates(cfg, "db", "dl"), ["id", "v", "w"]) == [(1, "a", "x")]
+
+
+def test_freeze_keeps_the_columns_and_counts_what_it_drops(tmp_path: Path, spark: Any,
+                                                           cdc_url: str) -> None:
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table fz (id int primary key, qty int)")
+        c.execute("insert into fz values (1, 1)")
+    cfg = _policy_cfg(tmp_path, cdc_url, "fz", "freeze")
+    with running(cfg, spark) as runners:
+        _snapshot_durable(runners)
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("alter table fz add column tag text")
+            c.execute("insert into fz values (2, 2, 't2'), (3, 3, null)")
+        _caught_up(runners, cdc_url)
+        assert runners[0].outputs[0].dropped.counts == {"tag": 1}
+    with psycopg.connect(cdc_url, autocommit=True) as c:  # stopped: a widening
+        c.execute("alter table fz alter column qty type bigint")
+        c.execute("insert into fz values (4, 4, 't4'), (5, 2 ^ 40, 't5')")
+    with running(cfg, spark) as runners:
+        _caught_up(runners, cdc_url)
+    updates = read_updates(cfg, "db", "fz")
+    assert "tag" not in updates.schema.names
+    assert str(updates.schema.field("qty").type) == "int32"  # today's type, kept
+    assert output_rows(updates.filter(pc.is_null(updates.column("_error"))), ["id", "qty"]) == [
+        (1, 1), (2, 2), (3, 3), (4, 4)]
+    # the value qty cannot hold is an error row naming it, never dropped silently
+    errors = updates.filter(pc.is_valid(updates.column("_error"))).to_pylist()
+    assert len(errors) == 1 and str(2**40) in errors[0]["_error"], errors
+    events = (tmp_path / "state" / "progress.jsonl").read_text()
+    assert '"dropping_values_of":"tag"' in events
+
+
+def test_fail_names_each_change_and_the_way_out(tmp_path: Path, spark: Any, cdc_url: str
+                                                ) -> None:
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table fl (id int primary key, a int, b text)")
+        c.execute("insert into fl values (1, 1, 'one')")
+    cfg = _policy_cfg(tmp_path, cdc_url, "fl", "fail")
+    with running(cfg, spark) as runners:
+        _snapshot_durable(runners)
+    with psycopg.connect(cdc_url, autocommit=True) as c:  # stopped: a rename
+        c.execute("alter table fl rename column b to c")
+        c.execute("insert into fl values (2, 2, 'two')")
+    with running(cfg, spark) as runners:
+        h = _stalled_with(runners, "'b' renamed upstream", "now named 'c'",
+                          "schema_change is fail", "schema_change: evolve")
+        assert h.definite
+    with running(cfg, spark) as runners:  # still refused: nothing was taken
+        _stalled_with(runners, "'b' renamed upstream")
+    cfg = _policy_cfg(tmp_path, cdc_url, "fl", "evolve")
+    with running(cfg, spark) as runners:
+        _caught_up(runners, cdc_url)
+    assert output_rows(read_updates(cfg, "db", "fl"), ["id", "a", "b"]) == [
+        (1, 1, "one"), (2, 2, "two")]
