@@ -503,10 +503,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from reclock.verify import verify_pipeline
 
     reports = verify_pipeline(_load(args.file))
-    bad = 0
+    bad = sum(0 if r.ok else 1 for r in reports)
+    if args.json:
+        print(json.dumps([{
+            "source": r.source, "ok": r.ok, "complete_checked": r.complete_checked,
+            "notes": r.notes,
+            "outputs": [{"output": o.output, "rows": o.rows, "errors": o.errors,
+                         "checked": o.checked, "compacted": o.compacted,
+                         "breaches": o.breaches, "samples": o.samples,
+                         "checks": dict(o.ordered(o.checks)),
+                         "unchecked": dict(o.ordered(o.unchecked))} for o in r.outputs],
+        } for r in reports], default=str))
+        return 1 if bad else 0
     for r in reports:
-        if args.json:
-            continue
         checked = sum(o.checked for o in r.outputs)
         if r.ok and not checked and not r.complete_checked:
             print(f"source {r.source}: nothing to audit yet (no output holds a row)")
@@ -521,15 +530,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
                   f"against bindings, {o.compacted} below since: {status}")
             for k, sample in o.samples.items():
                 print(f"    {k}: e.g. {sample}")
-    bad = sum(0 if r.ok else 1 for r in reports)
-    if args.json:
-        print(json.dumps([{
-            "source": r.source, "ok": r.ok, "complete_checked": r.complete_checked,
-            "notes": r.notes,
-            "outputs": [{"output": o.output, "rows": o.rows, "errors": o.errors,
-                         "checked": o.checked, "compacted": o.compacted,
-                         "breaches": o.breaches, "samples": o.samples} for o in r.outputs],
-        } for r in reports], default=str))
+            if o.checks:
+                print("    checked: " + ", ".join(
+                    f"{c} ({what})" if what else c for c, what in o.ordered(o.checks)))
+            for c, why in o.ordered(o.unchecked):
+                print(f"    not checked: {c}: {why}")
     return 1 if bad else 0
 
 

@@ -33,7 +33,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, cast
@@ -59,6 +59,10 @@ from sinks.base import PersistSink, SinkContext, check_output_names
 from sources.base import Facts, Source, SourceContext
 
 log = logging.getLogger("reclock")
+
+
+def _ignored(changes: Mapping[str, str | None]) -> None:
+    """The facts' writer of a source built for an audit: writes nothing."""
 
 
 @dataclass
@@ -108,8 +112,12 @@ class Pipeline:
     def interval_ms(self, src: SourceConfig) -> int:
         return int(src.timestamp_interval or self.cfg.timestamp_interval)
 
-    def build_source(self, src: SourceConfig) -> BuiltSource:
-        source = self._connector(src)
+    def build_source(self, src: SourceConfig, audit: bool = False) -> BuiltSource:
+        """The source of ``src`` and its outputs. ``audit``: for reading only
+        (``reclock verify``): the source records nothing in its facts (a
+        topic's identity, an accepted re-created topic taken up), which only
+        a running driver decides."""
+        source = self._connector(src, audit)
         specs = source.outputs()
         by_name = {o.name: o for o in src.outputs}
         unknown = sorted(set(by_name) - {s.name for s in specs})
@@ -129,14 +137,14 @@ class Pipeline:
             outputs.append(self._output(src, i, spec, ocfg))
         return BuiltSource(src, source, outputs)
 
-    def _connector(self, src: SourceConfig) -> Source[Any]:
+    def _connector(self, src: SourceConfig, audit: bool = False) -> Source[Any]:
         _, block = src.connector
+        write = (_ignored if audit else functools.partial(self.store.put_facts, src.name))
         return cast("Source[Any]", block.build(src.name, SourceContext(
             self.clock, self.identity, tuple(o.name for o in src.outputs),
             state_dir=self.state_dir,
             coordinates=functools.partial(self.store.coordinates, src.name),
-            facts=Facts(functools.partial(self.store.facts, src.name),
-                        functools.partial(self.store.put_facts, src.name)),
+            facts=Facts(functools.partial(self.store.facts, src.name), write),
             schema_change={o.name: o.schema_change for o in src.outputs})))
 
     def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig

@@ -276,6 +276,16 @@ class Source(Protocol, Generic[T]):
         replaced or the source cannot accept it."""
         ...
 
+    def unreadable(self, parts: Sequence[int]) -> dict[int, str]:
+        """Of the partition ids ``parts``, those whose records cannot be read
+        again however long retention would keep them, each with why: a Kafka
+        topic's earlier incarnation (deleted and re-created), a listed topic
+        re-created and not accepted, a topic deleted. ``reclock verify``
+        reports the rows it holds of them as not checked rather than as
+        breaches, and does not plan reading them. Asked after
+        :meth:`retained` (which reads the upstream's metadata)."""
+        ...
+
     def output_errors(self) -> dict[int, DefiniteError]:
         """Outputs whose upstream is gone for good while the others go on (a
         deleted topic of a several-topic Kafka source): output index -> the
@@ -329,6 +339,9 @@ class SourceBase:
 
     def confirm(self, tasks: Sequence[ReadTask]) -> None:
         return None
+
+    def unreadable(self, parts: Sequence[int]) -> dict[int, str]:
+        return {}
 
     def accept_replaced(self, name: str, bound: Antichain[Any] | None = None) -> str:
         raise DefiniteError(f"source {getattr(self, 'name', '?')!r} keeps no identity of "

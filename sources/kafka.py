@@ -1041,6 +1041,24 @@ class KafkaSource(SourceBase):
         return self._is_retired(pid) or (
             self.multi and self._pairs.get(pid, ("", 0))[0] in self._replaced)
 
+    def unreadable(self, parts: Sequence[int]) -> dict[int, str]:
+        """See :meth:`sources.base.Source.unreadable` (after a probe or
+        :meth:`retained`: the topics' metadata and identities are known)."""
+        if self.multi:
+            self._learn()  # ids of earlier incarnations another driver assigned
+        out: dict[int, str] = {}
+        for p in parts:
+            topic, kp = self._topic_partition(p)
+            if self._is_retired(p):
+                out[p] = (f"topic {topic!r} partition {kp} before the topic was deleted and "
+                          "re-created: its records went with it")
+            elif self.multi and topic in self._replaced:
+                out[p] = (f"topic {topic!r} was deleted and re-created and not accepted: the "
+                          "records at these offsets now are the new topic's")
+            elif self.multi and p in self._pairs and topic not in self._present:
+                out[p] = f"topic {topic!r} was deleted"
+        return out
+
     def reader(self) -> KafkaReader:
         routes = tuple((t, i) for i, t in enumerate(self.topic_outputs or ()))
         return KafkaReader(self.bootstrap, self.topic, tuple(sorted(self.properties.items())),

@@ -273,6 +273,14 @@ class Bindings(Generic[T]):
             self.__dict__["_last"] = last
         return last
 
+    @property
+    def first(self) -> Binding[T] | None:
+        """The earliest binding kept: the source's initial frontier at
+        ``as_of`` until history is compacted, then the binding at ``since``."""
+        if not len(self):
+            return None
+        return Binding(IntoTime(int(self._times[0])), self._frontier(0))
+
     def _frontier(self, i: int) -> Antichain[T]:
         if i == len(self) - 1 and "_last" in self.__dict__:
             return self.__dict__["_last"].frontier  # type: ignore[no-any-return]

@@ -304,13 +304,18 @@ def screen_intents(stager: Stager, intents: pa.Table) -> pa.Table:
                              intents.filter(marks)])
 
 
+#: The reason of a row refused by ``RECLOCK_FAIL_AT=refuse`` (``reclock
+#: verify`` takes a row the output holds with it as refused by the run).
+INJECTED_REFUSAL = "injected refusal (RECLOCK_FAIL_AT=refuse)"
+
+
 def _injected_refusal(table: pa.Table) -> pa.Table:
     """``RECLOCK_FAIL_AT=refuse``: the sink refuses the table's first row."""
     if table.num_rows == 0 or not faults.take("refuse"):
         return table
     first = np.zeros(table.num_rows, dtype=bool)
     first[0] = True
-    return refuse_rows(table, first, "injected refusal (RECLOCK_FAIL_AT=refuse)")
+    return refuse_rows(table, first, INJECTED_REFUSAL)
 
 
 _tasks_in_worker = 0

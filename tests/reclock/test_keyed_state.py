@@ -180,8 +180,9 @@ def test_verify_replays_an_upsert_output_and_names_a_deleted_key(
     tmp_path: Path, spark: Any, kafka: Any
 ) -> None:
     """verify re-reads the source, puts its records through the envelope from
-    a fresh key state and compares key by key: a row deleted from the Delta
-    table behind reclock's back makes `reclock verify` exit 1 naming the key."""
+    a fresh key state and compares key by key, as of every IntoTime: a row
+    deleted from the Delta table behind reclock's back makes `reclock
+    verify` exit 1 naming the key (and its record's position as missing)."""
     import subprocess
     import sys
 
@@ -206,7 +207,8 @@ def test_verify_replays_an_upsert_output_and_names_a_deleted_key(
     out = subprocess.run([sys.executable, "-m", "reclock.cli", "verify", str(path)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "keyed-state" in out.stdout and "key (3,): missing" in out.stdout, out.stdout
+    assert "keyed-history=1" in out.stdout and "missing=1" in out.stdout, out.stdout
+    assert "key {'id': 3}: missing as of " in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize("sink", ["pgstate", "kafka"])

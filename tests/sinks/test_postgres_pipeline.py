@@ -50,6 +50,9 @@ sources:
     reports = verify_pipeline(cfg)
     assert all(r.ok for r in reports), [(o.output, o.breaches) for o in reports[0].outputs]
     assert reports[0].complete_checked == 4000  # the log output is audited in full
+    orders = reports[0].outputs[1]
+    assert orders.checks["values"] == "4000 positions"  # (without the sink's own rules)
+    assert "the 0 error rows the output holds are taken as refused" in orders.unchecked["values"]
 
 
 # -- Kafka: an upsert topic of two partitions ----------------------------------------------
