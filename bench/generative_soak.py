@@ -15,7 +15,15 @@ Runs take turns between three modes:
   topics deleted and re-created (named, answered with ``reclock
   accept-recreated``, and by pattern), partitions added, a Kafka sink's
   progress topic deleted (answered with ``reclock resnapshot``), key-state
-  files damaged; each with the driver running or stopped.
+  files damaged, values moving between keys, new registry schema versions
+  of an Avro topic (an optional field added, int promoted to long), and DDL
+  on Postgres CDC tables into Delta (a column added with or without a
+  default, dropped, renamed, widened int -> bigint; keyed by a primary key,
+  and REPLICA IDENTITY FULL, whose refused changes are answered by dropping
+  the output and the source's state); each with the driver running or
+  stopped.
+
+A schema registry (tests/registry.py) is started once for the soak.
 
 Prints one line per run (mode, seed, sequences, records, faults, rows the
 sinks refused as the model said, injected refusals, lost, doubled, wrong,
@@ -58,10 +66,12 @@ def main() -> int:
     from tests.generative import run, run_killed
     from tests.kafkabroker import KafkaCluster
     from tests.pgcluster import PgCluster
+    from tests.registry import RegistryServer
     from tests.world import run as run_world
 
     kafka = KafkaCluster(nodes=1).start()
     pg = PgCluster(wal_level="logical").start()
+    registry = RegistryServer()
     spark = spark_session("local[2]", "reclock-soak", {"spark.sql.shuffle.partitions": "2"})
     total: Counter[str] = Counter()
     by_kind: Counter[str] = Counter()
@@ -87,7 +97,8 @@ def main() -> int:
                     if mode == "killed":
                         out = run_killed(Path(tmp), kafka, url, seed, args.sequences // 2)
                     elif mode == "world":
-                        out = run_world(Path(tmp), spark, kafka, url, seed, args.sequences)
+                        out = run_world(Path(tmp), spark, kafka, url, registry.url, seed,
+                                        args.sequences)
                     else:
                         out = run(Path(tmp), spark, kafka, url, seed, args.sequences)
             finally:
@@ -108,6 +119,7 @@ def main() -> int:
         spark.stop()
         kafka.close()
         pg.stop()
+        registry.close()
     print("-" * len(header))
     print(f"{runs} runs: {total['sequences']:,} sequences, {total['records']:,} records, "
           f"{total['faults']:,} faults, {total['refused']:,} refused rows, "

@@ -73,6 +73,10 @@ class PgColumn:
     names: tuple[str, ...] = ()
     #: dropped upstream: kept in the output, null from then on
     gone: bool = False
+    #: it has a default, or had one when it was added (``atthasdef`` or
+    #: ``atthasmissing``): added with one, the rows the table held then hold
+    #: it although no change carried it
+    has_default: bool = False
 
     @property
     def upstream(self) -> str:
@@ -134,7 +138,8 @@ SELECT c.oid, n.nspname, c.relname, c.relreplident, c.relkind, c.relpages, c.rel
        has_table_privilege(c.oid, 'SELECT'),
        a.attname, bt.oid, CASE WHEN t.typbasetype <> 0 THEN t.typtypmod ELSE a.atttypmod END,
        format_type(a.atttypid, a.atttypmod),
-       CASE WHEN bt.typcategory = 'A' THEN bt.typelem ELSE 0 END, a.attnotnull, a.attnum
+       CASE WHEN bt.typcategory = 'A' THEN bt.typelem ELSE 0 END, a.attnotnull, a.attnum,
+       a.atthasdef OR a.atthasmissing
 FROM unnest(%s::text[], %s::text[]) AS want(nsp, rel)
 JOIN pg_namespace n ON n.nspname = want.nsp
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = want.rel
@@ -163,13 +168,14 @@ def describe_tables(conn: Connection, tables: Sequence[tuple[str, str, str]]
     rows = conn.execute(_COLUMNS, ([t[0] for t in tables], [t[1] for t in tables])).fetchall()
     by_name: dict[tuple[str, str], dict[str, Any]] = {}
     for (oid, nsp, rel, ident, kind, pages, tuples, can_read, att, typ, typmod, tname, elem,
-         notnull, attnum) in rows:
+         notnull, attnum, hasdef) in rows:
         t = by_name.setdefault((nsp, rel), {
             "oid": oid, "ident": ident, "kind": kind, "pages": pages, "tuples": tuples,
             "read": can_read, "cols": []})
         if att is not None:
             t["cols"].append(PgColumn(att, PgType(int(typ), int(typmod), tname, int(elem or 0)),
-                                      bool(notnull), attnum=int(attnum)))
+                                      bool(notnull), attnum=int(attnum),
+                                      has_default=bool(hasdef)))
     missing = [quoted(s, n) for s, n, _ in tables if (s, n) not in by_name]
     if missing:
         raise DefiniteError(f"tables {', '.join(missing)} do not exist",

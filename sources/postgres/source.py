@@ -55,12 +55,18 @@ mapped onto the output's columns by those names, so changes written before
 and after a rename (or a stop) land in one column; a name no column had is a
 column added upstream, and re-opens the source; a column missing from a
 message that the table no longer has was dropped, and re-opens it too; a
-type the output's column cannot hold re-opens it when the catalog shows it.
-At the open the output's ``schema_change`` policy meets the changes
-(:mod:`reclock.core.schema_change`): a dropped column stays (null from then
-on; of a diff log, a definite error: its retractions would not match), a
-renamed one keeps the output's name, a widened one widens the output under
-evolve.
+type the output's column cannot hold re-opens it when the catalog shows it
+(the column found by its number: a change may name it by a name it has no
+longer). A relation message is mapped only when a change it describes is
+taken: changes before an output's snapshot point are dropped, whatever
+columns they name. At the open the output's ``schema_change`` policy meets
+the changes (:mod:`reclock.core.schema_change`): a dropped column stays
+(null from then on; of a diff log, a definite error: its retractions would
+not match), a renamed one keeps the output's name, a widened one widens the
+output under evolve. A column added with a default to a FULL table is a
+definite error under evolve: the rows the table held then hold the default,
+which no change carried, while the output holds them null, so a later
+change's old row would not match.
 
 A truncate of a keyed table retracts every row (the driver's key state knows
 them); of a diff-log table (FULL, or no identity) it is a definite error (the
@@ -71,6 +77,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import re
 import select
@@ -366,6 +373,18 @@ class PostgresSource(SourceBase):
                     "the row the output holds", hint="re-read the output in the table's shape "
                     "now (drop the output and the source's state: a new snapshot), or give the "
                     "table a primary key (a keyed output retracts by key)")
+            defaulted = _added_with_default(t, known.get(key))
+            if defaulted and t.identity == "f" and self._policies.get(
+                    t.output, "evolve") == "evolve":
+                raise DefiniteError(
+                    f"{self.who}: table {t.qualified}: columns {defaulted} were added upstream "
+                    "with a default, and its output is a diff log (REPLICA IDENTITY FULL): the "
+                    "rows the table held then hold the default while the output holds them "
+                    "null (no change carried it), so a later change's old row would not "
+                    "match the row the output holds", hint="re-read the output in the "
+                    "table's shape now (drop the output and the source's state: a new "
+                    "snapshot), or give the table a primary key and REPLICA IDENTITY DEFAULT "
+                    "(a keyed output retracts by key)")
             self._changes[t.output] = m.changes
             merged.append(m.table)
             if m.fact != known.get(key) and not (
@@ -1040,8 +1059,31 @@ class PostgresReader:
         params, secrets = parse_dsn(self.dsn, self.who)
         by_name = {(t.schema, t.name): i for i, t in enumerate(self.tables)}
         snap_at = dict(spec.snapshot_at)
-        layouts: dict[int, _Layout | None] = {}
+        layouts: dict[int, _Layout] = {}
+        #: relation messages whose layout is not built yet
+        rels: dict[int, po.Relation] = {}
         bufs: dict[int, _Buffer] = {}
+
+        def layout(relid: int, commit_lsn: int) -> _Layout | None:
+            """How a change of ``relid`` in a transaction committing at
+            ``commit_lsn`` maps onto its output; None when the relation is
+            no output's table, or the output drops the change (it commits
+            before the output's snapshot point). The layout is built from
+            the relation message in force only when a change is taken: one
+            from before a snapshot point may name columns the output never
+            had (added and dropped again before the snapshot was taken)."""
+            lay = layouts.get(relid)
+            if lay is not None:
+                return lay
+            rel = rels.get(relid)
+            i = None if rel is None else by_name.get((rel.namespace, rel.name))
+            if rel is None or i is None or commit_lsn < snap_at.get(i, 0):
+                return None
+            lay = layouts[relid] = self._layout(params, i, rel)
+            del rels[relid]
+            bufs.setdefault(i, _Buffer(self.tables[i])).types = lay.types
+            return lay
+
         conn = self._start(params, secrets, spec.start)
         commit_lsn = 0
         ts: int | None = None
@@ -1060,14 +1102,12 @@ class PostgresReader:
                     i = by_name.get((m.namespace, m.name))
                     if i is not None and i in bufs and len(bufs[i]):
                         yield i, bufs[i].take(binary=True)  # rows of the previous layout
-                    layouts[m.relid] = None if i is None else self._layout(params, i, m)
-                    if i is not None:
-                        lay = layouts[m.relid]
-                        assert lay is not None
-                        bufs.setdefault(i, _Buffer(self.tables[i])).types = lay.types
+                    layouts.pop(m.relid, None)
+                    rels[m.relid] = m
+                    layout(m.relid, commit_lsn)  # (now, when its changes are taken)
                     continue
                 if isinstance(m, po.Insert | po.Update | po.Delete):
-                    lay = layouts.get(m.relid)
+                    lay = layout(m.relid, commit_lsn)
                     if lay is None or commit_lsn < snap_at.get(lay.output, 0):
                         seq += 1
                         continue
@@ -1078,7 +1118,7 @@ class PostgresReader:
                         yield lay.output, buf.take(binary=True)
                     continue
                 if isinstance(m, po.Truncate):
-                    hit = [lay for r in m.relids if (lay := layouts.get(r)) is not None
+                    hit = [lay for r in m.relids if (lay := layout(r, commit_lsn)) is not None
                            and commit_lsn >= snap_at.get(lay.output, 0)]
                     diff_logs = [lay.table for lay in hit if lay.table.envelope != "upsert"]
                     if diff_logs:
@@ -1170,8 +1210,15 @@ class PostgresReader:
             new = PgType(rc.type_oid, rc.type_modifier, f"oid {rc.type_oid}",
                          _ARRAY_ELEMS.get(rc.type_oid, 0))
             if not widens_to(new.arrow, c.type.arrow):
+                # The column's type now, found by its number: a change may
+                # name it by a name it no longer has (widened, then renamed).
                 now = self._catalog_now(params, rel.relid)
-                if now.get(rc.name, (c.type.oid, c.type.typmod)) != (c.type.oid, c.type.typmod):
+                cur = next((v for v in now.values() if v[0] == c.attnum), None) if c.attnum \
+                    else now.get(rc.name)
+                if (cur is None and not c.gone) or (
+                        cur is not None and cur[1:] != (c.type.oid, c.type.typmod)):
+                    # retyped since (the policy decides), or dropped since (the
+                    # re-open's describe records it, and a diff log refuses it)
                     raise Reopen(f"{self.who}: table {t.qualified} column {c.name!r} changed "
                                  "type upstream; the output's schema_change policy decides")
                 raise DefiniteError(
@@ -1189,17 +1236,18 @@ class PostgresReader:
                                 hint=_identity_hint(t))
         return _Layout(i, t, pos, types, key_pos)
 
-    def _catalog_now(self, params: dict[str, Any], relid: int) -> dict[str, tuple[int, int]]:
-        """The table's columns now: name -> (type oid, typmod)."""
+    def _catalog_now(self, params: dict[str, Any], relid: int
+                     ) -> dict[str, tuple[int, int, int]]:
+        """The table's columns now: name -> (column number, type oid, typmod)."""
         try:
             with connect(self.dsn, params, app=f"reclock {self.source}",
                          timeout_s=self.timeout_s) as c:
-                rows = c.execute("SELECT attname::text, atttypid::int, atttypmod FROM "
-                                 "pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT "
+                rows = c.execute("SELECT attname::text, attnum::int, atttypid::int, atttypmod "
+                                 "FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT "
                                  "attisdropped", (relid,)).fetchall()
         except psycopg.Error as exc:
             raise pg_error(exc, f"{self.who}: cannot read the catalog") from None
-        return {str(r[0]): (int(r[1]), int(r[2])) for r in rows}
+        return {str(r[0]): (int(r[1]), int(r[2]), int(r[3])) for r in rows}
 
     def _change(self, lay: _Layout, m: po.Insert | po.Update | po.Delete, buf: _Buffer,
                 lsn: int, seq: int, ts: int | None) -> None:
@@ -1265,6 +1313,17 @@ class PostgresReader:
             f"{self.who}: table {t.qualified} column {col!r}: an update at LSN "
             f"{lsn_text(lsn)} left a TOASTed value unchanged and the server did not send it "
             "(it is missing from the old row too)", hint=_identity_hint(t))
+
+
+def _added_with_default(t: PgTable, known: str | None) -> list[str]:
+    """Columns of ``t`` (the catalog now) that the output's history
+    ``known`` does not have and that have a default: added with one, they
+    hold it on every row the table held then, which no change carried (an
+    output that has no history yet describes the table for the first time)."""
+    if known is None:
+        return []
+    had = {int(c["attnum"]) for c in json.loads(known)["columns"]}
+    return [c.name for c in t.columns if c.attnum not in had and c.has_default]
 
 
 #: Array type OIDs of the built-in element types (for columns retyped upstream).

@@ -5,7 +5,10 @@ independent model of the records produced:
   Postgres CDC and generator sources into Delta, Postgres (log and state) and
   Kafka, with stage, commit and source failures armed at random moments;
 * sequences through ``reclock run`` processes started with random crash
-  points and failures (refused rows too) and SIGKILLed at random moments.
+  points and failures (refused rows too) and SIGKILLed at random moments;
+* 200 sequences with changes of the world around the pipeline, with the
+  driver running and stopped (tests/world.py): Kafka topics, partitions and
+  progress topics, key-state files, registry schema versions, Postgres DDL.
 
 The long soak is ``bench/generative_soak.py``."""
 
@@ -51,14 +54,20 @@ def test_generated_sequences_through_killed_drivers_match_the_model(
 
 @pytest.mark.timeout(300)
 def test_generated_world_changes_match_the_model(
-    tmp_path: Path, spark: Any, kafka: Any, pg_url: str
+    tmp_path: Path, spark: Any, kafka: Any, cdc_url: str
 ) -> None:
     """200 sequences over three runs of a driver, with topics deleted and
     re-created (named and by pattern), partitions added, a Kafka sink's
-    progress topic deleted and key-state files damaged, each drawn with the
-    driver running or stopped (tests/world.py)."""
+    progress topic deleted, key-state files damaged, new registry schema
+    versions of an Avro topic, and columns added, dropped, renamed and
+    widened in Postgres tables (keyed, and REPLICA IDENTITY FULL), each drawn
+    with the driver running or stopped (tests/world.py)."""
+    from tests.registry import registry_server
     from tests.world import run as run_world
 
-    out = run_world(tmp_path, spark, kafka, pg_url, SEED + 2, 200)
+    with registry_server() as registry:
+        out = run_world(tmp_path, spark, kafka, cdc_url, registry.url, SEED + 2, 200)
     _report(f"generative, world changes (seed {SEED + 2})", out)
-    assert sum(out.faults.values()) >= 9, out.faults
+    assert sum(out.faults.values()) >= 12, out.faults
+    drawn = " ".join(out.faults)  # the seed draws DDL and registry versions too
+    assert "_column" in drawn and "new_version" in drawn, out.faults

@@ -4,9 +4,11 @@ up, and comparing outputs with the source tables."""
 from __future__ import annotations
 
 import random
+import shutil
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -136,3 +138,23 @@ def output_rows(updates: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
     assert set(counts) <= {1}, f"rows held {sorted(set(counts))} times"
     cols = [state.column(c).to_pylist() for c in columns]
     return sorted(zip(*cols, strict=True), key=repr)
+
+
+def drop_source_state(cfg: Any, source: str) -> None:
+    """The way out that a CDC source's errors name for a table whose
+    history no longer fits its output: drop the output and the source's
+    state (its remap shard: bindings, facts, the tables' column histories;
+    its key state; its file outputs at their default places), so that the
+    next start takes a new snapshot in the tables' shape now. The
+    replication slot stays (the new snapshot starts from it)."""
+    from reclock.pipeline import Pipeline
+
+    pipe = Pipeline(cfg)
+    try:
+        if source in pipe.store.shards():
+            pipe.store.drop_shard(source)
+    finally:
+        pipe.close()
+    state = Path(cfg.state_dir)
+    for d in ("outputs", "keys", "resnapshot"):
+        shutil.rmtree(state / d / source, ignore_errors=True)
