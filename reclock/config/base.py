@@ -455,7 +455,7 @@ def state_key_problem(state_key: Sequence[str], upstream: Sequence[str] | None,
     one upstream key to another can sit in two partitions (or two jobs of
     one binding), so the table would be asked to hold two rows for it, or
     none. An output without an upstream key (``envelope: none`` of raw
-    records, a keyless ``debezium``) promises nothing about any key."""
+    records) promises nothing about any key."""
     state = list(state_key)
     if not upstream:
         return (f"a state table keeps one row per key, and nothing keeps this output at one "

@@ -185,8 +185,7 @@ def _state_key_problems(data: Mapping[str, Any], connectors: list[str]
             upstream: list[str] | None = [str(renamed.get(k, k)) for k in key]
             origin = f"the {env_type} envelope's key"
         elif env_type == "debezium":
-            upstream, origin = None, ("a debezium envelope without a key retracts before "
-                                      "images as they come, whatever their key")
+            continue  # a keyless debezium envelope is refused as such (its own check)
         elif raw_records and env_type in (None, "none"):
             upstream, origin = None, ("envelope none: every record is an insertion, and none "
                                       "retracts an earlier one")

@@ -240,9 +240,6 @@ def check_state_key(what: str, out: OutputRuntime) -> None:
     elif out.spec.typed and out.spec.key:
         upstream = tuple(out.rename.get(k, k) for k in out.spec.key)
         origin = declared
-    elif out.envelope.type == "debezium":
-        origin = ("a debezium envelope without a key retracts before images as they come, "
-                  "whatever their key")
     elif out.spec.typed:
         origin = ("the source declares no key for it: a CDC table without a primary key or "
                   "replica identity index, or a file load")
