@@ -911,6 +911,12 @@ class PgDriverLock:
         with self._mu:
             conn, self._conn = self._conn, None
             if conn is not None:
+                # Unlock first: closing the session drops the lock too, but
+                # the server notices the closed connection a moment later, and
+                # a driver started right after this one ends would be refused.
+                with contextlib.suppress(Exception):
+                    conn.execute(sa.text("SELECT pg_advisory_unlock(hashtextextended(:k, 0))"),
+                                 {"k": self.key})
                 self._close(conn)
 
     @staticmethod

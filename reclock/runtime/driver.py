@@ -472,6 +472,10 @@ class SourceRunner:
         if (h.status, h.error) != (status, error):
             self.health = Health(status, error, hint, self.clock.now(), definite)
             self.events.log(self.name, "health", status=status, error=error, hint=hint)
+            if status == STALLED:  # (said once per change of the error, as it happens)
+                log.warning("source %s: stalled (%s): %s%s", self.name,
+                            "definite" if definite else "retried", error,
+                            f" (hint: {hint})" if hint else "")
 
     def run(self) -> None:
         backoff = 0.5

@@ -301,9 +301,10 @@ def test_a_listed_topic_recreated_while_running_stalls_its_output_only_until_acc
         kafka.delete_topic(a)
         kafka.create_topic(a, 1)
         _produce(kafka.bootstrap, a, 1, 10, 3)
-        wait_for(lambda: r.outputs[0].health.definite, 60,
-                 lambda: f"output oa's definite error, {r.outputs[0].health}")
-        assert "was deleted and re-created" in (r.outputs[0].health.error or "")
+        # (a probe may first see the topic gone: "was deleted")
+        wait_for(lambda: "was deleted and re-created" in (r.outputs[0].health.error or ""),
+                 60, lambda: f"output oa's definite error, {r.outputs[0].health}")
+        assert r.outputs[0].health.definite
         _produce(kafka.bootstrap, b, 1, 200, 2)  # the other topic goes on
         wait_for(lambda: ids("ob") == Counter([*range(100, 104), 200, 201]), 60, "b goes on")
         assert ids("oa") == Counter(range(4))
