@@ -76,6 +76,7 @@ from reclock.core.errors import (
     ReclockError,
     Reopen,
     SchemaChanged,
+    ShapeSeen,
     TransientError,
     classified,
     classify,
@@ -512,6 +513,9 @@ class SourceRunner:
                     # the next open takes the writer schema into the output's union
                     self.outputs[exc.output].seen.setdefault(exc.part, []).append(
                         exc.schema_id)
+                if isinstance(exc, ShapeSeen):
+                    # the next open's describe takes the shape the task met in
+                    self.source.shape_seen(exc.output, exc.shape)
                 if isinstance(exc, SinkFenced | Reopen | IdentityChanged):
                     self._opened = False  # re-read every output's durable state
                 self._set_health(STALLED, f"{type(exc).__name__}: {msg}", hint, definite)

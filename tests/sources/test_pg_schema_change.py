@@ -328,17 +328,6 @@ def test_a_column_added_with_a_default_is_null_on_earlier_rows_of_a_keyed_output
         (1, "a", None), (2, "b2", "dflt"), (3, "c", "own")]
 
 
-#: Changes of a column's shape that the column history cannot follow when the
-#: source reads no change between them (the driver stopped across both, or
-#: not reading in time): the history is the catalog's at each describe, and
-#: the catalog no longer has the column (or its name) the changes in between
-#: were written under. The source stalls with a definite error naming the
-#: table and the re-read, where README's rules say the output takes them.
-UNSEEN = ("the source stalls: the column history follows the catalog at each describe, and "
-          "the catalog no longer has the column the changes in between were written under")
-
-
-@pytest.mark.xfail(strict=True, reason=UNSEEN)
 @pytest.mark.parametrize("first, then, value, want", [
     ("alter column n type bigint", "drop column n", "2 ^ 40", 2**40),
     ("add column n2 int", "drop column n2", "7", 7),
