@@ -1268,8 +1268,11 @@ class SourceRunner:
             raise AssertionError(f"output {out.name!r}: a snapshot job without its snapshot")
         into = int(b.reclock_positions(np.array([pos[0]]), np.array([pos[1]]))[0])
         schema = output_schema(out.user_schema)
-        names = list(out.user_schema.names)
-        counts = consolidate(out.sink.read_updates(), None, names)
+        held = out.sink.read_updates()
+        # (a column the output gained since its last commit is not in the
+        # sink yet: the rows it holds hold it null)
+        names = [n for n in out.user_schema.names if n in held.column_names]
+        counts = consolidate(held, None, names)
         n = counts.num_rows
         cols: dict[str, Any] = {c: counts.column(c) for c in names}
         cols.update({

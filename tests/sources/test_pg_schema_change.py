@@ -461,3 +461,40 @@ def test_columns_whose_numbers_cannot_be_told_are_named(tmp_path: Path, spark: A
                   "source's state"):
         assert words in text, text
     assert output_rows(read_updates(cfg, "db", "amb"), ["id", "v"]) == [(1, "a")]
+
+
+def test_a_new_snapshot_reads_a_column_no_change_carried_yet(tmp_path: Path, spark: Any,
+                                                             cdc_url: str) -> None:
+    """A column added while the driver is stopped, that no change carries
+    yet, is not an output column (the first change that carries it names
+    it); a new snapshot of the output (``reclock resnapshot``) reads the
+    table as it is, that column too, under its name now."""
+    from reclock.pipeline import Pipeline
+    from reclock.runtime.resnapshot import Requests
+
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table ns (id int primary key, v text)")
+        c.execute("insert into ns values (1, 'a'), (2, 'b')")
+    cfg = _cfg(tmp_path, cdc_url, "ns", "      - {name: ns, sink: file}")
+    with running(cfg, spark) as runners:
+        _snapshot_durable(runners)
+    with psycopg.connect(cdc_url, autocommit=True) as c:  # the driver is stopped
+        c.execute("alter table ns add column d int default 5")
+    with running(cfg, spark) as runners:
+        _caught_up(runners, cdc_url)
+    assert _user_columns(read_updates(cfg, "db", "ns")) == ["id", "v"]
+    pipe = Pipeline(cfg)
+    try:
+        pipe.request_resnapshot("db", "ns")
+    finally:
+        pipe.close()
+    requests = Requests(tmp_path / "state", "db")
+    with running(cfg, spark) as runners:
+        wait_for(lambda: not requests.pending(), 90,
+                 lambda: f"the resnapshot {requests.pending()}: {runners[0].health}")
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("insert into ns values (3, 'c')")
+        _caught_up(runners, cdc_url)
+    updates = read_updates(cfg, "db", "ns")
+    assert _user_columns(updates) == ["id", "v", "d"]
+    assert output_rows(updates, ["id", "v", "d"]) == [(1, "a", 5), (2, "b", 5), (3, "c", 5)]
