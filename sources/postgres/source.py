@@ -293,6 +293,10 @@ class PostgresSource(SourceBase):
         #: per output: relation messages its reader met and could not map
         #: (ShapeSeen), until a describe's history merge took them
         self._seen: dict[str, list[tuple[int, tuple[tuple[str, int, int], ...]]]] = {}
+        #: per output: the relation messages its history took (a reader that
+        #: meets one again cannot map it still: a definite error, not a
+        #: re-open for ever)
+        self._taken: dict[str, set[tuple[int, tuple[tuple[str, int, int], ...]]]] = {}
         self._conn: Connection | None = None
         self._inval: str | None = None  # see slot_invalidation(), per connection
         self._snap: _Snapshot | None = None
@@ -379,9 +383,18 @@ class PostgresSource(SourceBase):
         # output's names, dropped columns stay (null from then on).
         known = dict(self._facts.read()) if self._facts is not None else dict(self._histories)
         merged, updates = [], {}
+        took: dict[str, list[tuple[int, tuple[tuple[str, int, int], ...]]]] = {}
         for t in tables:
             key = history.PREFIX + t.output
             seen = self._seen.get(t.output, []) if known.get(key) is not None else []
+            again = [cols for shape in seen if shape in self._taken.get(t.output, ())
+                     for cols in [[n for n, _, _ in shape[1]]]]
+            if again:
+                raise DefiniteError(
+                    f"{self.who}: table {t.qualified}: changes carry columns {again[0]} that "
+                    "its output's column history took in and still cannot map onto the "
+                    "output's columns", hint="re-read the output in the table's shape now "
+                    "(drop the output and the source's state: a new snapshot)")
             shapes, attrs, listed = self._shapes(t, seen) if seen else ((), None, False)
             m = history.merge(self.who, t, known.get(key), shapes, attrs, listed)
             dropped = [c.column for c in m.changes if c.kind == "dropped"]
@@ -408,15 +421,18 @@ class PostgresSource(SourceBase):
             self._changes[t.output] = m.changes
             self._pending[t.output] = m.pending
             merged.append(m.table)
-            if m.fact == known.get(key):
-                self._seen.pop(t.output, None)
-            elif not (m.changes and self._policies.get(t.output) == "fail"):
-                updates[key] = m.fact  # (fail: the changes are reported until taken)
-                self._seen.pop(t.output, None)
+            if m.fact == known.get(key) or not (
+                    m.changes and self._policies.get(t.output) == "fail"):
+                if m.fact != known.get(key):
+                    updates[key] = m.fact  # (fail: the changes are reported until taken)
+                took[t.output] = seen
         if updates:
             if self._facts is not None:
                 self._facts.write(updates)
             self._histories.update(updates)
+        for output, seen in took.items():  # (once the history holding them is written)
+            self._taken.setdefault(output, set()).update(seen)
+            self._seen.pop(output, None)
         self.tables = merged
         return merged
 
