@@ -101,6 +101,11 @@ class Merged:
     pending: tuple[str, ...] = ()
 
 
+#: A relation message as a reader hands it back (:class:`~reclock.core.errors.ShapeSeen`):
+#: the table's oid, and per column its name, type oid and typmod, in column order.
+RawShape = tuple[int, tuple[tuple[str, int, int], ...]]
+
+
 @dataclass(frozen=True)
 class Shape:
     """A relation message the reader could not map: the table's oid then,

@@ -292,11 +292,11 @@ class PostgresSource(SourceBase):
         self._pending: dict[str, tuple[str, ...]] = {}
         #: per output: relation messages its reader met and could not map
         #: (ShapeSeen), until a describe's history merge took them
-        self._seen: dict[str, list[tuple[int, tuple[tuple[str, int, int], ...]]]] = {}
+        self._seen: dict[str, list[history.RawShape]] = {}
         #: per output: the relation messages its history took (a reader that
         #: meets one again cannot map it still: a definite error, not a
         #: re-open for ever)
-        self._taken: dict[str, set[tuple[int, tuple[tuple[str, int, int], ...]]]] = {}
+        self._taken: dict[str, set[history.RawShape]] = {}
         self._conn: Connection | None = None
         self._inval: str | None = None  # see slot_invalidation(), per connection
         self._snap: _Snapshot | None = None
@@ -383,15 +383,15 @@ class PostgresSource(SourceBase):
         # output's names, dropped columns stay (null from then on).
         known = dict(self._facts.read()) if self._facts is not None else dict(self._histories)
         merged, updates = [], {}
-        took: dict[str, list[tuple[int, tuple[tuple[str, int, int], ...]]]] = {}
+        took: dict[str, list[history.RawShape]] = {}
         for t in tables:
             key = history.PREFIX + t.output
             seen = self._seen.get(t.output, []) if known.get(key) is not None else []
-            again = [cols for shape in seen if shape in self._taken.get(t.output, ())
-                     for cols in [[n for n, _, _ in shape[1]]]]
+            again = [shape for shape in seen if shape in self._taken.get(t.output, ())]
             if again:
                 raise DefiniteError(
-                    f"{self.who}: table {t.qualified}: changes carry columns {again[0]} that "
+                    f"{self.who}: table {t.qualified}: changes carry columns "
+                    f"{[n for n, _, _ in again[0][1]]} that "
                     "its output's column history took in and still cannot map onto the "
                     "output's columns", hint="re-read the output in the table's shape now "
                     "(drop the output and the source's state: a new snapshot)")
@@ -436,7 +436,7 @@ class PostgresSource(SourceBase):
         self.tables = merged
         return merged
 
-    def _shapes(self, t: PgTable, seen: Sequence[tuple[int, tuple[tuple[str, int, int], ...]]]
+    def _shapes(self, t: PgTable, seen: Sequence[history.RawShape]
                 ) -> tuple[list[history.Shape], dict[int, str | None], bool]:
         """The relation messages ``seen`` of table ``t`` with their types
         resolved; every column number the table has had; whether the
