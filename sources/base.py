@@ -286,6 +286,14 @@ class Source(Protocol, Generic[T]):
         :meth:`retained` (which reads the upstream's metadata)."""
         ...
 
+    def shape_seen(self, output: int, shape: object) -> None:
+        """A task of this source raised
+        :class:`~reclock.core.errors.ShapeSeen` for ``output``: a record was
+        written under an upstream shape (``shape``, in the source's own
+        form) that the output's description lacks. Called by the driver
+        before it re-opens the source: the next describe takes it in."""
+        ...
+
     def output_errors(self) -> dict[int, DefiniteError]:
         """Outputs whose upstream is gone for good while the others go on (a
         deleted topic of a several-topic Kafka source): output index -> the
@@ -336,6 +344,9 @@ class SourceBase:
 
     def output_errors(self) -> dict[int, DefiniteError]:
         return {}
+
+    def shape_seen(self, output: int, shape: object) -> None:
+        return None  # (no source but one that raises ShapeSeen is handed one)
 
     def confirm(self, tasks: Sequence[ReadTask]) -> None:
         return None

@@ -146,6 +146,22 @@ class SchemaChanged(Reopen):
     output: int = -1
 
 
+class ShapeSeen(Reopen):
+    """A record was written under an upstream shape that the output's
+    description lacks and that upstream no longer shows (a Postgres relation
+    message naming a column, a name or a type the output's column history
+    never saw: two changes of a column's shape, the records written between
+    them read only after both). The driver re-opens the source and first
+    hands ``shape`` to it (:meth:`~sources.base.Source.shape_seen`), so that
+    the describe of the re-open takes it in. Like :class:`SchemaChanged`'s,
+    the attributes survive the trip back from a Spark task."""
+
+    #: the output's index
+    output: int = -1
+    #: the shape, in the source's own (picklable) form
+    shape: object = None
+
+
 # -- classifying what the driver meets ---------------------------------------------------------
 
 #: errno values a retry cannot fix (permissions, a read-only or missing place, a

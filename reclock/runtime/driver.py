@@ -76,6 +76,7 @@ from reclock.core.errors import (
     ReclockError,
     Reopen,
     SchemaChanged,
+    ShapeSeen,
     TransientError,
     classified,
     classify,
@@ -513,6 +514,9 @@ class SourceRunner:
                     # the next open takes the writer schema into the output's union
                     self.outputs[exc.output].seen.setdefault(exc.part, []).append(
                         exc.schema_id)
+                if isinstance(exc, ShapeSeen):
+                    # the next open's describe takes the shape the task met in
+                    self.source.shape_seen(exc.output, exc.shape)
                 if isinstance(exc, SinkFenced | Reopen | IdentityChanged):
                     self._opened = False  # re-read every output's durable state
                 self._set_health(STALLED, f"{type(exc).__name__}: {msg}", hint, definite)
@@ -1265,8 +1269,11 @@ class SourceRunner:
             raise AssertionError(f"output {out.name!r}: a snapshot job without its snapshot")
         into = int(b.reclock_positions(np.array([pos[0]]), np.array([pos[1]]))[0])
         schema = output_schema(out.user_schema)
-        names = list(out.user_schema.names)
-        counts = consolidate(out.sink.read_updates(), None, names)
+        held = out.sink.read_updates()
+        # (a column the output gained since its last commit is not in the
+        # sink yet: the rows it holds hold it null)
+        names = [n for n in out.user_schema.names if n in held.column_names]
+        counts = consolidate(held, None, names)
         n = counts.num_rows
         cols: dict[str, Any] = {c: counts.column(c) for c in names}
         cols.update({

@@ -211,6 +211,59 @@ def describe_tables(conn: Connection, tables: Sequence[tuple[str, str, str]]
     return out
 
 
+_TYPES = """
+SELECT want.o, want.m, bt.oid, CASE WHEN t.typbasetype <> 0 THEN t.typtypmod ELSE want.m END,
+       format_type(t.oid, want.m), CASE WHEN bt.typcategory = 'A' THEN bt.typelem ELSE 0 END
+FROM unnest(%s::oid[], %s::int[]) AS want(o, m)
+JOIN pg_type t ON t.oid = want.o
+JOIN pg_type bt ON bt.oid = CASE WHEN t.typbasetype <> 0 THEN t.typbasetype ELSE t.oid END
+"""
+
+#: Array type OIDs of the built-in element types (a type gone from the catalog).
+_ARRAY_ELEMS = {1000: 16, 1001: 17, 1005: 21, 1007: 23, 1016: 20, 1009: 25, 1015: 1043,
+                1014: 1042, 1021: 700, 1022: 701, 1231: 1700, 1182: 1082, 1115: 1114,
+                1185: 1184, 2951: 2950, 199: 114, 3807: 3802, 1183: 1083}
+
+
+def resolve_types(conn: Connection, types: Sequence[tuple[int, int]]
+                  ) -> dict[tuple[int, int], PgType]:
+    """Types a relation message names (type oid, typmod), as the catalog
+    describes a column of that type (a domain as its base type); one the
+    catalog no longer has, by its oid alone."""
+    want = sorted(set(types))
+    rows = conn.execute(_TYPES, ([o for o, _ in want], [m for _, m in want])).fetchall() \
+        if want else []
+    out = {(int(o), int(m)): PgType(int(b), int(bm), str(name), int(elem or 0))
+           for o, m, b, bm, name, elem in rows}
+    for o, m in want:
+        out.setdefault((o, m), PgType(o, m, f"oid {o}", _ARRAY_ELEMS.get(o, 0)))
+    return out
+
+
+def column_numbers(conn: Connection, relid: int) -> dict[int, str | None]:
+    """Every column number the table has had (generated columns aside): its
+    name now, None when it was dropped (the number is never used again)."""
+    rows = conn.execute(
+        "SELECT attnum::int, CASE WHEN attisdropped THEN NULL ELSE attname::text END "
+        "FROM pg_attribute WHERE attrelid = %s AND attnum > 0 "
+        "AND (attisdropped OR attgenerated = '')", (relid,)).fetchall()
+    return {int(a): (None if n is None else str(n)) for a, n in rows}
+
+
+def columns_listed(conn: Connection, publication: str, relid: int) -> bool:
+    """Whether ``publication`` lists which of the table's columns it
+    publishes (PostgreSQL 15's column lists)."""
+    has = conn.execute("SELECT 1 FROM pg_attribute WHERE attrelid = "
+                       "'pg_catalog.pg_publication_rel'::regclass AND attname = 'prattrs'"
+                       ).fetchone()
+    if has is None:
+        return False
+    return conn.execute(
+        "SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
+        "WHERE p.pubname = %s AND r.prrelid = %s AND r.prattrs IS NOT NULL",
+        (publication, relid)).fetchone() is not None
+
+
 def publication_tables(conn: Connection, publication: str) -> list[tuple[str, str]] | None:
     """The tables a publication publishes, ``None`` when it does not exist."""
     if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s",

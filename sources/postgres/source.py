@@ -52,21 +52,30 @@ Schema changes. Each output keeps its table's column history with the
 source's state (:mod:`sources.postgres.history`): column numbers, every name
 a column had, its type, the table's oid. A relation message in the stream is
 mapped onto the output's columns by those names, so changes written before
-and after a rename (or a stop) land in one column; a name no column had is a
-column added upstream, and re-opens the source; a column missing from a
+and after a rename (or a stop) land in one column. A message the history
+cannot map -- a name no output column had (a column added, or renamed since
+the output was described), or a type the output's column cannot hold but a
+wider type can -- re-opens the source with :class:`ShapeSeen`, which carries
+the message's columns (names, types, in column order) back to the driver;
+the describe of the re-open merges the catalog and then the message into
+the history (a name between two known columns that only one column number
+fits is that column's: an earlier name, the first name of a column added
+since, or a column added and dropped unseen). A column missing from a
 message that the table no longer has was dropped, and re-opens it too; a
-type the output's column cannot hold re-opens it when the catalog shows it
-(the column found by its number: a change may name it by a name it has no
-longer). A relation message is mapped only when a change it describes is
-taken: changes before an output's snapshot point are dropped, whatever
-columns they name. At the open the output's ``schema_change`` policy meets
-the changes (:mod:`reclock.core.schema_change`): a dropped column stays
-(null from then on; of a diff log, a definite error: its retractions would
-not match), a renamed one keeps the output's name, a widened one widens the
-output under evolve. A column added with a default to a FULL table is a
-definite error under evolve: the rows the table held then hold the default,
-which no change carried, while the output holds them null, so a later
-change's old row would not match.
+type no policy stores is a definite error. A column the catalog shows first
+becomes an output column under the name the first change that carries it
+names it (or a snapshot of the output reads it), so a driver stopped across
+two changes of a column's shape ends as a running one does. A relation
+message is mapped only when a change it describes is taken: changes before
+an output's snapshot point are dropped, whatever columns they name. At the
+open the output's ``schema_change`` policy meets the changes
+(:mod:`reclock.core.schema_change`): a dropped column stays (null from then
+on; of a diff log, a definite error: its retractions would not match), a
+renamed one keeps the output's name, a widened one widens the output under
+evolve. A column added with a default to a FULL table is a definite error
+under evolve: the rows the table held then hold the default, which no
+change carried, while the output holds them null, so a later change's old
+row would not match.
 
 A truncate of a keyed table retracts every row (the driver's key state knows
 them); of a diff-log table (FULL, or no identity) it is a definite error (the
@@ -104,9 +113,9 @@ from reclock.core.columns import (
     SRC_UNCHANGED,
     TRUNCATED,
 )
-from reclock.core.errors import DefiniteError, Reopen, TransientError
+from reclock.core.errors import DefiniteError, Reopen, ShapeSeen, TransientError
 from reclock.core.frontier import Antichain
-from reclock.core.schema_change import Change
+from reclock.core.schema_change import Change, widens
 from reclock.core.time import Lsn
 from sources.base import Facts, OutputSpec, ReadTask, SnapshotSize, SourceBase
 from sources.postgres import history
@@ -116,6 +125,8 @@ from sources.postgres.catalog import (
     PgTable,
     SlotInfo,
     check_server,
+    column_numbers,
+    columns_listed,
     connect,
     describe_tables,
     lsn_int,
@@ -124,6 +135,7 @@ from sources.postgres.catalog import (
     publication_actions,
     publication_tables,
     quoted,
+    resolve_types,
     slot_info,
     slot_invalidation,
 )
@@ -275,6 +287,16 @@ class PostgresSource(SourceBase):
         self._policies = dict(policies or {})
         #: per output: the changes its history merge found at the last describe
         self._changes: dict[str, tuple[Change, ...]] = {}
+        #: per output: columns pending in its history (added upstream, not
+        #: output columns yet), as of the last describe
+        self._pending: dict[str, tuple[str, ...]] = {}
+        #: per output: relation messages its reader met and could not map
+        #: (ShapeSeen), until a describe's history merge took them
+        self._seen: dict[str, list[history.RawShape]] = {}
+        #: per output: the relation messages its history took (a reader that
+        #: meets one again cannot map it still: a definite error, not a
+        #: re-open for ever)
+        self._taken: dict[str, set[history.RawShape]] = {}
         self._conn: Connection | None = None
         self._inval: str | None = None  # see slot_invalidation(), per connection
         self._snap: _Snapshot | None = None
@@ -361,9 +383,20 @@ class PostgresSource(SourceBase):
         # output's names, dropped columns stay (null from then on).
         known = dict(self._facts.read()) if self._facts is not None else dict(self._histories)
         merged, updates = [], {}
+        took: dict[str, list[history.RawShape]] = {}
         for t in tables:
             key = history.PREFIX + t.output
-            m = history.merge(self.who, t, known.get(key))
+            seen = self._seen.get(t.output, []) if known.get(key) is not None else []
+            again = [shape for shape in seen if shape in self._taken.get(t.output, ())]
+            if again:
+                raise DefiniteError(
+                    f"{self.who}: table {t.qualified}: changes carry columns "
+                    f"{[n for n, _, _ in again[0][1]]} that "
+                    "its output's column history took in and still cannot map onto the "
+                    "output's columns", hint="re-read the output in the table's shape now "
+                    "(drop the output and the source's state: a new snapshot)")
+            shapes, attrs, listed = self._shapes(t, seen) if seen else ((), None, False)
+            m = history.merge(self.who, t, known.get(key), shapes, attrs, listed)
             dropped = [c.column for c in m.changes if c.kind == "dropped"]
             if dropped and m.table.envelope == "none":
                 raise DefiniteError(
@@ -386,16 +419,47 @@ class PostgresSource(SourceBase):
                     "snapshot), or give the table a primary key and REPLICA IDENTITY DEFAULT "
                     "(a keyed output retracts by key)")
             self._changes[t.output] = m.changes
+            self._pending[t.output] = m.pending
             merged.append(m.table)
-            if m.fact != known.get(key) and not (
+            if m.fact == known.get(key) or not (
                     m.changes and self._policies.get(t.output) == "fail"):
-                updates[key] = m.fact  # (fail: the changes are reported until taken)
+                if m.fact != known.get(key):
+                    updates[key] = m.fact  # (fail: the changes are reported until taken)
+                took[t.output] = seen
         if updates:
             if self._facts is not None:
                 self._facts.write(updates)
             self._histories.update(updates)
+        for output, seen in took.items():  # (once the history holding them is written)
+            self._taken.setdefault(output, set()).update(seen)
+            self._seen.pop(output, None)
         self.tables = merged
         return merged
+
+    def _shapes(self, t: PgTable, seen: Sequence[history.RawShape]
+                ) -> tuple[list[history.Shape], dict[int, str | None], bool]:
+        """The relation messages ``seen`` of table ``t`` with their types
+        resolved; every column number the table has had; whether the
+        publication lists its columns (see :func:`history.merge`)."""
+        try:
+            conn = self._connection()
+            types = resolve_types(conn, [(o, m) for _, cols in seen for _, o, m in cols])
+            attrs = column_numbers(conn, t.oid)
+            listed = columns_listed(conn, self.publication, t.oid)
+        except psycopg.Error as exc:
+            self._close_conn()
+            raise pg_error(exc, f"{self.who}: cannot read the catalog", self.secrets) from None
+        shapes = [history.Shape(relid, tuple((n, types[(o, m)]) for n, o, m in cols))
+                  for relid, cols in seen]
+        return shapes, attrs, listed
+
+    def shape_seen(self, output: int, shape: object) -> None:
+        """A relation message output ``output``'s reader could not map (see
+        :meth:`PostgresReader._layout`): the next describe takes it in."""
+        if 0 <= output < len(self.tables) and isinstance(shape, tuple):
+            seen = self._seen.setdefault(self.tables[output].output, [])
+            if shape not in seen:
+                seen.append(shape)
 
     def outputs(self) -> list[OutputSpec]:
         try:
@@ -454,6 +518,8 @@ class PostgresSource(SourceBase):
                 if i >= len(held) or held[i] is None or _initial(held[i])]
         holding = len(bare) < len(tables)
         empty = sorted(set(bare) | {i for i in resnapshot if 0 <= i < len(tables)})
+        if self.snapshot:
+            self._promote([i for i in empty if self._pending.get(tables[i].output)])
         self._ensure_slot(holding, resume)
         self._check_not_advanced_elsewhere(holding, resume)
         if self._snap is not None and (not self._snap.alive
@@ -466,6 +532,30 @@ class PostgresSource(SourceBase):
             if not self._snap.outputs:
                 self._release_snapshot()
         self._acked = None
+
+    def _promote(self, outputs: list[int]) -> None:
+        """The outputs a snapshot is to read take the columns pending in
+        their histories (added upstream, carried by no change read yet: see
+        :mod:`sources.postgres.history`) under their names now, so that the
+        snapshot reads them; the driver re-opens to give the outputs those
+        columns before the snapshot is taken."""
+        if not outputs:
+            return
+        known = dict(self._facts.read()) if self._facts is not None else dict(self._histories)
+        updates = {}
+        for i in outputs:
+            t = self.tables[i]
+            key = history.PREFIX + t.output
+            if key in known:
+                updates[key] = history.promote(known[key], self.who, t)
+        if self._facts is not None:
+            self._facts.write(updates)
+        self._histories.update(updates)
+        names = {self.tables[i].output: list(self._pending[self.tables[i].output])
+                 for i in outputs}
+        raise Reopen(f"{self.who}: outputs {list(names)} are read by a new snapshot, which "
+                     f"takes the columns added upstream since they were described ({names}); "
+                     "describing them again")
 
     def _adopt_legacy_names(self, resume: Antichain[Lsn]) -> None:
         """A deployment from before pipeline identities holds data read through
@@ -1147,45 +1237,22 @@ class PostgresReader:
         """How the columns of relation message ``rel`` map onto output
         ``i``'s columns: by the names each output column had upstream (its
         history), so that changes written before and after a rename land in
-        one column. A name no column had is a column added since the output
-        was described (re-open: the output's policy takes it)."""
+        one column. A name no output column had (a column added, or renamed,
+        since the output was described), or a type the output's column
+        cannot hold but can widen to, is a shape the output's history lacks:
+        :class:`ShapeSeen` re-opens the source, whose describe takes the
+        message in (:mod:`sources.postgres.history`)."""
         t = self.tables[i]
         names = [c.name for c in rel.columns]
-        aliases: dict[str, list[int]] = {}
-        for k, c in enumerate(t.columns):
-            for n in c.names or (c.name,):
-                aliases.setdefault(n, []).append(k)
+        hit = history.find(self.who, t, [c.names or (c.name,) for c in t.columns], names)
         pos = [-1] * len(t.columns)
-        unknown: list[str] = []
-        for j, n in enumerate(names):
-            cands = aliases.get(n, [])
-            if len(cands) > 1:
-                # a name two columns had (b renamed to c, a new b added): not
-                # the column whose current name this message also carries
-                cands = [k for k in cands
-                         if not any(m != n and m == t.columns[k].upstream for m in names)]
-                if len(cands) != 1:
-                    raise DefiniteError(
-                        f"{self.who}: table {t.qualified}: a change names column {n!r}, which "
-                        "two columns of the table were named in turn, and which one it was "
-                        "cannot be told", hint="re-read the output in the table's shape now "
-                        "(drop the output and its state: a new snapshot)")
-            if not cands:
-                unknown.append(n)
-                continue
-            pos[cands[0]] = j
+        for j, k in enumerate(hit):
+            if k is not None:
+                pos[k] = j
+        unknown = [n for n, k in zip(names, hit, strict=True) if k is None]
         if unknown:
-            now = self._catalog_now(params, rel.relid)
-            added = [n for n in unknown if n in now]
-            if added:
-                raise Reopen(f"{self.who}: table {t.qualified}: columns {added} were added "
-                             "upstream; the output's schema_change policy takes them")
-            raise DefiniteError(
-                f"{self.who}: table {t.qualified}: changes carry columns {unknown}, which "
-                "were added and dropped (or renamed) upstream before this output described "
-                "the table: it has no column for their values",
-                hint="re-read the output in the table's shape now (drop the output and its "
-                     "state: a new snapshot)")
+            raise self._unseen(i, rel, f"changes carry columns {unknown}, which no column of "
+                                       "its output was named")
         if any(j < 0 and not c.gone for c, j in zip(t.columns, pos, strict=True)):
             # A column dropped since the output was described: the describe
             # of the re-open records it and the output's policy decides (a
@@ -1198,6 +1265,10 @@ class PostgresReader:
             if gone:
                 raise Reopen(f"{self.who}: table {t.qualified}: columns {gone} were dropped "
                              "upstream")
+        other = [(rc.type_oid, rc.type_modifier) for c, j in zip(t.columns, pos, strict=True)
+                 if j >= 0 and ((rc := rel.columns[j]).type_oid, rc.type_modifier)
+                 != (c.type.oid, c.type.typmod)]
+        resolved = self._types_now(params, other) if other else {}
         types = []
         for c, j in zip(t.columns, pos, strict=True):
             if j < 0:
@@ -1207,27 +1278,22 @@ class PostgresReader:
             if rc.type_oid == c.type.oid and rc.type_modifier == c.type.typmod:
                 types.append(c.type)
                 continue
-            new = PgType(rc.type_oid, rc.type_modifier, f"oid {rc.type_oid}",
-                         _ARRAY_ELEMS.get(rc.type_oid, 0))
-            if not widens_to(new.arrow, c.type.arrow):
-                # The column's type now, found by its number: a change may
-                # name it by a name it no longer has (widened, then renamed).
-                now = self._catalog_now(params, rel.relid)
-                cur = next((v for v in now.values() if v[0] == c.attnum), None) if c.attnum \
-                    else now.get(rc.name)
-                if (cur is None and not c.gone) or (
-                        cur is not None and cur[1:] != (c.type.oid, c.type.typmod)):
-                    # retyped since (the policy decides), or dropped since (the
-                    # re-open's describe records it, and a diff log refuses it)
-                    raise Reopen(f"{self.who}: table {t.qualified} column {c.name!r} changed "
-                                 "type upstream; the output's schema_change policy decides")
-                raise DefiniteError(
-                    f"{self.who}: table {t.qualified} column {c.name!r} held type oid "
-                    f"{rc.type_oid} (read as {new.arrow}) upstream for a while, and the "
-                    f"output's {c.type.arrow} cannot hold every value of it",
-                    hint="re-read the output in the table's shape now (drop the output and "
-                         "its state: a new snapshot)")
-            types.append(new)
+            new = resolved[(rc.type_oid, rc.type_modifier)]  # (a domain: its base type)
+            if widens_to(new.arrow, c.type.arrow):
+                types.append(new)
+                continue
+            if widens(c.type.arrow, new.arrow):
+                # widened (now, or for a while: the catalog may not show it)
+                raise self._unseen(i, rel, f"column {c.name!r} has type {new.name} "
+                                           f"({new.arrow}) in changes, wider than the "
+                                           f"output's {c.type.arrow}")
+            raise DefiniteError(
+                f"{self.who}: table {t.qualified} (output {t.output!r}): column {c.name!r} "
+                f"changed type upstream to {new.name} ({new.arrow}), which the output's "
+                f"{c.type.arrow} cannot hold and cannot widen to: an incompatible schema "
+                "change (no policy stores it)",
+                hint="re-read the output in the table's shape now (drop the output and the "
+                     "source's state: a new snapshot), or undo the change upstream")
         by_name = {c.name: k for k, c in enumerate(t.columns)}
         key_pos = [pos[by_name[k]] for k in t.key if k in by_name and pos[by_name[k]] >= 0]
         if t.envelope == "upsert" and len(key_pos) != len(t.key):
@@ -1235,6 +1301,28 @@ class PostgresReader:
                                 "are missing from the replicated columns",
                                 hint=_identity_hint(t))
         return _Layout(i, t, pos, types, key_pos)
+
+    def _unseen(self, i: int, rel: po.Relation, why: str) -> ShapeSeen:
+        """The re-open that hands relation message ``rel`` to the describe."""
+        t = self.tables[i]
+        exc = ShapeSeen(f"{self.who}: table {t.qualified}: {why}; the output's column "
+                        "history takes the table's shape then (re-open)",
+                        hint="the output's schema_change policy decides")
+        exc.output = i
+        exc.shape = (rel.relid, tuple((c.name, c.type_oid, c.type_modifier)
+                                      for c in rel.columns))
+        return exc
+
+    def _types_now(self, params: dict[str, Any], types: Sequence[tuple[int, int]]
+                   ) -> dict[tuple[int, int], PgType]:
+        """Types (oid, typmod) as the catalog describes them (see
+        :func:`resolve_types`)."""
+        try:
+            with connect(self.dsn, params, app=f"reclock {self.source}",
+                         timeout_s=self.timeout_s) as c:
+                return resolve_types(c, types)
+        except psycopg.Error as exc:
+            raise pg_error(exc, f"{self.who}: cannot read the catalog") from None
 
     def _catalog_now(self, params: dict[str, Any], relid: int
                      ) -> dict[str, tuple[int, int, int]]:
@@ -1324,9 +1412,3 @@ def _added_with_default(t: PgTable, known: str | None) -> list[str]:
         return []
     had = {int(c["attnum"]) for c in json.loads(known)["columns"]}
     return [c.name for c in t.columns if c.attnum not in had and c.has_default]
-
-
-#: Array type OIDs of the built-in element types (for columns retyped upstream).
-_ARRAY_ELEMS = {1000: 16, 1001: 17, 1005: 21, 1007: 23, 1016: 20, 1009: 25, 1015: 1043,
-                1014: 1042, 1021: 700, 1022: 701, 1231: 1700, 1182: 1082, 1115: 1114,
-                1185: 1184, 2951: 2950, 199: 114, 3807: 3802, 1183: 1083}
