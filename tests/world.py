@@ -83,7 +83,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Producer, TopicCollection
 
-from tests.generative import KAFKA_SINK_MAX, OVERSIZED, Outcome, _norm, _row, _value, refuses
+from tests.generative import KAFKA_SINK_MAX, Outcome, _norm, _row, _value, refuses
 from tests.registry import confluent_avro, register
 
 #: Kafka lanes: (lane, envelope, topic naming, sink, value format)
@@ -342,7 +342,7 @@ class World:
         self.registry_url = registry_url
         self.producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 5,
                                   "enable.idempotence": True,
-                                  "message.max.bytes": 2 * len(OVERSIZED)})
+                                  "message.max.bytes": 1_000_000})
         self.pg: psycopg.Connection[Any] = psycopg.connect(pg_url)
 
     def close(self) -> None:
@@ -758,17 +758,19 @@ class Change:
 
 def draw(rng: random.Random, phases: int, per_phase: int) -> list[list[Change]]:
     """Per phase, the changes made in it (each a lane and a kind, drawn
-    evenly among the pairs :data:`CHANGES` allows): the first phase's while
-    running only (there is nothing to change before the first start)."""
+    among the pairs :data:`CHANGES` allows, every kind at least once when
+    there is room for all): the first phase's while running only (there is
+    nothing to change before the first start)."""
     pairs = [(lane, kind) for lane, kinds in CHANGES.items() for kind in kinds]
-    out = []
-    for ph in range(phases):
-        changes = []
-        for _ in range(per_phase):
-            lane, kind = rng.choice(pairs)
-            changes.append(Change(kind, lane, running=ph == 0 or rng.random() < 0.5))
-        out.append(changes)
-    return out
+    # every kind of change at least once when there is room, the rest at random
+    kinds = sorted({kind for _lane, kind in pairs})
+    picked = [rng.choice([p for p in pairs if p[1] == k]) for k in kinds]
+    picked = picked[:phases * per_phase]
+    picked += [rng.choice(pairs) for _ in range(phases * per_phase - len(picked))]
+    rng.shuffle(picked)
+    return [[Change(kind, lane, running=ph == 0 or rng.random() < 0.5)
+             for lane, kind in picked[ph * per_phase:(ph + 1) * per_phase]]
+            for ph in range(phases)]
 
 
 def run(tmp: Path, spark: Any, kafka: Any, pg_url: str, registry_url: str, seed: int,

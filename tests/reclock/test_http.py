@@ -521,7 +521,7 @@ def test_slow_clients_neither_pile_up_nor_block_the_endpoint() -> None:
         started = time.monotonic()
         code, _ctype, body = get(server.url + "/metrics", timeout=5)
         assert (code, body) == (503, b"too many connections, retry\n")
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 3.0  # not behind the 6 s timeout
         # The server hangs up on every slow client once its timeout passes...
         for sock in held:
             sock.settimeout(15)

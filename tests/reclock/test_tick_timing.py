@@ -5,7 +5,6 @@ after a commit is the tick's own time, not up to an interval more)."""
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -61,5 +60,7 @@ sources:
     assert len(late) >= 5, late
     assert all(x >= 0 for x in late)
     # without the alignment each is about as late as the first tick was
-    # into its interval (here some 200-450 ms)
-    assert statistics.median(late) < 60, late
+    # into its interval (here 200 ms or more), and a loaded machine only
+    # makes a tick later: several bindings minted within 60 ms of their
+    # time show the alignment whatever else the machine is doing
+    assert sum(x < 60 for x in late) >= 2, late
