@@ -58,7 +58,7 @@ RUN set -eux; \
     pip install --no-deps .; \
     apt-get purge -y --auto-remove gcc libc6-dev; \
     rm -rf /var/lib/apt/lists/* build ./*.egg-info; \
-    cd / && python -c "import reclock._json_native, sources.kafka as k; assert k.native_reader() is not None"; cd /app; \
+    cd / && python -c "import reclock._json_native, reclock.sources.kafka as k; assert k.native_reader() is not None"; cd /app; \
     test -x "$SPARK_HOME/bin/spark-class"; \
     reclock --help > /dev/null
 

@@ -1,6 +1,6 @@
 """Build script for reclock's C extensions; everything else is in pyproject.toml.
 
-``sources._kafka_native`` reads Kafka partition ranges into Arrow buffers
+``reclock.sources._kafka_native`` reads Kafka partition ranges into Arrow buffers
 below Python (see sources/_kafka_native.c); librdkafka is resolved at run
 time from the confluent-kafka wheel. ``reclock._json_native`` parses flat
 JSON objects into typed Arrow buffers for the JSON decoder's fast path (see
@@ -14,7 +14,7 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "sources._kafka_native",
+            "reclock.sources._kafka_native",
             ["sources/_kafka_native.c"],
             include_dirs=["reclock"],
             depends=["reclock/_buffers.h"],

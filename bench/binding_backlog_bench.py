@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reclock.core.bindings import Binding
 from reclock.core.frontier import Antichain, kafka_frontier
 from reclock.core.time import IntoTime
-from remap_store.sql import SqlRemapStore
+from reclock.remap_store.sql import SqlRemapStore
 
 MIB = 2**20
 

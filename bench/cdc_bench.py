@@ -81,7 +81,7 @@ from reclock.config import load_config
 from reclock.core.frontier import Antichain
 from reclock.core.time import Lsn
 from reclock.pipeline import run
-from sources.mysql import gtid
+from reclock.sources.mysql import gtid
 from tests.mariadb import MariaDB, _bin
 from tests.pgcluster import PgCluster
 
@@ -531,7 +531,7 @@ def mariadb_slap(server: MariaDB, query: str, transactions: int) -> None:
 
 def my_held(conn: psycopg.Connection[Any], output: str) -> gtid.Pos:
     """The GTID position an output of the MariaDB pipeline holds (its sink's upper)."""
-    from sources.mysql.source import MySqlSource
+    from reclock.sources.mysql.source import MySqlSource
 
     try:
         row = conn.execute("select progress from reclock_uppers where output = %s",

@@ -54,8 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pipeline_bench import table
 
-from sinks.base import SinkState, output_schema
-from sinks.delta import COMPACT_MAX_FILES, COMPACT_TARGET_SIZE, DeltaSink
+from reclock.sinks.base import SinkState, output_schema
+from reclock.sinks.delta import COMPACT_MAX_FILES, COMPACT_TARGET_SIZE, DeltaSink
 
 NAME = "bench.day"
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z: the day's first IntoTime

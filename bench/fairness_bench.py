@@ -41,7 +41,7 @@ from pipeline_bench import counter_source, pipeline_yaml, read_events, table
 
 from reclock.config import parse_config
 from reclock.pipeline import run
-from sinks.delta import DeltaSink
+from reclock.sinks.delta import DeltaSink
 
 
 def light_freshness(state: Path, w0: int, w1: int) -> tuple[float, float, int]:

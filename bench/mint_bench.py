@@ -46,7 +46,7 @@ def ticks(url: str, n: int, count: int) -> dict[str, float]:
     from reclock.core.frontier import Antichain
     from reclock.core.mint import RemapOperator
     from reclock.core.time import Counter
-    from remap_store import open_store
+    from reclock.remap_store import open_store
 
     store = open_store(url)
     clock = ManualClock(1_000_000)
@@ -78,7 +78,7 @@ def threaded(url: str, n: int, seconds: float) -> dict[str, float]:
     from reclock.core.frontier import Antichain
     from reclock.core.mint import RemapOperator
     from reclock.core.time import Counter
-    from remap_store import open_store
+    from reclock.remap_store import open_store
 
     store = open_store(url)
     prefix = f"t{os.getpid()}-"
@@ -126,11 +126,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.child:
         url, n, count, seconds = args.child
-        import remap_store
+        import reclock.remap_store
 
         print(json.dumps({**ticks(url, int(n), int(count)),
                           **threaded(url, int(n), float(seconds)),
-                          "code": remap_store.__file__}))
+                          "code": reclock.remap_store.__file__}))
         return 0
     with contextlib.ExitStack() as stack:
         d = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="reclock-mint-")))

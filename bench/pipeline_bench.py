@@ -60,8 +60,10 @@ import numpy as np
 TARGET_STARTUP_S = 1.0  # (a)+(b)+(c) for 100 sources
 JSON_SCHEMA = "{n: int64, payload: string, even: bool}"
 MASTER = "local[2]"
-LAZY_MODULES = ("reclock.config", "reclock.formats", "reclock.pipeline", "reclock.runtime.driver",
-                "remap_store.sql", "sinks.delta", "sources.generator", "deltalake")
+LAZY_MODULES = ("reclock.config", "reclock.formats", "reclock.pipeline",
+                "reclock.runtime.driver",
+                "reclock.remap_store.sql", "reclock.sinks.delta", "reclock.sources.generator",
+                "deltalake")
 
 
 def log(msg: str) -> None:
@@ -188,7 +190,7 @@ class Instrument:
     def __enter__(self) -> Instrument:
         import reclock.runtime.driver as drv
         from reclock.core.mint import RemapOperator
-        from sinks.delta import DeltaSink
+        from reclock.sinks.delta import DeltaSink
 
         self._patch(drv.SourceRunner, "tick", "tick")
         self._patch(RemapOperator, "mint", "mint")
@@ -785,7 +787,7 @@ def freshness_run(args: argparse.Namespace, spark: Any, tmp: Path, rate_: float,
                   interval_ms: int) -> Fresh:
     from reclock.config import parse_config
     from reclock.pipeline import run
-    from sinks.delta import DeltaSink
+    from reclock.sinks.delta import DeltaSink
 
     res = Fresh(rate_, interval_ms)
     d = Path(tempfile.mkdtemp(prefix=f"fresh-{int(rate_)}-{interval_ms}-", dir=tmp))

@@ -1,7 +1,7 @@
 """``reclock load FILE SOURCE OUTPUT --from PATH_OR_URL``: a one-shot load.
 
 The command lists the files as they are now, and queues a request for the
-``oneshot`` source (:mod:`sources.oneshot`); a running driver takes it up
+``oneshot`` source (:mod:`reclock.sources.oneshot`); a running driver takes it up
 within a tick (otherwise the next ``reclock run`` does) and lands it in the
 output at one IntoTime, in one commit. A request identical to a load already
 taken (same output, files with the same sizes and versions, same options) is
@@ -10,7 +10,7 @@ command waits for the load to be durable and reports it: the IntoTime, rows
 and error rows the output holds at the load's position, files and seconds.
 
 SIGINT (Ctrl-C) or SIGTERM cancels the load: the command asks the driver to
-(:class:`sources.oneshot.ledger.Ledger` ``cancel``), waits for it to act,
+(:class:`reclock.sources.oneshot.ledger.Ledger` ``cancel``), waits for it to act,
 prints what happened and exits with 128 + the signal. The first of the
 load's tasks to see the cancel (as it starts, or between batches) fails, so
 Spark aborts the job and commits nothing; the driver's next plan of the
@@ -124,7 +124,7 @@ def load(cfg: Any, source: str, output: str, spec: str, fmt: str | None = None,
     """Queue a load (see the module docstring); ``wait`` None: wait when a
     driver runs. SIGINT or SIGTERM cancels it (:func:`_cancel`)."""
     from reclock.pipeline import Pipeline
-    from sources.oneshot import OneShotSource
+    from reclock.sources.oneshot import OneShotSource
 
     pipe = Pipeline(cfg)
     try:

@@ -1,7 +1,7 @@
 """Assembling a pipeline from its configuration, and running it.
 
 ``Pipeline(cfg)`` turns the typed configuration into runtime objects: one
-:class:`~sources.base.Source` per source with its outputs' sinks and
+:class:`~reclock.sources.base.Source` per source with its outputs' sinks and
 decoders, the remap store, and (when running) the Spark session.
 :func:`run` starts one :class:`~reclock.runtime.driver.SourceRunner` per source,
 writes ``state_dir/status.json`` every second, watches for drop requests, and
@@ -47,6 +47,7 @@ from reclock.core.errors import DefiniteError, LockTaken, TransientError
 from reclock.core.secrets import install_log_filter, register, scrub, scrub_json
 from reclock.envelopes import Envelope, NoneEnvelope, envelope_for
 from reclock.envelopes.keystate import CacheShares
+from reclock.remap_store import RemapStore, open_store
 from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner, check_state_key
 from reclock.runtime.health import STALLED
 from reclock.runtime.lock import DriverLock, LockWatch, holder_info
@@ -54,9 +55,8 @@ from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.resnapshot import Requests
 from reclock.runtime.shapes import raw_user_schema
 from reclock.runtime.snapshot_progress import describe as describe_snapshot
-from remap_store import RemapStore, open_store
-from sinks.base import PersistSink, SinkContext, check_output_names
-from sources.base import Facts, Source, SourceContext
+from reclock.sinks.base import PersistSink, SinkContext, check_output_names
+from reclock.sources.base import Facts, Source, SourceContext
 
 log = logging.getLogger("reclock")
 
@@ -282,7 +282,7 @@ class Pipeline:
     def request_resnapshot(self, source: str, output: str) -> None:
         """Ask for ``output`` to be read again from scratch (see
         :mod:`reclock.runtime.resnapshot`); refused for a source that cannot
-        (:attr:`~sources.base.Source.can_resnapshot`), an unknown output or a
+        (:attr:`~reclock.sources.base.Source.can_resnapshot`), an unknown output or a
         dropped source."""
         src = self.source_config(source)
         if output not in {o.name for o in src.outputs}:
@@ -411,7 +411,7 @@ def run(
     stop = stop or threading.Event()
     # Arrow's datasets (and pandas with them: about 1 s) are imported lazily
     # for the CLI; a driver imports them now, not in its first compaction
-    # (sinks._store.Location.dataset), which would stall that tick.
+    # (reclock.sinks._store.Location.dataset), which would stall that tick.
     import pyarrow.dataset  # noqa: F401
     handler: Callable[..., None] | None = None
     if install_signals and threading.current_thread() is threading.main_thread():

@@ -346,7 +346,7 @@ class Owed:
             build_output_rows,
             screen_intents,
         )
-        from sinks.base import refuse_rows
+        from reclock.sinks.base import refuse_rows
 
         if self.progress is None:
             return
@@ -632,7 +632,7 @@ def check_append(rep: OutputReport, kind: str, owed: Owed, h: Held) -> None:
 
 
 def _output_schema(user_schema: pa.Schema) -> pa.Schema:
-    from sinks.base import output_schema
+    from reclock.sinks.base import output_schema
 
     return output_schema(user_schema)
 
@@ -823,7 +823,7 @@ def _describe(k: int, at: int, model: pa.Table, held: pa.Table, m_key: U64, h_ke
               m_sel: Bool, h_sel: Bool, m_t: I64, h_t: I64, columns: list[str],
               key: tuple[str, ...], last: int | None) -> str:
     """What the output and the model hold of key digest ``k`` as of ``at``."""
-    from sinks.consolidate import consolidate
+    from reclock.sinks.consolidate import consolidate
 
     def state(t: pa.Table, keys: U64, sel: Bool, times: I64) -> list[dict[str, Any]]:
         rows = t.filter(pa.array(sel))
@@ -875,7 +875,7 @@ def _stager(out: Any) -> Any:
     """The output's stager, or None where its sink makes one only once a
     driver opened it (a Postgres table's stored types); making it changes
     nothing (verify never calls ``ensure``)."""
-    from sinks.base import SinkError
+    from reclock.sinks.base import SinkError
 
     if out.user_schema is None:
         return None

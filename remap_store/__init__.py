@@ -5,11 +5,11 @@
 * ``sqlite:///path/to/remap.db`` (or a bare path) -- the embedded default;
 * ``postgresql://user@host:port/db`` -- PostgreSQL through psycopg 3.
 
-See :mod:`remap_store.base` for the contract.
+See :mod:`reclock.remap_store.base` for the contract.
 """
 
-from remap_store.base import RemapStore
-from remap_store.sql import SqlRemapStore, normalize_url, redact_url
+from reclock.remap_store.base import RemapStore
+from reclock.remap_store.sql import SqlRemapStore, normalize_url, redact_url
 
 
 def open_store(url: str, **kwargs: float) -> RemapStore:

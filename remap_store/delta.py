@@ -12,7 +12,7 @@ than the whole frontier: a reader starting anywhere goes back at most
 more than the whole frontiers would take.
 
 At 2,048 Kafka partitions of which a few move per interval, a binding takes
-a few dozen bytes instead of 27 KB. Pure functions; :mod:`remap_store.sql`
+a few dozen bytes instead of 27 KB. Pure functions; :mod:`reclock.remap_store.sql`
 does the reading and writing.
 """
 

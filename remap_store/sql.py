@@ -61,8 +61,8 @@ from reclock.core.frontier import Antichain
 from reclock.core.secrets import scrub
 from reclock.core.time import TIME_KINDS, IntoTime, encoded_canonical, time_type
 from reclock.core.urls import mask_url, url_secrets
-from remap_store import delta
-from remap_store.base import ReadFrom
+from reclock.remap_store import delta
+from reclock.remap_store.base import ReadFrom
 
 R = TypeVar("R")
 
@@ -230,7 +230,7 @@ SQLITE_POOL = 128
 
 
 class SqlRemapStore:
-    """:class:`~remap_store.base.RemapStore` on SQLite or PostgreSQL."""
+    """:class:`~reclock.remap_store.base.RemapStore` on SQLite or PostgreSQL."""
 
     def __init__(self, url: str, *, poll_interval: float = 0.05, echo: bool = False) -> None:
         self.url = normalize_url(url)
@@ -880,7 +880,7 @@ class PgDriverLock:
         self._conn = conn
 
     def check(self) -> str | None:
-        """See :meth:`remap_store.base.StoreLock.check`."""
+        """See :meth:`reclock.remap_store.base.StoreLock.check`."""
         with self._mu:
             conn = self._conn
             if conn is not None:

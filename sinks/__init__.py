@@ -1,17 +1,17 @@
 """Persist sinks: make an output durable, data and upper in one atomic step.
 
-* :mod:`sinks.base` -- the contract (:class:`~sinks.base.PersistSink`,
-  :class:`~sinks.base.Stager`, :class:`~sinks.base.SinkState`).
-* :mod:`sinks.delta` -- a Delta Lake table on the local filesystem.
-* :mod:`sinks.console` -- prints committed updates (for trying things out).
-* :mod:`sinks.kafka` -- a Kafka topic written with transactions, its progress in a
+* :mod:`reclock.sinks.base` -- the contract (:class:`~reclock.sinks.base.PersistSink`,
+  :class:`~reclock.sinks.base.Stager`, :class:`~reclock.sinks.base.SinkState`).
+* :mod:`reclock.sinks.delta` -- a Delta Lake table on the local filesystem.
+* :mod:`reclock.sinks.console` -- prints committed updates (for trying things out).
+* :mod:`reclock.sinks.kafka` -- a Kafka topic written with transactions, its progress in a
   progress topic.
-* :mod:`sinks.consolidate` -- an update log read back as a collection as of a time.
+* :mod:`reclock.sinks.consolidate` -- an update log read back as a collection as of a time.
 """
 
 import os as _os
 
-# delta-rs (sinks.delta) allocates through its own jemalloc, configured from
+# delta-rs (reclock.sinks.delta) allocates through its own jemalloc, configured from
 # this variable when the library first allocates. Its defaults (8 arenas on
 # 2 cores, freed pages purged over 10 s) let a driver committing every second
 # grow ~10 MiB per 100 commits that it never gave back (bench/soak.py); one

@@ -19,7 +19,7 @@ its result (or raises its exception, which pickles with its class and hint)::
     driver thread --Process.start--> forkserver --fork--> child: fn(*args)
           ^                         (started once,           |
           +------ result or exception, over a pipe ----------+  then exits
-                                     sinks.delta preloaded: a fork costs milliseconds)
+                                     reclock.sinks.delta preloaded: a fork costs milliseconds)
 
 Children come from a fork server started at the first call (a clean
 process, not a fork of the threaded driver), at most :data:`WORKERS` at a
@@ -59,7 +59,7 @@ WORKERS = 2
 #: 3 ms, ``python -m`` mains none; a script importing pytest took 150 ms.
 #: Preloading ``__main__`` does not help on Python 3.11: its fork server
 #: is never given the main script's path.)
-PRELOAD = ["sinks.delta"]
+PRELOAD = ["reclock.sinks.delta"]
 
 _lock = threading.Lock()
 _slots = threading.BoundedSemaphore(WORKERS)

@@ -8,7 +8,7 @@ their staged files to the same place the driver commits from (the data and its
 staging share a bucket).
 
 Atomicity of one file. Locally a write goes to a dot-named temp file, is
-``fsync``-ed and renamed (:func:`sinks._fs.atomic_write`). On S3 an object
+``fsync``-ed and renamed (:func:`reclock.sinks._fs.atomic_write`). On S3 an object
 appears whole when its upload completes, or not at all, so it is written in
 place; an upload cut off by a crash leaves no object (at most an incomplete
 multipart upload, which a bucket lifecycle rule aborts).
@@ -19,7 +19,7 @@ the driver, resolved once on the driver and shipped to the executors with the
 stager. Secrets never appear in a ``repr``, a log line or an error message.
 
 Errors. :func:`store_error` sorts an object store failure: refused access, a
-missing bucket or a bad key are definite (:class:`~sinks.base.SinkError`, the
+missing bucket or a bad key are definite (:class:`~reclock.sinks.base.SinkError`, the
 operator must act); anything else (connection refused, a timeout, a 5xx, a
 throttle) is a :class:`~reclock.core.errors.TransientError` the driver retries.
 """
@@ -40,8 +40,8 @@ import pyarrow.fs as pafs
 from reclock.clients.s3 import S3Access as S3Access  # (its home; re-exported for the sink)
 from reclock.clients.s3 import explained, is_definite
 from reclock.core.errors import ReclockError, TransientError
-from sinks._fs import atomic_write, fsync_dir, sink_os_error
-from sinks.base import SinkError
+from reclock.sinks._fs import atomic_write, fsync_dir, sink_os_error
+from reclock.sinks.base import SinkError
 
 #: URI schemes a file output may use; anything else is a config error.
 SCHEMES = ("file", "s3", "s3a")
@@ -119,7 +119,7 @@ class Location:
         """Write the file ``name`` whole (``write`` gets a binary file);
         return its size."""
         if self.s3 is None:
-            target = os.path.join(self.root, name)  # (a str: see sinks._fs._temp_of)
+            target = os.path.join(self.root, name)  # (a str: see reclock.sinks._fs._temp_of)
             try:
                 return atomic_write(target, write)
             except OSError as exc:

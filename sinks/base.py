@@ -106,7 +106,7 @@ def refuse_rows(table: pa.Table, mask: Any, reason: str | Mapping[int, str],
 
     import pyarrow.compute as pc
 
-    from sinks._encoding import py_rows
+    from reclock.sinks._encoding import py_rows
 
     m = pa.array(mask, pa.bool_()) if not isinstance(mask, pa.Array | pa.ChunkedArray) else mask
     m = pc.and_(pc.fill_null(m, False), pc.is_null(table.column(ERROR)))
@@ -266,7 +266,7 @@ class Stager(Protocol):
         per file its ``path`` (relative to the staging root or table), ``size``
         (bytes; a commit checks the file still is), ``rows``, ``errors`` (error
         rows among them) and sink-specific fields (Delta: ``stats``). The
-        sinks check them with :func:`sinks._fs.check_descriptor`."""
+        sinks check them with :func:`reclock.sinks._fs.check_descriptor`."""
         ...
 
 

@@ -8,7 +8,7 @@ back to the driver (at most ``max_rows`` per stage call, plus a count), and
     [orders.main] into_time=1700000000000 diff=1 error='bad json: ...' {"id": null}
     ... and 1234 more
 
-and then persists the new :class:`~sinks.base.SinkState` to ``state_path``
+and then persists the new :class:`~reclock.sinks.base.SinkState` to ``state_path``
 (JSON, temp file + fsync + ``os.replace``).
 
 Guarantees. The *state* is exact and fenced like the Delta sink's: ``commit``
@@ -37,9 +37,9 @@ from pydantic import Field
 
 from reclock.config.base import SinkConfigBase
 from reclock.core.columns import DIFF, ERROR, INTO_TIME, META_FIELDS, META_NAMES
-from sinks._encoding import py_rows
-from sinks._fs import atomic_write, exclusive_lock, sink_os_error
-from sinks.base import SinkContext, SinkError, SinkFenced, SinkState, output_schema
+from reclock.sinks._encoding import py_rows
+from reclock.sinks._fs import atomic_write, exclusive_lock, sink_os_error
+from reclock.sinks.base import SinkContext, SinkError, SinkFenced, SinkState, output_schema
 
 
 def jsonable(value: Any) -> Any:
@@ -83,7 +83,7 @@ class ConsoleStager:
 
 
 class ConsoleSink:
-    """A :class:`~sinks.base.PersistSink` that prints to ``out`` (see module doc)."""
+    """A :class:`~reclock.sinks.base.PersistSink` that prints to ``out`` (see module doc)."""
 
     holds_state = False  # an update log
 

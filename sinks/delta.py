@@ -1,5 +1,5 @@
 """Delta Lake persist sink: one output is one Delta table, in a local directory
-or under an S3 prefix (``s3://bucket/prefix``, see :mod:`sinks._store`).
+or under an S3 prefix (``s3://bucket/prefix``, see :mod:`reclock.sinks._store`).
 
 Layout of an output at ``path``::
 
@@ -10,7 +10,7 @@ Layout of an output at ``path``::
       part-{batch}-{part:05d}-{n:03d}.parquet  data files (staged, then committed;
                                                compacted files too: batch "<ms>-compact-<id>")
 
-The commit path (numbering of :mod:`sinks.base`)::
+The commit path (numbering of :mod:`reclock.sinks.base`)::
 
     1. DeltaStager.stage   executors write Parquet files straight into ``path``
                            under deterministic names; the Delta log does not
@@ -21,7 +21,7 @@ The commit path (numbering of :mod:`sinks.base`)::
                            the new state. Atomic: the log entry v+1 appears
                            whole or not at all.
 
-Where the :class:`~sinks.base.SinkState` lives, inside the Delta log itself:
+Where the :class:`~reclock.sinks.base.SinkState` lives, inside the Delta log itself:
 
 * ``upper`` -- the Delta *application transaction* (``txn`` action) with
   ``appId = "reclock:<name>"`` and ``version = upper`` (``2**63 - 1`` for the
@@ -39,7 +39,7 @@ Where the :class:`~sinks.base.SinkState` lives, inside the Delta log itself:
 
 Appends written by reclock. On a local table, a commit writes its log entry
 v+1 itself (commitInfo, the add actions, the txn) and creates it only if no
-entry v+1 exists (:func:`~sinks._fs.create_exclusive`: a synced temp file
+entry v+1 exists (:func:`~reclock.sinks._fs.create_exclusive`: a synced temp file
 hard-linked to the name). Snapshot v is the one this sink loaded or itself
 committed last: versions never change once written, so when the entry v+1
 is created the state checked at v was the newest, and the commit is a
@@ -182,17 +182,17 @@ from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
 from reclock.core.errors import ReclockError
 from reclock.core.schema_change import widens
-from sinks._apart import run_apart
-from sinks._encoding import is_nanos
-from sinks._fs import (
+from reclock.sinks._apart import run_apart
+from reclock.sinks._encoding import is_nanos
+from reclock.sinks._fs import (
     check_descriptor,
     check_stage_args,
     create_exclusive,
     exclusive_lock,
     sink_os_error,
 )
-from sinks._store import Location, S3Access, split_uri, store_error
-from sinks.base import (
+from reclock.sinks._store import Location, S3Access, split_uri, store_error
+from reclock.sinks.base import (
     Owner,
     SinkContext,
     SinkError,
@@ -251,7 +251,7 @@ LOCK_NAME = "_reclock.lock"
 KEY_UPPER = "reclock.upper"
 KEY_PROGRESS = "reclock.progress"
 KEY_OUTPUT = "reclock.output"
-#: commitInfo keys naming the pipeline that committed (:class:`~sinks.base.Owner`)
+#: commitInfo keys naming the pipeline that committed (:class:`~reclock.sinks.base.Owner`)
 KEY_PIPELINE = "reclock.pipeline"
 KEY_PIPELINE_STATE = "reclock.pipeline_state"
 #: commitInfo key of maintenance commits: ``compact``, ``expire``, ``retention``.
@@ -263,7 +263,7 @@ RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
 _STAGED = re.compile(r"part-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet")
 _STAGED_TMP = re.compile(r"\.part-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet\.[0-9a-f]+\.tmp")
 _MAX_FILES_PER_PART = 1000  # the three digits of {n:03d}
-# Temp files of the log entries reclock writes (sinks._fs.create_exclusive).
+# Temp files of the log entries reclock writes (reclock.sinks._fs.create_exclusive).
 _LOG_TMP = re.compile(r"\.\d{20}\.json\.[0-9a-f]{32}\.tmp")
 
 # The names in ``_delta_log`` that make a directory a table for delta-rs:
@@ -309,7 +309,7 @@ class DeltaStager:
 
     def screen(self, table: pa.Table) -> pa.Table:
         """Rows Delta cannot store become error rows (see
-        :func:`sinks.base.refuse_rows`): a timestamp, time or duration with a
+        :func:`reclock.sinks.base.refuse_rows`): a timestamp, time or duration with a
         sub-microsecond part (Delta keeps microseconds; rounding would change
         the value). Nested values are cast as a whole and fail loudly."""
         for f in table.schema:
@@ -885,7 +885,7 @@ def _bounded(method: Callable[_P, _R]) -> Callable[_P, _R]:
 
 
 class DeltaSink:
-    """A :class:`~sinks.base.PersistSink` backed by a Delta table at ``path``
+    """A :class:`~reclock.sinks.base.PersistSink` backed by a Delta table at ``path``
     (a local directory or ``s3://bucket/prefix``; ``storage`` says how to
     reach S3, by default from the ``AWS_*`` environment variables).
 
@@ -899,7 +899,7 @@ class DeltaSink:
     ``owner``: the pipeline this output belongs to, recorded in the commit
     info of every commit (``reclock.pipeline``, ``reclock.pipeline_state``)
     and compared whenever the state is read: a state another pipeline
-    committed is :class:`~sinks.base.OutputOwned` (None: not recorded nor
+    committed is :class:`~reclock.sinks.base.OutputOwned` (None: not recorded nor
     compared).
     """
 
@@ -1353,7 +1353,7 @@ class DeltaSink:
                 "modification_time": st[1], "data_change": data_change, "stats": d["stats"]}
 
     def _apart(self, fn: Callable[..., _R], *args: Any, doing: str) -> _R:
-        """``fn(*args)`` in a short-lived child (:func:`~sinks._apart.run_apart`),
+        """``fn(*args)`` in a short-lived child (:func:`~reclock.sinks._apart.run_apart`),
         or here when the compaction settings say ``in_child: false``; an
         OSError or delta-rs error it raises becomes a located error (``cannot
         <doing> <table>``)."""
@@ -1475,7 +1475,7 @@ class DeltaSink:
         return sorted(removed)
 
     def _vacuum_log_temps(self, before: float) -> list[str]:
-        """Delete the temp files of log entries (:func:`~sinks._fs.create_exclusive`)
+        """Delete the temp files of log entries (:func:`~reclock.sinks._fs.create_exclusive`)
         last written before ``before`` (seconds since the epoch): a commit
         killed before it linked or unlinked one left it; nothing reads them.
         Their names, as ``_delta_log/<name>``."""
@@ -1919,7 +1919,7 @@ def _compare(have: Schema, want: Schema) -> tuple[list[Field], list[str]]:
 
 def _delta_error(output: str, where: Location, exc: DeltaError, doing: str) -> ReclockError:
     """A located error for a delta-rs failure: on S3 sorted like any object
-    store failure (:func:`sinks._store.store_error`), locally by its reason."""
+    store failure (:func:`reclock.sinks._store.store_error`), locally by its reason."""
     if not where.local:
         return store_error(output, where.uri, exc, doing)
     text = str(exc)

@@ -13,10 +13,10 @@ Topics of an output named ``name`` writing to ``topic``::
                                 "progress", "records", "errors", "schema",
                                 "pipeline", "pipeline_state", ...}: the last two
                                 name the pipeline that committed (its identity
-                                and state directory, :class:`~sinks.base.Owner`);
+                                and state directory, :class:`~reclock.sinks.base.Owner`);
                                 a head naming another pipeline is refused
 
-The commit path (numbering of :mod:`sinks.base`)::
+The commit path (numbering of :mod:`reclock.sinks.base`)::
 
     1. KafkaStager.stage      executors: rows -> JSON key/value bytes, written to
                               an Arrow IPC file under staging_dir/<name>/.
@@ -95,7 +95,7 @@ Fencing. ``commit`` checks the head against ``expected`` after its producer's
 ``init_transactions``: on Kafka, any older producer with the same
 transactional.id is fenced by then, so the check cannot race a zombie. On the
 mock, a writer that loses the race anyway finds its batch off the chain at
-step f and gets :class:`~sinks.base.SinkFenced`. Its records are left in the
+step f and gets :class:`~reclock.sinks.base.SinkFenced`. Its records are left in the
 topic, ignored.
 
 Reading the chain. The sink keeps the head in memory and reads only new
@@ -160,8 +160,8 @@ from reclock.core.columns import (
 from reclock.core.errors import ReclockError, TransientError
 from reclock.core.schema_change import widens
 from reclock.core.secrets import KAFKA_PROPERTIES, kafka_secret_values, scrub
-from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
-from sinks._fs import (
+from reclock.sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
+from reclock.sinks._fs import (
     atomic_write,
     check_descriptor,
     check_stage_args,
@@ -171,7 +171,7 @@ from sinks._fs import (
     staging_root,
     vacuum_staged,
 )
-from sinks.base import (
+from reclock.sinks.base import (
     REFUSED_RAW_MAX,
     Owner,
     SinkContext,
@@ -423,7 +423,7 @@ class KafkaStager:
         if big is not None:
             encoded, _ = self._encode(self._refuse_big(table, big))
         name = f"{batch_id}-{part:05d}.arrow"
-        target = os.path.join(self.root, name)  # (a str: see sinks._fs._temp_of)
+        target = os.path.join(self.root, name)  # (a str: see reclock.sinks._fs._temp_of)
         try:
             os.makedirs(self.root, exist_ok=True)
             size = atomic_write(target, partial(write_ipc, encoded))
@@ -620,7 +620,7 @@ class _Failed(Exception):
 
 
 class KafkaSink:
-    """A :class:`~sinks.base.PersistSink` writing to a Kafka topic (see module doc).
+    """A :class:`~reclock.sinks.base.PersistSink` writing to a Kafka topic (see module doc).
 
     ``staging_dir`` is a directory the executors write and the driver reads
     (in local mode, the state directory). ``timeout_s`` bounds each blocking
@@ -841,7 +841,7 @@ class KafkaSink:
         return SinkState()
 
     def _check_owner(self, head: ProgressRecord | None) -> None:
-        """:class:`~sinks.base.OutputOwned` when another pipeline committed
+        """:class:`~reclock.sinks.base.OutputOwned` when another pipeline committed
         the head of the chain."""
         if self.owner is not None and head is not None:
             self.owner.check(self.name, f"topic {self.topic!r}", head.pipeline,
@@ -938,7 +938,7 @@ class KafkaSink:
         1. Check the request: ``new`` does not go backwards; every descriptor
            names a staged file that is still there with its staged size.
         2. Unless the chain's head was committed by another pipeline
-           (:class:`~sinks.base.OutputOwned`, before anything else), the
+           (:class:`~reclock.sinks.base.OutputOwned`, before anything else), the
            transactional producer (``init_transactions`` on first use:
            on Kafka this fences older producers with our transactional.id).
         3. Fence: read the chain's head; unless its state is ``expected``,

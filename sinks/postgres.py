@@ -11,7 +11,7 @@ characters work)::
                             commit_id text, pipeline text and
                             pipeline_state text (the pipeline that
                             committed: its identity and state directory,
-                            see :class:`~sinks.base.Owner`; added to a
+                            see :class:`~reclock.sinks.base.Owner`; added to a
                             table of an earlier layout), target_oid bigint
                             (the table's OID when it was committed: added
                             likewise). The state belongs
@@ -31,7 +31,7 @@ characters work)::
                                           row last changed), PRIMARY KEY (key)
     schema.table_errors     mode "state" only: error rows (reclock's columns)
 
-The commit path (numbering of :mod:`sinks.base`)::
+The commit path (numbering of :mod:`reclock.sinks.base`)::
 
     1. PostgresStager.stage   executors: rows conformed to the stored types,
                               nested values turned into JSON text, written to
@@ -178,8 +178,8 @@ from reclock.core.columns import (
     SRC_SEQ,
 )
 from reclock.core.errors import ReclockError, TransientError
-from sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
-from sinks._fs import (
+from reclock.sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
+from reclock.sinks._fs import (
     atomic_write,
     check_descriptor,
     check_stage_args,
@@ -189,7 +189,7 @@ from sinks._fs import (
     staging_root,
     vacuum_staged,
 )
-from sinks.base import (
+from reclock.sinks.base import (
     Owner,
     SinkContext,
     SinkError,
@@ -207,7 +207,8 @@ Connection = psycopg.Connection[TupleRow]
 
 #: The table holding every output's state, in the output table's schema.
 UPPERS_TABLE = "reclock_uppers"
-#: columns of ``reclock_uppers`` naming the pipeline that committed (:class:`~sinks.base.Owner`)
+#: columns of ``reclock_uppers`` naming the pipeline that committed
+#: (:class:`~reclock.sinks.base.Owner`)
 OWNER_COLUMNS = ("pipeline", "pipeline_state")
 #: the column of ``reclock_uppers`` holding the OID of the table its state counts the rows of
 OID_COLUMN = "target_oid"
@@ -512,7 +513,7 @@ class PostgresStager:
             self._check_state_rows(data)
         wire = self._to_wire(data)
         name = f"{batch_id}-{part:05d}.arrow"
-        target = os.path.join(self.root, name)  # (a str: see sinks._fs._temp_of)
+        target = os.path.join(self.root, name)  # (a str: see reclock.sinks._fs._temp_of)
         try:
             os.makedirs(self.root, exist_ok=True)
             size = atomic_write(target, partial(write_ipc, wire))
@@ -523,7 +524,7 @@ class PostgresStager:
 
     def screen(self, data: pa.Table) -> pa.Table:
         """Rows PostgreSQL cannot store become error rows (see
-        :func:`sinks.base.refuse_rows`): a NUL character in text or jsonb
+        :func:`reclock.sinks.base.refuse_rows`): a NUL character in text or jsonb
         (also inside lists), and, in a state table, a null key (in a
         tombstone intent, which holds the envelope's key only: a wholly
         null key)."""
@@ -680,7 +681,7 @@ def _idents(names: Iterable[str]) -> sql.Composed:
 
 
 class PostgresSink:
-    """A :class:`~sinks.base.PersistSink` writing to a PostgreSQL table (see
+    """A :class:`~reclock.sinks.base.PersistSink` writing to a PostgreSQL table (see
     the module docstring).
 
     ``mode`` is ``"log"`` (the update log, every column) or ``"state"`` (the
@@ -1023,7 +1024,7 @@ class PostgresSink:
         return SinkState() if row is None else SinkState(row[0], row[1])
 
     def _check_owner(self, pipeline: str | None, pipeline_state: str | None) -> None:
-        """:class:`~sinks.base.OutputOwned` when another pipeline committed the table."""
+        """:class:`~reclock.sinks.base.OutputOwned` when another pipeline committed the table."""
         if self.owner is not None:
             self.owner.check(self.name, f"{self.target} on {self.server}", pipeline,
                              pipeline_state)

@@ -1,5 +1,5 @@
 /*
- * sources._kafka_native: a Kafka range reader that fills Arrow buffers in C.
+ * reclock.sources._kafka_native: a Kafka range reader that fills Arrow buffers in C.
  *
  * The Python reader (sources/kafka.py, KafkaReader._read_ranges) pays for a
  * Python Message object per record and for the lists it builds from their
@@ -758,7 +758,7 @@ static PyGetSetDef Reader_getset[] = {
 
 static PyTypeObject ReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "sources._kafka_native.Reader",
+    .tp_name = "reclock.sources._kafka_native.Reader",
     .tp_basicsize = sizeof(Reader),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A librdkafka consumer reading partition ranges into Arrow buffers",

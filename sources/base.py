@@ -80,7 +80,7 @@ class OutputSpec:
 @dataclass(frozen=True)
 class Facts:
     """Durable key/values of the source's remap shard
-    (:meth:`remap_store.base.RemapStore.facts`): what the source's bindings
+    (:meth:`reclock.remap_store.base.RemapStore.facts`): what the source's bindings
     depend on besides themselves, such as the identity of the upstream
     objects they name (a Kafka topic's id). ``read() -> {key: JSON text}``;
     ``write({key: text or None})`` sets or removes keys, durably, in one
@@ -107,7 +107,7 @@ class SourceContext:
     state_dir: Any = None
     #: ``coordinates(names) -> {name: id}``: durable dense ids for the
     #: coordinates of a partitioned FromTime, assigned once in the remap
-    #: store (:meth:`remap_store.base.RemapStore.coordinates`): a multi-topic
+    #: store (:meth:`reclock.remap_store.base.RemapStore.coordinates`): a multi-topic
     #: Kafka source numbers its (topic, partition) pairs with them. None
     #: where no store is at hand.
     coordinates: Any = None

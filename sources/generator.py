@@ -58,7 +58,7 @@ from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.core.errors import DefiniteError
 from reclock.core.frontier import Antichain
 from reclock.core.time import Counter
-from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
+from reclock.sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
 
 CHUNK = 65_536
 #: key-value: payload characters (JSON-safe, 6 bits each)

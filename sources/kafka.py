@@ -19,7 +19,7 @@ range's end, with ``isolation.level=read_committed``; exactly the records in
 and aborted records leave gaps that every retry skips the same way).
 Consumers are cached per worker process and reused across tasks.
 
-The reader runs below Python when it can: ``sources._kafka_native`` (a C
+The reader runs below Python when it can: ``reclock.sources._kafka_native`` (a C
 extension built at install, optional) consumes through the same librdkafka
 and appends each record's offset, timestamp, key and value straight into
 Arrow buffers, instead of a Python ``Message`` per record and lists of its
@@ -88,8 +88,8 @@ from reclock.core.errors import DefiniteError, FrontierRegression, TransientErro
 from reclock.core.frontier import Antichain, kafka_frontier
 from reclock.core.secrets import KAFKA_PROPERTIES, redact_kafka_properties
 from reclock.core.time import Partitioned, kafka_offsets
-from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
-from sources.kafka_identity import TopicIdentities, TopicRecord, recreated
+from reclock.sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
+from reclock.sources.kafka_identity import TopicIdentities, TopicRecord, recreated
 
 BATCH = 50_000
 #: plan() checks ranges against earliest offsets read at most this often
@@ -97,7 +97,7 @@ EARLIEST_EVERY_S = 30.0
 BATCH_BYTES = 256 << 20  # a native batch's keys and values (its offsets are 32-bit)
 
 log = logging.getLogger(__name__)
-_native: Any = None  # sources._kafka_native once loaded; False if it cannot be
+_native: Any = None  # reclock.sources._kafka_native once loaded; False if it cannot be
 
 
 def native_reader() -> Any:
@@ -109,9 +109,9 @@ def native_reader() -> Any:
             from reclock.clients.librdkafka import library_path
             from reclock.clients.native import load_extension
 
-            mod = load_extension("sources", "_kafka_native")
+            mod = load_extension("reclock.sources", "_kafka_native")
             if mod is None:
-                raise ImportError("sources._kafka_native was not built (no C compiler?)")
+                raise ImportError("reclock.sources._kafka_native was not built (no C compiler?)")
             mod.load(library_path())
             _native = mod
         except (ImportError, RuntimeError, OSError) as exc:
@@ -567,7 +567,7 @@ class KafkaSource(SourceBase):
     topic_outputs: dict[str, str] | None = None
     #: ``names -> {name: id}``: the store's dense coordinate ids (SourceContext)
     coordinates: Any = None
-    #: the source's durable facts (sources.base.Facts): its topics' identities
+    #: the source's durable facts (reclock.sources.base.Facts): its topics' identities
     facts: Any = None
 
     kind = Partitioned.KIND
@@ -1042,7 +1042,7 @@ class KafkaSource(SourceBase):
             self.multi and self._pairs.get(pid, ("", 0))[0] in self._replaced)
 
     def unreadable(self, parts: Sequence[int]) -> dict[int, str]:
-        """See :meth:`sources.base.Source.unreadable` (after a probe or
+        """See :meth:`reclock.sources.base.Source.unreadable` (after a probe or
         :meth:`retained`: the topics' metadata and identities are known)."""
         if self.multi:
             self._learn()  # ids of earlier incarnations another driver assigned

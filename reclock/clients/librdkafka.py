@@ -3,7 +3,7 @@
 The confluent-kafka wheel vendors librdkafka next to its package
 (``confluent_kafka.libs/librdkafka-<hash>.so.1`` on Linux, ``.dylibs`` on
 macOS). Two parts of reclock use it directly: the native Kafka range reader
-(``sources._kafka_native``) and the development broker (``reclock.devkafka``).
+(``reclock.sources._kafka_native``) and the development broker (``reclock.devkafka``).
 Both then run the very library the rest of reclock's Kafka clients run.
 """
 

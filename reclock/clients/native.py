@@ -3,7 +3,7 @@
 On a Spark cluster the driver ships reclock's packages to the executors as a
 zip (``reclock.runtime.spark.package_zip``) placed first on their ``sys.path``, so
 that driver and executors run the same Python code. Python cannot import an
-extension module from a zip, so there ``import sources._kafka_native`` fails
+extension module from a zip, so there ``import reclock.sources._kafka_native`` fails
 although the executor's installed copy (the image's site-packages, or an
 editable install) holds a built one. :func:`load_extension` then asks the
 other import finders where the package is installed and loads the extension
@@ -40,17 +40,18 @@ def load_extension(package: str, name: str) -> ModuleType | None:
 
 
 def _installed(package: str) -> list[str]:
-    """Directories outside zips holding ``package``: where the import finders
-    (an editable install's too) and ``sys.path`` place it."""
+    """Directories outside zips holding ``package`` (dotted: a subpackage):
+    where the import finders (an editable install's too) and ``sys.path``
+    place its top-level package."""
+    top, *rest = package.split(".")
     dirs: list[str] = []
     for finder in sys.meta_path:
         find = getattr(finder, "find_spec", None)
         try:
-            spec = find(package, None) if find is not None else None
+            spec = find(top, None) if find is not None else None
         except (ImportError, ValueError):
             spec = None
         if spec is not None:
-            dirs += spec.submodule_search_locations or []
-    dirs += [os.path.join(entry, package) for entry in sys.path
-             if entry and os.path.isdir(os.path.join(entry, package))]
+            dirs += [os.path.join(d, *rest) for d in spec.submodule_search_locations or []]
+    dirs += [os.path.join(entry, top, *rest) for entry in sys.path if entry]
     return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]

@@ -393,8 +393,8 @@ class ConnectorConfig(_Model):
     is spelled once: in the model, and read by the connector itself."""
 
     def build(self, name: str, ctx: Any) -> Any:
-        """The connector's :class:`~sources.base.Source` named ``name``;
-        ``ctx`` is a :class:`~sources.base.SourceContext` (the clock, the
+        """The connector's :class:`~reclock.sources.base.Source` named ``name``;
+        ``ctx`` is a :class:`~reclock.sources.base.SourceContext` (the clock, the
         pipeline's identity, the configured outputs' names)."""
         raise NotImplementedError
 
@@ -403,7 +403,7 @@ class SinkConfigBase(_Model):
     """Base of sink blocks: a sink's whole configuration, defined in the sink's
     own module, discriminated on its ``type`` literal. A member of the
     :data:`~reclock.config.SinkConfig` union is a sink kind; :meth:`build`
-    makes the :class:`~sinks.base.PersistSink` from it."""
+    makes the :class:`~reclock.sinks.base.PersistSink` from it."""
 
     #: What names the place the sink writes, for messages ("path", "table", "topic").
     TARGET: ClassVar[str] = "target"
@@ -429,7 +429,7 @@ class SinkConfigBase(_Model):
         return type(self).state_key_of(self.model_dump())
 
     def build(self, ctx: Any) -> Any:
-        """The sink (``ctx`` is a :class:`~sinks.base.SinkContext`)."""
+        """The sink (``ctx`` is a :class:`~reclock.sinks.base.SinkContext`)."""
         raise NotImplementedError
 
 

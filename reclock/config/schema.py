@@ -94,15 +94,15 @@ from reclock.core.urls import URL_SECRET, check_url
 from reclock.envelopes.debezium import DebeziumEnvelope
 from reclock.envelopes.none import NoneEnvelope
 from reclock.envelopes.upsert import UpsertEnvelope
-from sinks.console import ConsoleSinkConfig
-from sinks.delta import FileSinkConfig
-from sinks.kafka import KafkaSinkConfig
-from sinks.postgres import PostgresSinkConfig
-from sources.generator import GeneratorConfig
-from sources.kafka import KafkaConfig, KafkaStartOffset
-from sources.mysql.config import MySqlConfig
-from sources.oneshot import OneShotConfig
-from sources.postgres.config import PgTableConfig, PostgresConfig
+from reclock.sinks.console import ConsoleSinkConfig
+from reclock.sinks.delta import FileSinkConfig
+from reclock.sinks.kafka import KafkaSinkConfig
+from reclock.sinks.postgres import PostgresSinkConfig
+from reclock.sources.generator import GeneratorConfig
+from reclock.sources.kafka import KafkaConfig, KafkaStartOffset
+from reclock.sources.mysql.config import MySqlConfig
+from reclock.sources.oneshot import OneShotConfig
+from reclock.sources.postgres.config import PgTableConfig, PostgresConfig
 
 
 def _sink_target(sink: Any) -> tuple[type[SinkConfigBase], tuple[str, ...]] | None:

@@ -152,7 +152,7 @@ class ShapeSeen(Reopen):
     message naming a column, a name or a type the output's column history
     never saw: two changes of a column's shape, the records written between
     them read only after both). The driver re-opens the source and first
-    hands ``shape`` to it (:meth:`~sources.base.Source.shape_seen`), so that
+    hands ``shape`` to it (:meth:`~reclock.sources.base.Source.shape_seen`), so that
     the describe of the re-open takes it in. Like :class:`SchemaChanged`'s,
     the attributes survive the trip back from a Spark task."""
 

@@ -24,7 +24,7 @@ Rules:
    upper. A lost race (:class:`~reclock.core.errors.UpperMismatch`) is absorbed:
    the winner's bindings are read back and the next tick carries on. The
    append and its read back are one store call
-   (:meth:`~remap_store.base.RemapStore.append_and_read_from`: one
+   (:meth:`~reclock.remap_store.base.RemapStore.append_and_read_from`: one
    transaction where the append succeeded).
 7. A tick starts from the bindings read back after the last append, not from
    a read of its own: an append is fenced on the upper, so one built on a
@@ -51,7 +51,7 @@ from reclock.core.clock import Clock
 from reclock.core.errors import FrontierRegression
 from reclock.core.frontier import Antichain
 from reclock.core.time import IntoTime, T
-from remap_store.base import RemapStore
+from reclock.remap_store.base import RemapStore
 
 
 class RemapOperator(Generic[T]):
@@ -70,7 +70,7 @@ class RemapOperator(Generic[T]):
         snapshot: Bindings[T] | None = None,
     ) -> None:
         """``snapshot``: the shard as just read from the store after
-        creating it (:meth:`~remap_store.base.RemapStore.open_shards`, for
+        creating it (:meth:`~reclock.remap_store.base.RemapStore.open_shards`, for
         many sources at once); without it, the shard is created and read here."""
         if timestamp_interval_ms <= 0:
             raise ValueError(f"timestamp_interval must be positive, got {timestamp_interval_ms} ms")

@@ -54,8 +54,8 @@ from reclock.core.schema_change import dropped_counts, with_dropped
 from reclock.core.secrets import install_log_filter, register
 from reclock.envelopes.base import Envelope, fit_column, meta_columns, unpicked_values
 from reclock.envelopes.keystate import IntentWriter, KeyedIntents
-from sinks.base import Stager, output_schema, refuse_rows
-from sources.base import ReadTask, SourceReader
+from reclock.sinks.base import Stager, output_schema, refuse_rows
+from reclock.sources.base import ReadTask, SourceReader
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,7 @@ from reclock.envelopes.keystate import (
     MemoryKeys,
     SqliteKeys,
 )
+from reclock.remap_store.base import RemapStore
 from reclock.runtime.dataplane import (
     JobContext,
     OutputPlan,
@@ -120,8 +121,7 @@ from reclock.runtime.replay import heal
 from reclock.runtime.resnapshot import Requests
 from reclock.runtime.shapes import Facts, raw_user_schema
 from reclock.runtime.snapshot_progress import SnapshotProgress
-from remap_store.base import RemapStore
-from sinks.base import (
+from reclock.sinks.base import (
     PersistSink,
     SinkFenced,
     SinkState,
@@ -129,8 +129,8 @@ from sinks.base import (
     check_output_names,
     output_schema,
 )
-from sinks.consolidate import COUNT, consolidate
-from sources.base import OutputSpec, ReadTask, Source
+from reclock.sinks.consolidate import COUNT, consolidate
+from reclock.sources.base import OutputSpec, ReadTask, Source
 
 log = logging.getLogger("reclock.driver")
 
@@ -414,7 +414,7 @@ class SourceRunner:
         #: by batch id: the progress of a submitted job that reads snapshot chunks
         self._progress: dict[str, TaskProgress] = {}
         #: the remap shard as the pipeline read it at start, for the first
-        #: open only (:meth:`~remap_store.base.RemapStore.open_shards`)
+        #: open only (:meth:`~reclock.remap_store.base.RemapStore.open_shards`)
         self._prefetched = bindings
         #: what the outputs committed, as the driver recorded it (runtime/ledger.py)
         self.ledger = CommitLedger(store, self.name)
@@ -1320,7 +1320,7 @@ class SourceRunner:
                 self.events.log(self.name, "vacuum", output=out.name, files=len(removed))
 
     def _maintain(self) -> None:
-        """Each output's own upkeep (:meth:`~sinks.base.PersistSink.maintain`:
+        """Each output's own upkeep (:meth:`~reclock.sinks.base.PersistSink.maintain`:
         the sink decides when it is due), here between ticks where none of
         this source's jobs is in flight and none of its commits under way, so
         a compaction never races this driver's commits."""

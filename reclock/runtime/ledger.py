@@ -44,8 +44,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from reclock.core.errors import IdentityChanged
-from remap_store.base import RemapStore
-from sinks.base import SinkState
+from reclock.remap_store.base import RemapStore
+from reclock.sinks.base import SinkState
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ fencing each other. So a driver holds a lock for its life:
 * with a PostgreSQL remap store, also a session advisory lock keyed on the
   pipeline's identity (minted once in the store), so that two drivers with
   different state directories on different hosts exclude each other too (see
-  :meth:`remap_store.sql.SqlRemapStore.lock_driver`).
+  :meth:`reclock.remap_store.sql.SqlRemapStore.lock_driver`).
 
 The store's lock is held for the driver's life and re-checked
 (:class:`LockWatch`): an advisory lock lives in a database session, and a
@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from reclock.core.errors import AlreadyRunning, LockLost, LockTaken, ReclockError
-from remap_store.base import StoreLock
+from reclock.remap_store.base import StoreLock
 
 LOCK_FILE = "driver.lock"
 #: How often a driver asks whether it still holds the store's lock.
@@ -123,7 +123,7 @@ def _read_holder(fd: int) -> dict[str, Any] | None:
 
 
 class LockWatch:
-    """Re-checks a store's driver lock (:class:`~remap_store.base.StoreLock`)
+    """Re-checks a store's driver lock (:class:`~reclock.remap_store.base.StoreLock`)
     every ``every_s`` on a thread of its own, from :meth:`start` to
     :meth:`stop`; :meth:`require` is the gate each commit passes (see the
     module docstring). ``monotonic`` is the clock ages are measured on."""

@@ -51,8 +51,8 @@ from reclock.core.frontier import Antichain
 from reclock.core.time import is_partitioned, kafka_offsets
 from reclock.envelopes.upsert import UpsertState
 from reclock.runtime.dataplane import OutputPlan, build_output_rows, screen_intents
-from sinks.base import output_schema
-from sinks.consolidate import _normalize, _row_keys
+from reclock.sinks.base import output_schema
+from reclock.sinks.consolidate import _normalize, _row_keys
 
 log = logging.getLogger(__name__)
 

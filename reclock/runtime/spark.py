@@ -26,9 +26,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-#: The packages the data plane imports on executors.
-PACKAGES = ("reclock", "sources", "sinks", "remap_store")
-
 DEFAULTS: dict[str, str] = {
     "spark.scheduler.mode": "FAIR",
     "spark.ui.showConsoleProgress": "false",
@@ -73,7 +70,7 @@ _ZIP: Path | None = None
 
 
 def package_zip() -> Path:
-    """A zip of reclock's packages as imported by this process (built once)."""
+    """A zip of the reclock package as imported by this process (built once)."""
     global _ZIP
     if _ZIP is not None and _ZIP.exists():
         return _ZIP
@@ -81,14 +78,17 @@ def package_zip() -> Path:
     target = root / "reclock_packages.zip"
     import importlib
 
+    pkg = Path(importlib.import_module("reclock").__file__ or "").parent
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
-        for name in PACKAGES:
-            pkg = Path(importlib.import_module(name).__file__ or "").parent
-            for f in sorted(pkg.rglob("*")):
+        # (a checkout links reclock/sources, sinks and remap_store to the
+        # top-level folders: followed, so that the zip holds them)
+        for folder, dirs, files in os.walk(pkg, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                f = Path(folder) / name
                 # (C extensions cannot load from a zip: executors load their
                 # installed build instead, see reclock.clients.native)
-                if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (
-                        ".pyc", ".so", ".pyd"):
-                    z.write(f, str(Path(name) / f.relative_to(pkg)))
+                if f.suffix not in (".pyc", ".so", ".pyd"):
+                    z.write(f, str(Path("reclock") / f.relative_to(pkg)))
     _ZIP = target
     return target

@@ -21,8 +21,8 @@ from reclock.config.base import (
 from reclock.core.urls import URL_SECRET, check_url
 
 if TYPE_CHECKING:
-    from sources.base import SourceContext
-    from sources.mysql.source import MySqlSource
+    from reclock.sources.base import SourceContext
+    from reclock.sources.mysql.source import MySqlSource
 
 
 def parse_url(url: str) -> dict[str, Any]:
@@ -116,7 +116,7 @@ class MySqlConfig(ConnectorConfig):
         return [(t.database or default_db, t.table, t.output or t.table) for t in self.tables]
 
     def build(self, name: str, ctx: SourceContext) -> MySqlSource:
-        from sources.mysql.source import MySqlSource
+        from reclock.sources.mysql.source import MySqlSource
 
         return MySqlSource(name, self.url, ctx.clock, tables=self.table_outputs(),
                            snapshot=self.snapshot, server_id=self.server_id,

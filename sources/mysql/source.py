@@ -1,7 +1,7 @@
 """MariaDB CDC source: the binary log in ROW format; FromTime is the GTID position.
 
 Every transaction ``domain-server-seq`` is one point ``(domain, seq)`` of a
-:class:`~reclock.core.time.Gtid` frontier (:mod:`sources.mysql.gtid`),
+:class:`~reclock.core.time.Gtid` frontier (:mod:`reclock.sources.mysql.gtid`),
 so its rows share one IntoTime. One output per table. Driver side
 (:class:`MySqlSource`)::
 
@@ -83,10 +83,16 @@ from reclock.core.errors import DefiniteError, Reopen, TransientError
 from reclock.core.frontier import Antichain
 from reclock.core.schema_change import Change, widens
 from reclock.core.time import Gtid
-from sources.base import Facts, OutputSpec, ReadTask, SnapshotSize, SourceBase
-from sources.mysql import gtid
-from sources.mysql.config import parse_url
-from sources.mysql.types import MyColumn, arrow_array, describe_column, event_fits, normalize
+from reclock.sources.base import Facts, OutputSpec, ReadTask, SnapshotSize, SourceBase
+from reclock.sources.mysql import gtid
+from reclock.sources.mysql.config import parse_url
+from reclock.sources.mysql.types import (
+    MyColumn,
+    arrow_array,
+    describe_column,
+    event_fits,
+    normalize,
+)
 
 log = logging.getLogger("reclock.mysql")
 

@@ -11,7 +11,7 @@ Under ``<state_dir>/loads/<source>/``::
                           it: position k holds nothing, for good
 
 A request names its output, its files with their sizes and versions (see
-:mod:`sources.oneshot.files`), its format and options, and their
+:mod:`reclock.sources.oneshot.files`), its format and options, and their
 *fingerprint*: two requests with equal fingerprints load the same data into
 the same output. The source's probe takes the oldest request, writes it to
 the ledger as the next position (durably: the file is written, synced and

@@ -3,7 +3,7 @@
 FromTime is a counter of loads (:class:`~reclock.core.time.Counter`): load
 ``k`` is position ``k``, and every record of it sits there (``_src_offset =
 k``; ``_src_part`` numbers the load's chunks, ``_src_seq`` the records of a
-chunk). ``reclock load`` queues a request (:mod:`sources.oneshot.ledger`);
+chunk). ``reclock load`` queues a request (:mod:`reclock.sources.oneshot.ledger`);
 the probe writes the oldest one to the ledger as the next position and
 reports the counter one further, so the driver mints a binding for it and
 the whole load lands at that binding's IntoTime, in one commit of every
@@ -18,7 +18,7 @@ The plan turns a load into tasks: JSON-lines files in byte ranges of about
 reads on to the end of its last line), CSV files in ranges that start at the
 first record at or after each multiple of ``split_size`` (a quoted field may
 hold newlines: ``reclock load`` finds those record starts, reading each file
-once, :mod:`sources.oneshot.records`), Parquet files by row groups;
+once, :mod:`reclock.sources.oneshot.records`), Parquet files by row groups;
 these chunks are packed into tasks of about ``split_size`` bytes and at most
 the driver's records per task (a small file shares a task with others).
 CSV and JSON lines are raw records decoded by the output's ``format``: a bad
@@ -49,10 +49,10 @@ from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.core.errors import TASK_STOPPED, DefiniteError
 from reclock.core.frontier import Antichain
 from reclock.core.time import Counter
-from sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
-from sources.oneshot.files import FileRef, Store
-from sources.oneshot.ledger import CANCELLED, Ledger, fingerprint
-from sources.oneshot.records import record_starts, records
+from reclock.sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
+from reclock.sources.oneshot.files import FileRef, Store
+from reclock.sources.oneshot.ledger import CANCELLED, Ledger, fingerprint
+from reclock.sources.oneshot.records import record_starts, records
 
 FORMATS = ("csv", "jsonl", "parquet")
 #: Lines per record batch a task yields.
@@ -76,7 +76,7 @@ def arrow_type(name: str) -> pa.DataType:
 @dataclass(frozen=True)
 class Chunk:
     """A piece of one file: bytes ``[lo, hi)`` of a text file, or row groups.
-    ``delimiter``: a CSV file cut at record starts (:mod:`sources.oneshot.records`),
+    ``delimiter``: a CSV file cut at record starts (:mod:`reclock.sources.oneshot.records`),
     read record by record; None: lines (JSON lines, and CSV loads requested
     before records were found this way)."""
 

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from reclock.clients.postgres import connect_defaults, scrub
 from reclock.core.errors import DefiniteError, ReclockError, TransientError
-from sources.postgres.types import SESSION_OPTIONS, PgType
+from reclock.sources.postgres.types import SESSION_OPTIONS, PgType
 
 Connection = psycopg.Connection[Any]
 
@@ -62,7 +62,7 @@ def quoted(schema: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class PgColumn:
-    """A column: ``name`` as the output names it (see :mod:`sources.postgres.history`)."""
+    """A column: ``name`` as the output names it (see :mod:`reclock.sources.postgres.history`)."""
 
     name: str
     type: PgType

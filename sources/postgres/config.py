@@ -21,8 +21,8 @@ from reclock.config.base import (
 )
 
 if TYPE_CHECKING:
-    from sources.base import SourceContext
-    from sources.postgres.source import PostgresSource
+    from reclock.sources.base import SourceContext
+    from reclock.sources.postgres.source import PostgresSource
 
 
 class PgTableConfig(_Model):
@@ -106,7 +106,7 @@ class PostgresConfig(ConnectorConfig):
         return [(t.schema_, t.table, t.output or t.table) for t in self.tables]
 
     def build(self, name: str, ctx: SourceContext) -> PostgresSource:
-        from sources.postgres.source import PostgresSource
+        from reclock.sources.postgres.source import PostgresSource
 
         return PostgresSource(
             name, self.dsn, ctx.clock, publication=self.publication, slot=self.slot,

@@ -75,8 +75,8 @@ from typing import Any
 
 from reclock.core.errors import DefiniteError
 from reclock.core.schema_change import Change, widens
-from sources.postgres.catalog import PgColumn, PgTable
-from sources.postgres.types import PgType, widens_to
+from reclock.sources.postgres.catalog import PgColumn, PgTable
+from reclock.sources.postgres.types import PgType, widens_to
 
 PREFIX = "pg:"
 

@@ -35,8 +35,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from sources.base import SnapshotSize
-from sources.postgres.catalog import Connection, PgTable, connect, pg_error
+from reclock.sources.base import SnapshotSize
+from reclock.sources.postgres.catalog import Connection, PgTable, connect, pg_error
 
 log = logging.getLogger("reclock.postgres")
 

@@ -8,7 +8,7 @@ table. Driver side (:class:`PostgresSource`)::
                    outputs hold data is a definite error: changes are lost);
                    for outputs that hold nothing yet, export a snapshot (and
                    count its rows in the background, for snapshot progress:
-                   see :mod:`sources.postgres.snapshot_size`)
+                   see :mod:`reclock.sources.postgres.snapshot_size`)
     probe()        pg_current_wal_flush_lsn(), and the slot's health
     plan(lo, hi)   one replication task for [lo, hi) (one walsender per slot),
                    plus, in the job that covers the snapshot point, the
@@ -49,7 +49,7 @@ left unchanged (the server does not send it) is marked (``_unchanged``) and
 the upsert state fills it from the key's current row.
 
 Schema changes. Each output keeps its table's column history with the
-source's state (:mod:`sources.postgres.history`): column numbers, every name
+source's state (:mod:`reclock.sources.postgres.history`): column numbers, every name
 a column had, its type, the table's oid. A relation message in the stream is
 mapped onto the output's columns by those names, so changes written before
 and after a rename (or a stop) land in one column. A message the history
@@ -117,10 +117,10 @@ from reclock.core.errors import DefiniteError, Reopen, ShapeSeen, TransientError
 from reclock.core.frontier import Antichain
 from reclock.core.schema_change import Change, widens
 from reclock.core.time import Lsn
-from sources.base import Facts, OutputSpec, ReadTask, SnapshotSize, SourceBase
-from sources.postgres import history
-from sources.postgres import pgoutput as po
-from sources.postgres.catalog import (
+from reclock.sources.base import Facts, OutputSpec, ReadTask, SnapshotSize, SourceBase
+from reclock.sources.postgres import history
+from reclock.sources.postgres import pgoutput as po
+from reclock.sources.postgres.catalog import (
     Connection,
     PgTable,
     SlotInfo,
@@ -139,8 +139,8 @@ from sources.postgres.catalog import (
     slot_info,
     slot_invalidation,
 )
-from sources.postgres.snapshot_size import SnapshotSizes
-from sources.postgres.types import PgType, convert, widens_to
+from reclock.sources.postgres.snapshot_size import SnapshotSizes
+from reclock.sources.postgres.types import PgType, convert, widens_to
 
 log = logging.getLogger("reclock.postgres")
 
@@ -536,7 +536,7 @@ class PostgresSource(SourceBase):
     def _promote(self, outputs: list[int]) -> None:
         """The outputs a snapshot is to read take the columns pending in
         their histories (added upstream, carried by no change read yet: see
-        :mod:`sources.postgres.history`) under their names now, so that the
+        :mod:`reclock.sources.postgres.history`) under their names now, so that the
         snapshot reads them; the driver re-opens to give the outputs those
         columns before the snapshot is taken."""
         if not outputs:
@@ -706,7 +706,7 @@ class PostgresSource(SourceBase):
     def snapshot_sizes(self) -> dict[int, SnapshotSize]:
         """The rows of each output's table under the snapshot being taken:
         the catalog's estimate, then an exact count
-        (:mod:`sources.postgres.snapshot_size`). Any thread."""
+        (:mod:`reclock.sources.postgres.snapshot_size`). Any thread."""
         snap = self._snap
         if snap is None or snap.sizes is None:
             return {}
@@ -1241,7 +1241,7 @@ class PostgresReader:
         since the output was described), or a type the output's column
         cannot hold but can widen to, is a shape the output's history lacks:
         :class:`ShapeSeen` re-opens the source, whose describe takes the
-        message in (:mod:`sources.postgres.history`)."""
+        message in (:mod:`reclock.sources.postgres.history`)."""
         t = self.tables[i]
         names = [c.name for c in rel.columns]
         hit = history.find(self.who, t, [c.names or (c.name,) for c in t.columns], names)

@@ -19,8 +19,8 @@ from confluent_kafka import Producer
 
 from reclock.config import load_config
 from reclock.pipeline import Pipeline
+from reclock.sinks.consolidate import consolidate
 from reclock.verify import verify_pipeline
-from sinks.consolidate import consolidate
 from tests.running import (
     close_driver,
     counter_source,

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from reclock.core.errors import AlreadyRunning, LockLost, LockTaken
+from reclock.remap_store.sql import SqlRemapStore
 from reclock.runtime.lock import DriverLock, holder_info
-from remap_store.sql import SqlRemapStore
 from tests.running import wait_for
 
 HOLD = """

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from reclock.core.bindings import UNBOUND, Binding, Bindings
 from reclock.core.frontier import Antichain, kafka_frontier
 from reclock.core.time import Counter, IntoTime, Partitioned
-from remap_store import delta
+from reclock.remap_store import delta
 from tests.strategies import antichains, partitioned
 
 Model = list[tuple[int, Antichain[Any]]]

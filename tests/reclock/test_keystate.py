@@ -38,7 +38,7 @@ from reclock.envelopes.keystate import (
     key_bucket,
     split_intents,
 )
-from sinks.consolidate import consolidate
+from reclock.sinks.consolidate import consolidate
 
 pytestmark = pytest.mark.unit
 

@@ -14,13 +14,13 @@ import zipfile
 from pathlib import Path
 
 import reclock
-import sources
+import reclock.sources
 from reclock.runtime.spark import package_zip
 
 PROBE = """
-import json, sources, reclock.formats.base as d, sources.kafka as k
+import json, reclock.sources as sources, reclock.formats.base as d, reclock.sources.kafka as k
 try:
-    import sources._kafka_native
+    import reclock.sources._kafka_native
     plain = True
 except ImportError:
     plain = False
@@ -32,13 +32,13 @@ print(json.dumps({"sources": sources.__file__, "plain": plain,
 def test_extensions_load_when_a_zip_shadows_the_packages(tmp_path: Path) -> None:
     zipped = package_zip()
     names = zipfile.ZipFile(zipped).namelist()
-    assert "sources/kafka.py" in names and not [n for n in names if n.endswith(".so")]
+    assert "reclock/sources/kafka.py" in names and not [n for n in names if n.endswith(".so")]
     # An executor's installed copy, as a regular (not editable) install lays it
     # out: the packages in a site directory, with their built extensions.
     site = tmp_path / "site"
-    for pkg in (reclock, sources):
+    for pkg in (reclock, reclock.sources):
         src = Path(pkg.__file__ or "").parent
-        dst = site / src.name
+        dst = site / pkg.__name__.replace(".", "/")
         dst.mkdir(parents=True)
         for so in src.glob("_*_native*.so"):
             shutil.copy(so, dst / so.name)

@@ -15,8 +15,8 @@ from reclock.config import load_config
 from reclock.core.errors import TransientError
 from reclock.pipeline import run
 from reclock.runtime.driver import SourceRunner
+from reclock.sinks.delta import DeltaSink
 from reclock.verify import verify_pipeline
-from sinks.delta import DeltaSink
 
 PIPELINE = """
 timestamp_interval: 300ms
@@ -92,7 +92,7 @@ def test_next_job_reads_while_a_commit_runs_and_a_failed_commit_discards_it(
 def test_a_failure_planning_the_next_job_still_commits_the_one_read(
     tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sources.generator import GeneratorSource
+    from reclock.sources.generator import GeneratorSource
 
     events: list[str] = []
     plan, commit = GeneratorSource.plan, DeltaSink.commit

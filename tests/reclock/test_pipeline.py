@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 
 from reclock.config import load_config
 from reclock.pipeline import Pipeline, run
+from reclock.sinks.consolidate import consolidate
 from reclock.verify import verify_pipeline
-from sinks.consolidate import consolidate
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from reclock.core.columns import CORRECTION_SPLIT, restated
 from reclock.runtime.replay import correction
-from sinks.base import output_schema
+from reclock.sinks.base import output_schema
 
 USER = pa.schema([("id", pa.int64()), ("v", pa.string())])
 

@@ -39,8 +39,8 @@ from reclock.core.secrets import (
 )
 from reclock.runtime.health import STALLED, Health
 from reclock.runtime.progress_log import ProgressLog
-from sources.kafka import redact_properties
-from sources.mysql.config import parse_url
+from reclock.sources.kafka import redact_properties
+from reclock.sources.mysql.config import parse_url
 from tests.running import close_driver, start_driver, wait_exit, wait_for
 
 # The reported password: '#', '/' and '@' in it.

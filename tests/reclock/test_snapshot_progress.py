@@ -14,8 +14,8 @@ from reclock.metrics import make_registry, render
 from reclock.pipeline import progress_line
 from reclock.runtime.dataplane import TaskResult, _RecordsByTask
 from reclock.runtime.snapshot_progress import SnapshotProgress, describe, entry
-from sources.base import ReadTask, SnapshotSize
-from sources.postgres.snapshot_size import estimate
+from reclock.sources.base import ReadTask, SnapshotSize
+from reclock.sources.postgres.snapshot_size import estimate
 from tests.reclock.test_http import samples, value
 
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from reclock.envelopes.keystate import hashable
 from reclock.envelopes.upsert import UpsertState
+from reclock.sinks.base import output_schema
 from reclock.verify import upsert_model
-from sinks.base import output_schema
 
 pytestmark = pytest.mark.unit
 

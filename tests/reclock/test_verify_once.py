@@ -11,8 +11,8 @@ from reclock.core.bindings import Binding, Bindings
 from reclock.core.columns import correction_part
 from reclock.core.frontier import Antichain, kafka_frontier
 from reclock.core.time import IntoTime, Lsn
+from reclock.sinks.base import output_schema
 from reclock.verify import check_output
-from sinks.base import output_schema
 
 USER = pa.schema([("id", pa.int64()), ("v", pa.string())])
 B = Bindings("lsn", [Binding(IntoTime(1000), Antichain.from_elem(Lsn(100)))])

@@ -21,7 +21,7 @@ from reclock.core.errors import (
 from reclock.core.frontier import Antichain, kafka_frontier
 from reclock.core.mint import RemapOperator
 from reclock.core.time import Counter, IntoTime, Lsn, Partitioned
-from remap_store import RemapStore, open_store, redact_url
+from reclock.remap_store import RemapStore, open_store, redact_url
 
 
 def up(v: int | None) -> Antichain[IntoTime]:
@@ -543,7 +543,7 @@ def test_coordinates_race(store_url: str) -> None:
 def _rows(store: Any, shard: str) -> list[tuple[int, str]]:
     import sqlalchemy as sa
 
-    from remap_store.sql import bindings_table
+    from reclock.remap_store.sql import bindings_table
 
     with store.engine.connect() as conn:
         return [(int(t), str(f)) for t, f in conn.execute(
@@ -570,7 +570,7 @@ def _moving(n: int, parts: int, seed: int) -> list[Binding[Partitioned]]:
 
 
 def test_bindings_are_stored_as_changes_and_read_back_whole(store: Any) -> None:
-    from remap_store.delta import CHECKPOINT, is_whole
+    from reclock.remap_store.delta import CHECKPOINT, is_whole
 
     bs = _moving(300, 256, 1)
     store.create_shard("d", "kafka")
@@ -606,8 +606,8 @@ def test_a_store_of_whole_bindings_is_migrated_once(store_url: str) -> None:
     format key) reads the same after it is migrated on open."""
     import sqlalchemy as sa
 
-    from remap_store.delta import is_whole
-    from remap_store.sql import bindings_table, pipeline_table
+    from reclock.remap_store.delta import is_whole
+    from reclock.remap_store.sql import bindings_table, pipeline_table
 
     s = open_store(store_url)
     bs = _moving(150, 64, 2)

@@ -10,8 +10,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from sinks.base import SinkFenced, SinkState, output_schema
-from sinks.delta import DeltaSink
+from reclock.sinks.base import SinkFenced, SinkState, output_schema
+from reclock.sinks.delta import DeltaSink
 
 USER = pa.schema([("k", pa.string()), ("v", pa.int64())])
 SCHEMA = output_schema(USER)

@@ -15,12 +15,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-import sinks.delta as delta_mod
+import reclock.sinks.delta as delta_mod
 from reclock.core.errors import TransientError
-from sinks import _apart
-from sinks._store import Location
-from sinks.base import SinkError
-from sinks.delta import Compaction, DeltaSink
+from reclock.sinks import _apart
+from reclock.sinks._store import Location
+from reclock.sinks.base import SinkError
+from reclock.sinks.delta import Compaction, DeltaSink
 from tests.sinks.rows import USER
 from tests.sinks.test_delta_compaction import NAME, canonical, data_files, fill
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from sinks.base import SinkError, SinkFenced, SinkState
-from sinks.console import ConsoleSink
+from reclock.sinks.base import SinkError, SinkFenced, SinkState
+from reclock.sinks.console import ConsoleSink
 from tests.sinks.rows import USER, updates
 
 NAME = "orders.main"

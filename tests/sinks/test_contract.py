@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from sinks.base import OutputOwned, Owner, PersistSink, SinkFenced, SinkState
+from reclock.sinks.base import OutputOwned, Owner, PersistSink, SinkFenced, SinkState
 from tests.sinks.rows import USER, updates
 
 NAME = "orders.main"
@@ -52,15 +52,15 @@ class Target:
 
 
 def _delta(tmp_path: Path, request: Any) -> Target:
-    from sinks.delta import DeltaSink
+    from reclock.sinks.delta import DeltaSink
 
     return Target("delta", lambda owner: DeltaSink(NAME, tmp_path / "out", owner=owner),
                   lambda s, d: (s.path / d["path"]).exists())  # type: ignore[attr-defined]
 
 
 def _delta_s3(tmp_path: Path, request: Any) -> Target:
-    from sinks._store import S3Access
-    from sinks.delta import DeltaSink
+    from reclock.sinks._store import S3Access
+    from reclock.sinks.delta import DeltaSink
 
     s3 = request.getfixturevalue("s3")
     access = S3Access.resolve(env=s3.env())
@@ -71,7 +71,7 @@ def _delta_s3(tmp_path: Path, request: Any) -> Target:
 
 def _postgres(mode: str) -> Callable[[Path, Any], Target]:
     def make(tmp_path: Path, request: Any) -> Target:
-        from sinks.postgres import PostgresSink
+        from reclock.sinks.postgres import PostgresSink
 
         url = request.getfixturevalue("pg_url")
         return Target(f"postgres-{mode}", lambda owner: PostgresSink(
@@ -82,7 +82,7 @@ def _postgres(mode: str) -> Callable[[Path, Any], Target]:
 
 
 def _kafka(tmp_path: Path, request: Any) -> Target:
-    from sinks.kafka import KafkaSink
+    from reclock.sinks.kafka import KafkaSink
 
     kafka = request.getfixturevalue("kafka")
     topic = f"contract-{uuid.uuid4().hex[:10]}"
@@ -94,7 +94,7 @@ def _kafka(tmp_path: Path, request: Any) -> Target:
 
 
 def _console(tmp_path: Path, request: Any) -> Target:
-    from sinks.console import ConsoleSink
+    from reclock.sinks.console import ConsoleSink
 
     return Target("console", lambda _owner: ConsoleSink(NAME, tmp_path / "console.json",
                                                         out=io.StringIO()),

@@ -20,12 +20,12 @@ from deltalake import DeltaTable, Field, Schema
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
-import sinks.delta as delta_mod
+import reclock.sinks.delta as delta_mod
 from reclock.core.clock import ManualClock
 from reclock.core.errors import DefiniteError
-from sinks._store import Location
-from sinks.base import SinkError, SinkFenced, SinkState, output_schema
-from sinks.delta import CLOSED, DeltaSink, DeltaStager
+from reclock.sinks._store import Location
+from reclock.sinks.base import SinkError, SinkFenced, SinkState, output_schema
+from reclock.sinks.delta import CLOSED, DeltaSink, DeltaStager
 from tests.sinks.rows import SCHEMA, USER, race_commits, updates
 
 NAME = "orders.main"
@@ -193,7 +193,7 @@ def _in_a_fresh_process(code: str, path: Path, in_process: bool) -> Any:
 
 _PASSES_IN_A_FRESH_PROCESS = """
 import os, sys
-from sinks.delta import Compaction, DeltaSink
+from reclock.sinks.delta import Compaction, DeltaSink
 s = DeltaSink("o", sys.argv[1], compaction=Compaction(every_ms=1, min_files=1_000_000))
 for i in range(3):
     s.vacuum_orphans(grace_seconds=0)
@@ -781,8 +781,8 @@ def test_a_pipelines_sink_checkpoints_aside_and_no_commit_waits_for_it(
 _EXIT_DURING_CHECKPOINT = """
 import sys, time
 from deltalake import DeltaTable
-import sinks.delta as delta_mod
-from sinks.base import SinkState
+import reclock.sinks.delta as delta_mod
+from reclock.sinks.base import SinkState
 from tests.sinks.rows import USER
 
 real = DeltaTable.create_checkpoint
@@ -1094,7 +1094,7 @@ def test_only_low_cardinality_columns_are_dictionary_encoded(tmp_path: Path) -> 
     values (in an even sample) and write the others plain; the data is the same."""
     import pyarrow.parquet as pq
 
-    from sinks.delta import _write_parquet, dictionary_columns
+    from reclock.sinks.delta import _write_parquet, dictionary_columns
 
     n = 10_000
     t = pa.table({"id": pa.array(range(n), pa.int64()),

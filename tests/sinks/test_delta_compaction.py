@@ -18,13 +18,13 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.transaction import CommitProperties, RemoveAction, Transaction
 
-import sinks.delta as delta_mod
+import reclock.sinks.delta as delta_mod
 from reclock.config import ConfigError, load_config
 from reclock.config.base import _parse_duration, _parse_size
 from reclock.envelopes import UpsertState
-from sinks._store import S3Access
-from sinks.base import SinkState
-from sinks.delta import Compaction, DeltaSink, FileStats, stats
+from reclock.sinks._store import S3Access
+from reclock.sinks.base import SinkState
+from reclock.sinks.delta import Compaction, DeltaSink, FileStats, stats
 from tests.sinks.rows import USER, updates
 
 NAME = "orders.main"

@@ -26,11 +26,11 @@ import pyarrow.compute as pc
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-import sinks.kafka as kafka_mod
+import reclock.sinks.kafka as kafka_mod
 from reclock.core.clock import ManualClock
 from reclock.core.errors import DefiniteError, TransientError
-from sinks.base import SinkError, SinkFenced, SinkState, output_schema
-from sinks.kafka import (
+from reclock.sinks.base import SinkError, SinkFenced, SinkState, output_schema
+from reclock.sinks.kafka import (
     DATA_META,
     HEADER_BATCH,
     HEADER_OUTPUT,

@@ -11,7 +11,7 @@ import textwrap
 
 import pyarrow as pa
 
-from sinks._encoding import py_rows
+from reclock.sinks._encoding import py_rows
 
 NS = 1_700_000_000_123_456_789
 
@@ -52,8 +52,8 @@ def test_refused_and_printed_rows_need_no_pandas() -> None:
         sys.meta_path.insert(0, NoPandas())
         import io, json
         import pyarrow as pa
-        from sinks.base import refuse_rows
-        from sinks.console import ConsoleStager
+        from reclock.sinks.base import refuse_rows
+        from reclock.sinks.console import ConsoleStager
         from tests.sinks.rows import updates
 
         base = updates(["a", "b"], 1).drop_columns(["k", "v"])

@@ -21,8 +21,8 @@ import pytest
 from reclock.core.clock import ManualClock
 from reclock.core.errors import DefiniteError, TransientError
 from reclock.envelopes import UpsertState
-from sinks.base import SinkError, SinkFenced, SinkState, conform, output_schema
-from sinks.postgres import PostgresSink, PostgresStager, pg_type, storage_type
+from reclock.sinks.base import SinkError, SinkFenced, SinkState, conform, output_schema
+from reclock.sinks.postgres import PostgresSink, PostgresStager, pg_type, storage_type
 from tests.sinks.rows import SCHEMA, USER, updates
 
 NAME = "orders.main"
@@ -1093,7 +1093,7 @@ def test_an_upper_table_of_the_layout_before_owners_gains_them_and_is_adopted(
     """``reclock_uppers`` written before the owner columns existed: a reader
     still reads its state; ``ensure`` adds the columns; the first pipeline
     that commits adopts the output, and another is refused from then on."""
-    from sinks.base import OutputOwned, Owner
+    from reclock.sinks.base import OutputOwned, Owner
 
     q(pg_url, "CREATE TABLE reclock_uppers (target text PRIMARY KEY, output text, "
               "upper bigint, progress text, updated_at timestamptz NOT NULL DEFAULT now(), "

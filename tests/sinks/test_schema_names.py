@@ -11,7 +11,7 @@ import pytest
 
 from reclock.core.columns import META_NAMES
 from reclock.core.errors import DefiniteError
-from sinks.base import output_schema
+from reclock.sinks.base import output_schema
 
 
 @pytest.mark.parametrize("names, named", [
@@ -77,7 +77,7 @@ def test_a_rename_mapping_lands_fields_that_clash(tmp_path: Any, spark: Any, kaf
     from confluent_kafka import Producer
 
     from reclock.pipeline import Pipeline
-    from sinks.consolidate import consolidate
+    from reclock.sinks.consolidate import consolidate
     from tests.running import running, wait_for
 
     topic = f"rn-{uuid.uuid4().hex[:8]}"

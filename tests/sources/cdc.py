@@ -15,7 +15,7 @@ import psycopg
 import pyarrow as pa
 
 from reclock.core.time import Lsn
-from sinks.consolidate import consolidate
+from reclock.sinks.consolidate import consolidate
 
 SCHEMA = """
 create table acct (id int primary key, owner text not null, bal numeric(12,2), note text);

@@ -13,7 +13,7 @@ import pymysql
 
 from reclock.core.frontier import Antichain
 from reclock.core.time import Gtid
-from sources.mysql import gtid
+from reclock.sources.mysql import gtid
 
 SCHEMA = [
     "create table acct (id int primary key, owner varchar(40) not null, bal decimal(12,2), "
@@ -24,7 +24,7 @@ SCHEMA = [
 
 
 def connect(url: str) -> pymysql.Connection[Any]:
-    from sources.mysql.config import parse_url
+    from reclock.sources.mysql.config import parse_url
 
     s = parse_url(url)
     return pymysql.connect(host=s["host"], port=s["port"], user=s["user"],

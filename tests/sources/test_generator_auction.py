@@ -16,9 +16,9 @@ import pytest
 from reclock.config import load_config
 from reclock.core.clock import SystemClock
 from reclock.core.errors import DefiniteError
+from reclock.sources.base import ReadTask
+from reclock.sources.generator import GeneratorReader, GeneratorSource, GeneratorSpec
 from reclock.verify import verify_pipeline
-from sources.base import ReadTask
-from sources.generator import GeneratorReader, GeneratorSource, GeneratorSpec
 from tests.running import read_updates, running, wait_for
 from tests.sources.test_generator_kv import mix
 

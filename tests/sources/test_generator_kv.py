@@ -22,9 +22,8 @@ from reclock.config import ConfigError, load_config
 from reclock.core.clock import SystemClock
 from reclock.core.errors import DefiniteError
 from reclock.pipeline import Pipeline
-from reclock.verify import verify_pipeline
-from sources.base import ReadTask
-from sources.generator import (
+from reclock.sources.base import ReadTask
+from reclock.sources.generator import (
     _ALPHABET,
     _CHUNK_BYTES,
     _PAYLOAD_SEED,
@@ -34,6 +33,7 @@ from sources.generator import (
     GeneratorSource,
     GeneratorSpec,
 )
+from reclock.verify import verify_pipeline
 from tests.running import read_updates, running, wait_for
 
 M64 = (1 << 64) - 1

@@ -215,7 +215,7 @@ def test_retention_before_read_is_a_definite_error(tmp_path: Path, spark: Any, k
 def test_debezium_envelope_reads_as_state_as_of_any_time(
     tmp_path: Path, spark: Any, kafka: Any
 ) -> None:
-    from sinks.consolidate import consolidate
+    from reclock.sinks.consolidate import consolidate
 
     topic = f"t-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 1)
@@ -268,7 +268,7 @@ def test_debezium_replica_identity_default_makes_no_phantom_rows(
     could not be applied, and the deleted row stayed live beside error rows:
     a keyless debezium envelope is refused when the file is loaded,
     tests/reclock/test_config.py.)"""
-    from sinks.consolidate import consolidate
+    from reclock.sinks.consolidate import consolidate
 
     topic = f"t-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 1)
@@ -345,7 +345,7 @@ def test_avro_records_and_bad_avro_in_the_error_collection(
 def test_upsert_envelope_as_of_latest_and_earlier_survives_restart(
     tmp_path: Path, spark: Any, kafka: Any
 ) -> None:
-    from sinks.consolidate import consolidate
+    from reclock.sinks.consolidate import consolidate
 
     topic = f"t-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 2)
@@ -391,8 +391,8 @@ def test_upsert_envelope_as_of_latest_and_earlier_survives_restart(
 def _read_all(reader: Any, spec: Any) -> Any:
     import pyarrow as pa
 
-    from sources.base import ReadTask
-    from sources.kafka import task_ranges
+    from reclock.sources.base import ReadTask
+    from reclock.sources.kafka import task_ranges
 
     n = sum(e - b for _p, b, e in task_ranges(spec))
     batches = [b for _, b in reader.read(ReadTask("events", 0, spec, n))]
@@ -415,7 +415,7 @@ def test_native_and_python_readers_read_the_same_records(kafka: Any) -> None:
     import pytest
 
     from reclock.core.errors import DefiniteError
-    from sources.kafka import KafkaReader, native_reader
+    from reclock.sources.kafka import KafkaReader, native_reader
 
     assert native_reader() is not None, "the C extension was not built (is a compiler missing?)"
     topic = f"t-{uuid.uuid4().hex[:8]}"
@@ -485,7 +485,7 @@ def test_partition_ranges_pack_into_even_tasks() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from sources.kafka import pack_ranges
+    from reclock.sources.kafka import pack_ranges
 
     @settings(max_examples=300, deadline=None)
     @given(st.lists(st.tuples(st.integers(0, 1000), st.integers(1, 500)), max_size=40),
@@ -604,7 +604,7 @@ def test_compacted_input_upsert_equals_the_latest_value_per_key(
     the gaps."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    from sinks.consolidate import consolidate
+    from reclock.sinks.consolidate import consolidate
 
     topic = f"t-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 1, config={
@@ -753,7 +753,7 @@ def test_headers_are_read_alike_by_both_readers_and_land_in_the_output(
 ) -> None:
     import dataclasses
 
-    from sources.kafka import KafkaReader
+    from reclock.sources.kafka import KafkaReader
 
     topic = f"h-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 2)
@@ -811,7 +811,7 @@ def test_retention_after_the_plans_last_look_is_met_by_the_reader(
     range retention removed after that reading is planned, and its task
     fails with the same definite error; once the reading is due again, the
     plan refuses the range itself."""
-    import sources.kafka as sk
+    import reclock.sources.kafka as sk
     from reclock.core.clock import SystemClock
     from reclock.core.errors import DefiniteError
 
@@ -846,8 +846,8 @@ def test_a_reader_learns_a_new_topics_metadata_before_reading_it(kafka: Any) -> 
     topics created after their consumer was, and remember what they learnt."""
     import dataclasses
 
-    from sources import kafka as kafka_mod
-    from sources.kafka import KafkaReader
+    from reclock.sources import kafka as kafka_mod
+    from reclock.sources.kafka import KafkaReader
 
     first = f"t-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(first, 1)

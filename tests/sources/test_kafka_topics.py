@@ -19,9 +19,9 @@ from confluent_kafka import Producer
 from reclock import faults
 from reclock.cli import main
 from reclock.config import ConfigError, load_config
+from reclock.sources.base import ReadTask
+from reclock.sources.kafka import KafkaReader
 from reclock.verify import verify_pipeline
-from sources.base import ReadTask
-from sources.kafka import KafkaReader
 from tests.kafkabroker import kafka_end, read_committed
 from tests.running import durable, read_updates, running, wait_for
 from tests.sources.test_kafka_source import _read_all
@@ -79,7 +79,7 @@ def _store_as_before_changes(cfg: Any) -> None:
     import sqlalchemy as sa
 
     from reclock.pipeline import Pipeline
-    from remap_store.sql import bindings_table, pipeline_table
+    from reclock.remap_store.sql import bindings_table, pipeline_table
 
     pipe = Pipeline(cfg)
     try:
@@ -249,7 +249,7 @@ def test_multi_topic_configuration_is_checked(tmp_path: Path) -> None:
     for block, message in cases.items():
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
             load(block)
-    from sources.kafka import output_for_topic
+    from reclock.sources.kafka import output_for_topic
 
     assert [output_for_topic(t) for t in ("orders", "web.clicks", "9lives")] == [
         "orders", "web_clicks", "t_9lives"]

@@ -12,8 +12,8 @@ import pytest
 
 from reclock.core.clock import SystemClock
 from reclock.core.errors import DefiniteError
-from sources.mysql import gtid
-from sources.mysql.source import MySqlSource
+from reclock.sources.mysql import gtid
+from reclock.sources.mysql.source import MySqlSource
 from tests.sources.mycdc import binlog_pos, connect
 
 

@@ -210,7 +210,7 @@ def test_snapshot_with_replication_domains(tmp_path: Path, spark: Any,
     from reclock.core.frontier import Antichain
     from reclock.core.time import Gtid
     from reclock.pipeline import Pipeline
-    from sources.mysql import gtid
+    from reclock.sources.mysql import gtid
     from tests.sources.mycdc import DomainWriter
 
     with connect(mysql_url) as c, c.cursor() as cur:

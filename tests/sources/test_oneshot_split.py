@@ -17,8 +17,8 @@ from pydantic import ValidationError
 from reclock.core.clock import ManualClock
 from reclock.core.frontier import Antichain
 from reclock.core.time import Counter
-from sources.oneshot.files import Store
-from sources.oneshot.source import OneShotConfig, OneShotSource, lines_of
+from reclock.sources.oneshot.files import Store
+from reclock.sources.oneshot.source import OneShotConfig, OneShotSource, lines_of
 
 
 def test_ranges_read_every_line_once(tmp_path: Path) -> None:
@@ -179,7 +179,7 @@ def test_csv_records_with_quoted_newlines(tmp_path: Path, stray: bool) -> None:
     start at :func:`record_starts` read every record once, whole."""
     import numpy as np
 
-    from sources.oneshot.records import NL, _exact, record_ends, record_starts, records
+    from reclock.sources.oneshot.records import NL, _exact, record_ends, record_starts, records
 
     rng = random.Random(11 if stray else 3)
     p = tmp_path / "a.csv"
@@ -210,7 +210,7 @@ def test_cancelled_loads_hold_nothing(tmp_path: Path) -> None:
     for every reader; a task planned before the cancel stops; a cancelled
     load matches no later request."""
     from reclock.core.errors import TransientError, classified, classify
-    from sources.oneshot.source import LoadCancelled
+    from reclock.sources.oneshot.source import LoadCancelled
 
     f = tmp_path / "a.csv"
     f.write_text("".join(f"{i},x\n" for i in range(100)))

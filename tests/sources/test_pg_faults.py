@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from reclock.config import load_config
+from reclock.sinks.consolidate import consolidate
 from reclock.verify import verify_pipeline
-from sinks.consolidate import consolidate
 from tests.running import read_updates, running, wait_for
 from tests.sources.cdc import Writer, create_schema, flushed_lsn, resumed_past, source_rows
 from tests.sources.test_pg_source import _rows
@@ -446,7 +446,7 @@ def test_a_slot_advanced_by_something_else_is_a_definite_error(
     cfg = _cfg(tmp_path, cdc_url, "t", "      - {name: t, sink: file}", ", slot: shared")
     with running(cfg, spark) as runners:
         wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 90, "the snapshot")
-    from sources.postgres.catalog import lsn_text
+    from reclock.sources.postgres.catalog import lsn_text
 
     with psycopg.connect(cdc_url, autocommit=True) as c:
         c.execute("insert into t values (3)")  # never read by this pipeline ...

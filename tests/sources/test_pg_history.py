@@ -10,9 +10,9 @@ import json
 import pytest
 
 from reclock.core.errors import DefiniteError
-from sources.postgres import history
-from sources.postgres.catalog import PgColumn, PgTable
-from sources.postgres.types import PgType
+from reclock.sources.postgres import history
+from reclock.sources.postgres.catalog import PgColumn, PgTable
+from reclock.sources.postgres.types import PgType
 
 INT4 = PgType(23, -1, "integer")
 INT8 = PgType(20, -1, "bigint")

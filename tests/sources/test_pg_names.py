@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from sources.postgres.source import default_name
+from reclock.sources.postgres.source import default_name
 
 
 def test_names_that_fold_alike_stay_apart() -> None:

@@ -17,9 +17,9 @@ import psycopg
 
 from reclock.clients.postgres import parse_dsn
 from reclock.config import load_config
-from sources.base import SnapshotSize
-from sources.postgres.catalog import PgTable
-from sources.postgres.snapshot_size import SnapshotSizes
+from reclock.sources.base import SnapshotSize
+from reclock.sources.postgres.catalog import PgTable
+from reclock.sources.postgres.snapshot_size import SnapshotSizes
 from tests.reclock.test_http import browse, get, get_json, samples, value
 from tests.running import running, wait_for
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from reclock.core.errors import DefiniteError
-from sources.postgres.types import (
+from reclock.sources.postgres.types import (
     DATE,
     INT4,
     NUMERIC,

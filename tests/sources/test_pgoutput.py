@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg import pq
 
-from sources.postgres.pgoutput import (
+from reclock.sources.postgres.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
     Commit,
