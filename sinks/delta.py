@@ -1080,7 +1080,8 @@ class DeltaSink:
         NOT NULL columns (``_into_time``, ``_diff``, positions) imply
         ``invariants``, and Spark's Delta refuses such a table
         (``DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH``). A commit of its own,
-        so a table created before this fix is mended when it is next opened."""
+        so a table whose protocol lists ``invariants`` is mended when it is
+        next opened."""
         p = dt.protocol()
         if (p.min_writer_version < 7 or "invariants" in (p.writer_features or [])
                 or all(f.nullable for f in dt.schema().fields)):
