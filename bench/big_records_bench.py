@@ -1,5 +1,6 @@
 """Big Kafka records: the memory of Spark's Python workers when tasks are cut
-by records only (as before) and by bytes as well (``spark.max_bytes_per_task``),
+by records only (an earlier revision) and by bytes as well
+(``spark.max_bytes_per_task``),
 side by side in one run.
 
 It starts one Apache Kafka broker (tests/kafkabroker.py), writes ``--records``

@@ -5,10 +5,9 @@ Side by side, alternating in rounds on tables of their own:
 * ``reclock log entry`` -- the sink writes the append's log entry itself
   (put-if-absent on the version after the one it committed last; see
   ``sinks/delta.py``);
-* ``delta-rs`` -- delta-rs loads the table and commits (what every commit did
-  before session 17, and what a table with writer features reclock's own
-  entries do not honour still gets), forced here by treating every table as
-  such.
+* ``delta-rs`` -- delta-rs loads the table and commits (what a table with
+  writer features reclock's own entries do not honour gets), forced here by
+  treating every table as such.
 
 Prints the commit's wall and CPU time (the process's, every thread, delta-rs's
 own included) per commit, and the threads at the end::

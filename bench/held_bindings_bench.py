@@ -10,7 +10,7 @@ its own:
 * ``holds what it reads``: after each tick the operator forgets the bindings
   before where the outputs resume (here: they have caught up), as the driver
   does (``RemapOperator.hold_from``);
-* ``holds the retained history``: it does not (the driver before this).
+* ``holds the retained history``: it does not (for comparison).
 
 Columns: the Python memory the operator's bindings take after the ticks
 (``tracemalloc`` from before the open, after a collection; a run of its own,

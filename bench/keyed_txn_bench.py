@@ -20,7 +20,8 @@ Variants (``--variants``), side by side in one run:
   a slice of intents at a time, against the SQLite key state.
 * ``one-round``: this checkout with ``max_bytes_per_settle`` 512GiB: one
   round (all of the transaction's intents as Arrow in the driver at once).
-* ``before``: the code of ``--before`` (default bfbb26a, before this work),
+* ``before``: the code of ``--before`` (default bfbb26a, the last revision
+  that settled intents in one pass, before the key state moved to SQLite),
   checked out with ``git worktree`` and put first on ``PYTHONPATH``: tasks
   return every intent through Spark's results and the driver settles them in
   one Python pass against a dictionary of every key.

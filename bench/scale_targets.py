@@ -633,14 +633,13 @@ def pattern_500(env: Env) -> list[Row]:
     work: dict[str, float] = {}  # label -> seconds from the binding to durable, the best
     new_topic: list[tuple[float, float]] = []  # (seconds, median tick) per pattern run
     # one topic, 500 topics, three times over: each one's best. The first run
-    # of a session warms Spark's Python workers up, and so, partly, does the
-    # second (its first job took 1.2 s, 0.13 s in a later run): taking the
-    # one topic's best of two against the pattern's only run, as this did
-    # before session 17, measured the warm-up, not the pattern. These
-    # catch-ups take half a second, and one in two or three on this
-    # machine came 0.1 s slower or faster than the rest (session 22: the one
-    # topic 0.39, 0.49 and 0.50 s; the pattern 0.50, 0.51, 0.51 s): best of
-    # two left the ratio to chance (1.15x-1.35x), best of three less so.
+    # warms Spark's Python workers up, and so, partly, does the second (its
+    # first job can take 1.2 s against 0.13 s later): a single run of either
+    # would measure the warm-up, not the pattern. These catch-ups take half a
+    # second, and one in two or three on a 2-core machine comes 0.1 s slower
+    # or faster than the rest (the one topic 0.39, 0.49 and 0.50 s; the
+    # pattern 0.50, 0.51, 0.51 s): best of two leaves the ratio to chance
+    # (1.15x-1.35x), best of three less so.
     runs = (("one topic", lambda st: kafka_yaml(st, k.bootstrap, one)),
             ("500 topics", lambda st: pattern_yaml(st, k.bootstrap, pattern))) * 3
     for label, text_of in runs:

@@ -3,7 +3,7 @@ sources: the memory it holds and the driver CPU a second's record costs,
 this tree against an earlier commit's, side by side in one process.
 
     python bench/status_history_bench.py                      # against HEAD~1
-    python bench/status_history_bench.py --before 27e3136 --seconds 300
+    python bench/status_history_bench.py --before REV --seconds 300
 
 Each source is a counter of one output, as in the many-sources targets;
 the driver records one status document a second (``--seconds`` of them).

@@ -6,18 +6,20 @@ its options from ``MIMALLOC_*`` environment variables once, when the library
 loads. With its defaults, pages a thread freed are handed back to the system
 a second later, and only when that thread calls the allocator again; Arrow's
 I/O and CPU pool threads that merged a compaction pass then sit idle holding
-what they freed, and each arena is committed eagerly. A driver's resident set
-grew in steps at each compaction pass (``bench/soak.py``, session 17: Arrow's
-pool 22 -> 134 MiB, 49 MiB at the end of the hour). In the driver:
+what they freed, and each arena is committed eagerly. With those defaults a
+driver's resident set grows in steps at each compaction pass (an hour of
+``bench/soak.py`` saw Arrow's pool go 22 -> 134 MiB and end at 49 MiB). In
+the driver:
 
 * ``purge_delay`` 0: freed pages go back at once;
 * ``arena_eager_commit`` 0: an arena's memory is committed as it is used.
 
-Measured on a loop of twelve dataset merges like a compaction pass (400
-files, 32 read ahead): resident 312 MiB after the last pass with the
-defaults (152 after ``release_unused``), 124 MiB with these (121 after).
-The price: such merges took up to 1.8x as long (``bench/arrow_pool_bench.py``);
-a compaction pass's tick in a one-hour soak 1.03-1.15x (``bench/README.md``).
+On a loop of twelve dataset merges like a compaction pass (400 files, 32
+read ahead) the resident set after the last pass is 312 MiB with the
+defaults (152 after ``release_unused``) and 124 MiB with these (121 after).
+The price: such merges take up to 1.8x as long, and a compaction pass's tick
+in a one-hour soak 1.03-1.15x (``bench/arrow_pool_bench.py``; bench/README.md,
+"arrow_pool_bench.py", gives the date and machine).
 
 Only the driver: Spark's Python workers decode every record through Arrow
 and keep the library's defaults (their memory is bounded by the task size),

@@ -2,7 +2,8 @@
 previous binding, with a whole frontier every so often.
 
 A row's text is either a whole frontier, the canonical JSON list of its
-encoded elements (``[...]``, the only form before this one), or a change
+encoded elements (``[...]``, also the form of every row of an older
+store), or a change
 against the binding before it in the shard (``{"-": [removed], "+": [added]}``,
 elements as encoded). The first row of a shard is always whole (compaction
 rewrites the consolidated head whole), and so is every

@@ -7,10 +7,10 @@ Delta table with delta-rs. Run in the driver, such work leaves the driver's
 allocators holding what it freed: Arrow's mimalloc heaps of the I/O and
 CPU pool threads that decoded the batches (a page freed by another thread
 waits for its owner's next allocation), glibc's arenas, delta-rs's
-jemalloc and its blocking threads. ``bench/soak.py`` saw the driver's
-resident set rise by 5-10 MiB at each pass and only partly come back, hour
-after hour, and delta-rs's memory grow with its loads (+6 MiB/h) and its
-threads swing from 16 to 44. Handing memory back
+jemalloc and its blocking threads. With this work in the driver,
+``bench/soak.py`` shows the driver's resident set rise by 5-10 MiB at each
+pass and only partly come back, hour after hour, delta-rs's memory grow with
+its loads (+6 MiB/h) and its threads swing from 16 to 44. Handing memory back
 (``reclock.runtime.memory``) reaches only part of it.
 
 :func:`run_apart` calls a module-level function in a fresh child and returns

@@ -212,8 +212,8 @@ ROWS_PER_FILE = 1_000_000
 #: Write a checkpoint when the log has grown this many versions past the last.
 #: A commit reads the log entries since the last checkpoint through delta-rs's
 #: blocking thread pool, many at once; at a commit a second the pool's threads
-#: never idle the 10 s it takes them to exit, so a driver kept about as many
-#: threads as the longest log it read (100: ~85-120 threads; 25: ~35;
+#: never idle the 10 s it takes them to exit, so a driver keeps about as many
+#: threads as the longest log it reads (100: ~85-120 threads; 25: ~35;
 #: bench/soak.py).
 CHECKPOINT_INTERVAL = 25
 #: Clean up expired log files after every this-many checkpoints.
@@ -513,9 +513,9 @@ def merge_files(location: Location, paths: list[str], name: str,
 # -- maintenance that reads the whole table (run in a child, see DeltaSink._apart) --------
 #
 # Each of these loads the table with delta-rs: every file's add action, the
-# log since the last checkpoint. Done by the driver, that left delta-rs's
-# allocator and runtime, glibc and Python holding a little more after each
-# load, hour after hour (bench/soak.py: delta-rs's jemalloc +6 MiB/h with
+# log since the last checkpoint. Done by the driver, each load leaves
+# delta-rs's allocator and runtime, glibc and Python holding a little more,
+# hour after hour (bench/soak.py: delta-rs's jemalloc +6 MiB/h with
 # checkpoints every 25 commits and a compaction pass every few minutes). So
 # they run in a short-lived child (sinks/_apart.py), take plain values and
 # return plain values; the driver keeps the lock, the schedule, the crash
@@ -1080,7 +1080,8 @@ class DeltaSink:
         NOT NULL columns (``_into_time``, ``_diff``, positions) imply
         ``invariants``, and Spark's Delta refuses such a table
         (``DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH``). A commit of its own,
-        so a table created before this fix is mended when it is next opened."""
+        so a table whose protocol lists ``invariants`` is mended when it is
+        next opened."""
         p = dt.protocol()
         if (p.min_writer_version < 7 or "invariants" in (p.writer_features or [])
                 or all(f.nullable for f in dt.schema().fields)):

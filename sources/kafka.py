@@ -32,15 +32,16 @@ first record. A partition that temporarily has no leader keeps its last
 known offset. Frontiers never go backwards: offsets below the last bound ones
 mean the topic was deleted and recreated, a definite error.
 
-Several topics (``topics`` or ``topic_pattern``): DESIGN.md partitions the
-FromTime by (topic, partition), with "every partition above the known ones"
-per topic and "every topic not known yet". Here each (topic, partition) gets
-a dense id from the remap store the first time it is seen (durable before a
-binding names it, never reused), and the frontier is the one-topic frontier
-over ids: a point per id, and "every id from N on, at offset 0". A topic or
-partition seen later always gets an id from N on, so that one element stands
-for both of DESIGN.md's, and bindings, reclocking and planning work on ids as
-on partitions. Tasks read ranges of several topics at once; rows carry the
+Several topics (``topics`` or ``topic_pattern``): the FromTime is
+partitioned by (topic, partition), which needs "every partition above the
+known ones" per topic and "every topic not known yet" (docs/design.md,
+"FromTime and IntoTime"). Here each (topic, partition) gets a dense id from
+the remap store the first time it is seen (durable before a binding names
+it, never reused), and the frontier is the one-topic frontier over ids: a
+point per id, and "every id from N on, at offset 0". A topic or partition
+seen later always gets an id from N on, so that one element stands for both
+of those, and bindings, reclocking and planning work on ids as on
+partitions. Tasks read ranges of several topics at once; rows carry the
 id in ``_src_part`` and the topic and partition in ``_topic`` and
 ``_partition``.
 """
@@ -222,8 +223,9 @@ class KafkaReader:
         about to read a topic it has not met (once per topic and consumer):
         librdkafka fetches a partition of a topic it has no metadata of only
         after its periodic topic scan, about 0.8 s after the assignment on a
-        local broker, against milliseconds with the metadata cached
-        (``bench/README.md``, session 21). A failure is left to the read,
+        local broker, against milliseconds with the metadata cached (a new
+        topic of a ``topic_pattern`` source: bench/README.md,
+        "scale_targets.py"). A failure is left to the read,
         which then waits as it would have."""
         if topics <= known:  # (only this thread uses the consumer and its set)
             return

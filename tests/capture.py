@@ -1,12 +1,13 @@
 """Capture and replay: how data crosses from the FromTime side to the IntoTime side.
 
-The seeds' protocol (``seeds/001``, ``002``, ``004``) as a reference model:
-counted capabilities (:class:`ChangeBatch`, :class:`MutableAntichain`, like
-timely dataflow's progress tracking) and the event streams built on them.
+The capture/replay protocol (docs/design.md, "Capture and replay") as a
+reference model: counted capabilities (:class:`ChangeBatch`,
+:class:`MutableAntichain`, like timely dataflow's progress tracking) and the
+event streams built on them.
 The product does not use it (its sources report frontiers, never counts), so
 it lives with the tests that check the protocol's rules.
 
-A captured stream is a sequence of events (``seeds/002``, ``seeds/004``)::
+A captured stream is a sequence of events::
 
     Message(time, batch)        records at ``time``
     Progress([(time, delta)])   changes to the capabilities the writer holds

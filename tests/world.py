@@ -42,11 +42,9 @@ of its table (the source notices a change of shape while running at the
 next relation message); new columns, and renamed ones, get names no column
 of the output has had. A registry version is registered and then used by
 the producer (mostly the newest; an old producer's records with an earlier
-one now and then). The rules followed are README's; two changes of one
-column with no change of the table read in between (added or widened, then
-dropped or renamed) stall the source today instead (the xfail tests in
-tests/sources/test_pg_schema_change.py), and a seed that draws them fails
-with that definite error.
+one now and then). The rules followed are those of docs/schema-changes.md,
+two changes of one column with no change of the table read in between
+(added or widened, then dropped or renamed) included.
 
 The model is a plain computation over what the harness produced. A Kafka
 record is known by where Kafka put it (topic id, partition, offset: from the
@@ -58,7 +56,7 @@ store (its coordinate names and topic records); the mapping is the only thing
 read from reclock's own state, and a wrong one shows as lost and unexpected
 rows. A Postgres lane keeps two plain dicts per key: the table's row upstream
 (by today's column names) and the row as the output must show it (by the
-output's column names, which the rules in README's "Schema changes" give:
+output's column names, which the rules of docs/schema-changes.md give:
 a renamed column keeps its output name, a dropped one stays, an added one
 is null on rows written before it), compared with the output consolidated
 per key.

@@ -389,7 +389,7 @@ class OutputConfig(_Model):
     the progress log. ``fail``: any change stalls the source with a definite
     error naming it. A change no type can hold (a narrowing of the output, a
     type that cannot widen, a new required field without a default) is a
-    definite error under every policy. See README, "Schema changes"."""
+    definite error under every policy. See docs/schema-changes.md."""
 
 
 class SourceConfig(_Model):

@@ -316,8 +316,8 @@ class Bindings(Generic[T]):
         earlier than it). The empty frontier maps to the empty frontier.
         """
         # The points (all but one element of a Kafka frontier) are searched
-        # at once; the others by DESIGN.md's order of elements, among the
-        # few elements that are not points.
+        # at once; the others by the order of elements (docs/design.md,
+        # "FromTime and IntoTime"), among the few elements that are not points.
         elements: list[Any] = list(frontier)
         part = is_partitioned(self.kind)
         points = [e for e in elements if part and e.hi == e.lo]

@@ -13,9 +13,10 @@ times they contain (their up-sets): ``A <= B`` when everything ``B`` contains,
   the minimal elements of the union.
 
 Counted times that report frontier changes (``ChangeBatch``,
-``MutableAntichain``) and the seeds' capture/replay protocol live with the
-tests, in ``tests/capture.py``: the product never counts capabilities, and
-they serve there as the protocol's reference model.
+``MutableAntichain``) and the capture/replay protocol live with the tests,
+in ``tests/capture.py``: the product never counts capabilities, and they
+serve there as the protocol's reference model (docs/design.md, "Capture and
+replay").
 """
 
 from __future__ import annotations

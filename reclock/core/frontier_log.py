@@ -16,7 +16,8 @@ answer what bindings are asked from them:
 
 Each log rebuilds a frontier (:meth:`frontier`) from the nearer end, is
 validated change by change as it is built (only the elements a binding adds
-are compared with the frontier before it: DESIGN.md's order of frontiers),
+are compared with the frontier before it, by the order of frontiers of
+docs/design.md, "FromTime and IntoTime"),
 and compiles into :class:`Compiled`, the reclocking search: per partition,
 the bindings at which its least contained offset moves. Reclocking a record
 is a binary search among its partition's moves.

@@ -30,15 +30,15 @@ Rules:
    a read of its own: an append is fenced on the upper, so one built on a
    view another writer has moved past fails and reads back instead (rule 6).
    The view is never ahead of the store, so a probe behind its last binding
-   is behind the store's too (rule 5 stays true). A read per tick was a third
-   of a hundred sources' store transactions.
+   is behind the store's too (rule 5 stays true). A read per tick would be a
+   third of a hundred sources' store transactions.
 8. The operator holds what its run still reads, not the retained history:
    :meth:`RemapOperator.hold_from` forgets the bindings before the latest one
    earlier than the outputs' least upper (where they resume: it only moves
    forwards within a run). The store keeps the history for ``reclock
-   verify``; an operator opening the shard again reads all of it. A day of
-   1 s bindings was 26 MiB of driver memory per source, and every tick
-   copied it.
+   verify``; an operator opening the shard again reads all of it. Held, a
+   day of 1 s bindings would be 26 MiB of driver memory per source, copied
+   by every tick.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ The contract (every decoder, every format)::
 
 * Every input index is in exactly one of ``ok`` and ``errors``. A record
   that does not decode is never an exception: it is an error row carrying the
-  reason, and the caller records it with its source position (DESIGN:
-  "bad input is data, not a crash"). Only two things raise from ``decode``:
+  reason, and the caller records it with its source position (bad input is
+  data: docs/design.md, "Outputs and envelopes"). Only two things raise from
+  ``decode``:
   an input of the wrong Arrow type (a bug upstream) and a transient fault
   (:class:`~reclock.core.errors.TransientError`, e.g. the schema registry is
   unreachable), which the data plane retries.

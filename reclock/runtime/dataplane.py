@@ -328,9 +328,9 @@ def _freeze_worker_heap() -> None:
     PySpark's daemon runs ``gc.collect()`` after every task of a reused
     worker. That full collection walks every object the worker holds --
     PySpark, pyarrow, numpy, deltalake and reclock's modules: about 100k --
-    and took 80-200 ms after each 0.2 s task on the real-broker benchmark
-    (bench/README.md, "Session 8: the profile, one fix, and the benchmark
-    again"). The first
+    and takes 80-200 ms after each 0.2 s task of the real-broker benchmark
+    (a profile of ``bench/peer_bench.py``: a quarter of the workers' time;
+    bench/README.md, "peer_bench.py"). The first
     task imports what the sources and sinks need, and the daemon's collection
     after it leaves only live objects, so the second task freezes them.
     Frozen objects are still freed by reference counting; only a reference

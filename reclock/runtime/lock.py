@@ -31,7 +31,8 @@ from the record it wrote in the store.
 
 The lock is still not the guarantee: between a lost session and the next
 check a driver may commit once more, and a successor may have started.
-Such a zombie is fenced by the commits, as before;
+Such a zombie is fenced by the commits (docs/design.md, "Identity and
+ownership");
 ``RECLOCK_SKIP_DRIVER_LOCK=1`` runs without the lock to rehearse exactly that.
 """
 

@@ -1,16 +1,17 @@
 """Handing free memory back to the operating system.
 
-A long-running driver's resident set grows in steps at each compaction pass
-of its outputs, and not with memory in use: glibc's malloc keeps the freed
-chunks of the pass in its arenas (``bench/soak.py``, session 13: in use
-+2.4 MiB, free-but-held +34.6 MiB over 12 minutes). :func:`release_free_memory`
+Left alone, a long-running driver's resident set grows in steps at each
+compaction pass of its outputs, and not with memory in use: glibc's malloc
+keeps the freed chunks of the pass in its arenas (a 12-minute
+``bench/soak.py`` without releases: in use +2.4 MiB, free-but-held
++34.6 MiB). :func:`release_free_memory`
 asks glibc to return them (``malloc_trim(0)`` walks every arena, not only the
 main heap) and Arrow's pool to drop its cached pages. The driver calls it
 after a maintenance pass that did something (see ``SourceRunner._maintain``),
 and otherwise :func:`release_if_idle` once every :data:`IDLE_S`: ordinary
-ticks leave freed memory in glibc's arenas too (``bench/soak.py``, session 17:
-glibc's free-but-held memory 15 -> 73 MiB over an hour with releases after
-compaction passes only). A release costs about 5 ms with tens of MiB to hand
+ticks leave freed memory in glibc's arenas too (an hour of ``bench/soak.py``
+with releases after compaction passes only: glibc's free-but-held memory
+15 -> 73 MiB). A release costs about 5 ms with tens of MiB to hand
 back, well under 0.1 ms with nothing. Housekeeping ``release_memory: false``
 turns both off.
 

@@ -1,5 +1,6 @@
-"""Bindings and reclocking: DESIGN.md's worked example, partition discovery,
-resumption, compaction, and the vectorized forms against the scalar rule."""
+"""Bindings and reclocking: the worked example of docs/design.md ("Reclocking"),
+partition discovery, resumption, compaction, and the vectorized forms against
+the scalar rule."""
 
 from __future__ import annotations
 

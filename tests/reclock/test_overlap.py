@@ -98,9 +98,9 @@ def test_a_failure_planning_the_next_job_still_commits_the_one_read(
     plan, commit = GeneratorSource.plan, DeltaSink.commit
 
     def flaky_plan(self: Any, *args: Any) -> Any:
-        # the first plan made while a job is read and not yet committed (the
-        # third call, as it used to be, came after both earlier jobs had
-        # committed when the machine was slow, and then nothing was in flight)
+        # the first plan made while a job is read and not yet committed (not
+        # a fixed call: on a slow machine the third call can come after both
+        # earlier jobs committed, and then nothing is in flight)
         if "plan failed" not in events and events and events[-1] == "execute":
             events.append("plan failed")
             raise TransientError("injected: cannot plan")

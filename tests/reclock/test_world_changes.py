@@ -83,8 +83,8 @@ def _ids(bootstrap: str, topic: str) -> Counter[int]:
 def test_a_kafka_sinks_progress_topic_deleted_while_stopped_is_a_definite_error(
         tmp_path: Path, spark: Any, kafka: Any, capsys: Any) -> None:
     """The progress topic of a Kafka sink deleted while the driver is stopped:
-    the sink then reports nothing committed, which the driver no longer
-    believes (it recorded the output's upper): a definite error naming the
+    the sink then reports nothing committed, which the driver does not
+    believe (it recorded the output's upper): a definite error naming the
     output, not every record written a second time. ``reclock resnapshot``
     rebuilds the output; with the data topic emptied first, every record
     lands once."""

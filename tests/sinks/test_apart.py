@@ -132,7 +132,7 @@ def test_maintenance_loads_the_table_only_in_children(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Checkpoints, compaction passes (plan, merge, swap), expiry and the
     orphan vacuum read the whole table; the driver does none of that itself
-    (delta-rs's allocations there stayed with the driver, bench/soak.py):
+    (delta-rs's allocations there stay with the driver, bench/soak.py):
     with delta-rs's table reads failing in this process, all of them work,
     and the commits after a compaction go on without a reload (after an
     expiry's commits, the next commit reloads: those are delta-rs's)."""

@@ -325,7 +325,7 @@ def test_a_table_on_table_features_lists_the_invariants_spark_requires(tmp_path:
 
 def test_nanoseconds_delta_cannot_store_are_error_rows(tmp_path: Path) -> None:
     """Bad input is data: a timestamp or duration with a sub-microsecond part
-    (Delta keeps microseconds) used to fail the whole stage for good; now that
+    (Delta keeps microseconds) must not fail the whole stage for good: that
     row is an error row naming the column, and the rest of the batch lands."""
     user = pa.schema([("at", pa.timestamp("ns")), ("took", pa.duration("ns"))])
     s = DeltaSink(NAME, tmp_path / "ns")

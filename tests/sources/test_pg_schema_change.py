@@ -312,7 +312,7 @@ def test_a_column_added_with_a_default_to_a_diff_log_is_named(
 def test_a_column_added_with_a_default_is_null_on_earlier_rows_of_a_keyed_output(
         tmp_path: Path, spark: Any, cdc_url: str) -> None:
     """A keyed output retracts by key: a column added with a default is
-    taken, null on the rows written before it (README, "Schema changes")."""
+    taken, null on the rows written before it (docs/schema-changes.md)."""
     with psycopg.connect(cdc_url, autocommit=True) as c:
         c.execute("create table akd (id int primary key, v text)")
         c.execute("insert into akd values (1, 'a'), (2, 'b')")
@@ -372,7 +372,7 @@ def _user_columns(updates: Any) -> list[str]:
 def test_two_shape_changes_unseen_in_between_keep_the_values_written_between(
         tmp_path: Path, spark: Any, cdc_url: str, first: str, then: str, value: str,
         want: int, stopped: bool) -> None:
-    """README's rules: a widened column widens the output's, an added one
+    """docs/schema-changes.md's rules: a widened column widens the output's, an added one
     is added, a dropped one stays (null from then on), a renamed one keeps
     its output name; the change written between the two lands. The output
     ends the same whether the driver was stopped across both changes or
