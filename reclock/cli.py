@@ -208,13 +208,13 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
             live_outs = {o["name"]: o for o in (lv or {}).get("outputs") or []}
             outs = []
             uppers = []
-            names = ([o.name for o in built.outputs] if built is not None
-                     else list(live_outs))
-            for i, name in enumerate(names):
-                lo = live_outs.get(name)
+            out_names = ([o.name for o in built.outputs] if built is not None
+                         else list(live_outs))
+            for i, oname in enumerate(out_names):
+                lo = live_outs.get(oname)
                 if lo is not None:
                     uppers.append(lo.get("upper"))
-                    outs.append({"name": name, "upper": lo.get("upper"),
+                    outs.append({"name": oname, "upper": lo.get("upper"),
                                  "lag_ms": lo.get("lag_ms"), "rows": lo.get("rows"),
                                  "errors": lo.get("errors"), "health": lo.get("health"),
                                  "snapshot": lo.get("snapshot")})
@@ -222,7 +222,7 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
                 assert built is not None
                 st = built.outputs[i].sink.state()
                 uppers.append(st.upper)
-                outs.append({"name": name, "upper": st.upper,
+                outs.append({"name": oname, "upper": st.upper,
                              "lag_ms": None if not st.upper else max(0, now - st.upper),
                              "health": None})
             entry["outputs"] = outs

@@ -111,3 +111,18 @@ def test_status_of_a_running_driver_skips_validation_and_agrees(
     finally:
         stop.set()
         th.join(60)
+
+
+def test_status_history_holds_each_sources_own_events(tmp_path: Path) -> None:
+    """``reclock status --history N``: per source, its last N events from the
+    progress log, running or stopped (and only that source's)."""
+    path = tmp_path / "p.yaml"
+    path.write_text(PIPELINE.format(state=tmp_path / "state"))
+    pipeline.run(load_config(path, env={}), use_spark=False, out=None, install_signals=False,
+                 duration=2.0)
+    doc = cli.collect_status(str(path), history=4)
+    assert not doc["driver_running"]
+    for entry in doc["sources"]:
+        hist = entry["history"]
+        assert len(hist) == 4, (entry["source"], hist)
+        assert {e["source"] for e in hist} == {entry["source"]}
