@@ -10,18 +10,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import AfterValidator, BeforeValidator, Field
 from pydantic_core import InitErrorDetails
 
-from reclock.config.base import (
-    ConnectorConfig,
+from reclock.contracts.config import (
+    ConfigModel,
     DurationMs,
     Name,
-    _Model,
-    _problem,
+    problem,
     table_output_problems,
 )
+from reclock.contracts.source import ConnectorConfig, SourcePlugin
 from reclock.core.urls import URL_SECRET, check_url
 
 if TYPE_CHECKING:
-    from reclock.sources.base import SourceContext
+    from reclock.contracts.source import SourceContext
     from reclock.sources.mysql.source import MySqlSource
 
 
@@ -43,7 +43,7 @@ def _checked_url(url: str) -> str:
     return url
 
 
-class MyTableConfig(_Model):
+class MyTableConfig(ConfigModel):
     """One replicated table and its output."""
 
     table: str = Field(min_length=1, max_length=64)
@@ -89,7 +89,7 @@ class MySqlConfig(ConnectorConfig):
     """Timeout of connecting, and of a read task waiting for its range."""
 
     @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         problems: list[InitErrorDetails] = []
         seen: dict[str, int] = {}
         default_db = None
@@ -105,7 +105,7 @@ class MySqlConfig(ConnectorConfig):
                 continue
             name = str(t.get("table", ""))
             if not t.get("database") and not default_db:
-                problems.append(_problem(("tables", i), f"table {name!r} names no database "
+                problems.append(problem(("tables", i), f"table {name!r} names no database "
                                          "and the URL has none: write database.table"))
             problems += table_output_problems(i, name, t.get("output"), seen)
         return problems
@@ -122,3 +122,6 @@ class MySqlConfig(ConnectorConfig):
                            snapshot=self.snapshot, server_id=self.server_id,
                            identity=ctx.identity, timeout_s=self.timeout / 1000.0,
                            facts=ctx.facts, policies=ctx.schema_change)
+
+
+PLUGIN = SourcePlugin(name="mysql", config=MySqlConfig, rank=4)
