@@ -235,6 +235,11 @@ class EnvelopeModel(ConfigModel):
     #: retracts (``none``): an output of raw records read with it keeps no
     #: key, so no state table can hold it.
     APPEND_ONLY: ClassVar[bool] = False
+    #: Its rows hold the columns a source hands over besides key and value
+    #: (Kafka's headers), after the decoded ones. False: the envelope builds
+    #: its rows from the value alone (debezium's images), and an output that
+    #: would carry such columns is refused.
+    TAKES_EXTRA: ClassVar[bool] = True
 
     @classmethod
     def key_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -51,6 +51,8 @@ class DebeziumEnvelope(EnvelopeModel):
 
     type: Literal["debezium"] = "debezium"
     """``debezium``."""
+
+    TAKES_EXTRA: ClassVar[bool] = False
     key: tuple[str, ...] = ()
     """Key columns of the images (required, at least one: the upstream
     table's primary key). The output keeps one row per key and retracts what

@@ -3,7 +3,6 @@ imported until :meth:`MySqlConfig.build`)."""
 
 from __future__ import annotations
 
-import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,24 +17,12 @@ from reclock.contracts.config import (
     table_output_problems,
 )
 from reclock.contracts.source import ConnectorConfig, SourcePlugin
-from reclock.core.urls import URL_SECRET, check_url
+from reclock.core.urls import URL_SECRET
+from reclock.sources.mysql.url import parse_url
 
 if TYPE_CHECKING:
     from reclock.contracts.source import SourceContext
     from reclock.sources.mysql.source import MySqlSource
-
-
-def parse_url(url: str) -> dict[str, Any]:
-    """``mysql://user:password@host:port/database`` -> connection settings
-    (``host``, ``port``, ``user``, ``password``, ``database``). A
-    ``ValueError`` that never quotes the URL for one that parsers could read
-    differently (a password with an unencoded ``#``, ``/`` or ``@``: see
-    :func:`~reclock.core.urls.check_url`)."""
-    u = check_url(url, ("mysql", "mariadb"), what="the URL", path_slashes=False,
-                  example="host:3306/database")
-    (host, port), = u.hosts
-    return {"host": host, "port": port or 3306, "user": u.user or "root",
-            "password": u.password or "", "database": urllib.parse.unquote(u.path[1:]) or None}
 
 
 def _checked_url(url: str) -> str:

@@ -85,7 +85,6 @@ from reclock.core.frontier import Antichain
 from reclock.core.schema_change import Change, widens
 from reclock.core.time import Gtid
 from reclock.sources.mysql import gtid
-from reclock.sources.mysql.config import parse_url
 from reclock.sources.mysql.types import (
     MyColumn,
     arrow_array,
@@ -93,6 +92,7 @@ from reclock.sources.mysql.types import (
     event_fits,
     normalize,
 )
+from reclock.sources.mysql.url import parse_url
 
 log = logging.getLogger("reclock.mysql")
 
