@@ -78,7 +78,7 @@ from reclock.contracts.sink import SinkConfigBase
 from reclock.contracts.source import ConnectorConfig
 from reclock.core.secrets import SPARK_CONF
 from reclock.core.urls import URL_SECRET
-from reclock.registry import registry
+from reclock.registry import PluginError, registry
 
 #: The plug-ins this schema is made of (:mod:`reclock.registry`).
 _FOUND = registry()
@@ -204,10 +204,11 @@ def _union(what: str, members: Sequence[type[ConfigModel]]) -> Any:
 
 
 def _default(point: Any, name: str) -> Any:
+    """The model of the plug-in ``name`` of ``point``: a default of the schema."""
     plugin = point.get(name)
     if plugin is None:
-        raise ConfigError([ConfigIssue(None, None, None, f"no {point.group} plug-in {name!r}: "
-                                       "reclock's own are not all installed", "<schema>")])
+        raise PluginError(f"no plug-in {name!r} in {point.group}: the schema's default is "
+                          "missing", hint="reinstall reclock (pip install -e . in a checkout)")
     return plugin.config
 
 
