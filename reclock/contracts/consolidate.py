@@ -104,6 +104,10 @@ def normalize_floats(col: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def row_keys(table: pa.Table, names: list[str]) -> list[str]:
+    """One canonical JSON text per row of ``table``'s columns ``names``: equal
+    for rows whose values are equal as :func:`consolidate` groups them (NaN
+    equals NaN, ``-0.0`` equals ``0.0``), different otherwise; for columns
+    Arrow cannot group, and for comparing rows across tables."""
     columns = [table.column(n).to_pylist() for n in names]
     return [
         json.dumps([_canon(v) for v in row], sort_keys=True, separators=(",", ":"))
