@@ -54,7 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pipeline_bench import table
 
-from reclock.sinks.base import SinkState, output_schema
+from reclock.contracts.rows import output_schema
+from reclock.contracts.sink import SinkState
 from reclock.sinks.delta import COMPACT_MAX_FILES, COMPACT_TARGET_SIZE, DeltaSink
 
 NAME = "bench.day"

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from reclock.formats import DecodeResult, make_decoder
+from reclock.contracts.decode import DecodeResult
+from reclock.registry import make_decoder
 
 TARGET_RATE = 1e6  # json with a schema, clean input, records/s on one core
 

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import reclock.sinks.delta as delta_mod
-from reclock.sinks.base import SinkState
+from reclock.contracts.sink import SinkState
 from reclock.sinks.delta import DeltaSink
 from tests.sinks.rows import USER, updates
 

@@ -48,7 +48,7 @@ def measure(hold: bool, count: int, ticks: int, traced: bool) -> dict[str, float
     from reclock.core.frontier import Antichain
     from reclock.core.mint import RemapOperator
     from reclock.core.time import Counter, IntoTime
-    from reclock.remap_store import open_store
+    from reclock.registry import open_store
 
     with tempfile.TemporaryDirectory() as d:
         store = open_store(f"sqlite:///{d}/remap.db")

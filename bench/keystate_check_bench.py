@@ -2,7 +2,7 @@
 
 A keyed output's key state (``state_dir/keys/SOURCE/OUTPUT.sqlite``) is
 checked when a driver opens it, before it is reused: ``PRAGMA quick_check``
-(see ``reclock/envelopes/keystate.py``, ``SqliteKeys``). This builds a key
+(see ``reclock/runtime/keystate.py``, ``SqliteKeys``). This builds a key
 file of ``--keys`` keys (default 1 million; rows of an int, a text of
 ``--value-bytes`` characters and an int, pickled as the driver stores them),
 closes it, and times, each ``--repeat`` times with the file in the
@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reclock.envelopes.keystate import SqliteKeys, canonical
+from reclock.runtime.keystate import SqliteKeys, canonical
 
 
 def build(path: Path, keys: int, value_bytes: int) -> float:

@@ -46,7 +46,7 @@ def ticks(url: str, n: int, count: int) -> dict[str, float]:
     from reclock.core.frontier import Antichain
     from reclock.core.mint import RemapOperator
     from reclock.core.time import Counter
-    from reclock.remap_store import open_store
+    from reclock.registry import open_store
 
     store = open_store(url)
     clock = ManualClock(1_000_000)
@@ -78,7 +78,7 @@ def threaded(url: str, n: int, seconds: float) -> dict[str, float]:
     from reclock.core.frontier import Antichain
     from reclock.core.mint import RemapOperator
     from reclock.core.time import Counter
-    from reclock.remap_store import open_store
+    from reclock.registry import open_store
 
     store = open_store(url)
     prefix = f"t{os.getpid()}-"

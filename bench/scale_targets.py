@@ -524,7 +524,7 @@ def many_sources(env: Env, n: int, interval: str, goal_ms: float) -> list[Row]:
     """The lag p99 of ``n`` counters, with small jobs sharing Spark jobs (the
     default) and, side by side, each source's job its own (the goal is on
     the first)."""
-    from reclock.config.base import _parse_duration
+    from reclock.contracts.config import parse_duration
 
     rows: list[Row] = []
     for shared in (True, False):
@@ -547,7 +547,7 @@ def many_sources(env: Env, n: int, interval: str, goal_ms: float) -> list[Row]:
             took = time.monotonic() - t0
             log_cores(f"{n} sources ({'shared' if shared else 'a job each'}): "
                       f"{(sum(r.ticks for r in runners) - ticks) / took:.1f} ticks/s (due: "
-                      f"{n * 1000 / _parse_duration(interval):.0f}/s)", cpu, took)
+                      f"{n * 1000 / parse_duration(interval):.0f}/s)", cpu, took)
         lag = p99(sampled)
         how = "shared jobs" if shared else "a job each (shared_jobs_max_records: 0)"
         if env.args.sink != "file":

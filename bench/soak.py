@@ -715,11 +715,11 @@ def main() -> int:
 
 def _key_budget(key_cache: str | None) -> int:
     """The keyed outputs' SQLite page cache, all together (bytes)."""
-    from reclock.config.base import _parse_size
     from reclock.config.schema import HousekeepingConfig
+    from reclock.contracts.config import parse_size
 
     if key_cache:
-        return _parse_size(key_cache)
+        return parse_size(key_cache)
     return int(HousekeepingConfig.model_fields["key_state_cache"].default)
 
 

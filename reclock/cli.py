@@ -363,8 +363,8 @@ def _ids_json(ids: dict[int, Any]) -> dict[str, Any]:
 
 
 def cmd_read(args: argparse.Namespace) -> int:
+    from reclock.contracts.consolidate import consolidate, errors
     from reclock.pipeline import Pipeline
-    from reclock.sinks.consolidate import consolidate, errors
 
     if args.csv and len(args.outputs) > 1:
         raise ReclockError("--csv takes one output (each has its own columns and header); "
@@ -418,7 +418,7 @@ def _find_output(pipe: Any, name: str) -> tuple[str, Any]:
 
 
 def _print_table(label: str, as_of: int | None, table: pa.Table, args: argparse.Namespace) -> None:
-    from reclock.sinks._encoding import py_rows
+    from reclock.contracts.encoding import py_rows
 
     rows = py_rows(table.slice(0, args.limit) if args.limit else table)
     if args.json:

@@ -3,7 +3,7 @@ time with numpy over the Arrow buffers (``reclock verify`` compares what an
 output holds with what its source's records must produce, a million rows in
 well under a second).
 
-Equal values give equal digests under the equality :mod:`reclock.sinks.consolidate`
+Equal values give equal digests under the equality :mod:`reclock.contracts.consolidate`
 uses (SQL ``GROUP BY``): nulls equal each other, ``-0.0`` equals ``0.0``, NaN
 equals NaN; a column's digest depends on its values, not on how Arrow holds
 them (``string`` or ``large_string``, chunks, offsets). Both sides of a
@@ -114,9 +114,9 @@ def _bytes(arr: pa.Array) -> U64:
 
 
 def _json_texts(arr: pa.Array) -> pa.Array:
-    from reclock.sinks.consolidate import _row_keys
+    from reclock.contracts.consolidate import row_keys
 
-    return pa.array(_row_keys(pa.table({"v": arr}), ["v"]), pa.large_string())
+    return pa.array(row_keys(pa.table({"v": arr}), ["v"]), pa.large_string())
 
 
 def column_digests(col: pa.Array | pa.ChunkedArray) -> U64:

@@ -1,7 +1,7 @@
 """Assembling a pipeline from its configuration, and running it.
 
 ``Pipeline(cfg)`` turns the typed configuration into runtime objects: one
-:class:`~reclock.sources.base.Source` per source with its outputs' sinks and
+:class:`~reclock.contracts.source.Source` per source with its outputs' sinks and
 decoders, the remap store, and (when running) the Spark session.
 :func:`run` starts one :class:`~reclock.runtime.driver.SourceRunner` per source,
 writes ``state_dir/status.json`` every second, watches for drop requests, and
@@ -36,27 +36,30 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import Any, TextIO
 
 from reclock import faults
-from reclock.config import OutputConfig, PipelineConfig, SourceConfig, config_secrets
+from reclock.config.schema import DEFAULT_ENVELOPE, OutputConfig, PipelineConfig, SourceConfig
+from reclock.contracts.config import config_secrets
+from reclock.contracts.envelope import Envelope
+from reclock.contracts.remap_store import RemapStore
+from reclock.contracts.rows import check_output_names
+from reclock.contracts.sink import PersistSink, SinkContext
+from reclock.contracts.source import Facts, Source, SourceContext
 from reclock.core.bindings import Bindings
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import rename_columns
 from reclock.core.errors import DefiniteError, LockTaken, TransientError
 from reclock.core.secrets import install_log_filter, register, scrub, scrub_json
-from reclock.envelopes import Envelope, NoneEnvelope, envelope_for
-from reclock.envelopes.keystate import CacheShares
-from reclock.remap_store import RemapStore, open_store
+from reclock.registry import envelope_for, open_store
 from reclock.runtime.driver import OutputRuntime, Settings, SourceRunner, check_state_key
 from reclock.runtime.health import STALLED
+from reclock.runtime.keystate import CacheShares
 from reclock.runtime.lock import DriverLock, LockWatch, holder_info
 from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.resnapshot import Requests
 from reclock.runtime.shapes import raw_user_schema
 from reclock.runtime.snapshot_progress import describe as describe_snapshot
-from reclock.sinks.base import PersistSink, SinkContext, check_output_names
-from reclock.sources.base import Facts, Source, SourceContext
 
 log = logging.getLogger("reclock")
 
@@ -140,19 +143,19 @@ class Pipeline:
     def _connector(self, src: SourceConfig, audit: bool = False) -> Source[Any]:
         _, block = src.connector
         write = (_ignored if audit else functools.partial(self.store.put_facts, src.name))
-        return cast("Source[Any]", block.build(src.name, SourceContext(
+        return block.build(src.name, SourceContext(
             self.clock, self.identity, tuple(o.name for o in src.outputs),
             state_dir=self.state_dir,
             coordinates=functools.partial(self.store.coordinates, src.name),
             facts=Facts(functools.partial(self.store.facts, src.name), write),
-            schema_change={o.name: o.schema_change for o in src.outputs})))
+            schema_change={o.name: o.schema_change for o in src.outputs}))
 
     def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig
                 ) -> OutputRuntime:
         what = f"source {src.name!r} output {ocfg.name!r}"
         envelope: Envelope = ocfg.envelope
         if spec.envelope is not None:
-            if not isinstance(envelope, NoneEnvelope):
+            if envelope.type != DEFAULT_ENVELOPE:
                 raise DefiniteError(f"{what}: this source chooses the envelope itself "
                                     f"({spec.envelope}); remove the output's envelope")
             envelope = envelope_for(spec.envelope, tuple(spec.key))
@@ -161,7 +164,7 @@ class Pipeline:
         if spec.typed:
             user_schema = spec.schema
         else:
-            from reclock.formats import make_decoder
+            from reclock.registry import make_decoder
 
             # e.g. upsert: a null value is a tombstone, not an error
             value_dec = make_decoder(ocfg.format.model_dump(), allow_null=envelope.allow_null,
@@ -169,7 +172,7 @@ class Pipeline:
             key_dec = make_decoder(ocfg.key_format.model_dump(), policy=ocfg.schema_change,
                                    part="key") if ocfg.key_format else None
             if key_dec is not None:
-                from reclock.formats import KeyValueDecoder
+                from reclock.contracts.decode import KeyValueDecoder
 
                 try:
                     KeyValueDecoder(key_dec, value_dec)
@@ -203,8 +206,8 @@ class Pipeline:
         return out
 
     def sink(self, src: SourceConfig, ocfg: OutputConfig) -> PersistSink:
-        return cast("PersistSink", ocfg.sink.build(
-            SinkContext(src.name, ocfg.name, self.state_dir, self.identity)))
+        return ocfg.sink.build(
+            SinkContext(src.name, ocfg.name, self.state_dir, self.identity))
 
     # -- drop markers -----------------------------------------------------------------
     def drop_marker(self, source: str) -> Path:
@@ -282,7 +285,7 @@ class Pipeline:
     def request_resnapshot(self, source: str, output: str) -> None:
         """Ask for ``output`` to be read again from scratch (see
         :mod:`reclock.runtime.resnapshot`); refused for a source that cannot
-        (:attr:`~reclock.sources.base.Source.can_resnapshot`), an unknown output or a
+        (:attr:`~reclock.contracts.source.Source.can_resnapshot`), an unknown output or a
         dropped source."""
         src = self.source_config(source)
         if output not in {o.name for o in src.outputs}:

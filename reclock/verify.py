@@ -341,12 +341,12 @@ class Owed:
         return self.plan
 
     def take(self, batch: pa.RecordBatch) -> None:
+        from reclock.contracts.rows import refuse_rows
         from reclock.runtime.dataplane import (
             INJECTED_REFUSAL,
             build_output_rows,
             screen_intents,
         )
-        from reclock.sinks.base import refuse_rows
 
         if self.progress is None:
             return
@@ -632,7 +632,7 @@ def check_append(rep: OutputReport, kind: str, owed: Owed, h: Held) -> None:
 
 
 def _output_schema(user_schema: pa.Schema) -> pa.Schema:
-    from reclock.sinks.base import output_schema
+    from reclock.contracts.rows import output_schema
 
     return output_schema(user_schema)
 
@@ -719,13 +719,13 @@ def upsert_model(intents: pa.Table, schema: pa.Schema, columns: list[str],
     previous one (at its own position and time) and inserts itself, unless
     it equals it; a tombstone retracts it; error rows pass through.
 
-    This is :meth:`reclock.envelopes.upsert.UpsertState.apply` vectorized
+    This is :meth:`reclock.runtime.upsert_state.UpsertState.apply` vectorized
     (one sort; a million intents in a second, where ``apply`` takes a
     Python step per intent): the auditor's own model, which the tests hold
     equal to ``apply``'s. Intents it does not model (a truncate, columns
     left unchanged upstream: CDC's, whose sources cannot be re-read) go
     through ``apply`` itself."""
-    from reclock.envelopes.upsert import UpsertState
+    from reclock.runtime.upsert_state import UpsertState
 
     if _unmodelled(intents):
         model, _ = UpsertState(columns, key).apply(intents, schema)
@@ -823,7 +823,7 @@ def _describe(k: int, at: int, model: pa.Table, held: pa.Table, m_key: U64, h_ke
               m_sel: Bool, h_sel: Bool, m_t: I64, h_t: I64, columns: list[str],
               key: tuple[str, ...], last: int | None) -> str:
     """What the output and the model hold of key digest ``k`` as of ``at``."""
-    from reclock.sinks.consolidate import consolidate
+    from reclock.contracts.consolidate import consolidate
 
     def state(t: pa.Table, keys: U64, sel: Bool, times: I64) -> list[dict[str, Any]]:
         rows = t.filter(pa.array(sel))
@@ -875,7 +875,7 @@ def _stager(out: Any) -> Any:
     """The output's stager, or None where its sink makes one only once a
     driver opened it (a Postgres table's stored types); making it changes
     nothing (verify never calls ``ensure``)."""
-    from reclock.sinks.base import SinkError
+    from reclock.contracts.sink import SinkError
 
     if out.user_schema is None:
         return None

@@ -1,20 +1,9 @@
-"""Durable stores for bindings (the remap collection), behind one interface.
-
-``open_store(url)`` picks the implementation from the URL:
-
-* ``sqlite:///path/to/remap.db`` (or a bare path) -- the embedded default;
-* ``postgresql://user@host:port/db`` -- PostgreSQL through psycopg 3.
-
-See :mod:`reclock.remap_store.base` for the contract.
+"""The built-in remap store: bindings in SQL (:mod:`reclock.remap_store.sql`),
+``sqlite:///path/to/remap.db`` (or a bare path; the embedded default) or
+``postgresql://user@host:port/db`` (through psycopg 3), declared by its
+:class:`~reclock.contracts.remap_store.RemapStorePlugin` (``PLUGIN``) in the
+``reclock.remap_stores`` entry point group; :mod:`reclock.remap_store.delta`
+is how it stores a binding's frontier. The contract is
+:mod:`reclock.contracts.remap_store`; a pipeline opens its store through the
+registry (:func:`reclock.registry.open_store`).
 """
-
-from reclock.remap_store.base import RemapStore
-from reclock.remap_store.sql import SqlRemapStore, normalize_url, redact_url
-
-
-def open_store(url: str, **kwargs: float) -> RemapStore:
-    """Open the remap store at ``url`` (SQLite file or PostgreSQL)."""
-    return SqlRemapStore(url, **kwargs)  # type: ignore[arg-type]
-
-
-__all__ = ["RemapStore", "SqlRemapStore", "normalize_url", "open_store", "redact_url"]

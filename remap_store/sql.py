@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 import uuid
@@ -46,6 +47,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 
+from reclock.contracts.remap_store import RemapStorePlugin
 from reclock.core.bindings import Binding, Bindings, check_appendable
 from reclock.core.errors import (
     AlreadyRunning,
@@ -58,11 +60,11 @@ from reclock.core.errors import (
     UpperMismatch,
 )
 from reclock.core.frontier import Antichain
+from reclock.core.mint import ReadFrom
 from reclock.core.secrets import scrub
 from reclock.core.time import TIME_KINDS, IntoTime, encoded_canonical, time_type
-from reclock.core.urls import mask_url, url_secrets
+from reclock.core.urls import check_url, mask_url, url_secrets
 from reclock.remap_store import delta
-from reclock.remap_store.base import ReadFrom
 
 R = TypeVar("R")
 
@@ -230,7 +232,7 @@ SQLITE_POOL = 128
 
 
 class SqlRemapStore:
-    """:class:`~reclock.remap_store.base.RemapStore` on SQLite or PostgreSQL."""
+    """:class:`~reclock.contracts.remap_store.RemapStore` on SQLite or PostgreSQL."""
 
     def __init__(self, url: str, *, poll_interval: float = 0.05, echo: bool = False) -> None:
         self.url = normalize_url(url)
@@ -880,7 +882,7 @@ class PgDriverLock:
         self._conn = conn
 
     def check(self) -> str | None:
-        """See :meth:`reclock.remap_store.base.StoreLock.check`."""
+        """See :meth:`reclock.contracts.remap_store.StoreLock.check`."""
         with self._mu:
             conn = self._conn
             if conn is not None:
@@ -970,3 +972,28 @@ def _sqlite_immediate_transactions(engine: Engine) -> None:
     def _on_begin(conn: Connection) -> None:
         readonly = conn.get_execution_options().get("reclock_readonly", False)
         conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+
+
+def _checked(url: str) -> str:
+    """A PostgreSQL URL reads alike everywhere (:func:`~reclock.core.urls.check_url`);
+    a SQLite URL names a file, any path."""
+    head = url.split("://", 1)[0]
+    if head.split("+", 1)[0].lower() != "sqlite":
+        check_url(url, (head.lower(),), what="the remap store URL", host_required=False,
+                  path_slashes=False, example="host:5432/dbname")
+    return url
+
+
+def _resolved(url: str, base: Path) -> str:
+    """A relative ``sqlite:///`` path resolved against ``base``."""
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        rest = url[len("sqlite:///"):]
+        if rest and rest != ":memory:":
+            return f"sqlite:///{os.path.abspath(base / Path(rest).expanduser())}"
+    return url
+
+
+PLUGIN = RemapStorePlugin(
+    name="sql", schemes=("sqlite", "postgresql", "postgres"), open=SqlRemapStore,
+    check=_checked, resolve=_resolved,
+    examples=("sqlite:///path", "postgresql://user@host/db"))

@@ -1,12 +1,18 @@
-"""Persist sinks: make an output durable, data and upper in one atomic step.
+"""The built-in persist sinks: make an output durable, data and upper in one
+atomic step (the contract: :mod:`reclock.contracts.sink`). Each declares
+itself with one :class:`~reclock.contracts.sink.SinkPlugin` (``PLUGIN``),
+registered in the ``reclock.sinks`` entry point group.
 
-* :mod:`reclock.sinks.base` -- the contract (:class:`~reclock.sinks.base.PersistSink`,
-  :class:`~reclock.sinks.base.Stager`, :class:`~reclock.sinks.base.SinkState`).
-* :mod:`reclock.sinks.delta` -- a Delta Lake table on the local filesystem.
-* :mod:`reclock.sinks.console` -- prints committed updates (for trying things out).
-* :mod:`reclock.sinks.kafka` -- a Kafka topic written with transactions, its progress in a
-  progress topic.
-* :mod:`reclock.sinks.consolidate` -- an update log read back as a collection as of a time.
+* :mod:`reclock.sinks.delta` -- ``delta`` (alias ``file``): a Delta Lake table
+  in a local directory or under ``s3://``.
+* :mod:`reclock.sinks.console` -- ``console``: prints committed updates (for
+  trying things out).
+* :mod:`reclock.sinks.kafka` -- ``kafka``: a Kafka topic written with
+  transactions, its progress in a progress topic.
+* :mod:`reclock.sinks.postgres` -- ``postgres``: a PostgreSQL table.
+
+``_fs``, ``_store``, ``_apart``: what the built-in sinks share (files,
+object storage, work in a child process).
 """
 
 import os as _os

@@ -32,8 +32,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from reclock.contracts.sink import SinkError
 from reclock.core.errors import TransientError
-from reclock.sinks.base import SinkError
 
 _REASONS: dict[int, tuple[str, str]] = {
     errno.ENOSPC: ("disk full", "free space on the volume, then retry"),
@@ -199,7 +199,7 @@ def vacuum_staged(output: str, root: Path, pattern: re.Pattern[str], grace_secon
 
 def check_descriptor(output: str, sink: str, d: Any, pattern: re.Pattern[str],
                      fields: dict[str, type]) -> str:
-    """The staged file a descriptor names (see :meth:`reclock.sinks.base.Stager.stage`),
+    """The staged file a descriptor names (see :meth:`reclock.contracts.sink.Stager.stage`),
     once its ``path`` matches the sink's file pattern and each of ``fields``
     has its type; a ValueError naming the sink otherwise (a bug: descriptors
     come from the sink's own stager)."""
@@ -213,7 +213,7 @@ def check_descriptor(output: str, sink: str, d: Any, pattern: re.Pattern[str],
 
 def check_staged_file(output: str, path: str | Path, size: int) -> None:
     """A staged file must still be there with the size it was staged with."""
-    from reclock.sinks.base import SinkError
+    from reclock.contracts.sink import SinkError
 
     try:
         actual: int | None = os.stat(path).st_size

@@ -19,7 +19,7 @@ the driver, resolved once on the driver and shipped to the executors with the
 stager. Secrets never appear in a ``repr``, a log line or an error message.
 
 Errors. :func:`store_error` sorts an object store failure: refused access, a
-missing bucket or a bad key are definite (:class:`~reclock.sinks.base.SinkError`, the
+missing bucket or a bad key are definite (:class:`~reclock.contracts.sink.SinkError`, the
 operator must act); anything else (connection refused, a timeout, a 5xx, a
 throttle) is a :class:`~reclock.core.errors.TransientError` the driver retries.
 """
@@ -39,9 +39,9 @@ import pyarrow.fs as pafs
 
 from reclock.clients.s3 import S3Access as S3Access  # (its home; re-exported for the sink)
 from reclock.clients.s3 import explained, is_definite
+from reclock.contracts.sink import SinkError
 from reclock.core.errors import ReclockError, TransientError
 from reclock.sinks._fs import atomic_write, fsync_dir, sink_os_error
-from reclock.sinks.base import SinkError
 
 #: URI schemes a file output may use; anything else is a config error.
 SCHEMES = ("file", "s3", "s3a")

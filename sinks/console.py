@@ -8,7 +8,7 @@ back to the driver (at most ``max_rows`` per stage call, plus a count), and
     [orders.main] into_time=1700000000000 diff=1 error='bad json: ...' {"id": null}
     ... and 1234 more
 
-and then persists the new :class:`~reclock.sinks.base.SinkState` to ``state_path``
+and then persists the new :class:`~reclock.contracts.sink.SinkState` to ``state_path``
 (JSON, temp file + fsync + ``os.replace``).
 
 Guarantees. The *state* is exact and fenced like the Delta sink's: ``commit``
@@ -35,11 +35,18 @@ from typing import Any, Literal, TextIO
 import pyarrow as pa
 from pydantic import Field
 
-from reclock.config.base import SinkConfigBase
+from reclock.contracts.encoding import py_rows
+from reclock.contracts.rows import output_schema
+from reclock.contracts.sink import (
+    SinkConfigBase,
+    SinkContext,
+    SinkError,
+    SinkFenced,
+    SinkPlugin,
+    SinkState,
+)
 from reclock.core.columns import DIFF, ERROR, INTO_TIME, META_FIELDS, META_NAMES
-from reclock.sinks._encoding import py_rows
 from reclock.sinks._fs import atomic_write, exclusive_lock, sink_os_error
-from reclock.sinks.base import SinkContext, SinkError, SinkFenced, SinkState, output_schema
 
 
 def jsonable(value: Any) -> Any:
@@ -83,7 +90,7 @@ class ConsoleStager:
 
 
 class ConsoleSink:
-    """A :class:`~reclock.sinks.base.PersistSink` that prints to ``out`` (see module doc)."""
+    """A :class:`~reclock.contracts.sink.PersistSink` that prints to ``out`` (see module doc)."""
 
     holds_state = False  # an update log
 
@@ -220,3 +227,6 @@ class ConsoleSinkConfig(SinkConfigBase):
     def build(self, ctx: SinkContext) -> ConsoleSink:
         return ConsoleSink(ctx.name, ctx.state_dir / "console" / f"{ctx.name}.json",
                            max_rows=self.max_rows)
+
+
+PLUGIN = SinkPlugin(name="console", config=ConsoleSinkConfig)

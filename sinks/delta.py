@@ -10,7 +10,7 @@ Layout of an output at ``path``::
       part-{batch}-{part:05d}-{n:03d}.parquet  data files (staged, then committed;
                                                compacted files too: batch "<ms>-compact-<id>")
 
-The commit path (numbering of :mod:`reclock.sinks.base`)::
+The commit path (numbering of :mod:`reclock.contracts.sink`)::
 
     1. DeltaStager.stage   executors write Parquet files straight into ``path``
                            under deterministic names; the Delta log does not
@@ -21,7 +21,7 @@ The commit path (numbering of :mod:`reclock.sinks.base`)::
                            the new state. Atomic: the log entry v+1 appears
                            whole or not at all.
 
-Where the :class:`~reclock.sinks.base.SinkState` lives, inside the Delta log itself:
+Where the :class:`~reclock.contracts.sink.SinkState` lives, inside the Delta log itself:
 
 * ``upper`` -- the Delta *application transaction* (``txn`` action) with
   ``appId = "reclock:<name>"`` and ``version = upper`` (``2**63 - 1`` for the
@@ -177,13 +177,23 @@ from pydantic import Field as Setting
 from pydantic_core import InitErrorDetails
 
 from reclock import faults
-from reclock.config.base import ByteSize, DurationMs, SinkConfigBase, _Model, _problem
+from reclock.contracts.config import ByteSize, ConfigModel, DurationMs, problem
+from reclock.contracts.encoding import is_nanos
+from reclock.contracts.rows import conform, output_schema, refuse_rows
+from reclock.contracts.sink import (
+    Owner,
+    SinkConfigBase,
+    SinkContext,
+    SinkError,
+    SinkFenced,
+    SinkPlugin,
+    SinkState,
+)
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
 from reclock.core.errors import ReclockError
 from reclock.core.schema_change import widens
 from reclock.sinks._apart import run_apart
-from reclock.sinks._encoding import is_nanos
 from reclock.sinks._fs import (
     check_descriptor,
     check_stage_args,
@@ -192,16 +202,6 @@ from reclock.sinks._fs import (
     sink_os_error,
 )
 from reclock.sinks._store import Location, S3Access, split_uri, store_error
-from reclock.sinks.base import (
-    Owner,
-    SinkContext,
-    SinkError,
-    SinkFenced,
-    SinkState,
-    conform,
-    output_schema,
-    refuse_rows,
-)
 
 log = logging.getLogger("reclock.sinks.delta")
 
@@ -251,7 +251,7 @@ LOCK_NAME = "_reclock.lock"
 KEY_UPPER = "reclock.upper"
 KEY_PROGRESS = "reclock.progress"
 KEY_OUTPUT = "reclock.output"
-#: commitInfo keys naming the pipeline that committed (:class:`~reclock.sinks.base.Owner`)
+#: commitInfo keys naming the pipeline that committed (:class:`~reclock.contracts.sink.Owner`)
 KEY_PIPELINE = "reclock.pipeline"
 KEY_PIPELINE_STATE = "reclock.pipeline_state"
 #: commitInfo key of maintenance commits: ``compact``, ``expire``, ``retention``.
@@ -309,7 +309,7 @@ class DeltaStager:
 
     def screen(self, table: pa.Table) -> pa.Table:
         """Rows Delta cannot store become error rows (see
-        :func:`reclock.sinks.base.refuse_rows`): a timestamp, time or duration with a
+        :func:`reclock.contracts.rows.refuse_rows`): a timestamp, time or duration with a
         sub-microsecond part (Delta keeps microseconds; rounding would change
         the value). Nested values are cast as a whole and fail loudly."""
         for f in table.schema:
@@ -885,7 +885,7 @@ def _bounded(method: Callable[_P, _R]) -> Callable[_P, _R]:
 
 
 class DeltaSink:
-    """A :class:`~reclock.sinks.base.PersistSink` backed by a Delta table at ``path``
+    """A :class:`~reclock.contracts.sink.PersistSink` backed by a Delta table at ``path``
     (a local directory or ``s3://bucket/prefix``; ``storage`` says how to
     reach S3, by default from the ``AWS_*`` environment variables).
 
@@ -899,7 +899,7 @@ class DeltaSink:
     ``owner``: the pipeline this output belongs to, recorded in the commit
     info of every commit (``reclock.pipeline``, ``reclock.pipeline_state``)
     and compared whenever the state is read: a state another pipeline
-    committed is :class:`~reclock.sinks.base.OutputOwned` (None: not recorded nor
+    committed is :class:`~reclock.contracts.sink.OutputOwned` (None: not recorded nor
     compared).
     """
 
@@ -1939,7 +1939,7 @@ def _delta_error(output: str, where: Location, exc: DeltaError, doing: str) -> R
 # -- configuration ----------------------------------------------------------------
 
 
-class S3StorageConfig(_Model):
+class S3StorageConfig(ConfigModel):
     """How to reach the S3-compatible store of an ``s3://`` output. Every
     setting left out comes from the driver's standard ``AWS_*`` environment
     variables (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``,
@@ -1983,7 +1983,7 @@ def _check_target(value: str | None) -> str | None:
     return value
 
 
-class CompactConfig(_Model):
+class CompactConfig(ConfigModel):
     """When the driver compacts a file output's small files, and how long it
     keeps the files a compaction replaced. An output commits every
     ``timestamp_interval``, so without compaction its table gathers a small
@@ -2042,8 +2042,9 @@ class FileSinkConfig(SinkConfigBase):
     directory or under an ``s3://`` prefix; data and the output's upper are
     committed in one atomic step."""
 
-    type: Literal["file"] = "file"
-    """``file``."""
+    type: Literal["delta", "file"] = "file"
+    """``delta`` (its name) or ``file`` (the name it had first, still accepted
+    and kept as written)."""
     path: Annotated[str | None, BeforeValidator(_path_text), AfterValidator(_check_target)] = None
     """Where the output lives: a directory (relative paths resolve against the
     YAML file's directory), ``file:///abs/path``, or ``s3://bucket/prefix``.
@@ -2082,11 +2083,11 @@ class FileSinkConfig(SinkConfigBase):
         return self.model_copy(update={"path": path})
 
     @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         path = data.get("path")
         if data.get("storage") is not None and not (
                 isinstance(path, str) and path.lower().startswith(("s3://", "s3a://"))):
-            return [_problem(("storage",), "only applies to an s3:// path", on_key=True)]
+            return [problem(("storage",), "only applies to an s3:// path", on_key=True)]
         return []
 
     def build(self, ctx: SinkContext) -> DeltaSink:
@@ -2097,3 +2098,6 @@ class FileSinkConfig(SinkConfigBase):
         return DeltaSink(ctx.name, path, storage=storage, create_lazily=True,
                          checkpoint_aside=True, owner=ctx.owner,
                          compaction=None if self.compact is None else self.compact.settings())
+
+
+PLUGIN = SinkPlugin(name="delta", aliases=("file",), config=FileSinkConfig)

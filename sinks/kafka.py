@@ -13,10 +13,10 @@ Topics of an output named ``name`` writing to ``topic``::
                                 "progress", "records", "errors", "schema",
                                 "pipeline", "pipeline_state", ...}: the last two
                                 name the pipeline that committed (its identity
-                                and state directory, :class:`~reclock.sinks.base.Owner`);
+                                and state directory, :class:`~reclock.contracts.sink.Owner`);
                                 a head naming another pipeline is refused
 
-The commit path (numbering of :mod:`reclock.sinks.base`)::
+The commit path (numbering of :mod:`reclock.contracts.sink`)::
 
     1. KafkaStager.stage      executors: rows -> JSON key/value bytes, written to
                               an Arrow IPC file under staging_dir/<name>/.
@@ -95,7 +95,7 @@ Fencing. ``commit`` checks the head against ``expected`` after its producer's
 ``init_transactions``: on Kafka, any older producer with the same
 transactional.id is fenced by then, so the check cannot race a zombie. On the
 mock, a writer that loses the race anyway finds its batch off the chain at
-step f and gets :class:`~reclock.sinks.base.SinkFenced`. Its records are left in the
+step f and gets :class:`~reclock.contracts.sink.SinkFenced`. Its records are left in the
 topic, ignored.
 
 Reading the chain. The sink keeps the head in memory and reads only new
@@ -143,7 +143,19 @@ from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 from pydantic import Field
 
-from reclock.config.base import KAFKA_TOPIC_PATTERN, DurationMs, SinkConfigBase
+from reclock.contracts.config import KAFKA_TOPIC_PATTERN, DurationMs
+from reclock.contracts.encoding import from_json, is_binary, is_listlike, to_json, write_ipc
+from reclock.contracts.rows import REFUSED_RAW_MAX, conform, output_schema, refuse_rows
+from reclock.contracts.sink import (
+    Owner,
+    SinkConfigBase,
+    SinkContext,
+    SinkError,
+    SinkFenced,
+    SinkPlugin,
+    SinkState,
+    Superseded,
+)
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import (
     DIFF,
@@ -160,7 +172,6 @@ from reclock.core.columns import (
 from reclock.core.errors import ReclockError, TransientError
 from reclock.core.schema_change import widens
 from reclock.core.secrets import KAFKA_PROPERTIES, kafka_secret_values, scrub
-from reclock.sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from reclock.sinks._fs import (
     atomic_write,
     check_descriptor,
@@ -170,18 +181,6 @@ from reclock.sinks._fs import (
     sink_os_error,
     staging_root,
     vacuum_staged,
-)
-from reclock.sinks.base import (
-    REFUSED_RAW_MAX,
-    Owner,
-    SinkContext,
-    SinkError,
-    SinkFenced,
-    SinkState,
-    Superseded,
-    conform,
-    output_schema,
-    refuse_rows,
 )
 
 log = logging.getLogger("reclock.sinks.kafka")
@@ -620,7 +619,7 @@ class _Failed(Exception):
 
 
 class KafkaSink:
-    """A :class:`~reclock.sinks.base.PersistSink` writing to a Kafka topic (see module doc).
+    """A :class:`~reclock.contracts.sink.PersistSink` writing to a Kafka topic (see module doc).
 
     ``staging_dir`` is a directory the executors write and the driver reads
     (in local mode, the state directory). ``timeout_s`` bounds each blocking
@@ -841,7 +840,7 @@ class KafkaSink:
         return SinkState()
 
     def _check_owner(self, head: ProgressRecord | None) -> None:
-        """:class:`~reclock.sinks.base.OutputOwned` when another pipeline committed
+        """:class:`~reclock.contracts.sink.OutputOwned` when another pipeline committed
         the head of the chain."""
         if self.owner is not None and head is not None:
             self.owner.check(self.name, f"topic {self.topic!r}", head.pipeline,
@@ -938,7 +937,7 @@ class KafkaSink:
         1. Check the request: ``new`` does not go backwards; every descriptor
            names a staged file that is still there with its staged size.
         2. Unless the chain's head was committed by another pipeline
-           (:class:`~reclock.sinks.base.OutputOwned`, before anything else), the
+           (:class:`~reclock.contracts.sink.OutputOwned`, before anything else), the
            transactional producer (``init_transactions`` on first use:
            on Kafka this fences older producers with our transactional.id).
         3. Fence: read the chain's head; unless its state is ``expected``,
@@ -1522,3 +1521,6 @@ class KafkaSinkConfig(SinkConfigBase):
             transactional_id=self.transactional_id or f"reclock-{ctx.identity}-{ctx.name}",
             key_columns=self.key_columns, properties=dict(self.properties),
             timeout_s=self.timeout / 1000.0, owner=ctx.owner)
+
+
+PLUGIN = SinkPlugin(name="kafka", config=KafkaSinkConfig)

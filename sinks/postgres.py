@@ -11,7 +11,7 @@ characters work)::
                             commit_id text, pipeline text and
                             pipeline_state text (the pipeline that
                             committed: its identity and state directory,
-                            see :class:`~reclock.sinks.base.Owner`; added to a
+                            see :class:`~reclock.contracts.sink.Owner`; added to a
                             table of an earlier layout), target_oid bigint
                             (the table's OID when it was committed: added
                             likewise). The state belongs
@@ -31,7 +31,7 @@ characters work)::
                                           row last changed), PRIMARY KEY (key)
     schema.table_errors     mode "state" only: error rows (reclock's columns)
 
-The commit path (numbering of :mod:`reclock.sinks.base`)::
+The commit path (numbering of :mod:`reclock.contracts.sink`)::
 
     1. PostgresStager.stage   executors: rows conformed to the stored types,
                               nested values turned into JSON text, written to
@@ -78,7 +78,7 @@ dropped or overwritten in silence (an error row instead would leave the key
 with a row the updates do not say, and each later update of the key would
 then not fit either). The configuration keeps this from happening: a state
 table's key must contain the output's upstream key (the envelope's key, or
-the primary key of a CDC table; :func:`reclock.config.base.state_key_problem`),
+the primary key of a CDC table; :func:`reclock.contracts.config.state_key_problem`),
 which makes one row per key true at every IntoTime; a table changed behind
 reclock's back, or an upstream that breaks its own key, still meets the
 error. Commits of one IntoTime consolidate without sorting the keys; a
@@ -165,7 +165,18 @@ from reclock.clients.postgres import (
     scrub,
     server_label,
 )
-from reclock.config.base import SinkConfigBase, _problem
+from reclock.contracts.config import problem
+from reclock.contracts.encoding import from_json, is_binary, is_listlike, to_json, write_ipc
+from reclock.contracts.rows import conform, output_schema, refuse_rows
+from reclock.contracts.sink import (
+    Owner,
+    SinkConfigBase,
+    SinkContext,
+    SinkError,
+    SinkFenced,
+    SinkPlugin,
+    SinkState,
+)
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import (
     DIFF,
@@ -178,7 +189,6 @@ from reclock.core.columns import (
     SRC_SEQ,
 )
 from reclock.core.errors import ReclockError, TransientError
-from reclock.sinks._encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from reclock.sinks._fs import (
     atomic_write,
     check_descriptor,
@@ -189,16 +199,6 @@ from reclock.sinks._fs import (
     staging_root,
     vacuum_staged,
 )
-from reclock.sinks.base import (
-    Owner,
-    SinkContext,
-    SinkError,
-    SinkFenced,
-    SinkState,
-    conform,
-    output_schema,
-    refuse_rows,
-)
 
 log = logging.getLogger("reclock.sinks.postgres")
 
@@ -208,7 +208,7 @@ Connection = psycopg.Connection[TupleRow]
 #: The table holding every output's state, in the output table's schema.
 UPPERS_TABLE = "reclock_uppers"
 #: columns of ``reclock_uppers`` naming the pipeline that committed
-#: (:class:`~reclock.sinks.base.Owner`)
+#: (:class:`~reclock.contracts.sink.Owner`)
 OWNER_COLUMNS = ("pipeline", "pipeline_state")
 #: the column of ``reclock_uppers`` holding the OID of the table its state counts the rows of
 OID_COLUMN = "target_oid"
@@ -524,7 +524,7 @@ class PostgresStager:
 
     def screen(self, data: pa.Table) -> pa.Table:
         """Rows PostgreSQL cannot store become error rows (see
-        :func:`reclock.sinks.base.refuse_rows`): a NUL character in text or jsonb
+        :func:`reclock.contracts.rows.refuse_rows`): a NUL character in text or jsonb
         (also inside lists), and, in a state table, a null key (in a
         tombstone intent, which holds the envelope's key only: a wholly
         null key)."""
@@ -681,7 +681,7 @@ def _idents(names: Iterable[str]) -> sql.Composed:
 
 
 class PostgresSink:
-    """A :class:`~reclock.sinks.base.PersistSink` writing to a PostgreSQL table (see
+    """A :class:`~reclock.contracts.sink.PersistSink` writing to a PostgreSQL table (see
     the module docstring).
 
     ``mode`` is ``"log"`` (the update log, every column) or ``"state"`` (the
@@ -1024,7 +1024,8 @@ class PostgresSink:
         return SinkState() if row is None else SinkState(row[0], row[1])
 
     def _check_owner(self, pipeline: str | None, pipeline_state: str | None) -> None:
-        """:class:`~reclock.sinks.base.OutputOwned` when another pipeline committed the table."""
+        """:class:`~reclock.contracts.sink.OutputOwned` when another pipeline
+        committed the table."""
         if self.owner is not None:
             self.owner.check(self.name, f"{self.target} on {self.server}", pipeline,
                              pipeline_state)
@@ -1545,7 +1546,7 @@ class PostgresSinkConfig(SinkConfigBase):
     of every IntoTime's updates per key, in the same transaction)."""
     key: tuple[str, ...] = ()
     """With ``mode: state``: the primary key columns. They must contain the
-    output's upstream key (:func:`~reclock.config.base.state_key_problem`):
+    output's upstream key (:func:`~reclock.contracts.config.state_key_problem`):
     the envelope's key, or the key the source declares (a CDC table's
     primary key); other keys are refused when the configuration is loaded or
     the source describes the output."""
@@ -1567,12 +1568,15 @@ class PostgresSinkConfig(SinkConfigBase):
         return tuple(str(k) for k in key)
 
     @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         if data.get("mode") == "state" and not data.get("key"):
-            return [_problem(("key",), "required with mode: state")]
+            return [problem(("key",), "required with mode: state")]
         return []
 
     def build(self, ctx: SinkContext) -> PostgresSink:
         return PostgresSink(ctx.name, dsn=self.dsn, table=self.table, schema=self.schema_,
                             mode=self.mode, key=tuple(self.key),
                             staging_dir=ctx.state_dir / "staging", owner=ctx.owner)
+
+
+PLUGIN = SinkPlugin(name="postgres", config=PostgresSinkConfig)

@@ -52,13 +52,20 @@ import pyarrow.compute as pc
 from pydantic import Field
 from pydantic_core import InitErrorDetails
 
-from reclock.config.base import ConnectorConfig, _problem
+from reclock.contracts.config import problem
+from reclock.contracts.source import (
+    ConnectorConfig,
+    OutputSpec,
+    ReadTask,
+    SourceBase,
+    SourceContext,
+    SourcePlugin,
+)
 from reclock.core.clock import Clock
 from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.core.errors import DefiniteError
 from reclock.core.frontier import Antichain
 from reclock.core.time import Counter
-from reclock.sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
 
 CHUNK = 65_536
 #: key-value: payload characters (JSON-safe, 6 bits each)
@@ -483,14 +490,14 @@ class GeneratorConfig(ConnectorConfig):
     """``key-value`` only: the characters of each value's ``payload``."""
 
     @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         kind = data.get("kind")
         if kind not in ("counter", "orders", "key-value", "auction"):
             return []  # the kind's own error says enough
         only = {"counter": ("value_format", "bad_every"),
                 "key-value": ("keys", "delete_every", "value_size")}
         return [
-            _problem((k,), f"only applies to kind {owner!r}")
+            problem((k,), f"only applies to kind {owner!r}")
             for owner, keys in only.items() if kind != owner for k in keys if k in data
         ]
 
@@ -501,3 +508,6 @@ class GeneratorConfig(ConnectorConfig):
             value_format=self.value_format, bad_every=self.bad_every, keys=self.keys,
             delete_every=self.delete_every, value_size=self.value_size,
             output_names=list(ctx.output_names))
+
+
+PLUGIN = SourcePlugin(name="generator", config=GeneratorConfig, rank=1)

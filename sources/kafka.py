@@ -57,7 +57,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, ClassVar, Literal, cast
 
 import numpy as np
 import pyarrow as pa
@@ -75,13 +75,20 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from pydantic import Field
 from pydantic_core import InitErrorDetails
 
-from reclock.config.base import (
+from reclock.contracts.config import (
     KAFKA_TOPIC_PATTERN,
-    ConnectorConfig,
+    ConfigModel,
     DurationMs,
     Name,
-    _Model,
-    _problem,
+    problem,
+)
+from reclock.contracts.source import (
+    ConnectorConfig,
+    OutputSpec,
+    ReadTask,
+    SourceBase,
+    SourceContext,
+    SourcePlugin,
 )
 from reclock.core.clock import Clock
 from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
@@ -89,7 +96,6 @@ from reclock.core.errors import DefiniteError, FrontierRegression, TransientErro
 from reclock.core.frontier import Antichain, kafka_frontier
 from reclock.core.secrets import KAFKA_PROPERTIES, redact_kafka_properties
 from reclock.core.time import Partitioned, kafka_offsets
-from reclock.sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
 from reclock.sources.kafka_identity import TopicIdentities, TopicRecord, recreated
 
 BATCH = 50_000
@@ -569,14 +575,14 @@ class KafkaSource(SourceBase):
     topic_outputs: dict[str, str] | None = None
     #: ``names -> {name: id}``: the store's dense coordinate ids (SourceContext)
     coordinates: Any = None
-    #: the source's durable facts (reclock.sources.base.Facts): its topics' identities
+    #: the source's durable facts (reclock.contracts.source.Facts): its topics' identities
     facts: Any = None
 
     kind = Partitioned.KIND
     replayable = True
     plan_again = True
     can_resnapshot = True  # by replay, while retention holds the records
-    first_task_records = 4  # a record may be as large as the broker allows
+    first_task_records: int | None = 4  # a record may be as large as the broker allows
 
     def __post_init__(self) -> None:
         self.group = self.group_id or f"reclock-{self.name}"
@@ -1044,7 +1050,7 @@ class KafkaSource(SourceBase):
             self.multi and self._pairs.get(pid, ("", 0))[0] in self._replaced)
 
     def unreadable(self, parts: Sequence[int]) -> dict[int, str]:
-        """See :meth:`reclock.sources.base.Source.unreadable` (after a probe or
+        """See :meth:`reclock.contracts.source.Source.unreadable` (after a probe or
         :meth:`retained`: the topics' metadata and identities are known)."""
         if self.multi:
             self._learn()  # ids of earlier incarnations another driver assigned
@@ -1149,7 +1155,7 @@ class KafkaSource(SourceBase):
 # -- configuration ----------------------------------------------------------------
 
 
-class KafkaStartOffset(_Model):
+class KafkaStartOffset(ConfigModel):
     """One partition's start position."""
 
     topic: str | None = Field(default=None, min_length=1, max_length=249,
@@ -1177,6 +1183,8 @@ class KafkaConfig(ConnectorConfig):
     """Kafka topics; the FromTime is the partitioned offset (one coordinate per
     partition; partitions, and with several topics topics, that appear later
     are covered from offset 0)."""
+
+    RAW_RECORDS: ClassVar[bool] = True
 
     bootstrap_servers: str = Field(min_length=1)
     """``host:port[,host:port...]``."""
@@ -1242,12 +1250,12 @@ class KafkaConfig(ConnectorConfig):
     ``includeHeaders``). Not with the ``debezium`` envelope."""
 
     @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         start = data.get("start", "earliest")
         out = []
         given = [k for k in ("topic", "topics", "topic_pattern") if data.get(k) is not None]
         if len(given) != 1:
-            out.append(_problem(("topic",), "give exactly one of topic, topics and "
+            out.append(problem(("topic",), "give exactly one of topic, topics and "
                                 f"topic_pattern (got {given or 'none'})"))
         multi = bool(given) and given[0] != "topic"
         pattern = data.get("topic_pattern")
@@ -1255,16 +1263,16 @@ class KafkaConfig(ConnectorConfig):
             try:
                 re.compile(pattern)
             except re.error as exc:
-                out.append(_problem(("topic_pattern",), f"not a regular expression: {exc}"))
+                out.append(problem(("topic_pattern",), f"not a regular expression: {exc}"))
         if data.get("output_per_topic") and data.get("topics") is None:
-            out.append(_problem(("output_per_topic",), "needs topics (a list of names): a "
+            out.append(problem(("output_per_topic",), "needs topics (a list of names): a "
                                 "pattern's topics share one output", on_key=True))
         if data.get("topic_outputs") and not data.get("output_per_topic"):
-            out.append(_problem(("topic_outputs",), "only applies to output_per_topic: true",
+            out.append(problem(("topic_outputs",), "only applies to output_per_topic: true",
                                 on_key=True))
         for topic in data.get("topic_outputs") or ():
             if isinstance(data.get("topics"), list | tuple) and topic not in data["topics"]:
-                out.append(_problem(("topic_outputs", topic), "not one of topics"))
+                out.append(problem(("topic_outputs", topic), "not one of topics"))
         if data.get("output_per_topic") and isinstance(data.get("topics"), list | tuple):
             names = dict(data.get("topic_outputs") or {})
             seen: dict[str, str] = {}
@@ -1273,23 +1281,23 @@ class KafkaConfig(ConnectorConfig):
                     continue
                 o = names.get(t) or output_for_topic(t)
                 if o in seen:
-                    out.append(_problem(("topic_outputs",), f"topics {seen[o]!r} and {t!r} "
+                    out.append(problem(("topic_outputs",), f"topics {seen[o]!r} and {t!r} "
                                         f"would both write output {o!r}; name one in "
                                         "topic_outputs"))
                 seen[o] = t
         for i, so in enumerate(data.get("start_offsets") or ()):
             if isinstance(so, Mapping) and (so.get("topic") is None) == multi:
-                out.append(_problem(("start_offsets", i), "needs its topic with topics or "
+                out.append(problem(("start_offsets", i), "needs its topic with topics or "
                                     "topic_pattern" if multi else "takes no topic with topic"))
         if start == "offsets" and not data.get("start_offsets"):
-            out.append(_problem(("start_offsets",), "required with start: offsets"))
+            out.append(problem(("start_offsets",), "required with start: offsets"))
         if start == "timestamp" and data.get("start_timestamp") is None:
-            out.append(_problem(("start_timestamp",), "required with start: timestamp"))
+            out.append(problem(("start_timestamp",), "required with start: timestamp"))
         if data.get("start_offsets") and start != "offsets":
-            out.append(_problem(("start_offsets",), "only applies to start: offsets",
+            out.append(problem(("start_offsets",), "only applies to start: offsets",
                                 on_key=True))
         if data.get("start_timestamp") is not None and start != "timestamp":
-            out.append(_problem(("start_timestamp",), "only applies to start: timestamp",
+            out.append(problem(("start_timestamp",), "only applies to start: timestamp",
                                 on_key=True))
         return out
 
@@ -1313,3 +1321,6 @@ class KafkaConfig(ConnectorConfig):
             pattern=self.topic_pattern, topic_outputs=self.per_topic(),
             coordinates=ctx.coordinates, facts=ctx.facts,
         )
+
+
+PLUGIN = SourcePlugin(name="kafka", config=KafkaConfig, rank=2)

@@ -8,7 +8,7 @@ not identities: Kafka gives every topic a topic id (a UUID) when it is
 created, and a re-created topic gets a new one.
 
 So the source keeps, per topic it has read, a record in its remap facts
-(``kafka.topic:<name>``, :class:`reclock.sources.base.Facts`)::
+(``kafka.topic:<name>``, :class:`reclock.contracts.source.Facts`)::
 
     {"ids": [the id of each incarnation, oldest first],
      "bases": [one topic: each incarnation's first partition id],
@@ -98,7 +98,7 @@ class TopicIdentities:
     """The topic records of one source, read from and written to its facts."""
 
     source: str
-    facts: Any = None  # reclock.sources.base.Facts, or None: identities not kept
+    facts: Any = None  # reclock.contracts.source.Facts, or None: identities not kept
     records: dict[str, TopicRecord] = field(default_factory=dict)
     loaded: bool = False
 

@@ -337,7 +337,7 @@ def _row(key: int, value: dict[str, Any]) -> tuple[Any, ...]:
 
 def compare(lane: Lane, updates: pa.Table, outcome: Outcome) -> None:
     """The lane's output (its update log, read back) against the model."""
-    from reclock.sinks.consolidate import consolidate
+    from reclock.contracts.consolidate import consolidate
 
     errs = updates.filter(pc.invert(pc.is_null(updates.column("_error"))))
     ok = updates.filter(pc.is_null(updates.column("_error")))

@@ -634,7 +634,7 @@ def partition_ids(cfg: Any, lane: Lane) -> dict[int, tuple[str, int]]:
 
 def compare(cfg: Any, lane: Lane, outcome: Outcome) -> None:
     """The lane's output against the model (see the module docstring)."""
-    from reclock.sinks.consolidate import consolidate
+    from reclock.contracts.consolidate import consolidate
 
     t = updates(cfg, lane.name)
     where = partition_ids(cfg, lane)
@@ -711,7 +711,7 @@ def _per_key(name: str, state: dict[int, Any], held: dict[int, list[Any]],
 def compare_table(cfg: Any, t: PgLane, outcome: Outcome) -> None:
     """A Postgres lane's output against its model: the output's columns,
     a widened column's type, and per key the one row it holds."""
-    from reclock.sinks.consolidate import consolidate
+    from reclock.contracts.consolidate import consolidate
 
     u = updates(cfg, t.name)
     for e in u.filter(pc.is_valid(u.column("_error"))).column("_error").to_pylist():

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Union, cast, get_args, get_origin
+from typing import Annotated, Any, TypeVar, Union, cast, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -22,19 +22,20 @@ from pydantic import (
     ValidationError,
 )
 
-from reclock.config.base import (
-    _M,
+from reclock.contracts.config import (
     KAFKA_TOPIC_PATTERN,
     NAME_PATTERN,
     SLOT_PATTERN,
     ConfigError,
     ConfigIssue,
     KeyPath,
-    _tags,
     config_secrets,
     redact_secrets,
+    type_tags,
 )
 from reclock.core.secrets import register
+
+_M = TypeVar("_M", bound=BaseModel)
 
 # ---------------------------------------------------------------------------
 # YAML with positions
@@ -287,7 +288,7 @@ def _locate(root: type[BaseModel], loc: tuple[str | int, ...]) -> _Located:
         tp = _unwrap(tp)
         members = _union_members(tp)
         if members:
-            chosen = [m for m in members if str(seg) in _tags([m])]
+            chosen = [m for m in members if str(seg) in type_tags([m])]
             tp = chosen[0] if chosen else Any
             continue
         if isinstance(tp, type) and issubclass(tp, BaseModel):
@@ -381,7 +382,7 @@ def _describe(err: Mapping[str, Any], here: _Located) -> str:
                     "(63 characters at most)")
         return f"expected a string matching {ctx.get('pattern')}"
     if kind in ("union_tag_invalid", "union_tag_not_found"):
-        tags = ", ".join(_tags(here.union))
+        tags = ", ".join(type_tags(here.union))
         if kind == "union_tag_not_found":
             return f"missing required key 'type' (expected one of: {tags})"
         return f"unknown type (expected one of: {tags})"

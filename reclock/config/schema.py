@@ -27,95 +27,81 @@ secrets say so (:class:`~reclock.core.secrets.Secret`), and a validated
 configuration hands their values to the process's scrubber, which every text
 leaving the process goes through (:mod:`reclock.core.secrets`).
 
-Adding a connector is a :class:`~reclock.config.base.ConnectorConfig`
-subclass in the connector's own module (every option spelled once, read by
-its ``build``) and one optional field on :class:`SourceConfig` typed with it;
-adding a sink or a format is one model and one more member of
-:data:`SinkConfig` / :data:`FormatConfig`.
+The schema is assembled from the plug-ins the registry found
+(:mod:`reclock.registry`): one optional connector block of
+:class:`SourceConfig` per connector, and the members of :data:`FormatConfig`,
+:data:`EnvelopeConfig` and :data:`SinkConfig`, each a plug-in's model
+discriminated on its ``type``. Adding any of them is a module of its own and
+an entry point: nothing here changes.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, cast, get_args
 
 from pydantic import (
-    AfterValidator,
     BeforeValidator,
     Field,
     PrivateAttr,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic_core import InitErrorDetails
 
-from reclock.config.base import (
-    COLUMN_TYPES,
+from reclock.config.loader import DEFAULT_STATE_DIR, absolute_path, drop_marker, parse_model
+from reclock.contracts.config import (
     DEFAULT_INTERVAL_MS,
-    NAME_PATTERN,
     ByteSize,
-    ColumnType,
     ConfigError,
     ConfigIssue,
-    ConnectorConfig,
+    ConfigModel,
     DurationMs,
     KeyPath,
     Name,
-    SinkConfigBase,
-    _duplicate_names,
-    _get,
-    _Model,
-    _problem,
-    _shorthand,
-    _tags,
-    check_column_type,
-    config_secrets,
-    redact_secrets,
-    redacted_dump,
+    duplicate_names,
+    get_key,
+    problem,
+    shorthand,
     state_key_problem,
 )
-from reclock.config.loader import (
-    DEFAULT_STATE_DIR,
-    LineLoader,
-    absolute_path,
-    drop_marker,
-    format_path,
-    parse_model,
-)
+from reclock.contracts.envelope import Envelope, EnvelopeModel
+from reclock.contracts.remap_store import PATH_SCHEME
+from reclock.contracts.sink import SinkConfigBase
+from reclock.contracts.source import ConnectorConfig
 from reclock.core.secrets import SPARK_CONF
-from reclock.core.urls import URL_SECRET, check_url
-from reclock.envelopes.debezium import DebeziumEnvelope
-from reclock.envelopes.none import NoneEnvelope
-from reclock.envelopes.upsert import UpsertEnvelope
-from reclock.sinks.console import ConsoleSinkConfig
-from reclock.sinks.delta import FileSinkConfig
-from reclock.sinks.kafka import KafkaSinkConfig
-from reclock.sinks.postgres import PostgresSinkConfig
-from reclock.sources.generator import GeneratorConfig
-from reclock.sources.kafka import KafkaConfig, KafkaStartOffset
-from reclock.sources.mysql.config import MySqlConfig
-from reclock.sources.oneshot import OneShotConfig
-from reclock.sources.postgres.config import PgTableConfig, PostgresConfig
+from reclock.core.urls import URL_SECRET
+from reclock.registry import PluginError, registry
+
+#: The plug-ins this schema is made of (:mod:`reclock.registry`).
+_FOUND = registry()
 
 
 def _sink_target(sink: Any) -> tuple[type[SinkConfigBase], tuple[str, ...]] | None:
     """The sink kind of a raw sink entry and what it writes to, comparable
     across outputs; ``None`` for sinks whose target is derived from the
     output's own name (each sink kind says, :meth:`SinkConfigBase.target_of`)."""
-    if not isinstance(sink, Mapping):
+    kind = _sink_kind(sink)
+    if kind is None:
         return None
-    for kind in _SINKS:
-        if sink.get("type") in _tags([kind]):
-            target = kind.target_of(sink)
-            return None if target is None else (kind, target)
-    return None
+    target = kind.target_of(sink)
+    return None if target is None else (kind, target)
+
+
+def _sink_kind(sink: Any) -> type[SinkConfigBase] | None:
+    """The config model of a raw sink entry's ``type`` (None: not a mapping,
+    or a type no sink answers to)."""
+    if not isinstance(sink, Mapping) or not isinstance(sink.get("type"), str):
+        return None
+    plugin = _FOUND.sinks.get(sink["type"])
+    return None if plugin is None else plugin.config
 
 
 def _shared_targets(sources: Any) -> list[InitErrorDetails]:
@@ -126,20 +112,20 @@ def _shared_targets(sources: Any) -> list[InitErrorDetails]:
     first: dict[tuple[str, ...], tuple[KeyPath, str]] = {}
     out: list[InitErrorDetails] = []
     for i, src in enumerate(sources):
-        outputs = _get(src, "outputs")
+        outputs = get_key(src, "outputs")
         if not isinstance(outputs, Sequence) or isinstance(outputs, str):
             continue
         for j, o in enumerate(outputs):
-            found = _sink_target(_get(o, "sink"))
+            found = _sink_target(get_key(o, "sink"))
             if found is None:
                 continue
             kind, target = found
             here: KeyPath = ("sources", i, "outputs", j, "sink")
-            label = f"{_get(src, 'name')}.{_get(o, 'name')}"
+            label = f"{get_key(src, 'name')}.{get_key(o, 'name')}"
             if target in first:
                 loc, other = first[target]
                 what = kind.TARGET
-                out.append(_problem(
+                out.append(problem(
                     here, f"output {label!r} writes the same {what} as output {other!r} "
                     f"({target[-1]!r}): their rows would mix; give each output its own {what}",
                     also=loc))
@@ -148,206 +134,101 @@ def _shared_targets(sources: Any) -> list[InitErrorDetails]:
     return out
 
 
-#: Connectors whose outputs carry raw records, which the output's envelope
-#: turns into updates: the envelope alone says what key the output keeps.
-#: (The others describe typed rows and their key themselves: checked when the
-#: source describes its outputs, :func:`reclock.runtime.driver.check_state_key`.)
-_RAW_CONNECTORS = ("kafka",)
-
-
-def _state_key_problems(data: Mapping[str, Any], connectors: list[str]
-                        ) -> list[InitErrorDetails]:
+def _state_key_problems(data: Mapping[str, Any], raw_records: bool) -> list[InitErrorDetails]:
     """One problem per output whose sink is a state table that the output's
-    upstream key does not bound (:func:`~reclock.config.base.state_key_problem`),
-    where the file alone decides it: an envelope with a key, a keyless
-    ``debezium``, or raw records (a Kafka topic) without a keyed envelope."""
+    upstream key does not bound (:func:`~reclock.contracts.config.state_key_problem`),
+    where the file alone decides it: an envelope with a key, or raw records
+    (``raw_records``: the source's one connector says its outputs carry them,
+    :attr:`~reclock.contracts.source.ConnectorConfig.RAW_RECORDS`) read with
+    an append-only envelope. (Typed rows describe their key themselves:
+    checked when the source describes its outputs,
+    :func:`reclock.runtime.driver.check_state_key`.)"""
     outputs = data.get("outputs")
     if not isinstance(outputs, Sequence) or isinstance(outputs, str):
         return []
-    raw_records = len(connectors) == 1 and connectors[0] in _RAW_CONNECTORS
     out: list[InitErrorDetails] = []
     for j, o in enumerate(outputs):
-        sink = _get(o, "sink")
-        if not isinstance(sink, Mapping):
-            continue
-        kind = next((k for k in _SINKS if sink.get("type") in _tags([k])), None)
+        sink = get_key(o, "sink")
+        kind = _sink_kind(sink)
         state_key = None if kind is None else kind.state_key_of(sink)
         if kind is None or not state_key:
             continue
-        env = _get(o, "envelope")
+        env = get_key(o, "envelope")
         env_type = env if isinstance(env, str) else (
             env.get("type") if isinstance(env, Mapping) else None)
-        key = env.get("key") if isinstance(env, Mapping) else None
-        rename = _get(o, "rename")
+        envelope = _envelope_kind(env_type)
+        if envelope is None:
+            continue  # a type no envelope answers to: its own error
+        rename = get_key(o, "rename")
         renamed = rename if isinstance(rename, Mapping) else {}
-        if env_type in ("upsert", "debezium") and isinstance(key, Sequence) \
-                and not isinstance(key, str) and key:
+        key = envelope.key_of(env) if isinstance(env, Mapping) else None
+        if key:
             upstream: list[str] | None = [str(renamed.get(k, k)) for k in key]
             origin = f"the {env_type} envelope's key"
-        elif env_type == "debezium":
-            continue  # a keyless debezium envelope is refused as such (its own check)
-        elif raw_records and env_type in (None, "none"):
-            upstream, origin = None, ("envelope none: every record is an insertion, and none "
-                                      "retracts an earlier one")
+        elif raw_records and envelope.APPEND_ONLY:
+            upstream, origin = None, (f"envelope {envelope.model_fields['type'].default}: "
+                                      "every record is an insertion, and none retracts an "
+                                      "earlier one")
         else:
-            continue  # typed rows: their key is the source's, known when it describes them
-        problem = state_key_problem(state_key, upstream, origin)
-        if problem is not None:
-            out.append(_problem(("outputs", j, "sink", str(sink.get("type")), "key"), problem))
+            continue  # typed rows (their key is the source's), or a keyless keyed envelope
+        why = state_key_problem(state_key, upstream, origin)
+        if why is not None:
+            out.append(problem(("outputs", j, "sink", str(sink.get("type")), "key"), why))
     return out
 
 
-# ---------------------------------------------------------------------------
-# Formats
-# ---------------------------------------------------------------------------
-
-
-class JsonFormat(_Model):
-    """Each record is one JSON object."""
-
-    type: Literal["json"] = "json"
-    """``json``."""
-    schema_: dict[str, ColumnType] | None = Field(default=None, alias="schema")
-    """Columns to extract, ``column: type`` (types: int32, int64, float64, bool,
-    string, binary, timestamp, date, decimal(p,s), json). Without a schema the
-    whole document is kept as one ``json`` column."""
-
-
-class TextFormat(_Model):
-    """Each record is one UTF-8 string (a ``text`` column)."""
-
-    type: Literal["text"] = "text"
-    """``text``."""
-
-
-class BytesFormat(_Model):
-    """Each record is kept as raw bytes (a ``data`` column)."""
-
-    type: Literal["bytes"] = "bytes"
-    """``bytes``."""
-
-
-class CsvFormat(_Model):
-    """Each record is one line of delimited text (no header line: every record
-    is data; a stray header record becomes an error row if it does not convert)."""
-
-    type: Literal["csv"] = "csv"
-    """``csv``."""
-    columns: tuple[str, ...] = Field(min_length=1)
-    """Column names, in order (required)."""
-    types: dict[str, ColumnType] = Field(default_factory=dict)
-    """Types of some columns, ``column: type``; the others are ``string``."""
-    delimiter: str = Field(default=",", min_length=1, max_length=1)
-    """The field separator, one character."""
-
-    @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
-        columns, types = data.get("columns"), data.get("types")
-        if not isinstance(columns, Sequence) or not isinstance(types, Mapping):
-            return []
-        out = [
-            _problem(("types", k), f"column {k!r} is not in 'columns'", on_key=True)
-            for k in types if k not in columns
-        ]
-        seen: set[Any] = set()
-        for i, c in enumerate(columns):
-            if c in seen:
-                out.append(_problem(("columns", i), f"duplicate column {c!r}"))
-            seen.add(c)
-        return out
-
-
-def _registry_url(url: str | None) -> str | None:
-    """A schema registry URL reads alike everywhere (see :func:`check_url`)."""
-    if url is not None:
-        check_url(url, ("http", "https"), what="the registry URL",
-                  example="host:8081")
-    return url
-
-
-def _avro_schema(value: Any) -> Any:
-    """An inline Avro schema: a JSON string or a mapping, stored as JSON text."""
-    if value is None:
-        return None
-    if isinstance(value, Mapping):
-        return json.dumps(value, sort_keys=True)
-    if isinstance(value, str):
-        try:
-            json.loads(value)
-        except ValueError:
-            raise ValueError("expected an Avro schema as a JSON string or a mapping") from None
-        return value
-    raise ValueError("expected an Avro schema as a JSON string or a mapping")
-
-
-class AvroFormat(_Model):
-    """Avro records. Without ``registry_url`` each record is a bare Avro datum
-    written with ``schema``. With ``registry_url`` each record is in the
-    Confluent wire format (magic byte, schema id): the writer schema is fetched
-    by id, and the reader schema is ``schema`` or the latest version of
-    ``subject``."""
-
-    type: Literal["avro"] = "avro"
-    """``avro``."""
-    schema_: Annotated[str | None, BeforeValidator(_avro_schema)] = Field(
-        default=None, alias="schema"
-    )
-    """The (reader) Avro schema, inline: a JSON string or a YAML mapping (stored
-    as JSON text)."""
-    registry_url: Annotated[str | None, AfterValidator(_registry_url), URL_SECRET] = None
-    """A Confluent-compatible schema registry, e.g. ``http://registry:8081``;
-    basic auth as ``https://user:password@registry:8081`` (the password
-    percent-encoded where it holds reserved characters, and never printed)."""
-    subject: str | None = None
-    """With ``registry_url`` and no ``schema``: read with this subject's latest
-    schema (e.g. ``orders-value``)."""
-
-    @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
-        schema, url, subject = (data.get(k) for k in ("schema", "registry_url", "subject"))
-        if schema is None and (url is None or subject is None):
-            return [_problem((), "expected 'schema', or 'registry_url' with 'subject'")]
-        if subject is not None and url is None:
-            return [_problem(("subject",), "only applies with 'registry_url'", on_key=True)]
-        return []
-
-
-_FORMATS: tuple[type[_Model], ...] = (JsonFormat, TextFormat, BytesFormat, CsvFormat, AvroFormat)
-#: A record format, discriminated on ``type``; the string ``json`` is short for ``{type: json}``.
-FormatConfig = Annotated[
-    JsonFormat | TextFormat | BytesFormat | CsvFormat | AvroFormat,
-    Field(discriminator="type"),
-    BeforeValidator(_shorthand("format", _FORMATS)),
-]
+def _envelope_kind(env_type: Any) -> type[EnvelopeModel] | None:
+    """The model of the envelope ``env_type`` names (``None``: the default)."""
+    plugin = _FOUND.envelopes.get(DEFAULT_ENVELOPE if env_type is None else str(env_type))
+    return None if plugin is None else plugin.config
 
 
 # ---------------------------------------------------------------------------
-# Envelopes
+# Formats, envelopes, sinks: discriminated unions of the plug-ins found
 # ---------------------------------------------------------------------------
 
-
-_ENVELOPES: tuple[type[_Model], ...] = (NoneEnvelope, UpsertEnvelope, DebeziumEnvelope)
-#: How rows become updates, discriminated on ``type``; ``none`` / ``debezium`` strings allowed.
-EnvelopeConfig = Annotated[
-    NoneEnvelope | UpsertEnvelope | DebeziumEnvelope,
-    Field(discriminator="type"),
-    BeforeValidator(_shorthand("envelope", _ENVELOPES)),
-]
+#: What an output decodes with, and how its rows become updates, when it does
+#: not say: one JSON document per record, each an insertion.
+DEFAULT_FORMAT = "json"
+DEFAULT_ENVELOPE = "none"
 
 
-# ---------------------------------------------------------------------------
-# Sinks
-# ---------------------------------------------------------------------------
+def _union(what: str, members: Sequence[type[ConfigModel]]) -> Any:
+    """The members as a union discriminated on ``type``, where a string is
+    short for ``{type: <string>}``."""
+    return Annotated[
+        Union[tuple(members)],  # noqa: UP007 (a union built at run time)
+        Field(discriminator="type"),
+        BeforeValidator(shorthand(what, members)),
+    ]
 
 
-_SINKS: tuple[type[SinkConfigBase], ...] = (FileSinkConfig, ConsoleSinkConfig,
-                                             KafkaSinkConfig, PostgresSinkConfig)
-#: Where an output goes, discriminated on ``type``; ``file`` / ``console`` strings allowed.
-SinkConfig = Annotated[
-    FileSinkConfig | ConsoleSinkConfig | KafkaSinkConfig | PostgresSinkConfig,
-    Field(discriminator="type"),
-    BeforeValidator(_shorthand("sink", _SINKS)),
-]
+def _default(point: Any, name: str) -> Any:
+    """The model of the plug-in ``name`` of ``point``: a default of the schema."""
+    plugin = point.get(name)
+    if plugin is None:
+        raise PluginError(f"no plug-in {name!r} in {point.group}: the schema's default is "
+                          "missing", hint="reinstall reclock (pip install -e . in a checkout)")
+    return plugin.config
+
+
+if TYPE_CHECKING:
+    #: A record format, discriminated on ``type``; the string ``json`` is
+    #: short for ``{type: json}``.
+    FormatConfig = ConfigModel
+    #: How rows become updates, discriminated on ``type``; ``none`` /
+    #: ``debezium`` strings allowed.
+    EnvelopeConfig = Envelope
+    #: Where an output goes, discriminated on ``type``; ``delta`` / ``file`` /
+    #: ``console`` strings allowed.
+    SinkConfig = SinkConfigBase
+else:
+    FormatConfig = _union("format", [p.config for p in _FOUND.formats.plugins()])
+    EnvelopeConfig = _union("envelope", [p.config for p in _FOUND.envelopes.plugins()])
+    SinkConfig = _union("sink", [p.config for p in _FOUND.sinks.plugins()])
+
+_DEFAULT_FORMAT = _default(_FOUND.formats, DEFAULT_FORMAT)
+_DEFAULT_ENVELOPE = _default(_FOUND.envelopes, DEFAULT_ENVELOPE)
 
 
 # ---------------------------------------------------------------------------
@@ -355,24 +236,25 @@ SinkConfig = Annotated[
 # ---------------------------------------------------------------------------
 
 
-class OutputConfig(_Model):
+class OutputConfig(ConfigModel):
     """One output of a source: how its records decode and where they go."""
 
     name: Name
     """Output name, unique within the source (for ``orders`` generators:
     ``customers`` or ``orders``)."""
-    format: FormatConfig = Field(default_factory=JsonFormat)
+    format: FormatConfig = Field(default_factory=_DEFAULT_FORMAT)
     """How record values decode (``json``, ``text``, ``bytes``, ``csv``,
-    ``avro``); a type name or a mapping with ``type``. Ignored for sources that
-    emit typed rows (``orders`` generators)."""
+    ``avro``, or a format of another installed package); a type name or a
+    mapping with ``type``. Ignored for sources that emit typed rows
+    (``orders`` generators)."""
     key_format: FormatConfig | None = None
     """How record keys decode, same forms as ``format``; unset: keys are kept
     as raw bytes."""
-    envelope: EnvelopeConfig = Field(default_factory=NoneEnvelope)
+    envelope: EnvelopeConfig = Field(default_factory=_DEFAULT_ENVELOPE)
     """``none`` (append), ``{type: upsert, key: [cols]}`` or ``debezium``."""
     sink: SinkConfig
-    """Where the output is made durable: ``file``, ``console`` or a mapping
-    with ``type`` (required)."""
+    """Where the output is made durable: ``delta`` (alias ``file``),
+    ``console`` or a mapping with ``type`` (required)."""
     rename: dict[str, str] = Field(default_factory=dict, max_length=10_000)
     """Columns renamed on their way into the output, ``{upstream name: output
     name}``: for upstream fields that an output cannot hold as they are named
@@ -392,22 +274,13 @@ class OutputConfig(_Model):
     definite error under every policy. See docs/schema-changes.md."""
 
 
-class SourceConfig(_Model):
-    """One upstream system and its outputs. Exactly one connector block."""
+class SourceFields(ConfigModel):
+    """One upstream system and its outputs: exactly one connector block, one
+    optional field per connector found (:class:`SourceConfig` adds them)."""
 
     name: Name
     """Source name, unique in the pipeline (letters, digits, ``_``, ``-``;
     starts with a letter; at most 63 characters)."""
-    generator: GeneratorConfig | None = None
-    """Connector block: a load generator."""
-    kafka: KafkaConfig | None = None
-    """Connector block: a Kafka topic."""
-    postgres: PostgresConfig | None = None
-    """Connector block: PostgreSQL tables (change data capture)."""
-    mysql: MySqlConfig | None = None
-    """Connector block: MariaDB tables (change data capture from the binary log)."""
-    oneshot: OneShotConfig | None = None
-    """Connector block: one-shot loads of files (``reclock load``)."""
     timestamp_interval: DurationMs | None = None
     """Overrides the pipeline's ``timestamp_interval`` for this source; after
     loading it always holds the effective value."""
@@ -416,12 +289,18 @@ class SourceConfig(_Model):
 
     @classmethod
     def connector_keys(cls) -> tuple[str, ...]:
-        """The keys of the connector blocks, e.g. ``("generator",)``."""
+        """The keys of the connector blocks, e.g. ``("generator", ...)``."""
         keys = _CONNECTOR_KEYS.get(cls)
         if keys is None:  # fields are fixed per class: asked per source, twice
-            keys = tuple(k for k, f in cls.model_fields.items() if _is_connector(f.annotation))
+            keys = tuple(k for k, f in cls.model_fields.items() if _connector_of(f.annotation))
             _CONNECTOR_KEYS[cls] = keys
         return keys
+
+    @classmethod
+    def connector_class(cls, key: str) -> type[ConnectorConfig] | None:
+        """The model of the connector block ``key``."""
+        f = cls.model_fields.get(key)
+        return None if f is None else _connector_of(f.annotation)
 
     @property
     def connector(self) -> tuple[str, ConnectorConfig]:
@@ -429,7 +308,7 @@ class SourceConfig(_Model):
         for key in self.connector_keys():
             block = getattr(self, key)
             if block is not None:
-                return key, block
+                return key, cast("ConnectorConfig", block)
         raise AssertionError("a validated SourceConfig has one connector")
 
     @property
@@ -445,25 +324,39 @@ class SourceConfig(_Model):
         raise KeyError(name)
 
     @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         keys = cls.connector_keys()
         given = [k for k in keys if data.get(k) is not None]
-        out = _duplicate_names(data.get("outputs"), "outputs", "output")
+        out = duplicate_names(data.get("outputs"), "outputs", "output")
         if not given:
             expected = ", ".join(keys)
-            out.append(_problem((), f"missing connector block (expected one of: {expected})"))
+            out.append(problem((), f"missing connector block (expected one of: {expected})"))
         elif len(given) > 1:
-            out.append(_problem((given[1],), f"only one connector block allowed, found: "
-                                             f"{', '.join(given)}"))
-        return out + _state_key_problems(data, given)
+            out.append(problem((given[1],), f"only one connector block allowed, found: "
+                                            f"{', '.join(given)}"))
+        connector = cls.connector_class(given[0]) if len(given) == 1 else None
+        raw = connector is not None and connector.RAW_RECORDS
+        return out + _state_key_problems(data, raw)
 
 
 _CONNECTOR_KEYS: dict[type, tuple[str, ...]] = {}
 
 
-def _is_connector(annotation: Any) -> bool:
-    return any(isinstance(a, type) and issubclass(a, ConnectorConfig)
-               for a in get_args(annotation))
+def _connector_of(annotation: Any) -> type[ConnectorConfig] | None:
+    return next((a for a in get_args(annotation)
+                 if isinstance(a, type) and issubclass(a, ConnectorConfig)), None)
+
+
+if TYPE_CHECKING:
+    SourceConfig = SourceFields
+else:
+    #: A source: :class:`SourceFields` with one optional block per connector
+    #: found (``kafka: {...}``), in the connectors' order.
+    SourceConfig = create_model(
+        "SourceConfig", __base__=SourceFields, __module__=__name__,
+        __doc__="One upstream system and its outputs. Exactly one connector block.",
+        **{p.name: (p.config | None, None) for p in _FOUND.sources.plugins()},
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -480,7 +373,7 @@ def _conf_value(value: Any) -> Any:
     return value
 
 
-class SparkConfig(_Model):
+class SparkConfig(ConfigModel):
     """The Spark session that runs the data plane."""
 
     master: str = "local[*]"
@@ -531,16 +424,13 @@ class SparkConfig(_Model):
     ``state_dir/keys/`` by the tasks, so a transaction of millions of rows
     is settled a few key buckets at a time. The key state itself is a SQLite
     file there, reused while it matches the output (see
-    :mod:`reclock.envelopes.keystate`). Tasks write intents to files only
+    :mod:`reclock.runtime.keystate`). Tasks write intents to files only
     with a ``local`` master; on a cluster they travel in the task results
     (through the driver's JVM heap: size ``spark.driver.memory`` for the
     largest job)."""
 
 
-_REMAP_SCHEMES = ("sqlite", "postgresql", "postgres")
-
-
-class HttpConfig(_Model):
+class HttpConfig(ConfigModel):
     """The operator's HTTP endpoint, served by ``reclock run`` while it runs:
     ``/metrics`` (Prometheus), ``/status.json``, ``/history.json`` and ``/``
     (a status page with charts). Its address is written into ``status.json``
@@ -563,7 +453,7 @@ class HttpConfig(_Model):
     answer; a client slower than that is disconnected."""
 
 
-class HousekeepingConfig(_Model):
+class HousekeepingConfig(ConfigModel):
     """Periodic clean-up by the driver."""
 
     vacuum_every: DurationMs = Field(default=60_000, ge=1000, le=24 * 3600 * 1000)
@@ -603,7 +493,7 @@ def _local_dir(value: Any) -> Any:
     return value
 
 
-class PipelineConfig(_Model):
+class PipelineConfig(ConfigModel):
     """A pipeline: its sources, their outputs, and where reclock keeps state.
 
     Any string value may use ``${VAR}`` or ``${VAR:-default}`` (``$$`` is a
@@ -650,7 +540,7 @@ class PipelineConfig(_Model):
     @property
     def remap_store_url(self) -> str:
         """The remap store URL, with the default applied."""
-        return self.remap_store or f"sqlite:///{self.state_dir / 'remap.db'}"
+        return self.remap_store or f"{PATH_SCHEME}:///{self.state_dir / 'remap.db'}"
 
     @property
     def progress_log_path(self) -> Path | None:
@@ -675,20 +565,17 @@ class PipelineConfig(_Model):
             return url
         head = url.split("://", 1)[0]
         scheme = head.split("+", 1)[0].lower()
-        if scheme not in _REMAP_SCHEMES:
+        store = _FOUND.remap_store_for(url)
+        if store is None:
             shown = f" {scheme!r}" if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", head) else ""
+            examples = [e for p in _FOUND.remap_stores.plugins() for e in p.examples]
             raise ValueError(
-                f"unsupported remap store URL scheme{shown} "
-                "(expected sqlite:///path or postgresql://user@host/db)"
-            )
-        if scheme != "sqlite":
-            check_url(url, (head.lower(),), what="the remap store URL", host_required=False,
-                      path_slashes=False, example="host:5432/dbname")
-        return url
+                f"unsupported remap store URL scheme{shown} (expected {' or '.join(examples)})")
+        return store.check(url)
 
     @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
-        return (_duplicate_names(data.get("sources"), "sources", "source")
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        return (duplicate_names(data.get("sources"), "sources", "source")
                 + _shared_targets(data.get("sources")))
 
     @model_validator(mode="after")
@@ -711,26 +598,22 @@ class PipelineConfig(_Model):
         object.__setattr__(self, "state_dir", state_dir)
         object.__setattr__(self, "sources", sources)
         if self.remap_store is not None:
-            object.__setattr__(self, "remap_store", _resolve_sqlite(self.remap_store, base))
+            object.__setattr__(self, "remap_store", _resolve_store(self.remap_store, base))
         return self
 
 
 def _resolve_output(o: OutputConfig, source: str, state_dir: Path, base: Path) -> OutputConfig:
-    if not isinstance(o.sink, FileSinkConfig):
-        return o
     sink = o.sink.resolved(state_dir / "outputs" / source / o.name, base)
-    return o.model_copy(update={"sink": sink})
+    return o if sink is o.sink else o.model_copy(update={"sink": sink})
 
 
-def _resolve_sqlite(url: str, base: Path) -> str:
-    """Bare paths and relative ``sqlite:///`` paths resolve against ``base``."""
+def _resolve_store(url: str, base: Path) -> str:
+    """A bare path is a file (``sqlite:///`` the path made absolute against
+    ``base``); a URL is as its store resolves it."""
     if "://" not in url:
-        return f"sqlite:///{absolute_path(Path(url), base)}"
-    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
-        rest = url[len("sqlite:///"):]
-        if rest and rest != ":memory:":
-            return f"sqlite:///{absolute_path(Path(rest), base)}"
-    return url
+        return f"{PATH_SCHEME}:///{absolute_path(Path(url), base)}"
+    store = _FOUND.remap_store_for(url)
+    return url if store is None else store.resolve(url, base)
 
 
 # ---------------------------------------------------------------------------
@@ -781,45 +664,19 @@ def gc_paused() -> Iterator[None]:
 
 
 __all__ = [
-    "PostgresSinkConfig",
-    "KafkaSinkConfig",
-    "COLUMN_TYPES",
-    "NAME_PATTERN",
-    "AvroFormat",
-    "BytesFormat",
-    "ConfigError",
-    "ConfigIssue",
-    "ConnectorConfig",
-    "KafkaConfig",
-    "KafkaStartOffset",
-    "PgTableConfig",
-    "PostgresConfig",
-    "ConsoleSinkConfig",
-    "CsvFormat",
-    "DebeziumEnvelope",
-    "DurationMs",
+    "DEFAULT_ENVELOPE",
+    "DEFAULT_FORMAT",
     "EnvelopeConfig",
-    "FileSinkConfig",
     "FormatConfig",
-    "GeneratorConfig",
+    "HousekeepingConfig",
     "HttpConfig",
-    "JsonFormat",
-    "LineLoader",
-    "NoneEnvelope",
     "OutputConfig",
     "PipelineConfig",
     "SinkConfig",
     "SourceConfig",
+    "SourceFields",
     "SparkConfig",
-    "TextFormat",
-    "UpsertEnvelope",
-    "check_column_type",
-    "format_path",
+    "gc_paused",
     "load_config",
     "parse_config",
-    "parse_model",
-    "_Model",
-    "config_secrets",
-    "redact_secrets",
-    "redacted_dump",
 ]

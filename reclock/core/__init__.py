@@ -1,3 +1,4 @@
 """The time kernel: error classes, clocks, the stored column layout, the time
-types, frontiers, bindings and minting. It imports nothing else of reclock;
-connectors import only this and :mod:`reclock.config.base`."""
+types, frontiers, bindings and minting (with what minting needs of a store,
+:class:`~reclock.core.mint.ShardStore`). It imports nothing else of reclock;
+the contracts (:mod:`reclock.contracts`) and every plug-in build on it."""

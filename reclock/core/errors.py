@@ -152,7 +152,7 @@ class ShapeSeen(Reopen):
     message naming a column, a name or a type the output's column history
     never saw: two changes of a column's shape, the records written between
     them read only after both). The driver re-opens the source and first
-    hands ``shape`` to it (:meth:`~reclock.sources.base.Source.shape_seen`), so that
+    hands ``shape`` to it (:meth:`~reclock.contracts.source.Source.shape_seen`), so that
     the describe of the re-open takes it in. Like :class:`SchemaChanged`'s,
     the attributes survive the trip back from a Spark task."""
 
@@ -213,7 +213,7 @@ def classify(exc: BaseException) -> ReclockError:
     * ``sqlite3`` (the key state's files): a damaged file (SQLITE_CORRUPT, a
       malformed image; SQLITE_NOTADB) is definite, since reading it again
       fails the same way (the driver rebuilds key state that meets it:
-      :class:`~reclock.envelopes.keystate.KeyStateDamaged`); a busy or
+      :class:`~reclock.runtime.keystate.KeyStateDamaged`); a busy or
       locked file, an I/O error or a full disk (``OperationalError``)
       transient.
 

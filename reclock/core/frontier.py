@@ -27,8 +27,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Generic
 
 from reclock.core.errors import InvalidTimeError
-from reclock.core.time import _U64, Partitioned, T, time_type
-from reclock.core.time import _trusted as _time_trusted
+from reclock.core.time import U64_MAX, Partitioned, T, time_type, trusted_element
 
 
 def _minimal(elements: Iterable[T]) -> tuple[T, ...]:
@@ -340,13 +339,13 @@ def _decode_partitioned(ty: type[Partitioned], value: list[Any]) -> tuple[Any, .
             los.append(lo)
             offsets.append(above[lo])
     keyed: list[tuple[tuple[int, int, int], int, int | None, int]] = [
-        ((off, lo, -_U64), lo, None, off) for lo, off in zip(los, offsets, strict=True)]
+        ((off, lo, -U64_MAX), lo, None, off) for lo, off in zip(los, offsets, strict=True)]
     for p, off in points.items():
         i = bisect_right(los, p) - 1
         if i < 0 or offsets[i] > off:
             keyed.append(((off, p, -p), p, p, off))
     keyed.sort()
-    make = _time_trusted
+    make = trusted_element
     return tuple(make(ty, lo, hi, off) for _key, lo, hi, off in keyed)
 
 

@@ -24,7 +24,7 @@ Rules:
    upper. A lost race (:class:`~reclock.core.errors.UpperMismatch`) is absorbed:
    the winner's bindings are read back and the next tick carries on. The
    append and its read back are one store call
-   (:meth:`~reclock.remap_store.base.RemapStore.append_and_read_from`: one
+   (:meth:`ShardStore.append_and_read_from`: one
    transaction where the append succeeded).
 7. A tick starts from the bindings read back after the last append, not from
    a read of its own: an append is fenced on the upper, so one built on a
@@ -43,15 +43,77 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Generic
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Protocol
 
 from reclock.core.bindings import Binding, Bindings
 from reclock.core.clock import Clock
 from reclock.core.errors import FrontierRegression
 from reclock.core.frontier import Antichain
 from reclock.core.time import IntoTime, T
-from reclock.remap_store.base import RemapStore
+
+#: what :meth:`ShardStore.read_from` gives: the bindings at times ``>= lower``,
+#: the upper and the since
+ReadFrom = tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]
+
+
+class ShardStore(Protocol):
+    """What minting needs of a remap store: binding shards, appended to with
+    a compare-and-append on their upper. The whole store contract, with what
+    the runtime keeps beside the bindings, is
+    :class:`reclock.contracts.remap_store.RemapStore`."""
+
+    def create_shard(self, shard: str, kind: str) -> None:
+        """Create ``shard`` for FromTime ``kind`` with ``since = upper = 0`` if absent.
+
+        Idempotent; raises :class:`~reclock.core.errors.BindingError` when the shard
+        exists with a different kind."""
+        ...
+
+    def read(self, shard: str, as_of: int | None = None) -> Bindings[Any]:
+        """A snapshot of the shard.
+
+        With ``as_of``, only bindings at times ``<= as_of`` and the upper
+        ``as_of + 1`` (if that is below the shard's upper): the collection as
+        it was known at IntoTime ``as_of``. Raises
+        :class:`~reclock.core.errors.SinceViolation` for ``as_of < since``.
+        """
+        ...
+
+    def read_from(
+        self, shard: str, lower: int
+    ) -> tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]:
+        """Bindings at times ``>= lower``, the current upper and the current
+        since (incremental sync; a since that moved means compacted history)."""
+        ...
+
+    def append_and_read_from(
+        self,
+        shard: str,
+        bindings: Sequence[Binding[Any]],
+        expected_upper: Antichain[IntoTime],
+        new_upper: Antichain[IntoTime],
+    ) -> tuple[bool, ReadFrom]:
+        """:meth:`~reclock.contracts.remap_store.RemapStore.compare_and_append`
+        (append ``bindings`` and move the upper ``expected -> new``, only if
+        the upper is still ``expected_upper``), then :meth:`read_from` the expected
+        upper (what was appended after it, ours or a winner's):
+        ``(appended, read)``. An :class:`~reclock.core.errors.UpperMismatch`
+        is not raised: ``appended`` is False and the read shows the winner's
+        bindings. Other errors of the append raise, as there. Where the
+        append succeeded the read may run in its transaction (the minting
+        tick's read back: one transaction instead of two); it is still a read
+        of what the store holds."""
+        ...
+
+    def compact(self, shard: str, new_since: int) -> int:
+        """Advance ``since`` to ``new_since`` and consolidate history below it.
+
+        ``new_since`` must be below the upper; moving since backwards is a
+        no-op. Callers pass at most the resumption frontier minus one step.
+        Returns how many bindings the shard holds fewer now (0 for a no-op).
+        """
+        ...
 
 
 class RemapOperator(Generic[T]):
@@ -59,7 +121,7 @@ class RemapOperator(Generic[T]):
 
     def __init__(
         self,
-        store: RemapStore,
+        store: ShardStore,
         shard: str,
         kind: str,
         *,
@@ -70,7 +132,7 @@ class RemapOperator(Generic[T]):
         snapshot: Bindings[T] | None = None,
     ) -> None:
         """``snapshot``: the shard as just read from the store after
-        creating it (:meth:`~reclock.remap_store.base.RemapStore.open_shards`, for
+        creating it (:meth:`~reclock.contracts.remap_store.RemapStore.open_shards`, for
         many sources at once); without it, the shard is created and read here."""
         if timestamp_interval_ms <= 0:
             raise ValueError(f"timestamp_interval must be positive, got {timestamp_interval_ms} ms")

@@ -18,7 +18,7 @@ What is a secret is data, not a guess from a key's spelling:
 * reclock's own settings: the password of a DSN or URL (a Postgres or MariaDB
   DSN, the remap store, the schema registry's basic auth) and the fields typed
   :class:`~pydantic.SecretStr` (the S3 secret key and session token); each
-  model says which of its fields hold one (:mod:`reclock.config.base`).
+  model says which of its fields hold one (:mod:`reclock.contracts.config`).
 
 :class:`Scrubber` replaces each registered literal (as written, and as it
 reads percent-encoded and decoded) with ``***``, and masks what still looks

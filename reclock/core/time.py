@@ -40,7 +40,8 @@ from reclock.core.errors import InvalidTimeError
 
 JSON = Any
 
-_U64 = (1 << 64) - 1
+#: The largest value a 64-bit unsigned position holds (a partition id range's open end).
+U64_MAX = (1 << 64) - 1
 
 
 class Timestamp(Protocol):
@@ -114,7 +115,7 @@ class _TotalTime(int):
     def __new__(cls, value: int = 0) -> Self:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidTimeError(f"{cls.__name__} must be an integer, got {value!r}")
-        if value < 0 or value > _U64:
+        if value < 0 or value > U64_MAX:
             raise InvalidTimeError(f"{cls.__name__} out of range: {value}")
         return super().__new__(cls, value)
 
@@ -211,7 +212,7 @@ class Lsn(_TotalTime):
         return str(self.encode())
 
 
-def _trusted(cls: type[P], lo: int, hi: int | None, offset: int) -> P:
+def trusted_element(cls: type[P], lo: int, hi: int | None, offset: int) -> P:
     """A ``cls`` (a subclass of :class:`Partitioned`) of valid values, without checks."""
     p = object.__new__(cls)
     _SET(p, "lo", lo)
@@ -301,7 +302,7 @@ class Partitioned:
     def sort_key(self) -> tuple[int, ...]:
         # Offset first, then lower bound, then the widest interval first: if
         # a <= b, each component of a's key is <= b's in turn.
-        return (self.offset, self.lo, -(_U64 if self.hi is None else self.hi))
+        return (self.offset, self.lo, -(U64_MAX if self.hi is None else self.hi))
 
     def encode(self) -> JSON:
         return [self.lo, self.hi, self.offset]
@@ -321,7 +322,7 @@ class Partitioned:
                 and (hi is None or (type(hi) is int and hi >= lo))):
             if cls is Partitioned:
                 return _partitioned(lo, hi, offset)  # type: ignore[return-value]  # valid: no checks
-            return _trusted(cls, lo, hi, offset)
+            return trusted_element(cls, lo, hi, offset)
         return cls(lo, hi, offset)  # raises, naming what is wrong
 
     @classmethod
@@ -368,7 +369,7 @@ P = TypeVar("P", bound=Partitioned)
 
 
 def _gtid(lo: int, hi: int | None, offset: int) -> Gtid:
-    return _trusted(Gtid, lo, hi, offset)
+    return trusted_element(Gtid, lo, hi, offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,7 +427,7 @@ def encoded_canonical(kind: str) -> Callable[[list[JSON]], list[JSON]]:
     total order's (at most one element) as it is."""
     if not is_partitioned(kind):
         return list
-    return lambda enc: sorted(enc, key=lambda e: (e[2], e[0], -(_U64 if e[1] is None else e[1])))
+    return lambda enc: sorted(enc, key=lambda e: (e[2], e[0], -(U64_MAX if e[1] is None else e[1])))
 
 
 def is_partitioned(kind: str) -> bool:

@@ -19,16 +19,22 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 from pydantic_core import InitErrorDetails
 
-from reclock.config.base import _Model, _problem
+from reclock.contracts.config import problem
+from reclock.contracts.envelope import (
+    EnvelopeModel,
+    EnvelopePlugin,
+    RowPlan,
+    meta_columns,
+    null_columns,
+)
 from reclock.core.errors import DefiniteError
-from reclock.envelopes.base import RowPlan, meta_columns, null_columns
 
 #: Why a debezium envelope needs a key, and what to write.
 MISSING_KEY = (
@@ -40,11 +46,13 @@ MISSING_KEY = (
 )
 
 
-class DebeziumEnvelope(_Model):
+class DebeziumEnvelope(EnvelopeModel):
     """Debezium change events: ``before`` / ``after`` images."""
 
     type: Literal["debezium"] = "debezium"
     """``debezium``."""
+
+    TAKES_EXTRA: ClassVar[bool] = False
     key: tuple[str, ...] = ()
     """Key columns of the images (required, at least one: the upstream
     table's primary key). The output keeps one row per key and retracts what
@@ -56,10 +64,10 @@ class DebeziumEnvelope(_Model):
         return False
 
     @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         key = data.get("key")
         if key is None or (isinstance(key, list | tuple) and not key):
-            return [_problem(("key",) if "key" in data else (), MISSING_KEY)]
+            return [problem(("key",) if "key" in data else (), MISSING_KEY)]
         return []
 
     def resolve(self, what: str, columns: list[str], key_columns: list[str] | None
@@ -210,3 +218,4 @@ def _debezium_intents(
     return out
 
 
+PLUGIN = EnvelopePlugin(name="debezium", config=DebeziumEnvelope)

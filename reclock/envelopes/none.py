@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from reclock.config.base import _Model
-from reclock.envelopes.base import RowPlan, decoded_rows
+from reclock.contracts.envelope import EnvelopeModel, EnvelopePlugin, RowPlan, decoded_rows
 
 
-class NoneEnvelope(_Model):
+class NoneEnvelope(EnvelopeModel):
     """Append only: every record is an insert."""
 
     type: Literal["none"] = "none"
     """``none``."""
+
+    APPEND_ONLY: ClassVar[bool] = True
 
     @property
     def allow_null(self) -> bool:
@@ -29,3 +30,6 @@ class NoneEnvelope(_Model):
     def rows(self, plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int64]
              ) -> tuple[pa.Table, int]:
         return decoded_rows(plan, batch, into, tombstones=False)
+
+
+PLUGIN = EnvelopePlugin(name="none", config=NoneEnvelope)

@@ -11,22 +11,27 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import fastavro
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic_core import InitErrorDetails
 
-from reclock.core.errors import DefiniteError, SchemaChanged, TransientError
-from reclock.core.urls import mask_url
-from reclock.formats import avro_union as au
-from reclock.formats.base import (
+from reclock.contracts.config import ConfigModel, problem
+from reclock.contracts.decode import (
+    Collector,
     DecodeResult,
+    DecoderOptions,
     FormatError,
-    _as_binary,
-    _Collector,
+    FormatPlugin,
+    as_binary,
 )
+from reclock.core.errors import DefiniteError, SchemaChanged, TransientError
+from reclock.core.urls import URL_SECRET, check_url, mask_url
+from reclock.formats import avro_union as au
 
 I64 = npt.NDArray[np.int64]
 
@@ -528,8 +533,8 @@ class AvroDecoder:
         return value, lacks
 
     def decode(self, data: pa.Array) -> DecodeResult:
-        data = _as_binary(data)
-        c = _Collector(self.schema, "avro")
+        data = as_binary(data)
+        c = Collector(self.schema, "avro")
         dropped: dict[str, int] = {}
         for i, raw in enumerate(data.to_pylist()):
             if raw is None:
@@ -568,3 +573,70 @@ def _parsed(schema: str | Mapping[str, Any] | list[Any]) -> Any:
     if isinstance(schema, Mapping):
         return dict(schema)
     return schema
+
+
+def _registry_url(url: str | None) -> str | None:
+    """A schema registry URL reads alike everywhere (see :func:`check_url`)."""
+    if url is not None:
+        check_url(url, ("http", "https"), what="the registry URL",
+                  example="host:8081")
+    return url
+
+
+def _avro_schema(value: Any) -> Any:
+    """An inline Avro schema: a JSON string or a mapping, stored as JSON text."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return json.dumps(value, sort_keys=True)
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            raise ValueError("expected an Avro schema as a JSON string or a mapping") from None
+        return value
+    raise ValueError("expected an Avro schema as a JSON string or a mapping")
+
+
+class AvroFormat(ConfigModel):
+    """Avro records. Without ``registry_url`` each record is a bare Avro datum
+    written with ``schema``. With ``registry_url`` each record is in the
+    Confluent wire format (magic byte, schema id): the writer schema is fetched
+    by id, and the reader schema is ``schema`` or the latest version of
+    ``subject``."""
+
+    type: Literal["avro"] = "avro"
+    """``avro``."""
+    schema_: Annotated[str | None, BeforeValidator(_avro_schema)] = Field(
+        default=None, alias="schema"
+    )
+    """The (reader) Avro schema, inline: a JSON string or a YAML mapping (stored
+    as JSON text)."""
+    registry_url: Annotated[str | None, AfterValidator(_registry_url), URL_SECRET] = None
+    """A Confluent-compatible schema registry, e.g. ``http://registry:8081``;
+    basic auth as ``https://user:password@registry:8081`` (the password
+    percent-encoded where it holds reserved characters, and never printed)."""
+    subject: str | None = None
+    """With ``registry_url`` and no ``schema``: read with this subject's latest
+    schema (e.g. ``orders-value``)."""
+
+    @classmethod
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        schema, url, subject = (data.get(k) for k in ("schema", "registry_url", "subject"))
+        if schema is None and (url is None or subject is None):
+            return [problem((), "expected 'schema', or 'registry_url' with 'subject'")]
+        if subject is not None and url is None:
+            return [problem(("subject",), "only applies with 'registry_url'", on_key=True)]
+        return []
+
+
+def _decoder(spec: Mapping[str, Any], options: DecoderOptions) -> AvroDecoder:
+    return AvroDecoder(
+        spec.get("schema"), registry_url=spec.get("registry_url"), subject=spec.get("subject"),
+        allow_null=options.allow_null, timeout=float(spec.get("timeout", 10.0)),
+        policy=options.policy, known=options.known, seen=options.seen, part=options.part,
+    )
+
+
+#: (``timeout``, the registry's, is for specs written in code)
+PLUGIN = FormatPlugin(name="avro", config=AvroFormat, decoder=_decoder, extra_keys=("timeout",))

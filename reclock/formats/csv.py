@@ -5,35 +5,40 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
+from pydantic import Field
+from pydantic_core import InitErrorDetails
 
-from reclock.formats.base import (
-    _STRING_CONVERTERS,
+from reclock.contracts.config import ColumnType, ConfigModel, problem
+from reclock.contracts.decode import (
+    STRING_CONVERTERS,
+    Bad,
+    Collector,
+    ColumnField,
     DecodeResult,
+    DecoderOptions,
+    Fail,
     FormatError,
-    _arrow_schema,
-    _as_binary,
-    _Bad,
-    _Collector,
-    _convert_isolating,
-    _count_newlines,
-    _decode_screened,
-    _Fail,
-    _Field,
-    _fields,
-    _Joined,
-    _offsets,
-    _Ok,
-    _read_options_block,
-    _screen,
-    _show,
-    _SlowOut,
+    FormatPlugin,
+    Joined,
+    Ok,
+    SlowOut,
+    arrow_schema,
+    as_binary,
+    convert_isolating,
+    count_newlines,
+    declared_fields,
+    decode_screened,
+    offsets,
+    read_options_block,
+    screen,
+    show,
 )
 
 I64 = npt.NDArray[np.int64]
@@ -46,11 +51,11 @@ _CSV_CONV_RE = re.compile(r"CSV conversion error to [^:]+: invalid value (.*)", 
 _CSV_DEC_RE = re.compile(r"The string (.*) is not a valid decimal\d* number", re.S)
 
 
-def _csv_converter(f: _Field) -> Callable[[pa.Array], pa.Array]:
+def _csv_converter(f: ColumnField) -> Callable[[pa.Array], pa.Array]:
     """Text -> ``f.type``: Arrow's cast (ints in decimal or ``0x`` hex, floats
     incl. ``nan``/``inf``, bools ``true``/``false``/``1``/``0`` in any case,
     decimals without precision loss), ISO-8601 for dates and timestamps."""
-    conv = _STRING_CONVERTERS.get(f.kind)
+    conv = STRING_CONVERTERS.get(f.kind)
     if conv is not None:
         return conv
     return _Cast(f.type)
@@ -115,7 +120,7 @@ class CsvDecoder:
                     f"csv format: 'types' has {len(types)} entries for {len(columns)} columns"
                 )
             labels = dict(zip(columns, types, strict=True))
-        self.fields = _fields(labels, "csv format")
+        self.fields = declared_fields(labels, "csv format")
         for f in self.fields:
             if f.kind == "json":
                 raise FormatError(
@@ -125,27 +130,27 @@ class CsvDecoder:
         self.delimiter = delimiter
         self.quote = quote
         self.allow_null = allow_null
-        self.schema = _arrow_schema(self.fields)
+        self.schema = arrow_schema(self.fields)
 
     def decode(self, data: pa.Array) -> DecodeResult:
-        data = _as_binary(data)
-        c = _Collector(self.schema, "csv")
+        data = as_binary(data)
+        c = Collector(self.schema, "csv")
         # not UTF-8: judged alone (also keeps non-text rows from pyarrow's row handler)
-        _, cand = _screen(data, None, None, utf8=True)
-        off, values = _offsets(data)
+        _, cand = screen(data, None, None, utf8=True)
+        off, values = offsets(data)
         if len(self.fields) > 1:
             cand &= off[1:] > off[:-1]  # empty records: see _slow
-        if _count_newlines(values) and len(data):
+        if count_newlines(values) and len(data):
             # A record holding a line break would read as two lines: judge it alone.
             nl = pc.match_substring_regex(data, "[\r\n]").fill_null(False)
             cand &= ~np.asarray(nl.to_numpy(zero_copy_only=False), dtype=bool)
-        return _decode_screened(
+        return decode_screened(
             c, data, cand, self._slow, self.allow_null,
             lambda joined, lo, hi: self._fast(joined.lines(lo, hi), hi - lo, False),
             lambda joined, lo, hi, msg: self._suspects(joined, lo, hi),
         )
 
-    def _suspects(self, joined: _Joined, lo: int, hi: int) -> list[int]:
+    def _suspects(self, joined: Joined, lo: int, hi: int) -> list[int]:
         """A run that read as fewer lines than records holds a quoted field
         that is not closed: it swallowed the next records. Such a record has an
         odd number of quote characters."""
@@ -172,7 +177,7 @@ class CsvDecoder:
             pa.BufferReader(buf),
             read_options=pcsv.ReadOptions(
                 column_names=[f.name for f in self.fields], use_threads=False,
-                block_size=_read_options_block(size),
+                block_size=read_options_block(size),
             ),
             parse_options=pcsv.ParseOptions(
                 delimiter=self.delimiter, quote_char=self.quote, double_quote=True,
@@ -193,22 +198,22 @@ class CsvDecoder:
         return table, invalid
 
     def _fast(self, buf: pa.Buffer | bytes, n: int, multiline: bool, handler: bool = True,
-              run: bool = True) -> _Ok | _Fail:
+              run: bool = True) -> Ok | Fail:
         """Parse ``n`` records of ``buf``, each ending with a line break; see
-        :class:`_Ok`. In a ``run`` no record holds a line break, so a line break
+        :class:`Ok`. In a ``run`` no record holds a line break, so a line break
         in a value means that a quote was left open: the record is judged alone."""
         try:
             parsed, invalid = self._read(buf, multiline, handler)
         except pa.ArrowException as exc:
             m = _CSV_ROW_RE.match(str(exc)) or _CSV_FIELDS_RE.match(str(exc))
-            return _Fail(int(m.group(2)) - 1 if m else None, self._reason(str(exc)))
+            return Fail(int(m.group(2)) - 1 if m else None, self._reason(str(exc)))
         lines = parsed.num_rows + len(invalid)
         if lines != n:
-            return _Fail(None, f"csv: {lines} lines for {n} records")
+            return Fail(None, f"csv: {lines} lines for {n} records")
         rejected: dict[int, str] = {}
         for number, reason in invalid:
             if number is None or not 1 <= number <= n:
-                return _Fail(None, reason)
+                return Fail(None, reason)
             rejected[number - 1] = reason
         # positions (in the range) of the parsed rows
         rows = np.array([p for p in range(n) if p not in rejected], dtype=np.int64) \
@@ -221,7 +226,7 @@ class CsvDecoder:
                 text = column[0].as_py()
                 raw = text.encode() if isinstance(text, str) else text
                 if isinstance(raw, bytes) and (b"\n" in raw or b"\r" in raw):
-                    return _Fail(n - 1, "csv: a quoted field is not closed")
+                    return Fail(n - 1, "csv: a quoted field is not closed")
         cols = []
         unparsed: set[int] = set()  # parsed-row indices whose text did not convert
         for f in self.fields:
@@ -229,12 +234,12 @@ class CsvDecoder:
             if f.kind not in ("string", "binary"):
                 # an empty field is null in a typed column
                 strings = pc.if_else(pc.equal(col, ""), pa.scalar(None, pa.string()), col)
-                col, bad = _convert_isolating(strings, _csv_converter(f))
+                col, bad = convert_isolating(strings, _csv_converter(f))
                 for b in bad:
                     unparsed.add(b)
                     rejected.setdefault(
                         int(rows[b]), f"csv: column {f.name!r}: cannot convert "
-                        f"{_show(strings[b].as_py())} to {f.label}"
+                        f"{show(strings[b].as_py())} to {f.label}"
                     )
             cols.append(col)
         table = pa.Table.from_arrays(cols, schema=self.schema)
@@ -242,32 +247,32 @@ class CsvDecoder:
             keep = np.ones(len(rows), dtype=bool)
             keep[sorted(unparsed)] = False
             table = table.filter(pa.array(keep))
-        return _Ok(table, sorted(rejected.items()))
+        return Ok(table, sorted(rejected.items()))
 
-    def _slow(self, raw: bytes) -> _SlowOut:
+    def _slow(self, raw: bytes) -> SlowOut:
         """One record alone; a quoted field may span lines here."""
         if not raw and len(self.fields) > 1:
             # Arrow reads an empty line as a row of empty fields; it holds one field.
-            return _Bad(f"csv: expected {len(self.fields)} columns, got 1")
+            return Bad(f"csv: expected {len(self.fields)} columns, got 1")
         try:
             raw.decode("utf-8")
             utf8 = True
         except UnicodeDecodeError:
             utf8 = False
         out = self._fast(raw + b"\n", 1, True, handler=utf8, run=False)
-        if isinstance(out, _Ok):
+        if isinstance(out, Ok):
             if out.rejected:
-                return _Bad(out.rejected[0][1])
+                return Bad(out.rejected[0][1])
             # A quote left open runs to the end of the input, taking the line
             # break after the record with it: end the record differently and see.
             alt = self._fast(raw + b"\r\n", 1, True, handler=utf8, run=False)
-            if not (isinstance(alt, _Ok) and alt.table.equals(out.table)):
-                return _Bad("csv: a quoted field is not closed")
+            if not (isinstance(alt, Ok) and alt.table.equals(out.table)):
+                return Bad("csv: a quoted field is not closed")
             return out.table
         if out.message.startswith("csv: ") and " lines for 1 records" in out.message:
             lines = out.message.split()[1]
-            return _Bad(f"csv: the record holds {lines} lines; a record is one CSV line")
-        return _Bad(out.message)
+            return Bad(f"csv: the record holds {lines} lines; a record is one CSV line")
+        return Bad(out.message)
 
     def _reason(self, message: str) -> str:
         if fm := _CSV_FIELDS_RE.match(message):
@@ -287,3 +292,46 @@ class CsvDecoder:
         return f"csv: column {name!r}: {detail}"
 
 
+class CsvFormat(ConfigModel):
+    """Each record is one line of delimited text (no header line: every record
+    is data; a stray header record becomes an error row if it does not convert)."""
+
+    type: Literal["csv"] = "csv"
+    """``csv``."""
+    columns: tuple[str, ...] = Field(min_length=1)
+    """Column names, in order (required)."""
+    types: dict[str, ColumnType] = Field(default_factory=dict)
+    """Types of some columns, ``column: type``; the others are ``string``."""
+    delimiter: str = Field(default=",", min_length=1, max_length=1)
+    """The field separator, one character."""
+
+    @classmethod
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        columns, types = data.get("columns"), data.get("types")
+        if not isinstance(columns, Sequence) or not isinstance(types, Mapping):
+            return []
+        out = [
+            problem(("types", k), f"column {k!r} is not in 'columns'", on_key=True)
+            for k in types if k not in columns
+        ]
+        seen: set[Any] = set()
+        for i, c in enumerate(columns):
+            if c in seen:
+                out.append(problem(("columns", i), f"duplicate column {c!r}"))
+            seen.add(c)
+        return out
+
+
+def _decoder(spec: Mapping[str, Any], options: DecoderOptions) -> CsvDecoder:
+    if "columns" not in spec:
+        raise FormatError("csv format: 'columns' is required")
+    return CsvDecoder(
+        spec["columns"], spec.get("types"), delimiter=spec.get("delimiter", ","),
+        quote=spec.get("quote", '"'), header=bool(spec.get("header", False)),
+        allow_null=options.allow_null,
+    )
+
+
+#: (``quote`` and ``header`` are for specs written in code: ``reclock load``'s files)
+PLUGIN = FormatPlugin(name="csv", config=CsvFormat, decoder=_decoder,
+                      extra_keys=("quote", "header"))

@@ -9,41 +9,45 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pjson
+from pydantic import Field
 
-from reclock.formats.base import (
-    _INT_RANGE,
-    _STRING_CONVERTERS,
+from reclock.contracts.config import ColumnType, ConfigModel
+from reclock.contracts.decode import (
+    INT_RANGE,
     MAX_JSON_DEPTH,
+    STRING_CONVERTERS,
+    Bad,
+    Collector,
+    ColumnField,
     DecodeResult,
-    _arrow_schema,
-    _as_binary,
-    _Bad,
-    _Collector,
-    _convert_isolating,
-    _decode_screened,
-    _depth_over,
-    _Fail,
-    _Field,
-    _fields,
-    _hint,
-    _Joined,
-    _json_native,
-    _native_fields,
-    _offsets,
-    _Ok,
-    _read_options_block,
-    _screen,
-    _show,
-    _SlowOut,
-    _too_deep,
-    _valid_mask,
+    DecoderOptions,
+    Fail,
+    FormatPlugin,
+    Joined,
+    Ok,
+    SlowOut,
+    arrow_schema,
+    as_binary,
+    convert_isolating,
+    declared_fields,
+    decode_screened,
+    depth_over,
+    json_native,
+    native_fields,
+    offsets,
+    read_options_block,
+    row_hint,
+    screen,
+    show,
+    too_deep,
+    valid_mask,
 )
 
 I64 = npt.NDArray[np.int64]
@@ -78,7 +82,7 @@ def _dumps(v: object) -> str:
     return json.dumps(v, ensure_ascii=False)
 
 
-def _decimal_via_arrow(f: _Field, text: str) -> Any:
+def _decimal_via_arrow(f: ColumnField, text: str) -> Any:
     """One JSON number/string -> ``f.type`` exactly as the fast path converts it."""
     t = pjson.read_json(
         io.BytesIO(b'{"v":' + text.encode("utf-8") + b"}"),
@@ -110,14 +114,14 @@ def _re2_literal(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch == "_" else f"\\x{{{ord(ch):x}}}" for ch in text)
 
 
-def _suspect_pattern(fields: Sequence[_Field]) -> str:
+def _suspect_pattern(fields: Sequence[ColumnField]) -> str:
     """An RE2 pattern matching records where an int or decimal field holds a
     value that may fail Arrow's conversion (a superset: false hits only cost a
     per-record decode)."""
     alts = []
     for f in fields:
         key = '"' + _re2_literal(f.name) + r'"\s*:\s*'
-        if f.kind in _INT_RANGE:
+        if f.kind in INT_RANGE:
             digits = 10 if f.kind == "int32" else 19
             alts.append(key + r"-?(?:\d*[.eE]|\d{" + str(digits) + ",})")
         elif f.kind == "decimal":
@@ -158,44 +162,44 @@ class JsonDecoder:
 
     def __init__(self, schema: Mapping[str, str] | None = None, allow_null: bool = False) -> None:
         self.allow_null = allow_null
-        self.fields: tuple[_Field, ...] | None = (
-            None if schema is None else _fields(schema, "json format")
+        self.fields: tuple[ColumnField, ...] | None = (
+            None if schema is None else declared_fields(schema, "json format")
         )
         if self.fields is None:
             self.schema = pa.schema([pa.field("value", pa.string())])
             self._read_schema = pa.schema([])
         else:
-            self.schema = _arrow_schema(self.fields)
+            self.schema = arrow_schema(self.fields)
             self._read_schema = pa.schema([
-                pa.field(f.name, pa.string() if f.kind in _STRING_CONVERTERS else f.type)
+                pa.field(f.name, pa.string() if f.kind in STRING_CONVERTERS else f.type)
                 for f in self.fields
             ])
         self._all_slow = self.fields is not None and any(f.kind == "json" for f in self.fields)
-        self._native = _native_fields(self._read_schema) if self.fields is not None else None
+        self._native = native_fields(self._read_schema) if self.fields is not None else None
         self._suspect_re = _suspect_pattern(self.fields or ())
 
     # -- entry point -------------------------------------------------------
 
     def decode(self, data: pa.Array) -> DecodeResult:
-        data = _as_binary(data)
-        c = _Collector(self.schema, "json")
+        data = as_binary(data)
+        c = Collector(self.schema, "json")
         if self._all_slow:
-            valid = _valid_mask(data)
+            valid = valid_mask(data)
             for i, raw in enumerate(data.to_pylist()):
                 if not valid[i]:
                     c.null(i, self.allow_null)
                 else:
                     c.add(i, self._slow(raw))
             return c.result()
-        _, cand = _screen(data, ord("{"), ord("}"), utf8=True)
-        return _decode_screened(
+        _, cand = screen(data, ord("{"), ord("}"), utf8=True)
+        return decode_screened(
             c, data, cand, self._slow, self.allow_null, self._fast, self._suspects,
             small=_JSON_SMALL, budget=_JSON_BUDGET,
         )
 
     # -- fast path ---------------------------------------------------------
 
-    def _suspects(self, joined: _Joined, lo: int, hi: int, message: str) -> list[int]:
+    def _suspects(self, joined: Joined, lo: int, hi: int, message: str) -> list[int]:
         """Records whose int/decimal fields may not convert: a conversion error
         names no row, so look for the value shapes that can fail."""
         if not self._suspect_re or not _JSON_CONVERSION_RE.search(message):
@@ -203,21 +207,21 @@ class JsonDecoder:
         hits = pc.match_substring_regex(joined.records.slice(lo, hi - lo), self._suspect_re)
         return np.flatnonzero(hits.fill_null(False).to_numpy(zero_copy_only=False)).tolist()
 
-    def _fast(self, joined: _Joined, lo: int, hi: int) -> _Ok | _Fail:
+    def _fast(self, joined: Joined, lo: int, hi: int) -> Ok | Fail:
         parsed = None if self._native is None else self._parse_native(joined, lo, hi)
         if parsed is None:
             try:
                 parsed = self._read_arrow(joined, lo, hi)
             except pa.ArrowException as exc:
-                return _Fail(_hint(str(exc)), str(exc))
+                return Fail(row_hint(str(exc)), str(exc))
         return self._typed(joined, lo, hi, parsed)
 
-    def _parse_native(self, joined: _Joined, lo: int, hi: int) -> pa.Table | None:
-        """The run through the C parser (reclock/_json_native.c), or None where
+    def _parse_native(self, joined: Joined, lo: int, hi: int) -> pa.Table | None:
+        """The run through the C parser (reclock/json_native.c), or None where
         it cannot be sure to read it as pyarrow does."""
         assert self._native is not None
-        off, values = _offsets(joined.records.slice(lo, hi - lo))
-        cols = _json_native.parse(off, values, self._native)
+        off, values = offsets(joined.records.slice(lo, hi - lo))
+        cols = json_native.parse(off, values, self._native)
         if cols is None:
             return None
         n = hi - lo
@@ -228,30 +232,30 @@ class JsonDecoder:
                 f.type, n, [pa.py_buffer(valid) if nulls else None, *bufs], null_count=nulls))
         return pa.Table.from_arrays(arrays, schema=self._read_schema)
 
-    def _read_arrow(self, joined: _Joined, lo: int, hi: int) -> pa.Table:
+    def _read_arrow(self, joined: Joined, lo: int, hi: int) -> pa.Table:
         span = joined.span(lo, hi)
         return pjson.read_json(
             pa.BufferReader(span),
             read_options=pjson.ReadOptions(
-                use_threads=False, block_size=_read_options_block(span.size)
+                use_threads=False, block_size=read_options_block(span.size)
             ),
             parse_options=pjson.ParseOptions(
                 explicit_schema=self._read_schema, unexpected_field_behavior="ignore"
             ),
         )
 
-    def _typed(self, joined: _Joined, lo: int, hi: int, parsed: pa.Table) -> _Ok | _Fail:
+    def _typed(self, joined: Joined, lo: int, hi: int, parsed: pa.Table) -> Ok | Fail:
         if parsed.num_rows != hi - lo:
-            return _Fail(None, f"{parsed.num_rows} rows for {hi - lo} records")
+            return Fail(None, f"{parsed.num_rows} rows for {hi - lo} records")
         if self.fields is None:
             text = joined.records.slice(lo, hi - lo).cast(pa.string())
-            deep = _too_deep(text)
+            deep = too_deep(text)
             table = pa.Table.from_arrays([text], schema=self.schema)
             if not deep:
-                return _Ok(table)
+                return Ok(table)
             keep = np.ones(hi - lo, dtype=bool)
             keep[deep] = False
-            return _Ok(table.filter(pa.array(keep)),
+            return Ok(table.filter(pa.array(keep)),
                        [(i, f"json: nested deeper than {MAX_JSON_DEPTH} levels") for i in deep])
         cols = []
         rejected: dict[int, str] = {}
@@ -261,14 +265,14 @@ class JsonDecoder:
                 try:  # the reader can yield values beyond the precision (Arrow 26)
                     col.validate(full=True)
                 except pa.ArrowException as exc:
-                    return _Fail(None, str(exc))
-            conv = _STRING_CONVERTERS.get(f.kind)
+                    return Fail(None, str(exc))
+            conv = STRING_CONVERTERS.get(f.kind)
             if conv is not None:
                 strings = col
-                col, bad = _convert_isolating(strings, conv)
+                col, bad = convert_isolating(strings, conv)
                 for p in bad:
                     rejected.setdefault(
-                        p, f"json: field {f.name!r}: cannot parse {_show(strings[p].as_py())} "
+                        p, f"json: field {f.name!r}: cannot parse {show(strings[p].as_py())} "
                         f"as {f.label}"
                     )
             cols.append(col)
@@ -277,35 +281,35 @@ class JsonDecoder:
             keep = np.ones(hi - lo, dtype=bool)
             keep[list(rejected)] = False
             table = table.filter(pa.array(keep))
-        return _Ok(table, sorted(rejected.items()))
+        return Ok(table, sorted(rejected.items()))
 
     # -- per-record path ---------------------------------------------------
 
-    def _slow(self, raw: bytes) -> _SlowOut:
+    def _slow(self, raw: bytes) -> SlowOut:
         out = self._slow_parse(raw)
-        if self.fields is None and isinstance(out, list) and _depth_over(out[0]):
-            return _Bad(f"json: nested deeper than {MAX_JSON_DEPTH} levels")
+        if self.fields is None and isinstance(out, list) and depth_over(out[0]):
+            return Bad(f"json: nested deeper than {MAX_JSON_DEPTH} levels")
         return out
 
-    def _slow_parse(self, raw: bytes) -> _SlowOut:
+    def _slow_parse(self, raw: bytes) -> SlowOut:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            return _Bad(f"json: invalid utf-8: {exc}")
+            return Bad(f"json: invalid utf-8: {exc}")
         try:
             obj = _loads(text) if self.fields is None else _loads_decimal(text)
         except json.JSONDecodeError as exc:
-            return _Bad(f"json: {exc.msg}: line {exc.lineno} column {exc.colno}")
+            return Bad(f"json: {exc.msg}: line {exc.lineno} column {exc.colno}")
         except RecursionError:
-            return _Bad("json: nested too deeply")
+            return Bad("json: nested too deeply")
         if self.fields is None:
             # Like the fast path, refuse text whose escapes decode to a lone
             # surrogate (not Unicode; no reader could store it).
             if "\\u" in text and _has_surrogate(json.dumps(obj, ensure_ascii=False)):
-                return _Bad("json: string holds a lone surrogate")
+                return Bad("json: string holds a lone surrogate")
             return [text]
         if type(obj) is not dict:
-            return _Bad(f"json: expected an object, got {_json_kind(obj)}")
+            return Bad(f"json: expected an object, got {_json_kind(obj)}")
         # a lone surrogate (which Arrow cannot store) can only come from an escape
         surrogates = "\\u" in text
         row: list[Any] = []
@@ -316,7 +320,7 @@ class JsonDecoder:
                 continue
             kind = f.kind
             if kind == "int64" or kind == "int32":  # the common cases, inline
-                if type(v) is int and _INT_RANGE[kind][0] <= v <= _INT_RANGE[kind][1]:
+                if type(v) is int and INT_RANGE[kind][0] <= v <= INT_RANGE[kind][1]:
                     row.append(v)
                     continue
             elif kind == "string":
@@ -327,8 +331,8 @@ class JsonDecoder:
                 row.append(v)
                 continue
             out = _convert_json(f, v)
-            if type(out) is _Bad:
-                return _Bad(f"json: field {f.name!r}: {out.reason}")
+            if type(out) is Bad:
+                return Bad(f"json: field {f.name!r}: {out.reason}")
             row.append(out)
         return row
 
@@ -345,20 +349,20 @@ def _has_surrogate(s: str) -> bool:
         return True
 
 
-def _convert_json(f: _Field, v: Any) -> Any:
+def _convert_json(f: ColumnField, v: Any) -> Any:
     """One JSON value (parsed with ``parse_float=Decimal``) -> the Python value
-    of ``f``'s column, or :class:`_Bad`. Accepts exactly what the fast path
+    of ``f``'s column, or :class:`Bad`. Accepts exactly what the fast path
     accepts (decimals go through Arrow's reader itself)."""
 
-    def expected() -> _Bad:
-        return _Bad(f"expected {f.label}, got {_json_kind(v)} {_show(v)}")
+    def expected() -> Bad:
+        return Bad(f"expected {f.label}, got {_json_kind(v)} {show(v)}")
 
     kind = f.kind
-    if kind in _INT_RANGE:
+    if kind in INT_RANGE:
         if type(v) is not int:
             return expected()
-        lo, hi = _INT_RANGE[kind]
-        return v if lo <= v <= hi else _Bad(f"{v} is out of range for {f.label}")
+        lo, hi = INT_RANGE[kind]
+        return v if lo <= v <= hi else Bad(f"{v} is out of range for {f.label}")
     if kind == "float64":
         if isinstance(v, bool) or not isinstance(v, int | float | Decimal):
             return expected()
@@ -368,23 +372,23 @@ def _convert_json(f: _Field, v: Any) -> Any:
             x = float(v)
         except OverflowError:
             x = math.inf
-        return x if math.isfinite(x) else _Bad(f"{_show(v)} is out of range for float64")
+        return x if math.isfinite(x) else Bad(f"{show(v)} is out of range for float64")
     if kind == "bool":
         return v if isinstance(v, bool) else expected()
     if kind in ("string", "binary", "timestamp", "date"):
         if not isinstance(v, str):
             return expected()
         if _has_surrogate(v):
-            return _Bad("string holds a lone surrogate")
+            return Bad("string holds a lone surrogate")
         if kind == "string":
             return v
         if kind == "binary":
             return v.encode("utf-8")
-        conv = _STRING_CONVERTERS[kind]
+        conv = STRING_CONVERTERS[kind]
         try:
             return conv(pa.array([v], pa.string()))[0].as_py()
         except (pa.ArrowException, ValueError):
-            return _Bad(f"cannot parse {_show(v)} as {f.label}")
+            return Bad(f"cannot parse {show(v)} as {f.label}")
     if kind == "decimal":
         if isinstance(v, bool) or not isinstance(v, int | Decimal | str):
             return expected()
@@ -392,9 +396,25 @@ def _convert_json(f: _Field, v: Any) -> Any:
         try:
             return _decimal_via_arrow(f, text)
         except (pa.ArrowException, ValueError) as exc:
-            return _Bad(f"cannot convert {_show(v)} to {f.label}: {_decimal_why(str(exc))}")
+            return Bad(f"cannot convert {show(v)} to {f.label}: {_decimal_why(str(exc))}")
     # json: the value's text
     out = _dumps(v)
-    return _Bad("string holds a lone surrogate") if _has_surrogate(out) else out
+    return Bad("string holds a lone surrogate") if _has_surrogate(out) else out
 
 
+class JsonFormat(ConfigModel):
+    """Each record is one JSON object."""
+
+    type: Literal["json"] = "json"
+    """``json``."""
+    schema_: dict[str, ColumnType] | None = Field(default=None, alias="schema")
+    """Columns to extract, ``column: type`` (types: int32, int64, float64, bool,
+    string, binary, timestamp, date, decimal(p,s), json). Without a schema the
+    whole document is kept as one ``json`` column."""
+
+
+def _decoder(spec: Mapping[str, Any], options: DecoderOptions) -> JsonDecoder:
+    return JsonDecoder(spec.get("schema"), allow_null=options.allow_null)
+
+
+PLUGIN = FormatPlugin(name="json", config=JsonFormat, decoder=_decoder)

@@ -1,47 +1,25 @@
-"""The ``bytes`` and ``text`` formats."""
+"""The ``text`` format: each record one UTF-8 string."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from reclock.formats.base import (
-    NULL_REASON,
+from reclock.contracts.config import ConfigModel
+from reclock.contracts.decode import (
+    Collector,
     DecodeResult,
-    _as_binary,
-    _Collector,
-    _screen,
-    _valid_mask,
+    DecoderOptions,
+    FormatPlugin,
+    as_binary,
+    screen,
 )
 
 I64 = npt.NDArray[np.int64]
-
-# bytes / text
-
-
-class BytesDecoder:
-    """``{"type": "bytes"}``: the record as column ``data`` (binary). Never fails
-    except on a null record (see module doc)."""
-
-    def __init__(self, allow_null: bool = False) -> None:
-        self.allow_null = allow_null
-        self.schema = pa.schema([pa.field("data", pa.binary())])
-
-    def decode(self, data: pa.Array) -> DecodeResult:
-        data = _as_binary(data)
-        n = len(data)
-        if data.null_count == 0 or self.allow_null:
-            col = data.cast(pa.binary())
-            table = pa.Table.from_arrays([col], schema=self.schema)
-            return DecodeResult(table, np.arange(n, dtype=np.int64), np.zeros(0, np.int64), [])
-        valid = _valid_mask(data)
-        ok = np.flatnonzero(valid).astype(np.int64)
-        err = np.flatnonzero(~valid).astype(np.int64)
-        col = data.filter(pa.array(valid)).cast(pa.binary())
-        table = pa.Table.from_arrays([col], schema=self.schema)
-        return DecodeResult(table, ok, err, [NULL_REASON] * len(err))
-
 
 class TextDecoder:
     """``{"type": "text"}``: the record as column ``text`` (string); a record
@@ -52,7 +30,7 @@ class TextDecoder:
         self.schema = pa.schema([pa.field("text", pa.string())])
 
     def decode(self, data: pa.Array) -> DecodeResult:
-        data = _as_binary(data)
+        data = as_binary(data)
         n = len(data)
         if data.null_count == 0 or self.allow_null:
             try:  # a null record stays a null row: exactly what the cast gives
@@ -63,8 +41,8 @@ class TextDecoder:
                 )
             except (pa.ArrowException, ValueError):
                 pass
-        _, cand = _screen(data, None, None, utf8=True)
-        c = _Collector(self.schema, "text")
+        _, cand = screen(data, None, None, utf8=True)
+        c = Collector(self.schema, "text")
         rest = np.flatnonzero(~cand)
         for i, raw in zip(rest.tolist(), data.take(pa.array(rest)).to_pylist(), strict=True):
             if raw is None:
@@ -81,3 +59,15 @@ class TextDecoder:
         return c.result()
 
 
+class TextFormat(ConfigModel):
+    """Each record is one UTF-8 string (a ``text`` column)."""
+
+    type: Literal["text"] = "text"
+    """``text``."""
+
+
+def _decoder(spec: Mapping[str, Any], options: DecoderOptions) -> TextDecoder:
+    return TextDecoder(allow_null=options.allow_null)
+
+
+PLUGIN = FormatPlugin(name="text", config=TextFormat, decoder=_decoder)

@@ -37,6 +37,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock import faults
+from reclock.contracts.envelope import Envelope, fit_column, meta_columns, unpicked_values
+from reclock.contracts.rows import output_schema, refuse_rows
+from reclock.contracts.sink import Stager
+from reclock.contracts.source import ReadTask, SourceReader
 from reclock.core.bindings import UNBOUND, Bindings, beyond
 from reclock.core.columns import (
     DIFF,
@@ -52,10 +56,7 @@ from reclock.core.errors import DefiniteError, ReclockError, SchemaChanged, clas
 from reclock.core.frontier import Antichain
 from reclock.core.schema_change import dropped_counts, with_dropped
 from reclock.core.secrets import install_log_filter, register
-from reclock.envelopes.base import Envelope, fit_column, meta_columns, unpicked_values
-from reclock.envelopes.keystate import IntentWriter, KeyedIntents
-from reclock.sinks.base import Stager, output_schema, refuse_rows
-from reclock.sources.base import ReadTask, SourceReader
+from reclock.runtime.keystate import IntentWriter, KeyedIntents
 
 
 @dataclass(frozen=True)

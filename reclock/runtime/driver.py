@@ -57,7 +57,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock import faults
-from reclock.config.base import KEYED_ENVELOPE, state_key_problem
+from reclock.contracts.config import KEYED_ENVELOPE, state_key_problem
+from reclock.contracts.consolidate import COUNT, consolidate
+from reclock.contracts.envelope import Envelope
+from reclock.contracts.remap_store import RemapStore
+from reclock.contracts.rows import check_output_names, output_schema
+from reclock.contracts.sink import PersistSink, SinkFenced, SinkState, Superseded
+from reclock.contracts.source import OutputSpec, ReadTask, Source
 from reclock.core.bindings import Bindings
 from reclock.core.clock import Clock
 from reclock.core.columns import (
@@ -93,16 +99,7 @@ from reclock.core.schema_change import (
 )
 from reclock.core.secrets import SECRETS
 from reclock.core.time import IntoTime
-from reclock.envelopes import Envelope, NoneEnvelope, UpsertState, envelope_for
-from reclock.envelopes.keystate import (
-    CacheShares,
-    KeyedIntents,
-    KeyStateDamaged,
-    KeyStore,
-    MemoryKeys,
-    SqliteKeys,
-)
-from reclock.remap_store.base import RemapStore
+from reclock.registry import default_envelope, envelope_for
 from reclock.runtime.dataplane import (
     JobContext,
     OutputPlan,
@@ -113,6 +110,14 @@ from reclock.runtime.dataplane import (
     run_local,
 )
 from reclock.runtime.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
+from reclock.runtime.keystate import (
+    CacheShares,
+    KeyedIntents,
+    KeyStateDamaged,
+    KeyStore,
+    MemoryKeys,
+    SqliteKeys,
+)
 from reclock.runtime.ledger import CommitLedger
 from reclock.runtime.lock import LockWatch
 from reclock.runtime.memory import release_free_memory, release_if_idle
@@ -121,16 +126,7 @@ from reclock.runtime.replay import heal
 from reclock.runtime.resnapshot import Requests
 from reclock.runtime.shapes import Facts, raw_user_schema
 from reclock.runtime.snapshot_progress import SnapshotProgress
-from reclock.sinks.base import (
-    PersistSink,
-    SinkFenced,
-    SinkState,
-    Superseded,
-    check_output_names,
-    output_schema,
-)
-from reclock.sinks.consolidate import COUNT, consolidate
-from reclock.sources.base import OutputSpec, ReadTask, Source
+from reclock.runtime.upsert_state import UpsertState
 
 log = logging.getLogger("reclock.driver")
 
@@ -149,7 +145,7 @@ class OutputRuntime:
     user_schema: Any
     key_decoder: Any | None = None
     value_decoder: Any | None = None
-    envelope: Envelope = field(default_factory=NoneEnvelope)
+    envelope: Envelope = field(default_factory=default_envelope)
     upsert_key: tuple[str, ...] | None = None  # by output column names
     upstream: tuple[str, ...] = ()  # each user column's upstream name, if renamed
     rename: dict[str, str] = field(default_factory=dict)  # the output's rename mapping
@@ -222,7 +218,7 @@ SPLIT_MIN_RECORDS = 20_000
 
 def check_state_key(what: str, out: OutputRuntime) -> None:
     """An output's state table must be keyed by a key that contains the
-    output's upstream key (:func:`~reclock.config.base.state_key_problem`):
+    output's upstream key (:func:`~reclock.contracts.config.state_key_problem`):
     its envelope's key, else the key its source declares for typed rows (a
     CDC table's primary key or replica identity index, a generator table's
     id). Checked once the output's columns are known: when the pipeline is
@@ -414,7 +410,7 @@ class SourceRunner:
         #: by batch id: the progress of a submitted job that reads snapshot chunks
         self._progress: dict[str, TaskProgress] = {}
         #: the remap shard as the pipeline read it at start, for the first
-        #: open only (:meth:`~reclock.remap_store.base.RemapStore.open_shards`)
+        #: open only (:meth:`~reclock.contracts.remap_store.RemapStore.open_shards`)
         self._prefetched = bindings
         #: what the outputs committed, as the driver recorded it (runtime/ledger.py)
         self.ledger = CommitLedger(store, self.name)
@@ -767,7 +763,7 @@ class SourceRunner:
         """Rebuild a raw output's decoders that follow a schema registry (the
         union of what they took before, the subject's versions now and the
         ids records named); record their unions; the upstream columns."""
-        from reclock.formats import make_decoder
+        from reclock.registry import make_decoder
 
         key_spec, value_spec = out.formats
         decs: dict[str, Any] = {}
@@ -1320,7 +1316,7 @@ class SourceRunner:
                 self.events.log(self.name, "vacuum", output=out.name, files=len(removed))
 
     def _maintain(self) -> None:
-        """Each output's own upkeep (:meth:`~reclock.sinks.base.PersistSink.maintain`:
+        """Each output's own upkeep (:meth:`~reclock.contracts.sink.PersistSink.maintain`:
         the sink decides when it is due), here between ticks where none of
         this source's jobs is in flight and none of its commits under way, so
         a compaction never races this driver's commits."""

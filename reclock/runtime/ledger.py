@@ -43,9 +43,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from reclock.contracts.remap_store import RemapStore
+from reclock.contracts.sink import SinkState
 from reclock.core.errors import IdentityChanged
-from reclock.remap_store.base import RemapStore
-from reclock.sinks.base import SinkState
 
 log = logging.getLogger(__name__)
 

@@ -51,8 +51,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reclock.contracts.remap_store import StoreLock
 from reclock.core.errors import AlreadyRunning, LockLost, LockTaken, ReclockError
-from reclock.remap_store.base import StoreLock
 
 LOCK_FILE = "driver.lock"
 #: How often a driver asks whether it still holds the store's lock.
@@ -124,7 +124,7 @@ def _read_holder(fd: int) -> dict[str, Any] | None:
 
 
 class LockWatch:
-    """Re-checks a store's driver lock (:class:`~reclock.remap_store.base.StoreLock`)
+    """Re-checks a store's driver lock (:class:`~reclock.contracts.remap_store.StoreLock`)
     every ``every_s`` on a thread of its own, from :meth:`start` to
     :meth:`stop`; :meth:`require` is the gate each commit passes (see the
     module docstring). ``monotonic`` is the clock ages are measured on."""

@@ -36,6 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reclock.contracts.consolidate import normalize_floats, row_keys
+from reclock.contracts.rows import output_schema
 from reclock.core.bindings import Bindings
 from reclock.core.columns import (
     DIFF,
@@ -49,10 +51,8 @@ from reclock.core.columns import (
 )
 from reclock.core.frontier import Antichain
 from reclock.core.time import is_partitioned, kafka_offsets
-from reclock.envelopes.upsert import UpsertState
 from reclock.runtime.dataplane import OutputPlan, build_output_rows, screen_intents
-from reclock.sinks.base import output_schema
-from reclock.sinks.consolidate import _normalize, _row_keys
+from reclock.runtime.upsert_state import UpsertState
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,8 @@ def _tally(t: pa.Table, columns: list[str], keyed: bool
     the latest record that inserted it)."""
     if t.num_rows == 0:
         return {}
-    norm = pa.table([_normalize(t.column(c)) for c in columns], names=columns)
-    content = _row_keys(norm, columns)
+    norm = pa.table([normalize_floats(t.column(c)) for c in columns], names=columns)
+    content = row_keys(norm, columns)
     part, off, seq = _positions(t)
     diffs = t.column(DIFF).to_numpy()
     net: dict[Any, tuple[int, int, tuple[int, int, int]]] = {}

@@ -4,7 +4,7 @@ A request is a file ``<state_dir>/resnapshot/<source>/<output>.json`` holding
 when it was made. The running driver looks for requests between ticks, so a
 request made while it runs is taken up within a tick, and one made while it
 is down at the next start. The driver re-opens the source with the output
-named (:meth:`reclock.sources.base.Source.open`'s ``resnapshot``): a Postgres source
+named (:meth:`reclock.contracts.source.Source.open`'s ``resnapshot``): a Postgres source
 exports a new snapshot for it, and the job that covers the snapshot point
 commits, in one step, the snapshot's rows and the retraction of everything
 the output held before (see :meth:`SourceRunner._replaced`), all at the

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from reclock.core.errors import DefiniteError
 from reclock.core.schema_change import SHAPE_PREFIX, decode_shape, encode_shape
+from reclock.registry import registry
 
 AVRO_PREFIX = "avro:"
 
@@ -38,12 +39,15 @@ def raw_user_schema(what: str, key_dec: Any | None, value_dec: Any, extra: Seque
                     envelope_type: str) -> tuple[pa.Schema, list[str]]:
     """The user columns of an output whose records are decoded: the key's
     columns, the value's, then the columns the source adds (``extra``); and
-    the key's column names."""
+    the key's column names. ``envelope_type`` names the output's envelope,
+    which may take no such columns
+    (:attr:`~reclock.contracts.envelope.EnvelopeModel.TAKES_EXTRA`)."""
     fields = list(key_dec.schema) if key_dec else []
     key_columns = [f.name for f in fields]
-    if extra and envelope_type == "debezium":
+    envelope = registry().envelopes.get(envelope_type)
+    if extra and envelope is not None and not envelope.config.TAKES_EXTRA:
         raise DefiniteError(
-            f"{what}: the debezium envelope takes no {[f.name for f in extra]} "
+            f"{what}: the {envelope_type} envelope takes no {[f.name for f in extra]} "
             "column", hint="read the topic without include_headers, or with another "
             "envelope")
     taken = {f.name for f in fields} | set(value_dec.schema.names)

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from reclock.sources.base import ReadTask, SnapshotSize
+from reclock.contracts.source import ReadTask, SnapshotSize
 
 if TYPE_CHECKING:  # (the data plane's imports are heavy: reclock status needs none)
     from reclock.runtime.dataplane import TaskProgress, TaskResult
@@ -87,7 +87,7 @@ class SnapshotProgress:
 
     def status(self, sizes: Mapping[int, SnapshotSize]) -> dict[int, dict[str, Any]]:
         """Per output with a snapshot in this run, its status entry;
-        ``sizes``: the source's :meth:`~reclock.sources.base.Source.snapshot_sizes`."""
+        ``sizes``: the source's :meth:`~reclock.contracts.source.Source.snapshot_sizes`."""
         with self._lock:
             done = dict(self._done)
             running = [(chunks, p.done()) for chunks, p in self._running]

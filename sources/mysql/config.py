@@ -3,39 +3,26 @@ imported until :meth:`MySqlConfig.build`)."""
 
 from __future__ import annotations
 
-import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
 from pydantic_core import InitErrorDetails
 
-from reclock.config.base import (
-    ConnectorConfig,
+from reclock.contracts.config import (
+    ConfigModel,
     DurationMs,
     Name,
-    _Model,
-    _problem,
+    problem,
     table_output_problems,
 )
-from reclock.core.urls import URL_SECRET, check_url
+from reclock.contracts.source import ConnectorConfig, SourcePlugin
+from reclock.core.urls import URL_SECRET
+from reclock.sources.mysql.url import parse_url
 
 if TYPE_CHECKING:
-    from reclock.sources.base import SourceContext
+    from reclock.contracts.source import SourceContext
     from reclock.sources.mysql.source import MySqlSource
-
-
-def parse_url(url: str) -> dict[str, Any]:
-    """``mysql://user:password@host:port/database`` -> connection settings
-    (``host``, ``port``, ``user``, ``password``, ``database``). A
-    ``ValueError`` that never quotes the URL for one that parsers could read
-    differently (a password with an unencoded ``#``, ``/`` or ``@``: see
-    :func:`~reclock.core.urls.check_url`)."""
-    u = check_url(url, ("mysql", "mariadb"), what="the URL", path_slashes=False,
-                  example="host:3306/database")
-    (host, port), = u.hosts
-    return {"host": host, "port": port or 3306, "user": u.user or "root",
-            "password": u.password or "", "database": urllib.parse.unquote(u.path[1:]) or None}
 
 
 def _checked_url(url: str) -> str:
@@ -43,7 +30,7 @@ def _checked_url(url: str) -> str:
     return url
 
 
-class MyTableConfig(_Model):
+class MyTableConfig(ConfigModel):
     """One replicated table and its output."""
 
     table: str = Field(min_length=1, max_length=64)
@@ -89,7 +76,7 @@ class MySqlConfig(ConnectorConfig):
     """Timeout of connecting, and of a read task waiting for its range."""
 
     @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         problems: list[InitErrorDetails] = []
         seen: dict[str, int] = {}
         default_db = None
@@ -105,7 +92,7 @@ class MySqlConfig(ConnectorConfig):
                 continue
             name = str(t.get("table", ""))
             if not t.get("database") and not default_db:
-                problems.append(_problem(("tables", i), f"table {name!r} names no database "
+                problems.append(problem(("tables", i), f"table {name!r} names no database "
                                          "and the URL has none: write database.table"))
             problems += table_output_problems(i, name, t.get("output"), seen)
         return problems
@@ -122,3 +109,6 @@ class MySqlConfig(ConnectorConfig):
                            snapshot=self.snapshot, server_id=self.server_id,
                            identity=ctx.identity, timeout_s=self.timeout / 1000.0,
                            facts=ctx.facts, policies=ctx.schema_change)
+
+
+PLUGIN = SourcePlugin(name="mysql", config=MySqlConfig, rank=4)

@@ -77,15 +77,14 @@ import pyarrow as pa
 import pymysql
 
 from reclock.clients.postgres import scrub
+from reclock.contracts.source import Facts, OutputSpec, ReadTask, SnapshotSize, SourceBase
 from reclock.core.clock import Clock
 from reclock.core.columns import SRC_DIFF, SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS, TRUNCATED
 from reclock.core.errors import DefiniteError, Reopen, TransientError
 from reclock.core.frontier import Antichain
 from reclock.core.schema_change import Change, widens
 from reclock.core.time import Gtid
-from reclock.sources.base import Facts, OutputSpec, ReadTask, SnapshotSize, SourceBase
 from reclock.sources.mysql import gtid
-from reclock.sources.mysql.config import parse_url
 from reclock.sources.mysql.types import (
     MyColumn,
     arrow_array,
@@ -93,6 +92,7 @@ from reclock.sources.mysql.types import (
     event_fits,
     normalize,
 )
+from reclock.sources.mysql.url import parse_url
 
 log = logging.getLogger("reclock.mysql")
 

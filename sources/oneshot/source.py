@@ -43,13 +43,20 @@ from pydantic import Field
 from pydantic_core import InitErrorDetails
 
 from reclock.clients.s3 import S3Access
-from reclock.config.base import ByteSize, ColumnType, ConnectorConfig, _problem
+from reclock.contracts.config import ByteSize, ColumnType, problem
+from reclock.contracts.source import (
+    ConnectorConfig,
+    OutputSpec,
+    ReadTask,
+    SourceBase,
+    SourceContext,
+    SourcePlugin,
+)
 from reclock.core.clock import Clock
 from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.core.errors import TASK_STOPPED, DefiniteError
 from reclock.core.frontier import Antichain
 from reclock.core.time import Counter
-from reclock.sources.base import OutputSpec, ReadTask, SourceBase, SourceContext
 from reclock.sources.oneshot.files import FileRef, Store
 from reclock.sources.oneshot.ledger import CANCELLED, Ledger, fingerprint
 from reclock.sources.oneshot.records import record_starts, records
@@ -499,18 +506,18 @@ class OneShotConfig(ConnectorConfig):
     their files are as they were loaded; ``false``: never."""
 
     @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         out = []
         if data.get("format") == "parquet" and (
                 bool(data.get("columns")) == bool(data.get("schema_from"))):
-            out.append(_problem(("columns",), "parquet loads need the outputs' columns, or "
+            out.append(problem(("columns",), "parquet loads need the outputs' columns, or "
                                               "schema_from (one of them)"))
         for key in ("columns", "schema_from"):
             if data.get("format") != "parquet" and key in data:
-                out.append(_problem((key,), "only applies to format 'parquet' (a csv or jsonl "
+                out.append(problem((key,), "only applies to format 'parquet' (a csv or jsonl "
                                             "output takes its columns from its format)"))
         if data.get("format") != "csv" and "header" in data:
-            out.append(_problem(("header",), "only applies to format 'csv'"))
+            out.append(problem(("header",), "only applies to format 'csv'"))
         return out
 
     def build(self, name: str, ctx: SourceContext) -> OneShotSource:
@@ -520,3 +527,6 @@ class OneShotConfig(ConnectorConfig):
                              columns=self.columns, header=self.header,
                              split_size=self.split_size, replayable=self.replayable,
                              output_names=ctx.output_names, schema_from=self.schema_from)
+
+
+PLUGIN = SourcePlugin(name="oneshot", config=OneShotConfig, rank=5)

@@ -10,22 +10,22 @@ from pydantic import AfterValidator, BeforeValidator, Field
 from pydantic_core import InitErrorDetails
 
 from reclock.clients.postgres import DSN_SECRET, checked_dsn
-from reclock.config.base import (
+from reclock.contracts.config import (
     SLOT_PATTERN,
-    ConnectorConfig,
+    ConfigModel,
     DurationMs,
     Name,
-    _Model,
-    _problem,
+    problem,
     table_output_problems,
 )
+from reclock.contracts.source import ConnectorConfig, SourcePlugin
 
 if TYPE_CHECKING:
-    from reclock.sources.base import SourceContext
+    from reclock.contracts.source import SourceContext
     from reclock.sources.postgres.source import PostgresSource
 
 
-class PgTableConfig(_Model):
+class PgTableConfig(ConfigModel):
     """One replicated table, named exactly (any characters), and its output."""
 
     table: str = Field(min_length=1, max_length=63)
@@ -85,10 +85,10 @@ class PostgresConfig(ConnectorConfig):
     """Timeout of connecting, and of a read task waiting for its range."""
 
     @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         tables = data.get("tables")
         if tables is None and not data.get("publication"):
-            return [_problem(("tables",), "give tables, or the publication to read them from")]
+            return [problem(("tables",), "give tables, or the publication to read them from")]
         problems: list[InitErrorDetails] = []
         seen: dict[str, int] = {}
         for i, raw in enumerate(tables or ()):
@@ -116,3 +116,6 @@ class PostgresConfig(ConnectorConfig):
             output_names=list(ctx.output_names), facts=ctx.facts,
             policies=ctx.schema_change,
         )
+
+
+PLUGIN = SourcePlugin(name="postgres", config=PostgresConfig, rank=3)

@@ -35,7 +35,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from reclock.sources.base import SnapshotSize
+from reclock.contracts.source import SnapshotSize
 from reclock.sources.postgres.catalog import Connection, PgTable, connect, pg_error
 
 log = logging.getLogger("reclock.postgres")

@@ -103,6 +103,7 @@ import pyarrow.csv as pacsv
 from psycopg import pq, sql
 
 from reclock.clients.postgres import parse_dsn, server_label
+from reclock.contracts.source import Facts, OutputSpec, ReadTask, SnapshotSize, SourceBase
 from reclock.core.clock import Clock
 from reclock.core.columns import (
     SRC_DIFF,
@@ -117,7 +118,6 @@ from reclock.core.errors import DefiniteError, Reopen, ShapeSeen, TransientError
 from reclock.core.frontier import Antichain
 from reclock.core.schema_change import Change, widens
 from reclock.core.time import Lsn
-from reclock.sources.base import Facts, OutputSpec, ReadTask, SnapshotSize, SourceBase
 from reclock.sources.postgres import history
 from reclock.sources.postgres import pgoutput as po
 from reclock.sources.postgres.catalog import (
@@ -198,7 +198,7 @@ class _Snapshot:
 
 def _check_outputs(who: str, tables: Sequence[tuple[str, str, str]]) -> None:
     """Every table feeds an output of its own, with a valid output name."""
-    from reclock.config.base import NAME_PATTERN
+    from reclock.contracts.config import NAME_PATTERN
 
     bad = [quoted(sch, t) for sch, t, out in tables if not re.match(NAME_PATTERN, out)]
     if bad:

@@ -16,8 +16,8 @@ import pytest
 from confluent_kafka import Producer
 
 from reclock.config import ConfigError, load_config, parse_config
-from reclock.formats import make_decoder
 from reclock.pipeline import Pipeline
+from reclock.registry import make_decoder
 from tests.running import running, wait_for
 from tests.tally import count
 

@@ -18,8 +18,8 @@ import pytest
 from confluent_kafka import Producer
 
 from reclock.config import load_config
+from reclock.contracts.consolidate import consolidate
 from reclock.pipeline import Pipeline
-from reclock.sinks.consolidate import consolidate
 from reclock.verify import verify_pipeline
 from tests.running import (
     close_driver,

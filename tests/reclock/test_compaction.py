@@ -27,8 +27,8 @@ from deltalake import DeltaTable
 
 from reclock.cli import main
 from reclock.config import load_config
-from reclock.envelopes import UpsertState
 from reclock.pipeline import Pipeline, run
+from reclock.runtime.upsert_state import UpsertState
 from reclock.verify import verify_pipeline
 from tests.running import close_driver, counter_source, crash_env, stop_driver, wait_exit
 

@@ -22,20 +22,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reclock.formats.base as decode_mod
-from reclock.core.errors import DefiniteError, SchemaChanged, TransientError
-from reclock.formats import (
+import reclock.contracts.decode as decode_mod
+from reclock.contracts.decode import (
     NULL_REASON,
     TIMESTAMP,
     Decoder,
     DecodeResult,
     FormatError,
     KeyValueDecoder,
-    SchemaRegistryResolver,
     arrow_type,
     decode_key_value,
-    make_decoder,
 )
+from reclock.core.errors import DefiniteError, SchemaChanged, TransientError
+from reclock.formats.avro import SchemaRegistryResolver
+from reclock.registry import make_decoder
 
 UTC = dt.UTC
 

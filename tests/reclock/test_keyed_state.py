@@ -20,8 +20,8 @@ from confluent_kafka import Producer
 
 from reclock import faults
 from reclock.config import load_config
-from reclock.envelopes import UpsertState
 from reclock.pipeline import Pipeline
+from reclock.runtime.upsert_state import UpsertState
 from reclock.verify import verify_pipeline
 from tests.running import running, wait_for
 
@@ -132,7 +132,7 @@ def test_a_failed_stage_or_commit_loses_no_key(
     """Issue: an upsert batch whose staging failed once was lost for good (the
     key state had moved on, so the retry emitted nothing) while verify said
     ok. Now the retry lands every key."""
-    from reclock.sinks.consolidate import consolidate
+    from reclock.contracts.consolidate import consolidate
 
     topic = f"up-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 1)
@@ -221,7 +221,7 @@ def test_a_value_the_sink_refuses_leaves_the_key_as_it_was(
     output parted ways. Now the task screens upsert intents with the sink's
     own rules: the refused value is an error row with its position, the key
     keeps its previous row, and later updates of the key land."""
-    from reclock.sinks.consolidate import consolidate
+    from reclock.contracts.consolidate import consolidate
 
     topic = f"rf-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 1)

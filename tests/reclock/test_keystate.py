@@ -21,10 +21,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from reclock.contracts.consolidate import consolidate
 from reclock.core.columns import TRUNCATED
 from reclock.core.errors import DefiniteError, classify
-from reclock.envelopes import UpsertState, upsert
-from reclock.envelopes.keystate import (
+from reclock.runtime import upsert_state
+from reclock.runtime.keystate import (
     ALL,
     DEFAULT_CACHE,
     KEY_BUCKETS,
@@ -38,7 +39,7 @@ from reclock.envelopes.keystate import (
     key_bucket,
     split_intents,
 )
-from reclock.sinks.consolidate import consolidate
+from reclock.runtime.upsert_state import UpsertState
 
 pytestmark = pytest.mark.unit
 
@@ -133,7 +134,7 @@ def test_settling_by_bucket_in_sqlite_equals_one_settlement_and_the_model(
         tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(seed)
     if seed % 2:  # Python values of 5 intents at a time, key changes written after each
-        monkeypatch.setattr(upsert, "SLICE_ROWS", 5)
+        monkeypatch.setattr(upsert_state, "SLICE_ROWS", 5)
     batches, model = _random_batches(rng, 3, 120)
     whole = UpsertState(COLS, ("k",))
     path = tmp_path / "keys.sqlite"

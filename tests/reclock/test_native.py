@@ -18,14 +18,14 @@ import reclock.sources
 from reclock.runtime.spark import package_zip
 
 PROBE = """
-import json, reclock.sources as sources, reclock.formats.base as d, reclock.sources.kafka as k
+import json, reclock.sources as sources, reclock.contracts.decode as d, reclock.sources.kafka as k
 try:
     import reclock.sources._kafka_native
     plain = True
 except ImportError:
     plain = False
 print(json.dumps({"sources": sources.__file__, "plain": plain,
-                  "kafka": k.native_reader() is not None, "json": d._json_native is not None}))
+                  "kafka": k.native_reader() is not None, "json": d.json_native is not None}))
 """
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow.compute as pc
 
 from reclock.config import load_config
+from reclock.contracts.consolidate import consolidate
 from reclock.pipeline import Pipeline, run
-from reclock.sinks.consolidate import consolidate
 from reclock.verify import verify_pipeline
 
 

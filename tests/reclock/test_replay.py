@@ -11,9 +11,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from reclock.contracts.rows import output_schema
 from reclock.core.columns import CORRECTION_SPLIT, restated
 from reclock.runtime.replay import correction
-from reclock.sinks.base import output_schema
 
 USER = pa.schema([("id", pa.int64()), ("v", pa.string())])
 

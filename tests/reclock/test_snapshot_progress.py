@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from reclock import cli
+from reclock.contracts.source import ReadTask, SnapshotSize
 from reclock.metrics import make_registry, render
 from reclock.pipeline import progress_line
 from reclock.runtime.dataplane import TaskResult, _RecordsByTask
 from reclock.runtime.snapshot_progress import SnapshotProgress, describe, entry
-from reclock.sources.base import ReadTask, SnapshotSize
 from reclock.sources.postgres.snapshot_size import estimate
 from tests.reclock.test_http import samples, value
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reclock.envelopes.keystate import hashable
-from reclock.envelopes.upsert import UpsertState
-from reclock.sinks.base import output_schema
+from reclock.contracts.rows import output_schema
+from reclock.runtime.keystate import hashable
+from reclock.runtime.upsert_state import UpsertState
 from reclock.verify import upsert_model
 
 pytestmark = pytest.mark.unit

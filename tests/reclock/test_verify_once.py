@@ -7,11 +7,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from reclock.contracts.rows import output_schema
 from reclock.core.bindings import Binding, Bindings
 from reclock.core.columns import correction_part
 from reclock.core.frontier import Antichain, kafka_frontier
 from reclock.core.time import IntoTime, Lsn
-from reclock.sinks.base import output_schema
 from reclock.verify import check_output
 
 USER = pa.schema([("id", pa.int64()), ("v", pa.string())])

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from reclock.contracts.remap_store import RemapStore
 from reclock.core.bindings import Binding, Bindings
 from reclock.core.clock import ManualClock, SystemClock
 from reclock.core.errors import (
@@ -21,7 +22,8 @@ from reclock.core.errors import (
 from reclock.core.frontier import Antichain, kafka_frontier
 from reclock.core.mint import RemapOperator
 from reclock.core.time import Counter, IntoTime, Lsn, Partitioned
-from reclock.remap_store import RemapStore, open_store, redact_url
+from reclock.registry import open_store
+from reclock.remap_store.sql import redact_url
 
 
 def up(v: int | None) -> Antichain[IntoTime]:

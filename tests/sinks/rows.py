@@ -10,7 +10,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from reclock.sinks.base import SinkFenced, SinkState, output_schema
+from reclock.contracts.rows import output_schema
+from reclock.contracts.sink import SinkFenced, SinkState
 from reclock.sinks.delta import DeltaSink
 
 USER = pa.schema([("k", pa.string()), ("v", pa.int64())])

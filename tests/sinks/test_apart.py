@@ -16,10 +16,10 @@ import pytest
 from deltalake import DeltaTable
 
 import reclock.sinks.delta as delta_mod
+from reclock.contracts.sink import SinkError
 from reclock.core.errors import TransientError
 from reclock.sinks import _apart
 from reclock.sinks._store import Location
-from reclock.sinks.base import SinkError
 from reclock.sinks.delta import Compaction, DeltaSink
 from tests.sinks.rows import USER
 from tests.sinks.test_delta_compaction import NAME, canonical, data_files, fill

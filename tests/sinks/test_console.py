@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from reclock.sinks.base import SinkError, SinkFenced, SinkState
+from reclock.contracts.sink import SinkError, SinkFenced, SinkState
 from reclock.sinks.console import ConsoleSink
 from tests.sinks.rows import USER, updates
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reclock.sinks.consolidate import COUNT, consolidate, errors
+from reclock.contracts.consolidate import COUNT, consolidate, errors
 
 
 def log(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table:

@@ -1,4 +1,4 @@
-"""The sink contract (sinks/base.py), once, for every sink: Delta, Postgres
+"""The sink contract (reclock/contracts/sink.py), once, for every sink: Delta, Postgres
 (log and state tables), Kafka and the console. Each sink's own test module
 keeps only what is its own (its storage layout, its concurrency, its types).
 
@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from reclock.sinks.base import OutputOwned, Owner, PersistSink, SinkFenced, SinkState
+from reclock.contracts.sink import OutputOwned, Owner, PersistSink, SinkFenced, SinkState
 from tests.sinks.rows import USER, updates
 
 NAME = "orders.main"

@@ -21,10 +21,11 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
 import reclock.sinks.delta as delta_mod
+from reclock.contracts.rows import output_schema
+from reclock.contracts.sink import SinkError, SinkFenced, SinkState
 from reclock.core.clock import ManualClock
 from reclock.core.errors import DefiniteError
 from reclock.sinks._store import Location
-from reclock.sinks.base import SinkError, SinkFenced, SinkState, output_schema
 from reclock.sinks.delta import CLOSED, DeltaSink, DeltaStager
 from tests.sinks.rows import SCHEMA, USER, race_commits, updates
 
@@ -782,7 +783,7 @@ _EXIT_DURING_CHECKPOINT = """
 import sys, time
 from deltalake import DeltaTable
 import reclock.sinks.delta as delta_mod
-from reclock.sinks.base import SinkState
+from reclock.contracts.sink import SinkState
 from tests.sinks.rows import USER
 
 real = DeltaTable.create_checkpoint

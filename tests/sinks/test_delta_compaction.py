@@ -20,10 +20,10 @@ from deltalake.transaction import CommitProperties, RemoveAction, Transaction
 
 import reclock.sinks.delta as delta_mod
 from reclock.config import ConfigError, load_config
-from reclock.config.base import _parse_duration, _parse_size
-from reclock.envelopes import UpsertState
+from reclock.contracts.config import parse_duration, parse_size
+from reclock.contracts.sink import SinkState
+from reclock.runtime.upsert_state import UpsertState
 from reclock.sinks._store import S3Access
-from reclock.sinks.base import SinkState
 from reclock.sinks.delta import Compaction, DeltaSink, FileStats, stats
 from tests.sinks.rows import USER, updates
 
@@ -532,8 +532,8 @@ def test_compact_config_defaults_custom_values_and_off(tmp_path: Path) -> None:
     for words in ("target_size: expected a positive size such as '128MiB'", "retention",
                   "min_files", "speed"):
         assert words in msg, msg
-    assert _parse_duration("7d") == 7 * 86_400_000 and _parse_size("1GiB") == 2**30
-    assert _parse_size(4096) == 4096 and _parse_size("1.5KB") == 1500
+    assert parse_duration("7d") == 7 * 86_400_000 and parse_size("1GiB") == 2**30
+    assert parse_size(4096) == 4096 and parse_size("1.5KB") == 1500
 
 
 # -- S3 ------------------------------------------------------------------------------------

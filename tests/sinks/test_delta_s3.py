@@ -16,11 +16,11 @@ import pytest
 from deltalake import DeltaTable
 
 from reclock.config import ConfigError, load_config
-from reclock.config.base import redacted_dump
+from reclock.contracts.config import redacted_dump
+from reclock.contracts.sink import SinkError, SinkFenced, SinkState
 from reclock.core.clock import ManualClock
 from reclock.core.errors import TransientError
 from reclock.sinks._store import Location, S3Access, split_uri
-from reclock.sinks.base import SinkError, SinkFenced, SinkState
 from reclock.sinks.delta import DeltaSink
 from tests.s3server import SECRET, CommitTrap
 from tests.sinks.rows import USER, updates
@@ -106,7 +106,7 @@ def test_two_outputs_on_one_s3_prefix_are_refused(tmp_path: Path) -> None:
 
 
 def _ctx(tmp_path: Path) -> Any:
-    from reclock.sinks.base import SinkContext
+    from reclock.contracts.sink import SinkContext
 
     return SinkContext(source="c", output="b", state_dir=tmp_path, identity="test")
 

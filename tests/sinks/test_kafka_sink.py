@@ -27,9 +27,10 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 import reclock.sinks.kafka as kafka_mod
+from reclock.contracts.rows import output_schema
+from reclock.contracts.sink import SinkError, SinkFenced, SinkState
 from reclock.core.clock import ManualClock
 from reclock.core.errors import DefiniteError, TransientError
-from reclock.sinks.base import SinkError, SinkFenced, SinkState, output_schema
 from reclock.sinks.kafka import (
     DATA_META,
     HEADER_BATCH,

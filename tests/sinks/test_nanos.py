@@ -11,7 +11,7 @@ import textwrap
 
 import pyarrow as pa
 
-from reclock.sinks._encoding import py_rows
+from reclock.contracts.encoding import py_rows
 
 NS = 1_700_000_000_123_456_789
 
@@ -52,7 +52,7 @@ def test_refused_and_printed_rows_need_no_pandas() -> None:
         sys.meta_path.insert(0, NoPandas())
         import io, json
         import pyarrow as pa
-        from reclock.sinks.base import refuse_rows
+        from reclock.contracts.rows import refuse_rows
         from reclock.sinks.console import ConsoleStager
         from tests.sinks.rows import updates
 

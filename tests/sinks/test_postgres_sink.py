@@ -18,10 +18,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from reclock.contracts.rows import conform, output_schema
+from reclock.contracts.sink import SinkError, SinkFenced, SinkState
 from reclock.core.clock import ManualClock
 from reclock.core.errors import DefiniteError, TransientError
-from reclock.envelopes import UpsertState
-from reclock.sinks.base import SinkError, SinkFenced, SinkState, conform, output_schema
+from reclock.runtime.upsert_state import UpsertState
 from reclock.sinks.postgres import PostgresSink, PostgresStager, pg_type, storage_type
 from tests.sinks.rows import SCHEMA, USER, updates
 
@@ -1093,7 +1094,7 @@ def test_an_upper_table_of_the_layout_before_owners_gains_them_and_is_adopted(
     """``reclock_uppers`` written before the owner columns existed: a reader
     still reads its state; ``ensure`` adds the columns; the first pipeline
     that commits adopts the output, and another is refused from then on."""
-    from reclock.sinks.base import OutputOwned, Owner
+    from reclock.contracts.sink import OutputOwned, Owner
 
     q(pg_url, "CREATE TABLE reclock_uppers (target text PRIMARY KEY, output text, "
               "upper bigint, progress text, updated_at timestamptz NOT NULL DEFAULT now(), "

@@ -9,9 +9,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from reclock.contracts.rows import output_schema
 from reclock.core.columns import META_NAMES
 from reclock.core.errors import DefiniteError
-from reclock.sinks.base import output_schema
 
 
 @pytest.mark.parametrize("names, named", [
@@ -76,8 +76,8 @@ def test_a_rename_mapping_lands_fields_that_clash(tmp_path: Any, spark: Any, kaf
 
     from confluent_kafka import Producer
 
+    from reclock.contracts.consolidate import consolidate
     from reclock.pipeline import Pipeline
-    from reclock.sinks.consolidate import consolidate
     from tests.running import running, wait_for
 
     topic = f"rn-{uuid.uuid4().hex[:8]}"

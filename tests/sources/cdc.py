@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
+from reclock.contracts.consolidate import consolidate
 from reclock.core.time import Lsn
-from reclock.sinks.consolidate import consolidate
 
 SCHEMA = """
 create table acct (id int primary key, owner text not null, bal numeric(12,2), note text);

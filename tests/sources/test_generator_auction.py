@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from reclock.config import load_config
+from reclock.contracts.source import ReadTask
 from reclock.core.clock import SystemClock
 from reclock.core.errors import DefiniteError
-from reclock.sources.base import ReadTask
 from reclock.sources.generator import GeneratorReader, GeneratorSource, GeneratorSpec
 from reclock.verify import verify_pipeline
 from tests.running import read_updates, running, wait_for

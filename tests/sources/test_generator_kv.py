@@ -19,10 +19,10 @@ import pytest
 
 from reclock import faults
 from reclock.config import ConfigError, load_config
+from reclock.contracts.source import ReadTask
 from reclock.core.clock import SystemClock
 from reclock.core.errors import DefiniteError
 from reclock.pipeline import Pipeline
-from reclock.sources.base import ReadTask
 from reclock.sources.generator import (
     _ALPHABET,
     _CHUNK_BYTES,

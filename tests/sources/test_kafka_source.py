@@ -215,7 +215,7 @@ def test_retention_before_read_is_a_definite_error(tmp_path: Path, spark: Any, k
 def test_debezium_envelope_reads_as_state_as_of_any_time(
     tmp_path: Path, spark: Any, kafka: Any
 ) -> None:
-    from reclock.sinks.consolidate import consolidate
+    from reclock.contracts.consolidate import consolidate
 
     topic = f"t-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 1)
@@ -268,7 +268,7 @@ def test_debezium_replica_identity_default_makes_no_phantom_rows(
     could not be applied, and the deleted row stayed live beside error rows:
     a keyless debezium envelope is refused when the file is loaded,
     tests/reclock/test_config.py.)"""
-    from reclock.sinks.consolidate import consolidate
+    from reclock.contracts.consolidate import consolidate
 
     topic = f"t-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 1)
@@ -345,7 +345,7 @@ def test_avro_records_and_bad_avro_in_the_error_collection(
 def test_upsert_envelope_as_of_latest_and_earlier_survives_restart(
     tmp_path: Path, spark: Any, kafka: Any
 ) -> None:
-    from reclock.sinks.consolidate import consolidate
+    from reclock.contracts.consolidate import consolidate
 
     topic = f"t-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 2)
@@ -391,7 +391,7 @@ def test_upsert_envelope_as_of_latest_and_earlier_survives_restart(
 def _read_all(reader: Any, spec: Any) -> Any:
     import pyarrow as pa
 
-    from reclock.sources.base import ReadTask
+    from reclock.contracts.source import ReadTask
     from reclock.sources.kafka import task_ranges
 
     n = sum(e - b for _p, b, e in task_ranges(spec))
@@ -604,7 +604,7 @@ def test_compacted_input_upsert_equals_the_latest_value_per_key(
     the gaps."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    from reclock.sinks.consolidate import consolidate
+    from reclock.contracts.consolidate import consolidate
 
     topic = f"t-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 1, config={

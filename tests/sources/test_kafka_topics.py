@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 from reclock import faults
 from reclock.cli import main
 from reclock.config import ConfigError, load_config
-from reclock.sources.base import ReadTask
+from reclock.contracts.source import ReadTask
 from reclock.sources.kafka import KafkaReader
 from reclock.verify import verify_pipeline
 from tests.kafkabroker import kafka_end, read_committed

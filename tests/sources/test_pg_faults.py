@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from reclock.config import load_config
-from reclock.sinks.consolidate import consolidate
+from reclock.contracts.consolidate import consolidate
 from reclock.verify import verify_pipeline
 from tests.running import read_updates, running, wait_for
 from tests.sources.cdc import Writer, create_schema, flushed_lsn, resumed_past, source_rows

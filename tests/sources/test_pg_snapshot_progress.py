@@ -17,7 +17,7 @@ import psycopg
 
 from reclock.clients.postgres import parse_dsn
 from reclock.config import load_config
-from reclock.sources.base import SnapshotSize
+from reclock.contracts.source import SnapshotSize
 from reclock.sources.postgres.catalog import PgTable
 from reclock.sources.postgres.snapshot_size import SnapshotSizes
 from tests.reclock.test_http import browse, get, get_json, samples, value

@@ -1,12 +1,16 @@
-"""The configuration base: what every configuration model shares.
+"""The configuration base: what every configuration model shares, the
+pipeline's own and every plug-in's.
 
 Issues and :class:`ConfigError` (every problem located by file, line and key
 path), secrets (fields marked with :class:`~reclock.core.secrets.Secret`:
 :func:`config_secrets` collects their values, :func:`redacted_dump` shows
-them masked), durations, names, and :class:`_Model`, the base of every
-model (unknown keys are errors, values frozen, cross-field checks in
-``_check``). Connectors and sinks define their own models on this base; the
-pipeline schema (:mod:`reclock.config`) assembles them.
+them masked), durations, sizes, names, and :class:`ConfigModel`, the base of
+every model (unknown keys are errors, values frozen, cross-field checks in
+:meth:`ConfigModel.check_raw`, each reported with :func:`problem`). A
+plug-in defines its models on this base, in its own module (connectors:
+:class:`~reclock.contracts.source.ConnectorConfig`, sinks:
+:class:`~reclock.contracts.sink.SinkConfigBase`); the pipeline schema
+(:mod:`reclock.config.schema`) assembles the ones the registry found.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, TypeAlias, TypeVar, get_args
+from typing import Annotated, Any, TypeAlias, get_args
 
 from pydantic import (
     AfterValidator,
@@ -33,8 +37,6 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from reclock.core.errors import DefiniteError
 from reclock.core.secrets import MASK, Secret, scrub
-
-_M = TypeVar("_M", bound=BaseModel)
 
 # A key path into the YAML document: mapping keys and sequence indexes.
 KeyPath: TypeAlias = tuple[str | int, ...]
@@ -103,7 +105,7 @@ def redact_secrets(text: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _parse_duration(value: Any) -> int:
+def parse_duration(value: Any) -> int:
     """``"1s"``, ``"500ms"``, ``"2m"``, ``"1h"``, ``"7d"`` or an int (milliseconds) -> ms > 0."""
     expected = (
         "expected a positive duration such as '1s', '500ms', '2m' "
@@ -139,13 +141,13 @@ MAX_DURATION_MS = 30 * 24 * 3600 * 1000
 
 #: A duration in milliseconds; YAML may say ``1s``, ``500ms``, ``2m``, ``1h``, ``7d`` or an
 #: int (ms).
-DurationMs = Annotated[int, BeforeValidator(_parse_duration)]
+DurationMs = Annotated[int, BeforeValidator(parse_duration)]
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
                "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
-def _parse_size(value: Any) -> int:
+def parse_size(value: Any) -> int:
     """``"128MiB"``, ``"64MB"``, ``"512KiB"``, ``"1GiB"`` or an int (bytes) -> int bytes > 0.
     ``KiB``/``MiB``/``GiB`` are powers of 1024, ``KB``/``MB``/``GB`` of 1000 (case
     does not matter)."""
@@ -173,7 +175,7 @@ def _parse_size(value: Any) -> int:
 
 
 #: A size in bytes; YAML may say ``128MiB``, ``64MB``, ``512KiB`` or an int (bytes).
-ByteSize = Annotated[int, BeforeValidator(_parse_size)]
+ByteSize = Annotated[int, BeforeValidator(parse_size)]
 
 _DECIMAL = re.compile(r"decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)")
 
@@ -201,7 +203,7 @@ KAFKA_TOPIC_PATTERN = r"^[A-Za-z0-9._-]+$"
 SLOT_PATTERN = r"^[a-z0-9_]{1,63}$"
 
 
-def _tags(members: Sequence[type[BaseModel]]) -> list[str]:
+def type_tags(members: Sequence[type[BaseModel]]) -> list[str]:
     """The ``type`` tags of a discriminated union's members, sorted."""
     out: list[str] = []
     for m in members:
@@ -209,9 +211,9 @@ def _tags(members: Sequence[type[BaseModel]]) -> list[str]:
     return sorted(out)
 
 
-def _shorthand(what: str, members: Sequence[type[BaseModel]]) -> Callable[[Any], Any]:
+def shorthand(what: str, members: Sequence[type[BaseModel]]) -> Callable[[Any], Any]:
     """A before-validator accepting ``"json"`` for ``{type: json}``."""
-    tags = ", ".join(_tags(members))
+    tags = ", ".join(type_tags(members))
 
     def expand(value: Any) -> Any:
         if isinstance(value, str):
@@ -223,7 +225,7 @@ def _shorthand(what: str, members: Sequence[type[BaseModel]]) -> Callable[[Any],
     return expand
 
 
-def _get(item: Any, key: str) -> Any:
+def get_key(item: Any, key: str) -> Any:
     """``item[key]`` for raw mappings, ``item.key`` for models, else None."""
     if isinstance(item, Mapping):
         return item.get(key)
@@ -232,10 +234,10 @@ def _get(item: Any, key: str) -> Any:
     return None
 
 
-def _problem(
+def problem(
     loc: KeyPath, message: str, also: KeyPath | None = None, on_key: bool = False
 ) -> InitErrorDetails:
-    """A cross-field problem found by :meth:`_Model._check`, at ``loc`` (relative
+    """A cross-field problem found by :meth:`ConfigModel.check_raw`, at ``loc`` (relative
     to the model being validated); ``also`` points at a second, related place;
     ``on_key``: the problem is the key itself, not its value."""
     ctx: dict[str, Any] = {"message": message, "at": loc, "on_key": on_key}
@@ -248,31 +250,31 @@ def _problem(
     }
 
 
-def _duplicate_names(items: Any, where: str, what: str) -> list[InitErrorDetails]:
+def duplicate_names(items: Any, where: str, what: str) -> list[InitErrorDetails]:
     """One problem per repeated ``name`` in the sequence ``items``."""
     if not isinstance(items, Sequence) or isinstance(items, str):
         return []
     first: dict[str, int] = {}
     out: list[InitErrorDetails] = []
     for i, item in enumerate(items):
-        name = _get(item, "name")
+        name = get_key(item, "name")
         if not isinstance(name, str):
             continue
         if name in first:
-            out.append(_problem((where, i, "name"), f"duplicate {what} name {name!r}",
+            out.append(problem((where, i, "name"), f"duplicate {what} name {name!r}",
                                 also=(where, first[name], "name")))
         else:
             first[name] = i
     return out
 
 
-class _Model(BaseModel):
+class ConfigModel(BaseModel):
     """Base of every configuration model: unknown keys are errors, values are
     frozen, and ``model_dump()`` uses the YAML key names. (Field docstrings
     document the code only: pydantic's ``use_attribute_docstrings`` read the
     source of every model at import, 0.23 s of each command's start.)
 
-    Cross-field checks live in :meth:`_check`, which sees the *raw* input, so
+    Cross-field checks live in :meth:`check_raw`, which sees the *raw* input, so
     they are reported together with every field error instead of only once
     all fields are valid.
     """
@@ -292,14 +294,14 @@ class _Model(BaseModel):
             yield name, marker.shown(value) if marker is not None else _redact_repr(value)
 
     @classmethod
-    def _check(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         """Cross-field problems in the raw input ``data`` (override)."""
         return []
 
     @model_validator(mode="wrap")
     @classmethod
     def _cross_checks(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        problems = cls._check(data) if isinstance(data, Mapping) else []
+        problems = cls.check_raw(data) if isinstance(data, Mapping) else []
         if not problems:
             return handler(data)
         errors: list[InitErrorDetails] = []
@@ -385,54 +387,6 @@ def _redact(value: Any, marker: Secret | None) -> Any:
     return value
 
 
-class ConnectorConfig(_Model):
-    """Base of connector blocks: a connector's whole configuration, defined in
-    the connector's own module. A :class:`~reclock.config.SourceConfig` field
-    typed ``SomeConnector | None`` is a connector block (exactly one is
-    given), and :meth:`build` makes the source from it, so that every option
-    is spelled once: in the model, and read by the connector itself."""
-
-    def build(self, name: str, ctx: Any) -> Any:
-        """The connector's :class:`~reclock.sources.base.Source` named ``name``;
-        ``ctx`` is a :class:`~reclock.sources.base.SourceContext` (the clock, the
-        pipeline's identity, the configured outputs' names)."""
-        raise NotImplementedError
-
-
-class SinkConfigBase(_Model):
-    """Base of sink blocks: a sink's whole configuration, defined in the sink's
-    own module, discriminated on its ``type`` literal. A member of the
-    :data:`~reclock.config.SinkConfig` union is a sink kind; :meth:`build`
-    makes the :class:`~reclock.sinks.base.PersistSink` from it."""
-
-    #: What names the place the sink writes, for messages ("path", "table", "topic").
-    TARGET: ClassVar[str] = "target"
-
-    @classmethod
-    def target_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
-        """Where a raw (unvalidated) block of this kind writes, comparable
-        across outputs (two outputs with equal targets would mix their rows);
-        ``None`` when the target derives from the output's own name. Its last
-        element is what messages show."""
-        return None
-
-    @classmethod
-    def state_key_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
-        """The key of a raw (unvalidated) block of this kind that keeps one
-        row per key (a state table: :func:`state_key_problem` says which
-        outputs it may hold); ``None`` for a sink that keeps the update log."""
-        return None
-
-    @property
-    def state_key(self) -> tuple[str, ...] | None:
-        """:meth:`state_key_of` this block."""
-        return type(self).state_key_of(self.model_dump())
-
-    def build(self, ctx: Any) -> Any:
-        """The sink (``ctx`` is a :class:`~reclock.sinks.base.SinkContext`)."""
-        raise NotImplementedError
-
-
 #: What to do about an output without an upstream key, read from raw records.
 KEYED_ENVELOPE = ("read it with an envelope that has a key ({type: upsert, key: [...]} or "
                   "{type: debezium, key: [...]}) and key the table by it")
@@ -481,11 +435,11 @@ def table_output_problems(i: int, table: str, output: Any, seen: dict[str, int]
     if output and (not isinstance(name, str) or not re.match(NAME_PATTERN, name)):
         return []  # the field's own validation names it
     if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
-        return [_problem(("tables", i), f"table {table!r} cannot name its output (letters, "
+        return [problem(("tables", i), f"table {table!r} cannot name its output (letters, "
                          "digits, _ and -, starting with a letter); write it as {table: ..., "
                          "output: a_name}")]
     if name in seen:
-        return [_problem(("tables", i), f"output {name!r} is fed by two tables (entries "
+        return [problem(("tables", i), f"output {name!r} is fed by two tables (entries "
                          f"{seen[name]} and {i}); give one of them another output: name")]
     seen[name] = i
     return []

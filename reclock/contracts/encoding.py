@@ -1,6 +1,7 @@
-"""Shared encodings of the staging sinks (Kafka, Postgres): Arrow values as
-JSON (binary as base64, non-finite floats as strings, maps as pairs) and
-back, and Arrow IPC staging files."""
+"""Arrow values as JSON (binary as base64, non-finite floats as strings, maps
+as pairs) and back, rows as Python values whatever their types
+(:func:`py_rows`), and Arrow IPC staging files: what refused rows, the
+printing commands and the staging sinks (Kafka, Postgres) share."""
 
 from __future__ import annotations
 

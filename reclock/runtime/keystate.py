@@ -2,7 +2,7 @@
 in pieces of bounded size.
 
 The key state (the current row per key of an upsert or keyed CDC output,
-:class:`~reclock.envelopes.upsert.UpsertState`) is kept in a
+:class:`~reclock.runtime.upsert_state.UpsertState`) is kept in a
 :class:`KeyStore`:
 
 * :class:`MemoryKeys`, a dictionary: models (``verify``, a replay) and

@@ -50,7 +50,7 @@ def consolidate(updates: pa.Table, as_of: int | None, user_columns: list[str]) -
         data = data.filter(pc.is_null(data.column(ERROR)))
     names = [f"_c{i}" for i in range(len(user_columns))]
     work = pa.table(
-        [_normalize(data.column(c)) for c in user_columns] + [data.column(DIFF)],
+        [normalize_floats(data.column(c)) for c in user_columns] + [data.column(DIFF)],
         names=[*names, _DIFF],
     )
     try:
@@ -60,7 +60,7 @@ def consolidate(updates: pa.Table, as_of: int | None, user_columns: list[str]) -
         keys: list[str] | None = None
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
         # Arrow cannot hash these key types: group by one canonical string.
-        keys = _row_keys(work, names)
+        keys = row_keys(work, names)
         keyed = pa.table(
             {_KEY: keys, _IDX: pa.array(range(work.num_rows), pa.int64()), _DIFF: work[_DIFF]}
         )
@@ -95,7 +95,7 @@ def _as_of(updates: pa.Table, as_of: int | None) -> pa.Table:
     return updates.filter(pc.less_equal(updates.column(INTO_TIME), as_of))
 
 
-def _normalize(col: pa.ChunkedArray) -> pa.ChunkedArray:
+def normalize_floats(col: pa.ChunkedArray) -> pa.ChunkedArray:
     """``-0.0 -> 0.0`` in float columns: equal values must hash equal."""
     if pa.types.is_float32(col.type) or pa.types.is_float64(col.type):
         zero = pa.scalar(0.0, col.type)
@@ -103,7 +103,11 @@ def _normalize(col: pa.ChunkedArray) -> pa.ChunkedArray:
     return col
 
 
-def _row_keys(table: pa.Table, names: list[str]) -> list[str]:
+def row_keys(table: pa.Table, names: list[str]) -> list[str]:
+    """One canonical JSON text per row of ``table``'s columns ``names``: equal
+    for rows whose values are equal as :func:`consolidate` groups them (NaN
+    equals NaN, ``-0.0`` equals ``0.0``), different otherwise; for columns
+    Arrow cannot group, and for comparing rows across tables."""
     columns = [table.column(n).to_pylist() for n in names]
     return [
         json.dumps([_canon(v) for v in row], sort_keys=True, separators=(",", ":"))
@@ -137,6 +141,6 @@ def _sorted(table: pa.Table, names: list[str], keys: list[str] | None) -> pa.Tab
         try:
             return table.sort_by([(n, "ascending") for n in names])
         except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            keys = _row_keys(table, names)
+            keys = row_keys(table, names)
     order = sorted(range(len(keys)), key=keys.__getitem__)
     return table.take(pa.array(order, pa.int64()))

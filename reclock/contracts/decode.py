@@ -1,5 +1,11 @@
 """Decode: raw record bytes -> typed rows, with bad records kept as data.
 
+This module is the decode contract (:class:`Decoder`, :class:`DecodeResult`,
+:class:`FormatError`; keys and values decoded together by
+:class:`KeyValueDecoder`), how a format declares itself
+(:class:`FormatPlugin`), and the screening machinery the built-in formats
+share (below), which a format of another package may use as well.
+
 The contract (every decoder, every format)::
 
     data: pa.Array (binary / large_binary, nulls allowed), n records
@@ -91,6 +97,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.clients.native import load_extension
+from reclock.contracts.config import ConfigModel
 from reclock.core.errors import DefiniteError
 
 I64 = npt.NDArray[np.int64]
@@ -112,7 +119,7 @@ TYPE_NAMES = (
 #: overhead is noise (about 10k records of 100 bytes).
 CHUNK_BYTES = 1 << 20
 
-_INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 _DECIMAL_RE = re.compile(r"decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)")
 _HINT_RE = re.compile(r" in row (\d+)\s*$")
 _ZONED_RE = r"[T ]\d{2}(?::\d{2}(?::\d{2}(?:\.\d+)?)?)?(?:Z|[+-]\d{2}(?::?\d{2})?)$"
@@ -125,7 +132,7 @@ class FormatError(DefiniteError, ValueError):
 
 
 @dataclass(frozen=True)
-class _Field:
+class ColumnField:
     """One declared column: its name, type kind, Arrow type and spelling."""
 
     name: str
@@ -164,7 +171,7 @@ def arrow_type(name: str) -> pa.DataType:
 MAX_JSON_DEPTH = 512
 
 
-def _depth_over(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+def depth_over(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether the JSON ``text`` nests objects and arrays deeper than ``limit``."""
     depth = 0
     in_str = esc = False
@@ -187,16 +194,16 @@ def _depth_over(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-def _too_deep(texts: pa.Array) -> list[int]:
+def too_deep(texts: pa.Array) -> list[int]:
     """Rows of ``texts`` nested deeper than :data:`MAX_JSON_DEPTH`; only rows
     with more openers than that are scanned."""
     openers = pc.add(pc.count_substring(texts, "{"), pc.count_substring(texts, "["))
     many = np.flatnonzero(pc.fill_null(pc.greater(openers, MAX_JSON_DEPTH), False)
                           .to_numpy(zero_copy_only=False))
-    return [int(i) for i in many if _depth_over(texts[int(i)].as_py() or "")]
+    return [int(i) for i in many if depth_over(texts[int(i)].as_py() or "")]
 
 
-def _fields(schema: Mapping[str, str], where: str) -> tuple[_Field, ...]:
+def declared_fields(schema: Mapping[str, str], where: str) -> tuple[ColumnField, ...]:
     if not isinstance(schema, Mapping) or not schema:
         raise FormatError(f"{where}: 'schema' must be a non-empty mapping of column -> type")
     out = []
@@ -207,11 +214,11 @@ def _fields(schema: Mapping[str, str], where: str) -> tuple[_Field, ...]:
             kind, typ = _parse_type(label)
         except FormatError as exc:
             raise FormatError(f"{where}: column {name!r}: {exc}") from None
-        out.append(_Field(name, kind, typ, str(label)))
+        out.append(ColumnField(name, kind, typ, str(label)))
     return tuple(out)
 
 
-def _arrow_schema(fields: Sequence[_Field]) -> pa.Schema:
+def arrow_schema(fields: Sequence[ColumnField]) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.type, nullable=True) for f in fields])
 
 
@@ -245,7 +252,7 @@ class Decoder(Protocol):
         ...
 
 
-def _as_binary(data: pa.Array | pa.ChunkedArray) -> pa.Array:
+def as_binary(data: pa.Array | pa.ChunkedArray) -> pa.Array:
     """``data`` as one binary or large_binary array (string types are viewed)."""
     if isinstance(data, pa.ChunkedArray):
         data = data.combine_chunks()
@@ -261,7 +268,7 @@ def _as_binary(data: pa.Array | pa.ChunkedArray) -> pa.Array:
     raise TypeError(f"decode expects a binary array of raw records, got {t}")
 
 
-def _offsets(arr: pa.Array) -> tuple[I64, npt.NDArray[np.uint8]]:
+def offsets(arr: pa.Array) -> tuple[I64, npt.NDArray[np.uint8]]:
     """Value offsets (``n + 1``, int64) and the value bytes of a binary array."""
     n = len(arr)
     bufs = arr.buffers()
@@ -274,13 +281,13 @@ def _offsets(arr: pa.Array) -> tuple[I64, npt.NDArray[np.uint8]]:
     return off.astype(np.int64), values
 
 
-def _valid_mask(arr: pa.Array) -> npt.NDArray[np.bool_]:
+def valid_mask(arr: pa.Array) -> npt.NDArray[np.bool_]:
     if arr.null_count == 0:
         return np.ones(len(arr), dtype=bool)
     return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _count_newlines(values: npt.NDArray[np.uint8]) -> int:
+def count_newlines(values: npt.NDArray[np.uint8]) -> int:
     """Number of ``\\n`` and ``\\r`` bytes, in cache-sized steps (fast, no big temporaries)."""
     total = 0
     step = 1 << 16
@@ -310,7 +317,7 @@ def _bad_positions(arr: pa.Array, check: Callable[[pa.Array], object]) -> list[i
     return bad
 
 
-def _convert_isolating(
+def convert_isolating(
     arr: pa.Array, fn: Callable[[pa.Array], pa.Array]
 ) -> tuple[pa.Array, list[int]]:
     """``fn(arr)``, with the values ``fn`` rejects replaced by null and listed."""
@@ -345,19 +352,19 @@ def _to_date(arr: pa.Array) -> pa.Array:
     return arr.cast(pa.string()).cast(pa.date32())
 
 
-_STRING_CONVERTERS: dict[str, Callable[[pa.Array], pa.Array]] = {
+STRING_CONVERTERS: dict[str, Callable[[pa.Array], pa.Array]] = {
     "timestamp": _to_timestamp,
     "date": _to_date,
 }
 
 
-def _show(value: object, limit: int = 40) -> str:
+def show(value: object, limit: int = 40) -> str:
     """A short rendering of a value for a reason: strings quoted, numbers as written."""
     text = repr(value) if isinstance(value, str | bytes) else str(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-class _Fail(NamedTuple):
+class Fail(NamedTuple):
     """A fast-path call that rejected its range: ``hint`` is the range-relative
     position the reader named, if any; ``message`` says why."""
 
@@ -366,7 +373,7 @@ class _Fail(NamedTuple):
 
 
 @dataclass
-class _Ok:
+class Ok:
     """A fast-path call that accepted its range: ``table`` holds the rows of
     every record of the range except the ``rejected`` ones (range-relative
     positions with reasons), in order."""
@@ -375,15 +382,15 @@ class _Ok:
     rejected: list[tuple[int, str]] = field(default_factory=list)
 
 
-class _Bad(NamedTuple):
+class Bad(NamedTuple):
     reason: str
 
 
-_SlowOut: TypeAlias = "list[Any] | pa.Table | _Bad"
-_FastFn = Callable[[int, int], "_Ok | _Fail"]
+SlowOut: TypeAlias = "list[Any] | pa.Table | Bad"
+_FastFn = Callable[[int, int], "Ok | Fail"]
 
 
-class _Collector:
+class Collector:
     """Accumulates rows (tables or Python rows) and errors by input index."""
 
     def __init__(self, schema: pa.Schema, prefix: str) -> None:
@@ -410,8 +417,8 @@ class _Collector:
         self.err_idx.append(i)
         self.reasons.append(reason)
 
-    def add(self, i: int, out: _SlowOut) -> None:
-        if isinstance(out, _Bad):
+    def add(self, i: int, out: SlowOut) -> None:
+        if isinstance(out, Bad):
             self.error(i, out.reason)
         elif isinstance(out, pa.Table):
             self.table(out, np.array([i], dtype=np.int64))
@@ -467,14 +474,14 @@ class _Collector:
         return DecodeResult(table, ok, err, list(reasons))
 
 
-def _hint(message: str) -> int | None:
+def row_hint(message: str) -> int | None:
     m = _HINT_RE.search(message)
     return int(m.group(1)) if m else None
 
 
 def _decode_slowly(
-    c: _Collector, data: pa.Array, which: npt.NDArray[np.bool_],
-    slow: Callable[[bytes], _SlowOut], allow_null: bool,
+    c: Collector, data: pa.Array, which: npt.NDArray[np.bool_],
+    slow: Callable[[bytes], SlowOut], allow_null: bool,
 ) -> None:
     """Decode the records ``which`` selects one by one (the fast path cannot
     take them): nulls per ``allow_null``, the rest through ``slow``."""
@@ -486,14 +493,14 @@ def _decode_slowly(
             c.add(i, slow(raw))
 
 
-def _decode_screened(
-    c: _Collector,
+def decode_screened(
+    c: Collector,
     data: pa.Array,
     cand: npt.NDArray[np.bool_],
-    slow: Callable[[bytes], _SlowOut],
+    slow: Callable[[bytes], SlowOut],
     allow_null: bool,
-    fast: Callable[[_Joined, int, int], Any],
-    suspects: Callable[[_Joined, int, int, str], list[int]],
+    fast: Callable[[Joined, int, int], Any],
+    suspects: Callable[[Joined, int, int, str], list[int]],
     **isolate: Any,
 ) -> DecodeResult:
     """The shared shape of the delimited-text decoders: records that passed the
@@ -505,7 +512,7 @@ def _decode_screened(
     gidx = np.flatnonzero(cand).astype(np.int64)
     if len(gidx):
         records = data if all_cand else data.filter(pa.array(cand))
-        joined = _Joined.of(records)
+        joined = Joined.of(records)
         _isolate(
             c, gidx, joined.bounds(),
             lambda lo, hi: fast(joined, lo, hi),
@@ -536,11 +543,11 @@ _SuspectsFn = Callable[[int, int, str], "list[int]"]
 
 
 def _isolate(
-    col: _Collector,
+    col: Collector,
     gidx: I64,
     bounds: list[int],
     fast: _FastFn,
-    slow: Callable[[int, int], list[_SlowOut]],
+    slow: Callable[[int, int], list[SlowOut]],
     *,
     suspects: _SuspectsFn | None = None,
     small: int = 1,
@@ -581,7 +588,7 @@ def _isolate(
             continue
         calls[chunk] += 1
         out = fast(lo, hi)
-        if isinstance(out, _Ok):
+        if isinstance(out, Ok):
             idx = gidx[lo:hi]
             if out.rejected:
                 keep = np.ones(n, dtype=bool)
@@ -620,7 +627,7 @@ def _isolate(
 
 
 @dataclass
-class _Joined:
+class Joined:
     """Candidate records with their spans in the records joined by ``\n``;
     the joined buffer itself is built on first use (the C JSON parser reads
     the records where they are and never needs it)."""
@@ -630,11 +637,11 @@ class _Joined:
     ends: I64
 
     @classmethod
-    def of(cls, records: pa.Array) -> _Joined:
-        off, _ = _offsets(records)
+    def of(cls, records: pa.Array) -> Joined:
+        off, _ = offsets(records)
         if pa.types.is_binary(records.type) and int(off[-1] - off[0]) + len(records) >= 2**31:
             records = records.cast(pa.large_binary())  # the joined value needs 64-bit offsets
-            off, _ = _offsets(records)
+            off, _ = offsets(records)
         pos = np.arange(len(records), dtype=np.int64)
         starts = off[:-1] - off[0] + pos
         ends = off[1:] - off[0] + pos
@@ -665,34 +672,34 @@ class _Joined:
 
 
 # the C parser of flat objects (optional: built when a compiler was there)
-_json_native: Any = load_extension("reclock", "_json_native")
+json_native: Any = load_extension("reclock", "_json_native")
 
 #: Arrow types of the read schema the C parser fills, and its codes for them.
 _NATIVE_KINDS = {pa.int64(): 0, pa.int32(): 1, pa.float64(): 2, pa.bool_(): 3, pa.string(): 4}
 
 
-def _native_fields(schema: pa.Schema) -> tuple[tuple[bytes, int], ...] | None:
+def native_fields(schema: pa.Schema) -> tuple[tuple[bytes, int], ...] | None:
     """``(name, kind)`` per field for the C parser, or None if it cannot fill
     them all (or is not built)."""
-    if _json_native is None or any(f.type not in _NATIVE_KINDS for f in schema):
+    if json_native is None or any(f.type not in _NATIVE_KINDS for f in schema):
         return None
     return tuple((f.name.encode(), _NATIVE_KINDS[f.type]) for f in schema)
 
 
-def _read_options_block(size: int) -> int:
+def read_options_block(size: int) -> int:
     # One block for the whole span: row numbers in errors are then span-relative.
     return min(max(size + 1, 1 << 12), 2**31 - 1)
 
 
-def _screen(data: pa.Array, first: int | None, last: int | None, utf8: bool
+def screen(data: pa.Array, first: int | None, last: int | None, utf8: bool
             ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     """(valid, candidate) masks: candidates are the valid records that, when
     ``first``/``last`` are given, are non-empty and begin/end with those bytes
     and, if ``utf8``, are valid UTF-8."""
-    valid = _valid_mask(data)
+    valid = valid_mask(data)
     cand = valid.copy()
     if first is not None or last is not None:
-        off, values = _offsets(data)
+        off, values = offsets(data)
         nonempty = off[1:] > off[:-1]
         cand &= nonempty
         safe_first = np.where(nonempty, off[:-1], 0)
@@ -713,3 +720,112 @@ def _screen(data: pa.Array, first: int | None, last: int | None, utf8: bool
     return valid, cand
 
 
+def _mask(idx: I64, n: int) -> npt.NDArray[np.bool_]:
+    m = np.zeros(n, dtype=bool)
+    m[idx] = True
+    return m
+
+
+def _part_reason(part: str, reason: str) -> str:
+    return f"{part} is null" if reason == NULL_REASON else f"{part}: {reason}"
+
+
+class KeyValueDecoder:
+    """Decodes Kafka key and value together: key columns (as declared) then
+    value columns (as declared). Names must not clash (``FormatError``, a
+    ``ValueError``, when built). A record fails if either part fails; the
+    reason says which (``"key: ..."``, ``"value: ..."``, both joined by
+    ``"; "``). Without a key decoder the key is ignored."""
+
+    def __init__(self, key: Decoder | None, value: Decoder) -> None:
+        if key is not None:
+            clash = sorted(set(key.schema.names) & set(value.schema.names))
+            if clash:
+                raise FormatError(
+                    f"key and value formats both produce columns {clash}; rename them "
+                    "(e.g. declare the key's columns under other names)"
+                )
+        self.key = key
+        self.value = value
+        fields = ([*key.schema] if key is not None else []) + [*value.schema]
+        self.schema = pa.schema(fields)
+
+    def decode(self, key: pa.Array, value: pa.Array) -> DecodeResult:
+        vr = self.value.decode(value)
+        if self.key is None:
+            reasons = [_part_reason("value", r) for r in vr.reasons]
+            return DecodeResult(vr.table, vr.ok, vr.errors, reasons, vr.dropped)
+        n = len(value)
+        if len(key) != n:
+            raise ValueError(f"key has {len(key)} records, value has {n}")
+        kr = self.key.decode(key)
+        k_ok, v_ok = _mask(kr.ok, n), _mask(vr.ok, n)
+        both = k_ok & v_ok
+        kt = kr.table.filter(pa.array(both[kr.ok])) if not both[kr.ok].all() else kr.table
+        vt = vr.table.filter(pa.array(both[vr.ok])) if not both[vr.ok].all() else vr.table
+        cols = [*kt.columns, *vt.columns]
+        table = pa.Table.from_arrays(cols, schema=self.schema)
+        why: dict[int, list[str]] = {}
+        for i, r in zip(kr.errors.tolist(), kr.reasons, strict=True):
+            why.setdefault(i, []).append(_part_reason("key", r))
+        for i, r in zip(vr.errors.tolist(), vr.reasons, strict=True):
+            why.setdefault(i, []).append(_part_reason("value", r))
+        errors = np.array(sorted(why), dtype=np.int64)
+        reasons = ["; ".join(why[int(i)]) for i in errors]
+        dropped = dict(vr.dropped)
+        for k, v in kr.dropped.items():
+            dropped[k] = dropped.get(k, 0) + v
+        return DecodeResult(table, np.flatnonzero(both).astype(np.int64), errors, reasons,
+                            dropped)
+
+
+def decode_key_value(
+    key_dec: Decoder | None, value_dec: Decoder, key: pa.Array, value: pa.Array
+) -> DecodeResult:
+    """Decode ``key``/``value`` arrays together (see :class:`KeyValueDecoder`)."""
+    return KeyValueDecoder(key_dec, value_dec).decode(key, value)
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """What the pipeline adds to a format spec when it builds a decoder.
+
+    ``allow_null`` is set by the envelope, not the user: the upsert envelope
+    passes ``True`` for the value decoder so that a tombstone becomes a row of
+    nulls (a delete) instead of an error. ``policy`` is the output's
+    ``schema_change``; ``known`` and ``seen`` feed a decoder that keeps a
+    union of writer schemas (Avro's, see
+    :class:`~reclock.formats.avro.AvroDecoder`); ``part`` says which part of
+    the record it decodes (``key`` or ``value``), for messages."""
+
+    allow_null: bool = False
+    policy: str = "evolve"
+    known: Mapping[str, Any] | None = None
+    seen: Sequence[int] = ()
+    part: str = "value"
+
+
+@dataclass(frozen=True)
+class FormatPlugin:
+    """How a format declares itself: the one value its module offers to the
+    ``reclock.formats`` entry point group (``json = "pkg.mod:PLUGIN"``; the
+    entry point's name is ``name``).
+
+    ``config`` is the model of the output's ``format:`` block (its ``type``
+    literal is ``name``); ``decoder(spec, options)`` builds the
+    :class:`Decoder` from a spec, the block as ``config.model_dump()`` gives
+    it (or a mapping written in code, with the same keys and the
+    ``extra_keys``), on the driver: a bad spec is a :class:`FormatError`.
+    The decoder is pickled to the Spark tasks."""
+
+    name: str
+    config: type[ConfigModel]
+    decoder: Callable[[Mapping[str, Any], DecoderOptions], Decoder]
+    #: spec keys a mapping written in code may hold besides the config's
+    extra_keys: tuple[str, ...] = ()
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """Every key a spec of this format may hold."""
+        fields = self.config.model_fields
+        return frozenset([*(f.alias or n for n, f in fields.items()), *self.extra_keys])

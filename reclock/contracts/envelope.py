@@ -1,30 +1,37 @@
-"""The envelope contract, and the row builders the envelopes share.
+"""The envelope contract, the row builders the envelopes share, and how an
+envelope declares itself (:class:`EnvelopePlugin`).
 
 An envelope says how an output's decoded records become updates
 ``(row, time, diff)``. It is the output's configuration model (``type`` and
-its settings, e.g. a ``key``) and its behaviour at once:
+its settings, e.g. a ``key``: an :class:`EnvelopeModel`) and its behaviour at
+once:
 
 * driver side, when the pipeline is built: :meth:`Envelope.resolve` checks
   that it fits the output and names the key columns of a *keyed* output (one
   whose rows are intents the driver settles against the key state,
-  :class:`~reclock.envelopes.upsert.UpsertState`);
+  :class:`~reclock.runtime.upsert_state.UpsertState`: ``_diff`` 1 for a
+  row, 0 for a tombstone);
 * executor side, in every Spark task: :meth:`Envelope.rows` turns a batch of
   raw records into stored rows (or intents), bad records into error rows.
 
-Adding an envelope: a module here with a model on
-:class:`~reclock.config.base._Model` that meets :class:`Envelope`, one entry
-in :data:`reclock.envelopes.ENVELOPES`, and one member of the schema's
-``EnvelopeConfig``.
+Adding an envelope: a module with an :class:`EnvelopeModel` that meets
+:class:`Envelope`, its :class:`EnvelopePlugin` as the module's one
+declaration, and an entry point naming it in the ``reclock.envelopes``
+group.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from reclock.contracts.config import ConfigModel
+from reclock.contracts.decode import convert_isolating, decode_key_value, show
 from reclock.core.columns import SRC_OFFSET, SRC_PART, SRC_SEQ, SRC_TS
 from reclock.core.errors import DefiniteError
 from reclock.core.schema_change import with_dropped
@@ -121,19 +128,17 @@ def fit_column(col: pa.Array | pa.ChunkedArray, t: pa.DataType, name: str
     (row -> reason; such values are nulled): upstream widened a column whose
     output type stays (``schema_change: freeze``), so that one value that
     does not fit is an error row, not a failed batch."""
-    from reclock.formats.base import _convert_isolating, _show
-
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
     if col.type == t:
         return col, {}
     try:
-        fixed, bad = _convert_isolating(col, lambda a: a.cast(t))
+        fixed, bad = convert_isolating(col, lambda a: a.cast(t))
     except (pa.ArrowException, ValueError) as exc:
         raise DefiniteError(f"column {name!r}: {col.type} cannot be stored as {t}: {exc}",
                             hint="an incompatible schema change: see the output's "
                                  "schema_change") from None
-    return fixed, {i: (f"column {name!r}: value {_show(col[i].as_py())} does not fit the "
+    return fixed, {i: (f"column {name!r}: value {show(col[i].as_py())} does not fit the "
                        f"output's {t} (the output keeps the column's type: schema_change)")
                    for i in bad}
 
@@ -154,8 +159,6 @@ def decoded_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int6
     ``tombstones``, a null value is a tombstone (an intent with ``_diff`` 0)."""
     schema = plan.schema
     err_type = pa.string()
-    from reclock.formats import decode_key_value
-
     key = batch.column("key")
     value = batch.column("value")
     if plan.value_decoder is None:
@@ -223,3 +226,40 @@ def decoded_rows(plan: RowPlan, batch: pa.RecordBatch, into: npt.NDArray[np.int6
     return with_dropped(table, dropped), len(err_idx)
 
 
+class EnvelopeModel(ConfigModel):
+    """Base of envelope models (the output's ``envelope:`` block), which meet
+    :class:`Envelope` too. An envelope with a ``key`` field names the
+    output's upstream key with it."""
+
+    #: Every record the envelope reads is an insertion that no later record
+    #: retracts (``none``): an output of raw records read with it keeps no
+    #: key, so no state table can hold it.
+    APPEND_ONLY: ClassVar[bool] = False
+    #: Its rows hold the columns a source hands over besides key and value
+    #: (Kafka's headers), after the decoded ones. False: the envelope builds
+    #: its rows from the value alone (debezium's images), and an output that
+    #: would carry such columns is refused.
+    TAKES_EXTRA: ClassVar[bool] = True
+
+    @classmethod
+    def key_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+        """The upstream key a raw (unvalidated) block of this envelope names
+        (``None``: it names none, or the block is not valid, which its own
+        validation reports)."""
+        if "key" not in cls.model_fields:
+            return None
+        key = raw.get("key")
+        if not isinstance(key, Sequence) or isinstance(key, str) or not key:
+            return None
+        return tuple(str(k) for k in key)
+
+
+@dataclass(frozen=True)
+class EnvelopePlugin:
+    """How an envelope declares itself: the one value its module offers to the
+    ``reclock.envelopes`` entry point group (``upsert = "pkg.mod:PLUGIN"``;
+    the entry point's name is ``name``). ``config`` is its model, whose
+    ``type`` literal is ``name``."""
+
+    name: str
+    config: type[EnvelopeModel]

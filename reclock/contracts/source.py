@@ -1,4 +1,6 @@
-"""The source contract: what a connector provides to the driver and the data plane.
+"""The source contract: what a connector provides to the driver and the data plane,
+and how it declares itself (:class:`SourcePlugin`, its configuration block a
+:class:`ConnectorConfig`).
 
 A source has two halves::
 
@@ -36,13 +38,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol
+from typing import Any, ClassVar, Generic, Protocol
 
 import pyarrow as pa
 
-from reclock.core.columns import (
-    POSITION_FIELDS,
-)
+from reclock.contracts.config import ConfigModel
+from reclock.core.columns import POSITION_FIELDS
 from reclock.core.errors import DefiniteError
 from reclock.core.frontier import Antichain
 from reclock.core.time import T
@@ -80,7 +81,7 @@ class OutputSpec:
 @dataclass(frozen=True)
 class Facts:
     """Durable key/values of the source's remap shard
-    (:meth:`reclock.remap_store.base.RemapStore.facts`): what the source's bindings
+    (:meth:`reclock.contracts.remap_store.RemapStore.facts`): what the source's bindings
     depend on besides themselves, such as the identity of the upstream
     objects they name (a Kafka topic's id). ``read() -> {key: JSON text}``;
     ``write({key: text or None})`` sets or removes keys, durably, in one
@@ -93,7 +94,7 @@ class Facts:
 @dataclass(frozen=True)
 class SourceContext:
     """What a connector's config needs besides itself to build its source
-    (:meth:`reclock.config.base.ConnectorConfig.build`)."""
+    (:meth:`ConnectorConfig.build`)."""
 
     clock: Any  # reclock.core.clock.Clock: milliseconds, injectable in tests
     #: the pipeline's identity, minted once in the remap store: names of what
@@ -107,7 +108,7 @@ class SourceContext:
     state_dir: Any = None
     #: ``coordinates(names) -> {name: id}``: durable dense ids for the
     #: coordinates of a partitioned FromTime, assigned once in the remap
-    #: store (:meth:`reclock.remap_store.base.RemapStore.coordinates`): a multi-topic
+    #: store (:meth:`reclock.contracts.remap_store.RemapStore.coordinates`): a multi-topic
     #: Kafka source numbers its (topic, partition) pairs with them. None
     #: where no store is at hand.
     coordinates: Any = None
@@ -164,10 +165,14 @@ class Source(Protocol, Generic[T]):
     kind: str  # FromTime kind: "counter", "kafka", "lsn", "gtid" (reclock.core.time.TIME_KINDS)
 
     # -- capabilities (defaults in :class:`SourceBase`) --
-    replayable: bool
-    """Whether what was ingested can be read again (``reclock verify`` re-reads
-    it): a Kafka topic within retention, a generator; not a replication slot,
-    which releases what was acknowledged."""
+    @property
+    def replayable(self) -> bool:
+        """Whether what was ingested can be read again (``reclock verify``
+        re-reads it): a Kafka topic within retention, a generator; not a
+        replication slot, which releases what was acknowledged. (A property
+        here: a source may decide it when asked.)"""
+        ...
+
     plan_again: bool
     """Whether :meth:`plan` may be called again for the same range with a
     smaller ``max_task`` (it changes nothing but caches): the driver then
@@ -368,3 +373,37 @@ def take_position_columns(batch: pa.RecordBatch) -> dict[str, pa.Array]:
 def frontier_lower_bound(frontier: Antichain[Any]) -> Any:
     """The single element of a totally ordered frontier (``None`` when empty)."""
     return frontier.as_option()
+
+
+class ConnectorConfig(ConfigModel):
+    """Base of connector blocks: a connector's whole configuration, defined in
+    the connector's own module. Each registered connector is one optional
+    block of a source, under its plug-in's name (exactly one is given), and
+    :meth:`build` makes the source from it, so that every option is spelled
+    once: in the model, and read by the connector itself."""
+
+    #: The connector's outputs carry raw records (``key``/``value`` bytes),
+    #: which each output's envelope turns into updates: the envelope alone
+    #: says what key such an output keeps (a Kafka topic). False: the
+    #: connector describes typed rows and their key itself (a CDC table).
+    RAW_RECORDS: ClassVar[bool] = False
+
+    def build(self, name: str, ctx: SourceContext) -> Source[Any]:
+        """The connector's :class:`Source` named ``name``; ``ctx`` holds the
+        clock, the pipeline's identity and the configured outputs' names."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SourcePlugin:
+    """How a connector declares itself: the one value its module offers to
+    the ``reclock.sources`` entry point group (``kafka = "pkg.mod:PLUGIN"``;
+    the entry point's name is ``name``). ``name`` is the key of the
+    connector's block in a source (``kafka: {...}``), ``config`` the block's
+    model. ``rank`` places it among the blocks a message lists (``missing
+    connector block (expected one of: ...)``): lower first, then by name;
+    reclock's own rank 1 to 5."""
+
+    name: str
+    config: type[ConnectorConfig]
+    rank: int = 100

@@ -1,4 +1,5 @@
-"""The remap store contract: durable, append-only binding shards.
+"""The remap store contract: durable, append-only binding shards; and how a
+store declares itself (:class:`RemapStorePlugin`).
 
 A store holds one *shard* per source: the source's remap collection, with a
 ``since`` (history below it is consolidated) and an ``upper`` (bindings at all
@@ -25,16 +26,15 @@ A store must never block indefinitely: every call either completes or raises
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from reclock.core.bindings import Binding, Bindings
 from reclock.core.frontier import Antichain
+from reclock.core.mint import ShardStore
 from reclock.core.time import IntoTime
-
-#: what :meth:`RemapStore.read_from` gives: the bindings at times ``>= lower``,
-#: the upper and the since
-ReadFrom = tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]
 
 
 class StoreLock(Protocol):
@@ -60,8 +60,10 @@ class StoreLock(Protocol):
         ...
 
 
-class RemapStore(Protocol):
-    """Durable binding shards, one per source."""
+class RemapStore(ShardStore, Protocol):
+    """Durable binding shards, one per source: what minting needs of them
+    (:class:`~reclock.core.mint.ShardStore`), and what the runtime and the
+    sources keep beside the bindings."""
 
     url: str
 
@@ -70,13 +72,6 @@ class RemapStore(Protocol):
         same for every driver of the pipeline ever after (zombies included).
         Upstream and downstream names that must not collide with another
         pipeline's (Kafka transactional ids, consumer groups) carry it."""
-        ...
-
-    def create_shard(self, shard: str, kind: str) -> None:
-        """Create ``shard`` for FromTime ``kind`` with ``since = upper = 0`` if absent.
-
-        Idempotent; raises :class:`~reclock.core.errors.BindingError` when the shard
-        exists with a different kind."""
         ...
 
     def open_shards(self, kinds: Mapping[str, str]) -> dict[str, Bindings[Any]]:
@@ -102,26 +97,9 @@ class RemapStore(Protocol):
         """The shard's since."""
         ...
 
-    def read(self, shard: str, as_of: int | None = None) -> Bindings[Any]:
-        """A snapshot of the shard.
-
-        With ``as_of``, only bindings at times ``<= as_of`` and the upper
-        ``as_of + 1`` (if that is below the shard's upper): the collection as
-        it was known at IntoTime ``as_of``. Raises
-        :class:`~reclock.core.errors.SinceViolation` for ``as_of < since``.
-        """
-        ...
-
     def read_encoded(self, shard: str) -> tuple[str, int, int | None, list[tuple[int, Any]]]:
         """What :meth:`read` gives, the frontiers left encoded (not decoded
         nor checked): ``(kind, since, upper or None, [(time, encoded)])``."""
-        ...
-
-    def read_from(
-        self, shard: str, lower: int
-    ) -> tuple[list[Binding[Any]], Antichain[IntoTime], IntoTime]:
-        """Bindings at times ``>= lower``, the current upper and the current
-        since (incremental sync; a since that moved means compacted history)."""
         ...
 
     def compare_and_append(
@@ -141,38 +119,12 @@ class RemapStore(Protocol):
         """
         ...
 
-    def append_and_read_from(
-        self,
-        shard: str,
-        bindings: Sequence[Binding[Any]],
-        expected_upper: Antichain[IntoTime],
-        new_upper: Antichain[IntoTime],
-    ) -> tuple[bool, ReadFrom]:
-        """:meth:`compare_and_append`, then :meth:`read_from` the expected
-        upper (what was appended after it, ours or a winner's):
-        ``(appended, read)``. An :class:`~reclock.core.errors.UpperMismatch`
-        is not raised: ``appended`` is False and the read shows the winner's
-        bindings. Other errors of the append raise, as there. Where the
-        append succeeded the read may run in its transaction (the minting
-        tick's read back: one transaction instead of two); it is still a read
-        of what the store holds."""
-        ...
-
     def listen(
         self, shard: str, upper: Antichain[IntoTime], timeout: float
     ) -> tuple[list[Binding[Any]], Antichain[IntoTime]]:
         """Wait up to ``timeout`` seconds for the upper to move past ``upper``;
         return the bindings appended since and the new upper (no bindings and
         the same upper on timeout)."""
-        ...
-
-    def compact(self, shard: str, new_since: int) -> int:
-        """Advance ``since`` to ``new_since`` and consolidate history below it.
-
-        ``new_since`` must be below the upper; moving since backwards is a
-        no-op. Callers pass at most the resumption frontier minus one step.
-        Returns how many bindings the shard holds fewer now (0 for a no-op).
-        """
         ...
 
     def coordinates(self, shard: str, names: Sequence[str] = ()) -> dict[str, int]:
@@ -217,3 +169,41 @@ class RemapStore(Protocol):
     def close(self) -> None:
         """Release connections."""
         ...
+
+
+#: The scheme of a ``remap_store`` written as a bare path: a SQLite file.
+PATH_SCHEME = "sqlite"
+
+
+def _as_is(url: str, base: Path) -> str:
+    return url
+
+
+def _accepted(url: str) -> str:
+    return url
+
+
+@dataclass(frozen=True)
+class RemapStorePlugin:
+    """How a remap store declares itself: the one value its module offers to
+    the ``reclock.remap_stores`` entry point group (``sql =
+    "pkg.mod:PLUGIN"``; the entry point's name is ``name``). The pipeline's
+    ``remap_store`` URL picks the store that claims its scheme (the part
+    before ``://``, without a ``+driver``).
+
+    * ``open(url)`` opens the store (called once per pipeline);
+    * ``check(url)`` validates a URL of one of its schemes where it is
+      written (a ``ValueError`` saying what is wrong: it becomes the
+      configuration error), returning it;
+    * ``resolve(url, base)`` is the URL as the loaded pipeline keeps it,
+      relative paths in it resolved against ``base`` (the YAML file's
+      directory);
+    * ``examples`` are URLs shown to a user who wrote a scheme no store claims.
+    """
+
+    name: str
+    schemes: tuple[str, ...]
+    open: Callable[[str], RemapStore]
+    check: Callable[[str], str] = _accepted
+    resolve: Callable[[str, Path], str] = _as_is
+    examples: tuple[str, ...] = ()
