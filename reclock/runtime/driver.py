@@ -84,18 +84,14 @@ from reclock.core.errors import (
 from reclock.core.frontier import Antichain, frontier_distance
 from reclock.core.mint import RemapOperator
 from reclock.core.schema_change import (
-    DEFAULT_POLICY,
     Change,
     Decision,
-    DroppedTally,
-    Policy,
     decide,
 )
 from reclock.core.secrets import SECRETS
 from reclock.core.time import IntoTime
-from reclock.envelopes import Envelope, NoneEnvelope, UpsertState, envelope_for
+from reclock.envelopes import UpsertState, envelope_for
 from reclock.envelopes.keystate import (
-    CacheShares,
     KeyedIntents,
     KeyStateDamaged,
     KeyStore,
@@ -120,9 +116,9 @@ from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.replay import heal
 from reclock.runtime.resnapshot import Requests
 from reclock.runtime.shapes import Facts, raw_user_schema
+from reclock.runtime.site import OutputRuntime, Settings, min_upper, upper_value
 from reclock.runtime.snapshot_progress import SnapshotProgress
 from reclock.sinks.base import (
-    PersistSink,
     SinkFenced,
     SinkState,
     Superseded,
@@ -130,84 +126,15 @@ from reclock.sinks.base import (
     output_schema,
 )
 from reclock.sinks.consolidate import COUNT, consolidate
-from reclock.sources.base import OutputSpec, ReadTask, Source
+from reclock.sources.base import ReadTask, Source
 
 log = logging.getLogger("reclock.driver")
 
 #: a tick starts this long after an IntoTime a binding can take (timers wake late, not early)
 TICK_AFTER_BOUNDARY_MS = 5
 
-
-@dataclass
-class OutputRuntime:
-    """One output of a running source."""
-
-    index: int
-    name: str
-    spec: OutputSpec
-    sink: PersistSink
-    user_schema: Any
-    key_decoder: Any | None = None
-    value_decoder: Any | None = None
-    envelope: Envelope = field(default_factory=NoneEnvelope)
-    upsert_key: tuple[str, ...] | None = None  # by output column names
-    upstream: tuple[str, ...] = ()  # each user column's upstream name, if renamed
-    rename: dict[str, str] = field(default_factory=dict)  # the output's rename mapping
-    #: the key of a sink that keeps one row per key (a state table), else None
-    state_key: tuple[str, ...] | None = None
-    #: the output's schema_change policy (reclock/core/schema_change.py)
-    policy: Policy = DEFAULT_POLICY
-    #: the key and value format specs of a raw output (its decoders are built
-    #: again at every open when they follow a schema registry)
-    formats: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
-    #: registry schema ids records named that the decoders' union lacked,
-    #: per decoder part (schema_change: evolve re-opens to take them)
-    seen: dict[str, list[int]] = field(default_factory=dict)
-    #: values of upstream columns the output does not take (freeze)
-    dropped: DroppedTally = field(default_factory=DroppedTally)
-    upsert: UpsertState | None = None
-    state: SinkState = field(default_factory=SinkState)
-    rows: int = 0
-    errors: int = 0
-    health: Health = field(default_factory=Health)
-
-
-@dataclass
-class Settings:
-    timestamp_interval_ms: int = 1000
-    max_records_per_job: int = 1_000_000
-    max_records_per_task: int = 200_000
-    max_bytes_per_task: int = 64 * 2**20
-    remap_retention_ms: int = 24 * 3600 * 1000
-    compact_every_ticks: int = 60
-    max_backoff_s: float = 30.0
-    job_time_budget_s: float = 10.0
-    #: a job running longer is cancelled and the source stalls (then retries)
-    job_timeout_s: float = 600.0
-    #: on stop, how long a job in flight may still finish before it is abandoned
-    stop_grace_s: float = 20.0
-    jobs_in_flight: int = 2
-    vacuum_every_s: float = 60.0
-    #: after a maintenance pass that did something, and otherwise once a
-    #: minute, hand the memory the allocators hold free back to the system
-    #: (runtime/memory.py)
-    release_memory: bool = True
-    orphan_grace_s: float = 300.0
-    #: where keyed outputs keep their key state (SQLite files) and tasks
-    #: write large intents; None: the key state lives in memory, rebuilt
-    #: from the output at every open
-    keys_dir: Path | None = None
-    #: the page-cache budget the key stores of the pipeline share (None: a
-    #: cache of its own each)
-    key_cache: CacheShares | None = None
-    #: bytes of intents the driver settles at once (a few key buckets)
-    settle_bytes: int = 32 * 2**20
-    #: whether tasks write large intents to files under ``keys_dir`` (they
-    #: must run on the driver's machine)
-    spill_intents: bool = True
-    #: jobs of at most this many records share a Spark job with other
-    #: sources' small jobs (0: never; see dataplane.run_job)
-    share_jobs_up_to: int = 0
+__all__ = ["TICK_AFTER_BOUNDARY_MS", "OutputRuntime", "Settings", "SourceRunner",
+           "check_state_key", "next_tick_in"]
 
 
 #: Tasks per core of a job whose tasks are cut by bytes (see SourceRunner._task_sizes).
@@ -269,11 +196,6 @@ def _remove_spilled(intents: list[KeyedIntents]) -> None:
                 os.unlink(path)
 
 
-def _upper_value(upper: Antichain[IntoTime]) -> int | None:
-    u = upper.as_option()
-    return None if u is None else int(u)
-
-
 def next_tick_in(interval_ms: int, remap_upper: int | None, now_ms: int,
                  elapsed_s: float) -> float:
     """Seconds until a source's next tick: until just past the first IntoTime
@@ -288,13 +210,6 @@ def next_tick_in(interval_ms: int, remap_upper: int | None, now_ms: int,
         return max(0.0, left)
     nxt = -(-remap_upper // interval_ms) * interval_ms + TICK_AFTER_BOUNDARY_MS
     return max(0.0, min(left + TICK_AFTER_BOUNDARY_MS / 1000.0, (nxt - now_ms) / 1000.0))
-
-
-def _min_upper(states: list[SinkState]) -> int | None:
-    """The meet of the outputs' uppers; ``None`` (the empty upper: complete) is
-    the top, so complete outputs never hold the others back."""
-    ups = [s.upper for s in states if s.upper is not None]
-    return min(ups) if ups else None
 
 
 @dataclass
@@ -819,7 +734,7 @@ class SourceRunner:
                         keeping_types=list(decision.kept_types))
 
     def _resume_into(self) -> Antichain[IntoTime]:
-        u = _min_upper([o.state for o in self.outputs])
+        u = min_upper([o.state for o in self.outputs])
         return Antichain.empty() if u is None else Antichain.from_elem(IntoTime(u))
 
     def _read_start(self, b: Bindings[Any], resume: Antichain[Any]) -> Antichain[Any]:
@@ -867,7 +782,7 @@ class SourceRunner:
         if b.upper != before.upper or len(b) != len(before):
             last = b.last
             self.events.log(
-                self.name, "binding", upper=_upper_value(b.upper),
+                self.name, "binding", upper=upper_value(b.upper),
                 time=int(last.time) if last else None,
                 frontier=last.frontier.encode() if last else None,
                 mint_ms=round((time.monotonic() - minting) * 1000),  # its probe included
@@ -1106,7 +1021,7 @@ class SourceRunner:
         """Per output: staged data + (upper, progress) in one atomic, fenced step.
         ``snapshots``: outputs whose snapshot chunks ``results`` hold; one being
         re-snapshotted retracts what it held in the same step (:meth:`_replaced`)."""
-        new_upper = _upper_value(b.reclock_frontier(reached))
+        new_upper = upper_value(b.reclock_frontier(reached))
         progress = reached.encode_json()
         for out in self.outputs:
             new = SinkState(new_upper, progress)
@@ -1347,7 +1262,7 @@ class SourceRunner:
         memory only those from where the outputs resume on, every tick (the
         store keeps ``remap_retention`` of history for ``reclock verify``)."""
         assert self.operator is not None
-        u = _min_upper([o.state for o in self.outputs])
+        u = min_upper([o.state for o in self.outputs])
         if u is None or not len(b):
             return
         self.operator.hold_from(u)
@@ -1356,7 +1271,7 @@ class SourceRunner:
         # At most the resumption frontier minus one step, and keep the
         # retention window of history.
         target = min(u - 1, self.clock.now() - self.settings.remap_retention_ms)
-        store_upper = _upper_value(b.upper)
+        store_upper = upper_value(b.upper)
         if target > self.operator.store_since and (store_upper is None or target < store_upper):
             self.operator.compact(target)
 
@@ -1404,7 +1319,7 @@ class SourceRunner:
             "probe": enc("probe", self.last_probe),
             "bound": (None if b is None or b.last is None
                       else enc("bound", b.last.frontier)),
-            "remap_upper": None if b is None else _upper_value(b.upper),
+            "remap_upper": None if b is None else upper_value(b.upper),
             "bindings": 0 if self.operator is None else self.operator.retained,
             "read_from": enc("read_from", self.read_from),
             "resume": enc("resume", self.resume),
