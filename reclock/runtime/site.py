@@ -1,24 +1,35 @@
-"""The state of a running source's outputs, and the driver's settings.
+"""What the rooms of one source's runtime share.
 
-:class:`OutputRuntime` is one output as the driver runs it (its spec, sink,
-decoders, envelope, committed state and counts); :class:`Settings` are the
-driver's knobs. Both are shared by the driver's parts.
+A :class:`~reclock.runtime.driver.SourceRunner` keeps the numbered tick and
+is composed of rooms, each a module of its own: job planning and execution
+(:mod:`~reclock.runtime.jobs`), the commit path
+(:mod:`~reclock.runtime.commit`), keyed state (:mod:`~reclock.runtime.keyed`),
+re-snapshots (:mod:`~reclock.runtime.resnapshot`), the outputs' shapes
+(:mod:`~reclock.runtime.shapes`), housekeeping
+(:mod:`~reclock.runtime.housekeeping`) and status
+(:mod:`~reclock.runtime.status`). They share one :class:`Site`: the source,
+its outputs, the driver-wide services, and whether the source is open.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reclock.core.clock import Clock
 from reclock.core.frontier import Antichain
 from reclock.core.schema_change import DEFAULT_POLICY, DroppedTally, Policy
 from reclock.core.time import IntoTime
 from reclock.envelopes import Envelope, NoneEnvelope, UpsertState
 from reclock.envelopes.keystate import CacheShares
+from reclock.remap_store.base import RemapStore
 from reclock.runtime.health import Health
+from reclock.runtime.lock import LockWatch
+from reclock.runtime.progress_log import ProgressLog
 from reclock.sinks.base import PersistSink, SinkState
-from reclock.sources.base import OutputSpec
+from reclock.sources.base import OutputSpec, Source
 
 
 @dataclass
@@ -91,6 +102,32 @@ class Settings:
     #: jobs of at most this many records share a Spark job with other
     #: sources' small jobs (0: never; see dataplane.run_job)
     share_jobs_up_to: int = 0
+
+
+@dataclass(eq=False)
+class Site:
+    """One source's runtime as every room sees it. The runner makes it;
+    the rooms read it, and change only :attr:`opened`."""
+
+    source: Source[Any]
+    outputs: list[OutputRuntime]
+    store: RemapStore
+    clock: Clock
+    settings: Settings
+    events: ProgressLog
+    #: set when the source stops (or is dropped): no new job starts, and a
+    #: job in flight gets ``stop_grace_s`` to finish
+    stop: threading.Event
+    #: the pipeline's driver lock, which every mint and sink commit
+    #: requires (None: no store lock, or a rehearsed zombie)
+    lock: LockWatch | None = None
+    #: whether the source is open; False: the next round of the run loop
+    #: opens it again, re-reading every output's durable state
+    opened: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.source.name
 
 
 def upper_value(upper: Antichain[IntoTime]) -> int | None:
