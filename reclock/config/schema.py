@@ -151,7 +151,7 @@ def _shared_targets(sources: Any) -> list[InitErrorDetails]:
 #: Connectors whose outputs carry raw records, which the output's envelope
 #: turns into updates: the envelope alone says what key the output keeps.
 #: (The others describe typed rows and their key themselves: checked when the
-#: source describes its outputs, :func:`reclock.runtime.driver.check_state_key`.)
+#: source describes its outputs, :func:`reclock.runtime.shapes.check_state_key`.)
 _RAW_CONNECTORS = ("kafka",)
 
 
