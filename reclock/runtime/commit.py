@@ -188,7 +188,8 @@ class Committer:
         self.resume: Antichain[Any] | None = None
         #: the frontier last acknowledged upstream
         self.acknowledged: Antichain[Any] | None = None
-        self._gone: set[int] = set()  # outputs whose upstream is gone (output_errors)
+        #: outputs whose upstream is gone (output_errors), and their errors
+        self._gone: dict[int, str] = {}
         #: the round under way (None: none since the last acknowledgement)
         self._path: CommitPath | None = None
         self._rounds = (0, 0)  # (tick, rounds begun in it)
@@ -374,18 +375,20 @@ class Committer:
 
     def upstream_gone(self) -> None:
         """Outputs whose upstream the source says is gone for good stall with
-        its definite error (once each, with an event); the others go on (a
-        commit makes an output running again unless its upstream is gone)."""
+        its definite error (with an event, once per change of the error: a
+        deleted topic re-created meanwhile needs another recovery); the
+        others go on (a commit makes an output running again unless its
+        upstream is gone)."""
         site = self.site
         gone = site.source.output_errors()
+        errors = {i: str(exc.args[0] if exc.args else exc) for i, exc in gone.items()}
         for out in site.outputs:
             exc = gone.get(out.index)
             if exc is None:
                 continue
-            if out.index not in self._gone:
+            if self._gone.get(out.index) != errors[out.index]:
                 log.error("source %s: output %s: %s", site.name, out.name, exc)
                 site.events.log(site.name, "output_error", output=out.name, error=str(exc),
                                 hint=exc.hint)
-                out.health = Health(STALLED, str(exc.args[0] if exc.args else exc), exc.hint,
-                                    site.clock.now(), True)
-        self._gone = set(gone)
+                out.health = Health(STALLED, errors[out.index], exc.hint, site.clock.now(), True)
+        self._gone = errors
