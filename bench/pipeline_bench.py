@@ -181,7 +181,7 @@ class Job:
 @dataclass
 class Instrument:
     """Times ``SourceRunner.tick``, ``RemapOperator.mint``, the Spark job
-    (``reclock.runtime.driver.run_job``) and ``DeltaSink.commit`` in every thread."""
+    (``reclock.runtime.jobs.run_job``) and ``DeltaSink.commit`` in every thread."""
 
     durations: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     jobs: list[Job] = field(default_factory=list)
@@ -189,13 +189,14 @@ class Instrument:
 
     def __enter__(self) -> Instrument:
         import reclock.runtime.driver as drv
+        import reclock.runtime.jobs as jobs
         from reclock.core.mint import RemapOperator
         from reclock.sinks.delta import DeltaSink
 
         self._patch(drv.SourceRunner, "tick", "tick")
         self._patch(RemapOperator, "mint", "mint")
         self._patch(DeltaSink, "commit", "commit")
-        orig = drv.run_job
+        orig = jobs.run_job
 
         def run_job(*a: Any, **k: Any) -> Any:
             t0 = time.perf_counter()
@@ -204,8 +205,8 @@ class Instrument:
                                  sum(r.records for r in res)))
             return res
 
-        self._restore.append((drv, "run_job", orig))
-        drv.run_job = run_job  # type: ignore[assignment]
+        self._restore.append((jobs, "run_job", orig))
+        jobs.run_job = run_job  # type: ignore[assignment]
         return self
 
     def _patch(self, owner: Any, name: str, label: str) -> None:

@@ -365,7 +365,7 @@ def _tick_median(runners: list[Any], warmup: float, window: float) -> float:
     time.sleep(warmup)
     ticks = r.ticks
     time.sleep(window)
-    new = list(r._tick_ms)[-(r.ticks - ticks):] if r.ticks > ticks else []
+    new = list(r.observed.tick_ms)[-(r.ticks - ticks):] if r.ticks > ticks else []
     return statistics.median(new) if new else float("nan")
 
 

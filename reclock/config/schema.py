@@ -142,7 +142,7 @@ def _state_key_problems(data: Mapping[str, Any], raw_records: bool) -> list[Init
     :attr:`~reclock.contracts.source.ConnectorConfig.RAW_RECORDS`) read with
     an append-only envelope. (Typed rows describe their key themselves:
     checked when the source describes its outputs,
-    :func:`reclock.runtime.driver.check_state_key`.)"""
+    :func:`reclock.runtime.shapes.check_state_key`.)"""
     outputs = data.get("outputs")
     if not isinstance(outputs, Sequence) or isinstance(outputs, str):
         return []

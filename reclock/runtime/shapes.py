@@ -18,19 +18,37 @@ The facts this module keeps (remap shard of the source):
 * ``avro:<output>:<part>`` -- an Avro decoder's union: the subject's
   versions (version -> schema id) and every writer schema it took, so that a
   subject deleted and registered again is seen, and the union never shrinks.
+
+:class:`Shapes` is the runner's room for this step: it describes the outputs
+at every open, and counts the values an output drops (``freeze``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
-from reclock.core.errors import DefiniteError
-from reclock.core.schema_change import SHAPE_PREFIX, decode_shape, encode_shape
-from reclock.registry import registry
+from reclock.contracts.config import KEYED_ENVELOPE, state_key_problem
+from reclock.contracts.rows import check_output_names
+from reclock.core.columns import rename_columns
+from reclock.core.errors import DefiniteError, SchemaChanged, ShapeSeen
+from reclock.core.schema_change import (
+    SHAPE_PREFIX,
+    Change,
+    Decision,
+    decide,
+    decode_shape,
+    encode_shape,
+)
+from reclock.registry import envelope_for, registry
+from reclock.runtime.dataplane import TaskResult
+from reclock.runtime.site import OutputRuntime, Site
+
+log = logging.getLogger("reclock.driver")
 
 AVRO_PREFIX = "avro:"
 
@@ -84,3 +102,171 @@ class Facts:
         text = json.dumps(fact, sort_keys=True)
         if self.facts.get(key) != text:
             self.facts[key] = self.updates[key] = text
+
+
+def check_state_key(what: str, out: OutputRuntime) -> None:
+    """An output's state table must be keyed by a key that contains the
+    output's upstream key (:func:`~reclock.contracts.config.state_key_problem`):
+    its envelope's key, else the key its source declares for typed rows (a
+    CDC table's primary key or replica identity index, a generator table's
+    id). Checked once the output's columns are known: when the pipeline is
+    built, or when the source describes its typed outputs. A
+    :class:`DefiniteError` naming ``what`` otherwise."""
+    if not out.state_key:
+        return
+    upstream: tuple[str, ...] | None = None
+    fix = KEYED_ENVELOPE
+    declared = ("the key the source declares for it: a CDC table's primary key or replica "
+                "identity index, a generator table's id")
+    if out.upsert_key:
+        upstream = out.upsert_key
+        origin = declared if out.spec.envelope is not None else (
+            f"the {out.envelope.type} envelope's key")
+    elif out.spec.typed and out.spec.key:
+        upstream = tuple(out.rename.get(k, k) for k in out.spec.key)
+        origin = declared
+    elif out.spec.typed:
+        origin = ("the source declares no key for it: a CDC table without a primary key or "
+                  "replica identity index, or a file load")
+        fix = "give the table a primary key upstream and key the state table by it"
+    else:
+        origin = "envelope none: every record is an insertion, and none retracts an earlier one"
+    problem = state_key_problem(out.state_key, upstream, origin, fix)
+    if problem is not None:
+        raise DefiniteError(f"{what}: sink key {list(out.state_key)}: {problem}",
+                            hint="change the sink's key or mode in the pipeline file")
+
+
+class Shapes:
+    """The schema-change step of one source's outputs (see the module)."""
+
+    def __init__(self, site: Site) -> None:
+        self.site = site
+
+    def describe(self) -> None:
+        """Each output's columns as upstream is now, met by the output's
+        ``schema_change`` policy: typed outputs take the source's
+        description (an upstream table may have changed), raw outputs whose
+        decoders follow a schema registry rebuild them. What the policy
+        decides is kept as a fact before any commit uses it."""
+        site = self.site
+        outputs = site.outputs
+        specs = site.source.current_outputs()
+        if [s.name for s in specs] != [o.name for o in outputs]:
+            raise DefiniteError(
+                f"source {site.name!r}: its outputs changed from {[o.name for o in outputs]}"
+                f" to {[s.name for s in specs]}", hint="restart the pipeline")
+        facts = Facts(site.store.facts(site.name))
+        for out, spec in zip(outputs, specs, strict=True):
+            what = f"source {site.name!r} output {out.name!r}"
+            changes: tuple[Change, ...] = ()
+            if spec.typed:
+                if spec.schema is None:
+                    continue
+                out.spec = spec
+                if spec.envelope is not None:
+                    out.envelope = envelope_for(spec.envelope, tuple(spec.key))
+                upstream, key_columns = spec.schema, None
+                changes = tuple(spec.changes)
+            elif self._evolving(out):
+                upstream, key_columns = self._redecode(out, what, facts)
+            elif out.user_schema is None:
+                continue
+            else:
+                assert out.value_decoder is not None
+                upstream = pa.schema(
+                    ([*out.key_decoder.schema] if out.key_decoder is not None else [])
+                    + [*out.value_decoder.schema] + list(out.spec.extra or []))
+                key_columns = ([f.name for f in out.key_decoder.schema]
+                               if out.key_decoder is not None else [])
+            key = out.envelope.resolve(what, list(upstream.names), key_columns)
+            if out.rename:
+                upstream, _, key = rename_columns(what, upstream, out.rename, key)
+            decision = decide(what, out.name, out.policy, facts.today(out.name), upstream,
+                              changes)
+            self._log_changes(out, decision)
+            out.user_schema, out.upsert_key = decision.schema, key
+            if out.rename:
+                back = {v: k for k, v in out.rename.items()}
+                out.upstream = tuple(back.get(n, n) for n in decision.schema.names)
+            check_output_names(what, out.user_schema)
+            check_state_key(what, out)
+            facts.set_today(out.name, out.user_schema)
+        if facts.updates:
+            site.store.put_facts(site.name, facts.updates)
+        missing = [o.name for o in outputs if o.user_schema is None]
+        if missing:
+            raise DefiniteError(f"source {site.name!r}: outputs {missing} have no schema")
+
+    def met(self, exc: Exception) -> None:
+        """A task met a shape the last open did not describe (``exc``:
+        :class:`~reclock.core.errors.SchemaChanged` or
+        :class:`~reclock.core.errors.ShapeSeen`; other errors are not this
+        room's): the next open takes it in."""
+        outputs = self.site.outputs
+        if isinstance(exc, SchemaChanged) and 0 <= exc.output < len(outputs):
+            # the next open takes the writer schema into the output's union
+            outputs[exc.output].seen.setdefault(exc.part, []).append(exc.schema_id)
+        if isinstance(exc, ShapeSeen):
+            # the next open's describe takes the shape the task met in
+            self.site.source.shape_seen(exc.output, exc.shape)
+
+    @staticmethod
+    def _evolving(out: OutputRuntime) -> bool:
+        return any(getattr(d, "evolving", False) for d in (out.key_decoder, out.value_decoder))
+
+    def _redecode(self, out: OutputRuntime, what: str, facts: Facts
+                  ) -> tuple[pa.Schema, list[str]]:
+        """Rebuild a raw output's decoders that follow a schema registry (the
+        union of what they took before, the subject's versions now and the
+        ids records named); record their unions; the upstream columns."""
+        from reclock.registry import make_decoder
+
+        key_spec, value_spec = out.formats
+        decs: dict[str, Any] = {}
+        for part, spec in (("key", key_spec), ("value", value_spec)):
+            old = out.key_decoder if part == "key" else out.value_decoder
+            if spec is None or not getattr(old, "evolving", False):
+                decs[part] = old
+                continue
+            dec = make_decoder(spec, allow_null=part == "value" and out.envelope.allow_null,
+                               policy=out.policy, known=facts.avro(out.name, part),
+                               seen=out.seen.get(part, ()), part=part)
+            for note in getattr(dec, "notes", ()):
+                log.warning("%s: %s", what, note)
+                self.site.events.log(self.site.name, "schema", output=out.name, note=note)
+            facts.set_avro(out.name, part, dec.fact())  # type: ignore[attr-defined]
+            decs[part] = dec
+        out.key_decoder, out.value_decoder = decs["key"], decs["value"]
+        out.seen = {}
+        schema, key_columns = raw_user_schema(what, out.key_decoder, out.value_decoder,
+                                              list(out.spec.extra or []), out.envelope.type)
+        return schema, key_columns
+
+    def _log_changes(self, out: OutputRuntime, decision: Decision) -> None:
+        """Name what the policy did with upstream's changes in the progress log."""
+        if not decision.changes:
+            return
+        said = [c.describe() for c in decision.changes]
+        log.info("source %s output %s: schema_change %s: %s", self.site.name, out.name,
+                 out.policy, "; ".join(said))
+        self.site.events.log(self.site.name, "schema", output=out.name, policy=out.policy,
+                             changes=said, dropping=list(decision.dropped),
+                             keeping_types=list(decision.kept_types))
+
+    def count_dropped(self, out: OutputRuntime, results: list[TaskResult]) -> None:
+        """Values of upstream columns the output does not take (freeze),
+        committed with this batch: counted, and each column named in the
+        progress log the first time (in this run) its values are dropped."""
+        counts: dict[str, int] = {}
+        for r in results:
+            for c, v in r.dropped_values.get(out.index, {}).items():
+                counts[c] = counts.get(c, 0) + v
+        if not counts:
+            return
+        for c in out.dropped.add(counts):
+            log.warning("source %s output %s: dropping the values of upstream column %r "
+                        "(schema_change: %s; the output does not have it)", self.site.name,
+                        out.name, c, out.policy)
+            self.site.events.log(self.site.name, "schema", output=out.name,
+                                 policy=out.policy, dropping_values_of=c)

@@ -10,7 +10,7 @@ Where the numbers come from::
                          each marked ReadTask.snapshot = its output
     Spark                each finished chunk task adds its records to the
                          job's TaskProgress (an accumulator), while the job runs
-    driver._commit()     the job committed: the outputs hold their snapshots;
+    Committer.commit()   the job committed: the outputs hold their snapshots;
                          the rows read are final, and they are the total
 
 The status entry of an output (``outputs[].snapshot`` in the status

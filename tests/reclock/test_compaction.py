@@ -102,11 +102,11 @@ def files(path: str) -> int:
 def test_read_verify_and_key_state_are_the_same_after_compaction(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from reclock.runtime import driver
+    from reclock.runtime import housekeeping
 
     released: list[bool] = []  # the driver hands free memory back after its passes
-    real = driver.release_free_memory
-    monkeypatch.setattr(driver, "release_free_memory",
+    real = housekeeping.release_free_memory
+    monkeypatch.setattr(housekeeping, "release_free_memory",
                         lambda: released.append(real(force=True)))
     # Stopped halfway: the sources are open, the upsert outputs mid-stream.
     path = write(tmp_path, 2 * TOTAL, "{type: file, compact: off}")

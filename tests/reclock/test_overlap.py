@@ -14,7 +14,7 @@ import pytest
 from reclock.config import load_config
 from reclock.core.errors import TransientError
 from reclock.pipeline import run
-from reclock.runtime.driver import SourceRunner
+from reclock.runtime.jobs import Jobs
 from reclock.sinks.delta import DeltaSink
 from reclock.verify import verify_pipeline
 
@@ -53,9 +53,9 @@ def test_next_job_reads_while_a_commit_runs_and_a_failed_commit_discards_it(
     jobs: list[tuple[float, float]] = []
     commits: list[tuple[float, float, int | None]] = []
     failed = {"n": 0}
-    execute, commit = SourceRunner._execute, DeltaSink.commit
+    execute, commit = Jobs.execute, DeltaSink.commit
 
-    def timed_execute(self: SourceRunner, ctx: Any, tasks: Any) -> Any:
+    def timed_execute(self: Jobs, ctx: Any, tasks: Any) -> Any:
         t0 = time.monotonic()
         try:
             return execute(self, ctx, tasks)
@@ -73,7 +73,7 @@ def test_next_job_reads_while_a_commit_runs_and_a_failed_commit_discards_it(
         with lock:
             commits.append((t0, time.monotonic(), new.upper))
 
-    monkeypatch.setattr(SourceRunner, "_execute", timed_execute)
+    monkeypatch.setattr(Jobs, "execute", timed_execute)
     monkeypatch.setattr(DeltaSink, "commit", slow_commit)
     cfg = _run_to_the_end(tmp_path, spark)
     assert failed["n"] == 1
@@ -110,15 +110,15 @@ def test_a_failure_planning_the_next_job_still_commits_the_one_read(
         commit(self, staged, expected, new)
         events.append("commit")
 
-    execute = SourceRunner._execute
+    execute = Jobs.execute
 
-    def logged_execute(self: SourceRunner, ctx: Any, tasks: Any) -> Any:
+    def logged_execute(self: Jobs, ctx: Any, tasks: Any) -> Any:
         events.append("execute")
         return execute(self, ctx, tasks)
 
     monkeypatch.setattr(GeneratorSource, "plan", flaky_plan)
     monkeypatch.setattr(DeltaSink, "commit", logged_commit)
-    monkeypatch.setattr(SourceRunner, "_execute", logged_execute)
+    monkeypatch.setattr(Jobs, "execute", logged_execute)
     cfg = _run_to_the_end(tmp_path, spark)
     at = events.index("plan failed")
     # the job already read was committed, not read again
@@ -136,9 +136,9 @@ def test_jobs_in_flight_read_together_and_commit_in_order(
     lock = threading.Lock()
     jobs: list[tuple[float, float, str]] = []
     commits: list[tuple[float, float, int | None]] = []
-    execute, commit = SourceRunner._execute, DeltaSink.commit
+    execute, commit = Jobs.execute, DeltaSink.commit
 
-    def slow_execute(self: SourceRunner, ctx: Any, tasks: Any) -> Any:
+    def slow_execute(self: Jobs, ctx: Any, tasks: Any) -> Any:
         t0 = time.monotonic()
         time.sleep(0.2)  # a job's fixed cost: the next one should run meanwhile
         try:
@@ -153,7 +153,7 @@ def test_jobs_in_flight_read_together_and_commit_in_order(
         with lock:
             commits.append((t0, time.monotonic(), new.upper))
 
-    monkeypatch.setattr(SourceRunner, "_execute", slow_execute)
+    monkeypatch.setattr(Jobs, "execute", slow_execute)
     monkeypatch.setattr(DeltaSink, "commit", timed_commit)
     path = tmp_path / "pipeline.yaml"
     path.write_text(PIPELINE.replace("max_records_per_task: 1500}",

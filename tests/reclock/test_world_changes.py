@@ -277,7 +277,9 @@ def test_a_listed_topic_recreated_while_running_stalls_its_output_only_until_acc
     """`topics: [a, b]` with an output each: `a` deleted and re-created while
     the driver runs. Its output stalls with the definite error (the other
     goes on reading `b`); `reclock accept-recreated` while it runs takes the
-    new `a` up, read from its first record."""
+    new `a` up, read from its first record. The driver sees `a` gone before
+    it is re-created (as a probe between the two would), and the output's
+    health then names the error that holds now, with the recovery it needs."""
     run = uuid.uuid4().hex[:8]
     a, b = f"wla{run}", f"wlb{run}"
     kafka.create_topic(a, 1)
@@ -299,11 +301,16 @@ def test_a_listed_topic_recreated_while_running_stalls_its_output_only_until_acc
         r = runners[0]
         wait_for(lambda: sum(durable(r).values()) == 8, 60, "8 records")
         kafka.delete_topic(a)
+        wait_for(lambda: (r.outputs[0].health.error or "").endswith(f"topic {a!r} was deleted"),
+                 60, lambda: f"output oa's error for the deleted topic, {r.outputs[0].health}")
         kafka.create_topic(a, 1)
         _produce(kafka.bootstrap, a, 1, 10, 3)
-        # (a probe may first see the topic gone: "was deleted")
         wait_for(lambda: "was deleted and re-created" in (r.outputs[0].health.error or ""),
                  60, lambda: f"output oa's definite error, {r.outputs[0].health}")
+        assert "accept-recreated" in (r.outputs[0].health.hint or ""), r.outputs[0].health
+        errors = [e["error"] for e in r.events.recent
+                  if e["kind"] == "output_error" and e["output"] == "oa"]
+        assert len(errors) == 2 and "re-created" in errors[1], errors
         assert r.outputs[0].health.definite
         _produce(kafka.bootstrap, b, 1, 200, 2)  # the other topic goes on
         wait_for(lambda: ids("ob") == Counter([*range(100, 104), 200, 201]), 60, "b goes on")

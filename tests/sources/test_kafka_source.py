@@ -721,7 +721,7 @@ sources:
         first = len((tmp_path / "state" / "progress.jsonl").read_text().splitlines())
         write(range(40, 60))
         wait_for(lambda: durable(r).get(0) == 60, 90, lambda: f"all 60 records: {durable(r)}")
-        per = r.record_bytes
+        per = r.jobs.record_bytes
     events = [json.loads(e) for e in (tmp_path / "state" / "progress.jsonl")
               .read_text().splitlines()]
     reads = [e for e in events[:first] if e["kind"] == "read" and e["records"]]

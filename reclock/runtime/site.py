@@ -1,0 +1,150 @@
+"""What the rooms of one source's runtime share.
+
+A :class:`~reclock.runtime.driver.SourceRunner` keeps the numbered tick and
+is composed of rooms, each a module of its own: job planning and execution
+(:mod:`~reclock.runtime.jobs`), the commit path
+(:mod:`~reclock.runtime.commit`), keyed state (:mod:`~reclock.runtime.keyed`),
+re-snapshots (:mod:`~reclock.runtime.resnapshot`), the outputs' shapes
+(:mod:`~reclock.runtime.shapes`), housekeeping
+(:mod:`~reclock.runtime.housekeeping`) and status
+(:mod:`~reclock.runtime.status`). They share one :class:`Site`: the source,
+its outputs, the driver-wide services, and whether the source is open.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reclock.contracts.envelope import Envelope
+from reclock.contracts.remap_store import RemapStore
+from reclock.contracts.sink import PersistSink, SinkState
+from reclock.contracts.source import OutputSpec, Source
+from reclock.core.clock import Clock
+from reclock.core.frontier import Antichain
+from reclock.core.schema_change import DEFAULT_POLICY, DroppedTally, Policy
+from reclock.core.time import IntoTime
+from reclock.registry import default_envelope
+from reclock.runtime.health import Health
+from reclock.runtime.keystate import CacheShares
+from reclock.runtime.lock import LockWatch
+from reclock.runtime.progress_log import ProgressLog
+from reclock.runtime.upsert_state import UpsertState
+
+
+@dataclass
+class OutputRuntime:
+    """One output of a running source."""
+
+    index: int
+    name: str
+    spec: OutputSpec
+    sink: PersistSink
+    user_schema: Any
+    key_decoder: Any | None = None
+    value_decoder: Any | None = None
+    envelope: Envelope = field(default_factory=default_envelope)
+    upsert_key: tuple[str, ...] | None = None  # by output column names
+    upstream: tuple[str, ...] = ()  # each user column's upstream name, if renamed
+    rename: dict[str, str] = field(default_factory=dict)  # the output's rename mapping
+    #: the key of a sink that keeps one row per key (a state table), else None
+    state_key: tuple[str, ...] | None = None
+    #: the output's schema_change policy (reclock/core/schema_change.py)
+    policy: Policy = DEFAULT_POLICY
+    #: the key and value format specs of a raw output (its decoders are built
+    #: again at every open when they follow a schema registry)
+    formats: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
+    #: registry schema ids records named that the decoders' union lacked,
+    #: per decoder part (schema_change: evolve re-opens to take them)
+    seen: dict[str, list[int]] = field(default_factory=dict)
+    #: values of upstream columns the output does not take (freeze)
+    dropped: DroppedTally = field(default_factory=DroppedTally)
+    upsert: UpsertState | None = None
+    state: SinkState = field(default_factory=SinkState)
+    rows: int = 0
+    errors: int = 0
+    health: Health = field(default_factory=Health)
+
+
+@dataclass
+class Settings:
+    timestamp_interval_ms: int = 1000
+    max_records_per_job: int = 1_000_000
+    max_records_per_task: int = 200_000
+    max_bytes_per_task: int = 64 * 2**20
+    remap_retention_ms: int = 24 * 3600 * 1000
+    compact_every_ticks: int = 60
+    max_backoff_s: float = 30.0
+    job_time_budget_s: float = 10.0
+    #: a job running longer is cancelled and the source stalls (then retries)
+    job_timeout_s: float = 600.0
+    #: on stop, how long a job in flight may still finish before it is abandoned
+    stop_grace_s: float = 20.0
+    jobs_in_flight: int = 2
+    vacuum_every_s: float = 60.0
+    #: after a maintenance pass that did something, and otherwise once a
+    #: minute, hand the memory the allocators hold free back to the system
+    #: (runtime/memory.py)
+    release_memory: bool = True
+    orphan_grace_s: float = 300.0
+    #: where keyed outputs keep their key state (SQLite files) and tasks
+    #: write large intents; None: the key state lives in memory, rebuilt
+    #: from the output at every open
+    keys_dir: Path | None = None
+    #: the page-cache budget the key stores of the pipeline share (None: a
+    #: cache of its own each)
+    key_cache: CacheShares | None = None
+    #: bytes of intents the driver settles at once (a few key buckets)
+    settle_bytes: int = 32 * 2**20
+    #: whether tasks write large intents to files under ``keys_dir`` (they
+    #: must run on the driver's machine)
+    spill_intents: bool = True
+    #: jobs of at most this many records share a Spark job with other
+    #: sources' small jobs (0: never; see dataplane.run_job)
+    share_jobs_up_to: int = 0
+
+
+@dataclass(eq=False)
+class Site:
+    """One source's runtime as every room sees it. The runner makes it;
+    the rooms read it, and change only :attr:`opened`."""
+
+    source: Source[Any]
+    outputs: list[OutputRuntime]
+    store: RemapStore
+    clock: Clock
+    settings: Settings
+    events: ProgressLog
+    #: set when the source stops (or is dropped): no new job starts, and a
+    #: job in flight gets ``stop_grace_s`` to finish
+    stop: threading.Event
+    #: the pipeline's driver lock, which every mint and sink commit
+    #: requires (None: no store lock, or a rehearsed zombie)
+    lock: LockWatch | None = None
+    #: whether the source is open; False: the next round of the run loop
+    #: opens it again, re-reading every output's durable state
+    opened: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+
+def upper_value(upper: Antichain[IntoTime]) -> int | None:
+    u = upper.as_option()
+    return None if u is None else int(u)
+
+
+def min_upper(states: list[SinkState]) -> int | None:
+    """The meet of the outputs' uppers; ``None`` (the empty upper: complete) is
+    the top, so complete outputs never hold the others back."""
+    ups = [s.upper for s in states if s.upper is not None]
+    return min(ups) if ups else None
+
+
+def resume_into(outputs: list[OutputRuntime]) -> Antichain[IntoTime]:
+    """The resumption frontier in IntoTime: the meet of the outputs' uppers."""
+    u = min_upper([o.state for o in outputs])
+    return Antichain.empty() if u is None else Antichain.from_elem(IntoTime(u))
