@@ -7,8 +7,8 @@ keeps the freed chunks of the pass in its arenas (a 12-minute
 +34.6 MiB). :func:`release_free_memory`
 asks glibc to return them (``malloc_trim(0)`` walks every arena, not only the
 main heap) and Arrow's pool to drop its cached pages. The driver calls it
-after a maintenance pass that did something (see ``Housekeeping.maintain`` in runtime/housekeeping.py),
-and otherwise :func:`release_if_idle` once every :data:`IDLE_S`: ordinary
+after a maintenance pass that did something (``Housekeeping.maintain`` in
+runtime/housekeeping.py), and otherwise :func:`release_if_idle` once every :data:`IDLE_S`: ordinary
 ticks leave freed memory in glibc's arenas too (an hour of ``bench/soak.py``
 with releases after compaction passes only: glibc's free-but-held memory
 15 -> 73 MiB). A release costs about 5 ms with tens of MiB to hand
