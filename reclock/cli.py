@@ -296,8 +296,8 @@ def _ids_json(ids: dict[int, Any]) -> dict[str, Any]:
 
 
 def cmd_read(args: argparse.Namespace) -> int:
-    from reclock.contracts.consolidate import consolidate, errors
     from reclock.pipeline import Pipeline
+    from reclock.runtime.reading import choose_as_of, read_output
 
     if args.csv and len(args.outputs) > 1:
         raise ReclockError("--csv takes one output (each has its own columns and header); "
@@ -308,26 +308,11 @@ def cmd_read(args: argparse.Namespace) -> int:
         targets = []
         for name in args.outputs:
             targets.append(_find_output(pipe, name))
-        states = [o.sink.state() for _, o in targets]
-        as_of: int | None
-        if args.as_of is not None:
-            as_of = parse_time(args.as_of)
-            for (src, o), st in zip(targets, states, strict=True):
-                if st.upper is not None and as_of >= st.upper:
-                    raise ReclockError(
-                        f"output {src}.{o.name} is durable only below {st.upper}; "
-                        f"as of {as_of} is not complete yet"
-                    )
-        else:
-            finite = [s.upper for s in states if s.upper is not None]
-            as_of = (min(finite) - 1) if finite else None
-            if as_of is not None and as_of < 0:
-                as_of = -1
-        for (src, o), _st in zip(targets, states, strict=True):
-            updates = o.sink.read_updates(as_of)
-            user_cols = [f.name for f in o.user_schema]
-            table = errors(updates, as_of) if args.errors else consolidate(updates, as_of,
-                                                                           user_cols)
+        # every state before any log: the as-of is complete in all of them
+        as_of = choose_as_of([(f"{src}.{o.name}", o.sink.state()) for src, o in targets],
+                             None if args.as_of is None else parse_time(args.as_of))
+        for src, o in targets:
+            table = read_output(o, as_of, "errors" if args.errors else "collection")
             _print_table(f"{src}.{o.name}", as_of, table, args)
     finally:
         pipe.close()
