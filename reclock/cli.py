@@ -35,13 +35,16 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from reclock.core.errors import ReclockError
 from reclock.core.frontier import render as render_frontier
 from reclock.core.secrets import install_log_filter, scrub, scrub_data
+
+if TYPE_CHECKING:
+    from reclock.runtime.status import PipelineStatus
 
 log = logging.getLogger("reclock")
 
@@ -103,12 +106,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _driver_status(state_dir: Path) -> dict[str, Any] | None:
-    """The driver's document (``status.json``), ``"stale"`` when its process
-    is gone or its run ended; ``None``: there is none."""
-    p = state_dir / "status.json"
+def _running_driver(state_dir: Path) -> PipelineStatus | None:
+    """The document (``status.json``) of the driver running in
+    ``state_dir``; ``None``: there is none, its process is gone, or its run
+    ended (its process may live on: an embedding app)."""
+    from reclock.runtime.status import PipelineStatus
+
     try:
-        doc: dict[str, Any] = json.loads(p.read_text())
+        doc: dict[str, Any] = json.loads((state_dir / "status.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
     pid = doc.get("pid")
@@ -116,10 +121,8 @@ def _driver_status(state_dir: Path) -> dict[str, Any] | None:
         if pid:
             os.kill(int(pid), 0)
     except OSError:
-        doc["stale"] = True
-    if doc.get("stopped"):
-        doc["stale"] = True  # the run ended (its process may live on: an embedding app)
-    return doc
+        return None
+    return None if doc.get("stopped") else PipelineStatus.from_json(doc)
 
 
 def _whole(lv: dict[str, Any] | None) -> bool:
@@ -142,16 +145,14 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
     from reclock.config.loader import drop_marker, quick_view
     from reclock.core.clock import SystemClock
     from reclock.runtime.progress_log import tail
-    from reclock.runtime.status import PipelineStatus, SourceStatus
+    from reclock.runtime.status import SourceStatus
 
     # A driver running this very file (its status has the file's fingerprint)
     # validated it, and its runners describe every source whole: then the file
     # is only read, not validated (that builds every model: a second or more).
     cfg: Any = None
     view = quick_view(file)
-    doc = None if view is None else _driver_status(view.state_dir)
-    running = doc is not None and not doc.get("stale")
-    live = PipelineStatus.from_json(doc) if doc is not None and running else None
+    live = None if view is None else _running_driver(view.state_dir)
     if (view is not None and live is not None and live.config == view.fingerprint
             and all(n in live.by_source() and live.by_source()[n].whole
                     for n in view.sources)):
@@ -160,11 +161,9 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
         cfg = _load(file)
         state_dir, names = Path(cfg.state_dir), [s.name for s in cfg.sources]
         if view is None or state_dir != view.state_dir:
-            doc = _driver_status(state_dir)
-            running = doc is not None and not doc.get("stale")
-            live = PipelineStatus.from_json(doc) if doc is not None and running else None
+            live = _running_driver(state_dir)
     live_by = {} if live is None else live.by_source()
-    out: dict[str, Any] = {"state_dir": str(state_dir), "driver_running": running,
+    out: dict[str, Any] = {"state_dir": str(state_dir), "driver_running": live is not None,
                            "sources": []}
     if live is not None:
         out["status_updated_ms"] = live.updated_ms
@@ -181,10 +180,10 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
                     pipe = Pipeline(cfg)
                     shards = set(pipe.store.shards())
                 built = pipe.build_source(cfg.source(name))
-                # (at 2,048 partitions a read decodes every binding's frontier: seconds)
                 st = SourceStatus.from_durable(
-                    name, built.source, pipe.store.read(name) if name in shards else None,
-                    [(o.name, o.sink.state()) for o in built.outputs], SystemClock().now(),
+                    name, built.source,
+                    lambda: pipe.store.read(name) if name in shards else None,  # noqa: B023
+                    [(o.name, o.sink.state) for o in built.outputs], SystemClock().now(),
                     live=lv)
             assert st is not None
             if drop_marker(state_dir, name).exists():

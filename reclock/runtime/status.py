@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -261,30 +261,37 @@ class SourceStatus:
                 round(sorted(ticks)[len(ticks) // 2], 1) if ticks else None))
 
     @classmethod
-    def from_durable(cls, name: str, source: Source[Any], bindings: Bindings[Any] | None,
-                     outputs: list[tuple[str, SinkState]], now: int,
+    def from_durable(cls, name: str, source: Source[Any],
+                     bindings: Callable[[], Bindings[Any] | None],
+                     outputs: Sequence[tuple[str, Callable[[], SinkState]]], now: int,
                      live: SourceStatus | None = None) -> SourceStatus:
-        """The status of a source from durable state: its ``bindings`` in
-        the remap store (``None``: none stored) and its outputs' sink states
-        (lag as of ``now``). Where it resumes asks ``source`` when no binding
-        exists yet (its initial frontier).
+        """The status of a source from durable state: its bindings in the
+        remap store (``bindings()``; ``None``: none stored) and its outputs'
+        sink states (``(name, state)`` per output; lag as of ``now``). Where
+        it resumes asks ``source`` when no binding exists yet (its initial
+        frontier).
 
         ``live``: the status of a runner that has not opened yet (it does
         not know the source whole): what it shows is kept (its health,
         numbers, bindings and outputs), the rest (the kind, the outputs it
-        does not show, where it resumes) is read here."""
-        outs = tuple(OutputStatus.from_sink(n, st.upper, now) for n, st in outputs)
-        b = bindings
+        does not show, where it resumes) is read here. Only what is needed
+        is read: a sink may be unreachable (the runner shows why), and at
+        2,048 partitions reading the bindings decodes every frontier."""
+        shown = {} if live is None else {o.name: o for o in live.outputs}
+        outs = tuple(shown.get(n) or OutputStatus.from_sink(n, state().upper, now)
+                     for n, state in outputs)
+        b: Bindings[Any] | None = None
         if live is None:
+            b = bindings()
             remap = None if b is None else b.upper.as_option()
             st = cls(name, source.kind, dict(NOT_RUNNING),
                      None if b is None or b.last is None else b.last.frontier.encode(),
                      None if remap is None else int(remap), 0 if b is None else len(b),
                      None, outs)
         else:
-            shown = {o.name: o for o in live.outputs}
-            st = dataclasses.replace(live, kind=source.kind,
-                                     outputs=tuple(shown.get(o.name, o) for o in outs))
+            st = dataclasses.replace(live, kind=source.kind, outputs=outs)
+            if st.resume is None:
+                b = bindings()
         if st.resume is None:
             st = dataclasses.replace(st, resume=_resume(b, st.resume_into, source))
         return st

@@ -7,6 +7,7 @@ completed from durable state, keeping what it shows. And the as-of that
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -80,14 +81,23 @@ def test_a_runner_not_opened_is_completed_from_durable_state(ran: Path) -> None:
     try:
         built = pipe.build_source(cfg.source("b"))
         states = [(o.name, o.sink.state()) for o in built.outputs]
+        read: list[str] = []
+
+        def state(i: int) -> SinkState:
+            read.append(states[i][0])
+            return states[i][1]
+
         orders = OutputStatus("orders", 7, 3, {"status": "running"}, True, 5, 0, None, None)
         live = SourceStatus("b", None, {"status": "starting"}, None, None, 0, None,
                             (orders,), RunNumbers(records=0))
         assert not live.whole
         b = pipe.store.read("b")
-        st = SourceStatus.from_durable("b", built.source, b, states, 10**13, live=live)
+        st = SourceStatus.from_durable("b", built.source, lambda: b,
+                                       [(n, partial(state, i)) for i, (n, _) in
+                                        enumerate(states)], 10**13, live=live)
     finally:
         pipe.close()
+    assert read == ["customers"]  # the output the runner shows is not read again
     assert st.whole and st.kind == built.source.kind
     assert st.health == {"status": "starting"} and st.run == live.run  # the runner's
     assert st.bindings == 0 and st.bound is None
