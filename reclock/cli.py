@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -34,13 +35,16 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from reclock.core.errors import ReclockError
 from reclock.core.frontier import render as render_frontier
 from reclock.core.secrets import install_log_filter, scrub, scrub_data
+
+if TYPE_CHECKING:
+    from reclock.runtime.status import PipelineStatus
 
 log = logging.getLogger("reclock")
 
@@ -102,10 +106,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _driver_status(state_dir: Path) -> dict[str, Any] | None:
-    p = state_dir / "status.json"
+def _running_driver(state_dir: Path) -> PipelineStatus | None:
+    """The document (``status.json``) of the driver running in
+    ``state_dir``; ``None``: there is none, its process is gone, or its run
+    ended (its process may live on: an embedding app)."""
+    from reclock.runtime.status import PipelineStatus
+
     try:
-        doc: dict[str, Any] = json.loads(p.read_text())
+        doc: dict[str, Any] = json.loads((state_dir / "status.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
     pid = doc.get("pid")
@@ -113,156 +121,80 @@ def _driver_status(state_dir: Path) -> dict[str, Any] | None:
         if pid:
             os.kill(int(pid), 0)
     except OSError:
-        doc["stale"] = True
-    if doc.get("stopped"):
-        doc["stale"] = True  # the run ended (its process may live on: an embedding app)
-    return doc
-
-
-def _by_source(live: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """A driver status's runner dicts by source name."""
-    return {s["source"]: s for s in (live or {}).get("sources", [])}
+        return None
+    return None if doc.get("stopped") else PipelineStatus.from_json(doc)
 
 
 def _whole(lv: dict[str, Any] | None) -> bool:
     """Whether a runner's status describes its source whole (it opened)."""
-    return lv is not None and lv.get("resume") is not None and lv.get("kind") is not None
+    from reclock.runtime.status import SourceStatus
+
+    return lv is not None and SourceStatus.from_json(lv).whole
 
 
 def collect_status(file: str, history: int = 0) -> dict[str, Any]:
-    """What ``reclock status`` shows. While the driver runs, the numbers of a
-    running source are its runner's status dict from ``status.json`` (also
-    given whole as ``live``): the same dicts ``/status.json`` and ``/metrics``
-    render, so every view agrees. Otherwise they are read from the remap store
-    and the sinks. The pipeline's objects (sources, sinks, the store) are
-    built only for what is not running: the status of a running driver needs
-    the file and status.json, not the data plane's imports."""
+    """What ``reclock status`` shows: per source, its
+    :class:`~reclock.runtime.status.SourceStatus`, live or durable. While
+    the driver runs, a running source's is its runner's, read from
+    ``status.json`` (also given whole as ``live``): the same one
+    ``/status.json`` and ``/metrics`` render, so every view agrees.
+    Otherwise it is built from durable state (the remap store and the sinks).
+    The pipeline's objects (sources, sinks, the store) are built only for
+    what is not running: the status of a running driver needs the file and
+    status.json, not the data plane's imports."""
     from reclock.config.loader import drop_marker, quick_view
     from reclock.core.clock import SystemClock
     from reclock.runtime.progress_log import tail
+    from reclock.runtime.status import SourceStatus
 
     # A driver running this very file (its status has the file's fingerprint)
     # validated it, and its runners describe every source whole: then the file
     # is only read, not validated (that builds every model: a second or more).
     cfg: Any = None
     view = quick_view(file)
-    live = None if view is None else _driver_status(view.state_dir)
-    if (view is not None and live is not None and not live.get("stale")
-            and live.get("config") == view.fingerprint
-            and all(_whole(_by_source(live).get(n)) for n in view.sources)):
+    live = None if view is None else _running_driver(view.state_dir)
+    if (view is not None and live is not None and live.config == view.fingerprint
+            and all(n in live.by_source() and live.by_source()[n].whole
+                    for n in view.sources)):
         state_dir, names = view.state_dir, list(view.sources)
     else:
         cfg = _load(file)
         state_dir, names = Path(cfg.state_dir), [s.name for s in cfg.sources]
         if view is None or state_dir != view.state_dir:
-            live = _driver_status(state_dir)
-    live_by = _by_source(live)
-    running = bool(live) and not live.get("stale") if live else False
-    out: dict[str, Any] = {"state_dir": str(state_dir), "driver_running": running,
+            live = _running_driver(state_dir)
+    live_by = {} if live is None else live.by_source()
+    out: dict[str, Any] = {"state_dir": str(state_dir), "driver_running": live is not None,
                            "sources": []}
-    if running and live is not None:
-        out["status_updated_ms"] = live.get("updated_ms")
-        out["http"] = live.get("http")
-    now = SystemClock().now()
+    if live is not None:
+        out["status_updated_ms"] = live.updated_ms
+        out["http"] = live.http
     pipe: Any = None
-    shards: set[str] = set()
-
-    def pipeline() -> Any:
-        nonlocal pipe, shards
-        if pipe is None:
-            from reclock.pipeline import Pipeline
-
-            pipe = Pipeline(cfg)
-            shards = set(pipe.store.shards())
-        return pipe
-
     try:
         for name in names:
-            lv: dict[str, Any] | None = live_by.get(name) if running else None
-            # a running source whose runner knows all: nothing else is built
-            built = (None if _whole(lv) else pipeline().build_source(cfg.source(name)))
-            kind = built.source.kind if built is not None else lv["kind"]  # type: ignore[index]
-            entry: dict[str, Any] = {"source": name, "kind": kind}
+            lv = live_by.get(name)
+            st = lv
+            if lv is None or not lv.whole:  # read from durable state
+                if pipe is None:
+                    from reclock.pipeline import Pipeline
+
+                    pipe = Pipeline(cfg)
+                    shards = set(pipe.store.shards())
+                built = pipe.build_source(cfg.source(name))
+                st = SourceStatus.from_durable(
+                    name, built.source,
+                    lambda: pipe.store.read(name) if name in shards else None,  # noqa: B023
+                    [(o.name, o.sink.state) for o in built.outputs], SystemClock().now(),
+                    live=lv)
+            assert st is not None
             if drop_marker(state_dir, name).exists():
-                entry["health"] = {"status": "dropped"}
-            elif lv is not None:
-                entry["health"] = lv["health"]
-            else:
-                entry["health"] = {"status": "not running"}
-            # a running source's numbers are its runner's: the store is read
-            # only for a source that is not running (at 2,048 partitions a
-            # read decodes every binding's frontier: seconds)
-            b = pipeline().store.read(name) if lv is None and name in shards else None
-            if lv is not None:
-                entry["bindings"] = lv.get("bindings")
-                entry["remap_upper"] = lv.get("remap_upper")
-                entry["bound"] = lv.get("bound")
-                for k in ("probe", "read_from", "records", "records_per_s", "lag_records",
-                          "job_seconds", "tick_ms"):
-                    entry[k] = lv.get(k)
-            else:
-                entry["bindings"] = 0 if b is None else len(b)
-                entry["remap_upper"] = None if b is None else b.upper.as_option()
-                entry["bound"] = (None if b is None or not len(b)
-                                  else b.last.frontier.encode())
-            live_outs = {o["name"]: o for o in (lv or {}).get("outputs") or []}
-            outs = []
-            uppers = []
-            out_names = ([o.name for o in built.outputs] if built is not None
-                         else list(live_outs))
-            for i, oname in enumerate(out_names):
-                lo = live_outs.get(oname)
-                if lo is not None:
-                    uppers.append(lo.get("upper"))
-                    outs.append({"name": oname, "upper": lo.get("upper"),
-                                 "lag_ms": lo.get("lag_ms"), "rows": lo.get("rows"),
-                                 "errors": lo.get("errors"), "health": lo.get("health"),
-                                 "snapshot": lo.get("snapshot")})
-                    continue
-                assert built is not None
-                st = built.outputs[i].sink.state()
-                uppers.append(st.upper)
-                outs.append({"name": oname, "upper": st.upper,
-                             "lag_ms": None if not st.upper else max(0, now - st.upper),
-                             "health": None})
-            entry["outputs"] = outs
-            finite = [u for u in uppers if u is not None]
-            resume_into = min(finite) if finite else None
-            entry["resume_into"] = resume_into
-            if lv is not None and lv.get("resume") is not None:
-                entry["resume"] = lv["resume"]
-            else:
-                assert built is not None
-                if b is None and name in shards:  # a runner that has not opened yet
-                    b = pipeline().store.read(name)
-                entry["resume"] = _resume(b, resume_into, built.source)
-            if lv is not None:
-                entry["live"] = lv
-            if history:
-                entry["history"] = tail(state_dir / "progress.jsonl", history, name)
-            out["sources"].append(entry)
+                st = dataclasses.replace(st, health={"status": "dropped"})
+            out["sources"].append(st.view_json(
+                live=lv, history=(tail(state_dir / "progress.jsonl", history, name)
+                                  if history else None)))
     finally:
         if pipe is not None:
             pipe.close()
     return out
-
-
-def _resume(b: Any, resume_into: int | None, source: Any) -> Any:
-    """Where a source not running resumes: its bindings' source upper at the
-    outputs' upper, else (no binding yet) its initial frontier, which asks
-    upstream (a Kafka source: the topic's partitions); or why it is
-    unavailable."""
-    try:
-        if b is not None and len(b):
-            from reclock.core.frontier import Antichain
-            from reclock.core.time import IntoTime
-
-            ri = (Antichain.empty() if resume_into is None
-                  else Antichain.from_elem(IntoTime(resume_into)))
-            return b.source_upper_at(ri).encode()
-        return source.initial_frontier().encode()
-    except ReclockError as exc:
-        return f"unavailable: {exc}"
 
 
 def status_exit_code(doc: dict[str, Any]) -> int:
@@ -363,8 +295,8 @@ def _ids_json(ids: dict[int, Any]) -> dict[str, Any]:
 
 
 def cmd_read(args: argparse.Namespace) -> int:
-    from reclock.contracts.consolidate import consolidate, errors
     from reclock.pipeline import Pipeline
+    from reclock.runtime.reading import choose_as_of, read_output
 
     if args.csv and len(args.outputs) > 1:
         raise ReclockError("--csv takes one output (each has its own columns and header); "
@@ -375,26 +307,11 @@ def cmd_read(args: argparse.Namespace) -> int:
         targets = []
         for name in args.outputs:
             targets.append(_find_output(pipe, name))
-        states = [o.sink.state() for _, o in targets]
-        as_of: int | None
-        if args.as_of is not None:
-            as_of = parse_time(args.as_of)
-            for (src, o), st in zip(targets, states, strict=True):
-                if st.upper is not None and as_of >= st.upper:
-                    raise ReclockError(
-                        f"output {src}.{o.name} is durable only below {st.upper}; "
-                        f"as of {as_of} is not complete yet"
-                    )
-        else:
-            finite = [s.upper for s in states if s.upper is not None]
-            as_of = (min(finite) - 1) if finite else None
-            if as_of is not None and as_of < 0:
-                as_of = -1
-        for (src, o), _st in zip(targets, states, strict=True):
-            updates = o.sink.read_updates(as_of)
-            user_cols = [f.name for f in o.user_schema]
-            table = errors(updates, as_of) if args.errors else consolidate(updates, as_of,
-                                                                           user_cols)
+        # every state before any log: the as-of is complete in all of them
+        as_of = choose_as_of([(f"{src}.{o.name}", o.sink.state()) for src, o in targets],
+                             None if args.as_of is None else parse_time(args.as_of))
+        for src, o in targets:
+            table = read_output(o, as_of, "errors" if args.errors else "collection")
             _print_table(f"{src}.{o.name}", as_of, table, args)
     finally:
         pipe.close()

@@ -1,9 +1,11 @@
 """Prometheus metrics: the runners' status, rendered at scrape time.
 
-The single source of truth is :meth:`reclock.runtime.driver.SourceRunner.status` --
-one dict per source. The pipeline assembles those dicts into the *status
-document* (``{"pid", "updated_ms", "http", "sources": [...], "dropped":
-[...]}``) that is written to ``state_dir/status.json`` every second, served as
+The single source of truth is the status model
+(:class:`reclock.runtime.status.PipelineStatus`, one
+:class:`~reclock.runtime.status.SourceStatus` per running source, built by
+its runner). Serialized, it is the *status document* (``{"pid",
+"updated_ms", "http", "config", "sources": [...], "dropped": [...]}``)
+that is written to ``state_dir/status.json`` every second, served as
 ``/status.json``, read back by ``reclock status --json`` and turned into
 metrics here. :class:`StatusCollector` calls a function returning that
 document on every scrape (no background thread updates gauges), and

@@ -60,6 +60,7 @@ from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.resnapshot import Requests
 from reclock.runtime.shapes import raw_user_schema
 from reclock.runtime.snapshot_progress import describe as describe_snapshot
+from reclock.runtime.status import PipelineStatus
 
 log = logging.getLogger("reclock")
 
@@ -344,22 +345,19 @@ class Pipeline:
 
 
 def status_document(runners: list[SourceRunner], dropped: list[str], clock: Clock,
-                    http: str | None = None, config: str | None = None) -> dict[str, Any]:
-    """The status document: one :meth:`SourceRunner.status` dict per running
-    source. Written to ``status.json``, served as ``/status.json`` and as
-    ``/metrics`` (:mod:`reclock.metrics`), read by ``reclock status``: the
-    single source of truth for what operators see. ``config``: the
-    fingerprint of the configuration the driver runs
-    (:attr:`~reclock.config.schema.PipelineConfig.fingerprint`). Every
-    string in it is scrubbed of secrets (:mod:`reclock.core.secrets`)."""
-    doc: dict[str, Any] = scrub_json({
-        "pid": os.getpid(),
-        "updated_ms": clock.now(),
-        "http": http,
-        "config": config,
-        "sources": [r.status() for r in runners],
-        "dropped": list(dropped),
-    })
+                    http: str | None = None, config: str | None = None, *,
+                    stopped: bool = False) -> dict[str, Any]:
+    """The status document: the :class:`~reclock.runtime.status.PipelineStatus`
+    of the running sources, as JSON. Written to ``status.json``, served as
+    ``/status.json`` and as ``/metrics`` (:mod:`reclock.metrics`), read by
+    ``reclock status``: the single source of truth for what operators see.
+    ``config``: the fingerprint of the configuration the driver runs
+    (:attr:`~reclock.config.schema.PipelineConfig.fingerprint`); ``stopped``:
+    the run ended. Every string in it is scrubbed of secrets
+    (:mod:`reclock.core.secrets`)."""
+    status = PipelineStatus(tuple(r.observed.model() for r in runners), os.getpid(),
+                            clock.now(), http, config, tuple(dropped), stopped)
+    doc: dict[str, Any] = scrub_json(status.to_json())
     return doc
 
 
@@ -369,9 +367,7 @@ def write_status(path: Path, runners: list[SourceRunner], dropped: list[str], cl
     """Write the status document to ``path`` (atomically) and return it;
     ``final``: the run ended (``"stopped": true``, so ``reclock status`` knows
     the driver is gone even while its process lives on)."""
-    doc = status_document(runners, dropped, clock, http, config)
-    if final:
-        doc["stopped"] = True
+    doc = status_document(runners, dropped, clock, http, config, stopped=final)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, default=str))
     os.replace(tmp, path)

@@ -103,6 +103,7 @@ from reclock.core.errors import DefiniteError, IdentityChanged, TransientError
 from reclock.core.frontier import Antichain, kafka_frontier
 from reclock.core.time import is_partitioned, kafka_offsets
 from reclock.digest import conform, row_digests, signed, update_digests
+from reclock.runtime.reading import read_output
 
 KEYS = [SRC_PART, SRC_OFFSET, SRC_SEQ]
 T = TypeVar("T")
@@ -939,7 +940,7 @@ def _verify_source(pipe: Any, pool: Any, src: Any, built: Any, bound: bool) -> S
             # a current-state table keeps no history to audit
             tables.append(pa.table({k: pa.array([], pa.int64()) for k in KEYS}))
         else:
-            tables.append(o.sink.read_updates())
+            tables.append(read_output(o))
         progresses.append(None if o.sink.holds_state or st.progress is None
                           else Antichain.decode_json(kind, st.progress))
     b = pipe.store.read(src.name)
