@@ -113,9 +113,6 @@ class Pipeline:
             f"no source named {name!r}; the pipeline has {[s.name for s in self.cfg.sources]}"
         )
 
-    def interval_ms(self, src: SourceConfig) -> int:
-        return int(src.timestamp_interval or self.cfg.timestamp_interval)
-
     def build_source(self, src: SourceConfig, audit: bool = False) -> BuiltSource:
         """The source of ``src`` and its outputs. ``audit``: for reading only
         (``reclock verify``): the source records nothing in its facts (a
@@ -319,25 +316,10 @@ class Pipeline:
             return {}
 
     def settings(self, src: SourceConfig) -> Settings:
-        sp = self.cfg.spark
-        return Settings(
-            timestamp_interval_ms=self.interval_ms(src),
-            max_records_per_job=sp.max_records_per_job,
-            max_records_per_task=sp.max_records_per_task,
-            max_bytes_per_task=sp.max_bytes_per_task,
-            job_timeout_s=sp.job_timeout / 1000.0,
-            jobs_in_flight=sp.jobs_in_flight,
-            vacuum_every_s=self.cfg.housekeeping.vacuum_every / 1000.0,
-            orphan_grace_s=self.cfg.housekeeping.orphan_grace / 1000.0,
-            remap_retention_ms=self.cfg.housekeeping.remap_retention,
-            release_memory=self.cfg.housekeeping.release_memory,
-            max_backoff_s=self.cfg.max_retry_backoff / 1000.0,
-            keys_dir=self.state_dir / "keys" / src.name,
-            key_cache=self.key_cache,
-            settle_bytes=sp.max_bytes_per_settle,
-            spill_intents=sp.master.startswith("local"),
-            share_jobs_up_to=sp.shared_jobs_max_records,
-        )
+        return Settings(spark=self.cfg.spark, housekeeping=self.cfg.housekeeping,
+                        timestamp_interval_ms=src.interval_ms,
+                        max_retry_backoff_ms=self.cfg.max_retry_backoff,
+                        keys_dir=self.state_dir / "keys" / src.name, key_cache=self.key_cache)
 
     def close(self) -> None:
         if self._store is not None:

@@ -86,8 +86,9 @@ from reclock.runtime.ledger import CommitLedger
 from reclock.runtime.lock import LockWatch
 from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.resnapshot import Requests, Resnapshots
+from reclock.runtime.settings import Settings
 from reclock.runtime.shapes import Shapes, check_state_key
-from reclock.runtime.site import OutputRuntime, Settings, Site, resume_into, upper_value
+from reclock.runtime.site import OutputRuntime, Site, resume_into, upper_value
 from reclock.runtime.snapshot_progress import SnapshotProgress
 from reclock.runtime.status import Status
 
@@ -95,6 +96,10 @@ log = logging.getLogger("reclock.driver")
 
 #: a tick starts this long after an IntoTime a binding can take (timers wake late, not early)
 TICK_AFTER_BOUNDARY_MS = 5
+
+#: A tick far behind runs jobs one after another for at most this long
+#: before it commits what it has and lets the next tick mint a binding.
+JOB_TIME_BUDGET_S = 10.0
 
 __all__ = ["TICK_AFTER_BOUNDARY_MS", "OutputRuntime", "Settings", "SourceRunner",
            "check_state_key", "next_tick_in"]
@@ -278,7 +283,7 @@ class SourceRunner:
                     self.site.opened = False  # re-read every output's durable state
                 self.observed.set_health(STALLED, f"{type(exc).__name__}: {msg}", hint, definite)
                 self._stop.wait(backoff)
-                backoff = min(backoff * 2, self.settings.max_backoff_s)
+                backoff = min(backoff * 2, self.settings.max_retry_backoff_ms / 1000.0)
         if self._dropped.is_set():
             try:
                 self.source.drop()  # e.g. a Postgres slot, when configured to
@@ -378,7 +383,7 @@ class SourceRunner:
         if b.last is None:
             return False
         bound = b.last.frontier
-        deadline = time.monotonic() + self.settings.job_time_budget_s
+        deadline = time.monotonic() + JOB_TIME_BUDGET_S
         # 2.+3. read what is bound, in bounded jobs, and commit each in order;
         # up to jobs_in_flight jobs read at once (the next ones read while one
         # commits); past the deadline no new job starts (mint again first)

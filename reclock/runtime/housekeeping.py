@@ -27,6 +27,10 @@ from reclock.runtime.site import Site, min_upper, upper_value
 
 log = logging.getLogger("reclock.driver")
 
+#: The stored bindings are compacted (history behind
+#: ``housekeeping.remap_retention`` consolidated) every this many ticks.
+COMPACT_EVERY_TICKS = 60
+
 
 class Housekeeping:
     """What one source cleans up between ticks (see the module)."""
@@ -37,10 +41,10 @@ class Housekeeping:
         # a thousand sources started together otherwise vacuumed together,
         # every period (each vacuum's first pass reads its table, in a child).
         self._vacuumed_at = time.monotonic() + random.uniform(
-            0.0, site.settings.vacuum_every_s)
+            0.0, site.settings.housekeeping.vacuum_every / 1000.0)
 
     def compact(self, operator: RemapOperator[Any], b: Bindings[Any], tick: int) -> None:
-        """Compact the stored bindings every ``compact_every_ticks`` (``tick``:
+        """Compact the stored bindings every :data:`COMPACT_EVERY_TICKS` (``tick``:
         the tick's number); hold in memory only those from where the outputs
         resume on, every tick (the store keeps ``remap_retention`` of history
         for ``reclock verify``)."""
@@ -49,11 +53,11 @@ class Housekeeping:
         if u is None or not len(b):
             return
         operator.hold_from(u)
-        if tick % settings.compact_every_ticks:
+        if tick % COMPACT_EVERY_TICKS:
             return
         # At most the resumption frontier minus one step, and keep the
         # retention window of history.
-        target = min(u - 1, self.site.clock.now() - settings.remap_retention_ms)
+        target = min(u - 1, self.site.clock.now() - settings.housekeeping.remap_retention)
         store_upper = upper_value(b.upper)
         if target > operator.store_since and (store_upper is None or target < store_upper):
             operator.compact(target)
@@ -66,12 +70,12 @@ class Housekeeping:
         driver's commit of a deleted file fails cleanly and is retried."""
         site = self.site
         now = time.monotonic()
-        if now - self._vacuumed_at < site.settings.vacuum_every_s:
+        if now - self._vacuumed_at < site.settings.housekeeping.vacuum_every / 1000.0:
             return
         self._vacuumed_at = now
         for out in site.outputs:
             try:
-                removed = out.sink.vacuum_orphans(site.settings.orphan_grace_s)
+                removed = out.sink.vacuum_orphans(site.settings.housekeeping.orphan_grace / 1000.0)
             except Exception as exc:  # housekeeping never stalls the source
                 log.warning("source %s output %s: vacuuming staged files failed: %s",
                             site.name, out.name, exc)
@@ -99,7 +103,7 @@ class Housekeeping:
             if done:
                 site.events.log(site.name, "maintain", output=out.name, **done)
                 did = True
-        if site.settings.release_memory:
+        if site.settings.housekeeping.release_memory:
             if did:
                 release_free_memory()
             else:

@@ -45,6 +45,10 @@ log = logging.getLogger("reclock.driver")
 #: Tasks per core of a job whose tasks are cut by bytes (see Jobs.task_sizes).
 JOB_TASKS_PER_CORE = 4
 
+#: On stop, how long a job in flight may still finish before it is
+#: abandoned (its result discarded; the next run reads the range again).
+STOP_GRACE_S = 20.0
+
 #: A job whose plan leaves cores idle is planned again with a task a core
 #: when each task would still read at least this many records
 #: (Jobs.even_task): 200,000 records of a burst were one task on one of two
@@ -158,14 +162,14 @@ class Jobs:
         core); before any task reported, the source's ``first_task_records``."""
         settings = self.site.settings
         cores = self.cores()
-        max_job = settings.max_records_per_job
+        max_job = settings.spark.max_records_per_job
         # A bounded job (catching up) keeps every core busy: at least one task each.
-        max_task = min(settings.max_records_per_task, -(-max_job // cores))
+        max_task = min(settings.spark.max_records_per_task, -(-max_job // cores))
         per = self.record_bytes
         if per is None:
             by_bytes = self.site.source.first_task_records
         else:
-            by_bytes = max(1, int(settings.max_bytes_per_task // max(per, 1.0)))
+            by_bytes = max(1, int(settings.spark.max_bytes_per_task // max(per, 1.0)))
         if by_bytes is not None and by_bytes < max_task:
             max_task = by_bytes
             # (sizes unknown: one task per core, to learn them soon)
@@ -176,7 +180,7 @@ class Jobs:
         """The job's results. It is cancelled and abandoned when it runs past
         ``job_timeout_s`` (:class:`JobTimeout`: a job that never finishes
         usually means a task result the driver could not take in, out of
-        memory), or when the source stops and it outlives ``stop_grace_s``
+        memory), or when the source stops and it outlives :data:`STOP_GRACE_S`
         (at most the job timeout: :class:`Abandoned`); its staged files
         become orphans, vacuumed."""
         settings, name = self.site.settings, self.site.name
@@ -188,16 +192,17 @@ class Jobs:
             now = time.monotonic()
             if self.site.stop.is_set():
                 stopped = now if stopped is None else stopped
-                grace = min(settings.stop_grace_s, settings.job_timeout_s)
+                grace = min(STOP_GRACE_S, settings.spark.job_timeout / 1000.0)
                 if now - stopped >= grace:
                     self.abandon()
                     raise Abandoned(f"source {name!r}: a job still running at the stop "
                                     f"was abandoned after {grace:.0f} s")
-            elif now - job.submitted > settings.job_timeout_s:
+            elif now - job.submitted > settings.spark.job_timeout / 1000.0:
                 self.abandon()
                 raise JobTimeout(
                     f"source {name!r}: a Spark job ran {now - job.submitted:.0f} s without "
-                    f"finishing (spark.job_timeout: {settings.job_timeout_s:.0f} s); it was "
+                    f"finishing (spark.job_timeout: {settings.spark.job_timeout / 1000:.0f} s); "
+                    "it was "
                     "cancelled and is read again",
                     hint="a job that never finishes usually means the driver ran out of memory "
                          "(look for OutOfMemoryError in its log): raise spark.driver.memory, or "
@@ -234,7 +239,7 @@ class Jobs:
     def depth(self) -> int:
         """Jobs of this source that read at once (the source may allow fewer)."""
         limit = self.site.source.jobs_in_flight
-        depth = self.site.settings.jobs_in_flight
+        depth = self.site.settings.spark.jobs_in_flight
         return max(1, depth if limit is None else min(depth, int(limit)))
 
     def cores(self) -> int:
@@ -262,9 +267,9 @@ class Jobs:
         )
         spill = self.spill_dir
         return JobContext(site.name, source.kind, batch_id, b, source.reader(), plans,
-                          flush_bytes=site.settings.max_bytes_per_task,
+                          flush_bytes=site.settings.spark.max_bytes_per_stage,
                           spill_dir=None if spill is None else str(spill),
-                          spill_bytes=min(site.settings.settle_bytes, 8 * 2**20),
+                          spill_bytes=min(site.settings.spark.max_bytes_per_settle, 8 * 2**20),
                           secrets=SECRETS.literals())
 
     def execute(self, ctx: JobContext, tasks: list[Any]) -> list[TaskResult]:
@@ -277,7 +282,7 @@ class Jobs:
         else:
             results = run_job(self.spark, ctx, tasks, pool=self.site.name, group=self.group,
                               progress=progress,
-                              share_up_to=self.site.settings.share_jobs_up_to)
+                              share_up_to=self.site.settings.spark.shared_jobs_max_records)
         failed = next((r.error for r in results if r.error is not None), None)
         if failed is not None:
             raise failed

@@ -40,7 +40,8 @@ from reclock.runtime.keystate import (
     MemoryKeys,
     SqliteKeys,
 )
-from reclock.runtime.site import OutputRuntime, Settings, Site
+from reclock.runtime.settings import Settings
+from reclock.runtime.site import OutputRuntime, Site
 from reclock.runtime.upsert_state import UpsertState
 
 log = logging.getLogger("reclock.driver")
@@ -177,14 +178,14 @@ class KeyedState:
                ) -> Iterator[pa.Table]:
         """The updates of a job's intents for a keyed output, settled a few
         key buckets at a time, writing the key changes into the key store's
-        open transaction; yielded in pieces of up to ``max_bytes_per_task``
+        open transaction; yielded in pieces of up to ``spark.max_bytes_per_stage``
         (the caller stages each before the next is settled)."""
         settings = self.site.settings
         held: list[pa.Table] = []
         for updates in keys.settle(intents, output_schema(out.user_schema),
-                                   settings.settle_bytes):
+                                   settings.spark.max_bytes_per_settle):
             held.append(updates)
-            if sum(t.nbytes for t in held) >= settings.max_bytes_per_task:
+            if sum(t.nbytes for t in held) >= settings.spark.max_bytes_per_stage:
                 yield pa.concat_tables(held)
                 held = []
         if held:

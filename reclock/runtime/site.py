@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from reclock.contracts.envelope import Envelope
@@ -28,9 +27,9 @@ from reclock.core.schema_change import DEFAULT_POLICY, DroppedTally, Policy
 from reclock.core.time import IntoTime
 from reclock.registry import default_envelope
 from reclock.runtime.health import Health
-from reclock.runtime.keystate import CacheShares
 from reclock.runtime.lock import LockWatch
 from reclock.runtime.progress_log import ProgressLog
+from reclock.runtime.settings import Settings
 from reclock.runtime.upsert_state import UpsertState
 
 
@@ -68,44 +67,6 @@ class OutputRuntime:
     health: Health = field(default_factory=Health)
 
 
-@dataclass
-class Settings:
-    timestamp_interval_ms: int = 1000
-    max_records_per_job: int = 1_000_000
-    max_records_per_task: int = 200_000
-    max_bytes_per_task: int = 64 * 2**20
-    remap_retention_ms: int = 24 * 3600 * 1000
-    compact_every_ticks: int = 60
-    max_backoff_s: float = 30.0
-    job_time_budget_s: float = 10.0
-    #: a job running longer is cancelled and the source stalls (then retries)
-    job_timeout_s: float = 600.0
-    #: on stop, how long a job in flight may still finish before it is abandoned
-    stop_grace_s: float = 20.0
-    jobs_in_flight: int = 2
-    vacuum_every_s: float = 60.0
-    #: after a maintenance pass that did something, and otherwise once a
-    #: minute, hand the memory the allocators hold free back to the system
-    #: (runtime/memory.py)
-    release_memory: bool = True
-    orphan_grace_s: float = 300.0
-    #: where keyed outputs keep their key state (SQLite files) and tasks
-    #: write large intents; None: the key state lives in memory, rebuilt
-    #: from the output at every open
-    keys_dir: Path | None = None
-    #: the page-cache budget the key stores of the pipeline share (None: a
-    #: cache of its own each)
-    key_cache: CacheShares | None = None
-    #: bytes of intents the driver settles at once (a few key buckets)
-    settle_bytes: int = 32 * 2**20
-    #: whether tasks write large intents to files under ``keys_dir`` (they
-    #: must run on the driver's machine)
-    spill_intents: bool = True
-    #: jobs of at most this many records share a Spark job with other
-    #: sources' small jobs (0: never; see dataplane.run_job)
-    share_jobs_up_to: int = 0
-
-
 @dataclass(eq=False)
 class Site:
     """One source's runtime as every room sees it. The runner makes it;
@@ -118,7 +79,7 @@ class Site:
     settings: Settings
     events: ProgressLog
     #: set when the source stops (or is dropped): no new job starts, and a
-    #: job in flight gets ``stop_grace_s`` to finish
+    #: job in flight gets ``jobs.STOP_GRACE_S`` to finish
     stop: threading.Event
     #: the pipeline's driver lock, which every mint and sink commit
     #: requires (None: no store lock, or a rehearsed zombie)

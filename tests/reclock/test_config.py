@@ -201,7 +201,7 @@ def test_max_retry_backoff_reaches_the_runners(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, "max_retry_backoff: 2s\n" + MINIMAL), env={})
     pipe = Pipeline(cfg)
     try:
-        assert pipe.settings(cfg.sources[0]).max_backoff_s == 2.0
+        assert pipe.settings(cfg.sources[0]).max_retry_backoff_ms == 2000
     finally:
         pipe.close()
     with pytest.raises(ConfigError, match="max_retry_backoff"):
@@ -215,7 +215,7 @@ def test_release_memory_reaches_the_runners(tmp_path: Path) -> None:
         cfg = load_config(write(tmp_path, text + MINIMAL), env={})
         pipe = Pipeline(cfg)
         try:
-            assert pipe.settings(cfg.sources[0]).release_memory is want
+            assert pipe.settings(cfg.sources[0]).housekeeping.release_memory is want
         finally:
             pipe.close()
 
@@ -1065,3 +1065,51 @@ def test_schema_change_is_a_policy_named_with_file_and_line(tmp_path: Path) -> N
         """)
     cfg = load_config(ok)
     assert [o.schema_change for o in cfg.sources[0].outputs] == ["freeze", "evolve"]
+
+
+@pytest.mark.unit
+def test_each_runtime_setting_is_declared_once(tmp_path: Path) -> None:
+    """The ``spark`` and ``housekeeping`` blocks reach a runner as the models
+    themselves: no other model or dataclass of the runtime declares one of
+    their settings again (with a default of its own), and the two byte
+    limits of a task, reading and staging, are two settings."""
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    import pydantic
+
+    import reclock.runtime
+    from reclock.pipeline import Pipeline
+    from reclock.runtime.settings import HousekeepingConfig, Settings, SparkConfig
+
+    names = set(SparkConfig.model_fields) | set(HousekeepingConfig.model_fields) | {
+        "max_retry_backoff", "timestamp_interval"}
+    mods = [importlib.import_module(f"reclock.runtime.{m.name}")
+            for m in pkgutil.iter_modules(reclock.runtime.__path__)]
+    mods.append(importlib.import_module("reclock.pipeline"))
+    again = []
+    for mod in mods:
+        for cls in vars(mod).values():
+            if (not isinstance(cls, type) or cls.__module__ != mod.__name__
+                    or cls in (SparkConfig, HousekeepingConfig)):
+                continue
+            if dataclasses.is_dataclass(cls):
+                fields = {f.name for f in dataclasses.fields(cls)}
+            elif issubclass(cls, pydantic.BaseModel):
+                fields = set(cls.model_fields)
+            else:
+                continue
+            again += [f"{cls.__module__}.{cls.__name__}.{f}" for f in fields & names]
+    assert again == []
+
+    path = tmp_path / "p.yaml"
+    path.write_text("sources:\n  - name: c\n    generator: {kind: counter}\n"
+                    "    outputs: [{name: value, sink: file}]\n"
+                    "spark: {max_bytes_per_stage: 2MiB, job_timeout: 90s}\n"
+                    "housekeeping: {vacuum_every: 2m}\n")
+    cfg = load_config(path)
+    s = Pipeline(cfg).settings(cfg.sources[0])
+    assert isinstance(s, Settings) and s.spark is cfg.spark and s.housekeeping is cfg.housekeeping
+    assert (s.spark.max_bytes_per_stage, s.spark.max_bytes_per_task) == (2 * 2**20, 64 * 2**20)
+    assert (s.spark.job_timeout, s.housekeeping.vacuum_every) == (90_000, 120_000)

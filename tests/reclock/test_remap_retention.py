@@ -15,6 +15,7 @@ import pytest
 
 from reclock.config import load_config
 from reclock.pipeline import Pipeline, run
+from reclock.runtime import housekeeping
 from reclock.verify import verify_pipeline
 
 pytestmark = pytest.mark.unit
@@ -48,12 +49,13 @@ def _run(tmp_path: Path, retention: str, seconds: float) -> tuple[Any, list[int]
                 held.append(len(op.bindings))
 
     def ready(runners: list[Any]) -> None:
-        runners[0].settings.compact_every_ticks = 5
         threading.Thread(target=sample, args=(runners[0],), daemon=True).start()
 
     try:
-        runners = run(cfg, use_spark=False, out=None, install_signals=False,
-                      duration=seconds, on_ready=ready)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(housekeeping, "COMPACT_EVERY_TICKS", 5)
+            runners = run(cfg, use_spark=False, out=None, install_signals=False,
+                          duration=seconds, on_ready=ready)
     finally:
         done.set()
     return runners[0], held
