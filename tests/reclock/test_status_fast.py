@@ -97,7 +97,14 @@ def test_status_of_a_running_driver_skips_validation_and_agrees(
         with monkeypatch.context() as m:  # the frozen status.json stays as it is
             m.setattr(loader, "quick_view", lambda f: None)
             slow = cli.collect_status(str(path), history=3)
-        assert fast == slow
+        # (the progress log goes on growing while the driver runs: its tail,
+        # the history, may differ between the two reads)
+        def without_history(doc: dict[str, Any]) -> dict[str, Any]:
+            return {**doc, "sources": [{k: v for k, v in s.items() if k != "history"}
+                                       for s in doc["sources"]]}
+
+        assert without_history(fast) == without_history(slow)
+        assert all(len(s["history"]) == 3 for s in fast["sources"] + slow["sources"])
         assert fast["driver_running"] and [s["source"] for s in fast["sources"]] == ["a", "b"]
         assert [o["name"] for o in fast["sources"][1]["outputs"]] == ["customers", "orders"]
         # another document than the driver's: validated as before

@@ -57,15 +57,15 @@ def test_a_running_source_sleeps_until_just_past_its_next_binding_time(
     monkeypatch.setattr(driver, "next_tick_in", recorded)
     path = tmp_path / "pipeline.yaml"
     path.write_text(f"""state_dir: {json.dumps(str(tmp_path / 'state'))}
-timestamp_interval: 500ms
+timestamp_interval: 2s
 sources:
   - name: c
-    generator: {{kind: counter, rate: 200}}
+    generator: {{kind: counter, rate: 20}}
     outputs: [{{name: value, sink: file}}]
 """)
     cfg = load_config(path)
     started = time.time() * 1000
-    run(cfg, use_spark=False, out=None, install_signals=False, duration=3.0)
+    run(cfg, use_spark=False, out=None, install_signals=False, duration=7.0)
     events = [json.loads(line) for line in
               (tmp_path / "state" / "progress.jsonl").read_text().splitlines()]
     bound = [e["time"] for e in events if e["kind"] == "binding"]
@@ -75,9 +75,15 @@ sources:
     # leaves the upper at t + 1) and the clock's own time
     assert set(uppers) <= {t + 1 for t in bound} and len(uppers) >= 3, (uppers, bound)
     assert all(started - 1000 <= now <= time.time() * 1000 + 1 for _u, now, _w in calls)
-    # each wake-up not cut short by an overrun tick lands just past a boundary
-    aimed = [now + wait * 1000 for u, now, wait in calls if u is not None and wait > 0]
-    assert aimed, calls
-    for at in aimed:
-        off = (at - TICK_AFTER_BOUNDARY_MS) % 500
-        assert min(off, 500 - off) <= 10, (at, calls)  # (the clock and time.monotonic)
+    # each wake-up lands just past the boundary after the upper; a tick that
+    # overran it (a loaded machine) goes on at once
+    for u, now, wait in calls:
+        if u is None:
+            continue
+        boundary = -(-u // 2000) * 2000 + TICK_AFTER_BOUNDARY_MS
+        if wait == 0:
+            assert now >= boundary - 10, (u, now, calls)
+        else:
+            assert abs(now + wait * 1000 - boundary) <= 10, (u, now, wait, calls)
+    # a tick of a 20 records/s counter takes far less than 2 s: some wait
+    assert sum(wait > 0 for u, _now, wait in calls if u is not None) >= 1, calls
