@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from reclock.core.errors import ReclockError
 from reclock.core.frontier import Antichain, frontier_distance
@@ -37,15 +37,41 @@ if TYPE_CHECKING:
     from reclock.contracts.sink import SinkState
     from reclock.contracts.source import Source
     from reclock.core.bindings import Bindings
-    from reclock.runtime.driver import SourceRunner
+    from reclock.core.mint import RemapOperator
+    from reclock.runtime.jobs import Jobs
+    from reclock.runtime.progress_log import ProgressLog
+    from reclock.runtime.site import OutputRuntime, Site
+    from reclock.runtime.snapshot_progress import SnapshotProgress
 
 log = logging.getLogger("reclock.driver")
+
+
+class Observed(Protocol):
+    """What a status reads of a source's runner
+    (:class:`~reclock.runtime.driver.SourceRunner`, which composes it)."""
+
+    name: str
+    source: Source[Any]
+    outputs: list[OutputRuntime]
+    site: Site
+    events: ProgressLog
+    jobs: Jobs
+    snapshots: SnapshotProgress
+    operator: RemapOperator[Any] | None
+    read_from: Antichain[Any] | None
+    last_probe: Antichain[Any] | None
+
+    @property
+    def records(self) -> int: ...
+
+    @property
+    def resume(self) -> Antichain[Any] | None: ...
 
 
 class Status:
     """Observation of one source's runner (see the module)."""
 
-    def __init__(self, runner: SourceRunner) -> None:
+    def __init__(self, runner: Observed) -> None:
         self.runner = runner
         #: the source's health (set by the run loop)
         self.health = Health(since_ms=runner.site.clock.now())
