@@ -306,6 +306,90 @@ class CacheShares:
         return max(self.least, min(self.most, self.total // n))
 
 
+class ClosedChecksum:
+    """The CRC-32 and size of a key file as :meth:`SqliteKeys.close` left
+    it, kept beside it (``<file>.sum``) for the next open to compare."""
+
+    def __init__(self, file: Path) -> None:
+        self.file = file
+        self.path = Path(f"{file}.sum")
+
+    def compute(self) -> str:
+        """The file's CRC-32 and size, as kept in :attr:`path`."""
+        h, n = 0, 0
+        buf = bytearray(1 << 20)
+        with self.file.open("rb", buffering=0) as f:
+            while k := f.readinto(buf):
+                h = zlib.crc32(memoryview(buf)[:k], h)
+                n += k
+        return f"crc32 {h:08x} size {n}\n"
+
+    def take(self) -> bool | str:
+        """Whether the file is as it was closed: True when its checksum
+        matches, False when there is none to compare with (a crash, a new
+        file), else what differs. The checksum is removed: the file changes
+        from now on."""
+        try:
+            kept = self.path.read_text()
+        except (OSError, UnicodeDecodeError):
+            return False
+        self.drop()
+        try:
+            now = self.compute()
+        except FileNotFoundError:
+            return False
+        if now == kept:
+            return True
+        return (f"its bytes changed since it was closed (checksum {kept.strip()!r}, now "
+                f"{now.strip()!r})")
+
+    def keep(self) -> None:
+        """Write the closed file's checksum beside it (atomically)."""
+        with contextlib.suppress(OSError):
+            tmp = Path(f"{self.path}.tmp")
+            tmp.write_text(self.compute())
+            os.replace(tmp, self.path)
+
+    def drop(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def read_ahead(path: Path) -> None:
+    """Read a file once in order, into the operating system's cache:
+    ``quick_check`` reads pages in B-tree order, at random on a cold cache
+    (0.8 s for a million keys cold, 0.1-0.2 s after this). Not for a file
+    that would not stay in memory (a quarter of it at most)."""
+    with contextlib.suppress(OSError, ValueError):
+        if path.stat().st_size > os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4:
+            return
+        buf = bytearray(1 << 20)
+        with path.open("rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
+def damage_pages(conn: sqlite3.Connection, path: Path, nbytes: int) -> None:
+    """Overwrite ``nbytes`` of a key file's pages in use with random bytes:
+    leaf pages of the keys from the middle of their B-tree (where SQLite
+    can list them, ``dbstat``; else the middle of the file, every page
+    after the first in a small one)."""
+    page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    n = max(1, nbytes // page)
+    try:
+        leaves = [int(r[0]) for r in conn.execute(
+            "SELECT pageno FROM dbstat WHERE name = 'keys' AND pagetype = 'leaf' "
+            "ORDER BY pageno")]
+    except sqlite3.OperationalError:  # no dbstat in this SQLite
+        pages = path.stat().st_size // page
+        leaves = list(range(2, pages + 1))
+    mid = max(0, len(leaves) // 2 - n // 2)
+    with path.open("r+b") as f:
+        for no in leaves[mid:mid + n]:
+            f.seek((no - 1) * page)
+            f.write(os.urandom(page))
+
+
 class SqliteKeys(KeyStore):
     """A key store in a SQLite file (see the module docstring). Rows are
     pickled, under their key prefixed with its bucket (``"2a:(17,)"``), so
@@ -330,6 +414,7 @@ class SqliteKeys(KeyStore):
 
     def __init__(self, path: Path, shares: CacheShares | None = None) -> None:
         self.path = path
+        self._sum = ClosedChecksum(path)
         #: the page-cache budget this store shares (given none, one of its
         #: own of :data:`DEFAULT_CACHE`)
         self._shares = shares if shares is not None else CacheShares(DEFAULT_CACHE)
@@ -349,43 +434,8 @@ class SqliteKeys(KeyStore):
         assert self._conn is not None, f"key store {self.path} is closed"
         return self._conn
 
-    @property
-    def _sum(self) -> Path:
-        """The checksum of the file as :meth:`close` left it."""
-        return Path(f"{self.path}.sum")
-
     def _files(self) -> list[Path]:
-        return [self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm"), self._sum]
-
-    def _crc(self) -> str:
-        """The file's CRC-32 and size, as kept in :attr:`_sum`."""
-        h, n = 0, 0
-        buf = bytearray(1 << 20)
-        with self.path.open("rb", buffering=0) as f:
-            while k := f.readinto(buf):
-                h = zlib.crc32(memoryview(buf)[:k], h)
-                n += k
-        return f"crc32 {h:08x} size {n}\n"
-
-    def _summed(self) -> bool | str:
-        """Whether the file is as :meth:`close` left it: True when its
-        checksum matches, False when there is none to compare with (a crash,
-        a new file), else what differs. The checksum is removed: the file
-        changes from now on."""
-        try:
-            kept = self._sum.read_text()
-        except (OSError, UnicodeDecodeError):
-            return False
-        with contextlib.suppress(FileNotFoundError):
-            self._sum.unlink()
-        try:
-            now = self._crc()
-        except FileNotFoundError:
-            return False
-        if now == kept:
-            return True
-        return (f"its bytes changed since it was closed (checksum {kept.strip()!r}, now "
-                f"{now.strip()!r})")
+        return [self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm"), self._sum.path]
 
     def _opened(self) -> str | None:
         """Open the file, checked (see the class docstring); the reason it
@@ -397,10 +447,9 @@ class SqliteKeys(KeyStore):
         wal = Path(f"{self.path}-wal").exists()
         summed: bool | str = False
         if wal:  # opened and not closed since: a checksum beside it is stale
-            with contextlib.suppress(FileNotFoundError):
-                self._sum.unlink()
+            self._sum.drop()
         else:
-            summed = self._summed()
+            summed = self._sum.take()
         if isinstance(summed, str):
             self._fresh()
             self._mark_open()
@@ -427,23 +476,9 @@ class SqliteKeys(KeyStore):
     def _check(self) -> str | None:
         """``PRAGMA quick_check``: None when it finds the file sound, else
         what it found (the first few problems)."""
-        self._read_ahead()
+        read_ahead(self.path)
         found = [r[0] for r in self.conn.execute("PRAGMA quick_check(5)")]
         return None if found == ["ok"] else "quick_check: " + "; ".join(found)
-
-    def _read_ahead(self) -> None:
-        """Read the file once in order, into the operating system's cache:
-        quick_check reads pages in B-tree order, at random on a cold cache
-        (0.8 s for a million keys cold, 0.1-0.2 s after this). Not for a
-        file that would not stay in memory (a quarter of it at most)."""
-        with contextlib.suppress(OSError, ValueError):
-            if self.path.stat().st_size > os.sysconf("SC_PHYS_PAGES") * os.sysconf(
-                    "SC_PAGE_SIZE") // 4:
-                return
-            buf = bytearray(1 << 20)
-            with self.path.open("rb", buffering=0) as f:
-                while f.readinto(buf):
-                    pass
 
     def _fresh(self) -> None:
         """Delete the file (and SQLite's sidecars) and open an empty one."""
@@ -644,34 +679,15 @@ class SqliteKeys(KeyStore):
             self._close_conn()
             self._shares.leave()
         if summed and clean and not Path(f"{self.path}-wal").exists():
-            with contextlib.suppress(OSError):
-                tmp = Path(f"{self._sum}.tmp")
-                tmp.write_text(self._crc())
-                os.replace(tmp, self._sum)
+            self._sum.keep()
 
     def damage(self, nbytes: int = 32 * 1024) -> None:
-        """Overwrite ``nbytes`` of pages in use with random bytes: leaf pages
-        of the keys from the middle of their B-tree (where SQLite can list
-        them, ``dbstat``; else the middle of the file, every page after the
-        first in a small one), and drop SQLite's page cache so that they are
-        read again. The -wal file is folded in first: a page read from there
-        would not show the damage."""
+        """Overwrite ``nbytes`` of pages in use with random bytes (a fault on
+        demand, ``damage_keys``; see :func:`damage_pages`). The -wal file is
+        folded in first: a page read from there would not show the damage."""
         self.rollback()
         self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        page = int(self.conn.execute("PRAGMA page_size").fetchone()[0])
-        n = max(1, nbytes // page)
-        try:
-            leaves = [int(r[0]) for r in self.conn.execute(
-                "SELECT pageno FROM dbstat WHERE name = 'keys' AND pagetype = 'leaf' "
-                "ORDER BY pageno")]
-        except sqlite3.OperationalError:  # no dbstat in this SQLite
-            pages = self.path.stat().st_size // page
-            leaves = list(range(2, pages + 1))
-        mid = max(0, len(leaves) // 2 - n // 2)
-        with self.path.open("r+b") as f:
-            for no in leaves[mid:mid + n]:
-                f.seek((no - 1) * page)
-                f.write(os.urandom(page))
+        damage_pages(self.conn, self.path, nbytes)
         self.conn.execute("PRAGMA shrink_memory")
 
     def remove(self) -> None:
