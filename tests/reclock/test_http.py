@@ -509,19 +509,29 @@ def test_slow_clients_neither_pile_up_nor_block_the_endpoint() -> None:
     # timeout of 1.5 s passed before that on a loaded machine (10 renders of
     # /metrics took longer), and the slots were free again.
     server = StatusServer("127.0.0.1", 0, lambda: doc, history, max_connections=12,
-                          timeout_s=6.0).start()
+                          timeout_s=10.0).start()
+
+    def held_slots(n: int) -> None:
+        """Wait until the server holds ``n`` connections (it takes them up in
+        a thread of its own: on a loaded machine, later than a fixed pause)."""
+        slots = server._httpd.slots
+        deadline = time.monotonic() + 5
+        while 12 - slots._value < n:  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, f"{12 - slots._value} held, wanted {n}"  # type: ignore[attr-defined]
+            time.sleep(0.01)
+
     held: list[socket.socket] = []
     try:
         held = [_slow_client(server.port) for _ in range(8)]
-        time.sleep(0.2)
+        held_slots(8)
         for _ in range(10):  # under the cap: served alongside the slow ones
             assert get(server.url + "/metrics", timeout=5)[0] == 200
         held += [_slow_client(server.port) for _ in range(4)]  # the cap is reached
-        time.sleep(0.2)
+        held_slots(12)
         started = time.monotonic()
         code, _ctype, body = get(server.url + "/metrics", timeout=5)
         assert (code, body) == (503, b"too many connections, retry\n")
-        assert time.monotonic() - started < 3.0  # not behind the 6 s timeout
+        assert time.monotonic() - started < 3.0  # not behind the 10 s timeout
         # The server hangs up on every slow client once its timeout passes...
         for sock in held:
             sock.settimeout(15)
