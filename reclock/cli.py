@@ -153,16 +153,16 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
     cfg: Any = None
     view = quick_view(file)
     live = None if view is None else _running_driver(view.state_dir)
+    live_by = {} if live is None else live.by_source()
     if (view is not None and live is not None and live.config == view.fingerprint
-            and all(n in live.by_source() and live.by_source()[n].whole
-                    for n in view.sources)):
+            and all(n in live_by and live_by[n].whole for n in view.sources)):
         state_dir, names = view.state_dir, list(view.sources)
     else:
         cfg = _load(file)
         state_dir, names = Path(cfg.state_dir), [s.name for s in cfg.sources]
         if view is None or state_dir != view.state_dir:
             live = _running_driver(state_dir)
-    live_by = {} if live is None else live.by_source()
+            live_by = {} if live is None else live.by_source()
     out: dict[str, Any] = {"state_dir": str(state_dir), "driver_running": live is not None,
                            "sources": []}
     if live is not None:
