@@ -101,12 +101,46 @@ def _console(tmp_path: Path, request: Any) -> Target:
                   lambda s, d: None, keeps_rows=False, owned=False)
 
 
+def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
+    """An Iceberg table: a SQLite catalog and a local warehouse, or a
+    PostgreSQL catalog (psycopg 3) and an S3 warehouse (moto)."""
+    def make(tmp_path: Path, request: Any) -> Target:
+        from reclock.sinks._store import S3Access
+        from reclock.sinks.iceberg import CatalogConfig, IcebergSink
+
+        if where == "local":
+            cat = CatalogConfig(type="sql", uri=f"sqlite:///{tmp_path}/catalog.db",
+                                warehouse=str(tmp_path / "wh"))
+            storage = None
+        else:
+            s3 = request.getfixturevalue("s3")
+            url = request.getfixturevalue("pg_url").replace("postgresql://",
+                                                            "postgresql+psycopg://", 1)
+            cat = CatalogConfig(type="sql", uri=url,
+                                warehouse=f"s3://{s3.bucket()}/wh")
+            storage = S3Access.resolve(env=s3.env())
+        table = f"lake.orders_{uuid.uuid4().hex[:8]}"
+        access = cat.access(storage)
+
+        def staged_exists(s: PersistSink, d: dict[str, Any]) -> bool:
+            sink: IcebergSink = s  # type: ignore[assignment]
+            t = sink._load()
+            return t is not None and sink._staged_dir(t).stat(d["path"]) is not None
+
+        return Target(f"iceberg-{mode}-{where}", lambda owner: IcebergSink(
+            NAME, access, table, storage=storage, mode=mode,  # type: ignore[arg-type]
+            key=("k",) if mode == "state" else (), owner=owner), staged_exists)
+    return make
+
+
 KINDS = {"delta": _delta, "delta-s3": _delta_s3, "postgres-log": _postgres("log"),
-         "postgres-state": _postgres("state"), "kafka": _kafka, "console": _console}
+         "postgres-state": _postgres("state"), "kafka": _kafka, "console": _console,
+         "iceberg-log": _iceberg("log"), "iceberg-state": _iceberg("state"),
+         "iceberg-s3-pg": _iceberg("log", "s3-pg")}
 
 
 #: The kinds that need a real peer (PostgreSQL, Kafka).
-PEER_KINDS = {"delta-s3", "postgres-log", "postgres-state", "kafka"}
+PEER_KINDS = {"delta-s3", "postgres-log", "postgres-state", "kafka", "iceberg-s3-pg"}
 
 
 def _params(kinds: Iterable[str]) -> list[Any]:

@@ -1,0 +1,1324 @@
+"""Apache Iceberg persist sink: one output is one Iceberg table in a catalog
+(pyiceberg's SQL catalog on SQLite or PostgreSQL, or a REST catalog), its
+files in a local warehouse or under an ``s3://`` prefix (pyiceberg's
+``PyArrowFileIO``).
+
+Layout of an output (``<location>`` is the table's location in the catalog)::
+
+    <location>/metadata/...                    Iceberg metadata (pyiceberg writes it)
+    <location>/data/reclock-{batch}-{part:05d}-{n:03d}.parquet
+                                               log mode: staged data files (then committed);
+                                               compacted files too (batch "<ms>-compact-<id>")
+    <location>/reclock-staging/reclock-{batch}-{part:05d}-{n:03d}.parquet
+                                               state mode: staged updates (read by the commit)
+
+The commit path (numbering of :mod:`reclock.contracts.sink`)::
+
+    1. IcebergStager.stage   executors write Parquet files (with the table's
+                             field ids) under deterministic names; no
+                             snapshot names them, so no reader sees them.
+                             The stager holds no catalog connection.
+    2. IcebergSink.commit    driver: load the table (snapshot s), check the
+                             state s carries equals ``expected``, then ONE
+                             catalog commit of ONE Iceberg snapshot on top of
+                             s, whose summary carries the new state.
+
+Where the :class:`~reclock.contracts.sink.SinkState` lives: in the summary of
+the snapshot that committed it (``reclock.upper``: the upper, ``closed`` for
+the empty frontier; ``reclock.progress``; ``reclock.output``: the output's
+name; ``reclock.pipeline`` and ``reclock.pipeline_state``: its
+:class:`~reclock.contracts.sink.Owner`). :meth:`IcebergSink.state` reads it from
+the table's current snapshot, walking back through the parents written by
+others (an outside ``rewrite_data_files``, an ``expire_snapshots`` that kept
+the current one); reclock's own compactions carry the state forward, so the
+walk is short.
+
+Fencing. The catalog commit carries the requirements ``assert-table-uuid``
+and ``assert-ref-snapshot-id(main = s)``: the catalog applies it only if the
+table's current snapshot is still s, the one whose state was checked (the
+SQL catalog: an ``UPDATE ... WHERE metadata_location = <s's>``; a REST
+catalog checks the requirements itself). So check + commit is a
+compare-and-swap on the state, across machines. pyiceberg's own
+``Transaction.commit_transaction`` is not used for it: it retries a failed
+commit by rebasing the new snapshot on whatever the table holds then, which
+would let a zombie's rows in after another driver's commit (pyiceberg
+0.12.0's ``commit.retry.num-retries``, default 4). A commit that loses the
+race re-reads the state: changed (another writer of the output) is
+:class:`~reclock.contracts.sink.SinkFenced`; unchanged (a compaction, an
+outside writer) is retried from the new snapshot.
+
+Log mode (``mode: log``): the update log, every column of
+:func:`~reclock.contracts.rows.output_schema`. A commit is a fast append of
+the staged files (``Transaction.update_snapshot(snapshot_properties=...)
+.fast_append()``, each file's ``DataFile`` built from its Parquet footer as
+pyiceberg's ``add_files`` does, which also checks the staged file is still
+there whole).
+
+State mode (``mode: state``, ``key: [...]``): one row per live key, the
+user's columns and ``_into_time`` (the IntoTime of the key's last change);
+error rows are rows of the same table with ``_error`` set and their
+position, and null user columns (current rows: ``WHERE _error IS NULL``).
+A commit reads the staged updates, sums each IntoTime's updates per key as
+the Postgres sink's state tables do (the same rule: a key's IntoTime must
+retract exactly the row it has, if any, and leave at most one; else a
+:class:`~reclock.contracts.sink.SinkError` naming the key, and nothing is
+written), then writes, in one catalog commit, a copy-on-write delete of the
+changed keys' rows (pyiceberg 0.12 rewrites each data file holding one:
+it writes no position or equality delete files) and an append of their new
+rows; both snapshots carry the new state.
+
+Types. Iceberg (format 2) has no unsigned, half-float, time-zone-named,
+nanosecond or duration types: unsigned integers are stored in the next
+wider signed type (uint64 as decimal(20,0)), float16 as float, timestamps in
+microseconds (a value with nanoseconds is an error row), with a zone as
+``timestamptz`` (UTC), durations as int64 microseconds, times in
+microseconds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import re
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Any, BinaryIO, ClassVar, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BeforeValidator, SecretStr
+from pydantic import Field as Setting
+from pydantic_core import InitErrorDetails
+
+from reclock.contracts.config import ByteSize, ConfigModel, DurationMs, problem
+from reclock.contracts.consolidate import COUNT, consolidate, row_keys
+from reclock.contracts.encoding import is_nanos
+from reclock.contracts.rows import conform, output_schema, refuse_rows
+from reclock.contracts.sink import (
+    Owner,
+    SinkConfigBase,
+    SinkContext,
+    SinkError,
+    SinkFenced,
+    SinkPlugin,
+    SinkState,
+)
+from reclock.core.clock import Clock, SystemClock
+from reclock.core.columns import (
+    DIFF,
+    ERROR,
+    INTO_TIME,
+    META_FIELDS,
+    META_NAMES,
+    SRC_OFFSET,
+    SRC_PART,
+    SRC_SEQ,
+)
+from reclock.core.errors import ReclockError, TransientError
+from reclock.core.secrets import register
+from reclock.core.secrets import scrub as _scrub
+from reclock.core.urls import URL_SECRET, url_secrets
+from reclock.sinks._fs import check_descriptor, check_stage_args
+from reclock.sinks._store import Location, S3Access, split_uri
+
+log = logging.getLogger("reclock.sinks.iceberg")
+
+#: At most this many rows per staged Parquet file.
+ROWS_PER_FILE = 1_000_000
+_MAX_FILES_PER_PART = 1000  # the three digits of {n:03d}
+#: Commit attempts lost to writers that are not this output's before giving up.
+COMMIT_ATTEMPTS = 8
+#: Staged files no snapshot references are deleted once older than this.
+ORPHAN_GRACE_SECONDS = 6 * 3600.0
+COMPACT_EVERY_MS = 10 * 60_000
+COMPACT_MIN_FILES = 50
+COMPACT_TARGET_SIZE = 128 * 2**20
+#: Snapshots older than this (but never the current one) are expired.
+RETENTION_MS = 24 * 3600_000
+#: The first maintenance pass runs this long after the first call.
+FIRST_PASS_MS = 60_000
+#: One compaction pass merges at most this many files.
+COMPACT_MAX_FILES = 5_000
+
+KEY_OUTPUT = "reclock.output"
+KEY_UPPER = "reclock.upper"
+KEY_PROGRESS = "reclock.progress"
+KEY_PIPELINE = "reclock.pipeline"
+KEY_PIPELINE_STATE = "reclock.pipeline_state"
+KEY_OPERATION = "reclock.operation"
+CLOSED_TEXT = "closed"
+
+DATA_DIR = "data"
+STAGING_DIR = "reclock-staging"
+_STAGED = re.compile(r"reclock-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet")
+_COMPACTED = "-compact-"
+
+Mode = Literal["log", "state"]
+
+#: The columns a state table keeps besides the user's (error rows fill the
+#: position and raw columns; a live row only ``_into_time``).
+STATE_META = [f if f.name == INTO_TIME else f.with_nullable(True) for f in META_FIELDS
+              if f.name != DIFF]
+
+
+# -- types ---------------------------------------------------------------------------------
+
+
+def storage_type(t: pa.DataType) -> pa.DataType:
+    """The Arrow type a column of type ``t`` is stored as (see the module
+    docstring, "Types")."""
+    if pa.types.is_dictionary(t):
+        return storage_type(t.value_type)
+    if pa.types.is_time(t):
+        return pa.time64("us")
+    if pa.types.is_duration(t):
+        return pa.int64()
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", tz=None if t.tz is None else "UTC")
+    if pa.types.is_date64(t):
+        return pa.date32()
+    if pa.types.is_unsigned_integer(t):
+        return {8: pa.int32(), 16: pa.int32(), 32: pa.int64()}.get(t.bit_width,
+                                                                  pa.decimal128(20, 0))
+    if pa.types.is_integer(t) and t.bit_width < 32:
+        return pa.int32()
+    if pa.types.is_float16(t):
+        return pa.float32()
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return pa.list_(storage_type(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(storage_type(t.field(i).type))
+                          for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(storage_type(t.key_type), storage_type(t.item_type))
+    return t
+
+
+def _storable(table: pa.Table) -> pa.Table:
+    """Values in the types :func:`storage_type` stores them as: durations as
+    int64 microseconds, times and timestamps in microseconds."""
+    for i, f in enumerate(table.schema):
+        t = f.type
+        col = table.column(i)
+        if pa.types.is_dictionary(t):
+            col, t = col.cast(t.value_type), t.value_type
+        if pa.types.is_duration(t):
+            col = col.cast(pa.duration("us")).cast(pa.int64())
+        elif pa.types.is_time(t) and t != pa.time64("us"):
+            col = col.cast(pa.time64("us"))
+        elif pa.types.is_timestamp(t) and t.unit == "ns":
+            col = col.cast(pa.timestamp("us", tz=t.tz))
+        table = table.set_column(i, f.with_type(col.type), col)
+    return table
+
+
+def stored_schema(user: pa.Schema, mode: Mode) -> pa.Schema:
+    """The Arrow schema of an output's table (before field ids)."""
+    users = pa.schema([f.with_type(storage_type(f.type)) for f in user])
+    if mode == "log":
+        return output_schema(users)
+    output_schema(users)  # (its checks of the names)
+    return pa.schema([f.with_nullable(True) for f in users] + STATE_META)
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """``t`` as reclock reads it back: pyiceberg reads large strings."""
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(_plain(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_plain(t.field(i).type))
+                          for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(_plain(t.key_type), _plain(t.item_type))
+    return t
+
+
+def _without_ids(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, _plain(f.type), f.nullable) for f in schema])
+
+
+# -- executor side -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IcebergStager:
+    """Writes staged Parquet files next to the table's data (picklable; no
+    catalog connection). ``schema`` is the table's Arrow schema with its
+    field ids (``PARQUET:field_id``), so that readers resolve columns by id;
+    ``location`` the directory the files go to."""
+
+    name: str
+    location: Location
+    schema: pa.Schema
+    mode: Mode = "log"
+    key: tuple[str, ...] = ()
+    rows_per_file: int = ROWS_PER_FILE
+
+    def screen(self, table: pa.Table) -> pa.Table:
+        """Rows the table cannot store become error rows
+        (:func:`reclock.contracts.rows.refuse_rows`): a timestamp, time or
+        duration with a sub-microsecond part, and in a state table a null
+        key (a tombstone intent, ``_diff`` 0, carries the envelope's key
+        alone: only a wholly null key is refused there)."""
+        for f in table.schema:
+            if f.name in META_NAMES or not is_nanos(f.type):
+                continue
+            ns = pc.fill_null(pc.cast(table.column(f.name), pa.int64()), 0)
+            hit = pa.array(ns.to_numpy() % 1000 != 0)
+            table = refuse_rows(table, hit, f"column {f.name!r} holds a value with "
+                                            "nanoseconds, which Iceberg (microseconds) cannot "
+                                            "store exactly")
+        if self.mode == "state" and self.key:
+            tomb = pc.equal(table.column(DIFF), 0)
+            nulls = [pc.is_null(table.column(k)) for k in self.key]
+            whole = nulls[0]
+            for more in nulls[1:]:
+                whole = pc.and_(whole, more)
+            for k, null in zip(self.key, nulls, strict=True):
+                table = refuse_rows(table, pc.if_else(tomb, whole, null),
+                                    f"key column {k!r} is null: a state table keeps one row "
+                                    "per key, and a null key names none")
+        return table
+
+    def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:
+        """Write ``table`` as ``reclock-{batch_id}-{part:05d}-{n:03d}.parquet``.
+
+        Log mode: rows of the table's schema, in its data directory. State
+        mode: the updates (every column of the output, ``_diff`` included),
+        in the staging directory, for the commit to sum. One descriptor per
+        file: ``path`` (relative to the directory), ``size``, ``rows``,
+        ``errors``. Restaging the same ``(batch_id, part)`` overwrites the
+        same names (files of an earlier, longer attempt are left for
+        :meth:`IcebergSink.vacuum_orphans`)."""
+        check_stage_args(batch_id, part)
+        if table.num_rows == 0:
+            return []
+        screened = self.screen(table)
+        if self.mode == "log":
+            data = conform(self.name, _storable(screened), _without_ids(self.schema))
+            data = data.cast(self.schema)
+        else:
+            users = pa.schema([f for f in self.schema if f.name not in META_NAMES])
+            want = output_schema(_without_ids(users))
+            data = conform(self.name, _storable(screened), want)
+        nfiles = -(-data.num_rows // self.rows_per_file)
+        if nfiles > _MAX_FILES_PER_PART:
+            raise SinkError(
+                f"output {self.name!r}: {data.num_rows} rows in one stage call need "
+                f"{nfiles} files (at most {_MAX_FILES_PER_PART})", hint="stage smaller parts")
+        staged = []
+        for n in range(nfiles):
+            chunk = data.slice(n * self.rows_per_file, self.rows_per_file)
+            target = f"reclock-{batch_id}-{part:05d}-{n:03d}.parquet"
+            size = self.location.write(target, partial(_write_parquet, chunk))
+            staged.append({"path": target, "size": size, "rows": chunk.num_rows,
+                           "errors": chunk.num_rows - chunk.column(ERROR).null_count})
+        return staged
+
+
+def _write_parquet(table: pa.Table, f: BinaryIO) -> None:
+    pq.write_table(table, f, compression="zstd")
+
+
+# -- driver side ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """When and how :meth:`IcebergSink.maintain` compacts and expires."""
+
+    every_ms: int = COMPACT_EVERY_MS
+    min_files: int = COMPACT_MIN_FILES
+    target_size: int = COMPACT_TARGET_SIZE
+    retention_ms: int = RETENTION_MS
+
+
+@dataclass(frozen=True)
+class _Head:
+    """What a table's current snapshot says: its id (``None``: no snapshot),
+    the output's state, and the summary keys that carry it."""
+
+    snapshot_id: int | None
+    state: SinkState
+    keys: dict[str, str]
+
+
+@dataclass(frozen=True)
+class CatalogAccess:
+    """How to reach the catalog: pyiceberg's properties (secrets among them,
+    never shown: ``repr`` names the type and the masked URI)."""
+
+    kind: str
+    properties: dict[str, str] = field(repr=False)
+    shown: str = ""
+
+    def secrets(self) -> list[str]:
+        out = url_secrets(self.properties.get("uri", ""))
+        for k, v in self.properties.items():
+            if re.search(r"(?i)secret|password|token|credential", k) and v:
+                out.append(v)
+        return out
+
+
+class IcebergSink:
+    """A :class:`~reclock.contracts.sink.PersistSink` backed by an Iceberg table
+    ``table`` (``namespace.name``) of the catalog ``catalog``. ``storage``:
+    how the driver and executors reach an ``s3://`` warehouse (also given to
+    pyiceberg's FileIO). ``mode``/``key``: the update log, or one row per
+    key (see the module docstring). ``owner``: recorded in every snapshot
+    summary and compared whenever the state is read. ``clock`` decides file
+    ages (:meth:`vacuum_orphans`) and the schedule of :meth:`maintain`."""
+
+    def __init__(self, name: str, catalog: CatalogAccess, table: str, *,
+                 storage: S3Access | None = None, mode: Mode = "log",
+                 key: Sequence[str] = (), owner: Owner | None = None,
+                 clock: Clock | None = None, compaction: Compaction | None = None,
+                 rows_per_file: int = ROWS_PER_FILE) -> None:
+        if mode not in ("log", "state"):
+            raise SinkError(f"output {name!r}: mode {mode!r} is not 'log' or 'state'")
+        if mode == "state" and not key:
+            raise SinkError(f"output {name!r}: mode 'state' needs a key",
+                            hint="name the key columns: key: [id]")
+        if mode == "log" and key:
+            raise SinkError(f"output {name!r}: key only applies to mode 'state'",
+                            hint="drop the key, or use mode: state")
+        parts = table.split(".")
+        if len(parts) < 2 or not all(parts):
+            raise SinkError(f"output {name!r}: table {table!r} is not namespace.name",
+                            hint="name the table with its namespace, e.g. table: lake.orders")
+        self.name = name
+        self.access = catalog
+        self.table_name = table
+        self.namespace = tuple(parts[:-1])
+        self.storage = storage
+        self.mode: Mode = mode
+        self.key = tuple(key)
+        self.holds_state = mode == "state"
+        self.owner = owner
+        self.compaction = compaction
+        self._clock: Clock = clock or SystemClock()
+        self._rows_per_file = rows_per_file
+        self._secrets = catalog.secrets() + [s for s in (
+            storage.secret_access_key if storage else None,
+            storage.session_token if storage else None) if s]
+        register(self._secrets)
+        self._catalog: Any = None
+        self._table: Any = None  # the table as last loaded or committed
+        self._user: pa.Schema | None = None
+        self._maintain_at: int | None = None
+
+    def __repr__(self) -> str:
+        return f"IcebergSink({self.name!r}, {self.access.shown}, table={self.table_name!r})"
+
+    @property
+    def target(self) -> str:
+        return f"{self.table_name} in {self.access.shown}"
+
+    # -- catalog ---------------------------------------------------------------------------
+    def _scrub(self, text: str) -> str:
+        return _scrub(text, self._secrets)
+
+    def _fail(self, exc: BaseException, doing: str) -> ReclockError:
+        """A located error for a catalog or storage failure: a connection
+        refused, a timeout, a server error are transient; the rest definite."""
+        text = self._scrub(f"{type(exc).__name__}: {exc}".strip())
+        transient = isinstance(exc, ConnectionError | TimeoutError) or re.search(
+            r"(?i)connection|timed? ?out|temporar|unavailable|\b50[0234]\b|throttl|"
+            r"database is locked", text) is not None
+        msg = f"output {self.name!r}: cannot {doing} {self.target}: {text}"
+        if transient:
+            return TransientError(msg, hint="retried; check the catalog and storage are up")
+        return SinkError(msg, hint="check the catalog settings and the table")
+
+    def _cat(self) -> Any:
+        if self._catalog is None:
+            from pyiceberg.catalog import load_catalog
+
+            try:
+                self._catalog = load_catalog("reclock", **self.access.properties)
+            except Exception as exc:
+                raise self._fail(exc, "open the catalog of") from exc
+        return self._catalog
+
+    def _load(self) -> Any | None:
+        """The table as the catalog has it now (``None``: absent)."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            self._table = self._cat().load_table(self.table_name)
+        except NoSuchTableError:
+            self._table = None
+        except ReclockError:
+            raise
+        except Exception as exc:
+            raise self._fail(exc, "load") from exc
+        return self._table
+
+    def _data(self, table: Any) -> Location:
+        return self._location(table, DATA_DIR)
+
+    def _location(self, table: Any, sub: str) -> Location:
+        base = str(table.location()).rstrip("/")
+        scheme, _ = split_uri(base)
+        return Location.of(self.name, f"{base}/{sub}",
+                           (self.storage or S3Access.resolve()) if scheme == "s3" else None)
+
+    def _staged_dir(self, table: Any) -> Location:
+        return self._location(table, DATA_DIR if self.mode == "log" else STAGING_DIR)
+
+    def _file_uri(self, loc: Location, name: str) -> str:
+        return f"file://{loc.root}/{name}" if loc.local else f"s3://{loc.root}/{name}"
+
+    # -- schema ----------------------------------------------------------------------------
+    def ensure(self, user_schema: pa.Schema) -> None:
+        """Create the table (and its namespace) with the output's stored
+        schema, or check the existing one. Columns the output gained
+        (nullable) are added and widened types (int -> long, float ->
+        double, a wider decimal) promoted by a schema update of their own,
+        which changes neither the rows nor the current snapshot (so neither
+        the state); anything else is a SinkError naming the columns."""
+        from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+
+        want = stored_schema(user_schema, self.mode)
+        self._user = user_schema
+        table = self._load()
+        if table is None:
+            cat = self._cat()
+            try:
+                with suppress(NamespaceAlreadyExistsError):
+                    cat.create_namespace(self.namespace)
+                props = {"write.delete.mode": "copy-on-write",
+                         "commit.retry.num-retries": "0",
+                         "format-version": "2"}
+                table = cat.create_table(self.table_name, schema=want, properties=props)
+            except TableAlreadyExistsError:
+                table = self._load()
+            except ReclockError:
+                raise
+            except Exception as exc:
+                raise self._fail(exc, "create") from exc
+            self._table = table
+        self._evolve(table, want)
+
+    def _evolve(self, table: Any, want: pa.Schema) -> None:
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        have = _without_ids(schema_to_pyarrow(table.schema()))
+        clashes = []
+        for f in want:
+            i = have.get_field_index(f.name)
+            if i < 0:
+                if not f.nullable:
+                    clashes.append(f"column {f.name!r} ({f.type} not null) is missing")
+                continue
+            h = have.field(i)
+            if h.nullable != f.nullable and not (h.nullable and not f.nullable):
+                clashes.append(f"column {f.name!r}: stored {h.type}"
+                               f"{'' if h.nullable else ' not null'}, wanted {f.type}"
+                               f"{'' if f.nullable else ' not null'}")
+        for h in have:
+            if want.get_field_index(h.name) < 0 and not h.nullable:
+                clashes.append(f"column {h.name!r} ({h.type} not null) is stored NOT NULL but "
+                               "not wanted")
+        if clashes:
+            raise SinkError(f"output {self.name!r}: the stored schema of {self.target} "
+                            "differs: " + "; ".join(clashes),
+                            hint="write to a new table, or migrate the table")
+        added = [f.name for f in want if have.get_field_index(f.name) < 0]
+        changed = [f.name for f in want if have.get_field_index(f.name) >= 0
+                   and _plain(have.field(f.name).type) != _plain(f.type)]
+        if not added and not changed:
+            return
+        try:
+            with table.update_schema() as update:
+                update.union_by_name(pa.schema([f.with_nullable(True) if f.name in added else f
+                                                for f in want if f.name in added + changed]))
+        except CommitFailedException as exc:
+            raise TransientError(f"output {self.name!r}: the schema update of {self.target} "
+                                 f"lost to a concurrent commit ({exc})",
+                                 hint="retried") from exc
+        except (ValueError, TypeError) as exc:
+            raise SinkError(f"output {self.name!r}: the stored schema of {self.target} "
+                            f"cannot take columns {changed}: {exc}",
+                            hint="write to a new table, or set the output's schema_change: "
+                                 "freeze to keep the stored types") from exc
+        log.info("output %r: added columns %s, widened %s", self.name, added, changed)
+        self._load()
+
+    def stager(self) -> IcebergStager:
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        table = self._table or self._load()
+        if table is None:
+            raise SinkError(f"output {self.name!r}: {self.target} does not exist",
+                            hint="call ensure() first")
+        schema = schema_to_pyarrow(table.schema())
+        # (pyiceberg maps strings to large_string; files store plain ones)
+        schema = pa.schema([f.with_type(_plain(f.type)) for f in schema])
+        loc = self._staged_dir(table)
+        loc.makedirs()
+        return IcebergStager(self.name, loc, schema, self.mode, self.key, self._rows_per_file)
+
+    # -- state -----------------------------------------------------------------------------
+    def state(self) -> SinkState:
+        """The committed state (``SinkState()`` for a table without a
+        snapshot of this output, or no table)."""
+        table = self._load()
+        return SinkState() if table is None else self._head(table).state
+
+    def _head(self, table: Any) -> _Head:
+        """The state as of ``table``'s current snapshot: from its summary,
+        or its nearest ancestor's that carries reclock's keys."""
+        snap = table.current_snapshot()
+        head_id = None if snap is None else snap.snapshot_id
+        walked = 0
+        while snap is not None:
+            props = dict(snap.summary.additional_properties) if snap.summary else {}
+            if KEY_UPPER in props:
+                return _Head(head_id, self._state_of(props, snap.snapshot_id), props)
+            parent = snap.parent_snapshot_id
+            walked += 1
+            snap = None if parent is None else table.metadata.snapshot_by_id(parent)
+            if snap is None and parent is not None:
+                raise SinkError(
+                    f"output {self.name!r}: {self.target} no longer holds the snapshot that "
+                    f"carries this output's state (snapshot {parent} was expired; "
+                    f"{walked} newer snapshots are not reclock's)",
+                    hint="let only reclock expire the table's snapshots (it carries its state "
+                         "forward), or restart the output into a new table")
+        return _Head(head_id, SinkState(), {})
+
+    def _state_of(self, props: Mapping[str, str], snapshot_id: int) -> SinkState:
+        output = props.get(KEY_OUTPUT)
+        if output is not None and output != self.name:
+            raise SinkError(
+                f"output {self.name!r}: {self.target} holds the state of output {output!r} "
+                f"(snapshot {snapshot_id})",
+                hint="two outputs must not write one table: give this output a table of its own")
+        if self.owner is not None:
+            self.owner.check(self.name, self.target, props.get(KEY_PIPELINE),
+                             props.get(KEY_PIPELINE_STATE))
+        text = props[KEY_UPPER]
+        upper = None if text == CLOSED_TEXT else int(text)
+        return SinkState(upper, props.get(KEY_PROGRESS))
+
+    def _summary(self, state: SinkState, operation: str) -> dict[str, str]:
+        keys = {KEY_OUTPUT: self.name,
+                KEY_UPPER: CLOSED_TEXT if state.upper is None else str(state.upper),
+                KEY_OPERATION: operation}
+        if state.progress is not None:
+            keys[KEY_PROGRESS] = state.progress
+        if self.owner is not None:
+            keys[KEY_PIPELINE] = self.owner.pipeline
+            if self.owner.state is not None:
+                keys[KEY_PIPELINE_STATE] = self.owner.state
+        return keys
+
+    # -- commit ----------------------------------------------------------------------------
+    def commit(self, staged: list[dict[str, Any]], expected: SinkState, new: SinkState) -> None:
+        """Make ``staged`` visible and move the state ``expected -> new``:
+        load the table, check its state is ``expected`` (else
+        :class:`SinkFenced`, nothing written), then one catalog commit of
+        one snapshot (state mode: a delete and an append) on top of the
+        snapshot checked, fenced by ``assert-ref-snapshot-id`` (see the
+        module docstring). A commit that loses to another writer is checked
+        again from the newer snapshot."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        if not expected.less_equal(new):
+            raise ValueError(f"output {self.name!r}: upper would go backwards {expected} -> {new}")
+        for d in staged:
+            check_descriptor(self.name, "Iceberg", d, _STAGED, {"size": int, "rows": int})
+        last: Exception | None = None
+        for _ in range(COMMIT_ATTEMPTS):
+            table = self._load()
+            if table is None:
+                raise SinkError(f"output {self.name!r}: {self.target} does not exist",
+                                hint="call ensure() first")
+            head = self._head(table)
+            if head.state != expected:
+                raise SinkFenced(
+                    f"output {self.name!r} at {self.target}: durable state is {head.state}, "
+                    f"expected {expected}; nothing was written",
+                    hint="another pipeline committed this output; re-read its state")
+            tx = table.transaction()
+            props = self._summary(new, "commit")
+            if self.mode == "log":
+                self._append(table, tx, staged, props)
+            else:
+                self._apply(table, tx, staged, props)
+            try:
+                self._commit_tx(table, tx, head.snapshot_id)
+            except CommitFailedException as exc:
+                last = exc
+                continue
+            break
+        else:
+            raise SinkFenced(
+                f"output {self.name!r} at {self.target}: {COMMIT_ATTEMPTS} commit attempts lost "
+                f"to concurrent commits (last: {self._scrub(str(last))})",
+                hint="another writer is busy on this table; retry")
+        if self.mode == "state":
+            loc = self._staged_dir(table)
+            for d in staged:  # read by the commit, referenced by nothing
+                try:
+                    loc.delete(d["path"])
+                except ReclockError as exc:
+                    log.warning("output %r: cannot delete staged file %s: %s", self.name,
+                                d["path"], exc)
+
+    def _commit_tx(self, table: Any, tx: Any, base: int | None) -> None:
+        """Send ``tx``'s updates to the catalog with the fence: the table is
+        the same table, and its main branch still at ``base``. Not
+        ``Transaction.commit_transaction``: its retries rebase the snapshot
+        over a newer one (see the module docstring)."""
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.table import update as _update
+
+        # (pyiceberg's pydantic models: their aliases confuse the type checker)
+        AssertRefSnapshotId: Any = _update.AssertRefSnapshotId
+        AssertTableUUID: Any = _update.AssertTableUUID
+        reqs = [r for r in tx._requirements
+                if not isinstance(r, AssertRefSnapshotId | AssertTableUUID)]
+        reqs += [AssertTableUUID(uuid=table.metadata.table_uuid),
+                 AssertRefSnapshotId(ref="main", snapshot_id=base)]
+        try:
+            response = self._cat().commit_table(table, tuple(reqs), tuple(tx._updates))
+        except CommitFailedException:
+            raise
+        except ReclockError:
+            raise
+        except Exception as exc:
+            raise self._fail(exc, "commit to") from exc
+        table.metadata = response.metadata
+        table.metadata_location = response.metadata_location
+        self._table = table
+
+    def _append(self, table: Any, tx: Any, staged: list[dict[str, Any]],
+                props: dict[str, str]) -> None:
+        """Log mode: one fast-append snapshot of the staged files."""
+        files = self._data_files(table, staged)
+        with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
+            for f in files:
+                append.append_data_file(f)
+
+    def _data_files(self, table: Any, staged: list[dict[str, Any]]) -> list[Any]:
+        """The ``DataFile`` of each staged file, from its Parquet footer (a
+        file that is gone or not its staged size is a SinkError)."""
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+        loc = self._staged_dir(table)
+        out = []
+        for d in staged:
+            uri = self._file_uri(loc, d["path"])
+            try:
+                f = parquet_file_to_data_file(table.io, table.metadata, uri)
+            except FileNotFoundError as exc:
+                raise SinkError(f"output {self.name!r}: staged file {uri} is gone",
+                                hint="restage the batch") from exc
+            except ReclockError:
+                raise
+            except Exception as exc:
+                raise self._fail(exc, f"read staged file {d['path']} of") from exc
+            if f.file_size_in_bytes != d["size"] or f.record_count != d["rows"]:
+                raise SinkError(
+                    f"output {self.name!r}: staged file {uri} holds {f.file_size_in_bytes} "
+                    f"bytes and {f.record_count} rows, staged as {d['size']} and {d['rows']}",
+                    hint="restage the batch")
+            out.append(f)
+        return out
+
+    def _read_staged(self, table: Any, staged: list[dict[str, Any]]) -> pa.Table:
+        loc = self._staged_dir(table)
+        user = pa.schema([f for f in self._stored(table) if f.name not in META_NAMES])
+        schema = output_schema(user)
+        parts = []
+        for d in staged:
+            uri = self._file_uri(loc, d["path"])
+            try:
+                with table.io.new_input(uri).open() as f:
+                    t = pq.read_table(f)
+            except FileNotFoundError as exc:
+                raise SinkError(f"output {self.name!r}: staged file {uri} is gone",
+                                hint="restage the batch") from exc
+            except Exception as exc:
+                raise self._fail(exc, f"read staged file {d['path']} of") from exc
+            if t.num_rows != d["rows"]:
+                raise SinkError(f"output {self.name!r}: staged file {uri} holds {t.num_rows} "
+                                f"rows, staged as {d['rows']}", hint="restage the batch")
+            parts.append(conform(self.name, t, schema))
+        return pa.concat_tables(parts) if parts else schema.empty_table()
+
+    def _stored(self, table: Any) -> pa.Schema:
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        return _without_ids(schema_to_pyarrow(table.schema()))
+
+    def _apply(self, table: Any, tx: Any, staged: list[dict[str, Any]],
+               props: dict[str, str]) -> None:
+        """State mode: the staged updates onto the table, in ``tx`` (a
+        copy-on-write delete of the changed keys' rows, an append of their
+        new rows and of the error rows). The rule of each key's IntoTimes is
+        the Postgres sink's (see the module docstring)."""
+        updates = self._read_staged(table, staged)
+        stored = self._stored(table)
+        errs = updates.filter(pc.is_valid(updates.column(ERROR)))
+        good = updates.filter(pc.is_null(updates.column(ERROR)))
+        user = [f.name for f in stored if f.name not in META_NAMES]
+        keys = list(self.key)
+        rows: dict[str, tuple[int, pa.Table, int] | None] = {}  # key -> (into, table, row)
+        held: dict[str, bool] = {}
+        times = sorted(set(good.column(INTO_TIME).to_pylist()))
+        nets = []
+        for t in times:
+            net = consolidate(good.filter(pc.equal(good.column(INTO_TIME), t)), None, user)
+            nets.append((t, net))
+        all_keys = {k for _, net in nets for k in row_keys(net, keys)}
+        if all_keys:
+            current = self._current(table, nets)
+            for k in row_keys(current, keys):
+                held[k] = True
+        for t, net in nets:
+            ks = row_keys(net, keys)
+            counts = net.column(COUNT).to_pylist()
+            per: dict[str, list[int]] = {}
+            for i, k in enumerate(ks):
+                per.setdefault(k, []).append(i)
+            for k, idx in per.items():
+                before = (rows[k] is not None) if k in rows else held.get(k, False)
+                ins = [i for i in idx if counts[i] > 0]
+                dels = [i for i in idx if counts[i] < 0]
+                if (any(abs(counts[i]) > 1 for i in idx) or len(ins) > 1
+                        or len(dels) != int(before)):
+                    self._refuse(updates, k, t, before, len(dels), len(ins), keys)
+                rows[k] = (t, net, ins[0]) if ins else None
+        deletes = [k for k in rows if k in held]
+        new_rows = []
+        for _k, v in rows.items():
+            if v is None:
+                continue
+            t, net, i = v
+            new_rows.append((t, net, i))
+        state_schema = stored
+        out_tables = []
+        by_net: dict[int, list[int]] = {}
+        net_of: dict[int, tuple[int, pa.Table]] = {}
+        for t, net, i in new_rows:
+            by_net.setdefault(id(net), []).append(i)
+            net_of[id(net)] = (t, net)
+        for nid, idx in by_net.items():
+            t, net = net_of[nid]
+            picked = net.take(pa.array(sorted(idx), pa.int64())).select(user)
+            picked = picked.append_column(INTO_TIME, pa.array([t] * picked.num_rows, pa.int64()))
+            out_tables.append(conform(self.name, picked, state_schema))
+        if errs.num_rows:
+            out_tables.append(conform(self.name, errs.drop_columns([DIFF]), state_schema))
+        if deletes:
+            filt = _match_filter(
+                self._key_values(deletes, rows, held, nets, current, keys), keys)
+            tx.delete(filt, snapshot_properties=props)
+        changed = (pa.concat_tables(out_tables) if out_tables
+                   else state_schema.empty_table())
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        arrow = schema_to_pyarrow(tx.table_metadata.schema(), include_field_ids=False)
+        tx.append(changed.cast(pa.schema([arrow.field(f.name) for f in changed.schema])),
+                  snapshot_properties=props)
+
+    def _key_values(self, deletes: list[str], rows: Any, held: Any, nets: Any,
+                    current: pa.Table, keys: list[str]) -> list[tuple[Any, ...]]:
+        """The key values (Python) of the canonical keys ``deletes``, all
+        held by the table: taken from its current rows."""
+        want = set(deletes)
+        cols = [current.column(k).to_pylist() for k in keys]
+        out = []
+        for k, vals in zip(row_keys(current, keys), zip(*cols, strict=True), strict=True):
+            if k in want:
+                out.append(vals)
+        return out
+
+    def _current(self, table: Any, nets: list[tuple[int, pa.Table]]) -> pa.Table:
+        """The table's live rows of the keys the updates touch (their key
+        columns only)."""
+        keys = list(self.key)
+        values: list[tuple[Any, ...]] = []
+        seen: set[str] = set()
+        for _, net in nets:
+            cols = [net.column(k).to_pylist() for k in keys]
+            for k, vals in zip(row_keys(net, keys), zip(*cols, strict=True), strict=True):
+                if k not in seen:
+                    seen.add(k)
+                    values.append(vals)
+        if table.current_snapshot() is None:
+            return pa.table({k: pa.array([], _plain(self._stored(table).field(k).type))
+                             for k in keys})
+        from pyiceberg import expressions as ex
+
+        And: Any = ex.And
+        IsNull: Any = ex.IsNull
+        scan = table.scan(row_filter=And(_match_filter(values, keys), IsNull(ERROR)),
+                          selected_fields=tuple(keys))
+        try:
+            return scan.to_arrow()
+        except Exception as exc:
+            raise self._fail(exc, "read the keys of") from exc
+
+    def _refuse(self, updates: pa.Table, key: str, into: int, before: bool, dels: int,
+                ins: int, keys: list[str]) -> None:
+        """Raise the SinkError of a state commit whose updates leave a key
+        with more than one row or a negative count (as the Postgres sink)."""
+        good = updates.filter(pc.and_(pc.is_null(updates.column(ERROR)),
+                                      pc.equal(updates.column(INTO_TIME), into)))
+        ks = row_keys(good, keys)
+        at = [i for i, k in enumerate(ks) if k == key][:8]
+        pos = good.take(pa.array(at, pa.int64()))
+        positions = ", ".join(
+            f"{d:+d} at partition {p} offset {o} seq {q}" for d, p, o, q in zip(
+                pos.column(DIFF).to_pylist(), pos.column(SRC_PART).to_pylist(),
+                pos.column(SRC_OFFSET).to_pylist(), pos.column(SRC_SEQ).to_pylist(),
+                strict=True))
+        value = ", ".join(f"{k}={v!r}" for k, v in zip(keys, json.loads(key), strict=True))
+        raise SinkError(
+            f"output {self.name!r}: the updates of IntoTime {into} leave key ({value}) of "
+            f"{self.target} with {'a negative count' if dels > int(before) else 'several rows'} "
+            f"(it had {'a row' if before else 'no row'}; they retract {dels} and insert {ins} "
+            f"distinct rows; updates: {positions}); a state table holds one row per key, so "
+            "nothing was written",
+            hint="the updates do not keep one row per key: the upstream broke the key the "
+                 "output relies on, or something else changed the table. Keep the update log "
+                 "(mode: log), or key the table by the output's upstream key")
+
+    # -- reading ---------------------------------------------------------------------------
+    def read_updates(self, as_of: int | None = None) -> pa.Table:
+        """Log mode: the committed rows with ``_into_time <= as_of`` (all if
+        None). State mode: the current rows (``_diff`` 1, positions 0), and
+        the error rows up to ``as_of``. Only snapshots are read: staged files
+        never show. An output with no table reads as an empty table."""
+        from pyiceberg import expressions as ex
+
+        LessThanOrEqual: Any = ex.LessThanOrEqual
+        table = self._load()
+        if table is None:
+            user = self._user if self._user is not None else pa.schema([])
+            return output_schema(pa.schema([f.with_type(storage_type(f.type))
+                                            for f in user])).empty_table()
+        stored = self._stored(table)
+        user = pa.schema([f for f in stored if f.name not in META_NAMES])
+        schema = output_schema(user)
+        try:
+            if self.mode == "log":
+                scan = (table.scan() if as_of is None
+                        else table.scan(row_filter=LessThanOrEqual(INTO_TIME, as_of)))
+                data = scan.to_arrow()
+                return conform(self.name, data.cast(_without_ids(data.schema)), schema)
+            data = table.scan().to_arrow()
+        except Exception as exc:
+            raise self._fail(exc, "read") from exc
+        data = data.cast(_without_ids(data.schema))
+        live = data.filter(pc.is_null(data.column(ERROR)))
+        n = live.num_rows
+        zeros32 = pa.array([0] * n, pa.int32())
+        live = live.drop_columns([SRC_PART, SRC_OFFSET, SRC_SEQ]).append_column(
+            DIFF, pa.array([1] * n, pa.int64())).append_column(
+            SRC_PART, zeros32).append_column(SRC_OFFSET, pa.array([0] * n, pa.int64())
+                                             ).append_column(SRC_SEQ, zeros32)
+        errs = data.filter(pc.is_valid(data.column(ERROR)))
+        if as_of is not None:
+            errs = errs.filter(pc.less_equal(errs.column(INTO_TIME), as_of))
+        errs = errs.append_column(DIFF, pa.array([1] * errs.num_rows, pa.int64()))
+        return pa.concat_tables([conform(self.name, live, schema),
+                                 conform(self.name, errs, schema)])
+
+    # -- maintenance -----------------------------------------------------------------------
+    def _referenced(self, table: Any) -> set[str]:
+        """The file names (under data/) any snapshot of ``table`` references."""
+        names: set[str] = set()
+        for snap in table.metadata.snapshots:
+            for m in snap.manifests(table.io):
+                for e in m.fetch_manifest_entry(table.io, discard_deleted=True):
+                    names.add(e.data_file.file_path.rsplit("/", 1)[-1])
+        return names
+
+    def vacuum_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> list[str]:
+        """Delete files named like reclock's (staged or compacted) that no
+        snapshot of the table references, last written more than
+        ``grace_seconds`` ago: those of failed commits and discarded jobs,
+        and those only snapshots expired since referenced. Files of other
+        writers are left alone."""
+        table = self._load()
+        if table is None:
+            return []
+        now = self._clock.now() / 1000.0
+        try:
+            referenced = self._referenced(table)
+        except Exception as exc:
+            raise self._fail(exc, "read the files of") from exc
+        removed: list[str] = []
+        for sub in (DATA_DIR, STAGING_DIR):
+            loc = self._location(table, sub)
+            for name, _size, mtime in loc.files():
+                if (_STAGED.fullmatch(name) and name not in referenced
+                        and mtime < now - grace_seconds):
+                    loc.delete(name)
+                    removed.append(f"{sub}/{name}")
+        if removed:
+            log.info("output %r: removed %d orphan files", self.name, len(removed))
+        return sorted(removed)
+
+    def maintain(self, now_ms: int) -> dict[str, int]:
+        """Compact small data files and expire old snapshots, when due
+        (nothing without :attr:`compaction`): see :meth:`compact` and
+        :meth:`expire`. Neither changes the rows nor the state."""
+        c = self.compaction
+        if c is None:
+            return {}
+        if self._maintain_at is None:
+            self._maintain_at = now_ms + min(c.every_ms, FIRST_PASS_MS)
+        if now_ms < self._maintain_at:
+            return {}
+        self._maintain_at = now_ms + c.every_ms
+        done = self.compact(c.target_size, c.min_files)
+        expired = self.expire(c.retention_ms, now_ms)
+        if expired:
+            done["snapshots_expired"] = expired
+        return done
+
+    def compact(self, target_size: int = COMPACT_TARGET_SIZE, min_files: int = 2,
+                max_files: int = COMPACT_MAX_FILES) -> dict[str, int]:
+        """Merge the data files smaller than ``target_size`` (at least
+        ``min_files`` of them, at most ``max_files``) into files of about
+        that size, swapped in by one snapshot on top of the current one
+        (deleting the small files, adding the merged ones: the same rows)
+        whose summary carries the output's state as it is. Fenced like a
+        commit: if anything committed meanwhile the pass is dropped (its
+        files are orphans for :meth:`vacuum_orphans`)."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        table = self._load()
+        if table is None or table.current_snapshot() is None:
+            return {}
+        head = self._head(table)
+        if not head.keys:
+            return {}
+        try:
+            small = [t.file for t in table.scan().plan_files()
+                     if t.file.file_size_in_bytes < target_size and not t.delete_files]
+        except Exception as exc:
+            raise self._fail(exc, "plan the compaction of") from exc
+        if len(small) < min_files:
+            return {}
+        small = small[:max_files]
+        loc = self._data(table)
+        batch = f"{self._clock.now()}{_COMPACTED}{uuid.uuid4().hex[:10]}"
+        runs: list[list[Any]] = [[]]
+        size = 0
+        for f in small:
+            if runs[-1] and size + f.file_size_in_bytes > target_size:
+                runs.append([])
+                size = 0
+            runs[-1].append(f)
+            size += f.file_size_in_bytes
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        schema = schema_to_pyarrow(table.schema())
+        schema = pa.schema([f.with_type(_plain(f.type)) for f in schema])
+        new_files = []
+        for n, run in enumerate(runs):
+            if len(run) < 2:
+                continue
+            parts = []
+            for f in run:
+                with table.io.new_input(f.file_path).open() as src:
+                    t = pq.read_table(src)
+                parts.append(conform(self.name, t.cast(_without_ids(t.schema)),
+                                     _without_ids(schema)))
+            merged = pa.concat_tables(parts).cast(schema)
+            name = f"reclock-{batch}-{n:05d}-000.parquet"
+            loc.write(name, partial(_write_parquet, merged))
+            new_files.append((run, name))
+        if not new_files:
+            return {}
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+        tx = table.transaction()
+        props = {**head.keys, KEY_OPERATION: "compact"}
+        with tx.update_snapshot(snapshot_properties=props).overwrite() as swap:
+            for run, name in new_files:
+                for f in run:
+                    swap.delete_data_file(f)
+                swap.append_data_file(parquet_file_to_data_file(
+                    table.io, table.metadata, self._file_uri(loc, name)))
+        try:
+            self._commit_tx(table, tx, head.snapshot_id)
+        except CommitFailedException:
+            log.info("output %r: a commit came first; the compaction pass is dropped",
+                     self.name)
+            for _, name in new_files:
+                loc.delete(name)
+            return {}
+        merged_n = sum(len(run) for run, _ in new_files)
+        log.info("output %r: compacted %d files into %d", self.name, merged_n, len(new_files))
+        return {"files_compacted": merged_n, "files_written": len(new_files)}
+
+    def expire(self, retention_ms: int, now_ms: int | None = None) -> int:
+        """Expire the snapshots older than ``retention_ms`` (never the
+        current one, nor one a branch or tag names), fenced on the current
+        snapshot, and delete the data files reclock wrote that only they
+        referenced. Returns how many snapshots expired."""
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.table.update.snapshot import ExpireSnapshots
+
+        table = self._load()
+        if table is None or table.current_snapshot() is None:
+            return 0
+        now = self._clock.now() if now_ms is None else now_ms
+        cutoff = dt.datetime.fromtimestamp((now - retention_ms) / 1000.0, tz=dt.UTC)
+        head = self._head(table)
+        before = self._referenced(table)
+        tx = table.transaction()
+        exp = ExpireSnapshots(tx).older_than(cutoff)
+        ids = set(exp._snapshot_ids_to_expire) - {head.snapshot_id}
+        if not ids:
+            return 0
+        exp._snapshot_ids_to_expire = ids
+        tx._apply(*exp._commit())
+        try:
+            self._commit_tx(table, tx, head.snapshot_id)
+        except CommitFailedException:
+            return 0
+        after = self._referenced(table)
+        loc = self._data(table)
+        for name in sorted(before - after):
+            if _STAGED.fullmatch(name):
+                loc.delete(name)
+        return len(ids)
+
+    def close(self) -> None:
+        """Drop the catalog (nothing is held between commits)."""
+        engine = getattr(self._catalog, "engine", None)
+        if engine is not None:
+            engine.dispose()
+        self._catalog = self._table = None
+
+
+def _match_filter(values: Iterable[tuple[Any, ...]], keys: list[str]) -> Any:
+    """An Iceberg expression that matches the rows whose ``keys`` are one
+    of ``values``."""
+    from pyiceberg import expressions as ex
+
+    AlwaysFalse: Any = ex.AlwaysFalse
+    And: Any = ex.And
+    EqualTo: Any = ex.EqualTo
+    In: Any = ex.In
+    Or: Any = ex.Or
+
+    vals = list(values)
+    if not vals:
+        return AlwaysFalse()
+    if len(keys) == 1:
+        return In(keys[0], {v[0] for v in vals})
+    expr: Any = None
+    for v in vals:
+        term: Any = EqualTo(keys[0], v[0])
+        for k, x in zip(keys[1:], v[1:], strict=True):
+            term = And(term, EqualTo(k, x))
+        expr = term if expr is None else Or(expr, term)
+    return expr
+
+
+# -- configuration -------------------------------------------------------------------------
+
+
+class CatalogConfig(ConfigModel):
+    """The Iceberg catalog that holds the table (pyiceberg's catalogs)."""
+
+    type: Literal["sql", "rest"]
+    """``sql``: pyiceberg's SQL catalog, a SQLite file or a PostgreSQL
+    database (``uri``); ``rest``: an Iceberg REST catalog."""
+    uri: Annotated[str, URL_SECRET] = Setting(min_length=1)
+    """``sqlite:////abs/catalog.db``, ``postgresql+psycopg://user:${PW}@host/db``
+    (SQLAlchemy URLs; psycopg 3), or the REST catalog's ``https://...``. A
+    password in it is never printed."""
+    warehouse: str | None = None
+    """Where new tables' files go: a local directory (``/abs/wh`` or
+    ``file:///abs/wh``) or ``s3://bucket/prefix``; for a REST catalog, the
+    warehouse name it knows (optional)."""
+    credential: SecretStr | None = None
+    """REST: the OAuth2 client credential ``id:secret``."""
+    token: SecretStr | None = None
+    """REST: a bearer token."""
+    properties: dict[str, str] = Setting(default_factory=dict)
+    """Any other pyiceberg catalog property, passed through (e.g.
+    ``oauth2-server-uri``, ``scope``, ``header.X-Iceberg-Access-Delegation``)."""
+
+    def access(self, storage: S3Access | None) -> CatalogAccess:
+        props: dict[str, str] = {**self.properties, "type": self.type, "uri": self.uri}
+        if self.warehouse is not None:
+            wh = self.warehouse
+            props["warehouse"] = f"file://{wh}" if wh.startswith("/") else wh
+        if self.credential is not None:
+            props["credential"] = self.credential.get_secret_value()
+        if self.token is not None:
+            props["token"] = self.token.get_secret_value()
+        if storage is not None:
+            props.update(_fileio_props(storage))
+        from reclock.core.urls import mask_url
+
+        return CatalogAccess(self.type, props, f"{self.type} catalog {mask_url(self.uri)}")
+
+
+def _fileio_props(s3: S3Access) -> dict[str, str]:
+    props = {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"}
+    for key, value in (("s3.endpoint", s3.endpoint), ("s3.region", s3.region),
+                       ("s3.access-key-id", s3.access_key_id),
+                       ("s3.secret-access-key", s3.secret_access_key),
+                       ("s3.session-token", s3.session_token)):
+        if value:
+            props[key] = value
+    return props
+
+
+class S3StorageConfig(ConfigModel):
+    """How to reach an ``s3://`` warehouse. Every setting left out comes from
+    the driver's ``AWS_*`` environment variables; write secrets as ``${VAR}``
+    references: they are never printed."""
+
+    endpoint: str | None = None
+    """Endpoint URL of an S3-compatible store (MinIO, a local test server)."""
+    region: str | None = None
+    """Region of the bucket."""
+    access_key_id: str | None = None
+    """Access key id."""
+    secret_access_key: SecretStr | None = None
+    """Secret access key (write ``${AWS_SECRET_ACCESS_KEY}``, never the key)."""
+    session_token: SecretStr | None = None
+    """Session token of temporary credentials."""
+
+    def access(self) -> S3Access:
+        return S3Access.resolve({
+            "endpoint": self.endpoint, "region": self.region,
+            "access_key_id": self.access_key_id,
+            "secret_access_key": None if self.secret_access_key is None
+            else self.secret_access_key.get_secret_value(),
+            "session_token": None if self.session_token is None
+            else self.session_token.get_secret_value()})
+
+
+class CompactConfig(ConfigModel):
+    """When the driver compacts an Iceberg output's small files and expires
+    its old snapshots (neither changes its rows nor its state)."""
+
+    every: DurationMs = Setting(default=COMPACT_EVERY_MS, ge=1000)
+    """How often (default ``10m``; the first pass a minute after the start)."""
+    min_files: int = Setting(default=COMPACT_MIN_FILES, ge=2)
+    """Compact once at least this many data files are smaller than
+    ``target_size`` (default 50)."""
+    target_size: ByteSize = Setting(default=COMPACT_TARGET_SIZE, ge=2**20)
+    """The size of the merged files (default ``128MiB``)."""
+    retention: DurationMs = Setting(default=RETENTION_MS, ge=60_000)
+    """Snapshots older than this are expired (default ``1d``; never the
+    current one), and the data files only they referenced deleted."""
+
+    def settings(self) -> Compaction:
+        return Compaction(self.every, self.min_files, self.target_size, self.retention)
+
+
+def _compact_switch(value: Any) -> Any:
+    if value is False or value is None:
+        return None
+    if value is True:
+        return {}
+    return value
+
+
+class IcebergSinkConfig(SinkConfigBase):
+    """An Apache Iceberg table in a SQL or REST catalog: data and the
+    output's upper committed in one snapshot, fenced by the catalog."""
+
+    type: Literal["iceberg"] = "iceberg"
+    """``iceberg``."""
+    catalog: CatalogConfig
+    """The catalog: ``{type: sql, uri: sqlite:////abs/cat.db, warehouse: /abs/wh}``,
+    ``{type: sql, uri: postgresql+psycopg://..., warehouse: s3://bucket/wh}`` or
+    ``{type: rest, uri: https://..., credential: ${ID_SECRET}}``."""
+    table: str = Setting(min_length=3, pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")
+    """``namespace.name`` (created with the namespace when absent)."""
+    storage: S3StorageConfig | None = None
+    """For an ``s3://`` warehouse: endpoint, region and credentials (the
+    ``AWS_*`` environment variables otherwise)."""
+    mode: Literal["log", "state"] = "log"
+    """``log``: every update with ``_into_time``, ``_diff`` and provenance.
+    ``state``: the current rows by ``key`` (each commit applies the sum of
+    every IntoTime's updates per key, in one snapshot)."""
+    key: tuple[str, ...] = ()
+    """With ``mode: state``: the key columns; they must contain the output's
+    upstream key (:func:`~reclock.contracts.config.state_key_problem`)."""
+    compact: Annotated[CompactConfig | None, BeforeValidator(_compact_switch)] = Setting(
+        default_factory=CompactConfig)
+    """Compaction and snapshot expiry on a schedule (``compact: off``: never)."""
+
+    TARGET: ClassVar[str] = "table"
+
+    @classmethod
+    def target_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+        cat = raw.get("catalog")
+        if not isinstance(raw.get("table"), str) or not isinstance(cat, Mapping):
+            return None
+        return ("iceberg", str(cat.get("uri")), str(raw["table"]))
+
+    @classmethod
+    def state_key_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+        key = raw.get("key")
+        if raw.get("mode") != "state" or not isinstance(key, Sequence) or isinstance(key, str):
+            return None
+        return tuple(str(k) for k in key)
+
+    @classmethod
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        if data.get("mode") == "state" and not data.get("key"):
+            return [problem(("key",), "required with mode: state")]
+        if data.get("mode") != "state" and data.get("key"):
+            return [problem(("key",), "only applies to mode: state", on_key=True)]
+        return []
+
+    def resolved(self, default: Path, base: Path) -> IcebergSinkConfig:
+        """A copy whose relative SQLite catalog path and local warehouse
+        resolve against the YAML file's directory."""
+        cat = self.catalog
+        update: dict[str, Any] = {}
+        if cat.uri.startswith("sqlite:///") and not cat.uri.startswith("sqlite:////"):
+            rel = cat.uri[len("sqlite:///"):]
+            update["uri"] = f"sqlite:///{(base / rel).resolve()}"
+        wh = cat.warehouse
+        if wh is not None and "://" not in wh and not wh.startswith("/"):
+            update["warehouse"] = str((base / wh).resolve())
+        if not update:
+            return self
+        return self.model_copy(update={"catalog": cat.model_copy(update=update)})
+
+    def build(self, ctx: SinkContext) -> IcebergSink:
+        storage = None
+        wh = self.catalog.warehouse or ""
+        if self.storage is not None or wh.lower().startswith(("s3://", "s3a://")):
+            storage = (self.storage or S3StorageConfig()).access()
+        return IcebergSink(ctx.name, self.catalog.access(storage), self.table,
+                           storage=storage, mode=self.mode, key=self.key, owner=ctx.owner,
+                           compaction=None if self.compact is None else self.compact.settings())
+
+
+PLUGIN = SinkPlugin(name="iceberg", config=IcebergSinkConfig)
