@@ -365,6 +365,9 @@ class CatalogAccess:
     kind: str
     properties: dict[str, str] = field(repr=False)
     shown: str = ""
+    #: the catalog's name: the SQL catalog keeps it with every table (its
+    #: ``catalog_name`` column), so every engine reading the catalog names it alike
+    name: str = "reclock"
 
     def secrets(self) -> list[str]:
         out = url_secrets(self.properties.get("uri", ""))
@@ -449,7 +452,7 @@ class IcebergSink:
             from pyiceberg.catalog import load_catalog
 
             try:
-                self._catalog = load_catalog("reclock", **self.access.properties)
+                self._catalog = load_catalog(self.access.name, **self.access.properties)
             except Exception as exc:
                 raise self._fail(exc, "open the catalog of") from exc
         return self._catalog
@@ -515,7 +518,7 @@ class IcebergSink:
         self._evolve(table, want)
 
     def _evolve(self, table: Any, want: pa.Schema) -> None:
-        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.exceptions import CommitFailedException, ResolveError, ValidationError
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
         have = _without_ids(schema_to_pyarrow(table.schema()))
@@ -552,7 +555,7 @@ class IcebergSink:
             raise TransientError(f"output {self.name!r}: the schema update of {self.target} "
                                  f"lost to a concurrent commit ({exc})",
                                  hint="retried") from exc
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, ResolveError, ValidationError) as exc:
             raise SinkError(f"output {self.name!r}: the stored schema of {self.target} "
                             f"cannot take columns {changed}: {exc}",
                             hint="write to a new table, or set the output's schema_change: "
@@ -590,7 +593,8 @@ class IcebergSink:
         while snap is not None:
             props = dict(snap.summary.additional_properties) if snap.summary else {}
             if KEY_UPPER in props:
-                return _Head(head_id, self._state_of(props, snap.snapshot_id), props)
+                ours = {k: v for k, v in props.items() if k.startswith("reclock.")}
+                return _Head(head_id, self._state_of(props, snap.snapshot_id), ours)
             parent = snap.parent_snapshot_id
             walked += 1
             snap = None if parent is None else table.metadata.snapshot_by_id(parent)
@@ -1150,6 +1154,10 @@ class CatalogConfig(ConfigModel):
     type: Literal["sql", "rest"]
     """``sql``: pyiceberg's SQL catalog, a SQLite file or a PostgreSQL
     database (``uri``); ``rest``: an Iceberg REST catalog."""
+    name: str = Setting(default="reclock", min_length=1)
+    """The catalog's name (default ``reclock``). A SQL catalog keeps it with
+    each table: other engines reading the same catalog database (Spark's
+    JDBC catalog, pyiceberg) must use the same name to see the tables."""
     uri: Annotated[str, URL_SECRET] = Setting(min_length=1)
     """``sqlite:////abs/catalog.db``, ``postgresql+psycopg://user:${PW}@host/db``
     (SQLAlchemy URLs; psycopg 3), or the REST catalog's ``https://...``. A
@@ -1179,7 +1187,8 @@ class CatalogConfig(ConfigModel):
             props.update(_fileio_props(storage))
         from reclock.core.urls import mask_url
 
-        return CatalogAccess(self.type, props, f"{self.type} catalog {mask_url(self.uri)}")
+        return CatalogAccess(self.type, props, f"{self.type} catalog {mask_url(self.uri)}",
+                             self.name)
 
 
 def _fileio_props(s3: S3Access) -> dict[str, str]:

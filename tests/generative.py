@@ -7,9 +7,11 @@ Sequences are spread over one pipeline's *lanes*, each a source, an envelope
 and a sink:
 
     kafka     none     -> Delta, Postgres log             every record once
-    kafka     upsert   -> Delta, Postgres state, Kafka    the latest value per key
+    kafka     upsert   -> Delta, Postgres state, Kafka,   the latest value per key
+                          Iceberg state
     kafka     debezium -> Delta (keyed)                   the table's state per key
-    postgres  CDC      -> Delta (keyed by the primary key) the table's state per key
+    postgres  CDC      -> Delta (keyed by the primary key), the table's state per key
+                          Iceberg state
     generator counter  -> Postgres log                    every counter value once
 
 Some values are ones the lane's sink cannot store: a NUL character for
@@ -75,6 +77,8 @@ LANES = [
     ("dbz_delta", "kafka", "debezium", "file"),
     ("cdc_delta", "pg", "cdc", "file"),
     ("gen_pglog", "gen", "none", "pglog"),
+    ("up_icestate", "kafka", "upsert", "icestate"),
+    ("cdc_icestate", "pg", "cdc", "icestate"),
 ]
 
 #: The Kafka sink's ``message.max.bytes`` in the harness; bodies are either
@@ -113,7 +117,7 @@ class Lane:
     name: str
     source: str  # kafka, pg, gen
     envelope: str  # none, upsert, debezium, cdc
-    sink: str  # file, pglog, pgstate, kafka
+    sink: str  # file, pglog, pgstate, kafka, icestate
     topic: str
     sequences: list[int] = field(default_factory=list)
     #: kafka: the record at offset i; pg: the i-th change; (key, ("put", value) or ("delete",))
@@ -224,7 +228,10 @@ def config(tmp: Path, lanes: dict[str, Lane], bootstrap: str, pg_url: str,
                            "mode: state, key: [id]}",
                 "kafka": f'{{type: kafka, bootstrap_servers: "{bootstrap}", '
                          f"topic: {lane.topic}-out, "
-                         f"properties: {{message.max.bytes: {KAFKA_SINK_MAX}}}}}"}[lane.sink]
+                         f"properties: {{message.max.bytes: {KAFKA_SINK_MAX}}}}}",
+                "icestate": f"{{type: iceberg, catalog: {{type: sql, uri: 'sqlite:///{tmp}/"
+                            f"iceberg.db', warehouse: '{tmp}/warehouse'}}, "
+                            f"table: gen.{lane.name}, mode: state, key: [id]}}"}[lane.sink]
         out.append(f"        sink: {sink}")
     return "\n".join(out) + "\n"
 

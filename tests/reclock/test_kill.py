@@ -1,6 +1,7 @@
 """kill -9 at random moments, and at every named crash point of the commit path,
 while producers keep writing to Kafka: after restarts, every generated and
-every produced record is in its output exactly once, at the IntoTime its
+every produced record is in its output (Delta tables, an Iceberg table, a
+Kafka topic) exactly once, at the IntoTime its
 bindings give (``reclock verify``), and the consumer group's committed offsets
 never exceed what the outputs hold."""
 
@@ -134,7 +135,10 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
     kafka.create_topic(f"{topic}-out", 8)
     path = tmp_path / "pipeline.yaml"
     path.write_text(PIPELINE.format(total=TOTAL, bootstrap=kafka.bootstrap, topic=topic,
-                                    counter=counter_source(4000, TOTAL, 97)))
+                                    counter=counter_source(4000, TOTAL, 97, sink=(
+                                        "{type: iceberg, catalog: {type: sql, uri: "
+                                        f"'sqlite:///{tmp_path}/iceberg.db', warehouse: "
+                                        f"'{tmp_path}/warehouse'}}, table: kill.counter}}"))))
     producing = Producing(kafka.bootstrap, topic)
     ack_checks = 0
     state = tmp_path / "state"
@@ -225,7 +229,7 @@ def test_sigkill_at_random_moments_and_crash_points(tmp_path: Path, kafka: Any) 
     missing = model - set(relayed)
     assert (dups, sorted(missing)[:10], set(relayed) - model, len(relayed)) == (
         0, [], set(), produced + produced_b)
-    count("kill: generator, kafka -> file, kafka sinks", kill_points_tried=len(plan),
+    count("kill: generator, kafka -> file, iceberg, kafka sinks", kill_points_tried=len(plan),
           sigkills=kills, crash_point_exits=crash_exits, records_checked=sum(counts.values()),
           acknowledgement_checks=ack_checks)
     print(f"kill test: {kills} SIGKILLs, {crash_exits} crash-point exits, "

@@ -1,0 +1,282 @@
+"""What is the Iceberg sink's own (the contract is tests/sinks/test_contract.py):
+state tables (the sum of an IntoTime's updates per key, deletes, refused
+breaches), the fence between racing writers and the retry over writers that
+are not this output's, compaction and snapshot expiry that keep rows and
+state, the orphan vacuum, schema evolution, masked secrets, the
+configuration block, and what a plain pyiceberg reader sees."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from reclock.contracts.rows import output_schema
+from reclock.contracts.sink import SinkError, SinkFenced, SinkState
+from reclock.core.errors import ReclockError
+from reclock.sinks.iceberg import CatalogConfig, IcebergSink
+from tests.sinks.rows import USER, updates
+
+NAME = "shop.orders"
+
+
+def _catalog(tmp: Path) -> CatalogConfig:
+    return CatalogConfig(type="sql", uri=f"sqlite:///{tmp}/catalog.db",
+                         warehouse=str(tmp / "wh"))
+
+
+def _sink(tmp: Path, mode: str = "log", table: str = "lake.orders", **kw: Any) -> IcebergSink:
+    s = IcebergSink(NAME, _catalog(tmp).access(None), table, mode=mode,  # type: ignore[arg-type]
+                    key=("k",) if mode == "state" else (), **kw)
+    s.ensure(USER)
+    return s
+
+
+def _rows(keys: list[str], values: list[int], into: int, diff: int, offset: int = 0
+          ) -> pa.Table:
+    t = updates(keys, into, diff=diff, offset=offset)
+    return t.set_column(t.schema.get_field_index("v"), "v", pa.array(values, pa.int64()))
+
+
+def _live(s: IcebergSink) -> dict[str, tuple[int, int]]:
+    t = s.read_updates()
+    t = t.filter(pc.is_null(t.column("_error")))
+    return {k: (v, into) for k, v, into in zip(t.column("k").to_pylist(), t.column("v").to_pylist(),
+                                               t.column("_into_time").to_pylist(), strict=True)}
+
+
+def _reader(tmp: Path, table: str = "lake.orders") -> pa.Table:
+    """The table as a plain pyiceberg user reads it (its own catalog object)."""
+    from pyiceberg.catalog import load_catalog
+
+    cat = load_catalog("reclock", type="sql", uri=f"sqlite:///{tmp}/catalog.db")
+    return cat.load_table(table).scan().to_arrow()
+
+
+def test_a_state_table_holds_the_sum_of_each_intotime_per_key(tmp_path: Path) -> None:
+    s = _sink(tmp_path, "state")
+    st = s.stager()
+    s1 = SinkState(11, '"p1"')
+    s.commit(st.stage("b1", 0, _rows(["a", "b", "c"], [1, 2, 3], 10, 1)), SinkState(), s1)
+    assert _live(s) == {"a": (1, 10), "b": (2, 10), "c": (3, 10)}
+    # One commit of two IntoTimes: a updated at 20 then 30; b deleted at 20;
+    # c retracted and inserted again at 30 (its updates in no order); d inserted.
+    batch = pa.concat_tables([
+        _rows(["a"], [1], 20, -1), _rows(["a"], [5], 20, 1),
+        _rows(["a"], [6], 30, 1, offset=5), _rows(["a"], [5], 30, -1, offset=6),
+        _rows(["b"], [2], 20, -1), _rows(["c"], [4], 30, 1), _rows(["c"], [3], 30, -1),
+        _rows(["d"], [7], 30, 1)])
+    s2 = SinkState(31, '"p2"')
+    s.commit(st.stage("b2", 0, batch), s1, s2)
+    want = {"a": (6, 30), "c": (4, 30), "d": (7, 30)}
+    assert _live(s) == want
+    assert s.state() == s2
+    # What pyiceberg reads: one row per live key, no retractions, no _diff.
+    seen = _reader(tmp_path)
+    assert "_diff" not in seen.column_names
+    live = seen.filter(pc.is_null(seen.column("_error")))
+    assert sorted(zip(live.column("k").to_pylist(), live.column("v").to_pylist(),
+                      strict=True)) == [("a", 6), ("c", 4), ("d", 7)]
+    # A delete that empties the table.
+    s3 = SinkState(41, '"p3"')
+    s.commit(st.stage("b3", 0, pa.concat_tables([
+        _rows(["a"], [6], 40, -1), _rows(["c"], [4], 40, -1), _rows(["d"], [7], 40, -1)])),
+        s2, s3)
+    assert _live(s) == {}
+    assert s.state() == s3
+
+
+def test_a_state_commit_that_breaks_the_key_is_refused_and_writes_nothing(
+        tmp_path: Path) -> None:
+    s = _sink(tmp_path, "state")
+    st = s.stager()
+    s1 = SinkState(11, '"p1"')
+    s.commit(st.stage("b1", 0, _rows(["a"], [1], 10, 1)), SinkState(), s1)
+    for bad in (_rows(["a", "a"], [2, 3], 20, 1),  # a second row for a
+                _rows(["a"], [5], 20, 1),  # a second row for a, which holds one
+                _rows(["z"], [1], 20, -1)):  # a negative count
+        staged = st.stage("bad", 0, bad)
+        with pytest.raises(SinkError) as err:
+            s.commit(staged, s1, SinkState(21, '"p2"'))
+        assert "a state table holds one row per key" in str(err.value)
+        assert "IntoTime 20" in str(err.value)
+    assert s.state() == s1 and _live(s) == {"a": (1, 10)}
+
+
+def test_error_rows_of_a_state_table_keep_their_position(tmp_path: Path) -> None:
+    s = _sink(tmp_path, "state")
+    bad = updates(["x"], 10, offset=7, error="malformed JSON")
+    staged = s.stager().stage("b", 0, pa.concat_tables([bad, _rows(["a"], [1], 10, 1)]))
+    s.commit(staged, SinkState(), SinkState(11, '"p"'))
+    t = s.read_updates()
+    errs = t.filter(pc.is_valid(t.column("_error")))
+    assert errs.column("_src_offset").to_pylist() == [7]
+    assert errs.column("_error").to_pylist() == ["malformed JSON"]
+    assert _live(s) == {"a": (1, 10)}
+    assert s.read_updates(as_of=5).filter(pc.is_valid(pc.field("_error"))).num_rows == 0
+
+
+def test_racing_committers_fence_each_other_and_lose_nothing(tmp_path: Path) -> None:
+    """Four writers of one output (four sink objects, as four drivers) race
+    every round from the same state: exactly one commit lands per round, the
+    others are fenced, and the table holds exactly the winners' rows."""
+    sinks = [_sink(tmp_path) for _ in range(4)]
+    barrier = threading.Barrier(4)
+    outcomes: dict[int, list[str]] = {}
+
+    def race(who: int) -> None:
+        s = sinks[who]
+        for r in range(5):
+            expected = s.state()
+            staged = s.stager().stage(f"w{who}r{r}", 0, updates([f"w{who}r{r}"], r))
+            barrier.wait()
+            try:
+                s.commit(staged, expected, SinkState(r + 1, f'"w{who}r{r}"'))
+                outcomes.setdefault(r, []).append(f"w{who}r{r}")
+            except SinkFenced:
+                pass
+            barrier.wait()
+
+    threads = [threading.Thread(target=race, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(len(outcomes.get(r, [])) == 1 for r in range(5)), outcomes
+    rows = sorted(sinks[0].read_updates().column("k").to_pylist())
+    assert rows == sorted(w for r in range(5) for w in outcomes[r])
+    assert sinks[0].state() == SinkState(5, f'"{outcomes[4][0]}"')
+
+
+def test_a_commit_over_another_writers_snapshot_goes_through(tmp_path: Path) -> None:
+    """A snapshot of another writer (an outside append) after ours: the state
+    is found behind it, and the next commit lands on top of it."""
+    s = _sink(tmp_path)
+    s1 = SinkState(11, '"p1"')
+    s.commit(s.stager().stage("b1", 0, updates(["a"], 10)), SinkState(), s1)
+    from pyiceberg.catalog import load_catalog
+
+    outside = load_catalog("reclock", type="sql", uri=f"sqlite:///{tmp_path}/catalog.db"
+                           ).load_table("lake.orders")
+    extra = updates(["outside"], 10, offset=99).cast(output_schema(USER))
+    outside.append(extra)
+    assert s.state() == s1
+    s2 = SinkState(21, '"p2"')
+    s.commit(s.stager().stage("b2", 0, updates(["b"], 20, offset=1)), s1, s2)
+    assert s.state() == s2
+    assert sorted(s.read_updates().column("k").to_pylist()) == ["a", "b", "outside"]
+
+
+def test_compaction_and_expiry_keep_rows_and_state_and_vacuum_takes_orphans(
+        tmp_path: Path) -> None:
+    now = [int(time.time() * 1000)]
+
+    class Clock:
+        def now(self) -> int:
+            return now[0]
+
+    s = _sink(tmp_path, clock=Clock())
+    state = SinkState()
+    for i in range(6):
+        new = SinkState(10 * i + 11, f'"p{i}"')
+        s.commit(s.stager().stage(f"b{i}", 0, updates([f"k{i}"], 10 * i + 10, offset=i)),
+                 state, new)
+        state = new
+    before = sorted(s.read_updates().column("k").to_pylist())
+    files_before = len(list(s._load().scan().plan_files()))
+    assert s.compact(min_files=2) == {"files_compacted": 6, "files_written": 1}
+    assert s.state() == state
+    assert sorted(s.read_updates().column("k").to_pylist()) == before
+    assert len(list(s._load().scan().plan_files())) == 1 < files_before
+    # Expiry: every snapshot but the current one is old; the small files
+    # only they referenced are deleted, the rows and the state stay.
+    data = tmp_path / "wh" / "lake" / "orders" / "data"
+    assert len(list(data.glob("reclock-*.parquet"))) == 7
+    now[0] += 3_600_000
+    assert s.expire(60_000) >= 6
+    assert len(list(data.glob("reclock-*.parquet"))) == 1
+    assert s.state() == state
+    assert sorted(s.read_updates().column("k").to_pylist()) == before
+    # A commit after the maintenance lands as usual.
+    new = SinkState(100, '"p9"')
+    s.commit(s.stager().stage("after", 0, updates(["z"], 90, offset=9)), state, new)
+    assert s.state() == new
+    # Orphans: a staged file never committed is deleted once past the grace,
+    # the committed ones stay.
+    s.stager().stage("orphan", 0, updates(["o"], 95, offset=10))
+    assert s.vacuum_orphans(3600) == []
+    now[0] += 7_200_000
+    assert s.vacuum_orphans(3600) == ["data/reclock-orphan-00000-000.parquet"]
+    assert sorted(s.read_updates().column("k").to_pylist()) == [*before, "z"]
+
+
+def test_schema_evolution_adds_columns_and_widens_types(tmp_path: Path) -> None:
+    narrow = pa.schema([("k", pa.string()), ("n", pa.int32())])
+    s = IcebergSink(NAME, _catalog(tmp_path).access(None), "lake.evolve")
+    s.ensure(narrow)
+    rows = pa.table({"k": ["a"], "n": pa.array([1], pa.int32())})
+    s1 = SinkState(11)
+    s.commit(s.stager().stage("b1", 0, _with_meta(rows, 10)),
+        SinkState(), s1)
+    wide = pa.schema([("k", pa.string()), ("n", pa.int64()), ("extra", pa.string())])
+    s.ensure(wide)
+    more = pa.table({"k": ["b"], "n": pa.array([2**40], pa.int64()), "extra": ["x"]})
+    s.commit(s.stager().stage("b2", 0, _with_meta(more, 20)), s1, SinkState(21))
+    got = s.read_updates().sort_by("k")
+    assert got.schema.field("n").type == pa.int64()
+    assert got.select(["k", "n", "extra"]).to_pylist() == [
+        {"k": "a", "n": 1, "extra": None}, {"k": "b", "n": 2**40, "extra": "x"}]
+    with pytest.raises(SinkError, match="cannot take columns"):
+        s.ensure(pa.schema([("k", pa.int64()), ("n", pa.int64()), ("extra", pa.string())]))
+
+
+def _with_meta(user: pa.Table, into: int) -> pa.Table:
+    meta = updates(["_"] * user.num_rows, into).drop_columns(["k", "v"])
+    out = user
+    for f in meta.schema:
+        out = out.append_column(f, meta.column(f.name))
+    return out
+
+
+def test_secrets_are_masked(tmp_path: Path) -> None:
+    cat = CatalogConfig(type="sql", uri="postgresql+psycopg://u:s3cr3t-pw@127.0.0.1:1/db",
+                        warehouse=str(tmp_path / "wh"))
+    s = IcebergSink(NAME, cat.access(None), "lake.t")
+    assert "s3cr3t-pw" not in repr(s) and "u:***@127.0.0.1:1/db" in repr(s)
+    with pytest.raises(ReclockError) as err:
+        s.ensure(USER)
+    assert "s3cr3t-pw" not in str(err.value) and "lake.t" in str(err.value)
+
+
+def test_the_configuration_block(tmp_path: Path) -> None:
+    from reclock.config import load_config
+
+    def load(sink: str) -> Any:
+        p = tmp_path / "p.yaml"
+        p.write_text(f"""
+state_dir: state
+sources:
+  - name: shop
+    generator: {{kind: counter, rate: 10, max_records: 10}}
+    outputs:
+      - name: out
+        format: {{type: json, schema: {{n: int64}}}}
+        sink: {sink}
+""")
+        return load_config(p)
+
+    cfg = load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///cat.db', warehouse: wh},"
+               " table: lake.out}")
+    sink = cfg.sources[0].outputs[0].sink
+    assert sink.catalog.uri == f"sqlite:///{tmp_path}/cat.db"
+    assert sink.catalog.warehouse == str(tmp_path / "wh")
+    with pytest.raises(Exception, match="key"):
+        load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db'}, table: lake.out, "
+             "mode: state}")
+    with pytest.raises(Exception, match="table"):
+        load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db'}, table: out}")
