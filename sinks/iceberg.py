@@ -121,7 +121,7 @@ from reclock.core.columns import (
     SRC_SEQ,
 )
 from reclock.core.errors import ReclockError, TransientError
-from reclock.core.secrets import register
+from reclock.core.secrets import MASK, Secret, register
 from reclock.core.secrets import scrub as _scrub
 from reclock.core.urls import URL_SECRET, url_secrets
 from reclock.sinks._fs import check_descriptor, check_stage_args
@@ -232,18 +232,21 @@ def stored_schema(user: pa.Schema, mode: Mode) -> pa.Schema:
 
 
 def _plain(t: pa.DataType) -> pa.DataType:
-    """``t`` as reclock reads it back: pyiceberg reads large strings."""
+    """``t`` with plain strings and binaries where pyiceberg has large ones;
+    nested fields keep their names and field ids (a reader resolves a
+    list's element, a map's key and value, a struct's fields by them)."""
     if pa.types.is_large_string(t):
         return pa.string()
     if pa.types.is_large_binary(t):
         return pa.binary()
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return pa.list_(_plain(t.value_type))
+        return pa.list_(t.value_field.with_type(_plain(t.value_type)))
     if pa.types.is_struct(t):
         return pa.struct([t.field(i).with_type(_plain(t.field(i).type))
                           for i in range(t.num_fields)])
     if pa.types.is_map(t):
-        return pa.map_(_plain(t.key_type), _plain(t.item_type))
+        return pa.map_(t.key_field.with_type(_plain(t.key_type)),
+                       t.item_field.with_type(_plain(t.item_type)))
     return t
 
 
@@ -370,11 +373,7 @@ class CatalogAccess:
     name: str = "reclock"
 
     def secrets(self) -> list[str]:
-        out = url_secrets(self.properties.get("uri", ""))
-        for k, v in self.properties.items():
-            if re.search(r"(?i)secret|password|token|credential", k) and v:
-                out.append(v)
-        return out
+        return url_secrets(self.properties.get("uri", "")) + _property_secrets(self.properties)
 
 
 class IcebergSink:
@@ -1148,6 +1147,28 @@ def _match_filter(values: Iterable[tuple[Any, ...]], keys: list[str]) -> Any:
 # -- configuration -------------------------------------------------------------------------
 
 
+#: Catalog properties whose values are secrets, by name (pyiceberg's own
+#: secret properties: ``credential``, ``token``, ``s3.secret-access-key``,
+#: ``s3.session-token``, ``adls.account-key``, ``gcs.oauth2.token``, ...).
+_SECRET_PROPERTY = re.compile(r"(?i)secret|password|token|credential|account-key|sas-token")
+
+
+def _property_secrets(value: Any) -> list[str]:
+    if not isinstance(value, Mapping):
+        return []
+    return [str(v) for k, v in value.items() if _SECRET_PROPERTY.search(str(k)) and v]
+
+
+def _shown_properties(value: Any) -> Any:
+    if not isinstance(value, Mapping):
+        return value
+    return {k: MASK if _SECRET_PROPERTY.search(str(k)) else v for k, v in value.items()}
+
+
+#: A mapping of catalog properties (the secret ones by name).
+CATALOG_PROPERTIES = Secret(_property_secrets, _shown_properties)
+
+
 class CatalogConfig(ConfigModel):
     """The Iceberg catalog that holds the table (pyiceberg's catalogs)."""
 
@@ -1170,7 +1191,7 @@ class CatalogConfig(ConfigModel):
     """REST: the OAuth2 client credential ``id:secret``."""
     token: SecretStr | None = None
     """REST: a bearer token."""
-    properties: dict[str, str] = Setting(default_factory=dict)
+    properties: Annotated[dict[str, str], CATALOG_PROPERTIES] = Setting(default_factory=dict)
     """Any other pyiceberg catalog property, passed through (e.g.
     ``oauth2-server-uri``, ``scope``, ``header.X-Iceberg-Access-Delegation``)."""
 

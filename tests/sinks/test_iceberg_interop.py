@@ -1,0 +1,98 @@
+"""Spark reads reclock's Iceberg tables: a log table and a state table of
+every common column type, written by the Iceberg sink into a SQLite SQL
+catalog, are read by a second Spark (the Spark peer of tests/setup.sh, with
+``iceberg-spark-runtime``) through Iceberg's JDBC catalog on the same
+database, in a JVM of its own (``tests/spark_iceberg_reader.py``). Spark
+gets the right types, the rows pyiceberg reads (the log's every update; the
+state table's current row per key, none of the deleted keys), and the
+output's upper from the snapshot summary."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from reclock.contracts.sink import SinkState
+from reclock.sinks.iceberg import CatalogConfig, IcebergSink
+from tests.kafkabroker import cache_dir
+from tests.sinks.test_delta_interop import rows_of, spark_type
+
+pytestmark = pytest.mark.integration
+
+READER = Path(__file__).resolve().parents[1] / "spark_iceberg_reader.py"
+
+USER = pa.schema([("k", pa.string()), ("n", pa.int64()), ("amt", pa.decimal128(10, 2)),
+                  ("at", pa.timestamp("us", tz="UTC")), ("day", pa.date32()),
+                  ("raw", pa.binary()), ("tags", pa.list_(pa.string())), ("x", pa.float64()),
+                  ("ok", pa.bool_())])
+
+
+def _updates(rows: list[dict[str, Any]], into: int, diff: int, offset: int) -> pa.Table:
+    from tests.sinks.rows import updates
+
+    meta = updates(["_"] * len(rows), into, diff=diff, offset=offset).drop_columns(["k", "v"])
+    t = pa.Table.from_pylist(rows, schema=USER)
+    for f in meta.schema:
+        t = t.append_column(f, meta.column(f.name))
+    return t
+
+
+def _row(k: str, n: int) -> dict[str, Any]:
+    return {"k": k, "n": n, "amt": decimal.Decimal(f"{n}.25"),
+            "at": dt.datetime(2024, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=n),
+            "day": dt.date(1900, 1, 1) + dt.timedelta(days=n), "raw": bytes([n % 256, 0]),
+            "tags": ["é\"\\", None] if n % 2 else [], "x": [1.5, -0.0, float("nan")][n % 3],
+            "ok": n % 2 == 0}
+
+
+def _spark_reads(tmp: Path, tables: list[str], where: str | None = None) -> dict[str, Any]:
+    peer = cache_dir() / "spark-peer"
+    py = peer / "bin" / "python"
+    if not (peer / "ready").exists():
+        pytest.fail(f"the Spark peer is not in {peer}: run `bash tests/setup.sh`")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARK_HOME")}
+    env.update(PYSPARK_PYTHON=str(py), PYSPARK_DRIVER_PYTHON=str(py))
+    args = [str(py), str(READER), "--ivy", str(peer / "ivy"), "--uri",
+            f"jdbc:sqlite:{tmp}/catalog.db", "--warehouse", f"file://{tmp}/wh", *tables]
+    if where:
+        args += ["--where", where]
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_spark_reads_iceberg_log_and_state_tables(tmp_path: Path) -> None:
+    cat = CatalogConfig(type="sql", uri=f"sqlite:///{tmp_path}/catalog.db",
+                        warehouse=str(tmp_path / "wh")).access(None)
+    log = IcebergSink("shop.log", cat, "lake.log")
+    state = IcebergSink("shop.state", cat, "lake.state", mode="state", key=("k",))
+    first = [_row(f"k{i}", i) for i in range(6)]
+    for s in (log, state):
+        s.ensure(USER)
+        s.commit(s.stager().stage("b1", 0, _updates(first, 10, 1, 0)), SinkState(),
+                 SinkState(11, '"p1"'))
+        # k1 updated, k2 deleted: a retraction of the old row, an insertion of the new
+        change = pa.concat_tables([_updates([first[1], first[2]], 20, -1, 10),
+                                   _updates([_row("k1", 101)], 20, 1, 12)])
+        s.commit(s.stager().stage("b2", 0, change), SinkState(11, '"p1"'),
+                 SinkState(21, '"p2"'))
+    got = _spark_reads(tmp_path, ["lake.log", "lake.state"])
+    for name, sink in (("lake.log", log), ("lake.state", state)):
+        seen = got[name]
+        assert seen["upper"] == "21"
+        mine = sink._load().scan().to_arrow()  # pyiceberg's read
+        for f in USER:
+            assert seen["types"][f.name] == spark_type(f.type), (name, f.name)
+        cols = list(seen["types"])
+        if name == "lake.state":
+            assert "_diff" not in cols
+            assert sorted(mine.column("k").to_pylist()) == ["k0", "k1", "k3", "k4", "k5"]
+        assert sorted(seen["rows"], key=json.dumps) == rows_of(mine.select(cols))
