@@ -78,11 +78,10 @@ microseconds.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
@@ -778,98 +777,68 @@ class IcebergSink:
         copy-on-write delete of the changed keys' rows, an append of their
         new rows and of the error rows). The rule of each key's IntoTimes is
         the Postgres sink's (see the module docstring)."""
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
         updates = self._read_staged(table, staged)
         stored = self._stored(table)
         errs = updates.filter(pc.is_valid(updates.column(ERROR)))
         good = updates.filter(pc.is_null(updates.column(ERROR)))
         user = [f.name for f in stored if f.name not in META_NAMES]
         keys = list(self.key)
-        rows: dict[str, tuple[int, pa.Table, int] | None] = {}  # key -> (into, table, row)
-        held: dict[str, bool] = {}
-        times = sorted(set(good.column(INTO_TIME).to_pylist()))
+        # Each IntoTime's updates summed by value (in time order), and each
+        # summed row's key.
         nets = []
-        for t in times:
+        for t in sorted(set(good.column(INTO_TIME).to_pylist())):
             net = consolidate(good.filter(pc.equal(good.column(INTO_TIME), t)), None, user)
-            nets.append((t, net))
-        all_keys = {k for _, net in nets for k in row_keys(net, keys)}
-        if all_keys:
-            current = self._current(table, nets)
-            for k in row_keys(current, keys):
-                held[k] = True
-        for t, net in nets:
-            ks = row_keys(net, keys)
+            nets.append((t, net, _keys_of(net, keys)))
+        values: dict[Hashable, tuple[Any, ...]] = {}
+        for _, net, ks in nets:
+            cols = [net.column(k).to_pylist() for k in keys]
+            for k, vals in zip(ks, zip(*cols, strict=True), strict=True):
+                values.setdefault(k, vals)
+        held = set(_keys_of(self._current(table, list(values.values())), keys)) if values \
+            else set()
+        # Per key, its IntoTimes in order: the row it is left with (the summed
+        # row's index in its IntoTime's table), or None when it is left with none.
+        rows: dict[Hashable, tuple[int, int] | None] = {}
+        for n, (t, net, ks) in enumerate(nets):
             counts = net.column(COUNT).to_pylist()
-            per: dict[str, list[int]] = {}
+            per: dict[Hashable, list[int]] = {}
             for i, k in enumerate(ks):
                 per.setdefault(k, []).append(i)
             for k, idx in per.items():
-                before = (rows[k] is not None) if k in rows else held.get(k, False)
+                before = (rows[k] is not None) if k in rows else k in held
                 ins = [i for i in idx if counts[i] > 0]
-                dels = [i for i in idx if counts[i] < 0]
-                if (any(abs(counts[i]) > 1 for i in idx) or len(ins) > 1
-                        or len(dels) != int(before)):
-                    self._refuse(updates, k, t, before, len(dels), len(ins), keys)
-                rows[k] = (t, net, ins[0]) if ins else None
-        deletes = [k for k in rows if k in held]
-        new_rows = []
-        for _k, v in rows.items():
-            if v is None:
-                continue
-            t, net, i = v
-            new_rows.append((t, net, i))
-        state_schema = stored
-        out_tables = []
-        by_net: dict[int, list[int]] = {}
-        net_of: dict[int, tuple[int, pa.Table]] = {}
-        for t, net, i in new_rows:
-            by_net.setdefault(id(net), []).append(i)
-            net_of[id(net)] = (t, net)
-        for nid, idx in by_net.items():
-            t, net = net_of[nid]
-            picked = net.take(pa.array(sorted(idx), pa.int64())).select(user)
-            picked = picked.append_column(INTO_TIME, pa.array([t] * picked.num_rows, pa.int64()))
-            out_tables.append(conform(self.name, picked, state_schema))
+                dels = len(idx) - len(ins)
+                if len(ins) > 1 or dels != int(before) or any(abs(counts[i]) > 1 for i in idx):
+                    self._refuse(updates, values[k], t, before, dels, len(ins), keys)
+                rows[k] = (n, ins[0]) if ins else None
+        picked: dict[int, list[int]] = {}
+        for v in rows.values():
+            if v is not None:
+                picked.setdefault(v[0], []).append(v[1])
+        out = []
+        for n, idx in sorted(picked.items()):
+            t, net, _ = nets[n]
+            new = net.take(pa.array(sorted(idx), pa.int64())).select(user)
+            new = new.append_column(INTO_TIME, pa.array([t] * new.num_rows, pa.int64()))
+            out.append(conform(self.name, new, stored))
         if errs.num_rows:
-            out_tables.append(conform(self.name, errs.drop_columns([DIFF]), state_schema))
-        if deletes:
-            filt = _match_filter(
-                self._key_values(deletes, rows, held, nets, current, keys), keys)
-            tx.delete(filt, snapshot_properties=props)
-        changed = (pa.concat_tables(out_tables) if out_tables
-                   else state_schema.empty_table())
-        from pyiceberg.io.pyarrow import schema_to_pyarrow
-
+            out.append(conform(self.name, errs.drop_columns([DIFF]), stored))
+        gone = [values[k] for k in rows if k in held]
+        if gone:
+            tx.delete(_match_filter(gone, keys), snapshot_properties=props)
+        changed = pa.concat_tables(out) if out else stored.empty_table()
         arrow = schema_to_pyarrow(tx.table_metadata.schema(), include_field_ids=False)
         tx.append(changed.cast(pa.schema([arrow.field(f.name) for f in changed.schema])),
                   snapshot_properties=props)
 
-    def _key_values(self, deletes: list[str], rows: Any, held: Any, nets: Any,
-                    current: pa.Table, keys: list[str]) -> list[tuple[Any, ...]]:
-        """The key values (Python) of the canonical keys ``deletes``, all
-        held by the table: taken from its current rows."""
-        want = set(deletes)
-        cols = [current.column(k).to_pylist() for k in keys]
-        out = []
-        for k, vals in zip(row_keys(current, keys), zip(*cols, strict=True), strict=True):
-            if k in want:
-                out.append(vals)
-        return out
-
-    def _current(self, table: Any, nets: list[tuple[int, pa.Table]]) -> pa.Table:
-        """The table's live rows of the keys the updates touch (their key
-        columns only)."""
+    def _current(self, table: Any, values: list[tuple[Any, ...]]) -> pa.Table:
+        """The table's live rows of the keys ``values`` (their key columns only)."""
         keys = list(self.key)
-        values: list[tuple[Any, ...]] = []
-        seen: set[str] = set()
-        for _, net in nets:
-            cols = [net.column(k).to_pylist() for k in keys]
-            for k, vals in zip(row_keys(net, keys), zip(*cols, strict=True), strict=True):
-                if k not in seen:
-                    seen.add(k)
-                    values.append(vals)
         if table.current_snapshot() is None:
-            return pa.table({k: pa.array([], _plain(self._stored(table).field(k).type))
-                             for k in keys})
+            stored = self._stored(table)
+            return pa.table({k: pa.array([], stored.field(k).type) for k in keys})
         from pyiceberg import expressions as ex
 
         And: Any = ex.And
@@ -881,21 +850,21 @@ class IcebergSink:
         except Exception as exc:
             raise self._fail(exc, "read the keys of") from exc
 
-    def _refuse(self, updates: pa.Table, key: str, into: int, before: bool, dels: int,
-                ins: int, keys: list[str]) -> None:
+    def _refuse(self, updates: pa.Table, key: tuple[Any, ...], into: int, before: bool,
+                dels: int, ins: int, keys: list[str]) -> None:
         """Raise the SinkError of a state commit whose updates leave a key
         with more than one row or a negative count (as the Postgres sink)."""
         good = updates.filter(pc.and_(pc.is_null(updates.column(ERROR)),
                                       pc.equal(updates.column(INTO_TIME), into)))
-        ks = row_keys(good, keys)
-        at = [i for i, k in enumerate(ks) if k == key][:8]
+        cols = [good.column(k).to_pylist() for k in keys]
+        at = [i for i, vals in enumerate(zip(*cols, strict=True)) if vals == key][:8]
         pos = good.take(pa.array(at, pa.int64()))
         positions = ", ".join(
             f"{d:+d} at partition {p} offset {o} seq {q}" for d, p, o, q in zip(
                 pos.column(DIFF).to_pylist(), pos.column(SRC_PART).to_pylist(),
                 pos.column(SRC_OFFSET).to_pylist(), pos.column(SRC_SEQ).to_pylist(),
                 strict=True))
-        value = ", ".join(f"{k}={v!r}" for k, v in zip(keys, json.loads(key), strict=True))
+        value = ", ".join(f"{k}={v!r}" for k, v in zip(keys, key, strict=True))
         raise SinkError(
             f"output {self.name!r}: the updates of IntoTime {into} leave key ({value}) of "
             f"{self.target} with {'a negative count' if dels > int(before) else 'several rows'} "
@@ -1117,6 +1086,17 @@ class IcebergSink:
         if engine is not None:
             engine.dispose()
         self._catalog = self._table = None
+
+
+def _keys_of(table: pa.Table, keys: list[str]) -> list[Hashable]:
+    """Each row's key, comparable across tables: the tuple of its values
+    when they are plain scalars (not floats: NaN is not equal to itself),
+    else a canonical JSON text (:func:`~reclock.contracts.consolidate.row_keys`)."""
+    types = [table.schema.field(k).type for k in keys]
+    if all(not pa.types.is_nested(t) and not pa.types.is_floating(t) for t in types):
+        cols = [table.column(k).to_pylist() for k in keys]
+        return list(zip(*cols, strict=True))
+    return list(row_keys(table, keys))
 
 
 def _match_filter(values: Iterable[tuple[Any, ...]], keys: list[str]) -> Any:
