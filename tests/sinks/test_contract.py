@@ -1,5 +1,6 @@
 """The sink contract (reclock/contracts/sink.py), once, for every sink: Delta, Postgres
-(log and state tables), Kafka and the console. Each sink's own test module
+(log and state tables), Kafka, Iceberg (log and state tables; SQLite, PostgreSQL
+and REST catalogs) and the console. Each sink's own test module
 keeps only what is its own (its storage layout, its concurrency, its types).
 
 Every sink, against a real peer (a Delta table on disk and on a local S3 endpoint, the private
@@ -102,8 +103,9 @@ def _console(tmp_path: Path, request: Any) -> Target:
 
 
 def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
-    """An Iceberg table: a SQLite catalog and a local warehouse, or a
-    PostgreSQL catalog (psycopg 3) and an S3 warehouse (moto)."""
+    """An Iceberg table: a SQLite catalog and a local warehouse, a
+    PostgreSQL catalog (psycopg 3) and an S3 warehouse (moto), or a REST
+    catalog (tests/icebergrest.py) with a bearer token."""
     def make(tmp_path: Path, request: Any) -> Target:
         from reclock.sinks._store import S3Access
         from reclock.sinks.iceberg import CatalogConfig, IcebergSink
@@ -111,6 +113,16 @@ def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
         if where == "local":
             cat = CatalogConfig(type="sql", uri=f"sqlite:///{tmp_path}/catalog.db",
                                 warehouse=str(tmp_path / "wh"))
+            storage = None
+        elif where == "rest":
+            from pydantic import SecretStr
+
+            from tests.icebergrest import RestCatalog
+
+            server = RestCatalog(tmp_path, "contract-token-77")
+            request.addfinalizer(server.close)
+            cat = CatalogConfig(type="rest", uri=server.url,
+                                token=SecretStr("contract-token-77"))
             storage = None
         else:
             s3 = request.getfixturevalue("s3")
@@ -136,7 +148,7 @@ def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
 KINDS = {"delta": _delta, "delta-s3": _delta_s3, "postgres-log": _postgres("log"),
          "postgres-state": _postgres("state"), "kafka": _kafka, "console": _console,
          "iceberg-log": _iceberg("log"), "iceberg-state": _iceberg("state"),
-         "iceberg-s3-pg": _iceberg("log", "s3-pg")}
+         "iceberg-s3-pg": _iceberg("log", "s3-pg"), "iceberg-rest": _iceberg("state", "rest")}
 
 
 #: The kinds that need a real peer (PostgreSQL, Kafka).

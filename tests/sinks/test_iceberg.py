@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from pydantic import SecretStr
 
 from reclock.contracts.rows import output_schema
 from reclock.contracts.sink import SinkError, SinkFenced, SinkState
@@ -121,11 +122,26 @@ def test_error_rows_of_a_state_table_keep_their_position(tmp_path: Path) -> None
     assert s.read_updates(as_of=5).filter(pc.is_valid(pc.field("_error"))).num_rows == 0
 
 
-def test_racing_committers_fence_each_other_and_lose_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("catalog", ["sql", "rest"])
+def test_racing_committers_fence_each_other_and_lose_nothing(
+        tmp_path: Path, catalog: str, request: Any) -> None:
     """Four writers of one output (four sink objects, as four drivers) race
     every round from the same state: exactly one commit lands per round, the
-    others are fenced, and the table holds exactly the winners' rows."""
-    sinks = [_sink(tmp_path) for _ in range(4)]
+    others are fenced (by the SQL catalog's compare-and-swap, or the REST
+    catalog's 409 on the snapshot requirement), and the table holds exactly
+    the winners' rows."""
+    if catalog == "sql":
+        sinks = [_sink(tmp_path) for _ in range(4)]
+    else:
+        from tests.icebergrest import RestCatalog
+
+        server = RestCatalog(tmp_path, "race-token")
+        request.addfinalizer(server.close)
+        access = CatalogConfig(type="rest", uri=server.url,
+                               token=SecretStr("race-token")).access(None)
+        sinks = [IcebergSink(NAME, access, "lake.orders") for _ in range(4)]
+        for s in sinks:
+            s.ensure(USER)
     barrier = threading.Barrier(4)
     outcomes: dict[int, list[str]] = {}
 
@@ -151,6 +167,9 @@ def test_racing_committers_fence_each_other_and_lose_nothing(tmp_path: Path) -> 
     rows = sorted(sinks[0].read_updates().column("k").to_pylist())
     assert rows == sorted(w for r in range(5) for w in outcomes[r])
     assert sinks[0].state() == SinkState(5, f'"{outcomes[4][0]}"')
+    if catalog == "rest":  # commits reached the catalog and lost there (409), not only the check
+        commits = [p for m, p in server.requests if m == "POST" and p.endswith("/orders")]
+        assert len(commits) > 5, commits
 
 
 def test_a_commit_over_another_writers_snapshot_goes_through(tmp_path: Path) -> None:
@@ -251,6 +270,20 @@ def test_secrets_are_masked(tmp_path: Path) -> None:
     with pytest.raises(ReclockError) as err:
         s.ensure(USER)
     assert "s3cr3t-pw" not in str(err.value) and "lake.t" in str(err.value)
+    # A REST catalog that refuses the token: a definite error, the token unsaid.
+    from tests.icebergrest import RestCatalog
+
+    server = RestCatalog(tmp_path, "the-right-token")
+    try:
+        rest = CatalogConfig(type="rest", uri=server.url, token=SecretStr("wr0ng-t0ken-9"),
+                             properties={"header.X-Api-Secret": "h3ader-s3cret"})
+        assert "h3ader-s3cret" in rest.access(None).secrets()
+        s = IcebergSink(NAME, rest.access(None), "lake.t")
+        with pytest.raises(SinkError) as err:
+            s.ensure(USER)
+        assert "wr0ng-t0ken-9" not in str(err.value) and "rest catalog" in str(err.value)
+    finally:
+        server.close()
 
 
 def test_the_configuration_block(tmp_path: Path) -> None:
