@@ -313,3 +313,49 @@ sources:
              "mode: state}")
     with pytest.raises(Exception, match="table"):
         load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db'}, table: out}")
+
+
+def test_a_table_committed_often_keeps_few_manifests_and_metadata_files(
+        tmp_path: Path) -> None:
+    """An output commits every interval: its table merges manifests once
+    ``commit.manifest.min-count-to-merge`` pile up, and keeps the newest
+    ``write.metadata.previous-versions-max`` metadata files, not one per
+    commit (the sink creates tables with 100 and 100; 10 and 10 here, to
+    need fewer commits)."""
+    from reclock.sinks.iceberg import TABLE_PROPERTIES
+
+    s = _sink(tmp_path)
+    table = s._load()
+    assert table.format_version == 2  # (format-version is the table's, not a property)
+    assert {k: table.properties.get(k) for k in TABLE_PROPERTIES if k != "format-version"
+            } == {k: v for k, v in TABLE_PROPERTIES.items() if k != "format-version"}
+    with table.transaction() as tx:
+        tx.set_properties({"commit.manifest.min-count-to-merge": "10",
+                           "write.metadata.previous-versions-max": "10"})
+    state = SinkState()
+    for i in range(30):
+        new = SinkState(i + 1)
+        staged = s.stager().stage(f"b{i}", 0, updates([f"k{i}"], i, offset=i)) if i % 2 else []
+        s.commit(staged, state, new)
+        state = new
+    table = s._load()
+    assert len(table.current_snapshot().manifests(table.io)) <= 10
+    metadata = tmp_path / "wh" / "lake" / "orders" / "metadata"
+    assert len(list(metadata.glob("*.metadata.json"))) <= 11
+    assert s.read_updates().num_rows == 15 and s.state() == SinkState(30)
+
+
+def test_maintain_expires_snapshots_past_the_retention_on_any_tick(tmp_path: Path) -> None:
+    from reclock.sinks.iceberg import Compaction
+
+    s = _sink(tmp_path, compaction=Compaction(every_ms=3_600_000, retention_ms=120_000))
+    state = SinkState()
+    for i in range(4):
+        new = SinkState(i + 1)
+        s.commit(s.stager().stage(f"b{i}", 0, updates([f"k{i}"], i, offset=i)), state, new)
+        state = new
+    now = int(time.time() * 1000)
+    assert s.maintain(now) == {}  # nothing past the retention; compaction not due
+    assert s.maintain(now + 120_000 + 61_000) == {"snapshots_expired": 3}
+    assert len(s._load().metadata.snapshots) == 1
+    assert s.state() == state and s.read_updates().num_rows == 4
