@@ -295,7 +295,7 @@ def test_a_declaration_must_name_its_plugin() -> None:
 def test_every_builtin_plugin_is_found_by_entry_point() -> None:
     found = registry()
     assert found.sources.names() == ("generator", "kafka", "postgres", "mysql", "oneshot")
-    assert sorted(found.sinks.names()) == ["console", "delta", "kafka", "postgres"]
+    assert sorted(found.sinks.names()) == ["console", "delta", "iceberg", "kafka", "postgres"]
     assert found.sinks.get("file") is found.sinks.get("delta")
     assert sorted(found.formats.names()) == ["avro", "bytes", "csv", "json", "text"]
     assert sorted(found.envelopes.names()) == ["debezium", "none", "upsert"]

@@ -568,7 +568,7 @@ def test_several_errors_in_line_order(tmp_path: Path) -> None:
         "decimal(p,s), json)",
         f"{at(path, 10, '[]')}: sources[0].outputs[0].envelope.key: expected at least 1 item",
         f"{at(path, 11, 'files')}: sources[0].outputs[0].sink.type: unknown type "
-        "(expected one of: console, delta, file, kafka, postgres)",
+        "(expected one of: console, delta, file, iceberg, kafka, postgres)",
         f"{at(path, 12, 'name')}: sources[0].outputs[1]: missing required key 'sink'",
         f"{at(path, 13, 'name')}: sources[1]: missing connector block "
         "(expected one of: generator, kafka, postgres, mysql, oneshot)",

@@ -313,6 +313,21 @@ sources:
              "mode: state}")
     with pytest.raises(Exception, match="table"):
         load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db'}, table: out}")
+    # The state tables' key rule (reclock.contracts.config.state_key_problem),
+    # as for Postgres: Kafka records with the append envelope have no upstream key.
+    p = tmp_path / "k.yaml"
+    p.write_text("""
+sources:
+  - name: events
+    kafka: {bootstrap_servers: "127.0.0.1:9", topic: t}
+    outputs:
+      - name: out
+        format: {type: json, schema: {n: int64}}
+        sink: {type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db'}, table: lake.out,
+               mode: state, key: [n]}
+""")
+    with pytest.raises(Exception, match="a state table keeps one row per key"):
+        load_config(p)
 
 
 def test_a_table_committed_often_keeps_few_manifests_and_metadata_files(
