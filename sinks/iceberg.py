@@ -519,6 +519,11 @@ class IcebergSink:
         the state); anything else is a SinkError naming the columns."""
         from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
 
+        missing = [k for k in self.key if user_schema.get_field_index(k) < 0]
+        if missing:
+            raise SinkError(f"output {self.name!r}: key columns {missing} of {self.target} are "
+                            f"not among the output's columns {user_schema.names}",
+                            hint="name the key by output column names (after rename)")
         want = stored_schema(user_schema, self.mode)
         self._user = user_schema
         table = self._load()

@@ -148,11 +148,14 @@ def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
 KINDS = {"delta": _delta, "delta-s3": _delta_s3, "postgres-log": _postgres("log"),
          "postgres-state": _postgres("state"), "kafka": _kafka, "console": _console,
          "iceberg-log": _iceberg("log"), "iceberg-state": _iceberg("state"),
-         "iceberg-s3-pg": _iceberg("log", "s3-pg"), "iceberg-rest": _iceberg("state", "rest")}
+         "iceberg-s3-pg": _iceberg("log", "s3-pg"),
+         "iceberg-state-s3-pg": _iceberg("state", "s3-pg"),
+         "iceberg-rest": _iceberg("state", "rest")}
 
 
 #: The kinds that need a real peer (PostgreSQL, Kafka).
-PEER_KINDS = {"delta-s3", "postgres-log", "postgres-state", "kafka", "iceberg-s3-pg"}
+PEER_KINDS = {"delta-s3", "postgres-log", "postgres-state", "kafka", "iceberg-s3-pg",
+              "iceberg-state-s3-pg"}
 
 
 def _params(kinds: Iterable[str]) -> list[Any]:

@@ -250,6 +250,9 @@ def test_schema_evolution_adds_columns_and_widens_types(tmp_path: Path) -> None:
     assert got.schema.field("n").type == pa.int64()
     assert got.select(["k", "n", "extra"]).to_pylist() == [
         {"k": "a", "n": 1, "extra": None}, {"k": "b", "n": 2**40, "extra": "x"}]
+    with pytest.raises(SinkError, match=r"key columns \['id'\]"):
+        IcebergSink(NAME, _catalog(tmp_path).access(None), "lake.keyed", mode="state",
+                    key=("id",)).ensure(narrow)
     with pytest.raises(SinkError, match="cannot take columns"):
         s.ensure(pa.schema([("k", pa.int64()), ("n", pa.int64()), ("extra", pa.string())]))
 
