@@ -78,6 +78,7 @@ microseconds.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import re
 import uuid
@@ -141,9 +142,9 @@ COMPACT_TARGET_SIZE = 128 * 2**20
 #: Snapshots older than this (but never the current one) are expired, and
 #: the data files only they referenced deleted. Ten minutes, not Delta's
 #: day: every commit writes the table's metadata file anew, listing every
-#: snapshot, and pyiceberg 0.12 copies that metadata deeply several times
-#: per commit, so a commit costs about 1.2 ms per snapshot kept (54 ms at
-#: 50 snapshots, 481 ms at 400; docs/design.md).
+#: snapshot, and parses and copies it (pyiceberg 0.12), so a commit costs
+#: time in proportion to the snapshots kept (45 ms at 50, 236 ms at 800;
+#: docs/design.md).
 RETENTION_MS = 10 * 60_000
 #: Expiry runs once the oldest snapshot is this much past the retention.
 EXPIRE_SLACK_MS = 60_000
@@ -686,7 +687,7 @@ class IcebergSink:
                     f"output {self.name!r} at {self.target}: durable state is {head.state}, "
                     f"expected {expected}; nothing was written",
                     hint="another pipeline committed this output; re-read its state")
-            tx = table.transaction()
+            tx = _transaction(table)
             props = self._summary(new, "commit")
             if self.mode == "log":
                 self._append(table, tx, staged, props)
@@ -1085,7 +1086,7 @@ class IcebergSink:
             return {}
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
-        tx = table.transaction()
+        tx = _transaction(table)
         props = {**head.keys, KEY_OPERATION: "compact"}
         with tx.update_snapshot(snapshot_properties=props).overwrite() as swap:
             for run, name in new_files:
@@ -1120,7 +1121,7 @@ class IcebergSink:
         cutoff = dt.datetime.fromtimestamp((now - retention_ms) / 1000.0, tz=dt.UTC)
         head = self._head(table)
         before = self._referenced(table)
-        tx = table.transaction()
+        tx = _transaction(table)
         exp = ExpireSnapshots(tx).older_than(cutoff)
         ids = set(exp._snapshot_ids_to_expire) - {head.snapshot_id}
         if not ids:
@@ -1144,6 +1145,37 @@ class IcebergSink:
         if engine is not None:
             engine.dispose()
         self._catalog = self._table = None
+
+
+@functools.cache
+def _transaction_class() -> Any:
+    """pyiceberg's ``Transaction``, with its ``table_metadata`` computed once
+    per staged update instead of on every access: pyiceberg 0.12 applies the
+    staged updates to the table's metadata and copies the result deeply each
+    time, and a snapshot producer asks a dozen times per commit, which made a
+    commit cost ~1.2 ms per snapshot the table keeps. The metadata models are
+    frozen, so sharing one copy is safe."""
+    from pyiceberg.table import Transaction
+
+    class CachedTransaction(Transaction):
+        _cached: tuple[Any, Any, Any] | None = None
+
+        @property
+        def table_metadata(self) -> Any:
+            if not self._updates:  # nothing staged: the table's own (frozen) metadata
+                return self._table.metadata
+            c = self._cached
+            if c is None or c[0] is not self._updates or c[1] is not self._table.metadata:
+                c = self._cached = (self._updates, self._table.metadata,
+                                    Transaction.table_metadata.fget(self))  # type: ignore[attr-defined]
+            return c[2]
+
+    return CachedTransaction
+
+
+def _transaction(table: Any) -> Any:
+    """A transaction on ``table`` (see :func:`_transaction_class`)."""
+    return _transaction_class()(table)
 
 
 def _keys_of(table: pa.Table, keys: list[str]) -> list[Hashable]:
