@@ -954,28 +954,32 @@ class IcebergSink:
 
     # -- maintenance -----------------------------------------------------------------------
     def _referenced(self, table: Any) -> set[str]:
-        """The file names (under data/) any snapshot of ``table`` references.
+        """The file names any snapshot of ``table`` references (see
+        :meth:`_referenced_paths`)."""
+        return {p.rsplit("/", 1)[-1] for p in self._referenced_paths(table)}
+
+    def _referenced_paths(self, table: Any) -> set[str]:
+        """The data files (their paths) any snapshot of ``table`` references.
         Manifest lists and manifests never change once written: each is read
-        once per sink (a table committed every second has thousands of
-        snapshots, sharing most of their manifests)."""
-        names: set[str] = set()
+        once per sink (a table committed every interval has many snapshots,
+        sharing most of their manifests)."""
+        paths: set[str] = set()
         for snap in table.metadata.snapshots:
             lists = self._manifest_lists.get(snap.manifest_list)
             if lists is None:
-                lists = self._manifest_lists[snap.manifest_list] = [
-                    m for m in snap.manifests(table.io)]
+                lists = self._manifest_lists[snap.manifest_list] = list(
+                    snap.manifests(table.io))
             for m in lists:
                 files = self._manifest_files.get(m.manifest_path)
                 if files is None:
                     files = self._manifest_files[m.manifest_path] = frozenset(
-                        e.data_file.file_path.rsplit("/", 1)[-1]
+                        e.data_file.file_path
                         for e in m.fetch_manifest_entry(table.io, discard_deleted=True))
-                names |= files
+                paths |= files
         live = {snap.manifest_list for snap in table.metadata.snapshots}
         for gone in set(self._manifest_lists) - live:  # expired snapshots' lists
-            for m in self._manifest_lists.pop(gone):
-                self._manifest_files.pop(m.manifest_path, None)
-        return names
+            del self._manifest_lists[gone]
+        return paths
 
     def vacuum_orphans(self, grace_seconds: float = ORPHAN_GRACE_SECONDS) -> list[str]:
         """Delete files named like reclock's (staged or compacted) that no
@@ -1120,7 +1124,7 @@ class IcebergSink:
         now = self._clock.now() if now_ms is None else now_ms
         cutoff = dt.datetime.fromtimestamp((now - retention_ms) / 1000.0, tz=dt.UTC)
         head = self._head(table)
-        before = self._referenced(table)
+        before = self._referenced_paths(table)
         tx = _transaction(table)
         exp = ExpireSnapshots(tx).older_than(cutoff)
         ids = set(exp._snapshot_ids_to_expire) - {head.snapshot_id}
@@ -1132,11 +1136,17 @@ class IcebergSink:
             self._commit_tx(table, tx, head.snapshot_id)
         except CommitFailedException:
             return 0
-        after = self._referenced(table)
-        loc = self._data(table)
-        for name in sorted(before - after):
-            if _STAGED.fullmatch(name):
-                loc.delete(name)
+        # What only the expired snapshots referenced: reclock's files, and the
+        # files pyiceberg wrote for its state commits (a copy-on-write delete
+        # rewrites files under names of its own), as Iceberg's own expiry does.
+        for path in sorted(before - self._referenced_paths(table)):
+            try:
+                table.io.delete(path)
+            except FileNotFoundError:
+                pass
+            except Exception as exc:
+                log.warning("output %r: cannot delete expired file %s: %s", self.name, path,
+                            self._scrub(str(exc)))
         return len(ids)
 
     def close(self) -> None:

@@ -83,13 +83,25 @@ def test_a_state_table_holds_the_sum_of_each_intotime_per_key(tmp_path: Path) ->
     live = seen.filter(pc.is_null(seen.column("_error")))
     assert sorted(zip(live.column("k").to_pylist(), live.column("v").to_pylist(),
                       strict=True)) == [("a", 6), ("c", 4), ("d", 7)]
+    # Compaction of a state table: its small files merged, the rows and state kept.
+    s3 = SinkState(36, '"p3"')
+    s.commit(st.stage("b3", 0, _rows(["e"], [8], 35, 1)), s2, s3)
+    assert s.compact(min_files=2)["files_compacted"] >= 2
+    assert _live(s) == {**want, "e": (8, 35)} and s.state() == s3
+    assert len(list(s._load().scan().plan_files())) == 1
     # A delete that empties the table.
-    s3 = SinkState(41, '"p3"')
-    s.commit(st.stage("b3", 0, pa.concat_tables([
-        _rows(["a"], [6], 40, -1), _rows(["c"], [4], 40, -1), _rows(["d"], [7], 40, -1)])),
-        s2, s3)
+    s4 = SinkState(41, '"p4"')
+    s.commit(st.stage("b4", 0, pa.concat_tables([
+        _rows(["a"], [6], 40, -1), _rows(["c"], [4], 40, -1), _rows(["d"], [7], 40, -1),
+        _rows(["e"], [8], 40, -1)])), s3, s4)
     assert _live(s) == {}
-    assert s.state() == s3
+    assert s.state() == s4
+    # Expiry deletes the files pyiceberg's copy-on-write commits replaced, too.
+    data = tmp_path / "wh" / "lake" / "orders" / "data"
+    assert s.expire(0, int(time.time() * 1000) + 1000) >= 4
+    table = s._load()
+    held = {t.file.file_path.rsplit("/", 1)[-1] for t in table.scan().plan_files()}
+    assert {p.name for p in data.glob("*.parquet")} == held
 
 
 def test_a_state_commit_that_breaks_the_key_is_refused_and_writes_nothing(
