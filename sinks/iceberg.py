@@ -1113,8 +1113,8 @@ class IcebergSink:
     def expire(self, retention_ms: int, now_ms: int | None = None) -> int:
         """Expire the snapshots older than ``retention_ms`` (never the
         current one, nor one a branch or tag names), fenced on the current
-        snapshot, and delete the data files reclock wrote that only they
-        referenced. Returns how many snapshots expired."""
+        snapshot, and delete the data files that only they referenced (as
+        Iceberg's own expiry does). Returns how many snapshots expired."""
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.table.update.snapshot import ExpireSnapshots
 
