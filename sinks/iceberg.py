@@ -1127,7 +1127,17 @@ class IcebergSink:
         before = self._referenced_paths(table)
         tx = _transaction(table)
         exp = ExpireSnapshots(tx).older_than(cutoff)
-        ids = set(exp._snapshot_ids_to_expire) - {head.snapshot_id}
+        # Never the snapshots from the current one back to the one carrying
+        # the output's state (other writers' snapshots may lie between).
+        keep: set[int] = set()
+        snap = table.current_snapshot()
+        while snap is not None:
+            keep.add(snap.snapshot_id)
+            if KEY_UPPER in (snap.summary.additional_properties if snap.summary else {}):
+                break
+            parent = snap.parent_snapshot_id
+            snap = None if parent is None else table.metadata.snapshot_by_id(parent)
+        ids = set(exp._snapshot_ids_to_expire) - keep
         if not ids:
             return 0
         exp._snapshot_ids_to_expire = ids

@@ -197,6 +197,9 @@ def test_a_commit_over_another_writers_snapshot_goes_through(tmp_path: Path) -> 
     extra = updates(["outside"], 10, offset=99).cast(output_schema(USER))
     outside.append(extra)
     assert s.state() == s1
+    # An expiry keeps the snapshot that carries the state behind the outside one.
+    assert s.expire(0, int(time.time() * 1000) + 1000) == 0
+    assert s.state() == s1
     s2 = SinkState(21, '"p2"')
     s.commit(s.stager().stage("b2", 0, updates(["b"], 20, offset=1)), s1, s2)
     assert s.state() == s2
