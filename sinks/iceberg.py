@@ -48,11 +48,21 @@ race re-reads the state: changed (another writer of the output) is
 outside writer) is retried from the new snapshot.
 
 Log mode (``mode: log``): the update log, every column of
-:func:`~reclock.contracts.rows.output_schema`. A commit is a fast append of
-the staged files (``Transaction.update_snapshot(snapshot_properties=...)
-.fast_append()``, each file's ``DataFile`` built from its Parquet footer as
+:func:`~reclock.contracts.rows.output_schema`. A commit is an append of the
+staged files (``Transaction.update_snapshot(snapshot_properties=...)
+.merge_append()``: the summary carries the state; manifests are merged once
+100 pile up), each file's ``DataFile`` built from its Parquet footer as
 pyiceberg's ``add_files`` does, which also checks the staged file is still
-there whole).
+there whole.
+
+Upkeep (:meth:`IcebergSink.maintain`): small data files are compacted on a
+schedule by a snapshot that carries the state forward and is fenced like a
+commit; snapshots past the retention are expired on any tick (never those
+from the current one back to the one carrying the state), deleting the data
+files only they referenced; staged files no snapshot references are deleted
+by :meth:`IcebergSink.vacuum_orphans` past its grace period. A commit costs
+time in proportion to the snapshots kept (every commit writes the metadata
+file anew, listing them all): hence a retention of minutes, not a day.
 
 State mode (``mode: state``, ``key: [...]``): one row per live key, the
 user's columns and ``_into_time`` (the IntoTime of the key's last change);
