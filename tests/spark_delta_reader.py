@@ -1,20 +1,22 @@
-"""Spark reads Delta tables: the reader side of the Delta interoperability test.
+"""Spark reads Delta and Iceberg tables: the reader side of the interoperability tests.
 
 Runs under its own Python (``$RECLOCK_CACHE/spark-peer``, a PySpark for which
-delta-spark is released; tests/setup.sh makes it) in a JVM of its own, as any
-Spark job reading reclock's outputs would. For each table path it prints, as
-one JSON document on stdout:
+both delta-spark and Iceberg's Spark runtime are released; tests/setup.sh
+makes it) in a JVM of its own, as any Spark job reading reclock's outputs
+would. Each argument is a Delta table's path, or ``iceberg:`` followed by an
+Iceberg table's metadata file location (Iceberg loads a table from it with
+no catalog). For each it prints, as one JSON document on stdout:
 
 * ``types``: each column's Spark type (``simpleString``);
 * ``rows``: every row, each value in a form that compares exactly with what
   the test computes from ``deltalake``: timestamps as microseconds since the
   epoch, dates as days, decimals as their text, binary as hex, nested values
   as JSON, floats as ``repr`` (NaN and infinities included);
-* ``version``: the table version Spark read; ``txns``: the application
-  transactions (``appId -> version``) of that snapshot, as Delta's own
-  ``DeltaLog`` sees them.
+* Delta only: ``version``, the table version Spark read; ``txns``, the
+  application transactions (``appId -> version``) of that snapshot, as
+  Delta's own ``DeltaLog`` sees them.
 
-``--resolve`` only resolves delta-spark into the Ivy cache (``--ivy``).
+``--resolve`` only resolves the packages into the Ivy cache (``--ivy``).
 """
 
 from __future__ import annotations
@@ -25,15 +27,19 @@ import json
 import os
 import sys
 
-DELTA = "io.delta:delta-spark_2.13:4.4.0"
+#: delta-spark 4.3 and Iceberg 1.12's runtime are both built for Spark 4.1
+DELTA = "io.delta:delta-spark_2.13:4.3.1"
+ICEBERG = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0"
+PACKAGES = f"{DELTA},{ICEBERG}"
 
 
 def session(ivy: str):  # type: ignore[no-untyped-def]
     from pyspark.sql import SparkSession
 
     jars = sorted(glob.glob(os.path.join(ivy, "jars", "*.jar")))
-    b = (SparkSession.builder.master("local[1]").appName("delta-interop-reader")
-         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+    b = (SparkSession.builder.master("local[1]").appName("interop-reader")
+         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension,"
+                 "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
          .config("spark.sql.catalog.spark_catalog",
                  "org.apache.spark.sql.delta.catalog.DeltaCatalog")
          .config("spark.sql.session.timeZone", "UTC")
@@ -42,10 +48,10 @@ def session(ivy: str):  # type: ignore[no-untyped-def]
          .config("spark.sql.shuffle.partitions", "1")
          .config("spark.databricks.delta.snapshotPartitions", "1")
          .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1"))
-    if any("delta-spark" in j for j in jars):
+    if any("delta-spark" in j for j in jars) and any("iceberg-spark" in j for j in jars):
         b = b.config("spark.jars", ",".join(jars))
     else:
-        b = b.config("spark.jars.packages", DELTA).config("spark.jars.ivy", ivy)
+        b = b.config("spark.jars.packages", PACKAGES).config("spark.jars.ivy", ivy)
     return b.getOrCreate()
 
 
@@ -71,18 +77,27 @@ def plain(field):  # type: ignore[no-untyped-def]
 
 
 def read(spark, path: str) -> dict:  # type: ignore[no-untyped-def]
+    if path.startswith("iceberg:"):
+        df = spark.read.format("iceberg").load(path[len("iceberg:"):])
+        return {"types": {f.name: f.dataType.simpleString() for f in df.schema.fields},
+                "rows": rows_of(df)}
     df = spark.read.format("delta").load(path)
-    rows = df.select([plain(f).alias(f.name) for f in df.schema.fields]).collect()
+    rows = rows_of(df)
     jvm = spark.sparkContext._jvm
     log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
     snap = log.unsafeVolatileSnapshot()
     txns = jvm.scala.jdk.javaapi.CollectionConverters.asJava(snap.transactions())
     return {
         "types": {f.name: f.dataType.simpleString() for f in df.schema.fields},
-        "rows": [[repr(v) if isinstance(v, float) else v for v in r] for r in rows],
+        "rows": rows,
         "version": int(snap.version()),
         "txns": {str(k): int(txns.get(k)) for k in txns.keySet()},
     }
+
+
+def rows_of(df):  # type: ignore[no-untyped-def]
+    rows = df.select([plain(f).alias(f.name) for f in df.schema.fields]).collect()
+    return [[repr(v) if isinstance(v, float) else v for v in r] for r in rows]
 
 
 def main() -> int:

@@ -5,7 +5,7 @@ reclock writes its Delta tables with deltalake (delta-rs). The claim "any
 Delta reader can read them" is checked with the reader most users run: Spark,
 in a JVM of its own (``tests/spark_delta_reader.py`` under the Spark that
 ``tests/setup.sh`` installs beside reclock's, because delta-spark is released
-for Spark 4.2, not for the PySpark reclock runs on). Both readers must return
+for Spark 4.1, not for the PySpark reclock runs on). Both readers must return
 the same column types and the same rows, every type the sinks store included
 (decimals, timestamps with and without a zone, dates, binary, arrays, JSON
 documents, infinities, NaN, error rows), and Spark's Delta log must see the
