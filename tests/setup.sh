@@ -136,7 +136,7 @@ fi
 PEER="$CACHE/spark-peer"
 PEER_SPARK=4.1.4
 PEER_STAMP="$PEER/ready"
-peer_want="pyspark==$PEER_SPARK $(sha256sum tests/spark_delta_reader.py | cut -d' ' -f1)"
+peer_want="pyspark==$PEER_SPARK $(sha256sum tests/spark_peer.py | cut -d' ' -f1)"
 if [ -f "$PEER_STAMP" ] && [ "$(cat "$PEER_STAMP")" = "$peer_want" ]; then
     say "Spark peer: cached in $PEER (PySpark $PEER_SPARK, $(ls "$PEER/ivy/jars" | wc -l) jars)"
 else
@@ -149,7 +149,8 @@ else
         python3 -m venv "$PEER"
         "$PEER/bin/pip" install -q --disable-pip-version-check "pyspark==$PEER_SPARK"
     fi
-    if ! PYSPARK_PYTHON="$PEER/bin/python" "$PEER/bin/python" tests/spark_delta_reader.py \
+    rm -rf "$PEER/ivy/jars"  # only the jars this reader asks for, no older versions
+    if ! PYSPARK_PYTHON="$PEER/bin/python" "$PEER/bin/python" tests/spark_peer.py \
             --resolve --ivy "$PEER/ivy" > "$PEER/resolve.log" 2>&1; then
         tail -n 30 "$PEER/resolve.log" >&2
         say "Spark could not resolve delta-spark and Iceberg (is Maven Central reachable?)" >&2

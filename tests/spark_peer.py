@@ -3,9 +3,11 @@
 Runs under its own Python (``$RECLOCK_CACHE/spark-peer``, a PySpark for which
 both delta-spark and Iceberg's Spark runtime are released; tests/setup.sh
 makes it) in a JVM of its own, as any Spark job reading reclock's outputs
-would. Each argument is a Delta table's path, or ``iceberg:`` followed by an
+would. Each argument is a Delta table's path, ``iceberg:`` followed by an
 Iceberg table's metadata file location (Iceberg loads a table from it with
-no catalog). For each it prints, as one JSON document on stdout:
+no catalog), or ``sql:`` followed by a Spark SQL query (Delta tables as
+``delta.`path```, Iceberg tables through the catalogs ``--catalog`` names).
+For each it prints, as one JSON document on stdout:
 
 * ``types``: each column's Spark type (``simpleString``);
 * ``rows``: every row, each value in a form that compares exactly with what
@@ -16,6 +18,9 @@ no catalog). For each it prints, as one JSON document on stdout:
   application transactions (``appId -> version``) of that snapshot, as
   Delta's own ``DeltaLog`` sees them.
 
+``--catalog NAME=JDBC_URL,WAREHOUSE`` makes an Iceberg JDBC catalog ``NAME``
+over the database pyiceberg's SQL catalog keeps (SQLite or PostgreSQL: the
+two share one table layout), as a Spark user of such a catalog would.
 ``--resolve`` only resolves the packages into the Ivy cache (``--ivy``).
 """
 
@@ -30,10 +35,12 @@ import sys
 #: delta-spark 4.3 and Iceberg 1.12's runtime are both built for Spark 4.1
 DELTA = "io.delta:delta-spark_2.13:4.3.1"
 ICEBERG = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0"
-PACKAGES = f"{DELTA},{ICEBERG}"
+#: the JDBC drivers of the catalogs an Iceberg JDBC catalog can live in
+JDBC = "org.xerial:sqlite-jdbc:3.54.1.0,org.postgresql:postgresql:42.7.14"
+PACKAGES = f"{DELTA},{ICEBERG},{JDBC}"
 
 
-def session(ivy: str):  # type: ignore[no-untyped-def]
+def session(ivy: str, catalogs: list[str]):  # type: ignore[no-untyped-def]
     from pyspark.sql import SparkSession
 
     jars = sorted(glob.glob(os.path.join(ivy, "jars", "*.jar")))
@@ -48,7 +55,14 @@ def session(ivy: str):  # type: ignore[no-untyped-def]
          .config("spark.sql.shuffle.partitions", "1")
          .config("spark.databricks.delta.snapshotPartitions", "1")
          .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1"))
-    if any("delta-spark" in j for j in jars) and any("iceberg-spark" in j for j in jars):
+    for spec in catalogs:
+        name, rest = spec.split("=", 1)
+        uri, warehouse = rest.rsplit(",", 1)
+        prefix = f"spark.sql.catalog.{name}"
+        b = (b.config(prefix, "org.apache.iceberg.spark.SparkCatalog")
+             .config(f"{prefix}.type", "jdbc").config(f"{prefix}.uri", uri)
+             .config(f"{prefix}.warehouse", warehouse))
+    if all(any(name in j for j in jars) for name in ("delta-spark", "iceberg-spark", "sqlite-jdbc")):
         b = b.config("spark.jars", ",".join(jars))
     else:
         b = b.config("spark.jars.packages", PACKAGES).config("spark.jars.ivy", ivy)
@@ -77,6 +91,10 @@ def plain(field):  # type: ignore[no-untyped-def]
 
 
 def read(spark, path: str) -> dict:  # type: ignore[no-untyped-def]
+    if path.startswith("sql:"):
+        df = spark.sql(path[len("sql:"):])
+        return {"types": {f.name: f.dataType.simpleString() for f in df.schema.fields},
+                "rows": rows_of(df)}
     if path.startswith("iceberg:"):
         df = spark.read.format("iceberg").load(path[len("iceberg:"):])
         return {"types": {f.name: f.dataType.simpleString() for f in df.schema.fields},
@@ -104,10 +122,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ivy", required=True)
     ap.add_argument("--resolve", action="store_true")
+    ap.add_argument("--catalog", action="append", default=[])
     ap.add_argument("paths", nargs="*")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = session(args.ivy)
+    spark = session(args.ivy, args.catalog)
     try:
         if not args.resolve:
             spark.sparkContext.setLogLevel("ERROR")
