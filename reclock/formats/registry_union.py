@@ -120,8 +120,11 @@ class Writer(Protocol):
 
 def frame(raw: bytes) -> tuple[int, bytes]:
     """(schema id, payload) of a record in Confluent's wire format."""
-    if len(raw) < 5 or raw[0] != 0:
-        head = f"0x{raw[0]:02x}" if raw else "nothing"
+    if len(raw) < 5:
+        raise ValueError(f"too short for the Confluent wire format ({len(raw)} bytes; expected "
+                         "0x00, a 4-byte schema id and the record)")
+    if raw[0] != 0:
+        head = f"0x{raw[0]:02x}"
         raise ValueError(f"not in the Confluent wire format (starts with {head}, expected 0x00 "
                          "and a 4-byte schema id)")
     return int.from_bytes(raw[1:5], "big"), raw[5:]
