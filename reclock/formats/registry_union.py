@@ -224,6 +224,8 @@ class RegistryDecoder:
             self._take(sid, schema, label)
 
     def _build(self, known: Mapping[str, Any], seen: Sequence[int]) -> None:
+        if known.get("format") != self.name:
+            known = {}  # another format's union (the output's format was changed)
         recorded = {int(k): schema_of(str(v)) for k, v in dict(known.get("arrow") or {}).items()}
         for sid in [int(i) for i in known.get("order") or sorted(recorded)]:
             if sid in recorded:
