@@ -410,3 +410,162 @@ def test_an_incompatible_version_is_a_definite_error(
         assert h.definite
     _, good, errors = _output(cfg)
     assert [r["id"] for r in good] == [1] and errors == []  # what was accepted stays
+
+
+# -- the decoders alone (no Spark): policies, faults, pickling ---------------------------------
+
+
+def _rows(res: Any) -> dict[int, dict[str, Any]]:
+    return dict(zip(res.ok.tolist(), res.table.to_pylist(), strict=True))
+
+
+def _errors(res: Any) -> dict[int, str]:
+    return dict(zip(res.errors.tolist(), res.reasons, strict=True))
+
+
+def _spec(kind: str, url: str, subject: str) -> dict[str, Any]:
+    return {"type": kind, "registry_url": url, "subject": subject}
+
+
+@pytest.mark.parametrize("kind", ["protobuf", "json_schema"])
+def test_a_writer_the_union_lacks_follows_the_policy(registry: RegistryServer, kind: str
+                                                     ) -> None:
+    from reclock.core.errors import DefiniteError, SchemaChanged
+    from reclock.registry import make_decoder
+
+    topic = f"unit-{uuid.uuid4().hex[:8]}"
+    client = SchemaRegistryClient({"url": registry.url})
+    ser1 = _evolving_producer(client, kind, topic, "v1")
+    one = ser1({"id": 1, "name": "a", "score": 1})
+    spec = _spec(kind, registry.url, f"{topic}-value")
+    frozen = make_decoder(spec, policy="freeze", part="key")
+    failing = make_decoder(spec, policy="fail")
+    evolving = make_decoder(spec, part="key")
+    assert frozen.schema.names == ["id", "name", "score"]
+    two = _evolving_producer(client, kind, topic, "v2")({"id": 2, "name": "b", "score": 2,
+                                                         "email": "b@x"})
+    sid = int.from_bytes(two[1:5], "big")
+    data = pa.array([one, two], pa.binary())
+    res = frozen.decode(data)
+    assert _rows(res) == {0: {"id": 1, "name": "a", "score": 1},
+                          1: {"id": 2, "name": "b", "score": 2}}
+    assert res.dropped == {"email": 1}
+    with pytest.raises(DefiniteError, match=r"schema id \d+ change the output's shape "
+                                            r"\(fields \['email'\] added\).*is fail"):
+        failing.decode(data)
+    with pytest.raises(SchemaChanged) as changed:
+        evolving.decode(data)
+    assert changed.value.schema_id == sid and changed.value.part == "key"
+    # the driver's next open takes it in; the fact rebuilds it without the registry's list
+    wider = make_decoder(spec, seen=[sid])
+    assert wider.schema.names == ["id", "name", "score", "email"]
+    fact = wider.fact()  # type: ignore[attr-defined]
+    again = make_decoder(spec, known=fact)
+    assert again.schema == wider.schema
+    assert _rows(again.decode(data))[1]["email"] == "b@x"
+
+
+def test_pickled_decoders_keep_their_schemas_and_make_their_own_client(
+        registry: RegistryServer) -> None:
+    import pickle
+
+    from reclock.registry import make_decoder
+
+    topic = f"unit-{uuid.uuid4().hex[:8]}"
+    client = SchemaRegistryClient({"url": registry.url})
+    _, mv, _, vs = _proto_serializers(client, uuid.uuid4().hex[:6], PROTO_FIELDS)
+    row = {**ROWS[0][1], **_proto_extra(1)}
+    record = vs(mv(row), _ctx(topic, MessageField.VALUE))
+    dec = make_decoder(_spec("protobuf", registry.url, f"{topic}-value"))
+    assert _rows(dec.decode(pa.array([record], pa.binary())))[0]["state"] == "PAID"
+    before = len(registry.requests)
+    clone = pickle.loads(pickle.dumps(dec))  # descriptor pools and classes are not pickled
+    got = _rows(clone.decode(pa.array([record], pa.binary())))[0]
+    assert got["ship_to"] == {"city": "c0", "zip": 1000} and dict(got["qty"]) == {"k1": 1}
+    # the schema and its reference travelled with it: nothing asked again
+    assert registry.requests[before:] == []
+
+
+@pytest.mark.parametrize("kind", ["avro", "protobuf", "json_schema"])
+def test_registry_faults_are_transient_unless_definite(kind: str) -> None:
+    from reclock.clients.schema_registry import RegistryRefused
+    from reclock.contracts.decode import FormatError
+    from reclock.core.errors import TransientError
+    from reclock.registry import make_decoder
+
+    subject = "t-value"
+    with registry_server(auth=("ann", "s3cr:et")) as reg:
+        url = reg.url.replace("http://", "http://ann:s3cr%3Aet@")
+        client = SchemaRegistryClient({"url": url})
+        value = {"type": "object", "properties": {"id": {"type": "integer"}}}
+        if kind == "protobuf":
+            _, order_cls = _proto_classes(uuid.uuid4().hex[:6], [], with_address=False)
+            record = ProtobufSerializer(order_cls, client, {"use.deprecated.format": False})(
+                order_cls(id=5), _ctx("t", MessageField.VALUE))
+        elif kind == "json_schema":
+            record = JSONSerializer(json.dumps(value), client)({"id": 5},
+                                                             _ctx("t", MessageField.VALUE))
+        else:
+            record = AvroSerializer(client, json.dumps({
+                "type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}))(
+                {"id": 5}, _ctx("t", MessageField.VALUE))
+        spec = _spec(kind, url, subject)
+        dec = make_decoder(spec)  # basic auth from the URL
+        assert "s3cr" not in repr(dec.__dict__)
+        assert _rows(dec.decode(pa.array([record], pa.binary()))) == {0: {"id": 5}}
+        # a schema id the registry does not know: an error row naming it
+        unknown = record[:1] + (777).to_bytes(4, "big") + record[5:]
+        assert _errors(dec.decode(pa.array([unknown], pa.binary())))[0].endswith(
+            "/schemas/ids/777: not found")
+        # wrong credentials: definite, naming the fix, never the password
+        with pytest.raises(RegistryRefused) as refused:
+            make_decoder(_spec(kind, reg.url.replace("http://", "http://ann:wrong@"), subject))
+        assert "HTTP 401" in str(refused.value) and "wrong" not in str(refused.value)
+        assert "password" in (refused.value.hint or "")
+        with pytest.raises(FormatError) as bad_url:
+            make_decoder(_spec(kind, "ftp://ann:s3cret@host", subject))
+        assert "s3cret" not in str(bad_url.value)
+    # the registry gone: transient (the source retries), the password never shown
+    with pytest.raises(TransientError) as gone:
+        dec.decode(pa.array([unknown], pa.binary()))
+    assert "s3cr" not in str(gone.value) and "GET /schemas/ids/777 failed" in str(gone.value)
+
+
+def test_a_schema_of_another_type_or_message_is_an_error_row(registry: RegistryServer) -> None:
+    from reclock.registry import make_decoder
+
+    topic = f"unit-{uuid.uuid4().hex[:8]}"
+    client = SchemaRegistryClient({"url": registry.url})
+    vctx = _ctx(topic, MessageField.VALUE)
+    # a JSON Schema of a non-object: one column value; an integer beyond int64
+    js = JSONSerializer(json.dumps({"type": "array", "items": {"type": "integer"}}), client)
+    ok, big = js([1, 2], vctx), js([1], vctx)[:5] + b"[18446744073709551616]"
+    dec = make_decoder(_spec("json_schema", registry.url, f"{topic}-value"))
+    assert dec.schema == pa.schema([pa.field("value", pa.list_(pa.int64()))])
+    avro = AvroSerializer(client, json.dumps("long"))(3, _ctx(f"{topic}x", MessageField.VALUE))
+    res = dec.decode(pa.array([ok, big, avro], pa.binary()))
+    assert _rows(res) == {0: {"value": [1, 2]}}
+    errs = _errors(res)
+    assert "out of the int64 range" in errs[1]
+    assert errs[2].endswith("is a AVRO schema, not JSON")
+    # a Protobuf record of another message than the output reads
+    pool = descriptor_pool.DescriptorPool()
+    f = descriptor_pb2.FileDescriptorProto(name=f"two{topic}.proto", package="two",
+                                           syntax="proto3")
+    for name in ("A", "B"):
+        m = f.message_type.add(name=name)
+        m.field.add(name=name.lower(), number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
+    pool.Add(f)
+    a_cls, b_cls = (message_factory.GetMessageClass(pool.FindMessageTypeByName(f"two.{n}"))
+                    for n in ("A", "B"))
+    conf = {"use.deprecated.format": False}
+    pctx = _ctx(f"{topic}p", MessageField.VALUE)
+    a = ProtobufSerializer(a_cls, client, conf)(a_cls(a="x"), pctx)
+    b = ProtobufSerializer(b_cls, client, conf)(b_cls(b="y"), pctx)
+    first = make_decoder(_spec("protobuf", registry.url, f"{topic}p-value"))
+    res = first.decode(pa.array([a, b], pa.binary()))
+    assert _rows(res) == {0: {"a": "x"}}
+    assert "the record is a two.B, the output reads two.A" in _errors(res)[1]
+    second = make_decoder({**_spec("protobuf", registry.url, f"{topic}p-value"),
+                           "message": "two.B"})
+    assert _rows(second.decode(pa.array([b], pa.binary()))) == {0: {"b": "y"}}
