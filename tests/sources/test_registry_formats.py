@@ -576,3 +576,32 @@ def test_a_schema_of_another_type_or_message_is_an_error_row(registry: RegistryS
     second = make_decoder({**_spec("protobuf", registry.url, f"{topic}p-value"),
                            "message": "two.B"})
     assert _rows(second.decode(pa.array([b], pa.binary()))) == {0: {"b": "y"}}
+
+
+def test_a_reset_subject_is_noted_and_refused_when_it_no_longer_fits(
+        registry: RegistryServer) -> None:
+    from reclock.core.errors import DefiniteError
+    from reclock.registry import make_decoder
+    from tests.registry import delete_subject
+
+    topic = f"unit-{uuid.uuid4().hex[:8]}"
+    subject = f"{topic}-value"
+    client = SchemaRegistryClient({"url": registry.url})
+    _evolving_producer(client, "json_schema", topic, "v1")({"id": 1, "name": "a", "score": 1})
+    fact = make_decoder(_spec("json_schema", registry.url, subject)).fact()  # type: ignore[attr-defined]
+    # deleted and registered again with a schema that fits: taken, and noted
+    delete_subject(registry.url, subject, permanent=True)
+    client.clear_caches()
+    _evolving_producer(client, "json_schema", topic, "v2")({"id": 2, "name": "b", "score": 2})
+    again = make_decoder(_spec("json_schema", registry.url, subject), known=fact)
+    assert again.schema.names == ["id", "name", "score", "email"]
+    assert any(f"subject {subject!r} was reset (version 1 was id" in n
+               for n in again.notes)  # type: ignore[attr-defined]
+    # ... with one that does not: refused, naming the reset and the way out
+    delete_subject(registry.url, subject, permanent=True)
+    client.clear_caches()
+    _evolving_producer(client, "json_schema", topic, "bad")({"id": 3, "name": "c", "score": "x"})
+    with pytest.raises(DefiniteError, match=rf"subject {subject!r} was deleted and registered "
+                                            r"again .*'score'") as refused:
+        make_decoder(_spec("json_schema", registry.url, subject), known=fact)
+    assert "resnapshot" in (refused.value.hint or "")
