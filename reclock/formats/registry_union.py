@@ -5,8 +5,11 @@ an output whose columns are the *union* of the writer schemas it takes.
 Each writer schema maps to an Arrow schema (the format's part). The
 output's columns are those Arrow schemas merged (:func:`merge`): the
 fields of the first, then each field a later one adds; a field's type may
-widen (``int32`` -> ``int64``, ``uint32`` -> ``uint64``, ``float32`` ->
-``float64``, a struct or map taking new fields, ``null`` -> anything), and
+widen to the narrowest type that holds both exactly
+(:func:`reclock.core.schema_change.wider`: ``int32`` -> ``int64``,
+``uint32`` -> ``uint64`` or ``int64``, ``float32`` -> ``float64``,
+``int32`` -> ``float64``; a struct, list or map field by field, ``null`` ->
+anything), and
 anything else is :class:`Incompatible`. A removed field stays (null in the
 records that lack it). This is the rule the ``avro`` format applies to Avro
 writer schemas (:mod:`reclock.formats.avro_union`), said in Arrow terms.
@@ -37,6 +40,7 @@ from reclock.clients.schema_registry import Fetched, RegistryConfigError, Regist
 from reclock.clients.schema_registry import SchemaMissing as SchemaMissing
 from reclock.contracts.decode import Collector, DecodeResult, FormatError, as_binary
 from reclock.core.errors import DefiniteError, SchemaChanged, TransientError
+from reclock.core.schema_change import wider
 from reclock.core.urls import mask_url
 
 
@@ -49,12 +53,6 @@ class BadSchema(SchemaMissing):
     a reference that does not resolve): definite for the records naming it."""
 
 
-_WIDER = {
-    (pa.int32(), pa.int64()): pa.int64(), (pa.uint32(), pa.uint64()): pa.uint64(),
-    (pa.float32(), pa.float64()): pa.float64(),
-}
-
-
 def merge_type(a: pa.DataType, b: pa.DataType, where: str) -> pa.DataType:
     """The type that holds both ``a`` and ``b`` (see the module docstring)."""
     if a.equals(b):
@@ -63,9 +61,6 @@ def merge_type(a: pa.DataType, b: pa.DataType, where: str) -> pa.DataType:
         return b
     if pa.types.is_null(b):
         return a
-    for (x, y), wide in _WIDER.items():
-        if (a.equals(x) and b.equals(y)) or (a.equals(y) and b.equals(x)):
-            return wide
     if pa.types.is_struct(a) and pa.types.is_struct(b):
         return pa.struct(merge_fields(list(a), list(b), where + "."))
     if pa.types.is_list(a) and pa.types.is_list(b):
@@ -73,6 +68,9 @@ def merge_type(a: pa.DataType, b: pa.DataType, where: str) -> pa.DataType:
     if pa.types.is_map(a) and pa.types.is_map(b):
         return pa.map_(merge_type(a.key_type, b.key_type, where + "{key}"),
                        merge_type(a.item_type, b.item_type, where + "{value}"))
+    both = wider(a, b)  # the runtime's own rule, so that the sink widens alike
+    if both is not None:
+        return both
     raise Incompatible(f"field {where!r} is {b} here and {a} before, and no type holds both")
 
 
