@@ -652,7 +652,7 @@ def test_format_checks(tmp_path: Path) -> None:
         "1 <= p <= 38 and 0 <= s <= p",
         f"{at(path, 15, 'csv')}: sources[0].outputs[3].format: missing required key 'columns'",
         f"{at(path, 16, '3')}: sources[0].outputs[3].key_format: expected a format type "
-        "(avro, bytes, csv, json, text) or a mapping with key 'type'",
+        "(avro, bytes, csv, json, json_schema, protobuf, text) or a mapping with key 'type'",
     ]
     avro = parse_config(MINIMAL.replace(
         "sink: file", "sink: file\n        format: {type: avro, schema: {type: string}}"), env={})
