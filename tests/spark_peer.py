@@ -62,7 +62,8 @@ def session(ivy: str, catalogs: list[str]):  # type: ignore[no-untyped-def]
         b = (b.config(prefix, "org.apache.iceberg.spark.SparkCatalog")
              .config(f"{prefix}.type", "jdbc").config(f"{prefix}.uri", uri)
              .config(f"{prefix}.warehouse", warehouse))
-    if all(any(name in j for j in jars) for name in ("delta-spark", "iceberg-spark", "sqlite-jdbc")):
+    wanted = ("delta-spark", "iceberg-spark", "sqlite-jdbc")
+    if all(any(name in j for j in jars) for name in wanted):
         b = b.config("spark.jars", ",".join(jars))
     else:
         b = b.config("spark.jars.packages", PACKAGES).config("spark.jars.ivy", ivy)
