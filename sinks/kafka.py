@@ -1431,6 +1431,8 @@ class KafkaSink:
         value_codec, key_codec = env.codecs(user)
         for (into, key), images in sorted(groups.items(), key=lambda kv: kv[0][0]):
             live = {v: c for v, c in images.items() if c[0] != 0}
+            if not live:
+                continue  # the key's row is what it was: nothing to write
             plus = [v for v, c in live.items() if c[0] == 1]
             minus = [v for v, c in live.items() if c[0] == -1]
             if len(plus) + len(minus) != len(live) or len(plus) > 1 or len(minus) > 1:
