@@ -510,3 +510,59 @@ sources:
     finally:
         pipe.close()
     assert {g["id"]: {"body": g["body"], "n": g["n"]} for g in got} == want
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+PIPELINE = """
+state_dir: {dir}/state
+sources:
+  - name: users
+    kafka: {{bootstrap_servers: "k:9092", topic: users}}
+    outputs:
+      - name: users
+        format: {{type: json, schema: {{email: string}}}}
+        key_format: {{type: json, schema: {{id: int64}}}}
+        envelope: {{type: upsert, key: [id]}}
+        sink: {{type: kafka, bootstrap_servers: "k:9092", topic: users-out, {sink}}}
+"""
+
+
+@pytest.mark.parametrize(("sink", "problem"), [
+    ("format: avro, registry: {url: 'http://r:8081'}, envelope: debezium, key: [id]", None),
+    ("envelope: upsert", "key: required with envelope: upsert"),
+    ("format: protobuf", "registry: required with format: protobuf"),
+    ("envelope: upsert, key: [email]", "must contain the output's upstream key ['id']"),
+    ("envelope: upsert, key: [id], key_columns: [id]", "key_columns: is for envelope: log"),
+    ("format: xml", "format"),
+])
+def test_the_sink_block_is_checked_when_the_file_loads(
+    tmp_path: Path, sink: str, problem: str | None
+) -> None:
+    from reclock.config import ConfigError
+
+    path = tmp_path / "p.yaml"
+    path.write_text(PIPELINE.format(dir=tmp_path, sink=sink))
+    if problem is None:
+        cfg = load_config(path)
+        block = cfg.sources[0].outputs[0].sink
+        assert block.state_key == ("id",)
+        assert "http://r:8081" in repr(block)
+        return
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert problem in str(info.value)
+
+
+def test_an_unreachable_registry_is_transient(kafka: KafkaCluster, tmp_path: Path) -> None:
+    from reclock.core.errors import TransientError
+
+    topic = f"noreg-{uuid.uuid4().hex[:8]}"
+    sink = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
+                     staging_dir=tmp_path / "staging", timeout_s=10.0, format="avro",
+                     registry=Registry("http://127.0.0.1:9", "u", "s3cret-pw", timeout_s=1),
+                     envelope="upsert", key=("k",))
+    with pytest.raises(TransientError, match="schema registry") as info:
+        sink.ensure(USER)
+    assert "s3cret-pw" not in str(info.value) and "s3cret-pw" not in repr(sink.stager())
+    sink.close()
