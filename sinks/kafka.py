@@ -2,9 +2,18 @@
 
 Topics of an output named ``name`` writing to ``topic``::
 
-    topic                       data rows: key = JSON of key_columns (or null),
-                                value = JSON of the user columns + _into_time,
-                                _diff, _src_part, _src_offset, _src_seq, _src_ts;
+    topic                       data records, in ``format`` (json, or avro,
+                                protobuf, json_schema in Confluent's wire format,
+                                schemas under <topic>-value and <topic>-key:
+                                :mod:`reclock.sinks._kafka_formats`), by ``envelope``:
+                                log: one per update; key = key_columns (or null),
+                                value = the user columns + _into_time, _diff,
+                                _src_part, _src_offset, _src_seq, _src_ts
+                                upsert: per key and IntoTime that changed it;
+                                key = the key columns, value = the user columns
+                                + _into_time, or null (a tombstone: deleted)
+                                debezium: as upsert, value = {before, after, op,
+                                ts_ms, source}; a delete then a tombstone
                                 headers reclock.batch=<batch>, reclock.output=<name>
     topic.reclock-errors        error rows (``_error`` set): every column, raw
                                 bytes base64; key = the raw key; same headers
@@ -18,13 +27,19 @@ Topics of an output named ``name`` writing to ``topic``::
 
 The commit path (numbering of :mod:`reclock.contracts.sink`)::
 
-    1. KafkaStager.stage      executors: rows -> JSON key/value bytes, written to
-                              an Arrow IPC file under staging_dir/<name>/.
-                              Kafka transactions cannot span Spark tasks, so
-                              nothing touches Kafka here.
+    1. KafkaStager.stage      executors: rows -> key/value bytes (serialized
+                              here, with a registry client made in the
+                              process; a value the format cannot hold is an
+                              error row), written to an Arrow IPC file under
+                              staging_dir/<name>/. Upsert and debezium stage
+                              each update's key and image with its diff,
+                              IntoTime and position. Kafka transactions cannot
+                              span Spark tasks, so nothing touches Kafka here.
     2. KafkaSink.commit       driver, ONE transaction of a transactional producer
                               (init_transactions once per sink object):
-        a. fence: the chain head read back (below) must equal ``expected``
+        a. fence: the chain head read back (below) must equal ``expected``;
+           upsert, debezium: the staged updates summed per key and IntoTime
+           into records (:meth:`KafkaSink._consolidated`)
         b. begin; produce every staged record tagged with a fresh batch id
         c. flush: every data record is acknowledged before ...
         d. ... the progress record {batch, prev=head's batch, upper, progress}

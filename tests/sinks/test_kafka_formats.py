@@ -566,3 +566,76 @@ def test_an_unreachable_registry_is_transient(kafka: KafkaCluster, tmp_path: Pat
         sink.ensure(USER)
     assert "s3cret-pw" not in str(info.value) and "s3cret-pw" not in repr(sink.stager())
     sink.close()
+
+
+def test_a_postgres_table_lands_as_debezium_events_a_consumer_folds_to_the_table(
+    tmp_path: Path, spark: Any, kafka: KafkaCluster, registry: RegistryServer, cdc_url: str
+) -> None:
+    """A Postgres CDC table (its primary key the sink's key) into Debezium
+    events in registry Protobuf: after inserts, updates, deletes and primary
+    key changes (a swap within one statement included), a minimal Debezium
+    consumer (c/u put ``after``, d removes the key) holds ``SELECT *`` of the
+    table: the upstream itself is the model."""
+    import psycopg
+
+    from tests.sources.cdc import flushed_lsn, resumed_past
+
+    table = f"dbz_{uuid.uuid4().hex[:6]}"
+    out = f"{table}-events"
+    kafka.create_topic(out, 2)
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute(f"create table {table} (id int, v text, n bigint, "
+                  f"constraint {table}_pk primary key (id) deferrable initially immediate)")
+        c.execute(f"alter table {table} replica identity full")
+        c.execute(f"insert into {table} select i, 'v' || i, i * 10 from generate_series(1, 20) i")
+    path = tmp_path / "p.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path}/state
+timestamp_interval: 200ms
+sources:
+  - name: db
+    postgres: {{dsn: "{cdc_url}", tables: [{table}]}}
+    outputs:
+      - name: {table}
+        sink: {{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {out},
+                format: protobuf, registry: {{url: "{registry.url}"}}, envelope: debezium,
+                key: [id], timeout: 5s}}
+""")
+    cfg = load_config(path)
+    with running(cfg, spark) as runners:
+        wait_for(lambda: runners[0].status().get("resume") not in (None, ["0/0"]), 90,
+                 "the snapshot to be durable")
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute(f"update {table} set v = v || '!' where id % 3 = 0")
+            c.execute(f"delete from {table} where id in (4, 5)")
+            c.execute(f"update {table} set id = 3 - id where id in (1, 2)")  # a swap
+            c.execute(f"update {table} set id = id + 100, n = null where id = 7")  # a key change
+            c.execute(f"insert into {table} values (4, 'back', 40), (50, null, 5)")
+            with c.transaction():
+                c.execute(f"update {table} set v = 'x' where id = 8")
+                c.execute(f"delete from {table} where id = 8")
+        done = resumed_past(runners, flushed_lsn(cdc_url))
+        wait_for(lambda: done() and runners[0].health.status == "running", 90,
+                 lambda: f"the changes: {runners[0].health}")
+    with psycopg.connect(cdc_url) as c:
+        upstream = {r[0]: (r[1], r[2]) for r in c.execute(f"select id, v, n from {table}")}
+
+    read = Reader("protobuf", registry.url)
+    state: dict[int, tuple[Any, Any]] = {}
+    ops: dict[str, int] = {}
+    for m in plain_records(kafka.bootstrap, out):
+        key = int(read(m.key(), out, True)["id"])
+        event = read(m.value(), out, False)
+        if event is None:
+            assert key not in state  # the tombstone after its delete
+            continue
+        ops[event["op"]] = ops.get(event["op"], 0) + 1
+        if event["op"] == "d":
+            assert int(event["before"]["id"]) == key
+            del state[key]
+        else:
+            after = event["after"]
+            n = after.get("n")
+            state[key] = (after.get("v"), None if n is None else int(n))
+    assert state == upstream
+    assert set(ops) == {"c", "u", "d"}, ops
