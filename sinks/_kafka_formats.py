@@ -530,8 +530,12 @@ def _pb_value(v: Any, t: pa.DataType) -> Any:
 
 def _from_pb(msg: Any, schema: pa.Schema) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    present = msg.DESCRIPTOR.fields_by_name
     for f in schema:
         t = _base(f.type)
+        if f.name not in present:  # a column the writer's schema did not have
+            out[f.name] = None
+            continue
         if pa.types.is_struct(t):
             st = pa.schema(list(t))
             out[f.name] = _from_pb(getattr(msg, f.name), st) if msg.HasField(f.name) else None
@@ -663,12 +667,35 @@ class Codec:
 
             de = JSONDeserializer(None, schema_registry_client=client)
         else:
-            from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
-
-            de = ProtobufDeserializer(self._message_class(), {"use.deprecated.format": False},
-                                      client)
+            de = self._protobuf_reader(client)
         self._local.de = de
         return de  # type: ignore[no-any-return]
+
+    def _protobuf_reader(self, client: Any) -> Callable[[Any, Any], Any]:
+        """Protobuf records are parsed with the message class of the schema
+        that wrote them (from the registry, by the record's schema id), so a
+        record written before the columns changed reads by field name."""
+        from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+        readers: dict[int, Any] = {}
+
+        def read(data: bytes, ctx: Any) -> Any:
+            if len(data) < 5 or data[0] != 0:
+                raise ValueError("not in Confluent's wire format")
+            sid = int.from_bytes(data[1:5], "big")
+            if sid not in readers:
+                text = client.get_schema(sid, fmt="serialized").schema_str
+                fd = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text))
+                pool = descriptor_pool.DescriptorPool()
+                pool.Add(fd)
+                cls = message_factory.GetMessageClass(
+                    pool.FindMessageTypeByName(f"{fd.package}.{fd.message_type[0].name}"))
+                readers[sid] = ProtobufDeserializer(cls, {"use.deprecated.format": False},
+                                                    client)
+            return readers[sid](data, ctx)
+
+        return read
 
     def register(self, topic: str) -> int:
         """Register the schema under the subject (the driver does this before

@@ -582,7 +582,7 @@ KEYED_STAGED_SCHEMA = pa.schema([
 ])
 
 
-@dataclass
+@dataclass(frozen=True)
 class KafkaStager:
     """Encodes rows and writes them to a staging file (picklable; no
     connection: the registry client is made on first use in each process).
@@ -597,14 +597,16 @@ class KafkaStager:
     key_columns: tuple[str, ...] = ()
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     envelope: Envelope = field(default_factory=Envelope)
-    _codecs: tuple[Codec, Codec | None] | None = field(default=None, repr=False)
+    #: this process's codecs, made on first use (never pickled)
+    _codecs: tuple[Codec, Codec | None] | None = field(default=None, repr=False, compare=False,
+                                                       hash=False)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_codecs"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._codecs = None
+        self.__dict__["_codecs"] = None
 
     def codecs(self) -> tuple[Codec, Codec | None]:
         if self._codecs is None:
@@ -612,7 +614,8 @@ class KafkaStager:
             env = self.envelope
             if env.kind == "log" and self.key_columns and not env.key:
                 env = Envelope(**{**env.__dict__, "key": self.key_columns})
-            self._codecs = env.codecs(user)
+            object.__setattr__(self, "_codecs", env.codecs(user))
+        assert self._codecs is not None
         return self._codecs
 
     def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:

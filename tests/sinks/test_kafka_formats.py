@@ -15,6 +15,7 @@ import base64
 import json
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import time
 import uuid
@@ -286,6 +287,33 @@ def test_log_envelope_in_avro_round_trips(
     got = sink.read_updates()
     assert sorted(zip(got.column("k").to_pylist(), got.column("_diff").to_pylist(),
                       strict=True)) == sorted((s[0], s[2]) for c in COMMITS[:2] for s in c)
+    sink.close()
+
+
+@pytest.mark.parametrize("fmt", ["avro", "protobuf"])
+def test_a_column_added_registers_a_new_version_and_old_records_still_read(
+    kafka: KafkaCluster, tmp_path: Path, registry: RegistryServer, fmt: str
+) -> None:
+    topic = f"evo-{fmt}-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    sink = make_sink(kafka, tmp_path, topic, registry, fmt, "upsert")
+    sink.ensure(USER)
+    state = commit_all(sink, COMMITS[:1])
+    # (inserted before the last column: protobuf numbers fields by position,
+    # and records are read with the schema that wrote them)
+    wider = pa.schema([USER.field("k"), USER.field("v"), ("extra", pa.float64()),
+                       USER.field("tags")])
+    sink.ensure(wider)
+    assert len(registry.subjects[f"{topic}-value"]) == 2  # a second version
+    stager = pickle.loads(pickle.dumps(sink.stager()))  # (its codecs stay behind)
+    table = rows([("z", 9, 1, 50, 20)])
+    table = table.add_column(2, "extra", pa.array([0.5]))
+    sink.commit(stager.stage("b9", 0, table), state, SinkState(51, '"q"'))
+    got = make_sink(kafka, tmp_path, topic, registry, fmt, "upsert").read_updates()
+    assert sorted(zip(got.column("k").to_pylist(), got.column("extra").to_pylist(),
+                      got.column("tags").to_pylist(), strict=True)) == [
+        ("a", None, ["t1"]), ("b", None, ["t2"]), ("c", None, ["t3"]), ("d", None, ["t4"]),
+        ("z", 0.5, ["t9"])]
     sink.close()
 
 
