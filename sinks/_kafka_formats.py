@@ -669,7 +669,7 @@ class Codec:
         else:
             de = self._protobuf_reader(client)
         self._local.de = de
-        return de  # type: ignore[no-any-return]
+        return de
 
     def _protobuf_reader(self, client: Any) -> Callable[[Any, Any], Any]:
         """Protobuf records are parsed with the message class of the schema
