@@ -1754,6 +1754,10 @@ class KafkaSink:
         }
         if producer:
             conf["linger.ms"] = 5
+            if self.envelope != "log":
+                # a key's partition as Java producers (Kafka Streams, Connect)
+                # choose it, so that topics keyed alike are co-partitioned
+                conf["partitioner"] = "murmur2_random"
             conf.update(self._properties)
             conf["transactional.id"] = self.transactional_id
             conf["enable.idempotence"] = True
