@@ -667,3 +667,120 @@ sources:
             state[key] = (after.get("v"), None if n is None else int(n))
     assert state == upstream
     assert set(ops) == {"c", "u", "d"}, ops
+
+
+@pytest.mark.timeout(600)
+def test_kill_9_of_the_driver_loses_and_doubles_no_upsert_record(
+    tmp_path: Path, kafka: KafkaCluster, registry: RegistryServer
+) -> None:
+    """A driver writing registry Avro upserts, killed at crash points of the
+    commit path and by a plain SIGKILL, then run to the end: a plain
+    read_committed consumer folds the topic to the latest value per key of
+    what was produced (a dict), and each key's records are, in order, a
+    subsequence of the values it was given upstream (a commit written twice,
+    or a record lost between two that remain out of order, would not be;
+    jobs of one IntoTime may skip a key's intermediate values)."""
+    import random
+
+    from tests.running import (
+        close_driver,
+        crash_env,
+        start_driver,
+        stop_driver,
+        wait_exit,
+        wait_running,
+    )
+
+    src = f"kin-{uuid.uuid4().hex[:8]}"
+    out = f"{src}-out"
+    kafka.create_topic(src, 2)
+    kafka.create_topic(out, 2)
+    rng = random.Random(20261127)
+    records: list[tuple[int, dict[str, Any] | None]] = []
+    for _ in range(2000):
+        k = rng.randrange(150)
+        records.append((k, None if rng.random() < 0.15 else {"body": f"b{rng.randrange(10**6)}"}))
+    want: dict[int, str] = {}
+    for k, v in records:
+        if v is None:
+            want.pop(k, None)
+        else:
+            want[k] = v["body"]
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for k, v in records:
+        p.produce(src, key=json.dumps({"id": k}).encode(), partition=k % 2,
+                  value=None if v is None else json.dumps(v).encode())
+    assert p.flush(30) == 0
+    state = tmp_path / "state"
+    path = tmp_path / "p.yaml"
+    path.write_text(f"""
+state_dir: {state}
+timestamp_interval: 250ms
+spark:
+  master: local[2]
+  max_records_per_job: 400      # several bounded jobs: several commits
+  conf:
+    spark.driver.extraJavaOptions: "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+sources:
+  - name: up
+    kafka: {{bootstrap_servers: "{kafka.bootstrap}", topic: {src}, timeout: 5s}}
+    outputs:
+      - name: up
+        format: {{type: json, schema: {{body: string}}}}
+        key_format: {{type: json, schema: {{id: int64}}}}
+        envelope: {{type: upsert, key: [id]}}
+        sink: {{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {out},
+                format: avro, registry: {{url: "{registry.url}"}}, envelope: upsert,
+                key: [id], timeout: 5s}}
+""")
+    read = Reader("avro", registry.url)
+
+    def fold() -> tuple[dict[int, str], dict[int, list[str | None]]]:
+        held: dict[int, str] = {}
+        history: dict[int, list[str | None]] = {}
+        for m in plain_records(kafka.bootstrap, out):
+            key = read(m.key(), out, True)["id"]
+            value = read(m.value(), out, False)
+            history.setdefault(key, []).append(None if value is None else value["body"])
+            if value is None:
+                held.pop(key, None)
+            else:
+                held[key] = value["body"]
+        return held, history
+
+    base = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    kills = 0
+    # (each start costs a Spark JVM: two kills, then the run to the end)
+    for i, point in enumerate(["after_sink_commit", None]):
+        proc = start_driver(path, crash_env(base, point, 0.5, i))
+        try:
+            up = wait_running(state, proc)
+            if point is None and up:
+                time.sleep(rng.uniform(0.5, 2.0))
+                proc.send_signal(signal.SIGKILL)
+            rc = wait_exit(proc, 60)
+            kills += rc == -signal.SIGKILL
+        finally:
+            close_driver(proc)
+    assert kills >= 2, kills
+    proc = start_driver(path, base)
+    try:
+        deadline = time.monotonic() + 180
+        while fold()[0] != want and time.monotonic() < deadline:
+            time.sleep(1)
+    finally:
+        rc, err = stop_driver(proc)
+    held, history = fold()
+    assert held == want, err[-3000:]
+    upstream: dict[int, list[str | None]] = {}
+    for k, v in records:  # what each key held in turn (a delete of nothing: no change)
+        seq = upstream.setdefault(k, [None])
+        body = None if v is None else v["body"]
+        if seq[-1] != body:
+            seq.append(body)
+    for k, got in history.items():
+        it = iter(upstream[k][1:])
+        assert all(any(x == g for x in it) for g in got), (k, got, upstream[k])
+        # a tombstone deletes a row the key had: never two in a row
+        assert all(a is not None or b is not None for a, b in zip(["", *got], got,
+                                                                   strict=False)), (k, got)
