@@ -44,6 +44,9 @@ Protobuf serializer registers a base64 ``FileDescriptorProto``, which is
 also what ``format=serialized`` answers with, so that is what readers ask for
 and get; a ``.proto`` text registered here is answered as text.)
 
+With ``auth=(user, password)`` every request must carry that basic auth,
+else 401 (as a registry with authentication answers).
+
 Schema ids are global and never reused, as Confluent's are: the same schema
 (type, text, references) gets the same id under any subject. Compatibility
 is not checked (a registry set to compatibility NONE): the tests register
@@ -54,6 +57,7 @@ then ``0x00``, the id (4 bytes, big-endian), the Avro datum.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import threading
@@ -96,8 +100,10 @@ _NOT_FOUND = (404, {"error_code": 404, "message": "HTTP 404 Not Found"})
 class RegistryServer:
     """The registry, listening on 127.0.0.1 (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, auth: tuple[str, str] | None = None) -> None:
         self.lock = threading.Lock()
+        #: basic auth (user, password) every request must carry, else 401
+        self.auth = auth
         #: id -> (schemaType, text as registered, references)
         self.schemas: dict[int, tuple[str, str, tuple[tuple[str, str, int], ...]]] = {}
         self.by_key: dict[tuple[str, str, tuple[tuple[str, str, int], ...]], int] = {}
@@ -122,13 +128,26 @@ class RegistryServer:
                 return ([urllib.parse.unquote(p) for p in url.path.strip("/").split("/")],
                         urllib.parse.parse_qs(url.query))
 
+            def _refused(self) -> bool:
+                if reg.auth is None:
+                    return False
+                want = "Basic " + base64.b64encode(":".join(reg.auth).encode()).decode()
+                if self.headers.get("Authorization") == want:
+                    return False
+                self._send((401, {"error_code": 401, "message": "Unauthorized"}))
+                return True
+
             def do_GET(self) -> None:
                 reg.requests.append(f"GET {self.path}")
+                if self._refused():
+                    return
                 parts, query = self._parts()
                 self._send(reg.get(parts, query.get("deleted") == ["true"]))
 
             def do_POST(self) -> None:
                 reg.requests.append(f"POST {self.path}")
+                if self._refused():
+                    return
                 parts, query = self._parts()
                 n = int(self.headers.get("Content-Length") or 0)
                 doc = json.loads(self.rfile.read(n) or b"{}")
@@ -141,6 +160,8 @@ class RegistryServer:
 
             def do_DELETE(self) -> None:
                 reg.requests.append(f"DELETE {self.path}")
+                if self._refused():
+                    return
                 parts, query = self._parts()
                 if len(parts) == 2 and parts[0] == "subjects":
                     self._send(reg.delete(parts[1], query.get("permanent") == ["true"]))
@@ -289,8 +310,8 @@ class RegistryServer:
 
 
 @contextmanager
-def registry_server() -> Iterator[RegistryServer]:
-    reg = RegistryServer()
+def registry_server(auth: tuple[str, str] | None = None) -> Iterator[RegistryServer]:
+    reg = RegistryServer(auth)
     try:
         yield reg
     finally:
