@@ -784,3 +784,27 @@ sources:
         # a tombstone deletes a row the key had: never two in a row
         assert all(a is not None or b is not None for a, b in zip(["", *got], got,
                                                                    strict=False)), (k, got)
+
+
+def test_registry_credentials_are_sent_and_a_refusal_is_definite(
+    kafka: KafkaCluster, tmp_path: Path
+) -> None:
+    topic = f"auth-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    with registry_server(auth=("writer", "right-pw")) as reg:
+        good = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
+                         staging_dir=tmp_path / "staging", timeout_s=10.0, format="avro",
+                         registry=Registry(reg.url, "writer", "right-pw"), envelope="upsert",
+                         key=("k",))
+        good.ensure(USER)
+        commit_all(good, COMMITS[:1])
+        assert {f"{topic}-key", f"{topic}-value"} <= set(reg.subjects)
+        good.close()
+        bad = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
+                        staging_dir=tmp_path / "staging", timeout_s=10.0, format="avro",
+                        registry=Registry(reg.url, "writer", "wrong-pw"), envelope="upsert",
+                        key=("k",))
+        with pytest.raises(SinkError, match="schema registry") as info:
+            bad.ensure(USER)
+        assert "wrong-pw" not in str(info.value) and "wrong-pw" not in repr(bad.stager())
+        bad.close()
