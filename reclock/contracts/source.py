@@ -388,6 +388,18 @@ class ConnectorConfig(ConfigModel):
     #: connector describes typed rows and their key itself (a CDC table).
     RAW_RECORDS: ClassVar[bool] = False
 
+    @classmethod
+    def output_problem(cls, data: Mapping[str, Any], outputs: Sequence[str]
+                       ) -> tuple[str, str] | None:
+        """What is wrong with the outputs named ``outputs`` (in the file's
+        order) for a raw (unvalidated) block ``data`` of this connector, when
+        the file alone decides it (a generator kind's fixed outputs, a Kafka
+        source's one output): ``(problem, fix)``, checked when the
+        configuration loads, before anything starts. ``None``: nothing wrong,
+        or only the upstream can tell (a CDC source's tables: checked when
+        the source describes its outputs)."""
+        return None
+
     def build(self, name: str, ctx: SourceContext) -> Source[Any]:
         """The connector's :class:`Source` named ``name``; ``ctx`` holds the
         clock, the pipeline's identity and the configured outputs' names."""

@@ -78,12 +78,12 @@ class Housekeeping:
                 removed = out.sink.vacuum_orphans(site.settings.housekeeping.orphan_grace / 1000.0)
             except Exception as exc:  # housekeeping never stalls the source
                 log.warning("source %s output %s: vacuuming staged files failed: %s",
-                            site.name, out.name, exc)
+                            site.name, out.key, exc)
                 continue
             if removed:
                 log.info("source %s output %s: removed %d orphaned staged files",
-                         site.name, out.name, len(removed))
-                site.events.log(site.name, "vacuum", output=out.name, files=len(removed))
+                         site.name, out.key, len(removed))
+                site.events.log(site.name, "vacuum", output=out.key, files=len(removed))
 
     def maintain(self) -> None:
         """Each output's own upkeep (:meth:`~reclock.contracts.sink.PersistSink.maintain`:
@@ -98,10 +98,10 @@ class Housekeeping:
                 done = out.sink.maintain(now)
             except Exception as exc:  # housekeeping never stalls the source
                 log.warning("source %s output %s: maintenance failed: %s",
-                            site.name, out.name, exc)
+                            site.name, out.key, exc)
                 continue
             if done:
-                site.events.log(site.name, "maintain", output=out.name, **done)
+                site.events.log(site.name, "maintain", output=out.key, **done)
                 did = True
         if site.settings.housekeeping.release_memory:
             if did:
