@@ -331,10 +331,10 @@ class OutputConfig(ConfigModel):
     def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         given = [k for k in ("sink", "sinks") if data.get(k) is not None]
         if len(given) != 1:
-            why = ("give either sink (the output's one sink) or sinks (a list), not both"
-                   if given else "missing sink: give sink (the output's one sink) or sinks "
-                   "(a list of sinks)")
-            return [problem((given[-1] if given else "sink",), why, on_key=bool(given))]
+            if given:
+                return [problem(("sinks",), "give either sink (the output's one sink) or "
+                                "sinks (a list of sinks), not both", on_key=True)]
+            return [problem((), "missing required key 'sink' (or 'sinks': a list of sinks)")]
         if given == ["sink"]:
             if isinstance(data["sink"], Mapping) and "name" in data["sink"]:
                 return [problem(("sink", "name"), "a sink is named in a list of sinks only "
@@ -423,7 +423,7 @@ class SourceFields(ConfigModel):
         raw = connector is not None and connector.RAW_RECORDS
         outputs = data.get("outputs")
         block = data.get(given[0]) if len(given) == 1 else None
-        if (connector is not None and isinstance(block, Mapping)
+        if (connector is not None and isinstance(block, Mapping) and not out
                 and isinstance(outputs, Sequence) and not isinstance(outputs, str)):
             names = [n for o in outputs if isinstance(n := get_key(o, "name"), str)]
             wrong = connector.output_problem(block, names)
