@@ -2,6 +2,7 @@
 landed exactly once.
 
     reclock run FILE                      run the pipeline (Ctrl-C / SIGTERM stop cleanly)
+    reclock check FILE                    check the pipeline file, starting nothing
     reclock status FILE [--json]          health, frontiers, uppers and lag per source/output
     reclock bindings FILE SOURCE [--at T] the bindings IntoTime -> frontier (or R(T))
     reclock read FILE OUTPUT... [--as-of T] [--sink NAME]   contents as of one IntoTime
@@ -78,6 +79,20 @@ def _load(path: str) -> Any:
 
 
 # -- commands ----------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace) -> int:
+    """The pipeline file checked as ``run`` checks it before it starts
+    anything (every problem with its file and line: exit 2), and a summary
+    of what it runs."""
+    cfg = _load(args.file)
+    for src in cfg.sources:
+        outs = ", ".join(
+            o.name + ("" if o.sinks is None else f" -> {', '.join(n for n, _ in o.named_sinks)}")
+            for o in src.outputs)
+        print(f"source {src.name} [{src.connector[0]}]: {outs}")
+    print(f"{args.file}: ok")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from reclock.pipeline import run
 
@@ -514,6 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", required=True)
     file_help = "the pipeline's YAML file"
+    ck = sub.add_parser("check", help="check the pipeline file, starting nothing")
+    ck.add_argument("file", help=file_help)
+    ck.set_defaults(fn=cmd_check)
     r = sub.add_parser("run", help="run the pipeline")
     r.add_argument("file", help=file_help)
     r.add_argument("--duration", type=float, default=None, help="stop after this many seconds")

@@ -219,16 +219,25 @@ class Committer:
                 if out.index not in taken:  # a re-snapshot rebuilds a lost output
                     self.ledger.check(out.key, out.sink, out.state)
                 out.upsert = None
-                if out.upsert_key is None:
-                    continue
-                keys[out.key] = self.keyed.open(out, resnapshot=out.index in taken)
+                if out.upsert_key is not None:
+                    keys[out.key] = self.keyed.open(out, resnapshot=out.index in taken)
+                out.parked_until = None  # (opened: back in the jobs)
             except Exception as exc:
                 # A sink that cannot be opened while others can is parked
                 # with the state this driver last knew it at (never ahead of
-                # its durable one); one never read in this run is not known
-                # at all: the source waits for it.
-                out.state, out.upsert = known, None
-                if known.progress is None or not self.park(out, exc):
+                # its durable one). One not read yet in this run: for a
+                # source that reads any range again, the upper the ledger
+                # recorded (behind the durable one at most; none: from the
+                # start), which only holds the resumption frontier back; for
+                # another source, whose resumption decides what upstream
+                # keeps, the source waits for it (it stalls, as before).
+                out.upsert = None
+                out.state = known
+                unknown = known.progress is None
+                if unknown and self.site.source.replayable:
+                    out.state = SinkState(self.ledger.known.get(out.key, 0))
+                if (unknown and not self.site.source.replayable) or not self.park(out, exc):
+                    out.state = known
                     raise
         return keys
 

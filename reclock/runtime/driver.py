@@ -144,7 +144,9 @@ def held_by_output(outputs: list[OutputRuntime], kind: str) -> list[Antichain[An
     the meet of its sinks' progress; None when one of them holds nothing yet."""
     held: list[Antichain[Any] | None] = []
     for slots in by_output(outputs):
-        mine = [o.state.held(kind) for o in slots]
+        # (a parked sink reads what it misses once it is back: not held here)
+        mine = [o.state.held(kind) for o in slots if o.parked_until is None] or [
+            o.state.held(kind) for o in slots]
         meet: Antichain[Any] | None = None
         for h in mine:
             if h is None:

@@ -74,6 +74,8 @@ class Housekeeping:
             return
         self._vacuumed_at = now
         for out in site.outputs:
+            if out.parked_until is not None:
+                continue  # (a parked sink is left alone until it is back)
             try:
                 removed = out.sink.vacuum_orphans(site.settings.housekeeping.orphan_grace / 1000.0)
             except Exception as exc:  # housekeeping never stalls the source
@@ -94,6 +96,8 @@ class Housekeeping:
         now = site.clock.now()
         did = False
         for out in site.outputs:
+            if out.parked_until is not None:
+                continue
             try:
                 done = out.sink.maintain(now)
             except Exception as exc:  # housekeeping never stalls the source

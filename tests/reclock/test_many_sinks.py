@@ -1,0 +1,258 @@
+"""One output, many sinks (``sinks: [...]``): each sink commits on its own,
+with its own upper, progress, ledger entry, key state and health; the source
+resumes from the least of them; a failing sink stalls only itself and
+catches up once it is back, a kill -9 in between included. Checked against
+an independent model of the generator's records, not only ``verify``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from reclock.cli import main
+from reclock.config import ConfigError, load_config
+from reclock.pipeline import Pipeline, run
+from reclock.verify import verify_pipeline
+from tests.running import (
+    close_driver,
+    start_driver,
+    status_sources,
+    stop_driver,
+    wait_for,
+    wait_running,
+)
+from tests.sources.test_generator_kv import generate, replay
+
+# -- configuration: checked when the file loads, before anything starts ------------------------
+
+
+def _errors(tmp_path: Path, text: str) -> list[tuple[int | None, str | None, str]]:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(textwrap.dedent(text).lstrip("\n"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    return [(i.line, i.path, i.message) for i in info.value.issues]
+
+
+def test_sink_and_sinks_names_and_targets_are_checked_at_load(tmp_path: Path) -> None:
+    assert _errors(tmp_path, """
+        sources:
+          - name: a
+            generator: {kind: counter}
+            outputs:
+              - name: v
+                sink: file
+                sinks: [console]
+          - name: b
+            generator: {kind: counter}
+            outputs:
+              - {name: v, sinks: [delta, {type: delta, path: x}]}
+          - name: c
+            generator: {kind: counter}
+            outputs:
+              - {name: v, sinks: [{type: console, name: s}, {type: delta, name: s}]}
+          - name: d
+            generator: {kind: counter}
+            outputs:
+              - {name: v, sink: {type: console, name: s}}
+          - name: e
+            generator: {kind: counter}
+            outputs:
+              - {name: v}
+          - name: f
+            generator: {kind: counter}
+            outputs:
+              - name: v
+                sinks: [{type: delta, name: one, path: lake/t}, {type: delta, name: two,
+                                                                 path: ./lake/t/}]
+        """) == [
+        (7, "sources[0].outputs[0].sinks", "give either sink (the output's one sink) or "
+                                           "sinks (a list of sinks), not both"),
+        (11, "sources[1].outputs[0].sinks[1]",
+         "two sinks named 'delta' (a sink is named by its type unless it says otherwise): "
+         "give each a name (name: ...) (also at sources[1].outputs[0].sinks[0], line 11)"),
+        (15, "sources[2].outputs[0].sinks[1]", "duplicate sink name 's' (also at "
+                                               "sources[2].outputs[0].sinks[0], line 15)"),
+        (19, "sources[3].outputs[0].sink", "a sink is named in a list of sinks only "
+                                                "(sinks: [...]); the one sink of sink: is named "
+                                                "by its output"),
+        (23, "sources[4].outputs[0]", "missing required key 'sink' (or 'sinks': a list of "
+                                      "sinks)"),
+        (28, "sources[5].outputs[0].sinks[1]",
+         "sink 'two' of output f.v writes the same path as sink 'one' of output f.v "
+         "('lake/t'): their rows would mix; give each sink its own path (also at "
+         "sources[5].outputs[0].sinks[0], line 28)"),
+    ]
+    # a sink of one output against a sink of another, and a state key per sink
+    assert _errors(tmp_path, """
+        sources:
+          - name: a
+            generator: {kind: counter}
+            outputs:
+              - {name: v, sinks: [console, {type: delta, path: lake/t}]}
+          - name: k
+            kafka: {bootstrap_servers: "b:9092", topic: t}
+            outputs:
+              - name: v
+                sinks:
+                  - {type: delta, path: lake/t}
+                  - {type: postgres, dsn: "postgresql://h/db", table: t, mode: state,
+                     key: [id]}
+        """) == [
+        (11, "sources[1].outputs[0].sinks[0]",
+         "sink 'delta' of output k.v writes the same path as sink 'delta' of output a.v "
+         "('lake/t'): their rows would mix; give each sink its own path (also at "
+         "sources[0].outputs[0].sinks[1], line 5)"),
+        (13, "sources[1].outputs[0].sinks[1].key",
+         "a state table keeps one row per key, and nothing keeps this output at one row per "
+         "['id'] (envelope none: every record is an insertion, and none retracts an earlier "
+         "one); read it with an envelope that has a key ({type: upsert, key: [...]} or "
+         "{type: debezium, key: [...]}) and key the table by it, or keep the update log "
+         "(mode: log)"),
+    ]
+
+
+def test_output_counts_a_source_cannot_feed_are_refused_before_spark_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A key-value generator and a Kafka source over one topic have one output;
+    an orders generator has exactly its two; a Kafka source with an output per
+    topic has those of its topics. Said by ``reclock check`` (and every
+    command that loads the file), which starts nothing: these were reported
+    only once ``run`` built the sources."""
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(textwrap.dedent("""
+        sources:
+          - name: kv
+            generator: {kind: key-value}
+            outputs: [{name: a, sink: console}, {name: b, sink: console}]
+          - name: k
+            kafka: {bootstrap_servers: "b:9092", topic: t}
+            outputs: [{name: a, sink: console}, {name: b, sink: console}]
+          - name: o
+            generator: {kind: orders}
+            outputs: [{name: orders, sink: console}]
+          - name: p
+            kafka: {bootstrap_servers: "b:9092", topics: [x, y.z], output_per_topic: true}
+            outputs: [{name: x, sink: console}, {name: z, sink: console}]
+        """).lstrip("\n"))
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"reclock: {path}:4:14: sources[0].outputs: source 'kv': a key-value generator has "
+        "exactly one output, got ['a', 'b']; keep one output; to land it in several places, "
+        "give that output a list of sinks (sinks: [...]), or add a second source",
+        f"{path}:7:14: sources[1].outputs: source 'k': a Kafka source has one output, got "
+        "['a', 'b']; keep one output, and give it a list of sinks (sinks: [...]) to land it "
+        "in several places; to split several topics into an output each, list them under "
+        "topics with output_per_topic: true",
+        f"{path}:10:14: sources[2].outputs: source 'o': an orders generator has the outputs "
+        "'customers', 'orders', got ['orders']; give the source exactly the outputs "
+        "customers, orders",
+        f"{path}:13:14: sources[3].outputs: source 'p': with output_per_topic its topics have "
+        "the outputs ['x', 'y_z']: no entry under outputs for ['y_z']; no topic feeds ['z']; "
+        "give each topic's output an entry under outputs (its name: the topic's, or "
+        "topic_outputs), and no other",
+    ]
+    path.write_text(textwrap.dedent("""
+        sources:
+          - name: kv
+            generator: {kind: key-value}
+            outputs: [{name: a, sinks: [console, {type: delta, name: lake}]}]
+          - name: p
+            kafka: {bootstrap_servers: "b:9092", topics: [x, y.z], output_per_topic: true}
+            outputs: [{name: x, sink: console}, {name: y_z, sink: console}]
+        """).lstrip("\n"))
+    assert main(["check", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "source kv [generator]: a -> console, lake", "source p [kafka]: x, y_z",
+        f"{path}: ok"]
+
+
+# -- a keyed output into Delta and PostgreSQL ----------------------------------------------------
+
+TOTAL, KEYS, EVERY, SIZE, SEED = 3_000, 200, 7, 12, 5
+
+
+def _kv(tmp_path: Path, pg_url: str) -> Path:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path}/state
+timestamp_interval: 200ms
+sources:
+  - name: kv
+    generator: {{kind: key-value, keys: {KEYS}, seed: {SEED}, rate: 2000,
+                 max_records: {TOTAL}, delete_every: {EVERY}, value_size: {SIZE}}}
+    outputs:
+      - name: state
+        format: {{type: json, schema: {{n: int64, payload: string}}}}
+        key_format: {{type: json, schema: {{key: int64}}}}
+        envelope: {{type: upsert, key: [key]}}
+        sinks:
+          - delta
+          - {{type: postgres, dsn: "{pg_url}", table: kv_state, mode: state, key: [key]}}
+""")
+    return path
+
+
+def _read(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[int, tuple[int, str]]:
+    assert main(["read", *argv, "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    return {r["key"]: (r["n"], r["payload"]) for r in rows}
+
+
+def test_a_keyed_output_lands_in_delta_and_postgres_each_key_once(
+        tmp_path: Path, spark: Any, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """An upsert output into a Delta log and a PostgreSQL state table: each
+    ends equal to the replayed records (a plain dict of the generator's
+    records), each with its own ledger entry, key state and status line."""
+    path = _kv(tmp_path, pg_url)
+    cfg = load_config(path)
+    runners = run(cfg, spark=spark, duration=120, out=None, install_signals=False)
+    assert [r.health.status for r in runners] == ["finished"]
+    want, _ = replay(generate(0, TOTAL, seed=SEED, keys=KEYS, delete_every=EVERY,
+                              value_size=SIZE)[0])
+    assert [(o.key, o.sink_name, o.state.upper) for o in runners[0].outputs] == [
+        ("state.delta", "delta", None), ("state.postgres", "postgres", None)]
+    with psycopg.connect(pg_url) as c:
+        held = {k: (n, p) for k, n, p in c.execute("select key, n, payload from kv_state")}
+        uppers = dict(c.execute("select output, upper from reclock_uppers").fetchall())
+    assert held == want
+    assert uppers == {"kv.state.postgres": None}
+    assert _read(capsys, str(path), "kv.state", "--sink", "delta") == want
+    assert _read(capsys, str(path), "kv.state", "--sink", "postgres") == want
+    assert main(["read", str(path), "kv.state"]) == 2
+    assert "has several sinks (delta, postgres): say which one to read with --sink NAME" in (
+        capsys.readouterr().err)
+    assert main(["read", str(path), "kv.state", "--sink", "lake"]) == 2
+    assert "has no sink 'lake'; its sinks: delta, postgres" in capsys.readouterr().err
+    # each sink's own state: default Delta path, ledger entry, key state file
+    state = tmp_path / "state"
+    assert (state / "outputs" / "kv" / "state.delta" / "_delta_log").is_dir()
+    assert sorted(p.name for p in (state / "keys" / "kv").glob("*.sqlite")) == [
+        "state.delta.sqlite", "state.postgres.sqlite"]
+    pipe = Pipeline(cfg)
+    try:
+        ledger = {k: json.loads(v) for k, v in pipe.store.facts("kv").items()
+                  if k.startswith("sink:")}
+    finally:
+        pipe.close()
+    assert ledger == {"sink:state.delta": {"upper": None}, "sink:state.postgres": {"upper": None}}
+    # verify: every sink by its own upper, one entry each; --sink picks one
+    reports = verify_pipeline(cfg)
+    assert reports[0].ok
+    assert [(o.output, o.breaches) for o in reports[0].outputs] == [
+        ("state.delta", {}), ("state.postgres", {})]
+    assert reports[0].outputs[0].checks.get("history")  # (the Delta log's)
+    assert [o.output for o in verify_pipeline(cfg, sink="postgres")[0].outputs] == [
+        "state.postgres"]
+    doc = json.loads((state / "status.json").read_text())
+    assert [(o["name"], o["sink"], o["upper"]) for o in doc["sources"][0]["outputs"]] == [
+        ("state.delta", "delta", None), ("state.postgres", "postgres", None)]
