@@ -256,3 +256,134 @@ def test_a_keyed_output_lands_in_delta_and_postgres_each_key_once(
     doc = json.loads((state / "status.json").read_text())
     assert [(o["name"], o["sink"], o["upper"]) for o in doc["sources"][0]["outputs"]] == [
         ("state.delta", "delta", None), ("state.postgres", "postgres", None)]
+
+
+# -- one sink failing while the other goes on, a kill -9 in between ----------------------------
+
+N = 8_000
+
+
+def _counter(tmp_path: Path, pg_url: str) -> Path:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path}/state
+timestamp_interval: 200ms
+max_retry_backoff: 1s
+spark: {{master: "local[2]"}}
+sources:
+  - name: counter
+    generator: {{kind: counter, rate: 400, max_records: {N}}}
+    outputs:
+      - name: value
+        format: {{type: json, schema: {{n: int64, payload: string}}}}
+        sinks:
+          - delta
+          - {{type: postgres, dsn: "{pg_url}", table: log}}
+""")
+    return path
+
+
+def _allow(admin: str, db: str, allowed: bool) -> None:
+    """Let connections to ``db`` in, or refuse them and end those it has:
+    the PostgreSQL sink's target unreachable."""
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS {str(allowed).lower()}')
+        if not allowed:
+            c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = %s", (db,))
+
+
+def _outputs(state: Path) -> dict[str, dict[str, Any]]:
+    src = status_sources(state).get("counter") or {}
+    return {o["name"]: o for o in src.get("outputs", [])}
+
+
+def _events(state: Path, kind: str) -> list[dict[str, Any]]:
+    return [e for line in (state / "progress.jsonl").read_text().splitlines()
+            if (e := json.loads(line))["kind"] == kind]
+
+
+def _frontier(value: Any) -> Any:
+    from reclock.core.frontier import Antichain
+
+    return Antichain.decode("counter", value)
+
+
+def _stalled_behind(state: Path, margin: int) -> bool:
+    """The PostgreSQL sink stalled and the Delta sink at least ``margin`` ms
+    past it (or complete), the source itself running."""
+    outs = _outputs(state)
+    pg, delta = outs.get("value.postgres"), outs.get("value.delta")
+    if pg is None or delta is None or (pg.get("health") or {}).get("status") != "stalled":
+        return False
+    src = status_sources(state)["counter"]
+    return src["health"]["status"] == "running" and (
+        delta["upper"] is None or delta["upper"] >= (pg["upper"] or 0) + margin)
+
+
+def test_a_failing_sink_stalls_only_itself_and_catches_up_after_a_kill(
+        tmp_path: Path, pg_url: str, pg_admin_url: str) -> None:
+    """The PostgreSQL sink's database refuses connections while the driver
+    runs: the Delta sink keeps committing, the PostgreSQL one stalls with
+    an error naming output and sink, and the resumption frontier stays at
+    its progress. A kill -9, a restart with the database still away (the
+    Delta sink goes on from where it was), then the database back: the
+    PostgreSQL sink catches up. Each holds every record once (the model:
+    the counter's positions 0..N-1)."""
+    path = _counter(tmp_path, pg_url)
+    state = tmp_path / "state"
+    db = pg_url.rsplit("/", 1)[1]
+    proc = start_driver(path)
+    try:
+        assert wait_running(state, proc)
+        wait_for(lambda: all((o.get("upper") or 0) > 0 for o in _outputs(state).values())
+                 and len(_outputs(state)) == 2, 120, "both sinks to commit")
+        _allow(pg_admin_url, db, False)
+        wait_for(lambda: _stalled_behind(state, 1_000), 120,
+                 lambda: f"the Delta sink to go on alone: {_outputs(state)}")
+        error = _outputs(state)["value.postgres"]["health"]["error"]
+        assert error.startswith("source 'counter' output 'value' sink 'postgres': "), error
+        # what the source resumes from (and acknowledges) is the stalled sink's progress
+        ups = _events(state, "sink_upper")
+        pg_at = [e for e in ups if e.get("sink") == "postgres"][-1]["progress"]
+        delta_at = [e for e in ups if e.get("sink") == "delta"][-1]["progress"]
+        assert _events(state, "resume")[-1]["frontier"] == pg_at
+        assert not _frontier(delta_at).less_equal(_frontier(pg_at))  # (Delta is further)
+        delta_upper = _outputs(state)["value.delta"]["upper"]
+        proc.kill()
+        proc.wait()
+    finally:
+        close_driver(proc)
+    # started again, the database still away: the Delta sink goes on, and
+    # nothing is acknowledged past the PostgreSQL sink's progress
+    proc = start_driver(path)
+    try:
+        assert wait_running(state, proc)
+        wait_for(lambda: _stalled_behind(state, 0) and (
+            (up := _outputs(state)["value.delta"]["upper"]) is None or up > delta_upper),
+            120, lambda: f"the Delta sink to go on after the restart: {_outputs(state)}")
+        assert all(_frontier(e["frontier"]).less_equal(_frontier(pg_at))
+                   for e in _events(state, "resume")[-3:])
+        _allow(pg_admin_url, db, True)
+        wait_for(lambda: status_sources(state)["counter"]["health"]["status"] == "finished",
+                 180, lambda: f"the end: {status_sources(state).get('counter')}")
+    finally:
+        _allow(pg_admin_url, db, True)
+        rc, err = stop_driver(proc)
+    cfg = load_config(path)
+    with psycopg.connect(pg_url) as c:
+        pg = Counter(n for (n,) in c.execute("select n from log where _diff = 1"))
+        assert c.execute("select count(*) from log where _diff <> 1 or _error is not null"
+                         ).fetchone() == (0,)
+    pipe = Pipeline(cfg)
+    try:
+        src = cfg.sources[0]
+        lake = pipe.sink(src, src.outputs[0], "delta").read_updates()
+    finally:
+        pipe.close()
+    assert set(lake.column("_diff").to_pylist()) == {1}
+    model = Counter(range(N))
+    assert pg == model, (len(pg), sorted((pg - model).items())[:5], sorted(model - pg)[:5])
+    assert Counter(lake.column("n").to_pylist()) == model
+    reports = verify_pipeline(cfg)
+    assert reports[0].ok, [(o.output, o.breaches) for o in reports[0].outputs]
