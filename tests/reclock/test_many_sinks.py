@@ -7,6 +7,7 @@ an independent model of the generator's records, not only ``verify``."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -370,6 +371,7 @@ def test_a_failing_sink_stalls_only_itself_and_catches_up_after_a_kill(
     finally:
         _allow(pg_admin_url, db, True)
         rc, err = stop_driver(proc)
+    assert rc == 0, err
     cfg = load_config(path)
     with psycopg.connect(pg_url) as c:
         pg = Counter(n for (n,) in c.execute("select n from log where _diff = 1"))
@@ -387,3 +389,105 @@ def test_a_failing_sink_stalls_only_itself_and_catches_up_after_a_kill(
     assert Counter(lake.column("n").to_pylist()) == model
     reports = verify_pipeline(cfg)
     assert reports[0].ok, [(o.output, o.breaches) for o in reports[0].outputs]
+
+
+# -- a single-sink pipeline written before sinks: existed resumes unchanged --------------------
+
+#: the last commit before ``sinks:``: a state directory its driver wrote must
+#: resume under today's code with nothing read again and the same names
+BEFORE = "49590b6e776af177947f35632afc3773561f0c9f"
+ROOT = Path(__file__).resolve().parents[2]
+OLD_TOTAL = 6_000
+
+
+def _old_tree(dest: Path) -> Path | None:
+    """The code of :data:`BEFORE` (its packages, with this tree's built
+    extensions), or None when this checkout does not hold that commit."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE, "reclock", "sources",
+                              "sinks", "remap_store"], capture_output=True)
+    if archive.returncode != 0:
+        return None
+    dest.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    for built in [*ROOT.glob("reclock/_json_native*.so"), *ROOT.glob("sources/_kafka_native*.so")]:
+        (dest / built.relative_to(ROOT)).write_bytes(built.read_bytes())
+    return dest
+
+
+def test_a_single_sink_pipeline_written_before_sinks_existed_resumes_unchanged(
+        tmp_path: Path, spark: Any) -> None:
+    """A keyed ``sink:`` output run by the code before ``sinks:`` and stopped
+    part way; today's code resumes it from its durable progress (nothing read
+    again), reuses its key state, keeps its ledger entry's name, and ends
+    with the output equal to the replayed records."""
+    old = _old_tree(tmp_path / "old")
+    if old is None:
+        pytest.skip(f"this checkout does not hold commit {BEFORE} (a shallow clone)")
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path}/state
+timestamp_interval: 200ms
+spark: {{master: "local[2]"}}
+sources:
+  - name: kv
+    generator: {{kind: key-value, keys: {KEYS}, seed: {SEED}, rate: 300,
+                 max_records: {OLD_TOTAL}, delete_every: {EVERY}, value_size: {SIZE}}}
+    outputs:
+      - name: state
+        format: {{type: json, schema: {{n: int64, payload: string}}}}
+        key_format: {{type: json, schema: {{key: int64}}}}
+        envelope: {{type: upsert, key: [key]}}
+        sink: file
+""")
+    state = tmp_path / "state"
+    proc = subprocess.Popen([sys.executable, "-m", "reclock.cli", "run", str(path)],
+                            env={**os.environ, "PYTHONPATH": str(old),
+                                 "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert wait_running(state, proc)
+        wait_for(lambda: (status_sources(state)["kv"]["outputs"][0]["upper"] or 0) > 0
+                 and status_sources(state)["kv"]["records"] >= 500, 120,
+                 "the old driver to commit")
+    finally:
+        rc, err = stop_driver(proc)
+    assert rc == 0, err
+    cfg = load_config(path)
+    pipe = Pipeline(cfg)
+    try:
+        ledger_before = {k for k in pipe.store.facts("kv") if k.startswith("sink:")}
+        src = cfg.sources[0]
+        held = pipe.sink(src, src.outputs[0]).state().held("counter")
+    finally:
+        pipe.close()
+    assert ledger_before == {"sink:state"}
+    assert held is not None and 0 < held.encode()[0] < OLD_TOTAL
+    assert (state / "keys" / "kv" / "state.sqlite").exists()
+    runners = run(cfg, spark=spark, duration=120, out=None, install_signals=False)
+    r = runners[0]
+    assert r.health.status == "finished"
+    opened = [e for e in r.events.recent if e["kind"] == "open"]
+    assert opened[0]["read_from"] == held.encode()  # from what the output holds
+    assert opened[0].get("keys") == {"state": "reused"}  # its key state, as it was
+    assert r.records == OLD_TOTAL - held.encode()[0]  # nothing read again
+    assert [(o.key, o.sink_name) for o in r.outputs] == [("state", "file")]
+    pipe = Pipeline(cfg)
+    try:
+        assert {k for k in pipe.store.facts("kv") if k.startswith("sink:")} == ledger_before
+    finally:
+        pipe.close()
+    assert sorted(p.name for p in (state / "outputs" / "kv").iterdir()) == ["state"]
+    want, _ = replay(generate(0, OLD_TOTAL, seed=SEED, keys=KEYS, delete_every=EVERY,
+                              value_size=SIZE)[0])
+    from reclock.runtime.reading import read_output
+
+    pipe = Pipeline(cfg)
+    try:
+        table = read_output(pipe.build_source(src).outputs[0], None, "collection")
+    finally:
+        pipe.close()
+    got = {k: (n, p) for k, n, p in zip(table.column("key").to_pylist(),
+                                        table.column("n").to_pylist(),
+                                        table.column("payload").to_pylist(), strict=True)}
+    assert got == want
+    assert verify_pipeline(cfg)[0].ok
