@@ -231,13 +231,12 @@ class Committer:
                 # start), which only holds the resumption frontier back; for
                 # another source, whose resumption decides what upstream
                 # keeps, the source waits for it (it stalls, as before).
-                out.upsert = None
-                out.state = known
+                read, out.upsert = out.state, None
                 unknown = known.progress is None
-                if unknown and self.site.source.replayable:
-                    out.state = SinkState(self.ledger.known.get(out.key, 0))
+                out.state = (SinkState(self.ledger.known.get(out.key, 0))
+                             if unknown and self.site.source.replayable else known)
                 if (unknown and not self.site.source.replayable) or not self.park(out, exc):
-                    out.state = known
+                    out.state = read  # (as a source that stalls has always left it)
                     raise
         return keys
 
