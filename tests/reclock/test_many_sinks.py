@@ -125,7 +125,8 @@ def test_output_counts_a_source_cannot_feed_are_refused_before_spark_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A key-value generator and a Kafka source over one topic have one output;
     an orders generator has exactly its two; a Kafka source with an output per
-    topic has those of its topics. Said by ``reclock check`` (and every
+    topic has those of its topics, a CDC source with listed tables those of
+    its tables. Said by ``reclock check`` (and every
     command that loads the file), which starts nothing: these were reported
     only once ``run`` built the sources."""
     path = tmp_path / "pipeline.yaml"
@@ -143,6 +144,9 @@ def test_output_counts_a_source_cannot_feed_are_refused_before_spark_starts(
           - name: p
             kafka: {bootstrap_servers: "b:9092", topics: [x, y.z], output_per_topic: true}
             outputs: [{name: x, sink: console}, {name: z, sink: console}]
+          - name: pg
+            postgres: {dsn: "postgresql://h/db", tables: [public.a, {table: "b c", output: bc}]}
+            outputs: [{name: a, sink: console}, {name: x, sink: console}]
         """).lstrip("\n"))
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err
@@ -161,6 +165,9 @@ def test_output_counts_a_source_cannot_feed_are_refused_before_spark_starts(
         "the outputs ['x', 'y_z']: no entry under outputs for ['y_z']; no topic feeds ['z']; "
         "give each topic's output an entry under outputs (its name: the topic's, or "
         "topic_outputs), and no other",
+        f"{path}:16:14: sources[4].outputs: source 'pg': its tables feed the outputs ['a', "
+        "'bc']: no entry under outputs for ['bc']; none of them feeds ['x']; give each of its "
+        "tables an entry under outputs (named after it, or as its output: says), and no other",
     ]
     path.write_text(textwrap.dedent("""
         sources:
