@@ -264,6 +264,10 @@ def test_a_keyed_output_lands_in_delta_and_postgres_each_key_once(
     doc = json.loads((state / "status.json").read_text())
     assert [(o["name"], o["sink"], o["upper"]) for o in doc["sources"][0]["outputs"]] == [
         ("state.delta", "delta", None), ("state.postgres", "postgres", None)]
+    assert main(["status", str(path)]) == 3  # (the driver is gone: read from the sinks)
+    lines = capsys.readouterr().out.splitlines()
+    assert "  output state sink delta: sink upper closed, lag - ms" in lines, lines
+    assert "  output state sink postgres: sink upper closed, lag - ms" in lines, lines
 
 
 # -- one sink failing while the other goes on, a kill -9 in between ----------------------------
