@@ -24,6 +24,13 @@ tick, for outputs that only advance)::
                     through the bindings into FromTime; it never moves back
       ACKNOWLEDGED  only that frontier is acknowledged upstream
 
+"Output" here is a slot: one sink of an output (an output with ``sinks:``
+has one per sink, :class:`~reclock.runtime.site.OutputRuntime`), each taking
+the output steps on its own. A slot whose steps fail while another slot of
+the source goes on is parked (:meth:`Committer.park`): it leaves the round
+where it was, the others complete it, and the resumption frontier (their
+meet, the parked one's upper included) stays behind it until it is back.
+
 :class:`CommitPath` checks each step at its entry: the step before it
 completed for that output in the same round (of the same tick), and no
 output is mid-way when the source's steps begin. A step entered out of order

@@ -157,7 +157,6 @@ def held_by_output(outputs: list[OutputRuntime], kind: str) -> list[Antichain[An
     return held
 
 
-
 class SourceRunner:
     """The control loop of one source: the run loop and the numbered tick
     (see the module docstring), composed of the rooms that do the rest."""
