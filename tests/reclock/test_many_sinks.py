@@ -502,3 +502,58 @@ sources:
                                         table.column("payload").to_pylist(), strict=True)}
     assert got == want
     assert verify_pipeline(cfg)[0].ok
+
+
+# -- a PostgreSQL CDC table into Delta and a PostgreSQL state table ---------------------------
+
+
+def test_a_cdc_table_lands_in_delta_and_a_postgres_state_table_equal_to_upstream(
+        tmp_path: Path, spark: Any, cdc_url: str) -> None:
+    """One CDC output, two sinks: its snapshot and then inserts, updates,
+    deletes and a primary-key change each land once in both; each ends equal
+    to the upstream table (read there, not from reclock)."""
+    from tests.running import running
+    from tests.sources.cdc import flushed_lsn, output_rows, resumed_past, source_rows
+
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table acct (id int primary key, owner text, bal int)")
+        c.execute("insert into acct select i, 'o' || i, i * 10 from generate_series(1, 300) i")
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path}/state
+timestamp_interval: 200ms
+sources:
+  - name: bank
+    postgres: {{dsn: "{cdc_url}", tables: [acct]}}
+    outputs:
+      - name: acct
+        sinks:
+          - delta
+          - {{type: postgres, dsn: "{cdc_url}", table: acct_copy, mode: state, key: [id]}}
+""")
+    cfg = load_config(path)
+    with running(cfg, spark) as runners:
+        wait_for(lambda: all((o.state.upper or 0) > 0 for o in runners[0].outputs), 90,
+                 "the snapshot in both sinks")
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            for i in range(1, 301, 3):
+                c.execute("update acct set bal = bal + 1, owner = owner || 'x' where id = %s",
+                          (i,))
+            c.execute("delete from acct where id % 7 = 0")
+            c.execute("insert into acct select i, 'n' || i, i from generate_series(301, 400) i")
+            c.execute("update acct set id = id + 1000 where id between 10 and 20")
+        wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 90, "both sinks to catch up")
+        assert [o.health.status for o in runners[0].outputs] == ["running", "running"]
+    want = source_rows(cdc_url, "select id, owner, bal from acct")
+    assert len(want) == 300 - 42 + 100
+    pipe = Pipeline(cfg)
+    try:
+        src = cfg.sources[0]
+        lake = pipe.sink(src, src.outputs[0], "delta").read_updates()
+    finally:
+        pipe.close()
+    assert output_rows(lake, ["id", "owner", "bal"]) == want
+    assert source_rows(cdc_url, "select id, owner, bal from acct_copy") == want
+    [report] = verify_pipeline(cfg)
+    assert report.ok, [(o.output, o.breaches, o.samples) for o in report.outputs]
+    assert [o.output for o in report.outputs] == ["acct.delta", "acct.postgres"]
