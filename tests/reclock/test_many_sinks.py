@@ -557,3 +557,62 @@ sources:
     [report] = verify_pipeline(cfg)
     assert report.ok, [(o.output, o.breaches, o.samples) for o in report.outputs]
     assert [o.output for o in report.outputs] == ["acct.delta", "acct.postgres"]
+
+
+# -- a re-snapshot of an output with several sinks ---------------------------------------------
+
+
+def test_a_resnapshot_heals_every_sink_of_the_output(tmp_path: Path, spark: Any) -> None:
+    """Both Delta sinks of a generator's output are damaged behind reclock's
+    back, each its own way; one ``reclock resnapshot`` of the output corrects
+    each (its own correction, at its own upper), and the request ends once
+    both committed theirs."""
+    from reclock.runtime.resnapshot import Requests
+    from tests.running import running
+    from tests.sources.test_kafka_resnapshot import damage, held
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path}/state
+timestamp_interval: 200ms
+sources:
+  - name: gen
+    generator: {{kind: counter, rate: 400}}
+    outputs:
+      - name: n
+        format: {{type: json, schema: {{n: int64}}}}
+        sinks: [{{type: delta, name: a}}, {{type: delta, name: b}}]
+""")
+    cfg = load_config(path)
+    lake = tmp_path / "state" / "outputs" / "gen"
+    src = cfg.sources[0]
+
+    def counts(sink: str) -> Counter[tuple[Any, ...]]:
+        pipe = Pipeline(cfg)
+        try:
+            return held(pipe.sink(src, src.outputs[0], sink).read_updates(), ["n"])[0]
+        finally:
+            pipe.close()
+
+    def once(sink: str) -> bool:
+        c = counts(sink)
+        return sorted(c.elements()) == [(i,) for i in range(len(c))]
+
+    with running(cfg, spark) as runners:
+        wait_for(lambda: runners[0].records >= 400, 60, "records in both sinks")
+        damage(lake / "n.a", lambda t: t.delete("n % 3 = 1"))
+        damage(lake / "n.b", lambda t: t.delete("n % 5 = 0"))
+        assert not once("a") and not once("b")
+        pipe = Pipeline(cfg)
+        try:
+            pipe.request_resnapshot("gen", "n")
+        finally:
+            pipe.close()
+        requests = Requests(tmp_path / "state", "gen")
+        wait_for(lambda: not requests.pending(), 90, "the re-snapshot of both sinks")
+        assert [o.health.status for o in runners[0].outputs] == ["running", "running"]
+    assert once("a") and once("b")
+    events = [e for e in runners[0].events.recent if e["kind"] == "resnapshot"]
+    assert [e["state"] for e in events] == ["taken", "committed"], events
+    [report] = verify_pipeline(cfg)
+    assert report.ok, [(o.output, o.breaches, o.samples) for o in report.outputs]
