@@ -616,3 +616,68 @@ sources:
     assert [e["state"] for e in events] == ["taken", "committed"], events
     [report] = verify_pipeline(cfg)
     assert report.ok, [(o.output, o.breaches, o.samples) for o in report.outputs]
+
+
+def test_a_keyed_output_whose_sinks_fail_in_turn_lands_every_key_once(
+        tmp_path: Path, spark: Any) -> None:
+    """Commits and stages fail now in one sink, now in the other (injected):
+    the failing one is parked while the other commits, its key state left as
+    its last commit made it, and it catches up when it is back. Both end
+    equal to the replayed records, and no failure ever stalled the source."""
+    from reclock import faults
+    from tests.running import running
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path}/state
+timestamp_interval: 200ms
+max_retry_backoff: 1s
+sources:
+  - name: kv
+    generator: {{kind: key-value, keys: {KEYS}, seed: {SEED}, rate: 200,
+                 max_records: {TOTAL}, delete_every: {EVERY}, value_size: {SIZE}}}
+    outputs:
+      - name: state
+        format: {{type: json, schema: {{n: int64, payload: string}}}}
+        key_format: {{type: json, schema: {{key: int64}}}}
+        envelope: {{type: upsert, key: [key]}}
+        sinks: [{{type: delta, name: a}}, {{type: delta, name: b}}]
+""")
+    cfg = load_config(path)
+
+    def stalled() -> list[dict[str, Any]]:
+        return [e for e in r.events.recent if e["kind"] == "sink_stalled"]
+
+    try:
+        with running(cfg, spark) as runners:
+            r = runners[0]
+            wait_for(lambda: r.records >= TOTAL // 10, 60, "a tenth of the records")
+            for k, point in enumerate(("commit", "stage", "commit")):  # one sink at a time
+                faults.arm(f"{point}:1")
+                wait_for(lambda: len(stalled()) > k and all(  # noqa: B023
+                    o.health.status == "running" for o in r.outputs), 60,
+                    lambda: f"the sinks back: {r.status()}")
+            wait_for(lambda: r.health.status == "finished", 90, lambda: f"the end: {r.status()}")
+    finally:
+        faults.disarm()
+    stalls = stalled()
+    assert len(stalls) == 3 and {e["sink"] for e in stalls} <= {"a", "b"}, stalls
+    assert all("InjectedFault" in e["error"] for e in stalls), stalls
+    assert not [e for e in r.events.recent if e["kind"] == "health"
+                and e.get("status") == "stalled"]  # (the source itself never stalled)
+    want, _ = replay(generate(0, TOTAL, seed=SEED, keys=KEYS, delete_every=EVERY,
+                              value_size=SIZE)[0])
+    from reclock.runtime.reading import read_output
+
+    pipe = Pipeline(cfg)
+    try:
+        for out in pipe.build_source(cfg.sources[0]).outputs:
+            t = read_output(out, None, "collection")
+            got = {k: (n, p) for k, n, p in zip(t.column("key").to_pylist(),
+                                                t.column("n").to_pylist(),
+                                                t.column("payload").to_pylist(), strict=True)}
+            assert got == want, out.key
+    finally:
+        pipe.close()
+    [report] = verify_pipeline(cfg)
+    assert report.ok, [(o.output, o.breaches, o.samples) for o in report.outputs]
