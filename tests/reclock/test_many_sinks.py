@@ -681,3 +681,50 @@ sources:
         pipe.close()
     [report] = verify_pipeline(cfg)
     assert report.ok, [(o.output, o.breaches, o.samples) for o in report.outputs]
+
+
+def test_a_sink_added_to_a_cdc_output_takes_a_snapshot_the_other_does_not_hold_twice(
+        tmp_path: Path, spark: Any, cdc_url: str) -> None:
+    """``sinks: [delta]``, run, then a second sink added: the new one is
+    filled from a new snapshot of the table, the first one skips it (its
+    progress holds it), and both follow the changes after; each equals the
+    upstream table."""
+    from tests.running import running
+    from tests.sources.cdc import flushed_lsn, output_rows, resumed_past, source_rows
+
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table acct (id int primary key, owner text, bal int)")
+        c.execute("insert into acct select i, 'o' || i, i * 10 from generate_series(1, 300) i")
+    path = tmp_path / "pipeline.yaml"
+
+    def pipeline(sinks: str) -> Any:
+        path.write_text(f"""
+state_dir: {tmp_path}/state
+timestamp_interval: 200ms
+sources:
+  - name: bank
+    postgres: {{dsn: "{cdc_url}", tables: [acct]}}
+    outputs:
+      - name: acct
+        sinks: {sinks}
+""")
+        return load_config(path)
+
+    for cfg, change in ((pipeline("[delta]"), "update acct set bal = bal + 1 where id < 50"),
+                        (pipeline("[delta, {type: delta, name: copy}]"),
+                         "update acct set bal = bal + 1 where id > 250")):
+        with running(cfg, spark) as runners:
+            with psycopg.connect(cdc_url, autocommit=True) as c:
+                c.execute(change)
+            wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 90, "the sinks to catch up")
+    want = source_rows(cdc_url, "select id, owner, bal from acct")
+    pipe = Pipeline(cfg)
+    try:
+        src = cfg.sources[0]
+        for name in ("delta", "copy"):
+            lake = pipe.sink(src, src.outputs[0], name).read_updates()
+            assert output_rows(lake, ["id", "owner", "bal"]) == want, name
+    finally:
+        pipe.close()
+    [report] = verify_pipeline(cfg)
+    assert report.ok, [(o.output, o.breaches, o.samples) for o in report.outputs]
