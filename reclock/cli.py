@@ -2,14 +2,15 @@
 landed exactly once.
 
     reclock run FILE                      run the pipeline (Ctrl-C / SIGTERM stop cleanly)
+    reclock check FILE                    check the pipeline file, starting nothing
     reclock status FILE [--json]          health, frontiers, uppers and lag per source/output
     reclock bindings FILE SOURCE [--at T] the bindings IntoTime -> frontier (or R(T))
-    reclock read FILE OUTPUT... [--as-of T]   consolidated contents as of one IntoTime
+    reclock read FILE OUTPUT... [--as-of T] [--sink NAME]   contents as of one IntoTime
     reclock drop FILE SOURCE              stop a source promptly, keep its outputs
     reclock undrop FILE SOURCE            the next run resumes a dropped source
     reclock resnapshot FILE SOURCE OUTPUT read one output's upstream again, correcting it
     reclock accept-recreated FILE SOURCE TOPIC  read a re-created topic from its start
-    reclock verify FILE                   audit every output against the bindings
+    reclock verify FILE [--sink NAME]     audit every sink of every output against the bindings
     reclock load FILE SOURCE OUTPUT --from PATH_OR_URL   load files once, at one IntoTime
 
 Exit codes:
@@ -78,6 +79,20 @@ def _load(path: str) -> Any:
 
 
 # -- commands ----------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace) -> int:
+    """The pipeline file checked as ``run`` checks it before it starts
+    anything (every problem with its file and line: exit 2), and a summary
+    of what it runs."""
+    cfg = _load(args.file)
+    for src in cfg.sources:
+        outs = ", ".join(
+            o.name + ("" if o.sinks is None else f" -> {', '.join(n for n, _ in o.named_sinks)}")
+            for o in src.outputs)
+        print(f"source {src.name} [{src.connector[0]}]: {outs}")
+    print(f"{args.file}: ok")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from reclock.pipeline import run
 
@@ -183,7 +198,7 @@ def collect_status(file: str, history: int = 0) -> dict[str, Any]:
                 st = SourceStatus.from_durable(
                     name, built.source,
                     lambda: pipe.store.read(name) if name in shards else None,  # noqa: B023
-                    [(o.name, o.sink.state) for o in built.outputs], SystemClock().now(),
+                    [(o.key, o.sink.state) for o in built.outputs], SystemClock().now(),
                     live=lv)
             assert st is not None
             if drop_marker(state_dir, name).exists():
@@ -230,11 +245,17 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"  (IntoTime {fmt_time(s['resume_into'])})")
         print(f"  bindings: {s['bindings']}, remap upper {fmt_time(s['remap_upper'])}")
         for o in s["outputs"]:
+            what = (f"output {o['name']}" if o.get("sink") is None else
+                    f"output {o['name'][:-len(o['sink']) - 1]} sink {o['sink']}")
             if not o["upper"] and o["upper"] is not None:
-                print(f"  output {o['name']}: nothing committed yet")
+                print(f"  {what}: nothing committed yet")
             else:
-                print(f"  output {o['name']}: sink upper {fmt_time(o['upper'])}, "
+                print(f"  {what}: sink upper {fmt_time(o['upper'])}, "
                       f"lag {o['lag_ms'] if o['lag_ms'] is not None else '-'} ms")
+            oh = o.get("health") or {}
+            if oh.get("status") == "stalled" and oh.get("error"):
+                print(f"    stalled: {oh['error']}"
+                      + (f" (hint: {oh['hint']})" if oh.get("hint") else ""))
             snap = describe_snapshot(o["name"], o.get("snapshot"))
             if snap is not None:  # while the output's initial snapshot is read
                 print(f"    {snap}")
@@ -306,19 +327,22 @@ def cmd_read(args: argparse.Namespace) -> int:
     try:
         targets = []
         for name in args.outputs:
-            targets.append(_find_output(pipe, name))
+            targets.append(_find_output(pipe, name, args.sink))
         # every state before any log: the as-of is complete in all of them
-        as_of = choose_as_of([(f"{src}.{o.name}", o.sink.state()) for src, o in targets],
+        as_of = choose_as_of([(f"{src}.{o.key}", o.sink.state()) for src, o in targets],
                              None if args.as_of is None else parse_time(args.as_of))
         for src, o in targets:
             table = read_output(o, as_of, "errors" if args.errors else "collection")
-            _print_table(f"{src}.{o.name}", as_of, table, args)
+            _print_table(f"{src}.{o.key}", as_of, table, args)
     finally:
         pipe.close()
     return 0
 
 
-def _find_output(pipe: Any, name: str) -> tuple[str, Any]:
+def _find_output(pipe: Any, name: str, sink: str | None = None) -> tuple[str, Any]:
+    """The source and the slot of output ``name`` (``OUTPUT`` or
+    ``SOURCE.OUTPUT``) whose sink is ``sink``: required for an output with
+    several sinks (an error lists their names), optional for one with one."""
     matches = []
     for src in pipe.cfg.sources:
         for o in src.outputs:
@@ -331,7 +355,18 @@ def _find_output(pipe: Any, name: str) -> tuple[str, Any]:
     src = matches[0]
     built = pipe.build_source(src)
     oname = name.split(".", 1)[1] if name.startswith(src.name + ".") else name
-    return src.name, next(o for o in built.outputs if o.name == oname)
+    slots = [o for o in built.outputs if o.name == oname]
+    names = ", ".join(o.sink_name for o in slots)
+    if sink is None:
+        if len(slots) > 1:
+            raise ReclockError(f"output {src.name}.{oname} has several sinks ({names}): "
+                               "say which one to read with --sink NAME")
+        return src.name, slots[0]
+    found = [o for o in slots if o.sink_name == sink]
+    if not found:
+        raise ReclockError(f"output {src.name}.{oname} has no sink {sink!r}; its sinks: "
+                           f"{names}")
+    return src.name, found[0]
 
 
 def _print_table(label: str, as_of: int | None, table: pa.Table, args: argparse.Namespace) -> None:
@@ -419,7 +454,7 @@ def cmd_load(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from reclock.verify import verify_pipeline
 
-    reports = verify_pipeline(_load(args.file))
+    reports = verify_pipeline(_load(args.file), sink=args.sink)
     bad = sum(0 if r.ok else 1 for r in reports)
     if args.json:
         print(json.dumps([{
@@ -494,6 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", required=True)
     file_help = "the pipeline's YAML file"
+    ck = sub.add_parser("check", help="check the pipeline file, starting nothing")
+    ck.add_argument("file", help=file_help)
+    ck.set_defaults(fn=cmd_check)
     r = sub.add_parser("run", help="run the pipeline")
     r.add_argument("file", help=file_help)
     r.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
@@ -513,6 +551,9 @@ def build_parser() -> argparse.ArgumentParser:
     rd = sub.add_parser("read", help="consolidated outputs as of one IntoTime")
     rd.add_argument("file", help=file_help)
     rd.add_argument("outputs", nargs="+", help="OUTPUT or SOURCE.OUTPUT, one or more")
+    rd.add_argument("--sink", metavar="NAME",
+                    help="which sink of an output with several (sinks: [...]) to read; "
+                         "required for those")
     rd.add_argument("--as-of", default=None,
                     help="the IntoTime to read as of (milliseconds or ISO-8601; default: "
                          "the latest time every named output holds)")
@@ -562,6 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="audit outputs against the bindings")
     v.add_argument("file", help=file_help)
     v.add_argument("--json", action="store_true", help="the reports as JSON")
+    v.add_argument("--sink", metavar="NAME",
+                   help="only the sinks of this name (default: every sink of every output)")
     v.set_defaults(fn=cmd_verify)
     dev = sub.add_parser("dev", help="development helpers")
     dsub = dev.add_subparsers(dest="dev_command", required=True)

@@ -65,6 +65,11 @@ from reclock.runtime.status import PipelineStatus
 log = logging.getLogger("reclock")
 
 
+def sink_names(ocfg: OutputConfig) -> str:
+    """The names of ``ocfg``'s sinks, for messages."""
+    return ", ".join(n for n, _ in ocfg.named_sinks)
+
+
 def _ignored(changes: Mapping[str, str | None]) -> None:
     """The facts' writer of a source built for an audit: writes nothing."""
 
@@ -135,7 +140,9 @@ class Pipeline:
                     f"source {src.name!r}: output {spec.name!r} needs an entry under outputs "
                     "(at least its sink)"
                 )
-            outputs.append(self._output(src, i, spec, ocfg))
+            outputs += self._output(src, i, spec, ocfg)
+        for slot, out in enumerate(outputs):
+            out.slot = slot
         return BuiltSource(src, source, outputs)
 
     def _connector(self, src: SourceConfig, audit: bool = False) -> Source[Any]:
@@ -149,7 +156,9 @@ class Pipeline:
             schema_change={o.name: o.schema_change for o in src.outputs}))
 
     def _output(self, src: SourceConfig, index: int, spec: Any, ocfg: OutputConfig
-                ) -> OutputRuntime:
+                ) -> list[OutputRuntime]:
+        """The output ``ocfg``: one :class:`OutputRuntime` per sink (the
+        sink's slot; they share the output's decoders and shape)."""
         what = f"source {src.name!r} output {ocfg.name!r}"
         envelope: Envelope = ocfg.envelope
         if spec.envelope is not None:
@@ -190,22 +199,35 @@ class Pipeline:
                 user_schema, upstream, upsert_key = rename_columns(
                     what, user_schema, ocfg.rename, upsert_key)
             check_output_names(what, user_schema)
-        out = OutputRuntime(
-            index=index, name=spec.name, spec=spec, sink=self.sink(src, ocfg),
-            user_schema=user_schema, key_decoder=key_dec, value_decoder=value_dec,
-            envelope=envelope, upsert_key=upsert_key, upstream=upstream,
-            rename=dict(ocfg.rename), state_key=ocfg.sink.state_key,
-            policy=ocfg.schema_change,
-            formats=(None if ocfg.key_format is None else ocfg.key_format.model_dump(),
-                     ocfg.format.model_dump()),
-        )
-        if user_schema is not None:
-            check_state_key(what, out)
-        return out
+        slots = []
+        several = ocfg.sinks is not None
+        for sink_name, scfg in ocfg.named_sinks:
+            out = OutputRuntime(
+                index=index, name=spec.name, spec=spec, sink=self.sink(src, ocfg, sink_name),
+                user_schema=user_schema, key_decoder=key_dec, value_decoder=value_dec,
+                envelope=envelope, upsert_key=upsert_key, upstream=upstream,
+                rename=dict(ocfg.rename), state_key=scfg.state_key,
+                policy=ocfg.schema_change,
+                formats=(None if ocfg.key_format is None else ocfg.key_format.model_dump(),
+                         ocfg.format.model_dump()),
+                sink_name=sink_name, key=ocfg.slot(sink_name), several=several,
+            )
+            if user_schema is not None:
+                check_state_key(f"source {src.name!r} {out.label}", out)
+            slots.append(out)
+        return slots
 
-    def sink(self, src: SourceConfig, ocfg: OutputConfig) -> PersistSink:
-        return ocfg.sink.build(
-            SinkContext(src.name, ocfg.name, self.state_dir, self.identity))
+    def sink(self, src: SourceConfig, ocfg: OutputConfig, name: str | None = None
+             ) -> PersistSink:
+        """The sink ``name`` of ``ocfg`` (default: its first), built under
+        its slot's name (:meth:`~reclock.config.schema.OutputConfig.slot`)."""
+        sink_name, scfg = next(((n, s) for n, s in ocfg.named_sinks
+                                if name is None or n == name), (None, None))
+        if scfg is None or sink_name is None:
+            raise DefiniteError(f"source {src.name!r} output {ocfg.name!r} has no sink "
+                                f"{name!r}", hint=f"its sinks: {sink_names(ocfg)}")
+        return scfg.build(
+            SinkContext(src.name, ocfg.slot(sink_name), self.state_dir, self.identity))
 
     # -- drop markers -----------------------------------------------------------------
     def drop_marker(self, source: str) -> Path:

@@ -431,8 +431,10 @@ def reread(source: Any, bindings: Bindings[Any], upto: Antichain[Any], owed: dic
         reader = source.reader()
         for task in tasks:
             for i, batch in reader.read(task):
-                if i in owed and batch.num_rows:
-                    owed[i].take(batch)
+                if batch.num_rows:
+                    for o in owed.values():  # (each sink of the output has its own)
+                        if o.out.index == i:
+                            o.take(batch)
         source.confirm(tasks)  # a topic replaced while it was read: read again
         return Reread(lower, upto_, reached, lost, source.output_errors())
 
@@ -894,8 +896,11 @@ def _identity_breach(rep: OutputReport, exc: DefiniteError) -> None:
                  "from the old one's")
 
 
-def verify_pipeline(cfg: Any) -> list[SourceReport]:
-    """Verify every source of a pipeline configuration. Each output's state
+def verify_pipeline(cfg: Any, sink: str | None = None) -> list[SourceReport]:
+    """Verify every source of a pipeline configuration: every sink of every
+    output, each by its own upper (an output with several sinks reports one
+    entry per sink, ``<output>.<sink>``); ``sink``: only the sinks of that
+    name (an output with one sink is named by its type). Each output's state
     and rows are read first, then the bindings (a live pipeline mints a
     binding before any output commits up to it: read in this order, the
     bindings cover every row read). A source that can be re-read is read
@@ -911,8 +916,17 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
     pool = ThreadPoolExecutor(1, thread_name_prefix="verify-reread")
     try:
         shards = set(pipe.store.shards())
+        found = sink is None
         for src in cfg.sources:
             built = pipe.build_source(src, audit=True)
+            if sink is not None:
+                built.outputs = [o for o in built.outputs if o.sink_name == sink]
+                for slot, o in enumerate(built.outputs):  # (an audit's own copy)
+                    o.slot = slot
+                found = found or bool(built.outputs)
+                if not built.outputs:
+                    built.source.close()
+                    continue
             try:
                 reports.append(_verify_source(pipe, pool, src, built, src.name in shards))
             finally:
@@ -920,6 +934,10 @@ def verify_pipeline(cfg: Any) -> list[SourceReport]:
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         pipe.close()
+    if not found:
+        raise DefiniteError(f"no output has a sink named {sink!r}",
+                            hint="a sink of sinks: [...] is named by its name (default: its "
+                                 "type); the one sink of sink: by its type")
     return reports
 
 
@@ -944,16 +962,16 @@ def _verify_source(pipe: Any, pool: Any, src: Any, built: Any, bound: bool) -> S
         progresses.append(None if o.sink.holds_state or st.progress is None
                           else Antichain.decode_json(kind, st.progress))
     b = pipe.store.read(src.name)
-    keyed = {o.index for o in built.outputs if o.upsert_key is not None
+    keyed = {o.slot for o in built.outputs if o.upsert_key is not None
              and not o.sink.holds_state}
     audited = [o for o in built.outputs if not o.sink.holds_state]
     owed: dict[int, Owed] = {}
     again = None
     if source.replayable and audited and b.first is not None:
         for o in audited:
-            stager = _stager(o) if progresses[o.index] is not None else None
-            owed[o.index] = Owed(o, progresses[o.index], b, kind, o.index in keyed, stager,
-                                 _refused(tables[o.index], stager is None))
+            stager = _stager(o) if progresses[o.slot] is not None else None
+            owed[o.slot] = Owed(o, progresses[o.slot], b, kind, o.slot in keyed, stager,
+                                 _refused(tables[o.slot], stager is None))
         furthest = _furthest([p for p in progresses if p is not None] or [b.first.frontier])
         held_parts: set[int] = set()
         if is_partitioned(kind):
@@ -964,13 +982,13 @@ def _verify_source(pipe: Any, pool: Any, src: Any, built: Any, bound: bool) -> S
         again = pool.submit(reread, source, b, furthest, owed, held_parts)
     for o, st, updates in zip(built.outputs, states, tables, strict=True):
         if o.sink.holds_state:
-            report.notes.append(f"output {o.name}: current-state table, not audited")
-            rep = OutputReport(o.name)
+            report.notes.append(f"output {o.key}: current-state table, not audited")
+            rep = OutputReport(o.key)
             for c in ("time", "upper", "once", "complete", "values", "history"):
                 rep.skip(c, "a current-state table keeps no history to audit")
             report.outputs.append(rep)
             continue
-        rep = check_output(o.name, updates, b, st.upper, o.upsert_key, st.held(kind))
+        rep = check_output(o.key, updates, b, st.upper, o.upsert_key, st.held(kind))
         report.outputs.append(rep)
         if st.progress is None and updates.num_rows:
             rep.breach("data-without-progress", updates.num_rows, [])
@@ -985,13 +1003,13 @@ def _verify_source(pipe: Any, pool: Any, src: Any, built: Any, bound: bool) -> S
         got: Reread = again.result()
     except IdentityChanged as exc:
         for o in audited:
-            _identity_breach(report.outputs[o.index], exc)
+            _identity_breach(report.outputs[o.slot], exc)
         return report
     except DefiniteError as exc:
         report.notes.append(f"the source could not be re-read: {exc}")
         for o in audited:
             for c in ("complete", "values", "history"):
-                report.outputs[o.index].skip(c, f"the source could not be re-read: {exc}")
+                report.outputs[o.slot].skip(c, f"the source could not be re-read: {exc}")
         return report
     if got.reached != got.upto:
         report.notes.append(f"complete: checked only up to {got.reached.encode()} "
@@ -1000,7 +1018,7 @@ def _verify_source(pipe: Any, pool: Any, src: Any, built: Any, bound: bool) -> S
         report.notes.append("not re-read: " + "; ".join(
             f"partition id {p}: {why}" for p, why in sorted(got.lost.items())))
     for o in audited:
-        rep = report.outputs[o.index]
+        rep = report.outputs[o.slot]
         err = got.errors.get(o.index)
         if isinstance(err, IdentityChanged):  # (its partitions are among the lost)
             rep.breach("identity", 1, [str(err)])
@@ -1009,11 +1027,11 @@ def _verify_source(pipe: Any, pool: Any, src: Any, built: Any, bound: bool) -> S
             rep.did("identity", "unchanged" if err is None else "its upstream is gone")
             if err is not None:
                 rep.skip("complete", str(err))
-        h = _held(kind, tables[o.index])
+        h = _held(kind, tables[o.slot])
         _mark_unreadable(rep, h, kind, got)
-        ow = owed[o.index]
+        ow = owed[o.slot]
         report.complete_checked += sum(t.num_rows for t in ow.positions)
-        if o.index in keyed:
+        if o.slot in keyed:
             check_keyed(rep, kind, ow, h)
         else:
             check_append(rep, kind, ow, h)

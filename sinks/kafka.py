@@ -2,9 +2,18 @@
 
 Topics of an output named ``name`` writing to ``topic``::
 
-    topic                       data rows: key = JSON of key_columns (or null),
-                                value = JSON of the user columns + _into_time,
-                                _diff, _src_part, _src_offset, _src_seq, _src_ts;
+    topic                       data records, in ``format`` (json, or avro,
+                                protobuf, json_schema in Confluent's wire format,
+                                schemas under <topic>-value and <topic>-key:
+                                :mod:`reclock.sinks._kafka_formats`), by ``envelope``:
+                                log: one per update; key = key_columns (or null),
+                                value = the user columns + _into_time, _diff,
+                                _src_part, _src_offset, _src_seq, _src_ts
+                                upsert: per key and IntoTime that changed it;
+                                key = the key columns, value = the user columns
+                                + _into_time, or null (a tombstone: deleted)
+                                debezium: as upsert, value = {before, after, op,
+                                ts_ms, source}; a delete then a tombstone
                                 headers reclock.batch=<batch>, reclock.output=<name>
     topic.reclock-errors        error rows (``_error`` set): every column, raw
                                 bytes base64; key = the raw key; same headers
@@ -18,13 +27,19 @@ Topics of an output named ``name`` writing to ``topic``::
 
 The commit path (numbering of :mod:`reclock.contracts.sink`)::
 
-    1. KafkaStager.stage      executors: rows -> JSON key/value bytes, written to
-                              an Arrow IPC file under staging_dir/<name>/.
-                              Kafka transactions cannot span Spark tasks, so
-                              nothing touches Kafka here.
+    1. KafkaStager.stage      executors: rows -> key/value bytes (serialized
+                              here, with a registry client made in the
+                              process; a value the format cannot hold is an
+                              error row), written to an Arrow IPC file under
+                              staging_dir/<name>/. Upsert and debezium stage
+                              each update's key and image with its diff,
+                              IntoTime and position. Kafka transactions cannot
+                              span Spark tasks, so nothing touches Kafka here.
     2. KafkaSink.commit       driver, ONE transaction of a transactional producer
                               (init_transactions once per sink object):
-        a. fence: the chain head read back (below) must equal ``expected``
+        a. fence: the chain head read back (below) must equal ``expected``;
+           upsert, debezium: the staged updates summed per key and IntoTime
+           into records (:meth:`KafkaSink._consolidated`)
         b. begin; produce every staged record tagged with a fresh batch id
         c. flush: every data record is acknowledged before ...
         d. ... the progress record {batch, prev=head's batch, upper, progress}
@@ -121,6 +136,8 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import functools
+import importlib.metadata
 import json
 import logging
 import os
@@ -128,7 +145,7 @@ import re
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -141,9 +158,10 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
-from pydantic import Field
+from pydantic import Field, SecretStr
+from pydantic_core import InitErrorDetails
 
-from reclock.contracts.config import KAFKA_TOPIC_PATTERN, DurationMs
+from reclock.contracts.config import KAFKA_TOPIC_PATTERN, ConfigModel, DurationMs, problem
 from reclock.contracts.encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from reclock.contracts.rows import REFUSED_RAW_MAX, conform, output_schema, refuse_rows
 from reclock.contracts.sink import (
@@ -164,6 +182,7 @@ from reclock.core.columns import (
     META_FIELDS,
     META_NAMES,
     RAW_KEY,
+    RAW_VALUE,
     SRC_OFFSET,
     SRC_PART,
     SRC_SEQ,
@@ -182,6 +201,14 @@ from reclock.sinks._fs import (
     staging_root,
     vacuum_staged,
 )
+from reclock.sinks._kafka_formats import (
+    FORMATS,
+    REGISTRY_FORMATS,
+    Codec,
+    Registry,
+    ValueRefused,
+    schema_problems,
+)
 
 log = logging.getLogger("reclock.sinks.kafka")
 #: librdkafka's own log lines (connection failures, warnings) go here.
@@ -197,7 +224,8 @@ PROGRESS_WINDOW = 1000
 DEFAULT_TIMEOUT_S = 30.0
 #: Columns a data record carries after the user's columns.
 DATA_META = (INTO_TIME, DIFF, SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS)
-FORMATS = ("json",)
+#: How rows become records (see :class:`KafkaSink`).
+ENVELOPES = ("log", "upsert", "debezium")
 
 #: One staged record: where it goes, its key and its value, already encoded.
 STAGED_SCHEMA = pa.schema(
@@ -208,6 +236,8 @@ STAGED_SCHEMA = pa.schema(
     ]
 )
 _DATA, _ERRORS = 0, 1
+#: A record to produce: (_DATA or _ERRORS, key, value; None: a tombstone).
+_Record = tuple[int, bytes | None, bytes | None]
 
 #: librdkafka's default ``message.max.bytes``: the largest record a producer sends.
 DEFAULT_MAX_RECORD_BYTES = 1_000_000
@@ -321,41 +351,150 @@ def _dumps(doc: Any) -> bytes:
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
-def encode_rows(
-    output: str, table: pa.Table, schema: pa.Schema, key_columns: Sequence[str] = ()
-) -> pa.Table:
-    """Rows of ``schema`` (an output schema) as staged records (:data:`STAGED_SCHEMA`)."""
-    data = conform(output, table, schema)
+def plain_docs(data: pa.Table, schema: pa.Schema) -> dict[str, list[Any]]:
+    """The plain values of each column of ``data`` (rows of ``schema``): cast
+    to :func:`plain_type` and made JSON-able (see the module docstring of
+    :mod:`reclock.sinks._kafka_formats`)."""
     plain = pa.schema([f.with_type(plain_type(f.type)) for f in schema])
     try:
-        data = data.cast(plain)
+        data = data.select(schema.names).cast(plain)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise SinkError(f"output {output!r}: rows cannot be encoded as JSON: {exc}") from exc
+        raise SinkError(f"rows cannot be encoded: {exc}") from exc
     cols: dict[str, list[Any]] = {}
     for f in plain:
         values = data.column(f.name).to_pylist()
         cols[f.name] = [to_json(v, f.type) for v in values] if _needs_walk(f.type) else values
+    return cols
+
+
+def encode_rows(
+    output: str, table: pa.Table, schema: pa.Schema, key_columns: Sequence[str] = ()
+) -> pa.Table:
+    """Rows of ``schema`` (an output schema) as staged JSON records
+    (:data:`STAGED_SCHEMA`) of the log envelope."""
+    data = conform(output, table, schema)
+    user = pa.schema([f for f in schema if f.name not in META_NAMES])
+    value = Codec("json", _log_value_schema(user))
+    key = Codec("json", _key_schema(user, key_columns)) if key_columns else None
+    encoded, refused = _encode_log(data, schema, "", value, key)
+    if refused:
+        raise SinkError(f"output {output!r}: rows cannot be encoded as JSON: "
+                        f"{next(iter(refused.values()))}")
+    return encoded
+
+
+def _log_value_schema(user: pa.Schema) -> pa.Schema:
+    meta = {f.name: f for f in META_FIELDS}
+    return pa.schema([*user, *(meta[n] for n in DATA_META)])
+
+
+def _upsert_value_schema(user: pa.Schema) -> pa.Schema:
+    return pa.schema([*user, pa.field(INTO_TIME, pa.int64(), nullable=False)])
+
+
+def _key_schema(user: pa.Schema, key: Sequence[str]) -> pa.Schema:
+    return pa.schema([user.field(c) for c in key])
+
+
+#: The ``source`` block of a Debezium-shaped record: who wrote it, and the
+#: reclock position of the change (see docs/outputs.md).
+DEBEZIUM_SOURCE = pa.struct([
+    pa.field("version", pa.string(), nullable=False),
+    pa.field("connector", pa.string(), nullable=False),
+    pa.field("name", pa.string(), nullable=False),
+    pa.field("ts_ms", pa.int64()),
+    pa.field("snapshot", pa.string()),
+    pa.field("db", pa.string()),
+    pa.field("table", pa.string()),
+    pa.field("into_time", pa.int64(), nullable=False),
+    pa.field("src_part", pa.int32(), nullable=False),
+    pa.field("src_offset", pa.int64(), nullable=False),
+    pa.field("src_seq", pa.int32(), nullable=False),
+])
+
+
+def _debezium_schema(user: pa.Schema) -> pa.Schema:
+    row = pa.struct(list(user))
+    return pa.schema([
+        pa.field("before", row), pa.field("after", row),
+        pa.field("source", DEBEZIUM_SOURCE, nullable=False),
+        pa.field("op", pa.string(), nullable=False),
+        pa.field("ts_ms", pa.int64(), nullable=False),
+    ])
+
+
+def _refusal(exc: BaseException) -> str:
+    return f"the record cannot be serialized: {type(exc).__name__}: {exc}"
+
+
+#: Exceptions of a serializer that mean "this value", not "this registry".
+def _value_errors() -> tuple[type[BaseException], ...]:
+    from confluent_kafka.serialization import SerializationError
+
+    return (ValueRefused, ValueError, TypeError, OverflowError, KeyError, AttributeError,
+            SerializationError)
+
+
+def _registry_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` of a serializer is the registry's (not the value's)."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    return isinstance(exc, SchemaRegistryError | OSError) or type(exc).__module__.startswith(
+        ("httpx", "httpcore"))
+
+
+def _registry_error(output: str, subject: str | None, exc: BaseException) -> ReclockError:
+    """A registry failure as one of reclock's two tiers: a 4xx answer other
+    than 408/429 is definite (incompatible schema, bad credentials), the rest
+    is transient."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    text = scrub(str(exc))
+    msg = f"output {output!r}: schema registry, subject {subject!r}: {text}"
+    if isinstance(exc, SchemaRegistryError):
+        code = int(getattr(exc, "http_status_code", 0) or 0)
+        if 400 <= code < 500 and code not in (408, 429):
+            return SinkError(msg, hint="check the registry's URL, credentials and the "
+                                       "subject's compatibility setting (a schema change the "
+                                       "subject refuses needs a new subject or topic)")
+    return TransientError(msg, hint="is the schema registry reachable? retried with backoff")
+
+
+def _encode_log(data: pa.Table, schema: pa.Schema, topic: str, value: Codec,
+                key: Codec | None) -> tuple[pa.Table, dict[int, str]]:
+    """Log envelope: every row one record (error rows to the errors topic,
+    as JSON). The records, and the rows the format refused (index -> why)."""
+    cols = plain_docs(data, schema)
     raw_keys = data.column(RAW_KEY).to_pylist()
     is_error = data.column(ERROR).is_valid().to_pylist()
-    user = [f.name for f in schema if f.name not in META_NAMES]
-    data_names = user + list(DATA_META)
     dest: list[int] = []
     keys: list[bytes | None] = []
     values_out: list[bytes] = []
+    refused: dict[int, str] = {}
+    value_names, key_names = value.schema.names, (key.schema.names if key else [])
+    bad = _value_errors()
     for i, err in enumerate(is_error):
-        names = schema.names if err else data_names
-        values_out.append(_dumps({n: cols[n][i] for n in names}))
         if err:
             dest.append(_ERRORS)
             keys.append(raw_keys[i])
-        else:
-            dest.append(_DATA)
-            keys.append(_dumps({c: cols[c][i] for c in key_columns}) if key_columns else None)
+            values_out.append(_dumps({n: cols[n][i] for n in schema.names}))
+            continue
+        try:
+            v = value.encode({n: cols[n][i] for n in value_names}, topic)
+            k = key.encode({n: cols[n][i] for n in key_names}, topic) if key else None
+        except bad as exc:
+            if _registry_failure(exc):
+                raise
+            refused[i] = _refusal(exc)
+            v, k = b"", None
+        dest.append(_DATA)
+        keys.append(k)
+        values_out.append(v)
     return pa.Table.from_arrays(
         [pa.array(dest, pa.int8()), pa.array(keys, pa.binary()),
          pa.array(values_out, pa.binary())],
         schema=STAGED_SCHEMA,
-    )
+    ), refused
 
 
 def decode_rows(output: str, docs: list[dict[str, Any]], schema: pa.Schema, where: str) -> pa.Table:
@@ -395,8 +534,58 @@ def _decode_schema(text: str) -> pa.Schema:
 
 
 @dataclass(frozen=True)
+class Envelope:
+    """How rows become records: ``kind`` (log, upsert, debezium), the record
+    format and its registry, the subjects, and the key (see :class:`KafkaSink`).
+    Picklable: the codecs make their registry clients on first use."""
+
+    kind: str = "log"
+    format: str = "json"
+    registry: Registry | None = None
+    topic: str = ""
+    key: tuple[str, ...] = ()
+    value_subject: str | None = None
+    key_subject: str | None = None
+    namespace: str = "reclock"
+    #: Debezium ``source`` fields that name the output
+    source_name: str = ""
+
+    def codecs(self, user: pa.Schema) -> tuple[Codec, Codec | None]:
+        """The value codec and the key codec (None: records without key) of
+        an output whose user columns are ``user``."""
+        if self.kind == "log":
+            value_schema = _log_value_schema(user)
+        elif self.kind == "upsert":
+            value_schema = _upsert_value_schema(user)
+        else:
+            value_schema = _debezium_schema(user)
+        name = "Envelope" if self.kind == "debezium" else "Value"
+        value = Codec(self.format, value_schema, registry=self.registry,
+                      subject=self.value_subject, name=name, namespace=self.namespace)
+        if not self.key:
+            return value, None
+        key = Codec(self.format, _key_schema(user, self.key), registry=self.registry,
+                    subject=self.key_subject, name="Key", namespace=self.namespace, is_key=True)
+        return value, key
+
+
+#: One staged update of a keyed envelope (upsert, debezium): its key and
+#: image already encoded, and what consolidation needs.
+KEYED_STAGED_SCHEMA = pa.schema([
+    *STAGED_SCHEMA,
+    pa.field("diff", pa.int64()),
+    pa.field("into", pa.int64()),
+    pa.field("part", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("seq", pa.int32()),
+    pa.field("ts", pa.int64()),
+])
+
+
+@dataclass(frozen=True)
 class KafkaStager:
-    """Encodes rows and writes them to a staging file (picklable; no connection).
+    """Encodes rows and writes them to a staging file (picklable; no
+    connection: the registry client is made on first use in each process).
 
     ``root`` is this output's staging directory, which the driver must be able
     to read; ``schema`` the output schema the rows are conformed to.
@@ -407,6 +596,27 @@ class KafkaStager:
     schema: pa.Schema
     key_columns: tuple[str, ...] = ()
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    envelope: Envelope = field(default_factory=Envelope)
+    #: this process's codecs, made on first use (never pickled)
+    _codecs: tuple[Codec, Codec | None] | None = field(default=None, repr=False, compare=False,
+                                                       hash=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_codecs"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__dict__["_codecs"] = None
+
+    def codecs(self) -> tuple[Codec, Codec | None]:
+        if self._codecs is None:
+            user = pa.schema([f for f in self.schema if f.name not in META_NAMES])
+            env = self.envelope
+            if env.kind == "log" and self.key_columns and not env.key:
+                env = Envelope(**{**env.__dict__, "key": self.key_columns})
+            object.__setattr__(self, "_codecs", env.codecs(user))
+        assert self._codecs is not None
+        return self._codecs
 
     def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:
         """Write ``table`` to ``<root>/<batch_id>-<part:05d>.arrow``.
@@ -418,9 +628,11 @@ class KafkaStager:
         check_stage_args(batch_id, part)
         if table.num_rows == 0:
             return []
-        encoded, big = self._encode(table)
-        if big is not None:
-            encoded, _ = self._encode(self._refuse_big(table, big))
+        data = conform(self.name, table, self.schema)
+        encoded, refused = self._encode(data)
+        if refused:
+            data = self._refuse(data, refused)
+            encoded, _ = self._encode(data)
         name = f"{batch_id}-{part:05d}.arrow"
         target = os.path.join(self.root, name)  # (a str: see reclock.sinks._fs._temp_of)
         try:
@@ -433,32 +645,131 @@ class KafkaStager:
                  "size": size}]
 
     def screen(self, table: pa.Table) -> pa.Table:
-        """Records larger than the producer's ``message.max.bytes`` become
-        error rows (their content cut); the rest stay."""
+        """Records the format cannot hold, or larger than the producer's
+        ``message.max.bytes``, become error rows (their content cut); the
+        rest stay."""
         if table.num_rows == 0:
             return table
-        _, big = self._encode(table)
-        return table if big is None else self._refuse_big(table, big)
+        data = conform(self.name, table, self.schema)
+        _, refused = self._encode(data)
+        return self._refuse(data, refused) if refused else table
 
-    def _encode(self, table: pa.Table) -> tuple[pa.Table, Any]:
-        """The encoded records, and a mask of those too large to send (None
-        when all fit)."""
-        encoded = encode_rows(self.name, table, self.schema, self.key_columns)
+    def _refuse(self, data: pa.Table, refused: dict[int, str]) -> pa.Table:
+        # Bad input is data: a record the format cannot hold or the producer
+        # cannot send is an error row (its content cut), and the rest lands.
+        mask = [i in refused for i in range(data.num_rows)]
+        return refuse_rows(data, mask, {i: refused.get(i, "") for i in range(data.num_rows)},
+                           raw_max=min(REFUSED_RAW_MAX, self.max_record_bytes // 4))
+
+    def _encode(self, data: pa.Table) -> tuple[pa.Table, dict[int, str]]:
+        """The encoded records, and the rows refused (index -> why): those the
+        format cannot hold, and those too large to send."""
+        value, key = self.codecs()
+        try:
+            if self.envelope.kind == "log":
+                encoded, refused = _encode_log(data, self.schema, self.envelope.topic, value, key)
+            else:
+                encoded, refused = self._encode_keyed(data, value, key)
+        except ReclockError:
+            raise
+        except Exception as exc:
+            if _registry_failure(exc):
+                raise _registry_error(self.name, self.envelope.value_subject, exc) from exc
+            raise
         sizes = pc.add(pc.fill_null(pc.binary_length(encoded.column("key")), 0),
                        pc.binary_length(encoded.column("value")))
-        big = pc.greater(sizes, self.max_record_bytes - RECORD_OVERHEAD_BYTES)
-        return encoded, (big if pc.any(big).as_py() else None)
+        limit = self.max_record_bytes - RECORD_OVERHEAD_BYTES
+        if self.envelope.kind == "debezium":
+            # an update carries the row twice (before and after)
+            sizes = pc.multiply(sizes, 2)
+        for i, big in enumerate(pc.greater(sizes, limit).to_pylist()):
+            if big and i not in refused and encoded.column("dest")[i].as_py() == _DATA:
+                refused[i] = (f"the record is larger than the producer's message.max.bytes "
+                              f"({self.max_record_bytes:,} bytes, headers included)")
+        return encoded, refused
 
-    def _refuse_big(self, table: pa.Table, big: Any) -> pa.Table:
-        # Bad input is data: a record the producer cannot send is an error row
-        # (its content cut), and the rest of the batch lands.
-        return refuse_rows(
-            conform(self.name, table, self.schema), big,
-            f"the record is larger than the producer's message.max.bytes "
-            f"({self.max_record_bytes:,} bytes, headers included)",
-            raw_max=min(REFUSED_RAW_MAX, self.max_record_bytes // 4))  # base64 + JSON
+    def _encode_keyed(self, data: pa.Table, value: Codec, key: Codec | None
+                      ) -> tuple[pa.Table, dict[int, str]]:
+        """Upsert and Debezium envelopes: each update staged with its encoded
+        key and image (upsert: the record's value; Debezium: the row's plain
+        JSON, which the driver puts into the event), for the driver to sum
+        per key and IntoTime (see :meth:`KafkaSink.commit`)."""
+        assert key is not None
+        schema, topic = self.schema, self.envelope.topic
+        cols = plain_docs(data, schema)
+        user = [f.name for f in schema if f.name not in META_NAMES]
+        raw_keys = data.column(RAW_KEY).to_pylist()
+        is_error = data.column(ERROR).is_valid().to_pylist()
+        into = data.column(INTO_TIME).to_pylist()
+        out: dict[str, list[Any]] = {f.name: [] for f in KEYED_STAGED_SCHEMA}
+        refused: dict[int, str] = {}
+        bad = _value_errors()
+        debezium = self.envelope.kind == "debezium"
+        for i, err in enumerate(is_error):
+            if err:
+                out["dest"].append(_ERRORS)
+                out["key"].append(raw_keys[i])
+                out["value"].append(_dumps({n: cols[n][i] for n in schema.names}))
+                for c in ("diff", "into", "part", "offset", "seq", "ts"):
+                    out[c].append(None)
+                continue
+            row = {n: cols[n][i] for n in user}
+            try:
+                k = key.encode({n: cols[n][i] for n in key.schema.names}, topic)
+                if debezium:
+                    # the event as a consumer would get it for an insert:
+                    # what cannot be serialized fails here, in the task
+                    value.encode(_event(None, row, "c", into[i], self.envelope,
+                                        (0, 0, 0, None)), topic)
+                    v = _dumps(row)
+                else:
+                    v = value.encode({**row, INTO_TIME: into[i]}, topic)
+            except bad as exc:
+                if _registry_failure(exc):
+                    raise
+                refused[i] = _refusal(exc)
+                k, v = None, b""
+            out["dest"].append(_DATA)
+            out["key"].append(k)
+            out["value"].append(v)
+            out["diff"].append(cols[DIFF][i])
+            out["into"].append(into[i])
+            out["part"].append(cols[SRC_PART][i])
+            out["offset"].append(cols[SRC_OFFSET][i])
+            out["seq"].append(cols[SRC_SEQ][i])
+            out["ts"].append(cols[SRC_TS][i])
+        return pa.table(out, schema=KEYED_STAGED_SCHEMA), refused
 
 
+def _show_key(codec: Codec | None, key: bytes, topic: str) -> str:
+    """A record key, decoded for a message when it can be."""
+    try:
+        return repr(codec.decode(key, topic)) if codec is not None else repr(key)
+    except Exception:  # only for a message: the bytes then
+        return repr(key)
+
+
+@functools.lru_cache(maxsize=1)
+def _version() -> str:
+    try:
+        return importlib.metadata.version("reclock")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _event(before: dict[str, Any] | None, after: dict[str, Any] | None, op: str, into: int,
+           env: Envelope, pos: tuple[int, int, int, int | None]) -> dict[str, Any]:
+    """A Debezium-shaped change event (plain document)."""
+    part, offset, seq, ts = pos
+    return {
+        "before": before, "after": after, "op": op, "ts_ms": into,
+        "source": {"version": _version(), "connector": "reclock",
+                   "name": env.source_name, "ts_ms": ts, "snapshot": "false",
+                   "db": env.source_name.partition(".")[0],
+                   "table": env.source_name.partition(".")[2] or env.source_name,
+                   "into_time": into, "src_part": part, "src_offset": offset,
+                   "src_seq": seq},
+    }
 
 
 # -- the progress chain -------------------------------------------------------------------------
@@ -627,7 +938,7 @@ class KafkaSink:
     :meth:`vacuum_orphans`.
     """
 
-    holds_state = False  # an update log
+    holds_state = False  # envelope log: an update log; upsert and debezium: the current rows
 
     def __init__(
         self,
@@ -644,10 +955,27 @@ class KafkaSink:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         clock: Clock | None = None,
         owner: Owner | None = None,
+        envelope: str = "log",
+        key: Sequence[str] = (),
+        registry: Registry | None = None,
+        subject: str | None = None,
+        key_subject: str | None = None,
     ) -> None:
         if format not in FORMATS:
             raise SinkError(f"output {name!r}: format {format!r} is not supported; one of "
                             f"{list(FORMATS)}")
+        if format in REGISTRY_FORMATS and registry is None:
+            raise SinkError(f"output {name!r}: format {format!r} needs a schema registry",
+                            hint="give the sink registry: {url: http://registry:8081}")
+        if envelope not in ENVELOPES:
+            raise SinkError(f"output {name!r}: envelope {envelope!r} is not supported; one of "
+                            f"{list(ENVELOPES)}")
+        if envelope != "log" and not key:
+            raise SinkError(f"output {name!r}: envelope {envelope} needs the key columns",
+                            hint="give the sink key: [column, ...] (the output's upstream key)")
+        if envelope != "log" and key_columns:
+            raise SinkError(f"output {name!r}: key_columns is for envelope log; envelope "
+                            f"{envelope} keys its records by key", hint="use key: [...] only")
         self.name = name
         self.owner = owner
         self.bootstrap_servers = bootstrap_servers
@@ -656,7 +984,13 @@ class KafkaSink:
         self.progress_topic = progress_topic or f"{topic}.reclock-progress"
         self.transactional_id = transactional_id or f"reclock-{name}"
         self.format = format
-        self.key_columns = tuple(key_columns)
+        self.envelope = envelope
+        self.holds_state = envelope != "log"
+        self.key = tuple(key)
+        self.key_columns = tuple(key_columns) if envelope == "log" else self.key
+        self.registry = registry
+        self.value_subject = subject or f"{topic}-value"
+        self.key_subject = key_subject or f"{topic}-key"
         self.staging_root = staging_root(staging_dir, name)
         self.timeout_s = timeout_s
         self._properties = dict(properties or {})
@@ -699,6 +1033,7 @@ class KafkaSink:
                 f"output {self.name!r}: key columns {missing} are not columns of the output",
                 hint=f"choose key columns among {user_schema.names}",
             )
+        self._check_format(user_schema)
         head = self._catch_up()
         stored = head.user_schema() if head is not None else None
         if stored is not None:
@@ -717,6 +1052,47 @@ class KafkaSink:
                     hint="write to a new topic, or keep the column types",
                 )
         self._user = user_schema
+        self._register(user_schema)
+
+    def _envelope(self) -> Envelope:
+        ns = re.sub(r"[^A-Za-z0-9_]", "_", self.topic)
+        return Envelope(self.envelope, self.format, self.registry, self.topic,
+                        self.key if self.envelope != "log" else self.key_columns,
+                        self.value_subject, self.key_subject,
+                        f"reclock.{ns}" if not ns[0].isdigit() else f"reclock._{ns}", self.name)
+
+    def _check_format(self, user: pa.Schema) -> None:
+        """The format can hold the output's records (field names, types)."""
+        value, key = self._envelope().codecs(user)
+        problems = schema_problems(self.format, value.schema)
+        if key is not None:
+            problems += schema_problems(self.format, key.schema)
+        if problems:
+            raise SinkError(f"output {self.name!r}: format {self.format} cannot hold its "
+                            "records: " + "; ".join(dict.fromkeys(problems)),
+                            hint="rename or cast the columns in the output (rename: ...), or "
+                                 "write another format")
+        if self.envelope != "log":
+            nested = [c for c in self.key if pa.types.is_nested(user.field(c).type)]
+            if nested:
+                raise SinkError(f"output {self.name!r}: key columns {nested} are lists, maps "
+                                "or structs", hint="key the records by scalar columns")
+
+    def _register(self, user: pa.Schema) -> None:
+        """Register the value and key schemas in the registry now, on the
+        driver: a registry that refuses one (an incompatible change, bad
+        credentials) stops the output here, before any row is staged."""
+        if self.format not in REGISTRY_FORMATS:
+            return
+        value, key = self._envelope().codecs(user)
+        for codec in (value, key):
+            if codec is None:
+                continue
+            try:
+                sid = codec.register(self.topic)
+            except Exception as exc:
+                raise _registry_error(self.name, codec.subject, exc) from exc
+            log.info("output %r: schema id %d under subject %r", self.name, sid, codec.subject)
 
     # -- topics ------------------------------------------------------------------------------
     #: The progress topic's settings: one partition, nothing deleted by time or size.
@@ -816,7 +1192,7 @@ class KafkaSink:
             raise SinkError(f"output {self.name!r}: message.max.bytes must be a number of "
                             "bytes") from None
         return KafkaStager(self.name, str(self.staging_root), output_schema(user),
-                           self.key_columns, max_bytes)
+                           self.key_columns, max_bytes, self._envelope())
 
     # -- state -----------------------------------------------------------------------------
     def state(self) -> SinkState:
@@ -980,13 +1356,17 @@ class KafkaSink:
             )
         user = self._user_schema(head)
         schema = None if user is None else _encode_schema(user)
+        # upsert and debezium: summed per key and IntoTime before the
+        # transaction opens (updates that do not fit a key fail here)
+        records = (self._read_staged(files) if self.envelope == "log"
+                   else self._consolidated(files, user or pa.schema([])))
         self._step("checked")
         batch = uuid.uuid4().hex
         progress_sent = False
         try:
             try:
                 producer.begin_transaction()
-                rows, errors = self._produce_staged(producer, files, batch)
+                rows, errors = self._produce_staged(producer, records, batch)
                 self._step("data_flushed")
                 progress_sent = True
                 value = _progress_value(self.name, batch, None if head is None else head.batch,
@@ -1020,8 +1400,114 @@ class KafkaSink:
         check_staged_file(self.name, path, d["size"])
         return path
 
-    def _produce_staged(self, producer: Any, files: list[str], batch: str) -> tuple[int, int]:
-        """Produce every staged record; flush; return (data records, error records)."""
+    def _read_staged(self, files: list[str]) -> Iterator[_Record]:
+        """The staged records as they were staged: (dest, key, value)."""
+        for path in files:
+            table = self._read_file(path)
+            yield from zip(table.column("dest").to_pylist(), table.column("key").to_pylist(),
+                           table.column("value").to_pylist(), strict=True)
+
+    def _read_file(self, path: str) -> pa.Table:
+        try:
+            with pa.memory_map(str(path)) as source:
+                return pa.ipc.open_file(source).read_all()
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise SinkError(f"output {self.name!r}: cannot read staged file {path}: {exc}",
+                            hint="restage the batch") from exc
+
+    def _consolidated(self, files: list[str], user: pa.Schema) -> list[_Record]:
+        """Upsert and Debezium envelopes: the records of the staged updates.
+
+        Per IntoTime, in time order, the updates of each key are summed (equal
+        images add up, zeros drop out, as in :mod:`reclock.contracts.consolidate`);
+        what remains is at most one image retracted (the key's old row) and one
+        inserted (its new row), each once. Upsert: the new row as the key's
+        value, or a tombstone (null value) when only the old one is left.
+        Debezium: an event ``c`` (no old row), ``u`` (both) or ``d`` (no new
+        row, then a tombstone). Anything else (a key left with two rows, or a
+        row counted twice) is a SinkError naming the key, the IntoTime and the
+        positions: the output's upstream key must be part of the sink's key
+        (checked when the configuration is loaded). Error rows pass as staged."""
+        errors: list[_Record] = []
+        # (into, key) -> image -> [count, position]
+        groups: dict[tuple[int, bytes], dict[bytes, list[Any]]] = {}
+        for path in files:
+            t = self._read_file(path)
+            cols = {c: t.column(c).to_pylist() for c in t.column_names}
+            for i, dest in enumerate(cols["dest"]):
+                if dest == _ERRORS:
+                    errors.append((dest, cols["key"][i], cols["value"][i]))
+                    continue
+                images = groups.setdefault((cols["into"][i], cols["key"][i]), {})
+                pos = (cols["part"][i], cols["offset"][i], cols["seq"][i], cols["ts"][i])
+                slot = images.setdefault(cols["value"][i], [0, pos])
+                slot[0] += cols["diff"][i]
+                if cols["diff"][i] > 0:
+                    slot[1] = pos  # an insertion's position names the change
+        out = list(errors)
+        env = self._envelope()
+        value_codec, key_codec = env.codecs(user)
+        for (into, key), images in sorted(groups.items(), key=lambda kv: kv[0][0]):
+            live = {v: c for v, c in images.items() if c[0] != 0}
+            if not live:
+                continue  # the key's row is what it was: nothing to write
+            plus = [v for v, c in live.items() if c[0] == 1]
+            minus = [v for v, c in live.items() if c[0] == -1]
+            if len(plus) + len(minus) != len(live) or len(plus) > 1 or len(minus) > 1:
+                where = ", ".join(f"{c[0]:+d} at {c[1][0]}:{c[1][1]}:{c[1][2]}"
+                                  for c in live.values())
+                raise SinkError(
+                    f"output {self.name!r}: the updates of key "
+                    f"{_show_key(key_codec, key, self.topic)} at IntoTime {into} do not leave "
+                    f"it one row ({where}); nothing was written",
+                    hint="the sink's key must contain the output's upstream key (the "
+                         "envelope's key, or a CDC table's primary key)")
+            if self.envelope == "upsert":
+                out.append((_DATA, key, plus[0] if plus else None))
+                continue
+            before = json.loads(minus[0]) if minus else None
+            after = json.loads(plus[0]) if plus else None
+            op = "u" if before is not None and after is not None else ("c" if after else "d")
+            pos = live[plus[0] if plus else minus[0]][1]
+            doc = _event(before, after, op, into, env, pos)
+            try:
+                value = value_codec.encode(doc, self.topic)
+            except _value_errors() as exc:
+                if _registry_failure(exc):
+                    raise _registry_error(self.name, self.value_subject, exc) from exc
+                out.append((_ERRORS, key, self._event_error(doc, _refusal(exc))))
+                continue
+            if len(value) + len(key) > self._max_record_bytes() - RECORD_OVERHEAD_BYTES:
+                why = (f"the record is larger than the producer's message.max.bytes "
+                       f"({self._max_record_bytes():,} bytes, headers included)")
+                out.append((_ERRORS, key, self._event_error(doc, why)))
+                continue
+            out.append((_DATA, key, value))
+            if op == "d":
+                out.append((_DATA, key, None))  # Debezium's tombstones.on.delete
+        return out
+
+    def _event_error(self, doc: dict[str, Any], why: str) -> bytes:
+        """An error record for a Debezium event that cannot be written: the
+        row's position and IntoTime, the reason, what it held (cut)."""
+        src = doc["source"]
+        raw = _dumps({"before": doc["before"], "after": doc["after"]})
+        limit = min(REFUSED_RAW_MAX, self._max_record_bytes() // 4)
+        return _dumps({INTO_TIME: src["into_time"], DIFF: 1, SRC_PART: src["src_part"],
+                       SRC_OFFSET: src["src_offset"], SRC_SEQ: src["src_seq"],
+                       SRC_TS: src["ts_ms"], ERROR: why, RAW_KEY: None,
+                       RAW_VALUE: base64.b64encode(raw[:limit]).decode("ascii")})
+
+    def _max_record_bytes(self) -> int:
+        try:
+            return int(self._properties.get("message.max.bytes", DEFAULT_MAX_RECORD_BYTES))
+        except (TypeError, ValueError):
+            return DEFAULT_MAX_RECORD_BYTES
+
+    def _produce_staged(self, producer: Any,
+                        records: Iterable[_Record],
+                        batch: str) -> tuple[int, int]:
+        """Produce every record; flush; return (data records, error records)."""
         failures: list[Any] = []
 
         def delivered(err: Any, msg: Any) -> None:
@@ -1030,27 +1516,13 @@ class KafkaSink:
 
         headers = [(HEADER_BATCH, batch.encode()), (HEADER_OUTPUT, self._key)]
         counts = [0, 0]
-        produced = 0
-        for path in files:
+        for produced, (dest, key, value) in enumerate(records, start=1):
+            topic = self.errors_topic if dest == _ERRORS else self.topic
+            self._produce(producer, topic, None, key, value, headers, delivered)
+            counts[dest] += 1
+            self._step("produced", produced)
             if failures:
                 break  # the transaction is lost anyway; stop adding to it
-            try:
-                with pa.memory_map(str(path)) as source:
-                    table = pa.ipc.open_file(source).read_all()
-            except (OSError, pa.ArrowInvalid) as exc:
-                raise SinkError(f"output {self.name!r}: cannot read staged file {path}: {exc}",
-                                hint="restage the batch") from exc
-            dests = table.column("dest").to_pylist()
-            keys = table.column("key").to_pylist()
-            values = table.column("value").to_pylist()
-            for dest, key, value in zip(dests, keys, values, strict=True):
-                topic = self.errors_topic if dest == _ERRORS else self.topic
-                self._produce(producer, topic, None, key, value, headers, delivered)
-                counts[dest] += 1
-                produced += 1
-                self._step("produced", produced)
-                if failures:
-                    break
         self._flush(producer, failures, "data records")
         return counts[_DATA], counts[_ERRORS]
 
@@ -1069,8 +1541,9 @@ class KafkaSink:
         self._flush(producer, failures, what)
 
     def _produce(
-        self, producer: Any, topic: str, partition: int | None, key: bytes | None, value: bytes,
-        headers: list[tuple[str, bytes]], on_delivery: Callable[[Any, Any], None],
+        self, producer: Any, topic: str, partition: int | None, key: bytes | None,
+        value: bytes | None, headers: list[tuple[str, bytes]],
+        on_delivery: Callable[[Any, Any], None],
     ) -> None:
         kwargs: dict[str, Any] = {"key": key, "headers": headers, "on_delivery": on_delivery}
         if partition is not None:
@@ -1154,6 +1627,14 @@ class KafkaSink:
         :meth:`ensure`, the user schema is the one the last commit recorded.
         A :class:`SinkError` when a committed batch's records are not all there
         (the topic was thinned by retention, compaction or delete-records).
+
+        Envelopes upsert and debezium keep the current rows, not the update
+        log (as a Postgres ``mode: state`` table): the records are folded by
+        key (a tombstone or a ``d`` event removes the key), and each key's
+        current row is returned once, whatever ``as_of`` is, with ``_diff`` 1,
+        ``_into_time`` the IntoTime it last changed at and provenance zero;
+        the error rows up to ``as_of`` follow. A compacted data topic is fine
+        for them: compaction keeps every key's last record.
         """
         lo, hi = self._watermarks(self.progress_topic, 0)
         valid = resolve_chain(self._read_progress(lo, hi), complete=True) or []
@@ -1167,27 +1648,33 @@ class KafkaSink:
             return schema.empty_table()
         committed = {r.batch: r for r in valid}
         tables = []
+        user_schema = pa.schema([f for f in schema if f.name not in META_NAMES])
+        value_codec, _ = self._envelope().codecs(user_schema)
         for topic, what in ((self.topic, "records"), (self.errors_topic, "errors")):
             docs: list[dict[str, Any]] = []
             seen: dict[str, int] = {}
+            state: dict[bytes | None, dict[str, Any]] = {}  # upsert, debezium: key -> row
+            keyed = what == "records" and self.envelope != "log"
             for msg in self._scan_topic(topic):
                 batch = _header(msg, HEADER_BATCH)
                 if batch is None or batch not in committed:
                     continue
                 seen[batch] = seen.get(batch, 0) + 1
-                try:
-                    doc = json.loads(msg.value())
-                    if not isinstance(doc, dict):
-                        raise TypeError("not a JSON object")
-                except (ValueError, TypeError) as exc:
-                    raise SinkError(
-                        f"output {self.name!r}: record {topic}[{msg.partition()}]@{msg.offset()} "
-                        f"is not a JSON object: {exc}"
-                    ) from exc
-                docs.append(doc)
+                where = f"{topic}[{msg.partition()}]@{msg.offset()}"
+                if keyed:
+                    self._fold(state, msg.key(), msg.value(), value_codec, where)
+                    continue
+                docs.append(self._decode(value_codec if what == "records" else None,
+                                         msg.value(), where))
+            if keyed:
+                # the current rows (each once, where the key last changed)
+                docs = [{**row, DIFF: 1, SRC_PART: 0, SRC_OFFSET: 0, SRC_SEQ: 0}
+                        for row in state.values()]
             short = [(r, seen.get(r.batch, 0), r.records if what == "records" else r.errors)
                      for r in valid]
             short = [x for x in short if x[1] != x[2]]
+            if keyed:
+                short = []  # a compacted topic keeps each key's last record: enough
             if short:
                 # A committed batch whose records are not all there: the topic
                 # was thinned behind the sink's back (time or size retention,
@@ -1209,8 +1696,39 @@ class KafkaSink:
             return schema.empty_table()
         table = pa.concat_tables(tables)
         if as_of is not None:
-            table = table.filter(pc.less_equal(table.column(INTO_TIME), as_of))
+            keep = pc.less_equal(table.column(INTO_TIME), as_of)
+            if self.holds_state:  # the current rows whatever as_of is; errors up to it
+                keep = pc.or_(keep, pc.is_null(table.column(ERROR)))
+            table = table.filter(keep)
         return table
+
+    def _decode(self, codec: Codec | None, value: bytes | None, where: str) -> dict[str, Any]:
+        """A record's plain document (``codec`` None: an error record, JSON)."""
+        try:
+            if value is None:
+                raise ValueError("a record without value")
+            return (codec or Codec("json", pa.schema([]))).decode(value, self.topic)
+        except Exception as exc:
+            if _registry_failure(exc):
+                raise _registry_error(self.name, self.value_subject, exc) from exc
+            raise SinkError(f"output {self.name!r}: record {where} does not decode as "
+                            f"{self.format if codec else 'json'}: {exc}") from exc
+
+    def _fold(self, state: dict[bytes | None, dict[str, Any]], key: bytes | None,
+              value: bytes | None, codec: Codec, where: str) -> None:
+        """Apply one upsert or Debezium record to ``state`` (key -> current row)."""
+        if value is None:  # a tombstone
+            state.pop(key, None)
+            return
+        doc = self._decode(codec, value, where)
+        if self.envelope == "upsert":
+            state[key] = doc
+            return
+        after = doc.get("after")
+        if doc.get("op") == "d" or after is None:
+            state.pop(key, None)
+        else:
+            state[key] = {**after, INTO_TIME: doc.get("ts_ms")}
 
     def _scan_topic(self, topic: str) -> list[Any]:
         """Every readable record of ``topic``, all partitions; [] if it does not exist."""
@@ -1236,6 +1754,10 @@ class KafkaSink:
         }
         if producer:
             conf["linger.ms"] = 5
+            if self.envelope != "log":
+                # a key's partition as Java producers (Kafka Streams, Connect)
+                # choose it, so that topics keyed alike are co-partitioned
+                conf["partitioner"] = "murmur2_random"
             conf.update(self._properties)
             conf["transactional.id"] = self.transactional_id
             conf["enable.idempotence"] = True
@@ -1474,6 +1996,27 @@ class _quiet:
 # -- configuration ----------------------------------------------------------------
 
 
+class RegistryConfig(ConfigModel):
+    """A Confluent-compatible schema registry (the sink registers its record
+    schemas there)."""
+
+    url: str = Field(pattern=r"^https?://")
+    """``http(s)://host:port``."""
+    username: str | None = None
+    """Basic authentication's user (with ``password``)."""
+    password: SecretStr | None = None
+    """Basic authentication's password (``${REGISTRY_PASSWORD}``); never printed."""
+    ca_location: str | None = None
+    """A CA certificate file for an https registry."""
+    timeout: DurationMs = Field(default=int(DEFAULT_TIMEOUT_S * 1000), gt=0)
+    """Bound on one registry request."""
+
+    def registry(self) -> Registry:
+        return Registry(self.url, self.username,
+                        None if self.password is None else self.password.get_secret_value(),
+                        self.ca_location, self.timeout / 1000.0)
+
+
 class KafkaSinkConfig(SinkConfigBase):
     """A Kafka topic written exactly once: each commit is one Kafka transaction
     holding the rows and the output's progress record (on
@@ -1495,7 +2038,29 @@ class KafkaSinkConfig(SinkConfigBase):
     output names never fence each other, and every driver of one pipeline
     (a zombie too) uses the same id, so the broker fences the older."""
     key_columns: tuple[str, ...] = ()
-    """Columns whose JSON forms the record key (default: no key)."""
+    """With ``envelope: log``: columns whose values form the record key
+    (default: no key)."""
+    format: Literal["json", "avro", "protobuf", "json_schema"] = "json"
+    """How records are written: ``json`` (plain JSON, no registry), or
+    ``avro``, ``protobuf``, ``json_schema`` in Confluent's wire format with the
+    schema registered in ``registry``."""
+    registry: RegistryConfig | None = None
+    """The schema registry of the ``avro``, ``protobuf`` and ``json_schema`` formats."""
+    subject: str | None = Field(default=None, min_length=1)
+    """The value schema's subject (default ``<topic>-value``)."""
+    key_subject: str | None = Field(default=None, min_length=1)
+    """The key schema's subject (default ``<topic>-key``)."""
+    envelope: Literal["log", "upsert", "debezium"] = "log"
+    """``log``: every update is a record (value: the row, ``_into_time``,
+    ``_diff`` and provenance). ``upsert``: the current row per ``key``: a
+    changed key's new row as its value, a deleted key a tombstone (null
+    value). ``debezium``: per changed key an event ``{before, after, op,
+    ts_ms, source}``, a delete followed by a tombstone."""
+    key: tuple[str, ...] = ()
+    """With ``envelope: upsert`` or ``debezium``: the record key's columns.
+    They must contain the output's upstream key
+    (:func:`~reclock.contracts.config.state_key_problem`), as a Postgres
+    ``mode: state`` table's key."""
     properties: Annotated[dict[str, str | int | float | bool], KAFKA_PROPERTIES] = Field(
         default_factory=dict)
     """Extra librdkafka producer settings; the values of the properties
@@ -1514,13 +2079,38 @@ class KafkaSinkConfig(SinkConfigBase):
         servers = ",".join(sorted(str(raw.get("bootstrap_servers", "")).split(",")))
         return ("kafka", servers, str(raw["topic"]))
 
+    @classmethod
+    def state_key_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+        key = raw.get("key")
+        if (raw.get("envelope") not in ("upsert", "debezium") or not isinstance(key, Sequence)
+                or isinstance(key, str)):
+            return None
+        return tuple(str(k) for k in key)
+
+    @classmethod
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        out = []
+        env = data.get("envelope")
+        if env in ("upsert", "debezium") and not data.get("key"):
+            out.append(problem(("key",), f"required with envelope: {env}"))
+        if env in ("upsert", "debezium") and data.get("key_columns"):
+            out.append(problem(("key_columns",), f"is for envelope: log; envelope {env} keys "
+                                                 "its records by key"))
+        if data.get("format") in REGISTRY_FORMATS and not data.get("registry"):
+            out.append(problem(("registry",), f"required with format: {data.get('format')} "
+                                              "(registry: {url: http://host:8081})"))
+        return out
+
     def build(self, ctx: SinkContext) -> KafkaSink:
         return KafkaSink(
             ctx.name, bootstrap_servers=self.bootstrap_servers, topic=self.topic,
             staging_dir=ctx.state_dir / "staging", progress_topic=self.progress_topic,
             transactional_id=self.transactional_id or f"reclock-{ctx.identity}-{ctx.name}",
             key_columns=self.key_columns, properties=dict(self.properties),
-            timeout_s=self.timeout / 1000.0, owner=ctx.owner)
+            timeout_s=self.timeout / 1000.0, owner=ctx.owner, format=self.format,
+            envelope=self.envelope, key=self.key,
+            registry=None if self.registry is None else self.registry.registry(),
+            subject=self.subject, key_subject=self.key_subject)
 
 
 PLUGIN = SinkPlugin(name="kafka", config=KafkaSinkConfig)

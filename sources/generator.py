@@ -501,6 +501,24 @@ class GeneratorConfig(ConnectorConfig):
             for owner, keys in only.items() if kind != owner for k in keys if k in data
         ]
 
+    @classmethod
+    def output_problem(cls, data: Mapping[str, Any], outputs: Sequence[str]
+                       ) -> tuple[str, str] | None:
+        kind = data.get("kind")
+        fixed = {"orders": ["customers", "orders"], "auction": list(AUCTION_SCHEMAS)}
+        if kind in fixed:
+            natural = fixed[kind]
+            if sorted(outputs) == sorted(natural):
+                return None
+            return (f"an {kind} generator has the outputs "
+                    f"{', '.join(repr(n) for n in natural)}, got {list(outputs)}",
+                    f"give the source exactly the outputs {', '.join(natural)}")
+        if kind in ("counter", "key-value") and len(outputs) != 1:
+            return (f"a {kind} generator has exactly one output, got {list(outputs)}",
+                    "keep one output; to land it in several places, give that output a list "
+                    "of sinks (sinks: [...]), or add a second source")
+        return None
+
     def build(self, name: str, ctx: SourceContext) -> GeneratorSource:
         return GeneratorSource(
             name, clock=ctx.clock, kind=self.kind, rate=self.rate,

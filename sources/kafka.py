@@ -1307,6 +1307,30 @@ class KafkaConfig(ConnectorConfig):
             return None
         return {t: self.topic_outputs.get(t) or output_for_topic(t) for t in self.topics}
 
+    @classmethod
+    def output_problem(cls, data: Mapping[str, Any], outputs: Sequence[str]
+                       ) -> tuple[str, str] | None:
+        topics = data.get("topics")
+        if data.get("output_per_topic") and isinstance(topics, list | tuple):
+            names = dict(data.get("topic_outputs") or {})
+            want = [names.get(t) or output_for_topic(t) for t in topics if isinstance(t, str)]
+            missing = [o for o in want if o not in outputs]
+            unknown = [o for o in outputs if o not in want]
+            if not missing and not unknown:
+                return None
+            said = "; ".join(
+                ([f"no entry under outputs for {missing}"] if missing else [])
+                + ([f"no topic feeds {unknown}"] if unknown else []))
+            return (f"with output_per_topic its topics have the outputs {want}: {said}",
+                    "give each topic's output an entry under outputs (its name: the topic's, "
+                    "or topic_outputs), and no other")
+        if len(outputs) != 1:
+            return (f"a Kafka source has one output, got {list(outputs)}",
+                    "keep one output, and give it a list of sinks (sinks: [...]) to land it "
+                    "in several places; to split several topics into an output each, list "
+                    "them under topics with output_per_topic: true")
+        return None
+
     def build(self, name: str, ctx: SourceContext) -> KafkaSource:
         return KafkaSource(
             name, self.bootstrap_servers, self.topic or "", ctx.clock,

@@ -18,9 +18,10 @@
 #     (tests/kafkabroker.py).
 #   * promtool (Debian's prometheus package), which checks and unit-tests
 #     the alert rules in examples/monitoring/ (tests/test_monitoring.py).
-#   * A second Spark (PySpark 4.2.0 in $RECLOCK_CACHE/spark-peer) with
-#     delta-spark, which reads reclock's Delta outputs in the interoperability
-#     test (about 450 MB from PyPI and 33 jars from Maven Central, once).
+#   * A second Spark (PySpark 4.1.4 in $RECLOCK_CACHE/spark-peer) with
+#     delta-spark and Iceberg's Spark runtime, which read reclock's Delta and
+#     Iceberg outputs in the interoperability tests (about 450 MB from PyPI and
+#     some 35 jars from Maven Central, once).
 #
 # Missing system packages are installed from Debian's packages when this runs
 # as root on a machine with apt-get; elsewhere it says what to install.
@@ -125,19 +126,21 @@ else
     say "Kafka broker jars: $(ls "$DEST/libs" | wc -l) jars"
 fi
 
-# 4. A second Spark, with delta-spark, for the Delta interoperability test
-#    (tests/sinks/test_delta_interop.py: Spark reads reclock's outputs in a JVM
-#    of its own). delta-spark is released for Spark 4.2 (delta-spark 4.4.0), not
-#    for the PySpark reclock installs, so this Spark lives in its own virtualenv;
-#    its jars are resolved once from Maven Central by Spark itself (Ivy).
+# 4. A second Spark, with delta-spark and Iceberg's Spark runtime, for the
+#    interoperability tests (tests/sinks/test_delta_interop.py and the Iceberg
+#    ones: Spark reads reclock's outputs in a JVM of its own). The newest
+#    Spark both are released for is 4.1 (delta-spark 4.3.1, Iceberg 1.12.0),
+#    not the PySpark reclock installs, so this Spark lives in its own
+#    virtualenv; its jars are resolved once from Maven Central by Spark itself
+#    (Ivy).
 PEER="$CACHE/spark-peer"
-PEER_SPARK=4.2.0
+PEER_SPARK=4.1.4
 PEER_STAMP="$PEER/ready"
-peer_want="pyspark==$PEER_SPARK $(sha256sum tests/spark_delta_reader.py | cut -d' ' -f1)"
+peer_want="pyspark==$PEER_SPARK $(sha256sum tests/spark_peer.py | cut -d' ' -f1)"
 if [ -f "$PEER_STAMP" ] && [ "$(cat "$PEER_STAMP")" = "$peer_want" ]; then
     say "Spark peer: cached in $PEER (PySpark $PEER_SPARK, $(ls "$PEER/ivy/jars" | wc -l) jars)"
 else
-    say "Spark peer: installing PySpark $PEER_SPARK into $PEER and resolving delta-spark"
+    say "Spark peer: installing PySpark $PEER_SPARK into $PEER and resolving delta-spark and Iceberg"
     mkdir -p "$CACHE"
     if [ ! -x "$PEER/bin/python" ] || ! "$PEER/bin/python" -c \
             "import importlib.metadata as m, sys; sys.exit(m.version('pyspark') != '$PEER_SPARK')" \
@@ -146,10 +149,11 @@ else
         python3 -m venv "$PEER"
         "$PEER/bin/pip" install -q --disable-pip-version-check "pyspark==$PEER_SPARK"
     fi
-    if ! PYSPARK_PYTHON="$PEER/bin/python" "$PEER/bin/python" tests/spark_delta_reader.py \
+    rm -rf "$PEER/ivy/jars"  # only the jars this reader asks for, no older versions
+    if ! PYSPARK_PYTHON="$PEER/bin/python" "$PEER/bin/python" tests/spark_peer.py \
             --resolve --ivy "$PEER/ivy" > "$PEER/resolve.log" 2>&1; then
         tail -n 30 "$PEER/resolve.log" >&2
-        say "Spark could not resolve delta-spark (is Maven Central reachable?)" >&2
+        say "Spark could not resolve delta-spark and Iceberg (is Maven Central reachable?)" >&2
         exit 1
     fi
     echo "$peer_want" > "$PEER_STAMP"

@@ -297,7 +297,8 @@ def test_every_builtin_plugin_is_found_by_entry_point() -> None:
     assert found.sources.names() == ("generator", "kafka", "postgres", "mysql", "oneshot")
     assert sorted(found.sinks.names()) == ["console", "delta", "iceberg", "kafka", "postgres"]
     assert found.sinks.get("file") is found.sinks.get("delta")
-    assert sorted(found.formats.names()) == ["avro", "bytes", "csv", "json", "text"]
+    assert sorted(found.formats.names()) == ["avro", "bytes", "csv", "json", "json_schema",
+                                             "protobuf", "text"]
     assert sorted(found.envelopes.names()) == ["debezium", "none", "upsert"]
     assert found.remap_stores.names() == ("sql",)
     points = (found.sources, found.sinks, found.formats, found.envelopes, found.remap_stores)

@@ -107,9 +107,29 @@ def _sink_kind(sink: Any) -> type[SinkConfigBase] | None:
     return None if plugin is None else plugin.config
 
 
+def raw_sinks(output: Any) -> list[tuple[KeyPath, Any, str | None]]:
+    """The raw sink entries of a raw output: ``(key path within the output,
+    entry, its name)``; the name is ``None`` for the one sink of ``sink:``
+    (named by its output alone), else the entry's ``name`` or, by default,
+    its ``type`` (a string entry is its type)."""
+    one = get_key(output, "sink")
+    if one is not None:
+        return [(("sink",), one, None)]
+    many = get_key(output, "sinks")
+    if not isinstance(many, Sequence) or isinstance(many, str):
+        return []
+    found: list[tuple[KeyPath, Any, str | None]] = []
+    for k, entry in enumerate(many):
+        name = entry if isinstance(entry, str) else get_key(entry, "name") or get_key(
+            entry, "type")
+        found.append((("sinks", k), entry, name if isinstance(name, str) else None))
+    return found
+
+
 def _shared_targets(sources: Any) -> list[InitErrorDetails]:
-    """One problem per output whose sink writes where an earlier output's does:
-    their rows would mix, and each would read back the other's."""
+    """One problem per sink that writes where an earlier sink (of this output
+    or another) does: their rows would mix, and each would read back the
+    other's."""
     if not isinstance(sources, Sequence) or isinstance(sources, str):
         return []
     first: dict[tuple[str, ...], tuple[KeyPath, str]] = {}
@@ -119,21 +139,24 @@ def _shared_targets(sources: Any) -> list[InitErrorDetails]:
         if not isinstance(outputs, Sequence) or isinstance(outputs, str):
             continue
         for j, o in enumerate(outputs):
-            found = _sink_target(get_key(o, "sink"))
-            if found is None:
-                continue
-            kind, target = found
-            here: KeyPath = ("sources", i, "outputs", j, "sink")
-            label = f"{get_key(src, 'name')}.{get_key(o, 'name')}"
-            if target in first:
-                loc, other = first[target]
-                what = kind.TARGET
-                out.append(problem(
-                    here, f"output {label!r} writes the same {what} as output {other!r} "
-                    f"({target[-1]!r}): their rows would mix; give each output its own {what}",
-                    also=loc))
-            else:
-                first[target] = (here, label)
+            for at, sink, name in raw_sinks(o):
+                found = _sink_target(sink)
+                if found is None:
+                    continue
+                kind, target = found
+                here: KeyPath = ("sources", i, "outputs", j, *at)
+                label = f"output {get_key(src, 'name')}.{get_key(o, 'name')}"
+                if name is not None:
+                    label = f"sink {name!r} of {label}"
+                if target in first:
+                    loc, other = first[target]
+                    what = kind.TARGET
+                    out.append(problem(
+                        here, f"{label} writes the same {what} as {other} "
+                        f"({target[-1]!r}): their rows would mix; give each sink its own "
+                        f"{what}", also=loc))
+                else:
+                    first[target] = (here, label)
     return out
 
 
@@ -151,33 +174,38 @@ def _state_key_problems(data: Mapping[str, Any], raw_records: bool) -> list[Init
         return []
     out: list[InitErrorDetails] = []
     for j, o in enumerate(outputs):
-        sink = get_key(o, "sink")
-        kind = _sink_kind(sink)
-        state_key = None if kind is None else kind.state_key_of(sink)
-        if kind is None or not state_key:
-            continue
-        env = get_key(o, "envelope")
-        env_type = env if isinstance(env, str) else (
-            env.get("type") if isinstance(env, Mapping) else None)
-        envelope = _envelope_kind(env_type)
-        if envelope is None:
-            continue  # a type no envelope answers to: its own error
-        rename = get_key(o, "rename")
-        renamed = rename if isinstance(rename, Mapping) else {}
-        key = envelope.key_of(env) if isinstance(env, Mapping) else None
-        if key:
-            upstream: list[str] | None = [str(renamed.get(k, k)) for k in key]
-            origin = f"the {env_type} envelope's key"
-        elif raw_records and envelope.APPEND_ONLY:
-            upstream, origin = None, (f"envelope {envelope.model_fields['type'].default}: "
-                                      "every record is an insertion, and none retracts an "
-                                      "earlier one")
-        else:
-            continue  # typed rows (their key is the source's), or a keyless keyed envelope
-        why = state_key_problem(state_key, upstream, origin)
-        if why is not None:
-            out.append(problem(("outputs", j, "sink", str(sink.get("type")), "key"), why))
+        for at, sink, _ in raw_sinks(o):
+            out += _state_key_problem(("outputs", j, *at), o, sink, raw_records)
     return out
+
+
+def _state_key_problem(here: KeyPath, o: Any, sink: Any, raw_records: bool
+                       ) -> list[InitErrorDetails]:
+    """:func:`_state_key_problems` for the sink ``sink`` of the raw output ``o``."""
+    kind = _sink_kind(sink)
+    state_key = None if kind is None else kind.state_key_of(sink)
+    if kind is None or not state_key:
+        return []
+    env = get_key(o, "envelope")
+    env_type = env if isinstance(env, str) else (
+        env.get("type") if isinstance(env, Mapping) else None)
+    envelope = _envelope_kind(env_type)
+    if envelope is None:
+        return []  # a type no envelope answers to: its own error
+    rename = get_key(o, "rename")
+    renamed = rename if isinstance(rename, Mapping) else {}
+    key = envelope.key_of(env) if isinstance(env, Mapping) else None
+    if key:
+        upstream: list[str] | None = [str(renamed.get(k, k)) for k in key]
+        origin = f"the {env_type} envelope's key"
+    elif raw_records and envelope.APPEND_ONLY:
+        upstream, origin = None, (f"envelope {envelope.model_fields['type'].default}: "
+                                  "every record is an insertion, and none retracts an "
+                                  "earlier one")
+    else:
+        return []  # typed rows (their key is the source's), or a keyless keyed envelope
+    why = state_key_problem(state_key, upstream, origin)
+    return [] if why is None else [problem((*here, str(sink.get("type")), "key"), why)]
 
 
 def _envelope_kind(env_type: Any) -> type[EnvelopeModel] | None:
@@ -255,9 +283,15 @@ class OutputConfig(ConfigModel):
     as raw bytes."""
     envelope: EnvelopeConfig = Field(default_factory=_DEFAULT_ENVELOPE)
     """``none`` (append), ``{type: upsert, key: [cols]}`` or ``debezium``."""
-    sink: SinkConfig
+    sink: SinkConfig | None = None
     """Where the output is made durable: ``delta`` (alias ``file``),
-    ``console`` or a mapping with ``type`` (required)."""
+    ``console`` or a mapping with ``type``. Exactly one of ``sink`` and
+    ``sinks``."""
+    sinks: tuple[SinkConfig, ...] | None = Field(default=None, min_length=1, max_length=64)
+    """Several sinks, each made durable on its own (its own upper, commits and
+    status; the source resumes from the least of them): a list of sinks as
+    for ``sink``, each with an optional ``name`` (default: its type; needed
+    where two share a type), unique within the output."""
     rename: dict[str, str] = Field(default_factory=dict, max_length=10_000)
     """Columns renamed on their way into the output, ``{upstream name: output
     name}``: for upstream fields that an output cannot hold as they are named
@@ -275,6 +309,54 @@ class OutputConfig(ConfigModel):
     error naming it. A change no type can hold (a narrowing of the output, a
     type that cannot widen, a new required field without a default) is a
     definite error under every policy. See docs/schema-changes.md."""
+
+    @property
+    def named_sinks(self) -> tuple[tuple[str, SinkConfigBase], ...]:
+        """``(name, sink)`` of each sink: the one of ``sink:`` is named by its
+        type, those of ``sinks:`` by their ``name`` (default: their type)."""
+        if self.sinks is None:
+            assert self.sink is not None, "a validated output has a sink"
+            return ((str(self.sink.type), self.sink),)  # type: ignore[attr-defined]
+        return tuple((s.name or str(s.type), s) for s in self.sinks)  # type: ignore[attr-defined]
+
+    def slot(self, sink: str) -> str:
+        """The name the state of the sink ``sink`` is kept under (commit
+        ledger, key state, the sink's own progress record, a default path):
+        the output's name for the one sink of ``sink:`` (as before
+        ``sinks:`` existed, so that such outputs resume unchanged), else
+        ``<output>.<sink>``."""
+        return self.name if self.sinks is None else f"{self.name}.{sink}"
+
+    @classmethod
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        given = [k for k in ("sink", "sinks") if data.get(k) is not None]
+        if len(given) != 1:
+            if given:
+                return [problem(("sinks",), "give either sink (the output's one sink) or "
+                                "sinks (a list of sinks), not both", on_key=True)]
+            return [problem((), "missing required key 'sink' (or 'sinks': a list of sinks)")]
+        if given == ["sink"]:
+            if isinstance(data["sink"], Mapping) and "name" in data["sink"]:
+                return [problem(("sink", "name"), "a sink is named in a list of sinks only "
+                                "(sinks: [...]); the one sink of sink: is named by its output",
+                                on_key=True)]
+            return []
+        out: list[InitErrorDetails] = []
+        first: dict[str, int] = {}
+        for (at, entry, name) in raw_sinks(data):
+            if name is None:
+                continue
+            k = int(at[1])
+            named = isinstance(entry, Mapping) and entry.get("name") is not None
+            if name in first:
+                why = (f"duplicate sink name {name!r}" if named else
+                       f"two sinks named {name!r} (a sink is named by its type unless it "
+                       "says otherwise): give each a name (name: ...)")
+                out.append(problem(("sinks", k) + (("name",) if named else ()), why,
+                                   also=("sinks", first[name])))
+            else:
+                first[name] = k
+        return out
 
 
 class SourceFields(ConfigModel):
@@ -339,6 +421,15 @@ class SourceFields(ConfigModel):
                                             f"{', '.join(given)}"))
         connector = cls.connector_class(given[0]) if len(given) == 1 else None
         raw = connector is not None and connector.RAW_RECORDS
+        outputs = data.get("outputs")
+        block = data.get(given[0]) if len(given) == 1 else None
+        if (connector is not None and isinstance(block, Mapping) and not out
+                and isinstance(outputs, Sequence) and not isinstance(outputs, str)):
+            names = [n for o in outputs if isinstance(n := get_key(o, "name"), str)]
+            wrong = connector.output_problem(block, names)
+            if wrong is not None:
+                why, fix = wrong
+                out.append(problem(("outputs",), f"source {data.get('name')!r}: {why}; {fix}"))
         return out + _state_key_problems(data, raw)
 
 
@@ -513,8 +604,13 @@ class PipelineConfig(ConfigModel):
 
 
 def _resolve_output(o: OutputConfig, source: str, state_dir: Path, base: Path) -> OutputConfig:
-    sink = o.sink.resolved(state_dir / "outputs" / source / o.name, base)
-    return o if sink is o.sink else o.model_copy(update={"sink": sink})
+    if o.sinks is None:
+        assert o.sink is not None
+        sink = o.sink.resolved(state_dir / "outputs" / source / o.name, base)
+        return o if sink is o.sink else o.model_copy(update={"sink": sink})
+    sinks = tuple(s.resolved(state_dir / "outputs" / source / o.slot(name), base)
+                  for name, s in o.named_sinks)
+    return o.model_copy(update={"sinks": sinks})
 
 
 def _resolve_store(url: str, base: Path) -> str:

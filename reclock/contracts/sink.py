@@ -43,7 +43,7 @@ from typing import Any, ClassVar, Protocol
 
 import pyarrow as pa
 
-from reclock.contracts.config import ConfigModel
+from reclock.contracts.config import ConfigModel, Name
 from reclock.core.errors import DefiniteError, TransientError
 from reclock.core.frontier import Antichain
 
@@ -232,6 +232,12 @@ class SinkConfigBase(ConfigModel):
 
     #: What names the place the sink writes, for messages ("path", "table", "topic").
     TARGET: ClassVar[str] = "target"
+
+    name: Name | None = None
+    """The sink's name within its output, for an entry of ``sinks:`` (default:
+    its ``type``; required where two sinks of one output share a type);
+    ``reclock read``/``verify --sink`` and the status name it. Not given under
+    ``sink:`` (an output's only sink)."""
 
     @classmethod
     def target_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:

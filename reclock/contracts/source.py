@@ -388,10 +388,50 @@ class ConnectorConfig(ConfigModel):
     #: connector describes typed rows and their key itself (a CDC table).
     RAW_RECORDS: ClassVar[bool] = False
 
+    @classmethod
+    def output_problem(cls, data: Mapping[str, Any], outputs: Sequence[str]
+                       ) -> tuple[str, str] | None:
+        """What is wrong with the outputs named ``outputs`` (in the file's
+        order) for a raw (unvalidated) block ``data`` of this connector, when
+        the file alone decides it (a generator kind's fixed outputs, a Kafka
+        source's one output): ``(problem, fix)``, checked when the
+        configuration loads, before anything starts. ``None``: nothing wrong,
+        or only the upstream can tell (a CDC source's tables: checked when
+        the source describes its outputs)."""
+        return None
+
     def build(self, name: str, ctx: SourceContext) -> Source[Any]:
         """The connector's :class:`Source` named ``name``; ``ctx`` holds the
         clock, the pipeline's identity and the configured outputs' names."""
         raise NotImplementedError
+
+
+def listed_outputs_problem(what: str, entries: Sequence[Any], outputs: Sequence[str],
+                          key: str = "table") -> tuple[str, str] | None:
+    """:meth:`ConnectorConfig.output_problem` for a connector whose block
+    lists what feeds each output (``entries``: raw mappings with ``key`` and
+    an optional ``output``, e.g. a CDC source's tables; ``what``: their
+    plural for messages): each feeds the output it names, by default its own
+    name. ``None`` while an entry is malformed (its own error says so)."""
+    import re
+
+    from reclock.contracts.config import NAME_PATTERN
+
+    want: list[str] = []
+    for e in entries:
+        name = e.get("output") or e.get(key) if isinstance(e, Mapping) else None
+        if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+            return None
+        want.append(name)
+    missing = [o for o in want if o not in outputs]
+    unknown = [o for o in outputs if o not in want]
+    if not missing and not unknown:
+        return None
+    said = "; ".join(([f"no entry under outputs for {missing}"] if missing else [])
+                     + ([f"none of them feeds {unknown}"] if unknown else []))
+    return (f"its {what} feed the outputs {want}: {said}",
+            f"give each of its {what} an entry under outputs (named after it, or as its "
+            "output: says), and no other")
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import io
 import json
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -20,6 +16,12 @@ import pyarrow as pa
 from pydantic import AfterValidator, BeforeValidator, Field
 from pydantic_core import InitErrorDetails
 
+from reclock.clients.schema_registry import (
+    Fetched,
+    RegistryConfigError,
+    RegistryHandle,
+    SchemaMissing,
+)
 from reclock.contracts.config import ConfigModel, problem
 from reclock.contracts.decode import (
     Collector,
@@ -38,75 +40,51 @@ I64 = npt.NDArray[np.int64]
 # avro
 
 
-class _SchemaMissing(DefiniteError):
-    """The registry does not know a schema id a record names."""
+class _SchemaMissing(SchemaMissing):
+    """A schema id names a schema that is not Avro (or not valid Avro)."""
 
 
 class SchemaRegistryResolver:
-    """Writer schemas from a Confluent-compatible schema registry, by id.
+    """Avro writer schemas from a Confluent-compatible schema registry, by id.
 
-    ``GET {url}/schemas/ids/{id}``, cached by id for the life of the object
-    (ids are immutable). A schema id the registry does not know (HTTP 404) is
-    a definite fault of the records naming it; anything else (connection
-    refused, timeout, 5xx) raises :class:`~reclock.core.errors.TransientError`. Basic
-    auth may be given as ``http://user:secret@host``; the secret never appears
-    in a message. Picklable: the cache travels with it.
+    Through :class:`~reclock.clients.schema_registry.RegistryHandle`
+    (confluent-kafka's ``SchemaRegistryClient``, one per process, never
+    pickled): parsed schemas are cached by id for the life of the object
+    (ids are immutable) and travel with it when pickled. A schema id the
+    registry does not know (HTTP 404), or that names a schema that is not
+    Avro, is a definite fault of the records naming it; anything else
+    (connection refused, timeout, 5xx) raises
+    :class:`~reclock.core.errors.TransientError`. Basic auth may be given as
+    ``http://user:secret@host``; the secret never appears in a message.
+
+    A schema with references (named types registered under other subjects)
+    is answered with the referenced definitions inlined where first used,
+    so that it stands alone (:func:`_inline_references`).
     """
 
     def __init__(self, url: str, timeout: float = 10.0) -> None:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise FormatError(f"registry_url must be an http(s) URL, got {mask_url(url)!r}")
-        self._auth: str | None = None
-        if parts.username is not None:
-            user = urllib.parse.unquote(parts.username)
-            secret = urllib.parse.unquote(parts.password or "")
-            self._auth = "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode()
-            netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
-            parts = parts._replace(netloc=netloc)
-        self.url = urllib.parse.urlunsplit(parts).rstrip("/")
-        self.timeout = timeout
+        try:
+            self.handle = RegistryHandle(url, timeout)
+        except RegistryConfigError:
+            raise FormatError(f"registry_url must be an http(s) URL, got {mask_url(url)!r}"
+                              ) from None
+        self.url = self.handle.url
         self._schemas: dict[int, Any] = {}
         self._texts: dict[int, str] = {}
 
     def __repr__(self) -> str:
         return f"SchemaRegistryResolver({self.url!r})"
 
-    def _get(self, path: str) -> Any:
-        req = urllib.request.Request(
-            self.url + path, headers={"Accept": "application/vnd.schemaregistry.v1+json"}
-        )
-        if self._auth:
-            req.add_header("Authorization", self._auth)
+    def _avro_text(self, fetched: Fetched, where: str) -> str:
+        if fetched.schema_type != "AVRO":
+            raise _SchemaMissing(f"{where} is a {fetched.schema_type} schema, not AVRO")
+        if not fetched.references:
+            return fetched.text
+        deps = [dep.text for _, dep in self.handle.closure(fetched)]
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read().decode("utf-8"))
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                raise _SchemaMissing(f"{self.url}{path}: not found") from None
-            raise TransientError(
-                f"schema registry {self.url}: GET {path} answered HTTP {exc.code}",
-                hint="check the registry is healthy; the source retries",
-            ) from None
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise TransientError(
-                f"schema registry {self.url}: GET {path} failed: {reason}",
-                hint="check the registry is reachable from the executors; the source retries",
-            ) from None
-        except ValueError as exc:
-            raise TransientError(
-                f"schema registry {self.url}: GET {path} returned invalid JSON: {exc}"
-            ) from None
-
-    @staticmethod
-    def _avro_text(body: Any, where: str) -> str:
-        if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
-            raise TransientError(f"schema registry: {where}: no 'schema' in the answer")
-        kind = body.get("schemaType", "AVRO")
-        if kind != "AVRO":
-            raise _SchemaMissing(f"{where} is a {kind} schema, not AVRO")
-        return str(body["schema"])
+            return _inline_references(fetched.text, deps)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise _SchemaMissing(f"{where}: its references do not resolve: {exc}") from None
 
     def writer_schema(self, schema_id: int) -> Any:
         """The parsed writer schema registered under ``schema_id``."""
@@ -120,42 +98,92 @@ class SchemaRegistryResolver:
             self._schemas[schema_id] = hit
         return hit
 
-    def latest(self, subject: str) -> str:
-        """The schema text of the latest version of ``subject``."""
-        quoted = urllib.parse.quote(subject, safe="")
-        return self._avro_text(
-            self._get(f"/subjects/{quoted}/versions/latest"), f"subject {subject!r}"
-        )
-
     def versions(self, subject: str) -> dict[int, tuple[int, str]] | None:
         """``version -> (schema id, schema text)`` of every version of
         ``subject`` the registry lists now; None when it knows no such subject
         (never registered, or deleted)."""
-        quoted = urllib.parse.quote(subject, safe="")
-        try:
-            listed = self._get(f"/subjects/{quoted}/versions")
-        except _SchemaMissing:
+        listed = self.handle.versions(subject)
+        if listed is None:
             return None
-        if not isinstance(listed, list):
-            raise TransientError(f"schema registry {self.url}: subject {subject!r}: the "
-                                 "version list is not a list")
-        out: dict[int, tuple[int, str]] = {}
-        for v in sorted(int(x) for x in listed):
-            try:
-                body = self._get(f"/subjects/{quoted}/versions/{v}")
-            except _SchemaMissing:
-                continue  # deleted meanwhile
-            text = self._avro_text(body, f"subject {subject!r} version {v}")
-            out[v] = (int(body["id"]), text)
-        return out
+        return {v: (sid, self._avro_text(f, f"subject {subject!r} version {v}"))
+                for v, (sid, f) in listed.items()}
 
     def writer_text(self, schema_id: int) -> str:
         """The text of the schema registered under ``schema_id`` (cached)."""
         text = self._texts.get(schema_id)
         if text is None:
-            text = self._avro_text(self._get(f"/schemas/ids/{schema_id}"), f"id {schema_id}")
+            text = self._avro_text(self.handle.schema(schema_id), f"schema id {schema_id}")
             self._texts[schema_id] = text
         return text
+
+
+_NAMED = ("record", "error", "enum", "fixed")
+
+
+def _full_name(name: str, namespace: str) -> str:
+    return name if "." in name or not namespace else f"{namespace}.{name}"
+
+
+def _inline_references(text: str, deps: Sequence[str]) -> str:
+    """The Avro schema ``text`` standing alone: each named type it takes
+    from the referenced schemas ``deps`` is inlined (under its full name)
+    where it is first used, later uses keep the name, as Avro wants."""
+    defs: dict[str, Any] = {}
+
+    def collect(node: Any, ns: str) -> None:
+        if isinstance(node, list):
+            for b in node:
+                collect(b, ns)
+        elif isinstance(node, dict):
+            t = node.get("type")
+            if t in _NAMED and isinstance(node.get("name"), str):
+                full = _full_name(node["name"], str(node.get("namespace") or ns))
+                defs.setdefault(full, {**{k: v for k, v in node.items() if k != "namespace"},
+                                       "name": full})
+                inner = full.rpartition(".")[0]
+                for f in node.get("fields", ()):
+                    collect(f.get("type"), inner)
+            elif t in ("array", "map"):
+                collect(node.get("items", node.get("values")), ns)
+            elif isinstance(t, (dict, list)):
+                collect(t, ns)
+
+    for dep in deps:
+        collect(json.loads(dep), "")
+    defined: set[str] = set()
+
+    def inline(node: Any, ns: str) -> Any:
+        if isinstance(node, str):
+            if node in _AVRO_PRIMITIVES:
+                return node
+            for full in (_full_name(node, ns), node):
+                if full in defined:
+                    return full
+                if full in defs:
+                    defined.add(full)
+                    return inline(defs[full], ns)
+            return node
+        if isinstance(node, list):
+            return [inline(b, ns) for b in node]
+        if not isinstance(node, dict):
+            return node
+        t = node.get("type")
+        if t in _NAMED and isinstance(node.get("name"), str):
+            full = _full_name(node["name"], str(node.get("namespace") or ns))
+            defined.add(full)
+            inner = full.rpartition(".")[0]
+            out = dict(node)
+            if "fields" in node:
+                out["fields"] = [{**f, "type": inline(f.get("type"), inner)}
+                                 for f in node["fields"]]
+            return out
+        if t == "array":
+            return {**node, "items": inline(node.get("items"), ns)}
+        if t == "map":
+            return {**node, "values": inline(node.get("values"), ns)}
+        return {**node, "type": inline(t, ns)}
+
+    return json.dumps(inline(json.loads(text), ""))
 
 
 _AVRO_PRIMITIVES: dict[str, pa.DataType] = {
@@ -546,8 +574,8 @@ class AvroDecoder:
                     value = self._fix(value)
             except (TransientError, SchemaChanged):
                 raise
-            except _SchemaMissing as exc:
-                c.error(i, f"avro: {exc}")
+            except SchemaMissing as exc:
+                c.error(i, f"avro: {exc.args[0]}")
                 continue
             except DefiniteError:
                 raise  # an incompatible writer schema, or a change the policy refuses

@@ -24,6 +24,13 @@ tick, for outputs that only advance)::
                     through the bindings into FromTime; it never moves back
       ACKNOWLEDGED  only that frontier is acknowledged upstream
 
+"Output" here is a slot: one sink of an output (an output with ``sinks:``
+has one per sink, :class:`~reclock.runtime.site.OutputRuntime`), each taking
+the output steps on its own. A slot whose steps fail while another slot of
+the source goes on is parked (:meth:`Committer.park`): it leaves the round
+where it was, the others complete it, and the resumption frontier (their
+meet, the parked one's upper included) stays behind it until it is back.
+
 :class:`CommitPath` checks each step at its entry: the step before it
 completed for that output in the same round (of the same tick), and no
 output is mid-way when the source's steps begin. A step entered out of order
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -50,11 +58,13 @@ from typing import Any
 import pyarrow as pa
 
 from reclock import faults
-from reclock.contracts.sink import SinkState
+from reclock.contracts.sink import SinkState, Superseded
 from reclock.core.bindings import Bindings
+from reclock.core.errors import LockTaken
 from reclock.core.frontier import Antichain
+from reclock.core.secrets import scrub
 from reclock.runtime.dataplane import TaskResult
-from reclock.runtime.health import RUNNING, STALLED, Health
+from reclock.runtime.health import RUNNING, STALLED, Health, described
 from reclock.runtime.keyed import KeyedState, remove_spilled
 from reclock.runtime.keystate import KeyedIntents
 from reclock.runtime.ledger import CommitLedger
@@ -138,6 +148,11 @@ class CommitPath:
         self._check(step, self._source, "the source")
         self._source = (step, False)
 
+    def forget(self, output: int) -> None:
+        """``output`` (a slot) failed mid-way and was parked: it takes no
+        further step in this round, and does not hold the source's back."""
+        self._outputs.pop(output, None)
+
     def completed(self, step: Step, output: int | None = None) -> None:
         """Note that ``step``, entered last for ``output``, completed."""
         at = self.at(output)
@@ -204,20 +219,38 @@ class Committer:
         taken = self.resnapshots.taken
         keys: dict[str, str] = {}
         for out in self.site.outputs:
-            out.sink.ensure(out.user_schema)
-            out.state = out.sink.state()
-            if out.index not in taken:  # a re-snapshot rebuilds a lost output
-                self.ledger.check(out.name, out.sink, out.state)
-            out.upsert = None
-            if out.upsert_key is None:
-                continue
-            keys[out.name] = self.keyed.open(out, resnapshot=out.index in taken)
+            known = out.state
+            try:
+                out.sink.ensure(out.user_schema)
+                out.state = out.sink.state()
+                if out.index not in taken:  # a re-snapshot rebuilds a lost output
+                    self.ledger.check(out.key, out.sink, out.state)
+                out.upsert = None
+                if out.upsert_key is not None:
+                    keys[out.key] = self.keyed.open(out, resnapshot=out.index in taken)
+                out.parked_until = None  # (opened: back in the jobs)
+            except Exception as exc:
+                # A sink that cannot be opened while others can is parked
+                # with the state this driver last knew it at (never ahead of
+                # its durable one). One not read yet in this run: for a
+                # source that reads any range again, the upper the ledger
+                # recorded (behind the durable one at most; none: from the
+                # start), which only holds the resumption frontier back; for
+                # another source, whose resumption decides what upstream
+                # keeps, the source waits for it (it stalls, as before).
+                read, out.upsert = out.state, None
+                unknown = known.progress is None
+                out.state = (SinkState(self.ledger.known.get(out.key, 0))
+                             if unknown and self.site.source.replayable else known)
+                if (unknown and not self.site.source.replayable) or not self.park(out, exc):
+                    out.state = read  # (as a source that stalls has always left it)
+                    raise
         return keys
 
     def close(self) -> None:
         """The source stops: the ledger records the outputs' uppers as they stand."""
         try:
-            self.ledger.record(((o.name, o.state) for o in self.site.outputs), force=True)
+            self.ledger.record(((o.key, o.state) for o in self.site.outputs), force=True)
         except Exception as exc:  # the store may be away; the next open compares anyway
             log.warning("source %s: recording the outputs' uppers failed: %s",
                         self.site.name, exc)
@@ -248,43 +281,89 @@ class Committer:
         for out in self.site.outputs:
             new = SinkState(new_upper, progress)
             cur = out.state
-            if only_if_moves and cur == new:
+            if out.parked_until is not None or (only_if_moves and cur == new):
                 continue
             past = cur.held(kind)
             if past is not None and cur.progress != progress and reached.less_equal(past):
                 # This output is already past `reached` (it committed further
                 # before a crash); it dropped every record of this job.
-                if any(r.staged.get(out.index) for r in results):
-                    raise AssertionError(f"output {out.name!r}: staged data behind its progress")
+                if any(r.staged.get(out.slot) for r in results):
+                    raise AssertionError(f"{out.label}: staged data behind its progress")
                 continue
             if not cur.less_equal(new):
                 raise AssertionError(
-                    f"output {out.name!r}: upper would move backwards {cur.upper} -> {new_upper}"
+                    f"{out.label}: upper would move backwards {cur.upper} -> {new_upper}"
                 )
-            staged = [s for r in results for s in r.staged.get(out.index, [])]
+            staged = [s for r in results for s in r.staged.get(out.slot, [])]
             if self.dropped():
                 return
             # Key state derived from the output changes only once the commit
             # that carries its updates succeeded: settling writes its changes
             # in the key store's open transaction, committed after the sink
             # commit, so a failed stage or commit leaves it as it was.
-            intents = [r.intents[out.index] for r in results if out.index in r.intents]
+            intents = [r.intents[out.slot] for r in results if out.slot in r.intents]
             replacing = self.resnapshots.replacing(out, snapshots, cur)
             keys = out.upsert
             try:
-                staged += self._stage(path, b, out, cur, keys, intents, replacing)
-                self._commit(path, out, staged, cur, new)
-            except BaseException as exc:
-                if keys is not None:
-                    self.keyed.failed(out, keys, exc)
-                raise
-            finally:
-                remove_spilled(intents)
-            # (a crash here leaves a key store behind its output: rebuilt on open)
-            faults.crash_point("after_sink_commit")
-            self._save(path, out, keys, new)
+                try:
+                    staged += self._stage(path, b, out, cur, keys, intents, replacing)
+                    self._commit(path, out, staged, cur, new)
+                except BaseException as exc:
+                    if keys is not None:
+                        self.keyed.failed(out, keys, exc)
+                    raise
+                finally:
+                    remove_spilled(intents)
+                # (a crash here leaves a key store behind its output: rebuilt on open)
+                faults.crash_point("after_sink_commit")
+                self._save(path, out, keys, new)
+            except Exception as exc:
+                if not self.park(out, exc):
+                    raise
+                path.forget(out.slot)  # it stays where it was; the others go on
+                continue
             self._advance(path, out, new, reached, results, replacing)
         faults.crash_point("after_upper_advance")
+
+    def park(self, out: OutputRuntime, exc: Exception) -> bool:
+        """Park the slot ``out``, whose sink failed with ``exc``, when
+        another slot of the source goes on: its health says the error
+        (naming output and sink), it leaves the jobs and commits (its upper
+        and progress stay, and so does the resumption frontier, which is
+        their meet), and it is brought back by a re-open after a backoff
+        (:meth:`due`): the records it missed are read again for it alone.
+        Returns False, parking nothing, when the error stops the whole
+        source: another driver owns the pipeline, a bug, or no other slot
+        left running (then the source stalls and retries, as it always has)."""
+        if isinstance(exc, Superseded | LockTaken | AssertionError):
+            return False
+        site = self.site
+        if not any(o is not out and o.parked_until is None for o in site.outputs):
+            return False
+        msg, hint, definite = described(exc)
+        out.failures += 1
+        delay = min(0.5 * 2 ** min(out.failures - 1, 16),
+                    site.settings.max_retry_backoff_ms / 1000.0)
+        out.parked_until = time.monotonic() + delay
+        out.upsert = None  # (its key state is re-opened with the sink)
+        error = f"source {site.name!r} {out.label}: {type(exc).__name__}: {msg}"
+        if out.health.status != STALLED or out.health.error != scrub(error):
+            log.error("%s (%s); the source's other sinks go on, this one is retried in "
+                      "%.1f s", error, hint, delay)
+            site.events.log(site.name, "sink_stalled", output=out.name, sink=out.sink_name,
+                            error=error, hint=hint, definite=definite)
+        out.health = Health(STALLED, error, hint, site.clock.now(), definite)
+        return True
+
+    def due(self) -> bool:
+        """Whether a parked slot's retry is due: it is un-parked (the source
+        re-opens now, reading its durable state again)."""
+        now = time.monotonic()
+        back = [o for o in self.site.outputs
+                if o.parked_until is not None and o.parked_until <= now]
+        for o in back:
+            o.parked_until = None
+        return bool(back)
 
     def _stage(self, path: CommitPath, b: Bindings[Any], out: OutputRuntime, cur: SinkState,
                keys: UpsertState | None, intents: list[KeyedIntents], replacing: bool
@@ -292,7 +371,7 @@ class Committer:
         """STAGED: stage the rows the driver makes for ``out``: a replacing
         commit's correction, then a keyed output's settled updates."""
         staged: list[dict[str, Any]] = []
-        with path.step(Step.STAGED, out.index):
+        with path.step(Step.STAGED, out.slot):
             if replacing:
                 extra = self.resnapshots.correction(b, out, cur, keys)
                 staged += self._stage_rows(out, "resnap", extra)
@@ -307,7 +386,7 @@ class Committer:
                 cur: SinkState, new: SinkState) -> None:
         """COMMITTED: the staged data and ``new``, one atomic sink commit
         fenced on ``cur``, under the driver lock."""
-        with path.step(Step.COMMITTED, out.index):
+        with path.step(Step.COMMITTED, out.slot):
             faults.fail_point("commit")
             if self.site.lock is not None:
                 self.site.lock.require()  # no sink commits without the driver lock
@@ -316,7 +395,7 @@ class Committer:
     def _save(self, path: CommitPath, out: OutputRuntime, keys: UpsertState | None,
               new: SinkState) -> None:
         """SAVED: a keyed output's key state is that of ``new`` now."""
-        with path.step(Step.SAVED, out.index):
+        with path.step(Step.SAVED, out.slot):
             if keys is not None:
                 self.keyed.save(out, keys, new)
 
@@ -324,19 +403,21 @@ class Committer:
                  reached: Antichain[Any], results: list[TaskResult], replacing: bool) -> None:
         """ADVANCED: the driver holds ``out`` at ``new``."""
         site = self.site
-        with path.step(Step.ADVANCED, out.index):
+        with path.step(Step.ADVANCED, out.slot):
             out.state = new
             if replacing:
-                self.ledger.replace(out.name, new)
+                self.ledger.replace(out.key, new)
                 self.resnapshots.done(out)
-            rows = sum(r.rows.get(out.index, 0) for r in results)
-            errors = sum(r.errors.get(out.index, 0) for r in results)
+            rows = sum(r.rows.get(out.slot, 0) for r in results)
+            errors = sum(r.errors.get(out.slot, 0) for r in results)
             out.rows += rows
             out.errors += errors
             self.shapes.count_dropped(out, results)
+            out.failures = 0
             if out.index not in self._gone:
                 out.health = Health(RUNNING, since_ms=site.clock.now())
-            site.events.log(site.name, "sink_upper", output=out.name, upper=new.upper,
+            site.events.log(site.name, "sink_upper", output=out.name,
+                            **({"sink": out.sink_name} if out.several else {}), upper=new.upper,
                             progress=reached.encode(), rows=rows, errors=errors)
 
     def _stage_rows(self, out: OutputRuntime, what: str, table: pa.Table
@@ -359,7 +440,7 @@ class Committer:
         if path is None or path.tick != tick:
             path = self.begin(tick)
         with path.step(Step.RECORDED):
-            self.ledger.record((o.name, o.state) for o in site.outputs)
+            self.ledger.record((o.key, o.state) for o in site.outputs)
         with path.step(Step.RESUMED):
             resume = b.source_upper_at(resume_into(site.outputs))
             if self.resume is not None and not self.resume.less_equal(resume):

@@ -61,9 +61,13 @@ from reclock.runtime.keystate import IntentWriter, KeyedIntents
 
 @dataclass(frozen=True)
 class OutputPlan:
-    """How one output's rows are made and staged in this job."""
+    """How one output's rows are made and staged into one of its sinks (a
+    slot, :class:`~reclock.runtime.site.OutputRuntime`) in this job. The plans
+    of one output's sinks share everything but the stager and the progress:
+    a task decodes the output's records once, and each sink gets the rows its
+    own progress does not hold yet."""
 
-    index: int
+    index: int  # the slot's position among the source's slots: the key of its results
     name: str
     typed: bool
     user_schema: pa.Schema
@@ -76,6 +80,8 @@ class OutputPlan:
     #: each user column's name upstream (as decoded), where the output renames
     #: it; empty: the same names
     upstream: tuple[str, ...] = ()
+    #: the output's index among the source's outputs (the reader's)
+    output: int = 0
 
     @property
     def schema(self) -> pa.Schema:
@@ -122,7 +128,8 @@ class JobContext:
 
 @dataclass
 class TaskResult:
-    """What a task reports back to the driver (small: no data)."""
+    """What a task reports back to the driver (small: no data). Per-output
+    maps are keyed by the slot (:attr:`OutputPlan.index`)."""
 
     task: int
     staged: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
@@ -216,6 +223,10 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
     flushes: dict[int, int] = {}
     spill = None if ctx.spill_dir is None else Path(ctx.spill_dir) / ctx.batch_id
     intents: dict[int, IntentWriter] = {}  # upsert outputs: applied by the driver
+    # the plans (slots) of each output the reader yields records of
+    slots_of: dict[int, list[OutputPlan]] = {}
+    for p in ctx.outputs:
+        slots_of.setdefault(p.output, []).append(p)
 
     def flush(i: int) -> None:
         tables = pending.pop(i, [])
@@ -226,7 +237,7 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
         table = _injected_refusal(pa.concat_tables(tables))
         k = flushes.get(i, 0)
         flushes[i] = k + 1
-        staged = ctx.outputs[i].stager.stage(ctx.batch_id, task.index * 10_000 + k, table)
+        staged = slot_plan[i].stager.stage(ctx.batch_id, task.index * 10_000 + k, table)
         res.staged.setdefault(i, []).extend(staged)
         # Rows the sink refused became error rows when staged: count them so.
         before = table.num_rows - table.column(ERROR).null_count
@@ -235,23 +246,34 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
             res.rows[i] = res.rows.get(i, 0) - (after - before)
             res.errors[i] = res.errors.get(i, 0) + (after - before)
 
-    for i, batch in ctx.reader.read(task):
+    slot_plan = {p.index: p for p in ctx.outputs}
+    for o, batch in ctx.reader.read(task):
         n = batch.num_rows
         if n == 0:
             continue
         res.records += n
         res.bytes += batch.nbytes
-        plan = ctx.outputs[i]
+        slots = slots_of.get(o)
+        if not slots:
+            continue  # every sink of the output is parked (runtime/commit.py)
+        plan = slots[0]
         part = batch.column(SRC_PART).to_numpy(zero_copy_only=False).astype(np.int64)
         off = batch.column(SRC_OFFSET).to_numpy(zero_copy_only=False).astype(np.int64)
-        if plan.progress is not None:
-            keep = beyond(ctx.kind, plan.progress, part, off)
+        # what each sink does not hold yet; the records any of them needs are decoded once
+        keeps = [None if p.progress is None else beyond(ctx.kind, p.progress, part, off)
+                 for p in slots]
+        if all(k is not None for k in keeps):
+            keep = np.logical_or.reduce([k for k in keeps if k is not None])
             if not keep.all():
                 res.dropped += int((~keep).sum())
                 batch = batch.filter(pa.array(keep))
                 if batch.num_rows == 0:
                     continue
                 part, off = part[keep], off[keep]
+                keeps = [None if k is None else k[keep] for k in keeps]
+        # sinks whose progress holds some of the records decoded: they filter the rows
+        partial = {p.index for p, k in zip(slots, keeps, strict=True)
+                   if k is not None and not k.all()}
         into = _reclock(ctx, part, off)
         ts = batch.column(SRC_TS)
         if ts.null_count < len(ts):
@@ -259,40 +281,63 @@ def run_task(ctx: JobContext, task: ReadTask) -> TaskResult:
             if mx is not None:
                 res.max_src_ts = mx if res.max_src_ts is None else max(res.max_src_ts, mx)
         try:
-            rows, nerr = build_output_rows(plan, batch, into)
+            decoded, decoded_err = build_output_rows(plan, batch, into)
         except SchemaChanged as exc:
-            exc.output = i  # which output's union the driver widens
+            exc.output = o  # which output's union the driver widens
             raise
-        gone = dropped_counts(rows.schema.metadata)
+        gone = dropped_counts(decoded.schema.metadata)
         if gone:
-            mine = res.dropped_values.setdefault(i, {})
-            for c, v in gone.items():
-                mine[c] = mine.get(c, 0) + v
-            rows = rows.replace_schema_metadata(None)
-        if plan.keyed:
-            # Values the sink cannot store are refused here, before the
-            # driver's key state sees them: the key keeps its current row.
-            rows = screen_intents(plan.stager, _injected_refusal(rows))
-            nerr = rows.num_rows - rows.column(ERROR).null_count
-            res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
-            res.errors[i] = res.errors.get(i, 0) + nerr
-            if i not in intents:
-                intents[i] = IntentWriter(plan.key, spill, ctx.spill_bytes,
-                                          f"o{i}-t{task.index}")
-            intents[i].add(rows)
-            continue
-        res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
-        res.errors[i] = res.errors.get(i, 0) + nerr
-        pending.setdefault(i, []).append(rows)
-        pending_rows[i] = pending_rows.get(i, 0) + rows.num_rows
-        pending_bytes[i] = pending_bytes.get(i, 0) + rows.nbytes
-        if pending_rows[i] >= ctx.flush_rows or pending_bytes[i] >= ctx.flush_bytes:
-            flush(i)
+            decoded = decoded.replace_schema_metadata(None)
+        for plan in slots:
+            _slot_rows(ctx, res, plan, decoded, decoded_err, plan.index in partial, gone,
+                       intents, spill, task.index, pending, pending_rows, pending_bytes, flush)
     for i in list(pending):
         flush(i)
     res.intents = {i: w.done() for i, w in intents.items()}
     res.seconds = time.perf_counter() - started
     return res
+
+
+def _slot_rows(ctx: JobContext, res: TaskResult, plan: OutputPlan, rows: pa.Table, nerr: int,
+               partial: bool, gone: dict[str, int], intents: dict[int, IntentWriter],
+               spill: Path | None, task: int, pending: dict[int, list[pa.Table]],
+               pending_rows: dict[int, int], pending_bytes: dict[int, int],
+               flush: Callable[[int], None]) -> None:
+    """The decoded ``rows`` of an output (``nerr`` of them error rows) into
+    its sink ``plan``: those its progress does not hold (``partial``: it
+    holds some of them), staged (flushed when large) or, for a keyed output,
+    written as intents."""
+    i = plan.index
+    if partial:
+        assert plan.progress is not None
+        part = rows.column(SRC_PART).to_numpy(zero_copy_only=False).astype(np.int64)
+        off = rows.column(SRC_OFFSET).to_numpy(zero_copy_only=False).astype(np.int64)
+        rows = rows.filter(pa.array(beyond(ctx.kind, plan.progress, part, off)))
+        if rows.num_rows == 0:
+            return
+        nerr = rows.num_rows - rows.column(ERROR).null_count
+    if gone:
+        mine = res.dropped_values.setdefault(i, {})
+        for c, v in gone.items():
+            mine[c] = mine.get(c, 0) + v
+    if plan.keyed:
+        # Values the sink cannot store are refused here, before the
+        # driver's key state sees them: the key keeps its current row.
+        rows = screen_intents(plan.stager, _injected_refusal(rows))
+        nerr = rows.num_rows - rows.column(ERROR).null_count
+        res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
+        res.errors[i] = res.errors.get(i, 0) + nerr
+        if i not in intents:
+            intents[i] = IntentWriter(plan.key, spill, ctx.spill_bytes, f"o{i}-t{task}")
+        intents[i].add(rows)
+        return
+    res.rows[i] = res.rows.get(i, 0) + rows.num_rows - nerr
+    res.errors[i] = res.errors.get(i, 0) + nerr
+    pending.setdefault(i, []).append(rows)
+    pending_rows[i] = pending_rows.get(i, 0) + rows.num_rows
+    pending_bytes[i] = pending_bytes.get(i, 0) + rows.nbytes
+    if pending_rows[i] >= ctx.flush_rows or pending_bytes[i] >= ctx.flush_bytes:
+        flush(i)
 
 
 def screen_intents(stager: Stager, intents: pa.Table) -> pa.Table:

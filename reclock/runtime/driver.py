@@ -67,18 +67,24 @@ from reclock.contracts.source import Source
 from reclock.core.bindings import Bindings
 from reclock.core.clock import Clock
 from reclock.core.errors import (
-    DefiniteError,
     IdentityChanged,
     LockTaken,
     ReclockError,
     Reopen,
     classified,
-    classify,
 )
 from reclock.core.frontier import Antichain
 from reclock.core.mint import RemapOperator
 from reclock.runtime.commit import Committer
-from reclock.runtime.health import DROPPED, FINISHED, RUNNING, STALLED, STOPPED, Health
+from reclock.runtime.health import (
+    DROPPED,
+    FINISHED,
+    RUNNING,
+    STALLED,
+    STOPPED,
+    Health,
+    described,
+)
 from reclock.runtime.housekeeping import Housekeeping
 from reclock.runtime.jobs import Job, Jobs
 from reclock.runtime.keyed import KeyedState, spill_dir
@@ -88,7 +94,7 @@ from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.resnapshot import Requests, Resnapshots
 from reclock.runtime.settings import Settings
 from reclock.runtime.shapes import Shapes, check_state_key
-from reclock.runtime.site import OutputRuntime, Site, resume_into, upper_value
+from reclock.runtime.site import OutputRuntime, Site, by_output, resume_into, upper_value
 from reclock.runtime.snapshot_progress import SnapshotProgress
 from reclock.runtime.status import Status
 
@@ -133,14 +139,22 @@ def read_start(outputs: list[OutputRuntime], kind: str, resume: Antichain[Any]
     return resume if start is None else start
 
 
-def described(exc: Exception) -> tuple[str, str | None, bool]:
-    """What a source's health says of an error it met: the message, the
-    hint, and whether the error is definite."""
-    definite = isinstance(classify(exc), DefiniteError)
-    hint = exc.hint if isinstance(exc, ReclockError) else None
-    msg = (exc.args[0] if exc.args else str(exc)) if isinstance(
-        exc, ReclockError) else f"{exc} ({'definite' if definite else 'transient'})"
-    return msg, hint, definite
+def held_by_output(outputs: list[OutputRuntime], kind: str) -> list[Antichain[Any] | None]:
+    """What each output holds (in the outputs' order) for the source's open:
+    the meet of its sinks' progress; None when one of them holds nothing yet."""
+    held: list[Antichain[Any] | None] = []
+    for slots in by_output(outputs):
+        # (a parked sink reads what it misses once it is back: not held here)
+        mine = [o.state.held(kind) for o in slots if o.parked_until is None] or [
+            o.state.held(kind) for o in slots]
+        meet: Antichain[Any] | None = None
+        for h in mine:
+            if h is None:
+                meet = None
+                break
+            meet = h if meet is None else meet.meet(h)
+        held.append(meet)
+    return held
 
 
 class SourceRunner:
@@ -326,10 +340,12 @@ class SourceRunner:
             resume = initial
             bound = initial
         self.commits.resume = resume
-        self.read_from = read_start(self.outputs, self.source.kind, resume)
-        held = [o.state.held(self.source.kind) for o in self.outputs]
+        # (parked sinks read again once they are back, from their own progress)
+        running = [o for o in self.outputs if o.parked_until is None]
+        self.read_from = read_start(running or self.outputs, self.source.kind, resume)
+        held = held_by_output(self.outputs, self.source.kind)
         if taken:
-            names = [self.outputs[i].name for i in sorted(taken)]
+            names = [by_output(self.outputs)[i][0].name for i in sorted(taken)]
             log.warning("source %s: re-snapshotting %s (reclock resnapshot)", self.name, names)
             self.events.log(self.name, "resnapshot", outputs=names, state="taken")
         self.source.open(resume, bound, held, resnapshot=[] if self.source.replayable
@@ -357,6 +373,11 @@ class SourceRunner:
         tick = self.ticks
         if self.resnapshots.new():
             self.site.opened = False  # a new resnapshot request: re-open (next round)
+            return False
+        if self.commits.due():
+            # a parked sink's retry: re-open, reading its durable state again
+            # (the records it missed are read again for it, the others skip them)
+            self.site.opened = False
             return False
 
         def probe() -> Antichain[Any]:

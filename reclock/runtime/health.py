@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from reclock.core.errors import DefiniteError, ReclockError, classify
 from reclock.core.secrets import scrub
 
 STARTING, RUNNING, STALLED, DROPPED, FINISHED, STOPPED = (
@@ -37,3 +38,13 @@ class Health:
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "error": self.error, "hint": self.hint,
                 "since_ms": self.since_ms, "definite": self.definite}
+
+
+def described(exc: Exception) -> tuple[str, str | None, bool]:
+    """What a source's health says of an error it met: the message, the
+    hint, and whether the error is definite."""
+    definite = isinstance(classify(exc), DefiniteError)
+    hint = exc.hint if isinstance(exc, ReclockError) else None
+    msg = (exc.args[0] if exc.args else str(exc)) if isinstance(
+        exc, ReclockError) else f"{exc} ({'definite' if definite else 'transient'})"
+    return msg, hint, definite

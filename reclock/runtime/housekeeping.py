@@ -74,16 +74,18 @@ class Housekeeping:
             return
         self._vacuumed_at = now
         for out in site.outputs:
+            if out.parked_until is not None:
+                continue  # (a parked sink is left alone until it is back)
             try:
                 removed = out.sink.vacuum_orphans(site.settings.housekeeping.orphan_grace / 1000.0)
             except Exception as exc:  # housekeeping never stalls the source
                 log.warning("source %s output %s: vacuuming staged files failed: %s",
-                            site.name, out.name, exc)
+                            site.name, out.key, exc)
                 continue
             if removed:
                 log.info("source %s output %s: removed %d orphaned staged files",
-                         site.name, out.name, len(removed))
-                site.events.log(site.name, "vacuum", output=out.name, files=len(removed))
+                         site.name, out.key, len(removed))
+                site.events.log(site.name, "vacuum", output=out.key, files=len(removed))
 
     def maintain(self) -> None:
         """Each output's own upkeep (:meth:`~reclock.contracts.sink.PersistSink.maintain`:
@@ -94,14 +96,16 @@ class Housekeeping:
         now = site.clock.now()
         did = False
         for out in site.outputs:
+            if out.parked_until is not None:
+                continue
             try:
                 done = out.sink.maintain(now)
             except Exception as exc:  # housekeeping never stalls the source
                 log.warning("source %s output %s: maintenance failed: %s",
-                            site.name, out.name, exc)
+                            site.name, out.key, exc)
                 continue
             if done:
-                site.events.log(site.name, "maintain", output=out.name, **done)
+                site.events.log(site.name, "maintain", output=out.key, **done)
                 did = True
         if site.settings.housekeeping.release_memory:
             if did:

@@ -257,13 +257,14 @@ class Jobs:
         batch_id = f"{site.clock.now()}-{uuid.uuid4().hex[:10]}"
         plans = tuple(
             OutputPlan(
-                index=o.index, name=o.name, typed=o.spec.typed, user_schema=o.user_schema,
+                index=o.slot, name=o.name, typed=o.spec.typed, user_schema=o.user_schema,
                 key_decoder=o.key_decoder, value_decoder=o.value_decoder,
                 progress=o.state.held(source.kind),
                 stager=o.sink.stager(), envelope=o.envelope, key=o.upsert_key or (),
-                upstream=o.upstream,
+                upstream=o.upstream, output=o.index,
             )
             for o in site.outputs
+            if o.parked_until is None  # a parked sink gets nothing until it is back
         )
         spill = self.spill_dir
         return JobContext(site.name, source.kind, batch_id, b, source.reader(), plans,

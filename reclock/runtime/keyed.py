@@ -92,7 +92,7 @@ class KeyedState:
         key = out.upsert_key
         assert key is not None
         store = self.store(out)
-        damage = self._damage.pop(out.index, None) or store.discarded
+        damage = self._damage.pop(out.slot, None) or store.discarded
         store.discarded = None
         columns = [f.name for f in out.user_schema]
         marker = key_marker(out, out.state)
@@ -104,7 +104,7 @@ class KeyedState:
             # A damaged output's key state cannot be rebuilt: it is not needed.
             if damage is not None:
                 log.warning("source %s: output %s: key state file %s was damaged (%s): "
-                            "emptied for the re-snapshot", name, out.name,
+                            "emptied for the re-snapshot", name, out.key,
                             store.location, damage)
             store.reset()
             out.upsert = UpsertState(columns, key, store)
@@ -127,12 +127,13 @@ class KeyedState:
         updates = out.sink.read_updates()
         out.upsert = UpsertState.rebuild(updates, columns, key, store, marker)
         if damage is not None:
-            self._healing.add(out.index)
+            self._healing.add(out.slot)
         (log.warning if damage is not None else log.info)(
             "source %s: output %s: key state rebuilt from %d rows of the output (%s)%s",
-            name, out.name, updates.num_rows, why,
+            name, out.key, updates.num_rows, why,
             "" if store.location is None else f" in {store.location}")
-        self.site.events.log(name, "keys_rebuilt", output=out.name, file=store.location,
+        self.site.events.log(name, "keys_rebuilt", output=out.name, sink=out.sink_name,
+                             file=store.location,
                              reason=why, rows=updates.num_rows)
         return "rebuilt"
 
@@ -146,32 +147,32 @@ class KeyedState:
         :class:`~reclock.core.errors.Reopen`, or a definite error when the
         state rebuilt for damage is damaged again before any commit."""
         name = self.site.name
-        store = self._stores.pop(out.index, None)
+        store = self._stores.pop(out.slot, None)
         if store is not None:
             store.remove()
         self.site.opened = False  # whatever is raised: the next round re-opens
-        self._damage[out.index] = f"{exc.reason} (met while {during})"
+        self._damage[out.slot] = f"{exc.reason} (met while {during})"
         log.error("source %s: output %s: key state file %s is damaged (%s, met while %s): "
                   "deleted; the source re-opens and rebuilds it from the output",
-                  name, out.name, exc.path, exc.reason, during)
-        if out.index in self._healing:
+                  name, out.key, exc.path, exc.reason, during)
+        if out.slot in self._healing:
             return DefiniteError(
-                f"source {name!r}: output {out.name!r}: its key state file {exc.path} "
+                f"source {name!r}: {out.label}: its key state file {exc.path} "
                 f"is damaged again ({exc.reason}), before any commit since it was rebuilt "
                 "for damage", hint="check the disk under state_dir (or move state_dir to "
                 "another disk); the key state is rebuilt from the output at each retry")
-        return Reopen(f"source {name!r}: output {out.name!r}: key state file "
+        return Reopen(f"source {name!r}: {out.label}: key state file "
                       f"{exc.path} is damaged ({exc.reason}): it is rebuilt from the output",
                       hint="nothing to do: the job in progress is read again")
 
     def store(self, out: OutputRuntime) -> KeyStore:
         """The key store of a keyed output (made once per runner)."""
-        store = self._stores.get(out.index)
+        store = self._stores.get(out.slot)
         if store is None:
             d = self.site.settings.keys_dir
-            store = MemoryKeys() if d is None else SqliteKeys(d / f"{out.name}.sqlite",
+            store = MemoryKeys() if d is None else SqliteKeys(d / f"{out.key}.sqlite",
                                                                  self.site.settings.key_cache)
-            self._stores[out.index] = store
+            self._stores[out.slot] = store
         return store
 
     def settle(self, out: OutputRuntime, keys: UpsertState, intents: KeyedIntents
@@ -213,9 +214,9 @@ class KeyedState:
         except KeyStateDamaged as exc:
             raise self.lost(out, exc, "saving the key state") from exc
         except Exception as exc:  # the output moved: its key state is read again
-            raise Reopen(f"source {self.site.name!r}: output {out.name!r}: the key state "
+            raise Reopen(f"source {self.site.name!r}: {out.label}: the key state "
                          f"could not be saved ({exc})") from exc
-        self._healing.discard(out.index)
+        self._healing.discard(out.slot)
 
     def clear_spill(self) -> None:
         """Remove intents that tasks wrote for jobs no longer wanted (a

@@ -101,7 +101,8 @@ class CommitLedger:
             "it would write its rows again or skip them",
             hint="restore the output's progress record (for a Kafka sink, the topic "
                  "<topic>.reclock-progress), or rebuild the output from the source with "
-                 f"`reclock resnapshot FILE {self.shard} {output}` (rows the target "
+                 f"`reclock resnapshot FILE {self.shard} {output.split('.', 1)[0]}` "
+                 "(every sink of the output; rows the target "
                  "already holds stay there: remove them first if they must go)")
 
     def record(self, states: Iterable[tuple[str, SinkState]], force: bool = False) -> None:

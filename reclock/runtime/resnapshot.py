@@ -116,6 +116,9 @@ class Resnapshots:
         #: ``reclock resnapshot`` requests (None: not taken)
         self.requests = requests
         self.taken: dict[int, int] = {}
+        #: slots of the outputs taken that committed their replacement (an
+        #: output's request ends once each of its sinks did)
+        self.replaced_slots: set[int] = set()
 
     def requested(self) -> dict[int, int]:
         """The pending resnapshot requests of this source's outputs."""
@@ -128,6 +131,7 @@ class Resnapshots:
     def take(self) -> None:
         """At open: take up the pending requests."""
         self.taken = self.requested()
+        self.replaced_slots = set()
 
     def new(self) -> bool:
         """Whether a request was made that the last open did not take up
@@ -139,7 +143,7 @@ class Resnapshots:
         """Whether this commit of ``out`` replaces what it holds: a job with
         its snapshot's chunks, or (a source that reads its records again)
         the output's first commit since the open."""
-        return out.index in self.taken and (
+        return out.index in self.taken and out.slot not in self.replaced_slots and (
             out.index in snapshots or (self.site.source.replayable and cur.upper is not None))
 
     def correction(self, b: Bindings[Any], out: OutputRuntime, cur: SinkState,
@@ -204,12 +208,16 @@ class Resnapshots:
                   "dropped", name, out.name, exc, exc.hint)
         self.site.events.log(name, "resnapshot", outputs=[out.name], state="failed",
                              error=str(exc.args[0] if exc.args else exc), hint=exc.hint)
-        if self.requests is not None:
-            self.requests.done(out.name, self.taken.pop(out.index))
+        requested = self.taken.pop(out.index, None)
+        if self.requests is not None and requested is not None:
+            self.requests.done(out.name, requested)
 
     def done(self, out: OutputRuntime) -> None:
         """``out`` committed its replacement: its request ends."""
-        if self.requests is None:
+        self.replaced_slots.add(out.slot)
+        if self.requests is None or any(
+                o.index == out.index and o.slot not in self.replaced_slots
+                for o in self.site.outputs):
             return
         self.requests.done(out.name, self.taken.pop(out.index))
         self.site.events.log(self.site.name, "resnapshot", outputs=[out.name],

@@ -46,7 +46,7 @@ from reclock.core.schema_change import (
 )
 from reclock.registry import envelope_for, registry
 from reclock.runtime.dataplane import TaskResult
-from reclock.runtime.site import OutputRuntime, Site
+from reclock.runtime.site import OutputRuntime, Site, by_output, share
 
 log = logging.getLogger("reclock.driver")
 
@@ -150,63 +150,76 @@ class Shapes:
         decoders follow a schema registry rebuild them. What the policy
         decides is kept as a fact before any commit uses it."""
         site = self.site
-        outputs = site.outputs
+        groups = by_output(site.outputs)
+        outputs = [slots[0] for slots in groups]  # (each output's first sink: see share)
         specs = site.source.current_outputs()
         if [s.name for s in specs] != [o.name for o in outputs]:
             raise DefiniteError(
                 f"source {site.name!r}: its outputs changed from {[o.name for o in outputs]}"
                 f" to {[s.name for s in specs]}", hint="restart the pipeline")
         facts = Facts(site.store.facts(site.name))
-        for out, spec in zip(outputs, specs, strict=True):
-            what = f"source {site.name!r} output {out.name!r}"
-            changes: tuple[Change, ...] = ()
-            if spec.typed:
-                if spec.schema is None:
-                    continue
-                out.spec = spec
-                if spec.envelope is not None:
-                    out.envelope = envelope_for(spec.envelope, tuple(spec.key))
-                upstream, key_columns = spec.schema, None
-                changes = tuple(spec.changes)
-            elif self._evolving(out):
-                upstream, key_columns = self._redecode(out, what, facts)
-            elif out.user_schema is None:
-                continue
-            else:
-                assert out.value_decoder is not None
-                upstream = pa.schema(
-                    ([*out.key_decoder.schema] if out.key_decoder is not None else [])
-                    + [*out.value_decoder.schema] + list(out.spec.extra or []))
-                key_columns = ([f.name for f in out.key_decoder.schema]
-                               if out.key_decoder is not None else [])
-            key = out.envelope.resolve(what, list(upstream.names), key_columns)
-            if out.rename:
-                upstream, _, key = rename_columns(what, upstream, out.rename, key)
-            decision = decide(what, out.name, out.policy, facts.today(out.name), upstream,
-                              changes)
-            self._log_changes(out, decision)
-            out.user_schema, out.upsert_key = decision.schema, key
-            if out.rename:
-                back = {v: k for k, v in out.rename.items()}
-                out.upstream = tuple(back.get(n, n) for n in decision.schema.names)
-            check_output_names(what, out.user_schema)
-            check_state_key(what, out)
-            facts.set_today(out.name, out.user_schema)
+        for slots, spec in zip(groups, specs, strict=True):
+            out = slots[0]
+            try:
+                self._describe(out, spec, facts)
+            finally:
+                share(slots)
+            for other in slots:  # (each sink's key: a state table's)
+                if other.user_schema is not None:
+                    check_state_key(f"source {site.name!r} {other.label}", other)
         if facts.updates:
             site.store.put_facts(site.name, facts.updates)
         missing = [o.name for o in outputs if o.user_schema is None]
         if missing:
             raise DefiniteError(f"source {site.name!r}: outputs {missing} have no schema")
 
+    def _describe(self, out: OutputRuntime, spec: Any, facts: Facts) -> None:
+        """:meth:`describe` of one output (its first sink's slot)."""
+        site = self.site
+        what = f"source {site.name!r} output {out.name!r}"
+        changes: tuple[Change, ...] = ()
+        if spec.typed:
+            if spec.schema is None:
+                return
+            out.spec = spec
+            if spec.envelope is not None:
+                out.envelope = envelope_for(spec.envelope, tuple(spec.key))
+            upstream, key_columns = spec.schema, None
+            changes = tuple(spec.changes)
+        elif self._evolving(out):
+            upstream, key_columns = self._redecode(out, what, facts)
+        elif out.user_schema is None:
+            return
+        else:
+            assert out.value_decoder is not None
+            upstream = pa.schema(
+                ([*out.key_decoder.schema] if out.key_decoder is not None else [])
+                + [*out.value_decoder.schema] + list(out.spec.extra or []))
+            key_columns = ([f.name for f in out.key_decoder.schema]
+                           if out.key_decoder is not None else [])
+        key = out.envelope.resolve(what, list(upstream.names), key_columns)
+        if out.rename:
+            upstream, _, key = rename_columns(what, upstream, out.rename, key)
+        decision = decide(what, out.name, out.policy, facts.today(out.name), upstream,
+                          changes)
+        self._log_changes(out, decision)
+        out.user_schema, out.upsert_key = decision.schema, key
+        if out.rename:
+            back = {v: k for k, v in out.rename.items()}
+            out.upstream = tuple(back.get(n, n) for n in decision.schema.names)
+        check_output_names(what, out.user_schema)
+        facts.set_today(out.name, out.user_schema)
+
     def met(self, exc: Exception) -> None:
         """A task met a shape the last open did not describe (``exc``:
         :class:`~reclock.core.errors.SchemaChanged` or
         :class:`~reclock.core.errors.ShapeSeen`; other errors are not this
         room's): the next open takes it in."""
-        outputs = self.site.outputs
+        outputs = by_output(self.site.outputs)
         if isinstance(exc, SchemaChanged) and 0 <= exc.output < len(outputs):
             # the next open takes the writer schema into the output's union
-            outputs[exc.output].seen.setdefault(exc.part, []).append(exc.schema_id)
+            for out in outputs[exc.output]:
+                out.seen.setdefault(exc.part, []).append(exc.schema_id)
         if isinstance(exc, ShapeSeen):
             # the next open's describe takes the shape the task met in
             self.site.source.shape_seen(exc.output, exc.shape)
@@ -260,7 +273,7 @@ class Shapes:
         progress log the first time (in this run) its values are dropped."""
         counts: dict[str, int] = {}
         for r in results:
-            for c, v in r.dropped_values.get(out.index, {}).items():
+            for c, v in r.dropped_values.get(out.slot, {}).items():
                 counts[c] = counts.get(c, 0) + v
         if not counts:
             return

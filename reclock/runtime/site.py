@@ -35,10 +35,19 @@ from reclock.runtime.upsert_state import UpsertState
 
 @dataclass
 class OutputRuntime:
-    """One output of a running source."""
+    """One sink of one output of a running source: its *slot*.
 
-    index: int
-    name: str
+    An output with one sink (``sink:``) is one slot; an output with
+    ``sinks: [...]`` is one slot per sink. Everything the runtime keeps per
+    durable target is the slot's: the sink, its state (upper and progress),
+    its commit ledger entry and key state (under :attr:`key`), its counts and
+    health. What is the output's (:attr:`index`, :attr:`name`, its spec,
+    decoders, envelope and columns) the slots of one output share: equal in
+    each, and changed in all at once (:meth:`reclock.runtime.shapes.Shapes.describe`).
+    """
+
+    index: int  # the output's index among the source's outputs (shared by its slots)
+    name: str  # the output's name
     spec: OutputSpec
     sink: PersistSink
     user_schema: Any
@@ -65,6 +74,32 @@ class OutputRuntime:
     rows: int = 0
     errors: int = 0
     health: Health = field(default_factory=Health)
+    #: the slot's position among the source's slots (site.outputs)
+    slot: int = 0
+    #: the sink's name within its output (its type for the one sink of ``sink:``)
+    sink_name: str = ""
+    #: the name the slot's state is kept under: the output's name for the
+    #: one sink of ``sink:``, ``<output>.<sink>`` for each of ``sinks:``
+    #: (:meth:`reclock.config.schema.OutputConfig.slot`)
+    key: str = ""
+    #: whether the output has several sinks (``sinks:``)
+    several: bool = False
+    #: a slot whose sink failed while others went on is parked: out of the
+    #: jobs and commits until this time (``time.monotonic()``), then the
+    #: source re-opens to bring it back (None: not parked)
+    parked_until: float | None = None
+    #: consecutive failures of the slot's sink (its retry backoff)
+    failures: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            self.key = self.name
+
+    @property
+    def label(self) -> str:
+        """``output 'x'``, or ``output 'x' sink 'y'`` for one of several sinks."""
+        return (f"output {self.name!r} sink {self.sink_name!r}" if self.several
+                else f"output {self.name!r}")
 
 
 @dataclass(eq=False)
@@ -103,6 +138,30 @@ def min_upper(states: list[SinkState]) -> int | None:
     the top, so complete outputs never hold the others back."""
     ups = [s.upper for s in states if s.upper is not None]
     return min(ups) if ups else None
+
+
+def by_output(slots: list[OutputRuntime]) -> list[list[OutputRuntime]]:
+    """The slots grouped by output, in the outputs' order (index)."""
+    groups: dict[int, list[OutputRuntime]] = {}
+    for o in slots:
+        groups.setdefault(o.index, []).append(o)
+    return [groups[i] for i in sorted(groups)]
+
+
+#: The fields of an :class:`OutputRuntime` that are its output's, not its
+#: sink's: equal in every slot of one output (:func:`share`).
+OUTPUT_FIELDS = ("spec", "user_schema", "key_decoder", "value_decoder", "envelope",
+                 "upsert_key", "upstream", "seen")
+
+
+def share(slots: list[OutputRuntime]) -> None:
+    """What the first slot of an output holds of the output itself (its
+    shape, decoders and key, as :meth:`reclock.runtime.shapes.Shapes.describe`
+    made them), given to its other slots."""
+    first = slots[0]
+    for other in slots[1:]:
+        for name in OUTPUT_FIELDS:
+            setattr(other, name, getattr(first, name))
 
 
 def resume_into(outputs: list[OutputRuntime]) -> Antichain[IntoTime]:

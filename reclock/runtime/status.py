@@ -144,9 +144,11 @@ NOT_RUNNING = {"status": "not running"}
 
 @dataclass(frozen=True)
 class OutputStatus:
-    """One output's status. ``rows``, ``errors``, ``dropped_values`` and
-    ``snapshot`` are a runner's counts (``live``); an output read from its
-    sink's state has only its upper and lag."""
+    """One output's status, or one sink's of an output with several
+    (``sinks:``: ``name`` is then ``<output>.<sink>``, and ``sink`` the
+    sink's name). ``rows``, ``errors``, ``dropped_values`` and ``snapshot``
+    are a runner's counts (``live``); an output read from its sink's state
+    has only its upper and lag."""
 
     name: str
     #: the sink's upper (IntoTime); ``None``: closed (complete), 0: nothing committed yet
@@ -162,21 +164,27 @@ class OutputStatus:
     dropped_values: dict[str, int] | None = None
     #: the initial snapshot's rows read and in all (``None``: none in this run)
     snapshot: dict[str, Any] | None = None
+    #: the sink's name, for one of an output's several sinks (else ``None``)
+    sink: str | None = None
 
     @classmethod
     def from_sink(cls, name: str, upper: int | None, now: int) -> OutputStatus:
         """An output of a source not running: its sink's upper, and the lag
         of that upper at ``now`` (none while nothing was committed)."""
-        return cls(name, upper, None if not upper else max(0, now - upper), None)
+        sink = name.split(".", 1)[1] if "." in name else None
+        return cls(name, upper, None if not upper else max(0, now - upper), None, sink=sink)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> OutputStatus:
         """An output's dict of a runner's document (``status.json``)."""
         return cls(d["name"], d.get("upper"), d.get("lag_ms"), d.get("health"), True,
-                   d.get("rows"), d.get("errors"), d.get("dropped_values"), d.get("snapshot"))
+                   d.get("rows"), d.get("errors"), d.get("dropped_values"), d.get("snapshot"),
+                   d.get("sink"))
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "upper": self.upper, "lag_ms": self.lag_ms}
+        if self.sink is not None:
+            d["sink"] = self.sink
         if self.live:
             d["rows"], d["errors"] = self.rows, self.errors
         d["health"] = self.health
@@ -261,12 +269,12 @@ class SourceStatus:
         for o in r.outputs:
             upper = o.state.upper
             outs.append(OutputStatus(
-                o.name, upper,
+                o.key, upper,
                 # None: closed (complete, no lag); 0: nothing committed yet
                 None if upper is None else max(0, now - (upper or observed.started_ms)),
                 o.health.as_dict(), True, o.rows, o.errors,
                 dict(o.dropped.counts) if o.dropped.counts else None,
-                snapshots.get(o.index)))
+                snapshots.get(o.index), o.sink_name if o.several else None))
         enc = observed.encoded
         read_from, probe = r.read_from, r.last_probe
         ticks = observed.tick_ms

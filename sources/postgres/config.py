@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
@@ -18,7 +18,7 @@ from reclock.contracts.config import (
     problem,
     table_output_problems,
 )
-from reclock.contracts.source import ConnectorConfig, SourcePlugin
+from reclock.contracts.source import ConnectorConfig, SourcePlugin, listed_outputs_problem
 
 if TYPE_CHECKING:
     from reclock.contracts.source import SourceContext
@@ -98,6 +98,14 @@ class PostgresConfig(ConnectorConfig):
             name = str(t.get("table", ""))
             problems += table_output_problems(i, name, t.get("output"), seen)
         return problems
+
+    @classmethod
+    def output_problem(cls, data: Mapping[str, Any], outputs: Sequence[str]
+                       ) -> tuple[str, str] | None:
+        tables = data.get("tables")
+        if not isinstance(tables, list | tuple):
+            return None  # (the publication's tables: known once the source describes them)
+        return listed_outputs_problem("tables", [_table_entry(t) for t in tables], outputs)
 
     def table_outputs(self) -> list[tuple[str, str, str]] | None:
         """``(schema, table, output)`` per configured table; None: the publication's."""

@@ -251,7 +251,7 @@ def test_a_debezium_envelope_without_a_key_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path, """
         sources:
           - name: cdc
-            kafka: {bootstrap_servers: "b:9092", topic: t}
+            kafka: {bootstrap_servers: "b:9092", topics: [a, b, c], output_per_topic: true}
             outputs:
               - {name: a, format: json, envelope: debezium, sink: console}
               - name: b
@@ -280,7 +280,7 @@ def test_shorthand_forms(tmp_path: Path) -> None:
     path = write(tmp_path, """
         sources:
           - name: s
-            generator: {kind: counter, value_format: bytes}
+            kafka: {bootstrap_servers: "b:9092", topics: [a, b, c], output_per_topic: true}
             outputs:
               - {name: a, format: text, key_format: bytes, envelope: none, sink: console}
               - {name: b, format: json, envelope: {type: debezium, key: [id]}, sink: file}
@@ -310,7 +310,7 @@ def test_relative_paths_resolve_against_the_yaml_directory(
         remap_store: remap/bindings.db
         sources:
           - name: s
-            generator: {kind: counter}
+            kafka: {bootstrap_servers: "b:9092", topics: [a, b], output_per_topic: true}
             outputs:
               - {name: a, sink: file}
               - {name: b, sink: {type: file, path: out/b}}
@@ -365,7 +365,7 @@ def test_unknown_key(tmp_path: Path) -> None:
     path = write(tmp_path, """
         sources:
           - name: counter
-            generator: {kind: counter}
+            kafka: {bootstrap_servers: "b:9092", topics: [main, other], output_per_topic: true}
             outputs:
               - name: main
                 sink: file
@@ -377,7 +377,7 @@ def test_unknown_key(tmp_path: Path) -> None:
     [line] = errors_of(path)
     assert line == (
         f"{at(path, 10, 'pth')}: sources[0].outputs[1].sink: unknown key 'pth' "
-        "(expected one of: compact, path, storage, type)"
+        "(expected one of: compact, name, path, storage, type)"
     )
 
 
@@ -418,7 +418,8 @@ def test_missing_sink(tmp_path: Path) -> None:
                 format: json
         """)
     assert errors_of(path) == [
-        f"{at(path, 5, 'name')}: sources[0].outputs[0]: missing required key 'sink'"
+        f"{at(path, 5, 'name')}: sources[0].outputs[0]: missing required key 'sink' (or "
+        "'sinks': a list of sinks)"
     ]
 
 
@@ -437,13 +438,13 @@ def test_two_outputs_naming_one_sink_target(tmp_path: Path) -> None:
     path = write(tmp_path, """
         sources:
           - name: a
-            generator: {kind: counter}
+            kafka: {bootstrap_servers: "b:9092", topics: [x, y, z], output_per_topic: true}
             outputs:
               - {name: x, sink: {type: file, path: lake/x}}
               - {name: y, sink: {type: postgres, dsn: "postgresql://h/db", table: t}}
               - {name: z, sink: {type: kafka, bootstrap_servers: "k1,k2", topic: out}}
           - name: b
-            generator: {kind: counter}
+            kafka: {bootstrap_servers: "b:9092", topics: [x, y, z, w], output_per_topic: true}
             outputs:
               - {name: x, sink: {type: file, path: ./lake/x/}}
               - {name: y, sink: {type: postgres, dsn: "postgresql://h/db", schema: public,
@@ -452,14 +453,14 @@ def test_two_outputs_naming_one_sink_target(tmp_path: Path) -> None:
               - {name: w, sink: {type: postgres, dsn: "postgresql://h/db", table: T}}
         """)
     assert errors_of(path) == [
-        f"{at(path, 11, '{type: file')}: sources[1].outputs[0].sink: output 'b.x' writes the "
-        "same path as output 'a.x' ('lake/x'): their rows would mix; give each output its "
+        f"{at(path, 11, '{type: file')}: sources[1].outputs[0].sink: output b.x writes the "
+        "same path as output a.x ('lake/x'): their rows would mix; give each sink its "
         "own path (also at sources[0].outputs[0].sink, line 5)",
-        f"{at(path, 12, '{type: postgres')}: sources[1].outputs[1].sink: output 'b.y' writes "
-        "the same table as output 'a.y' ('t'): their rows would mix; give each output its "
+        f"{at(path, 12, '{type: postgres')}: sources[1].outputs[1].sink: output b.y writes "
+        "the same table as output a.y ('t'): their rows would mix; give each sink its "
         "own table (also at sources[0].outputs[1].sink, line 6)",
-        f"{at(path, 14, '{type: kafka')}: sources[1].outputs[2].sink: output 'b.z' writes the "
-        "same topic as output 'a.z' ('out'): their rows would mix; give each output its own "
+        f"{at(path, 14, '{type: kafka')}: sources[1].outputs[2].sink: output b.z writes the "
+        "same topic as output a.z ('out'): their rows would mix; give each sink its own "
         "topic (also at sources[0].outputs[2].sink, line 7)",
     ]
 
@@ -474,7 +475,7 @@ def test_duplicate_source_names(tmp_path: Path) -> None:
         sources:
           - name: orders
             generator: {kind: orders}
-            outputs: [{name: orders, sink: file}]
+            outputs: [{name: orders, sink: file}, {name: customers, sink: file}]
           - name: counter
             generator: {kind: counter}
             outputs: [{name: main, sink: file}]
@@ -569,11 +570,12 @@ def test_several_errors_in_line_order(tmp_path: Path) -> None:
         f"{at(path, 10, '[]')}: sources[0].outputs[0].envelope.key: expected at least 1 item",
         f"{at(path, 11, 'files')}: sources[0].outputs[0].sink.type: unknown type "
         "(expected one of: console, delta, file, iceberg, kafka, postgres)",
-        f"{at(path, 12, 'name')}: sources[0].outputs[1]: missing required key 'sink'",
+        f"{at(path, 12, 'name')}: sources[0].outputs[1]: missing required key 'sink' (or "
+        "'sinks': a list of sinks)",
         f"{at(path, 13, 'name')}: sources[1]: missing connector block "
         "(expected one of: generator, kafka, postgres, mysql, oneshot)",
         f"{at(path, 14, 'extra')}: sources[1].outputs[0]: unknown key 'extra' "
-        "(expected one of: envelope, format, key_format, name, rename, schema_change, sink)",
+        "(expected one of: envelope, format, key_format, name, rename, schema_change, sink, sinks)",
     ]
 
 
@@ -584,7 +586,7 @@ def test_connector_blocks(tmp_path: Path) -> None:
         sources:
           - name: s
             generator: {kind: orders, value_format: csv, bad_every: 3}
-            outputs: [{name: orders, sink: file}]
+            outputs: [{name: orders, sink: file}, {name: customers, sink: file}]
         """)
     assert errors_of(path) == [
         f"{at(path, 3, 'csv')}: sources[0].generator.value_format: only applies to kind 'counter'",
@@ -623,7 +625,7 @@ def test_format_checks(tmp_path: Path) -> None:
     path = write(tmp_path, """
         sources:
           - name: s
-            generator: {kind: counter}
+            kafka: {bootstrap_servers: "b:9092", topics: [a, b, c, d], output_per_topic: true}
             outputs:
               - name: a
                 format: {type: avro}
@@ -652,7 +654,7 @@ def test_format_checks(tmp_path: Path) -> None:
         "1 <= p <= 38 and 0 <= s <= p",
         f"{at(path, 15, 'csv')}: sources[0].outputs[3].format: missing required key 'columns'",
         f"{at(path, 16, '3')}: sources[0].outputs[3].key_format: expected a format type "
-        "(avro, bytes, csv, json, text) or a mapping with key 'type'",
+        "(avro, bytes, csv, json, json_schema, protobuf, text) or a mapping with key 'type'",
     ]
     avro = parse_config(MINIMAL.replace(
         "sink: file", "sink: file\n        format: {type: avro, schema: {type: string}}"), env={})
@@ -811,7 +813,8 @@ def test_redacted_dump(tmp_path: Path) -> None:
     out = dumped["sources"][0]["outputs"][0]
     assert out["format"] == {"type": "avro", "schema": None,
                              "registry_url": "https://u:***@registry/", "subject": "s"}
-    assert out["sink"] == {"type": "file", "path": str(tmp_path / "state/outputs/counter/main"),
+    assert out["sink"] == {"name": None, "type": "file",
+                           "path": str(tmp_path / "state/outputs/counter/main"),
                            "storage": None, "compact": {
                                "every": 600_000, "min_files": 50, "target_size": 128 * 2**20,
                                "retention": 86_400_000, "in_child": True}}
@@ -844,7 +847,7 @@ def test_top_level_x_keys_hold_anchors(tmp_path: Path) -> None:
         x-sink: &sink {type: console, max_rows: 3}
         sources:
           - name: s
-            generator: {kind: counter}
+            kafka: {bootstrap_servers: "b:9092", topics: [a, b], output_per_topic: true}
             outputs: [{name: a, sink: *sink}, {name: b, sink: *sink}]
         """)
     a, b = load_config(path, env={}).sources[0].outputs
@@ -1058,7 +1061,7 @@ def test_schema_change_is_a_policy_named_with_file_and_line(tmp_path: Path) -> N
     ok = write(tmp_path, """
         sources:
           - name: g
-            generator: {kind: counter}
+            kafka: {bootstrap_servers: "b:9092", topics: [main, other], output_per_topic: true}
             outputs:
               - {name: main, sink: file, schema_change: freeze}
               - {name: other, sink: file}

@@ -1,7 +1,8 @@
 """The sink contract (reclock/contracts/sink.py), once, for every sink: Delta, Postgres
-(log and state tables), Kafka, Iceberg (log and state tables; SQLite, PostgreSQL
-and REST catalogs) and the console. Each sink's own test module
-keeps only what is its own (its storage layout, its concurrency, its types).
+(log and state tables), Kafka (a JSON log, and registry Avro upserts), Iceberg
+(log and state tables; SQLite, PostgreSQL and REST catalogs) and the console.
+Each sink's own test module keeps only what is its own (its storage layout, its
+concurrency, its types).
 
 Every sink, against a real peer (a Delta table on disk and on a local S3 endpoint, the private
 PostgreSQL cluster, the shared Kafka broker):
@@ -94,6 +95,24 @@ def _kafka(tmp_path: Path, request: Any) -> Target:
         lambda s, d: (s.staging_root / d["path"]).exists())  # type: ignore[attr-defined]
 
 
+def _kafka_avro_upsert(tmp_path: Path, request: Any) -> Target:
+    """Registry Avro records of the current row per key (tombstones for deletes)."""
+    from reclock.sinks._kafka_formats import Registry
+    from reclock.sinks.kafka import KafkaSink
+    from tests.registry import RegistryServer
+
+    kafka = request.getfixturevalue("kafka")
+    registry = RegistryServer()
+    request.addfinalizer(registry.close)
+    topic = f"contract-{uuid.uuid4().hex[:10]}"
+    kafka.create_topic(topic, 2)
+    return Target("kafka-avro-upsert", lambda owner: KafkaSink(
+        NAME, bootstrap_servers=kafka.bootstrap, topic=topic, staging_dir=tmp_path / "staging",
+        timeout_s=10.0, format="avro", registry=Registry(registry.url), envelope="upsert",
+        key=("k",), owner=owner),
+        lambda s, d: (s.staging_root / d["path"]).exists())  # type: ignore[attr-defined]
+
+
 def _console(tmp_path: Path, request: Any) -> Target:
     from reclock.sinks.console import ConsoleSink
 
@@ -146,7 +165,8 @@ def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
 
 
 KINDS = {"delta": _delta, "delta-s3": _delta_s3, "postgres-log": _postgres("log"),
-         "postgres-state": _postgres("state"), "kafka": _kafka, "console": _console,
+         "postgres-state": _postgres("state"), "kafka": _kafka,
+         "kafka-avro-upsert": _kafka_avro_upsert, "console": _console,
          "iceberg-log": _iceberg("log"), "iceberg-state": _iceberg("state"),
          "iceberg-s3-pg": _iceberg("log", "s3-pg"),
          "iceberg-state-s3-pg": _iceberg("state", "s3-pg"),
@@ -154,8 +174,8 @@ KINDS = {"delta": _delta, "delta-s3": _delta_s3, "postgres-log": _postgres("log"
 
 
 #: The kinds that need a real peer (PostgreSQL, Kafka).
-PEER_KINDS = {"delta-s3", "postgres-log", "postgres-state", "kafka", "iceberg-s3-pg",
-              "iceberg-state-s3-pg"}
+PEER_KINDS = {"delta-s3", "postgres-log", "postgres-state", "kafka", "kafka-avro-upsert",
+              "iceberg-s3-pg", "iceberg-state-s3-pg"}
 
 
 def _params(kinds: Iterable[str]) -> list[Any]:

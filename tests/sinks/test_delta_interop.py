@@ -3,9 +3,9 @@ deltalake does.
 
 reclock writes its Delta tables with deltalake (delta-rs). The claim "any
 Delta reader can read them" is checked with the reader most users run: Spark,
-in a JVM of its own (``tests/spark_delta_reader.py`` under the Spark that
+in a JVM of its own (``tests/spark_peer.py`` under the Spark that
 ``tests/setup.sh`` installs beside reclock's, because delta-spark is released
-for Spark 4.2, not for the PySpark reclock runs on). Both readers must return
+for Spark 4.1, not for the PySpark reclock runs on). Both readers must return
 the same column types and the same rows, every type the sinks store included
 (decimals, timestamps with and without a zone, dates, binary, arrays, JSON
 documents, infinities, NaN, error rows), and Spark's Delta log must see the
@@ -15,24 +15,19 @@ application transaction that carries each output's upper.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pyarrow as pa
-import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from reclock.config import load_config
-from tests.kafkabroker import cache_dir
+from tests.peers import spark_reads
 from tests.running import durable, running, wait_for
 from tests.sources.cdc import ALL_TYPES, ROW, flushed_lsn, resumed_past
-
-READER = Path(__file__).resolve().parents[1] / "spark_delta_reader.py"
 
 #: Kafka records: every JSON column type, and records that cannot be decoded.
 GOOD = [
@@ -45,20 +40,6 @@ GOOD = [
 BAD = [b"not json", b'{"n": "three"}', b'{"n": 4, "amt": "12.345"}']
 SCHEMA = ("{n: int64, amt: \"decimal(10,2)\", at: timestamp, day: date, raw: binary, doc: json, "
           "ok: bool, x: float64}")
-
-
-def spark_reads(paths: list[Path]) -> dict[str, Any]:
-    peer = cache_dir() / "spark-peer"
-    py = peer / "bin" / "python"
-    if not (peer / "ready").exists():
-        pytest.fail(f"the Spark peer is not in {peer}: run `bash tests/setup.sh`")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARK_HOME")}
-    env.update(PYSPARK_PYTHON=str(py), PYSPARK_DRIVER_PYTHON=str(py))
-    done = subprocess.run([str(py), str(READER), "--ivy", str(peer / "ivy"),
-                           *map(str, paths)], capture_output=True, text=True, env=env,
-                          timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def spark_type(t: pa.DataType) -> str:
@@ -145,7 +126,7 @@ sources:
                  "the Kafka records")
     paths = [tmp_path / "state" / "outputs" / "bank" / "kinds",
              tmp_path / "state" / "outputs" / "events" / "events"]
-    seen = spark_reads(paths)
+    seen = spark_reads([str(p) for p in paths])
     assert [len(seen[str(p)]["rows"]) for p in paths] == [3, records]
     for p in paths:
         dt = DeltaTable(str(p))

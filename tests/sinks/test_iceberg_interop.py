@@ -2,7 +2,7 @@
 every common column type, written by the Iceberg sink into a SQLite SQL
 catalog, are read by a second Spark (the Spark peer of tests/setup.sh, with
 ``iceberg-spark-runtime``) through Iceberg's JDBC catalog on the same
-database, in a JVM of its own (``tests/spark_iceberg_reader.py``). Spark
+database, in a JVM of its own (``tests/spark_peer.py``). Spark
 gets the right types, the rows pyiceberg reads (the log's every update; the
 state table's current row per key, none of the deleted keys), and the
 output's upper from the snapshot summary."""
@@ -12,8 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +20,10 @@ import pytest
 
 from reclock.contracts.sink import SinkState
 from reclock.sinks.iceberg import CatalogConfig, IcebergSink
-from tests.kafkabroker import cache_dir
+from tests.peers import spark_reads
 from tests.sinks.test_delta_interop import rows_of, spark_type
 
 pytestmark = pytest.mark.integration
-
-READER = Path(__file__).resolve().parents[1] / "spark_iceberg_reader.py"
 
 USER = pa.schema([("k", pa.string()), ("n", pa.int64()), ("amt", pa.decimal128(10, 2)),
                   ("at", pa.timestamp("us", tz="UTC")), ("day", pa.date32()),
@@ -53,22 +49,6 @@ def _row(k: str, n: int) -> dict[str, Any]:
             "ok": n % 2 == 0}
 
 
-def _spark_reads(tmp: Path, tables: list[str], where: str | None = None) -> dict[str, Any]:
-    peer = cache_dir() / "spark-peer"
-    py = peer / "bin" / "python"
-    if not (peer / "ready").exists():
-        pytest.fail(f"the Spark peer is not in {peer}: run `bash tests/setup.sh`")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARK_HOME")}
-    env.update(PYSPARK_PYTHON=str(py), PYSPARK_DRIVER_PYTHON=str(py))
-    args = [str(py), str(READER), "--ivy", str(peer / "ivy"), "--uri",
-            f"jdbc:sqlite:{tmp}/catalog.db", "--warehouse", f"file://{tmp}/wh", *tables]
-    if where:
-        args += ["--where", where]
-    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
 def test_spark_reads_iceberg_log_and_state_tables(tmp_path: Path) -> None:
     cat = CatalogConfig(type="sql", uri=f"sqlite:///{tmp_path}/catalog.db",
                         warehouse=str(tmp_path / "wh")).access(None)
@@ -84,15 +64,19 @@ def test_spark_reads_iceberg_log_and_state_tables(tmp_path: Path) -> None:
                                    _updates([_row("k1", 101)], 20, 1, 12)])
         s.commit(s.stager().stage("b2", 0, change), SinkState(11, '"p1"'),
                  SinkState(21, '"p2"'))
-    got = _spark_reads(tmp_path, ["lake.log", "lake.state"])
-    for name, sink in (("lake.log", log), ("lake.state", state)):
-        seen = got[name]
-        assert seen["upper"] == "21"
+    upper = ("sql:SELECT summary['reclock.upper'] AS u FROM reclock.lake.{}.snapshots "
+             "ORDER BY committed_at DESC LIMIT 1")
+    got = spark_reads([f"sql:SELECT * FROM reclock.lake.{t}" for t in ("log", "state")]
+                      + [upper.format(t) for t in ("log", "state")],
+                      (f"reclock=jdbc:sqlite:{tmp_path}/catalog.db,file://{tmp_path}/wh",))
+    for name, sink in (("log", log), ("state", state)):
+        seen = got[f"sql:SELECT * FROM reclock.lake.{name}"]
+        assert got[upper.format(name)]["rows"] == [["21"]]
         mine = sink._load().scan().to_arrow()  # pyiceberg's read
         for f in USER:
             assert seen["types"][f.name] == spark_type(f.type), (name, f.name)
         cols = list(seen["types"])
-        if name == "lake.state":
+        if name == "state":
             assert "_diff" not in cols
             assert sorted(mine.column("k").to_pylist()) == ["k0", "k1", "k3", "k4", "k5"]
         assert sorted(seen["rows"], key=json.dumps) == rows_of(mine.select(cols))
