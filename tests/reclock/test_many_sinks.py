@@ -504,14 +504,16 @@ sources:
     assert verify_pipeline(cfg)[0].ok
 
 
-# -- a PostgreSQL CDC table into Delta and a PostgreSQL state table ---------------------------
+# -- a PostgreSQL CDC table into Delta, and PostgreSQL and Iceberg state tables --------------
 
 
-def test_a_cdc_table_lands_in_delta_and_a_postgres_state_table_equal_to_upstream(
+def test_a_cdc_table_lands_in_delta_and_postgres_and_iceberg_state_tables_equal_to_upstream(
         tmp_path: Path, spark: Any, cdc_url: str) -> None:
-    """One CDC output, two sinks: its snapshot and then inserts, updates,
-    deletes and a primary-key change each land once in both; each ends equal
-    to the upstream table (read there, not from reclock)."""
+    """One CDC output, three sinks: its snapshot and then inserts, updates,
+    deletes and a primary-key change each land once in each; each ends equal
+    to the upstream table (read there, not from reclock): the Delta log
+    consolidated, the PostgreSQL state table, and the Iceberg state table as
+    a plain pyiceberg reader sees it."""
     from tests.running import running
     from tests.sources.cdc import flushed_lsn, output_rows, resumed_past, source_rows
 
@@ -530,6 +532,8 @@ sources:
         sinks:
           - delta
           - {{type: postgres, dsn: "{cdc_url}", table: acct_copy, mode: state, key: [id]}}
+          - {{type: iceberg, catalog: {{type: sql, uri: "sqlite:///{tmp_path}/iceberg.db",
+             warehouse: "{tmp_path}/warehouse"}}, table: bank.acct, mode: state, key: [id]}}
 """)
     cfg = load_config(path)
     with running(cfg, spark) as runners:
@@ -543,7 +547,7 @@ sources:
             c.execute("insert into acct select i, 'n' || i, i from generate_series(301, 400) i")
             c.execute("update acct set id = id + 1000 where id between 10 and 20")
         wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 90, "both sinks to catch up")
-        assert [o.health.status for o in runners[0].outputs] == ["running", "running"]
+        assert [o.health.status for o in runners[0].outputs] == ["running"] * 3
     want = source_rows(cdc_url, "select id, owner, bal from acct")
     assert len(want) == 300 - 42 + 100
     pipe = Pipeline(cfg)
@@ -554,9 +558,15 @@ sources:
         pipe.close()
     assert output_rows(lake, ["id", "owner", "bal"]) == want
     assert source_rows(cdc_url, "select id, owner, bal from acct_copy") == want
+    from pyiceberg.catalog import load_catalog
+
+    ice = load_catalog("reclock", type="sql", uri=f"sqlite:///{tmp_path}/iceberg.db"
+                       ).load_table("bank.acct").scan(row_filter="_error IS NULL").to_arrow()
+    assert sorted(zip(*(ice.column(c).to_pylist() for c in ("id", "owner", "bal")),
+                      strict=True)) == sorted(want)
     [report] = verify_pipeline(cfg)
     assert report.ok, [(o.output, o.breaches, o.samples) for o in report.outputs]
-    assert [o.output for o in report.outputs] == ["acct.delta", "acct.postgres"]
+    assert [o.output for o in report.outputs] == ["acct.delta", "acct.postgres", "acct.iceberg"]
 
 
 # -- a re-snapshot of an output with several sinks ---------------------------------------------
@@ -610,7 +620,7 @@ sources:
             pipe.close()
         requests = Requests(tmp_path / "state", "gen")
         wait_for(lambda: not requests.pending(), 90, "the re-snapshot of both sinks")
-        assert [o.health.status for o in runners[0].outputs] == ["running", "running"]
+        assert [o.health.status for o in runners[0].outputs] == ["running"] * 3
     assert once("a") and once("b")
     events = [e for e in runners[0].events.recent if e["kind"] == "resnapshot"]
     assert [e["state"] for e in events] == ["taken", "committed"], events
