@@ -1768,12 +1768,31 @@ class DeltaSink:
         with self._locked():
             present, waiting = self._apart(expire_files, self.location, hours, custom,
                                            doing="vacuum")
+            if self.holds_state:
+                present = [*present, *self._expire_dvs(hours * 3_600_000)]
         self._expiring = waiting > 0
         if not present:
             return []
         log.info("output %r: deleted %d files removed more than %d h ago", self.name,
                  len(present), hours)
         return sorted(present)
+
+    def _expire_dvs(self, retention_ms: int) -> list[str]:
+        """A state table's deletion vector files that no live data file uses
+        and that none has used for ``retention_ms`` (older versions, for
+        time travel, still may until then); deleted, their names. delta-rs's
+        vacuum does not know them: its remove actions name data files. The
+        caller holds the lock."""
+        index = self._index_at(self._head_of(self._load()).version)
+        if index is None:
+            return []
+        in_use = index.dv_files_in_use()
+        due = [p for p in index.retired(int(time.time() * 1000) - retention_ms)
+               if p not in in_use]
+        for p in due:
+            self.location.delete(p)
+        index.forget_retired(due)
+        return due
 
     def _set_retention(self, hours: int) -> None:
         """Set the table's ``delta.deletedFileRetentionDuration`` to ``hours``
@@ -1932,9 +1951,11 @@ class DeltaSink:
         index = self._index_at(head.version)
         if index is None:
             return False
+        found: dict[Any, tuple[int, int]] = {}
         changes = state_changes(self.name, rows, self.key, user,
-                                partial(_held, index), self.uri)
-        old = index.lookup([*changes.upsert_keys, *changes.deletes])
+                                partial(_held, index, found), self.uri)
+        changed = set(changes.upsert_keys).union(changes.deletes)
+        old = {k: at for k, at in found.items() if k in changed}
         by_file: dict[int, list[int]] = {}
         for f, r in old.values():
             by_file.setdefault(f, []).append(r)
@@ -1971,6 +1992,7 @@ class DeltaSink:
             actions.append({"add": data_add})
         entry = _state_entry(actions, self.app_id, version, custom, head.version)
         with index.change(head.version + 1) as ch:
+            ch.retire([e.add.get("deletionVector") for e, _ in new_dvs], now)
             for (e, dv), add in zip(new_dvs, new_adds, strict=True):
                 ch.set_dv(e.id, add, dv)
             ch.delete_keys(changes.deletes)
@@ -2100,6 +2122,7 @@ class DeltaSink:
             entry = _state_entry(actions, self.app_id, txn, custom, head.version,
                                  operation="OPTIMIZE")
             with index.change(head.version + 1) as ch:
+                ch.retire([entries[i].add.get("deletionVector") for i in take], now)
                 ch.drop_files(take)
                 if add is not None:
                     nid = ch.add_file(add["path"], merged.num_rows, add)
@@ -2398,8 +2421,10 @@ def _changes_files(text: str | None) -> bool:
                or '"remove"' in line[:12] for line in text.splitlines())
 
 
-def _held(index: KeyIndex, keys: list[Any]) -> set[Any]:
-    return set(index.lookup(keys))
+def _held(index: KeyIndex, found: dict[Any, tuple[int, int]], keys: list[Any]) -> set[Any]:
+    """Which of ``keys`` have a row (their places go into ``found``)."""
+    found.update(index.lookup(keys))
+    return set(found)
 
 
 def _check_state_diffs(output: str, rows: pa.Table) -> None:

@@ -222,7 +222,8 @@ class KeyIndex:
             "  r INTEGER NOT NULL) WITHOUT ROWID;"
             "CREATE TABLE IF NOT EXISTS files (id INTEGER PRIMARY KEY, path TEXT UNIQUE, "
             "  rows INTEGER NOT NULL, add_json TEXT NOT NULL, dv BLOB);"
-            "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value);")
+            "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value);"
+            "CREATE TABLE IF NOT EXISTS retired (path TEXT PRIMARY KEY, at INTEGER NOT NULL);")
 
     @property
     def version(self) -> int | None:
@@ -245,9 +246,35 @@ class KeyIndex:
 
     def files(self, ids: set[int] | None = None) -> dict[int, FileEntry]:
         """The data files (those of ``ids`` only, if given)."""
-        rows = self.db.execute("SELECT id, path, add_json, dv FROM files").fetchall()
+        if ids is None:
+            rows = self.db.execute("SELECT id, path, add_json, dv FROM files").fetchall()
+        else:
+            rows = []
+            wanted = sorted(ids)
+            for i in range(0, len(wanted), LOOKUP_CHUNK):
+                chunk = wanted[i:i + LOOKUP_CHUNK]
+                rows += self.db.execute(
+                    "SELECT id, path, add_json, dv FROM files WHERE id IN "
+                    f"({','.join('?' * len(chunk))})", chunk).fetchall()
         return {i: FileEntry(i, p, json.loads(a), BitMap.deserialize(d) if d else BitMap())
-                for i, p, a, d in rows if ids is None or i in ids}
+                for i, p, a, d in rows}
+
+    def dv_files_in_use(self) -> set[str]:
+        """The deletion vector files the live data files' vectors are in."""
+        out = set()
+        for (a,) in self.db.execute("SELECT add_json FROM files WHERE dv IS NOT NULL"):
+            d = json.loads(a).get("deletionVector")
+            if d and d.get("storageType") == "u":
+                out.add(dv_path(d))
+        return out
+
+    def retired(self, before_ms: int) -> list[str]:
+        """Deletion vector files that no live file has used since ``before_ms``."""
+        return [p for (p,) in self.db.execute("SELECT path FROM retired WHERE at < ?",
+                                              (before_ms,))]
+
+    def forget_retired(self, paths: Sequence[str]) -> None:
+        self.db.executemany("DELETE FROM retired WHERE path = ?", [(p,) for p in paths])
 
     def mark(self, version: int) -> None:
         """Say the index describes ``version`` (a version that changed no file)."""
@@ -296,6 +323,14 @@ class Changes:
         self.db.execute("UPDATE files SET add_json = ?, dv = ? WHERE id = ?",
                         (json.dumps(add), dv.serialize(), file_id))
 
+    def retire(self, descriptors: Sequence[dict[str, Any] | None], now_ms: int) -> None:
+        """Deletion vectors the commit replaces: their files may go once
+        no live file uses them and they are past the retention
+        (:meth:`KeyIndex.retired`)."""
+        paths = {dv_path(d) for d in descriptors if d and d.get("storageType") == "u"}
+        self.db.executemany("INSERT OR REPLACE INTO retired VALUES (?, ?)",
+                            [(p, now_ms) for p in paths])
+
     def drop_files(self, ids: Sequence[int]) -> None:
         self.db.executemany("DELETE FROM files WHERE id = ?", [(i,) for i in ids])
 
@@ -307,6 +342,8 @@ class Changes:
         self.db.executemany("DELETE FROM keys WHERE k = ?", [(k,) for k in keys])
 
     def clear(self) -> None:
+        """Forget the keys and files (not the retired vectors: their files
+        still wait for their retention)."""
         self.db.execute("DELETE FROM keys")
         self.db.execute("DELETE FROM files")
 
