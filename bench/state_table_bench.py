@@ -100,6 +100,7 @@ class Changes:
         self.live = np.ones(keys * 2, dtype=bool)
         self.live[keys:] = False
         self.next = keys
+        self.last = np.zeros(keys * 2, dtype=np.int32)  # the tick of each key's row (0: load)
 
     def batch(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(updated keys, deleted keys, inserted keys)."""
@@ -115,6 +116,10 @@ class Changes:
         self.live[deletes] = False
         self.live[inserts] = True
         return updates, deletes, inserts
+
+    def settle(self, tick: int, updates: np.ndarray, inserts: np.ndarray) -> None:
+        self.last[updates] = tick
+        self.last[inserts] = tick
 
 
 def reclock_rows(tick: int, into: int, upd: np.ndarray, dele: np.ndarray,
@@ -174,6 +179,7 @@ def run_reclock(root: Path, args: argparse.Namespace, changes_dir: Path) -> dict
     index_s = time.monotonic() - t0
     state = sink.state()
     gen = Changes(args.keys, seed=1)
+    spark_live = 0
     fresh, busy, written, changed, stage_s, commit_s = [], [], [], [], [], []
     seen: set[str] = set()
     interval = args.interval
@@ -184,6 +190,9 @@ def run_reclock(root: Path, args: argparse.Namespace, changes_dir: Path) -> dict
             time.sleep(due - time.time())
         into = int(due * 1000)
         upd, dele, ins = gen.batch(args.rate)
+        gen.settle(tick, upd, ins)
+        if tick == args.spark_batches - 1:
+            spark_live = int(gen.live.sum())
         if tick < args.spark_batches:
             pq.write_table(spark_rows(tick, upd, dele, ins),
                            changes_dir / f"batch-{tick:05d}.parquet")
@@ -206,9 +215,29 @@ def run_reclock(root: Path, args: argparse.Namespace, changes_dir: Path) -> dict
             print(f"  tick {tick}: stage {b1 - b0:.3f} s, commit {b2 - b1:.3f} s, "
                   f"freshness {fresh[-1]:.2f} s", file=sys.stderr, flush=True)
     files = len(list((root / "reclock").glob("*.parquet")))
-    return {"load_s": load_s, "index_s": index_s, "fresh": fresh, "busy": busy,
-            "bytes": written, "changed": changed, "stage": stage_s, "commit": commit_s,
-            "files": files}
+    check(sink, gen)
+    return {"spark_live": spark_live, "load_s": load_s, "index_s": index_s, "fresh": fresh,
+            "busy": busy, "bytes": written, "changed": changed, "stage": stage_s,
+            "commit": commit_s, "files": files}
+
+
+def check(sink: DeltaSink, gen: Changes) -> None:
+    """The table holds exactly the live keys, each with its last change's
+    value (exit 1 otherwise)."""
+    table = delta_mod.read_current(sink.location)
+    keys = table.column("k").to_numpy()
+    want = np.flatnonzero(gen.live)
+    if len(keys) != len(want) or not np.array_equal(np.sort(keys), want):
+        print(f"MISMATCH: the table holds {len(keys)} keys, the model {len(want)}")
+        raise SystemExit(1)
+    rng = np.random.default_rng(5)
+    sample = rng.choice(len(keys), min(2000, len(keys)), replace=False)
+    for k, v in zip(keys[sample].tolist(), table.column("v").take(pa.array(sample))
+                    .to_pylist(), strict=True):
+        t = int(gen.last[k])
+        if v != (f"v0-{k}" if t == 0 else f"v{t}-{k}"):
+            print(f"MISMATCH: key {k} holds {v!r}, its last change was at tick {t}")
+            raise SystemExit(1)
 
 
 def run_spark(root: Path, args: argparse.Namespace, changes_dir: Path) -> dict[str, Any]:
@@ -228,7 +257,7 @@ def run_spark(root: Path, args: argparse.Namespace, changes_dir: Path) -> dict[s
 
     loaded = call("load", "--keys", str(args.keys))
     merged = call("merge", "--changes", str(changes_dir), "--checkpoint", str(root / "ckpt"))
-    return {"load_s": loaded["load_s"], "batches": merged["batches"]}
+    return {"load_s": loaded["load_s"], "batches": merged["batches"], "rows": merged["rows"]}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -255,6 +284,10 @@ def main() -> int:
     try:
         r = run_reclock(root, args, changes_dir)
         s = None if args.no_spark else run_spark(root, args, changes_dir)
+        if s is not None and s["rows"] != r["spark_live"]:
+            print(f"MISMATCH: Spark's table holds {s['rows']} rows, the model "
+                  f"{r['spark_live']}")
+            return 1
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -161,6 +161,7 @@ from pathlib import Path
 from typing import Annotated, Any, BinaryIO, ClassVar, Literal, ParamSpec, TypeVar
 from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -194,7 +195,6 @@ from reclock.contracts.sink import (
 from reclock.contracts.state_table import (
     Mode,
     check_state_settings,
-    key_values,
     state_changes,
     state_check_raw,
     state_key_of,
@@ -278,8 +278,13 @@ LOCK_NAME = "_reclock.lock"
 #: A state table's error rows: a log table in this directory of the table's
 #: (a name Delta's VACUUM leaves alone).
 ERRORS_DIR = "_errors"
-#: State tables: a compaction rewrites a file once this share of its rows is deleted.
+#: State tables: a compaction rewrites a file once this share of its rows is
+#: deleted, and merges files of fewer live rows than this (when there are
+#: ``min_files`` of them), at most this many live rows a pass (the next pass
+#: follows on the next tick).
 STATE_PURGE_SHARE = 0.3
+STATE_SMALL_ROWS = 100_000
+STATE_PASS_ROWS = 1_000_000
 KEY_UPPER = "reclock.upper"
 KEY_PROGRESS = "reclock.progress"
 KEY_OUTPUT = "reclock.output"
@@ -2084,10 +2089,18 @@ class DeltaSink:
                 return {}
             stats = index.live_fraction()
             entries = index.files()
-            small = [i for i, _, _, _ in stats if int(entries[i].add["size"]) < target_size]
-            purge = [i for i, _, n, d in stats if n and d / n >= STATE_PURGE_SHARE]
-            take = list(dict.fromkeys(purge + (small if len(small) >= min_files else [])))
-            take = take[:max_files]
+            small = [i for i, _, n, d in stats if n - d < STATE_SMALL_ROWS]
+            purge = [i for i, _, n, d in stats
+                     if n and d / n >= STATE_PURGE_SHARE and n - d >= STATE_SMALL_ROWS]
+            candidates = purge + (small if len(small) >= min_files else [])
+            live = {i: n - d for i, _, n, d in stats}
+            take: list[int] = []
+            rows_taken = 0
+            for i in candidates[:max_files]:
+                if take and rows_taken + live[i] > STATE_PASS_ROWS:
+                    break
+                take.append(i)
+                rows_taken += live[i]
             if len(take) < 2 and not purge:
                 return {}
             schema = pa.schema(dt.schema().to_arrow())
@@ -2099,22 +2112,22 @@ class DeltaSink:
                 e = entries[fid]
                 t = pq.read_table(os.path.join(self.location.root, e.path), schema=schema)
                 if e.dv:
-                    keep = sorted(set(range(t.num_rows)) - set(e.dv))
-                    t = t.take(pa.array(keep, pa.int64()))
+                    keep = np.ones(t.num_rows, dtype=bool)
+                    keep[np.fromiter(e.dv, dtype=np.int64, count=len(e.dv))] = False
+                    t = t.filter(pa.array(keep))
                 parts.append(t)
                 actions.append({"remove": {**_remove_of(e.add, now), "dataChange": False}})
             merged = pa.concat_tables(parts)
             written = []
             add: dict[str, Any] | None = None
+            new_path = f"part-{batch}-00000-000.parquet"
             if merged.num_rows:
-                path = f"part-{batch}-00000-000.parquet"
-                size = self.location.write(path, partial(_write_parquet, merged))
-                written.append(path)
-                st = self.location.stat(path)
-                add = {
-                    "path": path, "partitionValues": {}, "size": size,
-                    "modificationTime": st[1] if st else now, "dataChange": False,
-                    "stats": state_stats(merged)}
+                size = self.location.write(new_path, partial(_write_parquet, merged))
+                written.append(new_path)
+                st = self.location.stat(new_path)
+                add = {"path": new_path, "partitionValues": {}, "size": size,
+                       "modificationTime": st[1] if st else now, "dataChange": False,
+                       "stats": state_stats(merged)}
                 actions.append({"add": add})
             custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(txn),
                       KEY_PROGRESS: head.state.progress, KEY_MAINTENANCE: "compact",
@@ -2123,11 +2136,12 @@ class DeltaSink:
                                  operation="OPTIMIZE")
             with index.change(head.version + 1) as ch:
                 ch.retire([entries[i].add.get("deletionVector") for i in take], now)
-                ch.drop_files(take)
-                if add is not None:
-                    nid = ch.add_file(add["path"], merged.num_rows, add)
-                    ch.put_keys(key_values(merged, self.key), nid,
-                                range(merged.num_rows))
+                nid = 0 if add is None else ch.add_file(new_path, merged.num_rows, add)
+                moves, base = [], 0
+                for i, part in zip(take, parts, strict=True):
+                    moves.append((i, nid, base, entries[i].dv))
+                    base += part.num_rows
+                ch.move_files(moves)
                 if self._put_entry(head.version + 1, entry):
                     ch.done = True
             if not ch.done:
@@ -2139,10 +2153,10 @@ class DeltaSink:
         removed = sum(int(entries[i].add["size"]) for i in take)
         log.info("output %r: compacted %d state files into %d", self.name, len(take),
                  len(written))
-        self._housekeep(head.version + 1, checkpoint=True)
+        self._housekeep(head.version + 1)
         return {"files_removed": len(take), "files_added": len(written),
                 "bytes_removed": removed, "bytes_added": int(add["size"]) if add else 0,
-                "files_left": 0}
+                "files_left": len(candidates) - len(take)}
 
     # -- helpers ---------------------------------------------------------------------------
     def _open(self) -> DeltaTable:

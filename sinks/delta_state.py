@@ -59,6 +59,8 @@ from reclock.contracts.state_table import key_values
 DV_MAGIC = 1681511377
 #: The key index's file name, in the table's directory.
 INDEX_NAME = "_reclock_keys.sqlite"
+#: The key index's page cache (KiB).
+CACHE_KIB = 512 * 1024
 #: Keys looked up per SQL statement (SQLite's default variable limit is 32766).
 LOOKUP_CHUNK = 4000
 
@@ -217,11 +219,15 @@ class KeyIndex:
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
+        # a commit probes and writes keys spread over the whole table: keep
+        # the B-tree's inner pages and many leaves cached (the default is 2 MiB)
+        self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
         self.db.executescript(
             "CREATE TABLE IF NOT EXISTS keys (k PRIMARY KEY, f INTEGER NOT NULL, "
             "  r INTEGER NOT NULL) WITHOUT ROWID;"
             "CREATE TABLE IF NOT EXISTS files (id INTEGER PRIMARY KEY, path TEXT UNIQUE, "
-            "  rows INTEGER NOT NULL, add_json TEXT NOT NULL, dv BLOB);"
+            "  rows INTEGER NOT NULL, add_json TEXT NOT NULL, dv BLOB, moved_to INTEGER, "
+            "  base INTEGER, dropped BLOB);"
             "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value);"
             "CREATE TABLE IF NOT EXISTS retired (path TEXT PRIMARY KEY, at INTEGER NOT NULL);")
 
@@ -234,7 +240,8 @@ class KeyIndex:
         self.db.close()
 
     def lookup(self, keys: list[Any]) -> dict[Any, tuple[int, int]]:
-        """(file id, position) of each of ``keys`` that has a row."""
+        """(file id, position) of each of ``keys`` that has a row, in the
+        live file that holds it now (see :meth:`Changes.move_files`)."""
         out: dict[Any, tuple[int, int]] = {}
         for i in range(0, len(keys), LOOKUP_CHUNK):
             chunk = keys[i:i + LOOKUP_CHUNK]
@@ -242,12 +249,33 @@ class KeyIndex:
             for k, f, r in self.db.execute(f"SELECT k, f, r FROM keys WHERE k IN ({marks})",
                                            chunk):
                 out[k] = (f, r)
+        moves: dict[int, tuple[int, int, BitMap] | None] = {}
+        while True:
+            ask = sorted({f for f, _ in out.values()} - set(moves))
+            if not ask:
+                break
+            for f in ask:
+                moves[f] = None
+            for i in range(0, len(ask), LOOKUP_CHUNK):
+                chunk = ask[i:i + LOOKUP_CHUNK]
+                for f, to, base, dropped in self.db.execute(
+                        "SELECT id, moved_to, base, dropped FROM files WHERE moved_to IS NOT "
+                        f"NULL AND id IN ({','.join('?' * len(chunk))})", chunk):
+                    moves[f] = (to, base, BitMap.deserialize(dropped) if dropped else BitMap())
+            moved = {k: at for k, at in out.items() if moves.get(at[0]) is not None}
+            if not moved:
+                break
+            for k, (f, r) in moved.items():
+                to, base, dropped = moves[f]  # type: ignore[misc]
+                # the live rows of the moved file, in order, from ``base`` on
+                out[k] = (to, base + r - dropped.rank(r))
         return out
 
     def files(self, ids: set[int] | None = None) -> dict[int, FileEntry]:
         """The data files (those of ``ids`` only, if given)."""
         if ids is None:
-            rows = self.db.execute("SELECT id, path, add_json, dv FROM files").fetchall()
+            rows = self.db.execute("SELECT id, path, add_json, dv FROM files "
+                                   "WHERE moved_to IS NULL").fetchall()
         else:
             rows = []
             wanted = sorted(ids)
@@ -262,7 +290,8 @@ class KeyIndex:
     def dv_files_in_use(self) -> set[str]:
         """The deletion vector files the live data files' vectors are in."""
         out = set()
-        for (a,) in self.db.execute("SELECT add_json FROM files WHERE dv IS NOT NULL"):
+        for (a,) in self.db.execute("SELECT add_json FROM files WHERE dv IS NOT NULL "
+                                    "AND moved_to IS NULL"):
             d = json.loads(a).get("deletionVector")
             if d and d.get("storageType") == "u":
                 out.add(dv_path(d))
@@ -283,7 +312,8 @@ class KeyIndex:
     def live_fraction(self) -> list[tuple[int, str, int, int]]:
         """(id, path, rows, deleted) of every file."""
         out = []
-        for i, p, n, d in self.db.execute("SELECT id, path, rows, dv FROM files"):
+        for i, p, n, d in self.db.execute("SELECT id, path, rows, dv FROM files "
+                                          "WHERE moved_to IS NULL"):
             out.append((i, p, n, len(BitMap.deserialize(d)) if d else 0))
         return out
 
@@ -331,21 +361,38 @@ class Changes:
         self.db.executemany("INSERT OR REPLACE INTO retired VALUES (?, ?)",
                             [(p, now_ms) for p in paths])
 
-    def drop_files(self, ids: Sequence[int]) -> None:
-        self.db.executemany("DELETE FROM files WHERE id = ?", [(i,) for i in ids])
+    def move_files(self, moves: Sequence[tuple[int, int, int, BitMap]]) -> None:
+        """Compaction: the live rows of each file ``(old, new, base, dropped)``
+        are now rows ``base, base + 1, ...`` of file ``new`` in their order
+        (``dropped``: the old file's deleted positions; ``new`` 0: no live
+        row was left). The keys keep naming the old file; :meth:`KeyIndex.lookup`
+        follows the move, so a compaction writes a row per file, not per key."""
+        self.db.executemany(
+            "UPDATE files SET moved_to = ?, base = ?, dropped = ?, dv = NULL WHERE id = ?",
+            [(new, base, dropped.serialize(), old) for old, new, base, dropped in moves])
 
     def put_keys(self, keys: Sequence[Any], file_id: int, positions: Sequence[int]) -> None:
-        self.db.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)",
-                            zip(keys, [file_id] * len(keys), positions, strict=True))
+        """Each key's row is now at ``positions`` of ``file_id`` (written in
+        key order: neighbouring keys share B-tree pages)."""
+        rows = sorted(zip(keys, [file_id] * len(keys), positions, strict=True),
+                      key=_sort_key)
+        self.db.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)", rows)
 
     def delete_keys(self, keys: Sequence[Any]) -> None:
-        self.db.executemany("DELETE FROM keys WHERE k = ?", [(k,) for k in keys])
+        self.db.executemany("DELETE FROM keys WHERE k = ?",
+                            [(k,) for k in sorted(keys, key=lambda k: _sort_key((k,)))])
 
     def clear(self) -> None:
         """Forget the keys and files (not the retired vectors: their files
         still wait for their retention)."""
         self.db.execute("DELETE FROM keys")
         self.db.execute("DELETE FROM files")
+
+
+def _sort_key(row: tuple[Any, ...]) -> tuple[int, Any]:
+    """SQLite's order of keys: integers before texts."""
+    k = row[0]
+    return (0, k) if isinstance(k, int) else (1, k)
 
 
 def rebuild(index: KeyIndex, root: str, key: Sequence[str], output: str) -> int:

@@ -69,23 +69,21 @@ def load(spark, table: str, keys: int) -> float:  # type: ignore[no-untyped-def]
 
 
 def merge(spark, table: str, changes: str, checkpoint: str) -> list[tuple[float, int]]:  # type: ignore[no-untyped-def]
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    target = DeltaTable.forPath(spark, table)
     times: list[tuple[float, int]] = []
 
     def apply(batch, batch_id: int) -> None:  # type: ignore[no-untyped-def]
         t0 = time.monotonic()
         src = batch.withColumn("_into_time", F.lit(batch_id).cast("long"))
         n = src.count()
-        (target.alias("t").merge(src.alias("s"), "t.k = s.k")
-         .whenMatchedDelete(condition="s.op = 'd'")
-         .whenMatchedUpdate(set={"v": "s.v", "n": "s.n", "_into_time": "s._into_time"})
-         .whenNotMatchedInsert(condition="s.op != 'd'",
-                               values={"k": "s.k", "v": "s.v", "n": "s.n",
-                                       "_into_time": "s._into_time"})
-         .execute())
+        src.createOrReplaceTempView("changes")
+        src.sparkSession.sql(
+            f"MERGE INTO delta.`{table}` t USING changes s ON t.k = s.k "
+            "WHEN MATCHED AND s.op = 'd' THEN DELETE "
+            "WHEN MATCHED THEN UPDATE SET v = s.v, n = s.n, _into_time = s._into_time "
+            "WHEN NOT MATCHED AND s.op != 'd' THEN INSERT (k, v, n, _into_time) "
+            "VALUES (s.k, s.v, s.n, s._into_time)")
         times.append((time.monotonic() - t0, n))
         print(f"batch {batch_id}: {n} rows in {times[-1][0]:.2f} s", file=sys.stderr,
               flush=True)
@@ -115,6 +113,7 @@ def main() -> int:
             out: dict[str, object] = {"load_s": load(spark, args.table, args.keys)}
         else:
             out = {"batches": merge(spark, args.table, args.changes, args.checkpoint)}
+            out["rows"] = spark.read.format("delta").load(args.table).count()
         sys.stdout.write(json.dumps(out) + "\n")
     finally:
         spark.stop()
