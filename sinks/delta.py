@@ -2479,7 +2479,10 @@ def read_current(location: Location) -> pa.Table:
     delta-rs's DataFusion reader."""
     dt = DeltaTable(location.uri, storage_options=location.storage_options())
     reader = QueryBuilder().register("t", dt).execute("SELECT * FROM t")
-    return pa.table(reader.read_all())
+    table = pa.table(reader.read_all())
+    # DataFusion answers strings and binaries as views: back to the plain types
+    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    return table.cast(pa.schema([f.with_type(plain.get(f.type, f.type)) for f in table.schema]))
 
 
 # -- configuration ----------------------------------------------------------------

@@ -281,3 +281,21 @@ def test_state_mode_settings_are_checked(tmp_path: Path) -> None:
         DeltaSink(NAME, "s3://bucket/x", mode="state", key=["k"])
     with pytest.raises(SinkError, match=r"key columns \['nope'\]"):
         DeltaSink(NAME, tmp_path / "a", mode="state", key=["nope"]).ensure(USER)
+
+
+def test_a_delta_state_output_in_a_pipeline_needs_a_key_the_upstream_keeps(
+        tmp_path: Path) -> None:
+    from reclock.config import ConfigError, load_config
+
+    def pipeline(sink: str) -> Path:
+        f = tmp_path / "p.yaml"
+        f.write_text("sources:\n  - name: c\n    generator: {kind: counter}\n    outputs:\n"
+                     f"      - name: o\n        sink: {sink}\n")
+        return f
+
+    with pytest.raises(ConfigError, match="key: required with mode: state"):
+        load_config(pipeline("{type: delta, mode: state}"))
+    with pytest.raises(ConfigError, match="a state table keeps one row per key"):
+        load_config(pipeline("{type: delta, mode: state, key: [value]}"))
+    cfg = load_config(pipeline("{type: delta, mode: log}"))
+    assert cfg.sources[0].outputs[0].sink.state_key is None
