@@ -284,18 +284,35 @@ def test_state_mode_settings_are_checked(tmp_path: Path) -> None:
 
 
 def test_a_delta_state_output_in_a_pipeline_needs_a_key_the_upstream_keeps(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config checks of the Postgres sink's state tables, shared: a key
+    is required, and it must contain the output's upstream key (refused
+    before Spark starts)."""
+    import reclock.runtime.spark
     from reclock.config import ConfigError, load_config
+    from reclock.core.errors import DefiniteError
+    from reclock.pipeline import run
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(reclock.runtime.spark, "spark_session", refuse)
 
     def pipeline(sink: str) -> Path:
         f = tmp_path / "p.yaml"
-        f.write_text("sources:\n  - name: c\n    generator: {kind: counter}\n    outputs:\n"
-                     f"      - name: o\n        sink: {sink}\n")
+        f.write_text(f"state_dir: {tmp_path}/state\nsources:\n  - name: shop\n"
+                     "    generator: {kind: orders, rate: 100, max_records: 50}\n"
+                     f"    outputs:\n      - name: customers\n        sink: {sink}\n"
+                     "      - name: orders\n        sink: console\n")
         return f
 
     with pytest.raises(ConfigError, match="key: required with mode: state"):
         load_config(pipeline("{type: delta, mode: state}"))
-    with pytest.raises(ConfigError, match="a state table keeps one row per key"):
-        load_config(pipeline("{type: delta, mode: state, key: [value]}"))
-    cfg = load_config(pipeline("{type: delta, mode: log}"))
-    assert cfg.sources[0].outputs[0].sink.state_key is None
+    with pytest.raises(DefiniteError, match=r"sink key \['name'\]: a state table's key must "
+                                            r"contain the output's upstream key"):
+        run(load_config(pipeline("{type: delta, mode: state, key: [name]}")), out=None,
+            install_signals=False)
+    cfg = load_config(pipeline("{type: delta, mode: state, key: [customer_id]}"))
+    assert cfg.sources[0].outputs[0].sink.state_key == ("customer_id",)
+    with pytest.raises(AssertionError, match="Spark was started"):
+        run(cfg, out=None, install_signals=False)
