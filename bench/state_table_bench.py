@@ -180,6 +180,7 @@ def run_reclock(root: Path, args: argparse.Namespace, changes_dir: Path) -> dict
     state = sink.state()
     gen = Changes(args.keys, seed=1)
     spark_live = 0
+    passes: list[int] = []
     fresh, busy, written, changed, stage_s, commit_s = [], [], [], [], [], []
     seen: set[str] = set()
     interval = args.interval
@@ -203,7 +204,9 @@ def run_reclock(root: Path, args: argparse.Namespace, changes_dir: Path) -> dict
         sink.commit(staged, state, new)
         state = new
         b2 = time.monotonic()
-        sink.maintain(int(time.time() * 1000))
+        done = sink.maintain(int(time.time() * 1000))
+        if done.get("files_removed"):
+            passes.append(done["files_removed"])
         fresh.append(time.time() - due)
         busy.append(time.monotonic() - b0)
         stage_s.append(b1 - b0)
@@ -218,7 +221,7 @@ def run_reclock(root: Path, args: argparse.Namespace, changes_dir: Path) -> dict
     check(sink, gen)
     return {"spark_live": spark_live, "load_s": load_s, "index_s": index_s, "fresh": fresh,
             "busy": busy, "bytes": written, "changed": changed, "stage": stage_s,
-            "commit": commit_s, "files": files}
+            "commit": commit_s, "files": files, "passes": passes}
 
 
 def check(sink: DeltaSink, gen: Changes) -> None:
@@ -308,7 +311,8 @@ def main() -> int:
         ("bytes rewritten per changed row (target <= 1 KiB)", f"{per_row:.0f} B",
          "PASS" if per_row <= 1024 else "FAIL"),
         ("reclock sustained rate (changes / busy time)", f"{rate:,.0f}/s", ""),
-        ("data files at the end", f"{r['files']}", ""),
+        ("compaction passes / files they merged",
+         f"{len(r['passes'])} / {sum(r['passes'])}", ""),
     ]
     if s is not None:
         batches = s["batches"][1:] or s["batches"]

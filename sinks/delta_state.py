@@ -176,16 +176,26 @@ def live_files(root: str) -> tuple[int, dict[str, dict[str, Any]]]:
     try:
         with open(os.path.join(logdir, "_last_checkpoint")) as f:
             cp = int(json.load(f)["version"])
+    except FileNotFoundError:
+        cp = -1
+    if cp >= 0:
         part = os.path.join(logdir, f"{cp:020d}.checkpoint.parquet")
-        if os.path.exists(part):
-            for a in pq.read_table(part, columns=["add"]).column("add").to_pylist():
-                if a:
-                    a["partitionValues"] = dict(a.get("partitionValues") or [])
-                    a = {k: v for k, v in a.items() if v is not None}
-                    adds[unquote(a["path"])] = a
-            start = cp + 1
-    except (FileNotFoundError, KeyError, ValueError):
-        pass
+        if not os.path.exists(part):
+            raise SinkError(f"the table at {root} has a checkpoint at version {cp} in a form "
+                            "reclock does not read (multi-part or V2)",
+                            hint="let only reclock write checkpoints of a state table, or "
+                                 "re-read the output into a new path")
+        for a in pq.read_table(part, columns=["add"]).column("add").to_pylist():
+            if a:
+                a["partitionValues"] = dict(a.get("partitionValues") or [])
+                a = {k: v for k, v in a.items() if v is not None}
+                adds[unquote(a["path"])] = a
+        start = cp + 1
+    have = set(versions)
+    missing = [v for v in range(start, versions[-1] + 1) if v not in have] if versions else []
+    if missing:
+        raise SinkError(f"the log of the table at {root} lacks entries {missing[:3]} after its "
+                        "checkpoint", hint="re-read the output into a new path")
     for v in (x for x in versions if x >= start):
         with open(os.path.join(logdir, f"{v:020d}.json")) as f:
             for line in f:
