@@ -228,6 +228,7 @@ from reclock.sinks.delta_state import (
     state_stats,
     wide_stats,
     write_dvs,
+    z85_encode,
 )
 
 log = logging.getLogger("reclock.sinks.delta")
@@ -301,6 +302,7 @@ _STAGED = re.compile(r"part-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet")
 _STAGED_TMP = re.compile(r"\.part-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet\.[0-9a-f]+\.tmp")
 _MAX_FILES_PER_PART = 1000  # the three digits of {n:03d}
 # Temp files of the log entries reclock writes (reclock.sinks._fs.create_exclusive).
+_DV_FILE = re.compile(r"deletion_vector_[0-9a-f-]{36}\.bin")
 _LOG_TMP = re.compile(r"\.\d{20}\.json\.[0-9a-f]{32}\.tmp")
 
 # The names in ``_delta_log`` that make a directory a table for delta-rs:
@@ -1557,6 +1559,8 @@ class DeltaSink:
             for name in removed:
                 self.location.delete(name)
             removed += self._vacuum_log_temps(now - grace_seconds)
+            if self.holds_state:
+                removed += self._orphan_dvs(listed, now - grace_seconds)
         if removed:
             log.info("output %r: removed %d orphan files", self.name, len(removed))
         return sorted(removed)
@@ -1781,6 +1785,33 @@ class DeltaSink:
         log.info("output %r: deleted %d files removed more than %d h ago", self.name,
                  len(present), hours)
         return sorted(present)
+
+    def _orphan_dvs(self, listed: list[tuple[str, int, float]], before: float) -> list[str]:
+        """Delete a state table's deletion vector files last written before
+        ``before`` that no commit references: neither a live file (the key
+        index) nor a replaced vector waiting for its retention, nor any log
+        entry still present (older versions read it). A commit killed
+        between writing its vectors and its log entry leaves such a file.
+        The caller holds the lock."""
+        index = self._index_at(self._head_of(self._load()).version)
+        if index is None:
+            return []
+        known = index.dv_files_in_use() | set(index.retired(2**62))
+        old = {name for name, _, mtime in listed if _DV_FILE.fullmatch(name)
+               and name not in known and mtime < before}
+        if not old:
+            return []
+        codes = {z85_encode(uuid.UUID(name[16:52]).bytes): name for name in old}
+        logdir = os.path.join(self.location.root, "_delta_log")
+        for entry in os.listdir(logdir):
+            if entry.endswith(".json") and codes:
+                with open(os.path.join(logdir, entry)) as f:
+                    text = f.read()
+                for code in [c for c in codes if c in text]:
+                    old.discard(codes.pop(code))
+        for name in old:
+            self.location.delete(name)
+        return sorted(old)
 
     def _expire_dvs(self, retention_ms: int) -> list[str]:
         """A state table's deletion vector files that no live data file uses

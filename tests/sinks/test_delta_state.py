@@ -194,11 +194,19 @@ def test_a_crash_in_a_commit_loses_and_doubles_nothing(
     landed = fresh.state()
     if point == "state_before_log":
         assert landed == st and current(read_current(fresh.location)) == before
+        # the killed commit's data and deletion vector files: orphans
+        left = {p.name for p in (tmp_path / "t").iterdir() if p.is_file()}
+        gone = fresh.vacuum_orphans(0)
+        assert any(n.startswith("deletion_vector_") for n in gone), gone
+        assert any("-state-" in n for n in gone), gone
+        assert {p.name for p in (tmp_path / "t").iterdir() if p.is_file()} == left - set(gone)
+        assert current(read_current(fresh.location)) == before
         landed = commit(fresh, updates(rows), st, 3)  # the retry
     assert landed == SinkState(3, '"3"')
     assert current(read_current(fresh.location)) == model.expected()
     rows = model.step(rnd, 3, 30)
     commit(fresh, updates(rows), landed, 4)
+    assert not [n for n in fresh.vacuum_orphans(0) if n.startswith("deletion_vector_")]
     assert current(read_current(fresh.location)) == model.expected()
     assert by_duckdb(tmp_path / "t") == model.expected()
 
