@@ -210,7 +210,7 @@ from reclock.core.columns import (
     SRC_PART,
     SRC_SEQ,
 )
-from reclock.core.errors import ReclockError
+from reclock.core.errors import ReclockError, TransientError
 from reclock.core.schema_change import widens
 from reclock.sinks._apart import run_apart
 from reclock.sinks._fs import (
@@ -1897,6 +1897,8 @@ class DeltaSink:
         except sqlite3.DatabaseError as exc:
             index = self._reset_index(exc)
             have = None
+        if have is not None and have > version and self._logged(have):
+            return None  # another committer moved the table on: retry from its version
         if have is not None and have < version and all(
                 not _changes_files(self.location.read_text(f"_delta_log/{v:020d}.json"))
                 for v in range(have + 1, version + 1)):
@@ -1912,8 +1914,16 @@ class DeltaSink:
                 raise self._os_error(exc, "index") from exc
         return index
 
-    def _reset_index(self, exc: Exception) -> KeyIndex:
-        """A new, empty key index in place of a damaged one (rebuilt next)."""
+    def _reset_index(self, exc: sqlite3.DatabaseError) -> KeyIndex:
+        """A new, empty key index in place of a damaged one (rebuilt next).
+        An index that is busy (another process's commit holds it: a second
+        driver without the local lock) or unreadable for a reason of the
+        system's is not damaged: a :class:`TransientError`, and it stays."""
+        if isinstance(exc, sqlite3.OperationalError):
+            raise TransientError(
+                f"output {self.name!r}: cannot use the key index of {self.uri}: {exc}",
+                hint="another process is committing to this table, or the disk failed; "
+                     "retried") from exc
         log.warning("output %r: the key index is damaged (%s): rebuilding it from the table",
                     self.name, exc)
         if self._index is not None:

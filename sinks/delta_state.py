@@ -59,6 +59,8 @@ from reclock.contracts.state_table import key_values
 DV_MAGIC = 1681511377
 #: The key index's file name, in the table's directory.
 INDEX_NAME = "_reclock_keys.sqlite"
+#: How long a commit waits for another process's transaction on the key index.
+BUSY_TIMEOUT_S = 30.0
 #: The key index's page cache (KiB).
 CACHE_KIB = 512 * 1024
 #: Keys looked up per SQL statement (SQLite's default variable limit is 32766).
@@ -226,7 +228,9 @@ class KeyIndex:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        # (a second committer waits for the first one's transaction)
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                                  timeout=BUSY_TIMEOUT_S)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         # a commit probes and writes keys spread over the whole table: keep

@@ -83,7 +83,7 @@ def current(table: pa.Table) -> list[tuple[Any, ...]]:
 def by_duckdb_query(path: Path, query: str) -> list[tuple[Any, ...]]:
     """The rows of ``query`` in DuckDB with its delta extension (the PyPI
     package's file: the extension download needs the network)."""
-    import duckdb_extension_delta
+    import duckdb_extension_delta  # type: ignore[import-untyped]
     ext = os.path.join(os.path.dirname(duckdb_extension_delta.__file__), "extensions",
                        f"v{duckdb.__version__}", "delta.duckdb_extension")
     con = duckdb.connect()
@@ -324,3 +324,42 @@ def test_a_delta_state_output_in_a_pipeline_needs_a_key_the_upstream_keeps(
     assert cfg.sources[0].outputs[0].sink.state_key == ("customer_id",)
     with pytest.raises(AssertionError, match="Spark was started"):
         run(cfg, out=None, install_signals=False)
+
+
+def _race(sink: DeltaSink, w: int, r: int, expected: SinkState, barrier: Any,
+          outcome: dict[int, str]) -> None:
+    """Committer ``w`` of round ``r``: stage its row, wait for the other, commit."""
+    staged = sink.stager().stage(f"w{w}r{r}", 0, updates([(w * 1000 + r, f"w{w}", None,
+                                                            r + 1, 1)]))
+    barrier.wait()
+    try:
+        sink.commit(staged, expected, SinkState(r + 2, f'"w{w}"'))
+        outcome[w] = "ok"
+    except SinkFenced:
+        outcome[w] = "fenced"
+
+
+def test_two_committers_without_the_lock_one_wins_each_round(tmp_path: Path) -> None:
+    """Two sinks of one state table (two drivers, the local lock off so that
+    only the log's put-if-absent and the state check fence them) commit the
+    same round at once: one lands, the other is fenced, and the table holds
+    exactly the winner's rows."""
+    import threading
+
+    sinks = [make(tmp_path / "t", lock=False) for _ in range(2)]
+    model, st = Model(), SinkState()
+    for r in range(6):
+        barrier = threading.Barrier(2)
+        outcome: dict[int, str] = {}
+        threads = [threading.Thread(target=_race, args=(sinks[w], w, r, st, barrier, outcome))
+                   for w in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(outcome.values()) == ["fenced", "ok"], outcome
+        winner = next(w for w, o in outcome.items() if o == "ok")
+        model.rows[winner * 1000 + r] = (f"w{winner}", None, r + 1)
+        st = SinkState(r + 2, f'"w{winner}"')
+        assert sinks[0].state() == st
+        assert current(read_current(sinks[0].location)) == model.expected()
