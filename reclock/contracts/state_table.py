@@ -36,9 +36,6 @@ from reclock.core.columns import DIFF, ERROR, INTO_TIME, SRC_OFFSET, SRC_PART, S
 
 Mode = Literal["log", "state"]
 
-#: Keys a refused commit names at most (it counts the others).
-NAMED_BREACHES = 1
-
 
 def check_state_settings(output: str, mode: str, key: Sequence[str]) -> None:
     """A :class:`SinkError` unless ``mode`` and ``key`` go together: a state
