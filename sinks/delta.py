@@ -149,6 +149,7 @@ import math
 import os
 import random
 import re
+import sqlite3
 import threading
 import time
 import uuid
@@ -160,10 +161,11 @@ from pathlib import Path
 from typing import Annotated, Any, BinaryIO, ClassVar, Literal, ParamSpec, TypeVar
 from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, Field, Schema, TableFeatures
+from deltalake import DeltaTable, Field, QueryBuilder, Schema, TableFeatures
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import (
     AddAction,
@@ -175,6 +177,7 @@ from deltalake.transaction import (
 from pydantic import AfterValidator, BeforeValidator, SecretStr
 from pydantic import Field as Setting
 from pydantic_core import InitErrorDetails
+from pyroaring import BitMap
 
 from reclock import faults
 from reclock.contracts.config import ByteSize, ConfigModel, DurationMs, problem
@@ -189,9 +192,25 @@ from reclock.contracts.sink import (
     SinkPlugin,
     SinkState,
 )
+from reclock.contracts.state_table import (
+    Mode,
+    check_state_settings,
+    state_changes,
+    state_check_raw,
+    state_key_of,
+)
 from reclock.core.clock import Clock, SystemClock
-from reclock.core.columns import ERROR, INTO_TIME, META_FIELDS, META_NAMES, SRC_OFFSET
-from reclock.core.errors import ReclockError
+from reclock.core.columns import (
+    DIFF,
+    ERROR,
+    INTO_TIME,
+    META_FIELDS,
+    META_NAMES,
+    SRC_OFFSET,
+    SRC_PART,
+    SRC_SEQ,
+)
+from reclock.core.errors import ReclockError, TransientError
 from reclock.core.schema_change import widens
 from reclock.sinks._apart import run_apart
 from reclock.sinks._fs import (
@@ -202,6 +221,15 @@ from reclock.sinks._fs import (
     sink_os_error,
 )
 from reclock.sinks._store import Location, S3Access, split_uri, store_error
+from reclock.sinks.delta_state import (
+    INDEX_NAME,
+    KeyIndex,
+    rebuild,
+    state_stats,
+    wide_stats,
+    write_dvs,
+    z85_encode,
+)
 
 log = logging.getLogger("reclock.sinks.delta")
 
@@ -248,6 +276,16 @@ COMPACT_ROW_GROUP = 128 * 1024
 COMPACT_READERS = 32
 
 LOCK_NAME = "_reclock.lock"
+#: A state table's error rows: a log table in this directory of the table's
+#: (a name Delta's VACUUM leaves alone).
+ERRORS_DIR = "_errors"
+#: State tables: a compaction rewrites a file once this share of its rows is
+#: deleted, and merges files of fewer live rows than this (when there are
+#: ``min_files`` of them), at most this many live rows a pass (the next pass
+#: follows on the next tick).
+STATE_PURGE_SHARE = 0.3
+STATE_SMALL_ROWS = 100_000
+STATE_PASS_ROWS = 1_000_000
 KEY_UPPER = "reclock.upper"
 KEY_PROGRESS = "reclock.progress"
 KEY_OUTPUT = "reclock.output"
@@ -264,6 +302,7 @@ _STAGED = re.compile(r"part-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet")
 _STAGED_TMP = re.compile(r"\.part-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet\.[0-9a-f]+\.tmp")
 _MAX_FILES_PER_PART = 1000  # the three digits of {n:03d}
 # Temp files of the log entries reclock writes (reclock.sinks._fs.create_exclusive).
+_DV_FILE = re.compile(r"deletion_vector_[0-9a-f-]{36}\.bin")
 _LOG_TMP = re.compile(r"\.\d{20}\.json\.[0-9a-f]{32}\.tmp")
 
 # The names in ``_delta_log`` that make a directory a table for delta-rs:
@@ -306,6 +345,8 @@ class DeltaStager:
     location: Location
     schema: pa.Schema
     rows_per_file: int = ROWS_PER_FILE
+    #: a state table's key (``mode: state``): rows with a null key are refused
+    key: tuple[str, ...] = ()
 
     def screen(self, table: pa.Table) -> pa.Table:
         """Rows Delta cannot store become error rows (see
@@ -320,6 +361,18 @@ class DeltaStager:
             table = refuse_rows(table, hit, f"column {f.name!r} holds a value with "
                                             "nanoseconds, which Delta (microseconds) cannot "
                                             "store exactly")
+        if self.key:
+            # A tombstone (an upsert intent, _diff 0) carries the envelope's
+            # key alone: only a wholly null key is refused there.
+            tomb = pc.equal(table.column(DIFF), 0)
+            nulls = [pc.is_null(table.column(k)) for k in self.key]
+            whole = nulls[0]
+            for more in nulls[1:]:
+                whole = pc.and_(whole, more)
+            for k, null in zip(self.key, nulls, strict=True):
+                table = refuse_rows(table, pc.if_else(tomb, whole, null),
+                                    f"key column {k!r} is null: a state table keeps one row "
+                                    "per key")
         return table
 
     def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:
@@ -918,9 +971,15 @@ class DeltaSink:
         create_lazily: bool = False,
         checkpoint_aside: bool = False,
         owner: Owner | None = None,
+        mode: Mode = "log",
+        key: tuple[str, ...] | list[str] = (),
     ) -> None:
         self.name = name
         self.owner = owner
+        self.mode: Mode = mode
+        self.key = tuple(key)
+        check_state_settings(name, mode, self.key)
+        self.holds_state = mode == "state"
         self.location = Location.of(name, path, storage)
         self.uri = self.location.uri
         self.app_id = f"reclock:{name}"
@@ -962,6 +1021,20 @@ class DeltaSink:
         #: judged by an earlier vacuum pass
         self._judged = -math.inf
         self._vacuums = 0  # vacuum_orphans passes
+        if self.holds_state and not self.location.local:
+            raise SinkError(
+                f"output {name!r}: mode: state is not available for a table on S3 yet "
+                f"({self.uri}): its commits write deletion vectors, which reclock writes only "
+                "into local tables", hint="use mode: log on S3, or a local path")
+        #: state mode: the user schema ensure() was given, the key index (opened
+        #: at the first commit) and the table of error rows beside the table
+        self._user: pa.Schema | None = None
+        self._index: KeyIndex | None = None
+        self._errors: DeltaSink | None = None
+        if self.holds_state:
+            self._lazily = False
+            self._errors = DeltaSink(name, os.path.join(self.location.root, ERRORS_DIR),
+                                     lock=False, clock=clock, owner=None)
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.name!r}, {self.uri!r})"
@@ -984,7 +1057,11 @@ class DeltaSink:
         pipeline) leaves creating an absent table to its first commit: a
         driver opening a thousand outputs then writes no table it does not
         need yet (:meth:`state` of an output not created is ``SinkState()``,
-        as before its first commit)."""
+        as before its first commit). A state table (``mode: state``) is
+        created at once (:meth:`_ensure_state`)."""
+        if self.holds_state:
+            self._ensure_state(user_schema)
+            return
         if self._lazily and self._absent():
             self._to_create = user_schema
             self._schema = self._fresh = None
@@ -1092,6 +1169,12 @@ class DeltaSink:
 
     @_bounded
     def stager(self) -> DeltaStager:
+        if self.holds_state:
+            if self._user is None:
+                raise SinkError(f"output {self.name!r}: stager() before ensure()",
+                                hint="call ensure() first")
+            return DeltaStager(self.name, self.location, _staged_schema(self._user),
+                               self._rows_per_file, self.key)
         if self._to_create is not None:  # the first commit creates the table
             self.location.makedirs()  # where the stager writes (ensure() did not)
             if self._schema is None:
@@ -1186,6 +1269,9 @@ class DeltaSink:
         """
         if not expected.less_equal(new):
             raise ValueError(f"output {self.name!r}: upper would go backwards {expected} -> {new}")
+        if self.holds_state:
+            self._commit_state(staged, expected, new)
+            return
         version = _encode_txn(new.upper)
         adds = [_check_descriptor(self.name, d) for d in staged]
         custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(version),
@@ -1405,6 +1491,8 @@ class DeltaSink:
         never seen. An output never created reads as an empty table of
         reclock's own columns (its user columns are not known yet).
         """
+        if self.holds_state:
+            return self._read_state(as_of)
         if not self._exists():
             return pa.schema(META_FIELDS).empty_table()
         dataset = self._load().to_pyarrow_dataset()
@@ -1471,6 +1559,8 @@ class DeltaSink:
             for name in removed:
                 self.location.delete(name)
             removed += self._vacuum_log_temps(now - grace_seconds)
+            if self.holds_state:
+                removed += self._orphan_dvs(listed, now - grace_seconds)
         if removed:
             log.info("output %r: removed %d orphan files", self.name, len(removed))
         return sorted(removed)
@@ -1570,6 +1660,8 @@ class DeltaSink:
         column mapping) are never compacted."""
         if not self._exists():
             return {}
+        if self.holds_state:
+            return self._compact_state(target_size, min_files, max_files)
         with self._locked():
             listing_at = time.time()  # (files last written before this are in its plan)
             plan = self._apart(plan_compaction, self.location, self.app_id, target_size,
@@ -1685,12 +1777,58 @@ class DeltaSink:
         with self._locked():
             present, waiting = self._apart(expire_files, self.location, hours, custom,
                                            doing="vacuum")
+            if self.holds_state:
+                present = [*present, *self._expire_dvs(hours * 3_600_000)]
         self._expiring = waiting > 0
         if not present:
             return []
         log.info("output %r: deleted %d files removed more than %d h ago", self.name,
                  len(present), hours)
         return sorted(present)
+
+    def _orphan_dvs(self, listed: list[tuple[str, int, float]], before: float) -> list[str]:
+        """Delete a state table's deletion vector files last written before
+        ``before`` that no commit references: neither a live file (the key
+        index) nor a replaced vector waiting for its retention, nor any log
+        entry still present (older versions read it). A commit killed
+        between writing its vectors and its log entry leaves such a file.
+        The caller holds the lock."""
+        index = self._index_at(self._head_of(self._load()).version)
+        if index is None:
+            return []
+        known = index.dv_files_in_use() | set(index.retired(2**62))
+        old = {name for name, _, mtime in listed if _DV_FILE.fullmatch(name)
+               and name not in known and mtime < before}
+        if not old:
+            return []
+        codes = {z85_encode(uuid.UUID(name[16:52]).bytes): name for name in old}
+        logdir = os.path.join(self.location.root, "_delta_log")
+        for entry in os.listdir(logdir):
+            if entry.endswith(".json") and codes:
+                with open(os.path.join(logdir, entry)) as f:
+                    text = f.read()
+                for code in [c for c in codes if c in text]:
+                    old.discard(codes.pop(code))
+        for name in old:
+            self.location.delete(name)
+        return sorted(old)
+
+    def _expire_dvs(self, retention_ms: int) -> list[str]:
+        """A state table's deletion vector files that no live data file uses
+        and that none has used for ``retention_ms`` (older versions, for
+        time travel, still may until then); deleted, their names. delta-rs's
+        vacuum does not know them: its remove actions name data files. The
+        caller holds the lock."""
+        index = self._index_at(self._head_of(self._load()).version)
+        if index is None:
+            return []
+        in_use = index.dv_files_in_use()
+        due = [p for p in index.retired(int(time.time() * 1000) - retention_ms)
+               if p not in in_use]
+        for p in due:
+            self.location.delete(p)
+        index.forget_retired(due)
+        return due
 
     def _set_retention(self, hours: int) -> None:
         """Set the table's ``delta.deletedFileRetentionDuration`` to ``hours``
@@ -1707,6 +1845,359 @@ class DeltaSink:
 
     def close(self) -> None:
         """Nothing to release: every call opens what it needs."""
+
+    # -- state mode ------------------------------------------------------------------------
+    def _ensure_state(self, user_schema: pa.Schema) -> None:
+        """Create the state table for ``user_schema`` (one log entry of
+        reclock's own: protocol with deletion vectors, metadata), or check
+        the existing one has exactly its columns (a state table does not
+        evolve its schema yet)."""
+        missing = [k for k in self.key if k not in user_schema.names]
+        if missing:
+            raise SinkError(f"output {self.name!r}: key columns {missing} are not among the "
+                            f"output's columns {user_schema.names}",
+                            hint="set key to columns the output has")
+        self._user = user_schema
+        want = _state_delta_schema(user_schema)
+        self.location.makedirs()
+        with self._locked():
+            try:
+                dt = self._open()
+            except TableNotFoundError:
+                os.makedirs(os.path.join(self.location.root, "_delta_log"), exist_ok=True)
+                self._put_entry(0, _create_entry(want, self.compaction))  # or another's
+                dt = self._load()
+            missing_cols, clashes = _compare(dt.schema(), want)
+            p = dt.protocol()
+            if missing_cols or clashes:
+                raise SinkError(
+                    f"output {self.name!r} at {self.uri}: the state table's stored schema "
+                    "differs: " + "; ".join(
+                        clashes + [f"column {f.name!r} is missing" for f in missing_cols]),
+                    hint="a state table does not evolve its schema: write to a new path")
+            if "deletionVectors" not in (p.writer_features or []):
+                raise SinkError(f"output {self.name!r}: the table at {self.uri} is not a state "
+                                "table (no deletion vectors)",
+                                hint="write a state output to a new path")
+            self._schema = _staged_schema(user_schema)
+            self._fresh = dt
+        assert self._errors is not None
+        self._errors.ensure(user_schema)
+
+    def _index_at(self, version: int) -> KeyIndex | None:
+        """The key index, describing ``version`` (rebuilt from the table when
+        it describes another one and the log entries in between changed
+        files); None when the table's newest version is not ``version``
+        (someone committed meanwhile)."""
+        try:
+            if self._index is None:
+                self._index = KeyIndex(os.path.join(self.location.root, INDEX_NAME))
+            index = self._index
+            have = index.version
+        except sqlite3.DatabaseError as exc:
+            index = self._reset_index(exc)
+            have = None
+        if have is not None and have > version and self._logged(have):
+            return None  # another committer moved the table on: retry from its version
+        if have is not None and have < version and all(
+                not _changes_files(self.location.read_text(f"_delta_log/{v:020d}.json"))
+                for v in range(have + 1, version + 1)):
+            index.mark(version)  # maintenance commits, a retention change: no file moved
+            have = version
+        if have != version:
+            log.info("output %r: rebuilding the key index from the table (it described "
+                     "version %s, the table is at %d)", self.name, have, version)
+            try:
+                if rebuild(index, self.location.root, self.key, self.name) != version:
+                    return None
+            except OSError as exc:
+                raise self._os_error(exc, "index") from exc
+        return index
+
+    def _reset_index(self, exc: sqlite3.DatabaseError) -> KeyIndex:
+        """A new, empty key index in place of a damaged one (rebuilt next).
+        An index that is busy (another process's commit holds it: a second
+        driver without the local lock) or unreadable for a reason of the
+        system's is not damaged: a :class:`TransientError`, and it stays."""
+        if isinstance(exc, sqlite3.OperationalError):
+            raise TransientError(
+                f"output {self.name!r}: cannot use the key index of {self.uri}: {exc}",
+                hint="another process is committing to this table, or the disk failed; "
+                     "retried") from exc
+        log.warning("output %r: the key index is damaged (%s): rebuilding it from the table",
+                    self.name, exc)
+        if self._index is not None:
+            with suppress(sqlite3.Error):
+                self._index.close()
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.location.root, INDEX_NAME + suffix))
+        self._index = KeyIndex(os.path.join(self.location.root, INDEX_NAME))
+        return self._index
+
+    def _commit_state(self, staged: list[dict[str, Any]], expected: SinkState,
+                      new: SinkState) -> None:
+        """:meth:`commit` of a state table (module docstring of
+        :mod:`reclock.sinks.delta_state`): the staged updates consolidated
+        per key (:func:`~reclock.contracts.state_table.state_changes`); their
+        error rows committed to the errors table first; then one log entry
+        v+1, created only if absent, holding the new rows' file, a remove and
+        an add per file whose rows they replace or delete (its new deletion
+        vector), the txn and the progress. The key index follows in a SQLite
+        transaction committed only once the entry exists."""
+        version = _encode_txn(new.upper)
+        files = [_check_descriptor(self.name, d) for d in staged]
+        custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(version),
+                  KEY_PROGRESS: new.progress, **self._owner_keys()}
+        assert self._user is not None, "ensure() first"
+        user = self._user.names
+        with self._locked():
+            data = self._read_staged(files)
+            bad = data.filter(pc.is_valid(data.column(ERROR)))
+            rows = data.filter(pc.is_null(data.column(ERROR)))
+            _check_state_diffs(self.name, rows)
+            head = self._head
+            for attempt in range(COMMIT_ATTEMPTS):
+                head, self._head = self._head, None
+                if (attempt > 0 or head is None or head.state != expected
+                        or not self._logged(head.version)):
+                    head = self._head_of(self._load())
+                if head.state != expected:
+                    raise SinkFenced(
+                        f"output {self.name!r} at {self.uri}: durable state is {head.state}, "
+                        f"expected {expected}; nothing was written",
+                        hint="another pipeline committed this output; re-read its state")
+                if not head.direct:
+                    raise SinkError(f"output {self.name!r}: the state table at {self.uri} "
+                                    "has table features reclock does not write",
+                                    hint="write the state output to a new path")
+                if attempt == 0 and bad.num_rows:
+                    self._commit_errors(bad, expected, new)
+                try:
+                    landed = self._apply_state(head, rows, user, version, custom)
+                except sqlite3.DatabaseError as exc:
+                    self._reset_index(exc)
+                    continue
+                if not landed:
+                    continue
+                self._head = _Head(head.version + 1, new, True)
+                break
+            else:
+                raise SinkFenced(
+                    f"output {self.name!r} at {self.uri}: {COMMIT_ATTEMPTS} commit attempts "
+                    "lost to concurrent commits", hint="another writer is busy on this table")
+        for d in files:
+            self.location.delete(d["path"])
+        self._housekeep(head.version + 1)
+
+    def _apply_state(self, head: _Head, rows: pa.Table, user: list[str], version: int,
+                     custom: dict[str, Any]) -> bool:
+        """One attempt of :meth:`_commit_state` on top of ``head``: whether
+        its log entry landed (False: the version was taken, nothing of it left)."""
+        index = self._index_at(head.version)
+        if index is None:
+            return False
+        found: dict[Any, tuple[int, int]] = {}
+        changes = state_changes(self.name, rows, self.key, user,
+                                partial(_held, index, found), self.uri)
+        changed = set(changes.upsert_keys).union(changes.deletes)
+        old = {k: at for k, at in found.items() if k in changed}
+        by_file: dict[int, list[int]] = {}
+        for f, r in old.values():
+            by_file.setdefault(f, []).append(r)
+        entries = index.files(set(by_file))
+        actions: list[dict[str, Any]] = []
+        written: list[str] = []
+        new_dvs = []
+        for fid, e in entries.items():
+            dv = e.dv | BitMap(by_file[fid])
+            new_dvs.append((e, dv))
+        if new_dvs:
+            name, descs = write_dvs(self.location.root, [dv for _, dv in new_dvs])
+            written.append(name)
+        now = int(time.time() * 1000)
+        new_adds = []
+        for (e, _), desc in zip(new_dvs, descs if new_dvs else [], strict=True):
+            actions.append({"remove": _remove_of(e.add, now)})
+            add = {**e.add, "dataChange": True, "deletionVector": desc,
+                   "stats": wide_stats(e.add.get("stats"))}
+            actions.append({"add": add})
+            new_adds.append(add)
+        data_add: dict[str, Any] | None = None
+        if changes.upserts.num_rows:
+            table = conform(self.name, _in_microseconds(changes.upserts),
+                            pa.schema(_state_delta_schema(self._user).to_arrow()))
+            path = (f"part-{self._clock.now()}-state-{uuid.uuid4().hex[:10]}"
+                    "-00000-000.parquet")
+            size = self.location.write(path, partial(_write_parquet, table))
+            written.append(path)
+            st = self.location.stat(path)
+            data_add = {"path": path, "partitionValues": {}, "size": size,
+                        "modificationTime": st[1] if st else now, "dataChange": True,
+                        "stats": state_stats(table)}
+            actions.append({"add": data_add})
+        entry = _state_entry(actions, self.app_id, version, custom, head.version)
+        with index.change(head.version + 1) as ch:
+            ch.retire([e.add.get("deletionVector") for e, _ in new_dvs], now)
+            for (e, dv), add in zip(new_dvs, new_adds, strict=True):
+                ch.set_dv(e.id, add, dv)
+            ch.delete_keys(changes.deletes)
+            if data_add is not None:
+                fid = ch.add_file(data_add["path"], changes.upserts.num_rows, data_add)
+                ch.put_keys(changes.upsert_keys, fid,
+                            range(changes.upserts.num_rows))
+            faults.crash_point("state_before_log")
+            if self._put_entry(head.version + 1, entry):
+                # a crash here leaves the index at v: rebuilt at the next commit
+                faults.crash_point("state_logged")
+                ch.done = True
+        if not ch.done:
+            for name in written:
+                self.location.delete(name)
+            return False
+        return True
+
+    def _read_staged(self, files: list[dict[str, Any]]) -> pa.Table:
+        """The rows of the staged files, each checked to be there with its size."""
+        schema = self._schema
+        assert schema is not None
+        tables = []
+        for d in files:
+            st = self.location.stat(d["path"])
+            if st is None or st[0] != d["size"]:
+                raise SinkError(
+                    f"output {self.name!r}: staged file {self.location.child(d['path'])} is "
+                    + ("gone" if st is None else f"{st[0]} bytes, staged as {d['size']}"),
+                    hint="restage the batch")
+            tables.append(conform(self.name, self.location.dataset([d["path"]], schema)
+                                  .to_table(), schema))
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
+    def _commit_errors(self, bad: pa.Table, expected: SinkState, new: SinkState) -> None:
+        """The error rows of a state commit into the errors table, unless an
+        earlier attempt of this commit put them there: only rows at or past
+        that table's upper go in (what is below it is there already), and
+        only when ``new`` moves it."""
+        errs = self._errors
+        assert errs is not None
+        have = errs.state()
+        if have.upper is not None and new.upper is not None and have.upper >= new.upper:
+            return
+        if have.upper is None and have != SinkState():
+            return  # closed
+        if have.upper is not None:
+            bad = bad.filter(pc.greater_equal(bad.column(INTO_TIME), have.upper))
+        staged = errs.stager().stage(f"{self._clock.now()}-err-{uuid.uuid4().hex[:8]}", 0, bad)
+        errs.commit(staged, have, SinkState(new.upper, new.progress))
+
+    def _read_state(self, as_of: int | None) -> pa.Table:
+        """The current rows (every one with ``_diff`` 1 and provenance zero:
+        a state table keeps no source positions), then the error rows up to
+        ``as_of``; read through delta-rs's DataFusion reader, which applies
+        deletion vectors (its Arrow dataset refuses such tables)."""
+        if not self._exists():
+            return pa.schema(META_FIELDS).empty_table()
+        current = read_current(self.location)
+        user = self._user or pa.schema([f for f in current.schema if f.name != INTO_TIME])
+        schema = output_schema(pa.schema([f.with_type(storage_type(f.type)) for f in user]))
+        n = current.num_rows
+        zeros32 = pa.array([0] * n, pa.int32())
+        extra = {DIFF: pa.array([1] * n, pa.int64()), SRC_PART: zeros32,
+                 SRC_OFFSET: pa.array([0] * n, pa.int64()), SRC_SEQ: zeros32}
+        data = conform(self.name, pa.table(
+            {**{c: current.column(c) for c in current.column_names}, **extra}), schema)
+        errs = self._errors
+        if errs is None or not errs._exists():
+            return data
+        return pa.concat_tables([data, conform(self.name, errs.read_updates(as_of), schema)])
+
+    def _compact_state(self, target_size: int, min_files: int,
+                       max_files: int) -> dict[str, int]:
+        """Compaction of a state table: the files smaller than ``target_size``
+        (when at least ``min_files``) and the files whose deleted share is
+        :data:`STATE_PURGE_SHARE` or more are rewritten with only their live
+        rows, in one log entry that removes them (with their deletion
+        vectors) and adds the new files (``dataChange: false``), carrying
+        the output's txn and progress; the key index follows as in a commit."""
+        with self._locked():
+            dt = self._load()
+            head = self._head_of(dt)
+            txn = dt.transaction_version(self.app_id)
+            if txn is None or not head.direct:
+                return {}
+            index = self._index_at(head.version)
+            if index is None:
+                return {}
+            stats = index.live_fraction()
+            entries = index.files()
+            small = [i for i, _, n, d in stats if n - d < STATE_SMALL_ROWS]
+            purge = [i for i, _, n, d in stats
+                     if n and d / n >= STATE_PURGE_SHARE and n - d >= STATE_SMALL_ROWS]
+            candidates = purge + (small if len(small) >= min_files else [])
+            live = {i: n - d for i, _, n, d in stats}
+            take: list[int] = []
+            rows_taken = 0
+            for i in candidates[:max_files]:
+                if take and rows_taken + live[i] > STATE_PASS_ROWS:
+                    break
+                take.append(i)
+                rows_taken += live[i]
+            if len(take) < 2 and not purge:
+                return {}
+            schema = pa.schema(dt.schema().to_arrow())
+            batch = f"{self._clock.now()}{_COMPACTED}{uuid.uuid4().hex[:10]}"
+            now = int(time.time() * 1000)
+            actions: list[dict[str, Any]] = []
+            parts = []
+            for fid in take:
+                e = entries[fid]
+                t = pq.read_table(os.path.join(self.location.root, e.path), schema=schema)
+                if e.dv:
+                    keep = np.ones(t.num_rows, dtype=bool)
+                    keep[np.fromiter(e.dv, dtype=np.int64, count=len(e.dv))] = False
+                    t = t.filter(pa.array(keep))
+                parts.append(t)
+                actions.append({"remove": {**_remove_of(e.add, now), "dataChange": False}})
+            merged = pa.concat_tables(parts)
+            written = []
+            add: dict[str, Any] | None = None
+            new_path = f"part-{batch}-00000-000.parquet"
+            if merged.num_rows:
+                size = self.location.write(new_path, partial(_write_parquet, merged))
+                written.append(new_path)
+                st = self.location.stat(new_path)
+                add = {"path": new_path, "partitionValues": {}, "size": size,
+                       "modificationTime": st[1] if st else now, "dataChange": False,
+                       "stats": state_stats(merged)}
+                actions.append({"add": add})
+            custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(txn),
+                      KEY_PROGRESS: head.state.progress, KEY_MAINTENANCE: "compact",
+                      **self._owner_keys()}
+            entry = _state_entry(actions, self.app_id, txn, custom, head.version,
+                                 operation="OPTIMIZE")
+            with index.change(head.version + 1) as ch:
+                ch.retire([entries[i].add.get("deletionVector") for i in take], now)
+                nid = 0 if add is None else ch.add_file(new_path, merged.num_rows, add)
+                moves, base = [], 0
+                for i, part in zip(take, parts, strict=True):
+                    moves.append((i, nid, base, entries[i].dv))
+                    base += part.num_rows
+                ch.move_files(moves)
+                if self._put_entry(head.version + 1, entry):
+                    ch.done = True
+            if not ch.done:
+                for name in written:
+                    self.location.delete(name)
+                return {}
+            if self._head is not None and self._head.version == head.version:
+                self._head = _Head(head.version + 1, self._head.state, True)
+        removed = sum(int(entries[i].add["size"]) for i in take)
+        log.info("output %r: compacted %d state files into %d", self.name, len(take),
+                 len(written))
+        self._housekeep(head.version + 1)
+        return {"files_removed": len(take), "files_added": len(written),
+                "bytes_removed": removed, "bytes_added": int(add["size"]) if add else 0,
+                "files_left": len(candidates) - len(take)}
 
     # -- helpers ---------------------------------------------------------------------------
     def _open(self) -> DeltaTable:
@@ -1936,6 +2427,105 @@ def _delta_error(output: str, where: Location, exc: DeltaError, doing: str) -> R
     return SinkError(f"output {output!r}: cannot {doing} {where.uri}: {reason}")
 
 
+# -- state tables (mode: state) ------------------------------------------------------
+
+
+def _staged_schema(user: pa.Schema) -> pa.Schema:
+    """What a state output's stager writes: the update rows, as a log's."""
+    return pa.schema(_delta_schema(user).to_arrow())
+
+
+def _state_delta_schema(user: pa.Schema) -> Schema:
+    """A state table's Delta schema: the user columns as Delta stores them,
+    then ``_into_time`` (the IntoTime of the row's last change)."""
+    return Schema.from_arrow(pa.schema(
+        [*(f.with_type(storage_type(f.type)) for f in user),
+         pa.field(INTO_TIME, pa.int64(), nullable=False)]))
+
+
+def _create_entry(schema: Schema, compaction: Compaction | None) -> bytes:
+    """Log entry 0 of a state table: reader 3 / writer 7 with the
+    ``deletionVectors`` feature (and ``invariants``, which its NOT NULL
+    ``_into_time`` implies, and ``timestampNtz`` when a column needs it)."""
+    ntz = any(pa.types.is_timestamp(f.type) and f.type.tz is None
+              for f in pa.schema(schema.to_arrow()))
+    reader = ["deletionVectors", *(["timestampNtz"] if ntz else [])]
+    writer = ["deletionVectors", "invariants", *(["timestampNtz"] if ntz else [])]
+    conf = {"delta.enableDeletionVectors": "true"}
+    if compaction is not None:
+        conf[RETENTION_PROPERTY] = _interval(compaction.removes_kept_hours)
+    now = int(time.time() * 1000)
+    lines = [
+        {"commitInfo": {"timestamp": now, "operation": "CREATE TABLE",
+                        "operationParameters": {"mode": "ErrorIfExists"},
+                        "engineInfo": _ENGINE, "clientVersion": _ENGINE}},
+        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": reader,
+                      "writerFeatures": writer}},
+        {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
+                      "schemaString": schema.to_json(), "partitionColumns": [],
+                      "configuration": conf, "createdTime": now}},
+    ]
+    return "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines).encode()
+
+
+def _changes_files(text: str | None) -> bool:
+    """Whether a log entry adds or removes files (None: it is gone: assume so)."""
+    if text is None:
+        return True
+    return any(line.lstrip()[:8] in ('{"add":', '{"remove') or '"add"' in line[:10]
+               or '"remove"' in line[:12] for line in text.splitlines())
+
+
+def _held(index: KeyIndex, found: dict[Any, tuple[int, int]], keys: list[Any]) -> set[Any]:
+    """Which of ``keys`` have a row (their places go into ``found``)."""
+    found.update(index.lookup(keys))
+    return set(found)
+
+
+def _check_state_diffs(output: str, rows: pa.Table) -> None:
+    bad = pc.sum(pc.invert(pc.is_in(rows.column(DIFF), pa.array([-1, 1], pa.int64()))))
+    if (bad.as_py() or 0) > 0:
+        raise SinkError(
+            f"output {output!r}: {bad.as_py()} rows have a _diff other than -1 or 1; a state "
+            "table applies retractions (-1) and insertions (+1) only",
+            hint="write consolidated updates (an upsert or debezium envelope)")
+
+
+def _remove_of(add: dict[str, Any], now: int) -> dict[str, Any]:
+    """The remove action of the logical file ``add`` (its deletion vector
+    included: it names which version of the file goes)."""
+    r = {"path": add["path"], "deletionTimestamp": now, "dataChange": True,
+         "extendedFileMetadata": True, "partitionValues": add.get("partitionValues") or {},
+         "size": add["size"]}
+    if add.get("deletionVector"):
+        r["deletionVector"] = add["deletionVector"]
+    return r
+
+
+def _state_entry(actions: list[dict[str, Any]], app_id: str, txn: int, custom: Mapping[str, Any],
+                 read_version: int, operation: str = "MERGE") -> bytes:
+    """A state table's log entry: commitInfo, ``actions`` (Delta's own field
+    names), the output's txn."""
+    now = int(time.time() * 1000)
+    info = {"timestamp": now, "operation": operation,
+            "operationParameters": {"reclock": "state"}, "readVersion": read_version,
+            "isBlindAppend": False, "engineInfo": _ENGINE, "clientVersion": _ENGINE, **custom}
+    lines: list[dict[str, Any]] = [{"commitInfo": info}, *actions,
+                                   {"txn": {"appId": app_id, "version": txn, "lastUpdated": now}}]
+    return "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines).encode()
+
+
+def read_current(location: Location) -> pa.Table:
+    """The live rows of a state table (deletion vectors applied), through
+    delta-rs's DataFusion reader."""
+    dt = DeltaTable(location.uri, storage_options=location.storage_options())
+    reader = QueryBuilder().register("t", dt).execute("SELECT * FROM t")
+    table = pa.table(reader.read_all())
+    # DataFusion answers strings and binaries as views: back to the plain types
+    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    return table.cast(pa.schema([f.with_type(plain.get(f.type, f.type)) for f in table.schema]))
+
+
 # -- configuration ----------------------------------------------------------------
 
 
@@ -2059,6 +2649,15 @@ class FileSinkConfig(SinkConfigBase):
     """Merge the output's small files on a schedule: ``{every: 10m, min_files:
     50, target_size: 128MiB, retention: 1d}`` (the default; give only the keys
     to change). ``compact: off`` never compacts."""
+    mode: Literal["log", "state"] = "log"
+    """``log``: every update with ``_into_time``, ``_diff`` and provenance.
+    ``state``: the current rows, one per ``key`` (plus ``_into_time`` of the
+    row's last change); each commit applies the sum of every IntoTime's
+    updates per key, with deletion vectors (local tables only, for now).
+    Error rows go to the log table ``<path>/_errors``."""
+    key: tuple[str, ...] = ()
+    """With ``mode: state``: the key columns. They must contain the output's
+    upstream key (:func:`~reclock.contracts.config.state_key_problem`)."""
 
     TARGET: ClassVar[str] = "path"
 
@@ -2083,12 +2682,16 @@ class FileSinkConfig(SinkConfigBase):
         return self.model_copy(update={"path": path})
 
     @classmethod
+    def state_key_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+        return state_key_of(raw)
+
+    @classmethod
     def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
         path = data.get("path")
         if data.get("storage") is not None and not (
                 isinstance(path, str) and path.lower().startswith(("s3://", "s3a://"))):
             return [problem(("storage",), "only applies to an s3:// path", on_key=True)]
-        return []
+        return state_check_raw(data)
 
     def build(self, ctx: SinkContext) -> DeltaSink:
         path = self.path or str(ctx.state_dir / "outputs" / ctx.source / ctx.output)
@@ -2097,7 +2700,8 @@ class FileSinkConfig(SinkConfigBase):
             storage = (self.storage or S3StorageConfig()).access()
         return DeltaSink(ctx.name, path, storage=storage, create_lazily=True,
                          checkpoint_aside=True, owner=ctx.owner,
-                         compaction=None if self.compact is None else self.compact.settings())
+                         compaction=None if self.compact is None else self.compact.settings(),
+                         mode=self.mode, key=tuple(self.key))
 
 
 PLUGIN = SinkPlugin(name="delta", aliases=("file",), config=FileSinkConfig)

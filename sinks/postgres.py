@@ -165,7 +165,6 @@ from reclock.clients.postgres import (
     scrub,
     server_label,
 )
-from reclock.contracts.config import problem
 from reclock.contracts.encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from reclock.contracts.rows import conform, output_schema, refuse_rows
 from reclock.contracts.sink import (
@@ -176,6 +175,12 @@ from reclock.contracts.sink import (
     SinkFenced,
     SinkPlugin,
     SinkState,
+)
+from reclock.contracts.state_table import (
+    Mode,
+    check_state_settings,
+    state_check_raw,
+    state_key_of,
 )
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import (
@@ -202,7 +207,6 @@ from reclock.sinks._fs import (
 
 log = logging.getLogger("reclock.sinks.postgres")
 
-Mode = Literal["log", "state"]
 Connection = psycopg.Connection[TupleRow]
 
 #: The table holding every output's state, in the output table's schema.
@@ -733,16 +737,7 @@ class PostgresSink:
         self._evolve_said: list[str] = []
 
     def _check_settings(self) -> None:
-        if self.mode not in ("log", "state"):
-            raise SinkError(f"output {self.name!r}: mode {self.mode!r} is not 'log' or 'state'")
-        if self.mode == "state" and not self.key:
-            raise SinkError(f"output {self.name!r}: a state table needs key columns",
-                            hint="set key to the columns that identify a row")
-        if self.mode == "log" and self.key:
-            raise SinkError(f"output {self.name!r}: key only applies to mode 'state'",
-                            hint="drop the key, or use mode: state")
-        if len(set(self.key)) != len(self.key):
-            raise SinkError(f"output {self.name!r}: key {list(self.key)} repeats a column")
+        check_state_settings(self.name, self.mode, self.key)
         names = [("schema", self.schema), ("table", self.table)]
         if self.mode == "state":
             names.append(("errors table", self.errors_table))
@@ -1562,16 +1557,11 @@ class PostgresSinkConfig(SinkConfigBase):
 
     @classmethod
     def state_key_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
-        key = raw.get("key")
-        if raw.get("mode") != "state" or not isinstance(key, Sequence) or isinstance(key, str):
-            return None
-        return tuple(str(k) for k in key)
+        return state_key_of(raw)
 
     @classmethod
     def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
-        if data.get("mode") == "state" and not data.get("key"):
-            return [problem(("key",), "required with mode: state")]
-        return []
+        return state_check_raw(data)
 
     def build(self, ctx: SinkContext) -> PostgresSink:
         return PostgresSink(ctx.name, dsn=self.dsn, table=self.table, schema=self.schema_,

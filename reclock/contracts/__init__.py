@@ -22,7 +22,9 @@ base: :class:`~reclock.contracts.config.ConfigModel`,
 :func:`~reclock.contracts.config.problem`, durations, sizes, names, secrets),
 :mod:`~reclock.contracts.rows` (an output's stored schema, refused rows),
 :mod:`~reclock.contracts.consolidate` (an update log read back as a
-collection) and :mod:`~reclock.contracts.encoding` (Arrow values as JSON).
+collection), :mod:`~reclock.contracts.state_table` (the settings and the
+per-key rule of state tables, ``mode: state``) and
+:mod:`~reclock.contracts.encoding` (Arrow values as JSON).
 
 The contracts import the kernel (and :mod:`reclock.clients`) only; the
 runtime finds the plug-ins through :mod:`reclock.registry`.

@@ -1,0 +1,473 @@
+"""The pieces of a Delta state table (``mode: state`` of the Delta sink, see
+:mod:`reclock.sinks.delta`): deletion vectors and the key index.
+
+A state table holds one row per live key. A commit appends ONE data file
+holding the new rows of the keys it changed, and marks the rows they replace
+(or delete) as deleted with Delta *deletion vectors*: for every file holding
+such a row, a ``remove`` of the file with its old deletion vector and an
+``add`` of the same file with the new one (the old positions and the new),
+in the same log entry as the data file and the output's txn. Readers
+(Spark's Delta, delta-rs's DataFusion reader, DuckDB's delta extension) skip
+the rows a file's deletion vector names.
+
+Deletion vectors (Delta PROTOCOL.md, "Deletion Vector Format"): a set of row
+positions of one file, serialized as a ``RoaringBitmapArray``: the magic
+number 1681511377 (int32, little endian), the number of 32-bit buckets
+(int64 LE), then per bucket its high 32 bits (uint32 LE) and a 32-bit
+Roaring bitmap in the portable format (pyroaring's ``serialize``). A commit
+writes the vectors it changes into one file ``deletion_vector_<uuid>.bin``
+(version byte 1, then per vector its size as int32 big endian, the bitmap,
+its CRC-32 big endian); a descriptor (``storageType: u``, the uuid in Z85,
+the offset of the size field, the bitmap's size and cardinality) points at
+each.
+
+The key index (:class:`KeyIndex`): a SQLite file beside the table
+(``_reclock_keys.sqlite``, a name Delta's VACUUM leaves alone) mapping each
+live key to the file and row position of its current row, and each data
+file to its add action and current deletion vector, with the table version
+it describes. A commit reads it to find the rows it replaces, and writes
+its changes in a SQLite transaction that is committed only once the Delta
+log entry exists: after a crash in between, the index names an older version
+than the table, and it is rebuilt from the table (:func:`rebuild`: the log's
+add actions and their deletion vectors, the files' key columns). It is never
+trusted for a version it does not name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import struct
+import uuid
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyroaring import BitMap
+
+from reclock.contracts.sink import SinkError
+from reclock.contracts.state_table import key_values
+
+#: RoaringBitmapArray's magic number (Delta PROTOCOL.md).
+DV_MAGIC = 1681511377
+#: The key index's file name, in the table's directory.
+INDEX_NAME = "_reclock_keys.sqlite"
+#: How long a commit waits for another process's transaction on the key index.
+BUSY_TIMEOUT_S = 30.0
+#: The key index's page cache (KiB).
+CACHE_KIB = 512 * 1024
+#: Keys looked up per SQL statement (SQLite's default variable limit is 32766).
+LOOKUP_CHUNK = 4000
+
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+_Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
+
+
+def z85_encode(data: bytes) -> str:
+    """Z85 (ZeroMQ's base 85) of ``data``, whose length is a multiple of 4."""
+    out: list[str] = []
+    for i in range(0, len(data), 4):
+        v = int.from_bytes(data[i:i + 4], "big")
+        chunk = []
+        for _ in range(5):
+            v, r = divmod(v, 85)
+            chunk.append(_Z85[r])
+        out.extend(reversed(chunk))
+    return "".join(out)
+
+
+def z85_decode(text: str) -> bytes:
+    """The bytes :func:`z85_encode` made ``text`` of."""
+    out = bytearray()
+    for i in range(0, len(text), 5):
+        v = 0
+        for c in text[i:i + 5]:
+            v = v * 85 + _Z85_VALUE[c]
+        out += v.to_bytes(4, "big")
+    return bytes(out)
+
+
+def serialize_dv(positions: BitMap) -> bytes:
+    """``positions`` (row positions of one file, each below 2**32) as a
+    ``RoaringBitmapArray``."""
+    head = struct.pack("<iq", DV_MAGIC, 1 if positions else 0)
+    return head + (struct.pack("<I", 0) + positions.serialize() if positions else b"")
+
+
+def deserialize_dv(data: bytes) -> BitMap:
+    """The positions of a ``RoaringBitmapArray`` (files of reclock's size:
+    bucket 0 only; another bucket is a SinkError)."""
+    magic, buckets = struct.unpack_from("<iq", data)
+    if magic != DV_MAGIC:
+        raise SinkError(f"a deletion vector has magic number {magic}, not {DV_MAGIC}")
+    if buckets == 0:
+        return BitMap()
+    (high,) = struct.unpack_from("<I", data, 12)
+    if buckets != 1 or high != 0:
+        raise SinkError("a deletion vector names row positions past 2**32")
+    return BitMap.deserialize(data[16:])
+
+
+def dv_path(descriptor: dict[str, Any]) -> str:
+    """The path (relative to the table) of a ``u`` deletion vector's file."""
+    text = str(descriptor["pathOrInlineDv"])
+    prefix, code = text[:-20], text[-20:]
+    name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(code))}.bin"
+    return f"{prefix}/{name}" if prefix else name
+
+
+def write_dvs(root: str, vectors: Sequence[BitMap]) -> tuple[str, list[dict[str, Any]]]:
+    """Write ``vectors`` into one new deletion vector file of the table at
+    ``root`` (synced); its name and a descriptor per vector."""
+    u = uuid.uuid4()
+    name = f"deletion_vector_{u}.bin"
+    blob = bytearray(b"\x01")
+    descriptors = []
+    for v in vectors:
+        data = serialize_dv(v)
+        descriptors.append({"storageType": "u", "pathOrInlineDv": z85_encode(u.bytes),
+                            "offset": len(blob), "sizeInBytes": len(data),
+                            "cardinality": len(v)})
+        blob += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
+    path = os.path.join(root, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, bytes(blob))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return name, descriptors
+
+
+def read_dv(root: str, descriptor: dict[str, Any]) -> BitMap:
+    """The positions a deletion vector descriptor names (``u`` and ``i``)."""
+    kind = descriptor["storageType"]
+    if kind == "i":
+        return deserialize_dv(z85_decode(str(descriptor["pathOrInlineDv"])))
+    if kind == "p":
+        path = unquote(str(descriptor["pathOrInlineDv"]).removeprefix("file://"))
+    else:
+        path = os.path.join(root, dv_path(descriptor))
+    with open(path, "rb") as f:
+        f.seek(int(descriptor.get("offset") or 1))
+        (size,) = struct.unpack(">i", f.read(4))
+        data = f.read(size)
+        (crc,) = struct.unpack(">I", f.read(4))
+    if zlib.crc32(data) != crc:
+        raise SinkError(f"deletion vector file {path} is damaged (checksum)")
+    return deserialize_dv(data)
+
+
+def live_files(root: str) -> tuple[int, dict[str, dict[str, Any]]]:
+    """The newest version of the local table at ``root`` and its add actions
+    by path, replayed from the log itself (the newest classic checkpoint,
+    then the JSON entries after it): the deletion vector descriptors with
+    them, which delta-rs does not return."""
+    logdir = os.path.join(root, "_delta_log")
+    names = os.listdir(logdir)
+    versions = sorted(int(n[:20]) for n in names if n.endswith(".json") and n[:20].isdigit())
+    adds: dict[str, dict[str, Any]] = {}
+    start = 0
+    try:
+        with open(os.path.join(logdir, "_last_checkpoint")) as f:
+            cp = int(json.load(f)["version"])
+    except FileNotFoundError:
+        cp = -1
+    if cp >= 0:
+        part = os.path.join(logdir, f"{cp:020d}.checkpoint.parquet")
+        if not os.path.exists(part):
+            raise SinkError(f"the table at {root} has a checkpoint at version {cp} in a form "
+                            "reclock does not read (multi-part or V2)",
+                            hint="let only reclock write checkpoints of a state table, or "
+                                 "re-read the output into a new path")
+        for a in pq.read_table(part, columns=["add"]).column("add").to_pylist():
+            if a:
+                a["partitionValues"] = dict(a.get("partitionValues") or [])
+                a = {k: v for k, v in a.items() if v is not None}
+                adds[unquote(a["path"])] = a
+        start = cp + 1
+    have = set(versions)
+    missing = [v for v in range(start, versions[-1] + 1) if v not in have] if versions else []
+    if missing:
+        raise SinkError(f"the log of the table at {root} lacks entries {missing[:3]} after its "
+                        "checkpoint", hint="re-read the output into a new path")
+    for v in (x for x in versions if x >= start):
+        with open(os.path.join(logdir, f"{v:020d}.json")) as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                doc = json.loads(line)
+                if "remove" in doc:
+                    adds.pop(unquote(doc["remove"]["path"]), None)
+                elif "add" in doc:
+                    adds[unquote(doc["add"]["path"])] = doc["add"]
+    return (versions[-1] if versions else start - 1), adds
+
+
+@dataclass
+class FileEntry:
+    """A data file of the table as the index holds it."""
+
+    id: int
+    path: str
+    add: dict[str, Any]  # its add action as the log has it now (deletionVector included)
+    dv: BitMap  # its deleted positions
+
+
+class KeyIndex:
+    """Each live key's row (file, position), and each data file's add action
+    and deletion vector, as of table version :attr:`version` (module
+    docstring). One writer at a time (the sink's commit lock)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        # (a second committer waits for the first one's transaction)
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                                  timeout=BUSY_TIMEOUT_S)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        # a commit probes and writes keys spread over the whole table: keep
+        # the B-tree's inner pages and many leaves cached (the default is 2 MiB)
+        self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+        self.db.executescript(
+            "CREATE TABLE IF NOT EXISTS keys (k PRIMARY KEY, f INTEGER NOT NULL, "
+            "  r INTEGER NOT NULL) WITHOUT ROWID;"
+            "CREATE TABLE IF NOT EXISTS files (id INTEGER PRIMARY KEY, path TEXT UNIQUE, "
+            "  rows INTEGER NOT NULL, add_json TEXT NOT NULL, dv BLOB, moved_to INTEGER, "
+            "  base INTEGER, dropped BLOB);"
+            "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value);"
+            "CREATE TABLE IF NOT EXISTS retired (path TEXT PRIMARY KEY, at INTEGER NOT NULL);")
+
+    @property
+    def version(self) -> int | None:
+        row = self.db.execute("SELECT value FROM meta WHERE name = 'version'").fetchone()
+        return None if row is None else int(row[0])
+
+    def close(self) -> None:
+        self.db.close()
+
+    def lookup(self, keys: list[Any]) -> dict[Any, tuple[int, int]]:
+        """(file id, position) of each of ``keys`` that has a row, in the
+        live file that holds it now (see :meth:`Changes.move_files`)."""
+        out: dict[Any, tuple[int, int]] = {}
+        for i in range(0, len(keys), LOOKUP_CHUNK):
+            chunk = keys[i:i + LOOKUP_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for k, f, r in self.db.execute(f"SELECT k, f, r FROM keys WHERE k IN ({marks})",
+                                           chunk):
+                out[k] = (f, r)
+        moves: dict[int, tuple[int, int, BitMap] | None] = {}
+        while True:
+            ask = sorted({f for f, _ in out.values()} - set(moves))
+            if not ask:
+                break
+            for f in ask:
+                moves[f] = None
+            for i in range(0, len(ask), LOOKUP_CHUNK):
+                chunk = ask[i:i + LOOKUP_CHUNK]
+                for f, to, base, dropped in self.db.execute(
+                        "SELECT id, moved_to, base, dropped FROM files WHERE moved_to IS NOT "
+                        f"NULL AND id IN ({','.join('?' * len(chunk))})", chunk):
+                    moves[f] = (to, base, BitMap.deserialize(dropped) if dropped else BitMap())
+            moved = {k: at for k, at in out.items() if moves.get(at[0]) is not None}
+            if not moved:
+                break
+            for k, (f, r) in moved.items():
+                to, base, dropped = moves[f]  # type: ignore[misc]
+                # the live rows of the moved file, in order, from ``base`` on
+                out[k] = (to, base + r - dropped.rank(r))
+        return out
+
+    def files(self, ids: set[int] | None = None) -> dict[int, FileEntry]:
+        """The data files (those of ``ids`` only, if given)."""
+        if ids is None:
+            rows = self.db.execute("SELECT id, path, add_json, dv FROM files "
+                                   "WHERE moved_to IS NULL").fetchall()
+        else:
+            rows = []
+            wanted = sorted(ids)
+            for i in range(0, len(wanted), LOOKUP_CHUNK):
+                chunk = wanted[i:i + LOOKUP_CHUNK]
+                rows += self.db.execute(
+                    "SELECT id, path, add_json, dv FROM files WHERE id IN "
+                    f"({','.join('?' * len(chunk))})", chunk).fetchall()
+        return {i: FileEntry(i, p, json.loads(a), BitMap.deserialize(d) if d else BitMap())
+                for i, p, a, d in rows}
+
+    def dv_files_in_use(self) -> set[str]:
+        """The deletion vector files the live data files' vectors are in."""
+        out = set()
+        for (a,) in self.db.execute("SELECT add_json FROM files WHERE dv IS NOT NULL "
+                                    "AND moved_to IS NULL"):
+            d = json.loads(a).get("deletionVector")
+            if d and d.get("storageType") == "u":
+                out.add(dv_path(d))
+        return out
+
+    def retired(self, before_ms: int) -> list[str]:
+        """Deletion vector files that no live file has used since ``before_ms``."""
+        return [p for (p,) in self.db.execute("SELECT path FROM retired WHERE at < ?",
+                                              (before_ms,))]
+
+    def forget_retired(self, paths: Sequence[str]) -> None:
+        self.db.executemany("DELETE FROM retired WHERE path = ?", [(p,) for p in paths])
+
+    def mark(self, version: int) -> None:
+        """Say the index describes ``version`` (a version that changed no file)."""
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES ('version', ?)", (version,))
+
+    def live_fraction(self) -> list[tuple[int, str, int, int]]:
+        """(id, path, rows, deleted) of every file."""
+        out = []
+        for i, p, n, d in self.db.execute("SELECT id, path, rows, dv FROM files "
+                                          "WHERE moved_to IS NULL"):
+            out.append((i, p, n, len(BitMap.deserialize(d)) if d else 0))
+        return out
+
+    @contextmanager
+    def change(self, version: int) -> Iterator[Changes]:
+        """A transaction that makes the index describe ``version``, committed
+        when the block ends normally and the block's ``Changes.done`` is set
+        (the log entry exists), rolled back otherwise."""
+        self.db.execute("BEGIN IMMEDIATE")
+        ch = Changes(self.db)
+        try:
+            yield ch
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        if not ch.done:
+            self.db.execute("ROLLBACK")
+            return
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES ('version', ?)", (version,))
+        self.db.execute("COMMIT")
+
+
+class Changes:
+    """The writes of one :meth:`KeyIndex.change` transaction."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.done = False
+
+    def add_file(self, path: str, rows: int, add: dict[str, Any]) -> int:
+        cur = self.db.execute("INSERT INTO files (path, rows, add_json, dv) VALUES (?, ?, ?, "
+                              "NULL)", (path, rows, json.dumps(add)))
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def set_dv(self, file_id: int, add: dict[str, Any], dv: BitMap) -> None:
+        self.db.execute("UPDATE files SET add_json = ?, dv = ? WHERE id = ?",
+                        (json.dumps(add), dv.serialize(), file_id))
+
+    def retire(self, descriptors: Sequence[dict[str, Any] | None], now_ms: int) -> None:
+        """Deletion vectors the commit replaces: their files may go once
+        no live file uses them and they are past the retention
+        (:meth:`KeyIndex.retired`)."""
+        paths = {dv_path(d) for d in descriptors if d and d.get("storageType") == "u"}
+        self.db.executemany("INSERT OR REPLACE INTO retired VALUES (?, ?)",
+                            [(p, now_ms) for p in paths])
+
+    def move_files(self, moves: Sequence[tuple[int, int, int, BitMap]]) -> None:
+        """Compaction: the live rows of each file ``(old, new, base, dropped)``
+        are now rows ``base, base + 1, ...`` of file ``new`` in their order
+        (``dropped``: the old file's deleted positions; ``new`` 0: no live
+        row was left). The keys keep naming the old file; :meth:`KeyIndex.lookup`
+        follows the move, so a compaction writes a row per file, not per key."""
+        self.db.executemany(
+            "UPDATE files SET moved_to = ?, base = ?, dropped = ?, dv = NULL WHERE id = ?",
+            [(new, base, dropped.serialize(), old) for old, new, base, dropped in moves])
+
+    def put_keys(self, keys: Sequence[Any], file_id: int, positions: Sequence[int]) -> None:
+        """Each key's row is now at ``positions`` of ``file_id`` (written in
+        key order: neighbouring keys share B-tree pages)."""
+        rows = sorted(zip(keys, [file_id] * len(keys), positions, strict=True),
+                      key=_sort_key)
+        self.db.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)", rows)
+
+    def delete_keys(self, keys: Sequence[Any]) -> None:
+        self.db.executemany("DELETE FROM keys WHERE k = ?",
+                            [(k,) for k in sorted(keys, key=lambda k: _sort_key((k,)))])
+
+    def clear(self) -> None:
+        """Forget the keys and files (not the retired vectors: their files
+        still wait for their retention)."""
+        self.db.execute("DELETE FROM keys")
+        self.db.execute("DELETE FROM files")
+
+
+def _sort_key(row: tuple[Any, ...]) -> tuple[int, Any]:
+    """SQLite's order of keys: integers before texts."""
+    k = row[0]
+    return (0, k) if isinstance(k, int) else (1, k)
+
+
+def rebuild(index: KeyIndex, root: str, key: Sequence[str], output: str) -> int:
+    """Make ``index`` describe the newest version of the local table at
+    ``root`` from the table alone: its add actions (with their deletion
+    vectors) and each file's key columns, less the deleted rows. Two live
+    rows of one key are a SinkError (the table is not a state table of that
+    key). Returns the version."""
+    version, adds = live_files(root)
+    seen: set[Any] = set()
+    with index.change(version) as ch:
+        ch.clear()
+        for path, add in sorted(adds.items()):
+            dv = read_dv(root, add["deletionVector"]) if add.get("deletionVector") else BitMap()
+            data = pq.read_table(os.path.join(root, path), columns=list(key))
+            fid = ch.add_file(path, data.num_rows, add)
+            if dv:
+                ch.set_dv(fid, add, dv)
+                keep = BitMap(range(data.num_rows)) - dv
+                positions = list(keep)
+                data = data.take(pa.array(positions, pa.int64()))
+            else:
+                positions = list(range(data.num_rows))
+            keys = key_values(data, key)
+            dup = seen.intersection(keys)
+            if dup or len(set(keys)) != len(keys):
+                raise SinkError(
+                    f"output {output!r}: the state table at {root} holds two live rows of key "
+                    f"{next(iter(dup)) if dup else keys[0]!r} (file {path})",
+                    hint="the table was changed outside reclock; re-read the output into a new "
+                         "path")
+            seen.update(keys)
+            ch.put_keys(keys, fid, positions)
+        ch.done = True
+    return version
+
+
+def state_stats(table: pa.Table) -> str:
+    """Delta statistics of a state file: record count, min/max of the flat
+    orderable columns, null counts."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for f in table.schema:
+        if pa.types.is_nested(f.type):
+            continue
+        col = table.column(f.name)
+        nulls[f.name] = col.null_count
+        if pa.types.is_integer(f.type):
+            mm = pc.min_max(col)
+            if mm["min"].as_py() is not None:
+                mins[f.name], maxs[f.name] = mm["min"].as_py(), mm["max"].as_py()
+    return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs,
+                       "nullCount": nulls, "tightBounds": True}, separators=(",", ":"))
+
+
+def wide_stats(stats: str | None) -> str | None:
+    """``stats`` of a file that now has deleted rows: the same bounds, no
+    longer tight (PROTOCOL.md: numRecords stays the file's physical count)."""
+    if not stats:
+        return stats
+    doc = json.loads(stats)
+    doc["tightBounds"] = False
+    return json.dumps(doc, separators=(",", ":"))

@@ -1,0 +1,365 @@
+"""The Delta sink's state tables (``mode: state``): one row per live key,
+kept with deletion vectors (sinks/delta_state.py). Every test compares the
+table with an independent model: a dict of each key's current row, fed the
+same updates."""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+import reclock.sinks.delta as delta_mod
+from reclock.contracts.rows import output_schema
+from reclock.contracts.sink import SinkError, SinkFenced, SinkState
+from reclock.sinks.delta import DeltaSink, read_current
+from reclock.sinks.delta_state import INDEX_NAME, KeyIndex, rebuild
+
+USER = pa.schema([("k", pa.int64()), ("v", pa.string()), ("n", pa.float64())])
+SCHEMA = output_schema(USER)
+NAME = "st"
+
+Row = tuple[str, float | None]
+
+
+def updates(rows: list[tuple[int, str, float | None, int, int]],
+            errors: int = 0) -> pa.Table:
+    """Update rows of :data:`SCHEMA` from ``(k, v, n, into_time, diff)``,
+    then ``errors`` error rows (key 10**9 + i) at the last IntoTime."""
+    t = rows[-1][3] if rows else 0
+    rows = rows + [(10**9 + i, "bad", None, t, 1) for i in range(errors)]
+    m = len(rows)
+    return pa.table({
+        "k": [r[0] for r in rows], "v": [r[1] for r in rows], "n": [r[2] for r in rows],
+        "_into_time": [r[3] for r in rows], "_diff": [r[4] for r in rows],
+        "_src_part": pa.array([0] * m, pa.int32()), "_src_offset": list(range(m)),
+        "_src_seq": pa.array([0] * m, pa.int32()), "_src_ts": pa.array([None] * m, pa.int64()),
+        "_error": pa.array([None] * (m - errors) + ["refused"] * errors, pa.string()),
+        "_raw_key": pa.array([None] * m, pa.binary()),
+        "_raw_value": pa.array([None] * m, pa.binary())}, schema=SCHEMA)
+
+
+class Model:
+    """What the table must hold: each live key's row and IntoTime."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, tuple[str, float | None, int]] = {}
+
+    def step(self, rnd: random.Random, t: int, nkeys: int) -> list[tuple[Any, ...]]:
+        """Random changes at IntoTime ``t`` (inserts, updates, deletes, key
+        re-inserts, and a key inserted and retracted within ``t``), applied
+        to the model; the updates that say them, shuffled."""
+        out: list[tuple[Any, ...]] = []
+        for k in rnd.sample(range(nkeys), min(nkeys, 12)):
+            old = self.rows.get(k)
+            if old is not None:
+                out.append((k, old[0], old[1], t, -1))
+                if rnd.random() < 0.3:
+                    del self.rows[k]
+                    continue
+            new = (f"v{t}-{k}", rnd.choice([None, float(k) / 3]), t)
+            out.append((k, new[0], new[1], t, 1))
+            self.rows[k] = new
+        ghost = nkeys + t  # inserted and retracted within one IntoTime: never a row
+        out += [(ghost, "g", 1.0, t, 1), (ghost, "g", 1.0, t, -1)]
+        rnd.shuffle(out)
+        return out
+
+    def expected(self) -> list[tuple[Any, ...]]:
+        return sorted((k, v, n, t) for k, (v, n, t) in self.rows.items())
+
+
+def current(table: pa.Table) -> list[tuple[Any, ...]]:
+    d = table.to_pydict()
+    return sorted(zip(d["k"], d["v"], d["n"], d["_into_time"], strict=True))
+
+
+def by_duckdb_query(path: Path, query: str) -> list[tuple[Any, ...]]:
+    """The rows of ``query`` in DuckDB with its delta extension (the PyPI
+    package's file: the extension download needs the network)."""
+    import duckdb_extension_delta  # type: ignore[import-untyped]
+    ext = os.path.join(os.path.dirname(duckdb_extension_delta.__file__), "extensions",
+                       f"v{duckdb.__version__}", "delta.duckdb_extension")
+    con = duckdb.connect()
+    con.execute(f"LOAD '{ext}'")
+    return con.execute(query).fetchall()
+
+
+def by_duckdb(path: Path) -> list[tuple[Any, ...]]:
+    return sorted(by_duckdb_query(path, f"SELECT k, v, n, _into_time FROM delta_scan('{path}')"))
+
+
+def make(path: Path, **kw: Any) -> DeltaSink:
+    sink = DeltaSink(NAME, path, mode="state", key=["k"], **kw)
+    sink.ensure(USER)
+    return sink
+
+
+def commit(sink: DeltaSink, table: pa.Table, expected: SinkState, upper: int) -> SinkState:
+    new = SinkState(upper, f'"{upper}"')
+    sink.commit(sink.stager().stage(f"b{upper}-{random.randrange(10**9)}", 0, table),
+                expected, new)
+    return new
+
+
+def test_state_commits_equal_the_model_across_readers(tmp_path: Path) -> None:
+    sink = make(tmp_path / "t")
+    model, rnd, st = Model(), random.Random(7), SinkState()
+    for c in range(8):
+        # two IntoTimes per commit: a key's later IntoTime decides
+        rows = model.step(rnd, 2 * c + 1, 40) + model.step(rnd, 2 * c + 2, 40)
+        st = commit(sink, updates(rows, errors=1 if c == 3 else 0), st, 2 * c + 3)
+        assert current(read_current(sink.location)) == model.expected()
+    assert sink.state() == st
+    got = sink.read_updates()
+    assert set(got.column("_diff").to_pylist()) == {1}
+    errors = got.filter(pa.compute.is_valid(got.column("_error")))
+    assert errors.column("k").to_pylist() == [10**9]  # the error row, in the errors table
+    assert by_duckdb(tmp_path / "t") == model.expected()
+    # a fresh sink (a restarted driver) reads the same state and continues
+    again = make(tmp_path / "t")
+    assert again.state() == st
+    rows = model.step(rnd, 100, 40)
+    commit(again, updates(rows), st, 101)
+    assert current(read_current(again.location)) == model.expected()
+
+
+def test_updates_summing_to_nothing_change_nothing_but_the_state(tmp_path: Path) -> None:
+    sink = make(tmp_path / "t")
+    st = commit(sink, updates([(1, "a", 1.0, 1, 1)]), SinkState(), 2)
+    files = sorted(p.name for p in (tmp_path / "t").glob("*.parquet"))
+    st = commit(sink, updates([(1, "a", 1.0, 2, -1), (1, "a", 1.0, 2, 1),
+                               (2, "b", None, 2, 1), (2, "b", None, 2, -1)]), st, 3)
+    assert sorted(p.name for p in (tmp_path / "t").glob("*.parquet")) == files
+    assert current(read_current(sink.location)) == [(1, "a", 1.0, 1)]
+    assert sink.state() == st
+
+
+def test_a_commit_with_another_expected_state_is_fenced_and_writes_nothing(
+        tmp_path: Path) -> None:
+    sink = make(tmp_path / "t")
+    st = commit(sink, updates([(1, "a", 1.0, 1, 1)]), SinkState(), 2)
+    other = make(tmp_path / "t")
+    st2 = commit(other, updates([(1, "a", 1.0, 2, -1), (1, "b", 2.0, 2, 1)]), st, 3)
+    log = sorted(os.listdir(tmp_path / "t" / "_delta_log"))
+    staged = sink.stager().stage("late", 0, updates([(1, "b", 2.0, 2, -1)]))
+    with pytest.raises(SinkFenced):
+        sink.commit(staged, st, SinkState(4, '"4"'))  # a zombie: its state is old
+    assert sorted(os.listdir(tmp_path / "t" / "_delta_log")) == log
+    assert current(read_current(sink.location)) == [(1, "b", 2.0, 2)]
+    assert sink.state() == st2
+
+
+def test_updates_that_break_the_key_are_refused_whole(tmp_path: Path) -> None:
+    sink = make(tmp_path / "t")
+    st = commit(sink, updates([(1, "a", 1.0, 1, 1)]), SinkState(), 2)
+    staged = sink.stager().stage("bad", 0, updates([(1, "b", None, 2, 1), (3, "c", None, 2, 1)]))
+    with pytest.raises(SinkError, match=r"IntoTime 2 leave key \(k=1\).*2 live rows"):
+        sink.commit(staged, st, SinkState(3, None))
+    assert sink.state() == st
+    assert current(read_current(sink.location)) == [(1, "a", 1.0, 1)]
+
+
+class Killed(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("point", ["state_before_log", "state_logged"])
+def test_a_crash_in_a_commit_loses_and_doubles_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    """Killed before the log entry: nothing happened; after it, before the
+    key index caught up: the commit happened, and the next commit rebuilds
+    the index from the table."""
+    sink = make(tmp_path / "t")
+    model, rnd = Model(), random.Random(3)
+    st = commit(sink, updates(model.step(rnd, 1, 30)), SinkState(), 2)
+    before = model.expected()
+    rows = model.step(rnd, 2, 30)
+
+    def crash(name: str) -> None:
+        if name == point:
+            raise Killed
+
+    monkeypatch.setattr(delta_mod.faults, "crash_point", crash)
+    with pytest.raises(Killed):
+        commit(sink, updates(rows), st, 3)
+    monkeypatch.undo()
+    fresh = make(tmp_path / "t")  # the restarted driver
+    landed = fresh.state()
+    if point == "state_before_log":
+        assert landed == st and current(read_current(fresh.location)) == before
+        # the killed commit's data and deletion vector files: orphans
+        left = {p.name for p in (tmp_path / "t").iterdir() if p.is_file()}
+        gone = fresh.vacuum_orphans(0)
+        assert any(n.startswith("deletion_vector_") for n in gone), gone
+        assert any("-state-" in n for n in gone), gone
+        assert {p.name for p in (tmp_path / "t").iterdir() if p.is_file()} == left - set(gone)
+        assert current(read_current(fresh.location)) == before
+        landed = commit(fresh, updates(rows), st, 3)  # the retry
+    assert landed == SinkState(3, '"3"')
+    assert current(read_current(fresh.location)) == model.expected()
+    rows = model.step(rnd, 3, 30)
+    commit(fresh, updates(rows), landed, 4)
+    assert not [n for n in fresh.vacuum_orphans(0) if n.startswith("deletion_vector_")]
+    assert current(read_current(fresh.location)) == model.expected()
+    assert by_duckdb(tmp_path / "t") == model.expected()
+
+
+def _index_rows(path: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(path / INDEX_NAME) as db:
+        return sorted(db.execute("SELECT k, f.path, r FROM keys JOIN files f ON f.id = keys.f"))
+
+
+@pytest.mark.parametrize("damage", ["deleted", "stale", "garbage"])
+def test_the_key_index_is_rebuilt_from_the_table(tmp_path: Path, damage: str) -> None:
+    sink = make(tmp_path / "t")
+    model, rnd, st = Model(), random.Random(5), SinkState()
+    for c in range(4):
+        st = commit(sink, updates(model.step(rnd, c + 1, 30)), st, c + 2)
+    good = _index_rows(tmp_path / "t")
+    assert len(good) == len(model.rows)
+    sink.close()
+    assert sink._index is not None
+    sink._index.close()
+    index = tmp_path / "t" / INDEX_NAME
+    if damage == "deleted":
+        for p in tmp_path.glob(f"t/{INDEX_NAME}*"):
+            p.unlink()
+    elif damage == "stale":
+        with sqlite3.connect(index) as db:
+            db.execute("UPDATE meta SET value = value - 1 WHERE name = 'version'")
+            db.execute("DELETE FROM keys WHERE k IN (SELECT k FROM keys LIMIT 3)")
+    else:
+        for p in tmp_path.glob(f"t/{INDEX_NAME}*"):
+            p.unlink()
+        index.write_bytes(b"\0garbage" * 4096)
+    fresh = make(tmp_path / "t")
+    st = commit(fresh, updates(model.step(rnd, 9, 30)), st, 10)
+    assert current(read_current(fresh.location)) == model.expected()
+    rebuilt = KeyIndex(str(tmp_path / "u.sqlite"))
+    rebuild(rebuilt, str(tmp_path / "t"), ["k"], NAME)
+    rebuilt.close()
+    assert _index_rows(tmp_path / "t") == sorted(
+        sqlite3.connect(tmp_path / "u.sqlite").execute(
+            "SELECT k, f.path, r FROM keys JOIN files f ON f.id = keys.f"))
+
+
+def test_compaction_checkpoints_and_vacuums_keep_the_state(tmp_path: Path) -> None:
+    sink = make(tmp_path / "t", compaction=delta_mod.Compaction(in_child=False))
+    model, rnd, st = Model(), random.Random(11), SinkState()
+    for c in range(30):  # past a checkpoint (every 25 versions)
+        st = commit(sink, updates(model.step(rnd, c + 1, 30)), st, c + 2)
+    root = tmp_path / "t"
+    assert (root / "_delta_log" / "_last_checkpoint").exists()
+    done = sink.compact(min_files=5)
+    assert done["files_removed"] >= 5
+    assert sink.state() == st
+    assert current(read_current(sink.location)) == model.expected()
+    for c in range(30, 34):
+        st = commit(sink, updates(model.step(rnd, c + 1, 30)), st, c + 2)
+    sink._checkpoint()
+    dvs = {p.name for p in root.glob("deletion_vector_*.bin")}
+    expired = sink.expire_removed(0)
+    assert any(p.startswith("deletion_vector_") for p in expired)  # superseded vectors
+    in_use = {p.name for p in root.glob("deletion_vector_*.bin")}
+    assert in_use < dvs
+    sink.vacuum_orphans(0)
+    assert sink.state() == st
+    assert current(read_current(sink.location)) == model.expected()
+    assert by_duckdb(root) == model.expected()
+    fresh = make(tmp_path / "t")  # the index, rebuilt from checkpoint + log, agrees
+    for p in root.glob(f"{INDEX_NAME}*"):
+        p.unlink()
+    st = commit(fresh, updates(model.step(rnd, 50, 30)), st, 51)
+    assert current(read_current(fresh.location)) == model.expected()
+
+
+def test_state_mode_settings_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(SinkError, match="needs key columns"):
+        DeltaSink(NAME, tmp_path / "a", mode="state")
+    with pytest.raises(SinkError, match="only applies to mode 'state'"):
+        DeltaSink(NAME, tmp_path / "a", key=["k"])
+    with pytest.raises(SinkError, match="not available for a table on S3"):
+        DeltaSink(NAME, "s3://bucket/x", mode="state", key=["k"])
+    with pytest.raises(SinkError, match=r"key columns \['nope'\]"):
+        DeltaSink(NAME, tmp_path / "a", mode="state", key=["nope"]).ensure(USER)
+
+
+def test_a_delta_state_output_in_a_pipeline_needs_a_key_the_upstream_keeps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config checks of the Postgres sink's state tables, shared: a key
+    is required, and it must contain the output's upstream key (refused
+    before Spark starts)."""
+    import reclock.runtime.spark
+    from reclock.config import ConfigError, load_config
+    from reclock.core.errors import DefiniteError
+    from reclock.pipeline import run
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(reclock.runtime.spark, "spark_session", refuse)
+
+    def pipeline(sink: str) -> Path:
+        f = tmp_path / "p.yaml"
+        f.write_text(f"state_dir: {tmp_path}/state\nsources:\n  - name: shop\n"
+                     "    generator: {kind: orders, rate: 100, max_records: 50}\n"
+                     f"    outputs:\n      - name: customers\n        sink: {sink}\n"
+                     "      - name: orders\n        sink: console\n")
+        return f
+
+    with pytest.raises(ConfigError, match="key: required with mode: state"):
+        load_config(pipeline("{type: delta, mode: state}"))
+    with pytest.raises(DefiniteError, match=r"sink key \['name'\]: a state table's key must "
+                                            r"contain the output's upstream key"):
+        run(load_config(pipeline("{type: delta, mode: state, key: [name]}")), out=None,
+            install_signals=False)
+    cfg = load_config(pipeline("{type: delta, mode: state, key: [customer_id]}"))
+    assert cfg.sources[0].outputs[0].sink.state_key == ("customer_id",)
+    with pytest.raises(AssertionError, match="Spark was started"):
+        run(cfg, out=None, install_signals=False)
+
+
+def _race(sink: DeltaSink, w: int, r: int, expected: SinkState, barrier: Any,
+          outcome: dict[int, str]) -> None:
+    """Committer ``w`` of round ``r``: stage its row, wait for the other, commit."""
+    staged = sink.stager().stage(f"w{w}r{r}", 0, updates([(w * 1000 + r, f"w{w}", None,
+                                                            r + 1, 1)]))
+    barrier.wait()
+    try:
+        sink.commit(staged, expected, SinkState(r + 2, f'"w{w}"'))
+        outcome[w] = "ok"
+    except SinkFenced:
+        outcome[w] = "fenced"
+
+
+def test_two_committers_without_the_lock_one_wins_each_round(tmp_path: Path) -> None:
+    """Two sinks of one state table (two drivers, the local lock off so that
+    only the log's put-if-absent and the state check fence them) commit the
+    same round at once: one lands, the other is fenced, and the table holds
+    exactly the winner's rows."""
+    import threading
+
+    sinks = [make(tmp_path / "t", lock=False) for _ in range(2)]
+    model, st = Model(), SinkState()
+    for r in range(6):
+        barrier = threading.Barrier(2)
+        outcome: dict[int, str] = {}
+        threads = [threading.Thread(target=_race, args=(sinks[w], w, r, st, barrier, outcome))
+                   for w in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(outcome.values()) == ["fenced", "ok"], outcome
+        winner = next(w for w, o in outcome.items() if o == "ok")
+        model.rows[winner * 1000 + r] = (f"w{winner}", None, r + 1)
+        st = SinkState(r + 2, f'"w{winner}"')
+        assert sinks[0].state() == st
+        assert current(read_current(sinks[0].location)) == model.expected()
