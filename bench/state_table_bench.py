@@ -20,8 +20,8 @@ One command::
    IntoTime; a tick that overruns delays the next ones, so it shows up.
    Bytes rewritten per changed row = (the new data file + the commit's
    deletion vector file + its log entry) / changes.
-3. **Spark**: the peer Spark (``$RECLOCK_CACHE/spark-peer``, delta-spark
-   4.4) loads the same keys, then streams the first ``--spark-batches``
+3. **Spark**: the peer Spark (``$RECLOCK_CACHE/spark-peer``, PySpark 4.1.4, delta-spark
+   4.3.1) loads the same keys, then streams the first ``--spark-batches``
    batches (the same changes, one Parquet file each) through
    ``foreachBatch`` + ``MERGE`` at Delta's documented settings for small
    batches (``bench/peers/spark_merge.py``). Its sustained rate = changes /

@@ -2,7 +2,7 @@
 side of ``bench/state_table_bench.py``.
 
 Runs under the peer Spark's own Python (``$RECLOCK_CACHE/spark-peer``:
-PySpark 4.2 with delta-spark 4.4 from its Ivy cache). ``load`` writes the
+PySpark 4.1.4 with delta-spark 4.3.1 from its Ivy cache). ``load`` writes the
 table's first version (``--keys`` rows, files of a million rows, deletion
 vectors on); ``merge`` streams the change files of ``--changes`` (one
 Parquet file per batch: ``k, v, n, op`` with ``op`` ``u``/``d``/``i``, one
@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-DELTA = "io.delta:delta-spark_2.13:4.4.0"
+DELTA = "io.delta:delta-spark_2.13:4.3.1"
 
 
 def session(ivy: str):  # type: ignore[no-untyped-def]
