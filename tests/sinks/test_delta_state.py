@@ -11,7 +11,6 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 import pytest
 
@@ -20,6 +19,7 @@ from reclock.contracts.rows import output_schema
 from reclock.contracts.sink import SinkError, SinkFenced, SinkState
 from reclock.sinks.delta import DeltaSink, read_current
 from reclock.sinks.delta_state import INDEX_NAME, KeyIndex, rebuild
+from tests.peers import duckdb
 
 USER = pa.schema([("k", pa.int64()), ("v", pa.string()), ("n", pa.float64())])
 SCHEMA = output_schema(USER)
@@ -81,14 +81,8 @@ def current(table: pa.Table) -> list[tuple[Any, ...]]:
 
 
 def by_duckdb_query(path: Path, query: str) -> list[tuple[Any, ...]]:
-    """The rows of ``query`` in DuckDB with its delta extension (the PyPI
-    package's file: the extension download needs the network)."""
-    import duckdb_extension_delta  # type: ignore[import-untyped]
-    ext = os.path.join(os.path.dirname(duckdb_extension_delta.__file__), "extensions",
-                       f"v{duckdb.__version__}", "delta.duckdb_extension")
-    con = duckdb.connect()
-    con.execute(f"LOAD '{ext}'")
-    return con.execute(query).fetchall()
+    """The rows of ``query`` in DuckDB with its delta extension."""
+    return duckdb().execute(query).fetchall()  # type: ignore[no-any-return]
 
 
 def by_duckdb(path: Path) -> list[tuple[Any, ...]]:

@@ -22,8 +22,8 @@ import pytest
 
 from reclock.core.time import Lsn
 from reclock.sinks.delta import Compaction, DeltaSink, read_current
+from tests.peers import spark_reads
 from tests.running import close_driver, start_driver, stop_driver, wait_exit, wait_running
-from tests.sinks.test_delta_interop import spark_reads
 from tests.sinks.test_delta_state import by_duckdb_query
 from tests.sources.cdc import flushed_lsn
 
