@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -24,16 +23,15 @@ from reclock.clients.schema_registry import (
 )
 from reclock.contracts.config import ConfigModel, problem
 from reclock.contracts.decode import (
-    Collector,
     DecodeResult,
     DecoderOptions,
     FormatError,
     FormatPlugin,
-    as_binary,
 )
-from reclock.core.errors import DefiniteError, SchemaChanged, TransientError
+from reclock.core.errors import DefiniteError, SchemaChanged
 from reclock.core.urls import URL_SECRET, check_url, mask_url
 from reclock.formats import avro_union as au
+from reclock.formats.registry_union import decode_each
 
 I64 = npt.NDArray[np.int64]
 
@@ -561,35 +559,15 @@ class AvroDecoder:
         return value, lacks
 
     def decode(self, data: pa.Array) -> DecodeResult:
-        data = as_binary(data)
-        c = Collector(self.schema, "avro")
-        dropped: dict[str, int] = {}
-        for i, raw in enumerate(data.to_pylist()):
-            if raw is None:
-                c.null(i, self.allow_null)
-                continue
-            try:
-                value, lacks = self._read_one(raw)
-                if self._fix is not None:
-                    value = self._fix(value)
-            except (TransientError, SchemaChanged):
-                raise
-            except SchemaMissing as exc:
-                c.error(i, f"avro: {exc.args[0]}")
-                continue
-            except DefiniteError:
-                raise  # an incompatible writer schema, or a change the policy refuses
-            except Exception as exc:  # bad bytes fail in many ways
-                msg = str(exc)
-                c.error(i, f"avro: {type(exc).__name__}: {msg}" if msg else
-                        f"avro: {type(exc).__name__} (truncated or corrupt datum)")
-                continue
-            for k in lacks:
-                if isinstance(value, dict) and value.get(k) is not None:
-                    dropped[k] = dropped.get(k, 0) + 1
-            c.row(i, [value.get(k) for k in self._columns] if self._record else [value])
-        res = c.result()
-        return dataclasses.replace(res, dropped=dropped) if dropped else res
+        def read(raw: bytes) -> tuple[Any, Sequence[str]]:
+            value, lacks = self._read_one(raw)
+            return (value if self._fix is None else self._fix(value)), lacks
+
+        columns = self._columns
+        return decode_each(
+            data, self.schema, "avro", self.allow_null, "datum", read,
+            (lambda value: [value.get(k) for k in columns]) if self._record
+            else (lambda value: [value]))
 
 
 def _parsed(schema: str | Mapping[str, Any] | list[Any]) -> Any:

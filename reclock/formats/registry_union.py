@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -306,34 +306,52 @@ class RegistryDecoder:
         return lacks
 
     def decode(self, data: pa.Array) -> DecodeResult:
-        data = as_binary(data)
         columns = self.schema.names
-        c = Collector(self.schema, self.name)
-        dropped: dict[str, int] = {}
-        for i, raw in enumerate(data.to_pylist()):
-            if raw is None:
-                c.null(i, self.allow_null)
-                continue
-            try:
-                sid, payload = frame(raw)
-                writer = self._writer_of(sid)
-                lacks = self._judge(sid, writer)
-                value = writer.read(payload)
-            except (TransientError, SchemaChanged):
-                raise
-            except SchemaMissing as exc:
-                c.error(i, f"{self.name}: {exc.args[0]}")
-                continue
-            except DefiniteError:
-                raise  # an incompatible writer schema, or a change the policy refuses
-            except Exception as exc:  # bad bytes fail in many ways
-                msg = str(exc)
-                c.error(i, f"{self.name}: {type(exc).__name__}: {msg}" if msg else
-                        f"{self.name}: {type(exc).__name__} (truncated or corrupt record)")
-                continue
-            for k in lacks:
-                if value.get(k) is not None:
-                    dropped[k] = dropped.get(k, 0) + 1
-            c.row(i, [value.get(k) for k in columns])
-        res = c.result()
-        return dataclasses.replace(res, dropped=dropped) if dropped else res
+
+        def read(raw: bytes) -> tuple[Any, Sequence[str]]:
+            sid, payload = frame(raw)
+            writer = self._writer_of(sid)
+            lacks = self._judge(sid, writer)
+            return writer.read(payload), lacks
+
+        return decode_each(data, self.schema, self.name, self.allow_null, "record", read,
+                           lambda value: [value.get(k) for k in columns])
+
+
+def decode_each(data: pa.Array, schema: pa.Schema, name: str, allow_null: bool, what: str,
+                read: Callable[[bytes], tuple[Any, Sequence[str]]],
+                row: Callable[[Any], list[Any]]) -> DecodeResult:
+    """Decode each record of ``data`` with ``read`` (a value and the fields
+    the output lacks, whose values are dropped and counted), its row by
+    ``row``. How a registry format's record fails: a transient error, a
+    schema change and a definite error (an incompatible writer schema, a
+    change the policy refuses) stop the batch; a schema the registry does not
+    know and bad bytes make the record an error row, named ``name``; ``what``
+    names the unit in that message ("datum", "record")."""
+    data = as_binary(data)
+    c = Collector(schema, name)
+    dropped: dict[str, int] = {}
+    for i, raw in enumerate(data.to_pylist()):
+        if raw is None:
+            c.null(i, allow_null)
+            continue
+        try:
+            value, lacks = read(raw)
+        except (TransientError, SchemaChanged):
+            raise
+        except SchemaMissing as exc:
+            c.error(i, f"{name}: {exc.args[0]}")
+            continue
+        except DefiniteError:
+            raise  # an incompatible writer schema, or a change the policy refuses
+        except Exception as exc:  # bad bytes fail in many ways
+            msg = str(exc)
+            c.error(i, f"{name}: {type(exc).__name__}: {msg}" if msg else
+                    f"{name}: {type(exc).__name__} (truncated or corrupt {what})")
+            continue
+        for k in lacks:
+            if isinstance(value, dict) and value.get(k) is not None:
+                dropped[k] = dropped.get(k, 0) + 1
+        c.row(i, row(value))
+    res = c.result()
+    return dataclasses.replace(res, dropped=dropped) if dropped else res
