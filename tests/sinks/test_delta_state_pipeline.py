@@ -1,8 +1,10 @@
-"""A Postgres CDC table into a Delta ``mode: state`` output, killed with
-SIGKILL while a writer inserts, updates, deletes and changes primary keys:
-at quiescence the Delta table, read by delta-rs, by DuckDB and by the peer
-Spark (delta-spark), equals the Postgres table (the upstream itself is the
-model), with the types Spark gives the columns."""
+"""A Postgres CDC table into a Delta and an Iceberg ``mode: state`` table
+(two sinks of one output), killed with SIGKILL while a writer inserts,
+updates, deletes and changes primary keys: at quiescence the Delta table,
+read by delta-rs, by DuckDB and by the peer Spark (delta-spark), and the
+Iceberg table, read by pyiceberg and by the peer Spark (Iceberg's runtime
+on the sink's SQL catalog), equal the Postgres table (the upstream itself
+is the model), with the types Spark gives the columns."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from pyiceberg.catalog import load_catalog
 
 from reclock.core.time import Lsn
 from reclock.sinks.delta import Compaction, DeltaSink, read_current
@@ -39,8 +42,13 @@ sources:
     postgres: {{dsn: "{url}", tables: [people], timeout: 10s}}
     outputs:
       - name: people
-        sink: {{type: delta, path: "{out}", mode: state, key: [id]}}
+        sinks:
+          - {{name: lake, type: delta, path: "{out}", mode: state, key: [id]}}
+          - {{name: ice, type: iceberg, table: db.people, mode: state, key: [id],
+              catalog: {{type: sql, uri: "{catalog}", warehouse: "{warehouse}"}}}}
 """
+#: the Delta sink's output, a slot of its output
+NAME = "db.people.lake"
 COLUMNS = "id, name, score, amount, seen"
 KEYS = 400
 
@@ -87,15 +95,32 @@ class Writer:
 
 
 def _held(out: Path) -> int | None:
-    st = DeltaSink("db.people", out).state()
+    st = DeltaSink(NAME, out).state()
     return None if st.progress is None else int(Lsn.parse(json.loads(st.progress)[0]))
 
 
-def _caught_up(out: Path, target: int, proc: Any, timeout: float) -> None:
+def _iceberg(catalog: str, warehouse: Path) -> Any:
+    return load_catalog("reclock", type="sql", uri=catalog, warehouse=str(warehouse))
+
+
+def _ice_held(catalog: str, warehouse: Path) -> int | None:
+    """What the Iceberg table holds, from its current snapshot's summary."""
+    try:
+        snap = _iceberg(catalog, warehouse).load_table("db.people").current_snapshot()
+    except Exception:  # not created yet
+        return None
+    progress = None if snap is None else snap.summary.additional_properties.get(
+        "reclock.progress")
+    return None if progress is None else int(Lsn.parse(json.loads(progress)[0]))
+
+
+def _caught_up(out: Path, catalog: str, warehouse: Path, target: int, proc: Any,
+               timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         held = _held(out) if (out / "_delta_log").exists() else None
-        if held is not None and held >= target:
+        ice = _ice_held(catalog, warehouse)
+        if held is not None and held >= target and ice is not None and ice >= target:
             return
         assert proc.poll() is None, "the pipeline exited"
         time.sleep(0.3)
@@ -119,8 +144,10 @@ def test_cdc_into_a_delta_state_table_survives_sigkill_and_reads_alike_everywher
         c.execute("insert into people select i, 'n' || i, i / 7.0, i * 1.25, now() "
                   "from generate_series(0, 199) i")
     state, out = tmp_path / "state", tmp_path / "people"
+    catalog, warehouse = f"sqlite:///{tmp_path}/catalog.db", tmp_path / "wh"
     path = tmp_path / "p.yaml"
-    path.write_text(PIPELINE.format(state=state, url=cdc_url, out=out))
+    path.write_text(PIPELINE.format(state=state, url=cdc_url, out=out, catalog=catalog,
+                                    warehouse=warehouse))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     writer = Writer(cdc_url, seed=42)
     rnd = random.Random(9)
@@ -129,7 +156,19 @@ def test_cdc_into_a_delta_state_table_survives_sigkill_and_reads_alike_everywher
         proc = start_driver(path, env)
         try:
             assert wait_running(state, proc), "the driver did not start"
-            time.sleep(rnd.uniform(2.0, 5.0))
+            t0 = time.monotonic()
+            before = (_held(out) if (out / "_delta_log").exists() else None,
+                      _ice_held(catalog, warehouse))
+            # each run is killed once both sinks committed something new
+            # (not only during the initial snapshot), at a random moment after
+            while time.monotonic() - t0 < 120:
+                now = (_held(out) if (out / "_delta_log").exists() else None,
+                       _ice_held(catalog, warehouse))
+                if all(n is not None and (b is None or n > b)
+                       for n, b in zip(now, before, strict=True)):
+                    break
+                time.sleep(0.2)
+            time.sleep(rnd.uniform(0.5, 3.0))
             proc.send_signal(signal.SIGKILL)
             kills += wait_exit(proc, 60) == -signal.SIGKILL
         finally:
@@ -138,10 +177,11 @@ def test_cdc_into_a_delta_state_table_survives_sigkill_and_reads_alike_everywher
     proc = start_driver(path, env)
     try:
         assert wait_running(state, proc)
-        _caught_up(out, flushed_lsn(cdc_url), proc, 240)
+        _caught_up(out, catalog, warehouse, flushed_lsn(cdc_url), proc, 240)
     except AssertionError as exc:
         rc, err = stop_driver(proc)
-        raise AssertionError(f"{exc}; held {_held(out)}; driver: {err[-4000:]}") from None
+        raise AssertionError(f"{exc}; held {_held(out)}, {_ice_held(catalog, warehouse)}; "
+                             f"driver: {err[-4000:]}") from None
     rc, err = stop_driver(proc)
     assert rc == 0 and "Traceback" not in err, err[-3000:]
     assert kills == 3 and txns > 50, (kills, txns)
@@ -151,7 +191,7 @@ def test_cdc_into_a_delta_state_table_survives_sigkill_and_reads_alike_everywher
     assert len(upstream) > 100
     # compaction, a checkpoint and the expiry of what they replaced keep the
     # rows, for every reader below
-    sink = DeltaSink("db.people", out, mode="state", key=["id"],
+    sink = DeltaSink(NAME, out, mode="state", key=["id"],
                      compaction=Compaction(in_child=False))
     st = sink.state()
     assert sink.compact(min_files=2)["files_removed"] >= 2
@@ -167,10 +207,21 @@ def test_cdc_into_a_delta_state_table_survives_sigkill_and_reads_alike_everywher
     duck = sorted(tuple(_plain(v) for v in r) for r in by_duckdb_query(
         out, f"SELECT id, name, score, amount, epoch_us(seen) FROM delta_scan('{out}')"))
     assert duck == upstream
-    spark = spark_reads([out])[str(out)]
+    ice = _iceberg(catalog, warehouse).load_table("db.people").scan(
+        selected_fields=tuple(COLUMNS.split(", "))).to_arrow().to_pydict()
+    assert sorted(tuple(_plain(v) for v in r) for r in zip(
+        *(ice[c] for c in COLUMNS.split(", ")), strict=True)) == upstream  # pyiceberg
+    ice_sql = f"sql:SELECT {COLUMNS} FROM reclock.db.people"
+    both = spark_reads([str(out), ice_sql], (f"reclock=jdbc:sqlite:{tmp_path}/catalog.db,"
+                                             f"file://{warehouse}",))
+    spark = both[str(out)]
     assert spark["types"] == {"id": "int", "name": "string", "score": "double",
                               "amount": "decimal(10,2)", "seen": "timestamp",
                               "_into_time": "bigint"}
     assert sorted(tuple(r[:5]) for r in spark["rows"]) == [
         (i, n, repr(s) if s is not None else None, a, t) for i, n, s, a, t in upstream]
-    assert spark["txns"]["reclock:db.people"] == DeltaSink("db.people", out).state().upper
+    assert spark["txns"][f"reclock:{NAME}"] == DeltaSink(NAME, out).state().upper
+    assert both[ice_sql]["types"] == {k: v for k, v in spark["types"].items()
+                                      if k != "_into_time"}
+    assert sorted(tuple(r) for r in both[ice_sql]["rows"]) == sorted(
+        tuple(r[:5]) for r in spark["rows"])
