@@ -65,16 +65,24 @@ time in proportion to the snapshots kept (every commit writes the metadata
 file anew, listing them all): hence a retention of minutes, not a day.
 
 State mode (``mode: state``, ``key: [...]``): one row per live key, the
-user's columns and ``_into_time`` (the IntoTime of the key's last change);
-error rows are rows of the same table with ``_error`` set and their
-position, and null user columns (current rows: ``WHERE _error IS NULL``).
-A commit reads the staged updates, sums each IntoTime's updates per key as
-the Postgres sink's state tables do (the same rule: a key's IntoTime must
-retract exactly the row it has, if any, and leave at most one; else a
-:class:`~reclock.contracts.sink.SinkError` naming the key, and nothing is
-written), then writes, in one catalog commit, a copy-on-write delete of the
-changed keys' rows (pyiceberg 0.12 rewrites each data file holding one:
-it writes no position or equality delete files) and an append of their new
+user's columns and ``_into_time`` (the IntoTime of the key's last change),
+nothing else: ``SELECT * FROM`` the table is the upstream table plus
+``_into_time``. Error rows (refused, undecodable: with their reason and
+position) go to a log table of their own beside it, ``<table>_errors`` in
+the same namespace (``errors_table``), as the Postgres sink's
+``<table>_errors``. A state commit with error rows commits them there first,
+with the new state in that snapshot's summary, then the main table; a retry
+after a crash between the two finds the errors table's upper at (or past)
+the new one and skips that commit (rows below the errors table's upper are
+there already), so nothing is lost or doubled. :meth:`IcebergSink.state`
+reads the main table only. A commit reads the staged updates, sums each
+IntoTime's updates per key as the Postgres sink's state tables do (the
+same rule: a key's IntoTime must retract exactly the row it has, if any,
+and leave at most one; else a :class:`~reclock.contracts.sink.SinkError`
+naming the key, and nothing is written), then writes, in one catalog
+commit, a copy-on-write delete of the changed keys' rows (pyiceberg 0.12
+rewrites each data file holding one: it writes no position or equality
+delete files) and an append of their new
 rows; both snapshots carry the new state.
 
 Types. Iceberg (format 2) has no unsigned, half-float, time-zone-named,
@@ -106,6 +114,7 @@ from pydantic import BeforeValidator, SecretStr
 from pydantic import Field as Setting
 from pydantic_core import InitErrorDetails
 
+from reclock import faults
 from reclock.contracts.config import ByteSize, ConfigModel, DurationMs, problem
 from reclock.contracts.consolidate import COUNT, consolidate, row_keys
 from reclock.contracts.encoding import is_nanos
@@ -193,10 +202,11 @@ _COMPACTED = "-compact-"
 
 Mode = Literal["log", "state"]
 
-#: The columns a state table keeps besides the user's (error rows fill the
-#: position and raw columns; a live row only ``_into_time``).
-STATE_META = [f if f.name == INTO_TIME else f.with_nullable(True) for f in META_FIELDS
-              if f.name != DIFF]
+#: The columns a state table keeps besides the user's.
+STATE_META = [f for f in META_FIELDS if f.name == INTO_TIME]
+#: The default name of a state table's errors table: ``<table>_errors``
+#: (the Postgres sink's too).
+ERRORS_SUFFIX = "_errors"
 
 
 # -- types ---------------------------------------------------------------------------------
@@ -421,7 +431,7 @@ class IcebergSink:
                  storage: S3Access | None = None, mode: Mode = "log",
                  key: Sequence[str] = (), owner: Owner | None = None,
                  clock: Clock | None = None, compaction: Compaction | None = None,
-                 rows_per_file: int = ROWS_PER_FILE) -> None:
+                 rows_per_file: int = ROWS_PER_FILE, errors_table: str | None = None) -> None:
         if mode not in ("log", "state"):
             raise SinkError(f"output {name!r}: mode {mode!r} is not 'log' or 'state'")
         if mode == "state" and not key:
@@ -430,6 +440,9 @@ class IcebergSink:
         if mode == "log" and key:
             raise SinkError(f"output {name!r}: key only applies to mode 'state'",
                             hint="drop the key, or use mode: state")
+        if mode == "log" and errors_table is not None:
+            raise SinkError(f"output {name!r}: errors_table only applies to mode 'state'",
+                            hint="drop errors_table: a log keeps its error rows in itself")
         parts = table.split(".")
         if len(parts) < 2 or not all(parts):
             raise SinkError(f"output {name!r}: table {table!r} is not namespace.name",
@@ -457,6 +470,15 @@ class IcebergSink:
         #: manifest list -> its manifests; manifest -> its files (see _referenced)
         self._manifest_lists: dict[str, list[Any]] = {}
         self._manifest_files: dict[str, frozenset[str]] = {}
+        #: state mode: the log table of the error rows (see the module docstring)
+        self._errors: IcebergSink | None = None
+        if mode == "state":
+            errors_name = errors_table or table + ERRORS_SUFFIX
+            if errors_name == table:
+                raise SinkError(f"output {name!r}: errors_table {errors_name!r} is the table "
+                                "itself", hint="name another table, or drop errors_table")
+            self._errors = IcebergSink(name, catalog, errors_name, storage=storage, clock=clock,
+                                       compaction=compaction)
 
     def __repr__(self) -> str:
         return f"IcebergSink({self.name!r}, {self.access.shown}, table={self.table_name!r})"
@@ -552,7 +574,13 @@ class IcebergSink:
             except Exception as exc:
                 raise self._fail(exc, "create") from exc
             self._table = table
+        if self.mode == "state" and ERROR in self._stored(table).names:
+            raise SinkError(f"output {self.name!r}: {self.target} holds error rows beside the "
+                            "current ones (the layout before error rows went to a table of "
+                            "their own)", hint="write the state output to a new table")
         self._evolve(table, want)
+        if self._errors is not None:
+            self._errors.ensure(user_schema)
 
     def _evolve(self, table: Any, want: pa.Schema) -> None:
         from pyiceberg.exceptions import CommitFailedException, ResolveError, ValidationError
@@ -686,6 +714,7 @@ class IcebergSink:
         for d in staged:
             check_descriptor(self.name, "Iceberg", d, _STAGED, {"size": int, "rows": int})
         last: Exception | None = None
+        updates: pa.Table | None = None
         for _ in range(COMMIT_ATTEMPTS):
             table = self._load()
             if table is None:
@@ -702,7 +731,14 @@ class IcebergSink:
             if self.mode == "log":
                 self._append(table, tx, staged, props)
             else:
-                self._apply(table, tx, staged, props)
+                if updates is None:  # the first attempt: the error rows go first
+                    updates = self._read_staged(table, staged)
+                    bad = updates.filter(pc.is_valid(updates.column(ERROR)))
+                    if bad.num_rows:
+                        self._commit_errors(bad, new)
+                        faults.crash_point("after_errors_commit")
+                    updates = updates.filter(pc.is_null(updates.column(ERROR)))
+                self._apply(table, tx, updates, props)
             try:
                 self._commit_tx(table, tx, head.snapshot_id)
             except CommitFailedException as exc:
@@ -722,6 +758,24 @@ class IcebergSink:
                 except ReclockError as exc:
                     log.warning("output %r: cannot delete staged file %s: %s", self.name,
                                 d["path"], exc)
+
+    def _commit_errors(self, bad: pa.Table, new: SinkState) -> None:
+        """State mode: the error rows of a commit into the errors table,
+        unless an earlier attempt of this commit put them there: only rows at
+        or past that table's upper go in (those below it are there already),
+        and only when ``new`` moves it (the errors table's state is the upper
+        of the last commit that had error rows)."""
+        errs = self._errors
+        assert errs is not None
+        have = errs.state()
+        if have.upper is None and have != SinkState():
+            return  # closed: every error row is there
+        if have.upper is not None and new.upper is not None and have.upper >= new.upper:
+            return
+        if have.upper is not None:
+            bad = bad.filter(pc.greater_equal(bad.column(INTO_TIME), have.upper))
+        staged = errs.stager().stage(f"{self._clock.now()}-err-{uuid.uuid4().hex[:8]}", 0, bad)
+        errs.commit(staged, have, new)
 
     def _commit_tx(self, table: Any, tx: Any, base: int | None) -> None:
         """Send ``tx``'s updates to the catalog with the fence: the table is
@@ -817,18 +871,15 @@ class IcebergSink:
 
         return _without_ids(schema_to_pyarrow(table.schema()))
 
-    def _apply(self, table: Any, tx: Any, staged: list[dict[str, Any]],
-               props: dict[str, str]) -> None:
-        """State mode: the staged updates onto the table, in ``tx`` (a
-        copy-on-write delete of the changed keys' rows, an append of their
-        new rows and of the error rows). The rule of each key's IntoTimes is
-        the Postgres sink's (see the module docstring)."""
+    def _apply(self, table: Any, tx: Any, good: pa.Table, props: dict[str, str]) -> None:
+        """State mode: the updates ``good`` (no error rows) onto the table, in
+        ``tx`` (a copy-on-write delete of the changed keys' rows, an append
+        of their new rows). The rule of each key's IntoTimes is the Postgres
+        sink's (see the module docstring)."""
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-        updates = self._read_staged(table, staged)
         stored = self._stored(table)
-        errs = updates.filter(pc.is_valid(updates.column(ERROR)))
-        good = updates.filter(pc.is_null(updates.column(ERROR)))
+        updates = good
         user = [f.name for f in stored if f.name not in META_NAMES]
         keys = list(self.key)
         # Each IntoTime's updates summed by value (in time order), and each
@@ -869,8 +920,6 @@ class IcebergSink:
             new = net.take(pa.array(sorted(idx), pa.int64())).select(user)
             new = new.append_column(INTO_TIME, pa.array([t] * new.num_rows, pa.int64()))
             out.append(conform(self.name, new, stored))
-        if errs.num_rows:
-            out.append(conform(self.name, errs.drop_columns([DIFF]), stored))
         gone = [values[k] for k in rows if k in held]
         if gone:
             tx.delete(_match_filter(gone, keys), snapshot_properties=props)
@@ -885,12 +934,7 @@ class IcebergSink:
         if table.current_snapshot() is None:
             stored = self._stored(table)
             return pa.table({k: pa.array([], stored.field(k).type) for k in keys})
-        from pyiceberg import expressions as ex
-
-        And: Any = ex.And
-        IsNull: Any = ex.IsNull
-        scan = table.scan(row_filter=And(_match_filter(values, keys), IsNull(ERROR)),
-                          selected_fields=tuple(keys))
+        scan = table.scan(row_filter=_match_filter(values, keys), selected_fields=tuple(keys))
         try:
             return scan.to_arrow()
         except Exception as exc:
@@ -947,18 +991,15 @@ class IcebergSink:
             data = table.scan().to_arrow()
         except Exception as exc:
             raise self._fail(exc, "read") from exc
-        data = data.cast(_without_ids(data.schema))
-        live = data.filter(pc.is_null(data.column(ERROR)))
+        live = data.cast(_without_ids(data.schema))
         n = live.num_rows
         zeros32 = pa.array([0] * n, pa.int32())
-        live = live.drop_columns([SRC_PART, SRC_OFFSET, SRC_SEQ]).append_column(
-            DIFF, pa.array([1] * n, pa.int64())).append_column(
+        live = live.append_column(DIFF, pa.array([1] * n, pa.int64())).append_column(
             SRC_PART, zeros32).append_column(SRC_OFFSET, pa.array([0] * n, pa.int64())
                                              ).append_column(SRC_SEQ, zeros32)
-        errs = data.filter(pc.is_valid(data.column(ERROR)))
-        if as_of is not None:
-            errs = errs.filter(pc.less_equal(errs.column(INTO_TIME), as_of))
-        errs = errs.append_column(DIFF, pa.array([1] * errs.num_rows, pa.int64()))
+        assert self._errors is not None
+        errs = self._errors.read_updates(as_of)
+        errs = errs.filter(pc.is_valid(errs.column(ERROR)))
         return pa.concat_tables([conform(self.name, live, schema),
                                  conform(self.name, errs, schema)])
 
@@ -1015,6 +1056,9 @@ class IcebergSink:
                     removed.append(f"{sub}/{name}")
         if removed:
             log.info("output %r: removed %d orphan files", self.name, len(removed))
+        if self._errors is not None:
+            removed += [f"{self._errors.table_name}:{p}"
+                        for p in self._errors.vacuum_orphans(grace_seconds)]
         return sorted(removed)
 
     def maintain(self, now_ms: int) -> dict[str, int]:
@@ -1041,6 +1085,9 @@ class IcebergSink:
             expired = self.expire(c.retention_ms, now_ms)
             if expired:
                 done["snapshots_expired"] = expired
+        if self._errors is not None:
+            for k, v in self._errors.maintain(now_ms).items():
+                done[f"errors_{k}"] = v
         return done
 
     def compact(self, target_size: int = COMPACT_TARGET_SIZE, min_files: int = 2,
@@ -1175,6 +1222,8 @@ class IcebergSink:
         if engine is not None:
             engine.dispose()
         self._catalog = self._table = None
+        if self._errors is not None:
+            self._errors.close()
 
 
 @functools.cache
@@ -1402,6 +1451,10 @@ class IcebergSinkConfig(SinkConfigBase):
     key: tuple[str, ...] = ()
     """With ``mode: state``: the key columns; they must contain the output's
     upstream key (:func:`~reclock.contracts.config.state_key_problem`)."""
+    errors_table: str | None = Setting(default=None, min_length=3,
+                                       pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")
+    """With ``mode: state``: the log table (``namespace.name``) of the error
+    rows; default ``<table>_errors``."""
     compact: Annotated[CompactConfig | None, BeforeValidator(_compact_switch)] = Setting(
         default_factory=CompactConfig)
     """Compaction and snapshot expiry on a schedule (``compact: off``: never)."""
@@ -1428,6 +1481,11 @@ class IcebergSinkConfig(SinkConfigBase):
             return [problem(("key",), "required with mode: state")]
         if data.get("mode") != "state" and data.get("key"):
             return [problem(("key",), "only applies to mode: state", on_key=True)]
+        if data.get("mode") != "state" and data.get("errors_table"):
+            return [problem(("errors_table",), "only applies to mode: state", on_key=True)]
+        if data.get("errors_table") is not None and data.get("errors_table") == data.get(
+                "table"):
+            return [problem(("errors_table",), "must differ from table")]
         return []
 
     def resolved(self, default: Path, base: Path) -> IcebergSinkConfig:
@@ -1452,7 +1510,8 @@ class IcebergSinkConfig(SinkConfigBase):
             storage = (self.storage or S3StorageConfig()).access()
         return IcebergSink(ctx.name, self.catalog.access(storage), self.table,
                            storage=storage, mode=self.mode, key=self.key, owner=ctx.owner,
-                           compaction=None if self.compact is None else self.compact.settings())
+                           compaction=None if self.compact is None else self.compact.settings(),
+                           errors_table=self.errors_table)
 
 
 PLUGIN = SinkPlugin(name="iceberg", config=IcebergSinkConfig)

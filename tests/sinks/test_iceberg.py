@@ -77,11 +77,11 @@ def test_a_state_table_holds_the_sum_of_each_intotime_per_key(tmp_path: Path) ->
     want = {"a": (6, 30), "c": (4, 30), "d": (7, 30)}
     assert _live(s) == want
     assert s.state() == s2
-    # What pyiceberg reads: one row per live key, no retractions, no _diff.
+    # What pyiceberg reads: one row per live key, the user's columns and
+    # _into_time, nothing else.
     seen = _reader(tmp_path)
-    assert "_diff" not in seen.column_names
-    live = seen.filter(pc.is_null(seen.column("_error")))
-    assert sorted(zip(live.column("k").to_pylist(), live.column("v").to_pylist(),
+    assert seen.column_names == [*USER.names, "_into_time"]
+    assert sorted(zip(seen.column("k").to_pylist(), seen.column("v").to_pylist(),
                       strict=True)) == [("a", 6), ("c", 4), ("d", 7)]
     # Compaction of a state table: its small files merged, the rows and state kept.
     s3 = SinkState(36, '"p3"')
@@ -132,6 +132,91 @@ def test_error_rows_of_a_state_table_keep_their_position(tmp_path: Path) -> None
     assert errs.column("_error").to_pylist() == ["malformed JSON"]
     assert _live(s) == {"a": (1, 10)}
     assert s.read_updates(as_of=5).filter(pc.is_valid(pc.field("_error"))).num_rows == 0
+    # The state table holds the current rows alone; the error rows are in
+    # <table>_errors, where pyiceberg reads them with their positions.
+    assert _reader(tmp_path).column_names == [*USER.names, "_into_time"]
+    assert _reader(tmp_path).column("k").to_pylist() == ["a"]
+    side = _reader(tmp_path, "lake.orders_errors")
+    assert side.column("_error").to_pylist() == ["malformed JSON"]
+    assert side.column("_src_offset").to_pylist() == [7]
+
+
+def _model_commits() -> list[tuple[pa.Table, SinkState, SinkState]]:
+    """Three commits with error rows among their updates, and the states
+    they move: the input of the crash test below and of its model."""
+    s1, s2, s3 = SinkState(11, '"p1"'), SinkState(21, '"p2"'), SinkState(31, '"p3"')
+    return [
+        (pa.concat_tables([_rows(["a", "b"], [1, 2], 10, 1),
+                           updates(["x"], 10, offset=3, error="malformed JSON")]),
+         SinkState(), s1),
+        (pa.concat_tables([_rows(["a"], [1], 20, -1), _rows(["a"], [5], 20, 1, offset=1),
+                           updates(["y"], 20, offset=4, error="not a number"),
+                           updates(["z"], 20, offset=5, error="not a number")]), s1, s2),
+        (pa.concat_tables([_rows(["b"], [2], 30, -1), _rows(["c"], [9], 30, 1, offset=1)]),
+         s2, s3),
+    ]
+
+
+_CRASHING_COMMIT = """
+import sys
+import pyarrow as pa
+from reclock.contracts.sink import SinkState
+from tests.sinks.test_iceberg import _model_commits, _sink
+from pathlib import Path
+s = _sink(Path(sys.argv[1]), "state")
+n = int(sys.argv[2])
+batch, expected, new = _model_commits()[n]
+s.commit(s.stager().stage(f"b{n}", 0, batch), expected, new)
+"""
+
+
+def test_a_kill_between_the_errors_commit_and_the_state_commit_loses_and_doubles_nothing(
+        tmp_path: Path) -> None:
+    """A state commit with error rows commits the errors table first: a
+    SIGKILL between the two commits (crash point ``after_errors_commit``)
+    leaves the errors table one commit ahead; the retry of the same commit
+    (as a restarted driver runs it) skips the errors table and lands the
+    rows. Compared with a model: each commit's live rows by key, and its
+    error rows once each."""
+    import os
+    import subprocess
+    import sys
+
+    commits = _model_commits()
+    for n in range(len(commits)):
+        env = {**os.environ, "RECLOCK_CRASH_AT": "after_errors_commit"}
+        run = subprocess.run([sys.executable, "-c", _CRASHING_COMMIT, str(tmp_path), str(n)],
+                             env=env, capture_output=True, text=True)
+        had_errors = bool(pc.sum(pc.is_valid(commits[n][0].column("_error"))).as_py())
+        assert run.returncode == (-9 if had_errors else 0), run.stderr
+        s = _sink(tmp_path, "state")
+        if had_errors:  # the state table did not move; the retry, without the crash
+            assert s.state() == commits[n][1]
+            assert s._errors is not None and s._errors.state() == commits[n][2]
+            s.commit(s.stager().stage(f"b{n}", 0, commits[n][0]), commits[n][1], commits[n][2])
+        assert s.state() == commits[n][2]
+    # The model: the last row of each key across the commits, and every error row once.
+    live: dict[str, tuple[int, int]] = {}
+    errors: list[tuple[int, str]] = []
+    for batch, _, _ in commits:
+        for row in batch.to_pylist():
+            if row["_error"] is not None:
+                errors.append((row["_src_offset"], row["_error"]))
+            elif row["_diff"] > 0:
+                live[row["k"]] = (row["v"], row["_into_time"])
+            elif live.get(row["k"], (None,))[0] == row["v"]:
+                del live[row["k"]]
+    s = _sink(tmp_path, "state")
+    assert _live(s) == live
+    t = s.read_updates()
+    errs = t.filter(pc.is_valid(t.column("_error")))
+    assert sorted(zip(errs.column("_src_offset").to_pylist(), errs.column("_error").to_pylist(),
+                      strict=True)) == sorted(errors)
+    side = _reader(tmp_path, "lake.orders_errors")
+    assert side.num_rows == len(errors)
+    state_rows = _reader(tmp_path)
+    assert sorted(zip(state_rows.column("k").to_pylist(), state_rows.column("v").to_pylist(),
+                      strict=True)) == sorted((k, v) for k, (v, _) in live.items())
 
 
 @pytest.mark.parametrize("catalog", ["sql", "rest"])
