@@ -98,9 +98,12 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
+import os
 import re
+import shutil
+import tempfile
 import uuid
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
@@ -145,6 +148,7 @@ from reclock.core.secrets import scrub as _scrub
 from reclock.core.urls import URL_SECRET, url_secrets
 from reclock.sinks._fs import check_descriptor, check_stage_args
 from reclock.sinks._store import Location, S3Access, split_uri
+from reclock.sinks.iceberg_mor import KeyIndex, rebuild, row_delta, write_position_deletes
 
 log = logging.getLogger("reclock.sinks.iceberg")
 
@@ -169,6 +173,13 @@ RETENTION_MS = 10 * 60_000
 EXPIRE_SLACK_MS = 60_000
 #: The first maintenance pass runs this long after the first call.
 FIRST_PASS_MS = 60_000
+#: A merge-on-read state table's compaction rewrites a data file once this
+#: share of its rows is deleted.
+PURGE_SHARE = 0.3
+#: ... and merges its data files smaller than this (when enough pile up):
+#: each commit adds one, of the rows it changed; the larger ones are left
+#: until their deletes add up.
+STATE_SMALL_SIZE = 16 * 2**20
 #: One compaction pass merges at most this many files.
 COMPACT_MAX_FILES = 5_000
 
@@ -201,6 +212,9 @@ _STAGED = re.compile(r"reclock-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet")
 _COMPACTED = "-compact-"
 
 Mode = Literal["log", "state"]
+#: How a state commit replaces rows: position-delete files (the default), or
+#: rewriting the data files that hold them.
+WriteMode = Literal["merge-on-read", "copy-on-write"]
 
 #: The columns a state table keeps besides the user's.
 STATE_META = [f for f in META_FIELDS if f.name == INTO_TIME]
@@ -431,7 +445,9 @@ class IcebergSink:
                  storage: S3Access | None = None, mode: Mode = "log",
                  key: Sequence[str] = (), owner: Owner | None = None,
                  clock: Clock | None = None, compaction: Compaction | None = None,
-                 rows_per_file: int = ROWS_PER_FILE, errors_table: str | None = None) -> None:
+                 rows_per_file: int = ROWS_PER_FILE, errors_table: str | None = None,
+                 write_mode: WriteMode = "merge-on-read", index_path: str | None = None
+                 ) -> None:
         if mode not in ("log", "state"):
             raise SinkError(f"output {name!r}: mode {mode!r} is not 'log' or 'state'")
         if mode == "state" and not key:
@@ -470,6 +486,11 @@ class IcebergSink:
         #: manifest list -> its manifests; manifest -> its files (see _referenced)
         self._manifest_lists: dict[str, list[Any]] = {}
         self._manifest_files: dict[str, frozenset[str]] = {}
+        #: state mode: how commits replace rows, and the key index (merge-on-read)
+        self.write_mode: WriteMode = write_mode
+        self._index_path = index_path
+        self._index: KeyIndex | None = None
+        self._index_dir: str | None = None  # a temporary index's directory
         #: state mode: the log table of the error rows (see the module docstring)
         self._errors: IcebergSink | None = None
         if mode == "state":
@@ -566,6 +587,10 @@ class IcebergSink:
                 with suppress(NamespaceAlreadyExistsError):
                     cat.create_namespace(self.namespace)
                 props = dict(TABLE_PROPERTIES)
+                if self.mode == "state" and self.write_mode == "merge-on-read":
+                    props.update({"write.delete.mode": "merge-on-read",
+                                  "write.update.mode": "merge-on-read",
+                                  "write.merge.mode": "merge-on-read"})
                 table = cat.create_table(self.table_name, schema=want, properties=props)
             except TableAlreadyExistsError:
                 table = self._load()
@@ -715,6 +740,7 @@ class IcebergSink:
             check_descriptor(self.name, "Iceberg", d, _STAGED, {"size": int, "rows": int})
         last: Exception | None = None
         updates: pa.Table | None = None
+        settle: Callable[[], None] | None = None
         for _ in range(COMMIT_ATTEMPTS):
             table = self._load()
             if table is None:
@@ -738,11 +764,17 @@ class IcebergSink:
                         self._commit_errors(bad, new)
                         faults.crash_point("after_errors_commit")
                     updates = updates.filter(pc.is_null(updates.column(ERROR)))
-                self._apply(table, tx, updates, props)
+                settle = self._apply(table, tx, updates, props, head.snapshot_id)
             try:
                 self._commit_tx(table, tx, head.snapshot_id)
             except CommitFailedException as exc:
                 last = exc
+                if settle is not None:  # its files: referenced by no snapshot
+                    loc = self._data(table)
+                    for name in getattr(settle, "written", []):
+                        with suppress(ReclockError):
+                            loc.delete(name)
+                    settle = None
                 continue
             break
         else:
@@ -750,6 +782,8 @@ class IcebergSink:
                 f"output {self.name!r} at {self.target}: {COMMIT_ATTEMPTS} commit attempts lost "
                 f"to concurrent commits (last: {self._scrub(str(last))})",
                 hint="another writer is busy on this table; retry")
+        if settle is not None:
+            settle()
         if self.mode == "state":
             loc = self._staged_dir(table)
             for d in staged:  # read by the commit, referenced by nothing
@@ -871,13 +905,37 @@ class IcebergSink:
 
         return _without_ids(schema_to_pyarrow(table.schema()))
 
-    def _apply(self, table: Any, tx: Any, good: pa.Table, props: dict[str, str]) -> None:
+    def _apply(self, table: Any, tx: Any, good: pa.Table, props: dict[str, str],
+               base: int | None) -> Callable[[], None] | None:
         """State mode: the updates ``good`` (no error rows) onto the table, in
-        ``tx`` (a copy-on-write delete of the changed keys' rows, an append
-        of their new rows). The rule of each key's IntoTimes is the Postgres
-        sink's (see the module docstring)."""
+        ``tx``: merge-on-read (the default: :meth:`_merge_on_read`) or a
+        copy-on-write delete of the changed keys' rows and an append of their
+        new rows. The rule of each key's IntoTimes is the Postgres sink's
+        (see the module docstring). Returns what to run once the catalog
+        commit succeeded (the key index's change), if anything."""
+        if self.write_mode == "merge-on-read":
+            return self._merge_on_read(table, tx, good, props, base)
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
+        def held_of(values: list[tuple[Any, ...]]) -> set[Hashable]:
+            return set(_keys_of(self._current(table, values), list(self.key)))
+
+        changed, gone, _ = self._plan(table, good, held_of)
+        if gone:
+            tx.delete(_match_filter(gone, list(self.key)), snapshot_properties=props)
+        arrow = schema_to_pyarrow(tx.table_metadata.schema(), include_field_ids=False)
+        tx.append(changed.cast(pa.schema([arrow.field(f.name) for f in changed.schema])),
+                  snapshot_properties=props)
+        return None
+
+    def _plan(self, table: Any, good: pa.Table,
+              held_of: Callable[[list[tuple[Any, ...]]], set[Hashable]]
+              ) -> tuple[pa.Table, list[tuple[Any, ...]], dict[Hashable, tuple[Any, ...]]]:
+        """What the updates ``good`` do to the state table: the new rows of
+        the keys they leave with a row (in the stored schema), the key values
+        of the keys held before that they change or delete, and every key
+        they touch with its values. ``held_of`` says which of some keys'
+        values the table holds a row for."""
         stored = self._stored(table)
         updates = good
         user = [f.name for f in stored if f.name not in META_NAMES]
@@ -893,8 +951,7 @@ class IcebergSink:
             cols = [net.column(k).to_pylist() for k in keys]
             for k, vals in zip(ks, zip(*cols, strict=True), strict=True):
                 values.setdefault(k, vals)
-        held = set(_keys_of(self._current(table, list(values.values())), keys)) if values \
-            else set()
+        held = held_of(list(values.values())) if values else set()
         # Per key, its IntoTimes in order: the row it is left with (the summed
         # row's index in its IntoTime's table), or None when it is left with none.
         rows: dict[Hashable, tuple[int, int] | None] = {}
@@ -921,12 +978,111 @@ class IcebergSink:
             new = new.append_column(INTO_TIME, pa.array([t] * new.num_rows, pa.int64()))
             out.append(conform(self.name, new, stored))
         gone = [values[k] for k in rows if k in held]
-        if gone:
-            tx.delete(_match_filter(gone, keys), snapshot_properties=props)
         changed = pa.concat_tables(out) if out else stored.empty_table()
-        arrow = schema_to_pyarrow(tx.table_metadata.schema(), include_field_ids=False)
-        tx.append(changed.cast(pa.schema([arrow.field(f.name) for f in changed.schema])),
-                  snapshot_properties=props)
+        return changed, gone, values
+
+    def _key_texts(self, table: Any, rows: pa.Table) -> list[str]:
+        """Each row's key as the key index keeps it: the text of its values,
+        in the stored types (equal keys, equal texts)."""
+        stored = self._stored(table)
+        cols = pa.table({k: rows.column(k).cast(stored.field(k).type) for k in self.key})
+        return [repr(k) for k in _keys_of(cols, list(self.key))]
+
+    def _index_at(self, table: Any) -> KeyIndex:
+        """The key index, describing ``table``'s current snapshot (rebuilt
+        from the table when it describes another)."""
+        if self._index is None:
+            path = self._index_path
+            if path is None:
+                self._index_dir = tempfile.mkdtemp(prefix="reclock-iceberg-keys-")
+                path = os.path.join(self._index_dir, "keys.sqlite")
+            self._index = KeyIndex(path)
+        snap = table.current_snapshot()
+        want = -1 if snap is None else snap.snapshot_id
+        if self._index.snapshot() != want:
+            log.info("output %r: rebuilding the key index of %s at snapshot %s", self.name,
+                     self.target, want)
+            try:
+                rebuild(self._index, table, self.key, partial(self._key_texts, table))
+            except ValueError as exc:
+                raise SinkError(f"output {self.name!r}: {self.target}: {exc}",
+                                hint="write the state output to a new table") from exc
+        return self._index
+
+    def _merge_on_read(self, table: Any, tx: Any, good: pa.Table, props: dict[str, str],
+                       base: int | None) -> Callable[[], None]:
+        """Merge-on-read (see :mod:`reclock.sinks.iceberg_mor`): one data file
+        of the changed keys' new rows and one position-delete file of the
+        rows they replace or delete, in one ``overwrite`` snapshot."""
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+        index = self._index_at(table)
+        hits: dict[str, tuple[str, int]] = {}
+
+        def held_of(values: list[tuple[Any, ...]]) -> set[Hashable]:
+            rows = pa.table({k: pa.array([v[i] for v in values],
+                                         self._stored(table).field(k).type)
+                             for i, k in enumerate(self.key)})
+            texts = self._key_texts(table, rows)
+            hits.update(index.lookup(texts))
+            return {k for k, t in zip(_keys_of(rows, list(self.key)), texts, strict=True)
+                    if t in hits}
+
+        changed, gone, _ = self._plan(table, good, held_of)
+        loc = self._data(table)
+        batch = f"{self._clock.now()}-state-{uuid.uuid4().hex[:10]}"
+        written: list[str] = []
+        data_files, delete_files = [], []
+        gone_rows = pa.table({k: pa.array([v[i] for v in gone],
+                                          self._stored(table).field(k).type)
+                              for i, k in enumerate(self.key)})
+        gone_hits = {t: hits[t] for t in self._key_texts(table, gone_rows)}
+        try:
+            loc.makedirs()
+            if changed.num_rows:
+                name = f"reclock-{batch}-00000-000.parquet"
+                loc.write(name, partial(_write_parquet, changed.cast(self._arrow_ids(table))))
+                written.append(name)
+                data_files.append(parquet_file_to_data_file(
+                    table.io, table.metadata, self._file_uri(loc, name)))
+            if gone_hits:
+                name = f"reclock-{batch}-00001-000.parquet"
+                written.append(name)
+                pairs = list(gone_hits.values())
+                delete_files.append(write_position_deletes(
+                    table.io, self._file_uri(loc, name), [p for p, _ in pairs],
+                    [q for _, q in pairs]))
+            snapshot_id = row_delta(tx, props, add_data=data_files,
+                                    add_deletes=delete_files)
+        except BaseException:
+            for name in written:
+                with suppress(Exception):
+                    loc.delete(name)
+            raise
+        new_keys = self._key_texts(table, changed)
+        base_index = -1 if base is None else base
+
+        def settle() -> None:
+            with index.change(snapshot_id, base_index) as ch:
+                if ch.stale:  # another writer's rebuild: the next commit rebuilds
+                    return
+                ch.delete_keys(gone_hits)
+                if data_files:
+                    ch.add_file(data_files[0].file_path, new_keys)
+                if delete_files:
+                    ch.add_delete_file(delete_files[0].file_path,
+                                       {p for p, _ in gone_hits.values()})
+                ch.done = True
+
+        settle.written = written  # type: ignore[attr-defined]
+        return settle
+
+    def _arrow_ids(self, table: Any) -> pa.Schema:
+        """The table's Arrow schema with its field ids, plain strings."""
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        schema = schema_to_pyarrow(table.schema())
+        return pa.schema([f.with_type(_plain(f.type)) for f in schema])
 
     def _current(self, table: Any, values: list[tuple[Any, ...]]) -> pa.Table:
         """The table's live rows of the keys ``values`` (their key columns only)."""
@@ -1107,6 +1263,8 @@ class IcebergSink:
         head = self._head(table)
         if not head.keys:
             return {}
+        if self.mode == "state" and self.write_mode == "merge-on-read":
+            return self._compact_state(table, head, target_size, min_files, max_files)
         try:
             small = [t.file for t in table.scan().plan_files()
                      if t.file.file_size_in_bytes < target_size and not t.delete_files]
@@ -1167,6 +1325,80 @@ class IcebergSink:
         log.info("output %r: compacted %d files into %d", self.name, merged_n, len(new_files))
         return {"files_compacted": merged_n, "files_written": len(new_files)}
 
+    def _compact_state(self, table: Any, head: _Head, target_size: int, min_files: int,
+                       max_files: int) -> dict[str, int]:
+        """Compaction of a merge-on-read state table: the data files with
+        :data:`PURGE_SHARE` or more of their rows deleted, and the files
+        smaller than ``target_size`` (when at least ``min_files``), are
+        rewritten with only their live rows (their deletes applied) into one
+        file, in one ``replace`` snapshot that also drops the delete files
+        that name no other live file; the state is carried forward and the
+        key index follows. Fenced like a commit."""
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+        index = self._index_at(table)
+        try:
+            sizes = {t.file.file_path: t.file.file_size_in_bytes
+                     for t in table.scan().plan_files()}
+        except Exception as exc:
+            raise self._fail(exc, "plan the compaction of") from exc
+        stats = index.files()
+        purge = [p for p, n, d in stats if n and d / n >= PURGE_SHARE]
+        small = [p for p, n, d in stats
+                 if p not in purge and sizes.get(p, 0) < min(target_size, STATE_SMALL_SIZE)]
+        take = (purge + (small if len(small) >= min_files else []))[:max_files]
+        deletes = index.delete_files()
+        dropped = [d for d, named in deletes.items() if named <= set(take)]
+        if not take and not dropped:
+            return {}
+        if len(take) == 1 and not purge and not dropped:
+            return {}
+        loc = self._data(table)
+        schema = self._arrow_ids(table)
+        parts = []
+        for path in take:
+            live = index.positions(path)
+            with table.io.new_input(path).open() as src:
+                t = pq.read_table(src)
+            t = conform(self.name, t.cast(_without_ids(t.schema)), _without_ids(schema))
+            parts.append(t.take(pa.array(live, pa.int64())))
+        merged = pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
+        written: list[str] = []
+        added = []
+        if merged.num_rows:
+            batch = f"{self._clock.now()}{_COMPACTED}{uuid.uuid4().hex[:10]}"
+            name = f"reclock-{batch}-00000-000.parquet"
+            loc.write(name, partial(_write_parquet, merged))
+            written.append(name)
+            added.append(parquet_file_to_data_file(table.io, table.metadata,
+                                                   self._file_uri(loc, name)))
+        faults.crash_point("mid_compaction")
+        tx = _transaction(table)
+        props = {**head.keys, KEY_OPERATION: "compact"}
+        snapshot_id = row_delta(tx, props, add_data=added, remove=take + dropped)
+        try:
+            self._commit_tx(table, tx, head.snapshot_id)
+        except CommitFailedException:
+            log.info("output %r: a commit came first; the compaction pass is dropped",
+                     self.name)
+            for name in written:
+                loc.delete(name)
+            return {}
+        faults.crash_point("after_compaction")
+        keys = self._key_texts(table, merged) if merged.num_rows else []
+        with index.change(snapshot_id, -1 if head.snapshot_id is None else head.snapshot_id
+                          ) as ch:
+            if not ch.stale:
+                ch.drop_files(take + dropped)
+                if added:
+                    ch.add_file(added[0].file_path, keys)
+                ch.done = True
+        log.info("output %r: compacted %d files into %d, dropped %d delete files", self.name,
+                 len(take), len(added), len(dropped))
+        return {"files_compacted": len(take), "files_written": len(added),
+                "delete_files_dropped": len(dropped)}
+
     def expire(self, retention_ms: int, now_ms: int | None = None) -> int:
         """Expire the snapshots older than ``retention_ms`` (never the
         current one, nor one a branch or tag names), fenced on the current
@@ -1224,6 +1456,12 @@ class IcebergSink:
         self._catalog = self._table = None
         if self._errors is not None:
             self._errors.close()
+        if self._index is not None:
+            self._index.close()
+            self._index = None
+        if self._index_dir is not None:
+            shutil.rmtree(self._index_dir, ignore_errors=True)
+            self._index_dir = None
 
 
 @functools.cache
@@ -1455,6 +1693,10 @@ class IcebergSinkConfig(SinkConfigBase):
                                        pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")
     """With ``mode: state``: the log table (``namespace.name``) of the error
     rows; default ``<table>_errors``."""
+    write_mode: Literal["merge-on-read", "copy-on-write"] = "merge-on-read"
+    """With ``mode: state``: how a commit replaces rows: ``merge-on-read``
+    (position-delete files; the key index lives in the state directory) or
+    ``copy-on-write`` (rewrites every data file holding a changed key)."""
     compact: Annotated[CompactConfig | None, BeforeValidator(_compact_switch)] = Setting(
         default_factory=CompactConfig)
     """Compaction and snapshot expiry on a schedule (``compact: off``: never)."""
@@ -1511,7 +1753,9 @@ class IcebergSinkConfig(SinkConfigBase):
         return IcebergSink(ctx.name, self.catalog.access(storage), self.table,
                            storage=storage, mode=self.mode, key=self.key, owner=ctx.owner,
                            compaction=None if self.compact is None else self.compact.settings(),
-                           errors_table=self.errors_table)
+                           errors_table=self.errors_table, write_mode=self.write_mode,
+                           index_path=str(ctx.state_dir / "iceberg-keys"
+                                          / f"{ctx.name}-{self.table}.sqlite"))
 
 
 PLUGIN = SinkPlugin(name="iceberg", config=IcebergSinkConfig)

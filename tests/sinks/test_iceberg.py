@@ -100,8 +100,14 @@ def test_a_state_table_holds_the_sum_of_each_intotime_per_key(tmp_path: Path) ->
     data = tmp_path / "wh" / "lake" / "orders" / "data"
     assert s.expire(0, int(time.time() * 1000) + 1000) >= 4
     table = s._load()
-    held = {t.file.file_path.rsplit("/", 1)[-1] for t in table.scan().plan_files()}
+    held = {f.file_path.rsplit("/", 1)[-1] for t in table.scan().plan_files()
+            for f in (t.file, *t.delete_files)}
     assert {p.name for p in data.glob("*.parquet")} == held
+    # A compaction then rewrites the file whose rows are all deleted, and
+    # drops the delete files: nothing is left.
+    assert s.compact(min_files=2)["delete_files_dropped"] >= 1
+    assert s.expire(0, int(time.time() * 1000) + 2000) >= 1
+    assert list(data.glob("*.parquet")) == [] and _live(s) == {} and s.state() == s4
 
 
 def test_a_state_commit_that_breaks_the_key_is_refused_and_writes_nothing(
