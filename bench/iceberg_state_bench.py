@@ -145,6 +145,7 @@ def run(mode: str, a: argparse.Namespace, tmp: str) -> dict[str, float]:
     p99 = min(len(walls) - 1, int(len(walls) * 0.99))
     return {"row_bytes": size / a.keys, "median": statistics.median(walls), "p99": walls[p99],
             "tick_p99": tick[p99],
+            "mean_tick": statistics.mean(tick),
             "bytes_per_row": statistics.median(per_row), "compact_s": compact_s}
 
 
@@ -173,10 +174,11 @@ def main() -> None:
               f"{fresh / a.interval:>10.1f}i")
     for mode, r in results.items():
         fresh = a.interval + r["tick_p99"]
-        keeps_up = r["p99"] + 0.0 < a.interval
+        keeps_up = r["mean_tick"] < a.interval
         print(f"{'PASS' if fresh <= 3 * a.interval and keeps_up else 'FAIL'} [{mode}] "
-              f"freshness p99 {fresh:.2f} s <= 3 intervals, commits keep up "
-              f"(commit p99 {r['p99']:.2f} s < {a.interval:g} s)")
+              f"freshness p99 {fresh:.2f} s <= 3 intervals (modelled: an interval of "
+              f"batching + the p99 of stage and commit), ticks keep up (stage + commit "
+              f"{r['mean_tick']:.2f} s on average < {a.interval:g} s)")
         bound = BOUND_ROWS_PER_ROW * r["row_bytes"]
         print(f"{'PASS' if r['bytes_per_row'] <= bound else 'FAIL'} [{mode}] "
               f"{r['bytes_per_row']:,.0f} bytes written per changed row <= {bound:,.0f} "

@@ -80,10 +80,16 @@ IntoTime's updates per key as the Postgres sink's state tables do (the
 same rule: a key's IntoTime must retract exactly the row it has, if any,
 and leave at most one; else a :class:`~reclock.contracts.sink.SinkError`
 naming the key, and nothing is written), then writes, in one catalog
-commit, a copy-on-write delete of the changed keys' rows (pyiceberg 0.12
-rewrites each data file holding one: it writes no position or equality
-delete files) and an append of their new
-rows; both snapshots carry the new state.
+commit of one snapshot carrying the new state (``write_mode``):
+
+* ``merge-on-read`` (the default): one data file of the changed keys' new
+  rows and one position-delete file of the rows they replace or delete,
+  located by the key index (:mod:`reclock.sinks.iceberg_mor`), in one
+  ``overwrite`` snapshot of reclock's own producer; compaction rewrites
+  the files with many deleted rows (their deletes applied) and the small
+  ones, and drops the delete files that name no live file;
+* ``copy-on-write``: pyiceberg's delete of the changed keys' rows (it
+  rewrites each data file holding one) and an append of their new rows.
 
 Types. Iceberg (format 2) has no unsigned, half-float, time-zone-named,
 nanosecond or duration types: unsigned integers are stored in the next
@@ -184,7 +190,8 @@ STATE_SMALL_SIZE = 16 * 2**20
 COMPACT_MAX_FILES = 5_000
 
 #: The properties of a table the sink creates: deletes are copy-on-write
-#: (what pyiceberg writes); pyiceberg's own commit retries off (reclock
+#: (what pyiceberg writes; a merge-on-read state table says merge-on-read,
+#: which Spark's own writes to it then follow too); pyiceberg's own commit retries off (reclock
 #: fences and retries itself); appends merge manifests once 100 pile up, so
 #: a table committed every second keeps few; each commit deletes the
 #: metadata files beyond the newest 100 (every commit writes one).
@@ -783,7 +790,11 @@ class IcebergSink:
                 f"to concurrent commits (last: {self._scrub(str(last))})",
                 hint="another writer is busy on this table; retry")
         if settle is not None:
-            settle()
+            try:
+                settle()
+            except Exception as exc:  # the commit is durable; the index names the old snapshot
+                log.warning("output %r: the key index of %s was not updated (%s); the next "
+                            "commit rebuilds it", self.name, self.target, exc)
         if self.mode == "state":
             loc = self._staged_dir(table)
             for d in staged:  # read by the commit, referenced by nothing
@@ -1357,8 +1368,9 @@ class IcebergSink:
         loc = self._data(table)
         schema = self._arrow_ids(table)
         parts = []
+        positions = index.positions(take) if take else {}
         for path in take:
-            live = index.positions(path)
+            live = positions[path]
             with table.io.new_input(path).open() as src:
                 t = pq.read_table(src)
             t = conform(self.name, t.cast(_without_ids(t.schema)), _without_ids(schema))

@@ -225,6 +225,84 @@ def test_a_kill_between_the_errors_commit_and_the_state_commit_loses_and_doubles
                       strict=True)) == sorted((k, v) for k, (v, _) in live.items())
 
 
+def test_merge_on_read_commits_write_the_changed_rows_and_position_deletes_only(
+        tmp_path: Path) -> None:
+    """A state commit writes one data file of the changed keys' rows and one
+    position-delete file in the spec's layout (file_path, pos with their
+    reserved field ids, sorted), in ONE snapshot; no other file is written."""
+    s = _sink(tmp_path, "state", index_path=str(tmp_path / "keys.sqlite"))
+    st = s.stager()
+    s1, s2 = SinkState(11, '"p1"'), SinkState(21, '"p2"')
+    s.commit(st.stage("b1", 0, _rows([f"k{i}" for i in range(50)], list(range(50)), 10, 1)),
+             SinkState(), s1)
+    first = s._load().current_snapshot().snapshot_id
+    s.commit(st.stage("b2", 0, pa.concat_tables([
+        _rows(["k7", "k3"], [7, 3], 20, -1), _rows(["k7"], [70], 20, 1, offset=9),
+        _rows(["new"], [1], 20, 1, offset=10)])), s1, s2)
+    table = s._load()
+    snap = table.current_snapshot()
+    assert snap.parent_snapshot_id == first and snap.summary.operation.value == "overwrite"
+    assert snap.summary["added-data-files"] == "1" and snap.summary["added-delete-files"] == "1"
+    assert snap.summary["added-records"] == "2" and snap.summary["added-position-deletes"] == "2"
+    [old] = [t.file.file_path for t in table.scan(snapshot_id=first).plan_files()]
+    tasks = list(table.scan().plan_files())
+    [deletes] = {d.file_path for t in tasks for d in t.delete_files}
+    import pyarrow.parquet as pq
+
+    with table.io.new_input(deletes).open() as f:
+        pd = pq.read_table(f)
+    assert [(f.name, f.metadata[b"PARQUET:field_id"]) for f in pd.schema] == [
+        ("file_path", b"2147483546"), ("pos", b"2147483545")]
+    with table.io.new_input(old).open() as f:
+        ks = pq.read_table(f).column("k").to_pylist()
+    at = sorted([ks.index("k3"), ks.index("k7")])
+    assert pd.to_pylist() == [{"file_path": old, "pos": at[0]}, {"file_path": old, "pos": at[1]}]
+    assert _live(s) == {**{f"k{i}": (i, 10) for i in range(50) if i not in (3, 7)},
+                        "k7": (70, 20), "new": (1, 20)}
+    assert s._index is not None and s._index.snapshot() == snap.snapshot_id
+
+
+def test_a_key_index_that_names_another_snapshot_is_rebuilt_from_the_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key index is never trusted for a snapshot it does not name: after
+    a commit whose index change was lost (as a kill after the catalog commit
+    leaves it), and after commits of another driver of the output (another
+    index), the next commit rebuilds it from the table and lands exactly the
+    rows a model of the updates holds."""
+    from reclock.sinks import iceberg_mor
+
+    a = _sink(tmp_path, "state", index_path=str(tmp_path / "a.sqlite"))
+    st = a.stager()
+    s1, s2, s3, s4 = (SinkState(u, f'"p{u}"') for u in (11, 21, 31, 41))
+    a.commit(st.stage("b1", 0, _rows(["a", "b", "c"], [1, 2, 3], 10, 1)), SinkState(), s1)
+    real = iceberg_mor.Change.delete_keys
+
+    def lost(self: Any, hits: Any) -> None:
+        raise KeyboardInterrupt("killed before the index change")
+
+    monkeypatch.setattr(iceberg_mor.Change, "delete_keys", lost)
+    with pytest.raises(KeyboardInterrupt):
+        a.commit(st.stage("b2", 0, pa.concat_tables([
+            _rows(["a"], [1], 20, -1), _rows(["a"], [5], 20, 1, offset=1)])), s1, s2)
+    monkeypatch.setattr(iceberg_mor.Change, "delete_keys", real)
+    assert a.state() == s2  # the catalog commit landed; the index names s1's snapshot
+    b = _sink(tmp_path, "state", index_path=str(tmp_path / "b.sqlite"))  # another driver
+    b.commit(b.stager().stage("b3", 0, pa.concat_tables([
+        _rows(["b"], [2], 30, -1), _rows(["d"], [4], 30, 1)])), s2, s3)
+    a.commit(st.stage("b4", 0, pa.concat_tables([
+        _rows(["a"], [5], 40, -1), _rows(["a"], [6], 40, 1, offset=1),
+        _rows(["d"], [4], 40, -1), _rows(["d"], [8], 40, 1, offset=2)])), s3, s4)
+    want = {"a": (6, 40), "c": (3, 10), "d": (8, 40)}
+    assert _live(a) == want
+    rows = _reader(tmp_path)
+    assert sorted(rows.column("k").to_pylist()) == sorted(want)
+    # A key that was re-inserted or deleted twice would be refused or doubled:
+    # the rebuilt index holds each live key once, where the table holds it.
+    assert a._index is not None
+    assert sorted(a._index.lookup([repr((k,)) for k in ("a", "b", "c", "d")])) == [
+        repr(("a",)), repr(("c",)), repr(("d",))]
+
+
 @pytest.mark.parametrize("catalog", ["sql", "rest"])
 def test_racing_committers_fence_each_other_and_lose_nothing(
         tmp_path: Path, catalog: str, request: Any) -> None:
