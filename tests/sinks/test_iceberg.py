@@ -500,6 +500,13 @@ sources:
              "mode: state}")
     with pytest.raises(Exception, match="table"):
         load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db'}, table: out}")
+    with pytest.raises(Exception, match="errors_table"):
+        load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db'}, table: lake.out, "
+             "errors_table: lake.bad}")
+    with pytest.raises(Exception, match="errors_table"):
+        load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db'}, table: lake.out, "
+             "mode: state, key: [n], errors_table: lake.out}")
+    assert sink.write_mode == "merge-on-read" and sink.errors_table is None
     # The state tables' key rule (reclock.contracts.config.state_key_problem),
     # as for Postgres: Kafka records with the append envelope have no upstream key.
     p = tmp_path / "k.yaml"
