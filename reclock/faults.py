@@ -11,7 +11,11 @@ Points, in commit order: ``after_mint``, ``after_stage``, ``after_sink_commit``
 points (:data:`MAINTENANCE_POINTS`, passed only when an output compacts its
 files between ticks): ``mid_compaction`` (the compacted files are written, the
 Delta commit that swaps them in is not) and ``after_compaction`` (that commit
-is durable, nothing after it ran).
+is durable, nothing after it ran). Error-table points
+(:data:`ERROR_TABLE_POINTS`, passed only by a commit of a state output with
+error rows, into a sink that keeps them in a table of their own):
+``after_errors_commit`` (the errors table's commit is durable, the state
+table's is not).
 
 ``RECLOCK_FAIL_AT`` injects a *failure* instead, once (``point``) or ``n``
 times (``point:n``), several separated by commas: the running pipeline meets a
@@ -75,6 +79,9 @@ MAINTENANCE_POINTS = (
     "after_compaction",
 )
 
+#: Crash points of a state commit with error rows (see the module docstring).
+ERROR_TABLE_POINTS = ("after_errors_commit",)
+
 
 def _items(var: str, spec: str, known: tuple[str, ...], what: str) -> list[tuple[str, str]]:
     """``name`` or ``name:arg`` items of a comma-separated ``spec``."""
@@ -92,8 +99,8 @@ def _items(var: str, spec: str, known: tuple[str, ...], what: str) -> list[tuple
 
 def _parse(spec: str) -> dict[str, float]:
     return {name: float(p) if p else 1.0
-            for name, p in _items("RECLOCK_CRASH_AT", spec, POINTS + MAINTENANCE_POINTS,
-                                  "crash point")}
+            for name, p in _items("RECLOCK_CRASH_AT", spec,
+                                  POINTS + MAINTENANCE_POINTS + ERROR_TABLE_POINTS, "crash point")}
 
 
 _SPEC = _parse(os.environ.get("RECLOCK_CRASH_AT", ""))

@@ -65,17 +65,31 @@ time in proportion to the snapshots kept (every commit writes the metadata
 file anew, listing them all): hence a retention of minutes, not a day.
 
 State mode (``mode: state``, ``key: [...]``): one row per live key, the
-user's columns and ``_into_time`` (the IntoTime of the key's last change);
-error rows are rows of the same table with ``_error`` set and their
-position, and null user columns (current rows: ``WHERE _error IS NULL``).
-A commit reads the staged updates, sums each IntoTime's updates per key as
-the Postgres sink's state tables do (the same rule: a key's IntoTime must
-retract exactly the row it has, if any, and leave at most one; else a
-:class:`~reclock.contracts.sink.SinkError` naming the key, and nothing is
-written), then writes, in one catalog commit, a copy-on-write delete of the
-changed keys' rows (pyiceberg 0.12 rewrites each data file holding one:
-it writes no position or equality delete files) and an append of their new
-rows; both snapshots carry the new state.
+user's columns and ``_into_time`` (the IntoTime of the key's last change),
+nothing else: ``SELECT * FROM`` the table is the upstream table plus
+``_into_time``. Error rows (refused, undecodable: with their reason and
+position) go to a log table of their own beside it, ``<table>_errors`` in
+the same namespace (``errors_table``), as the Postgres sink's
+``<table>_errors``. A state commit with error rows commits them there first,
+with the new state in that snapshot's summary, then the main table; a retry
+after a crash between the two finds the errors table's upper at (or past)
+the new one and skips that commit (rows below the errors table's upper are
+there already), so nothing is lost or doubled. :meth:`IcebergSink.state`
+reads the main table only. A commit reads the staged updates, sums each
+IntoTime's updates per key as the Postgres sink's state tables do (the
+same rule: a key's IntoTime must retract exactly the row it has, if any,
+and leave at most one; else a :class:`~reclock.contracts.sink.SinkError`
+naming the key, and nothing is written), then writes, in one catalog
+commit of one snapshot carrying the new state (``write_mode``):
+
+* ``merge-on-read`` (the default): one data file of the changed keys' new
+  rows and one position-delete file of the rows they replace or delete,
+  located by the key index (:mod:`reclock.sinks.iceberg_mor`), in one
+  ``overwrite`` snapshot of reclock's own producer; compaction rewrites
+  the files with many deleted rows (their deletes applied) and the small
+  ones, and drops the delete files that name no live file;
+* ``copy-on-write``: pyiceberg's delete of the changed keys' rows (it
+  rewrites each data file holding one) and an append of their new rows.
 
 Types. Iceberg (format 2) has no unsigned, half-float, time-zone-named,
 nanosecond or duration types: unsigned integers are stored in the next
@@ -90,9 +104,12 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
+import os
 import re
+import shutil
+import tempfile
 import uuid
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
@@ -106,6 +123,7 @@ from pydantic import BeforeValidator, SecretStr
 from pydantic import Field as Setting
 from pydantic_core import InitErrorDetails
 
+from reclock import faults
 from reclock.contracts.config import ByteSize, ConfigModel, DurationMs, problem
 from reclock.contracts.consolidate import COUNT, consolidate, row_keys
 from reclock.contracts.encoding import is_nanos
@@ -136,6 +154,7 @@ from reclock.core.secrets import scrub as _scrub
 from reclock.core.urls import URL_SECRET, url_secrets
 from reclock.sinks._fs import check_descriptor, check_stage_args
 from reclock.sinks._store import Location, S3Access, split_uri
+from reclock.sinks.iceberg_mor import KeyIndex, rebuild, row_delta, write_position_deletes
 
 log = logging.getLogger("reclock.sinks.iceberg")
 
@@ -160,11 +179,19 @@ RETENTION_MS = 10 * 60_000
 EXPIRE_SLACK_MS = 60_000
 #: The first maintenance pass runs this long after the first call.
 FIRST_PASS_MS = 60_000
+#: A merge-on-read state table's compaction rewrites a data file once this
+#: share of its rows is deleted.
+PURGE_SHARE = 0.3
+#: ... and merges its data files smaller than this (when enough pile up):
+#: each commit adds one, of the rows it changed; the larger ones are left
+#: until their deletes add up.
+STATE_SMALL_SIZE = 16 * 2**20
 #: One compaction pass merges at most this many files.
 COMPACT_MAX_FILES = 5_000
 
 #: The properties of a table the sink creates: deletes are copy-on-write
-#: (what pyiceberg writes); pyiceberg's own commit retries off (reclock
+#: (what pyiceberg writes; a merge-on-read state table says merge-on-read,
+#: which Spark's own writes to it then follow too); pyiceberg's own commit retries off (reclock
 #: fences and retries itself); appends merge manifests once 100 pile up, so
 #: a table committed every second keeps few; each commit deletes the
 #: metadata files beyond the newest 100 (every commit writes one).
@@ -192,11 +219,15 @@ _STAGED = re.compile(r"reclock-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet")
 _COMPACTED = "-compact-"
 
 Mode = Literal["log", "state"]
+#: How a state commit replaces rows: position-delete files (the default), or
+#: rewriting the data files that hold them.
+WriteMode = Literal["merge-on-read", "copy-on-write"]
 
-#: The columns a state table keeps besides the user's (error rows fill the
-#: position and raw columns; a live row only ``_into_time``).
-STATE_META = [f if f.name == INTO_TIME else f.with_nullable(True) for f in META_FIELDS
-              if f.name != DIFF]
+#: The columns a state table keeps besides the user's.
+STATE_META = [f for f in META_FIELDS if f.name == INTO_TIME]
+#: The default name of a state table's errors table: ``<table>_errors``
+#: (the Postgres sink's too).
+ERRORS_SUFFIX = "_errors"
 
 
 # -- types ---------------------------------------------------------------------------------
@@ -421,7 +452,9 @@ class IcebergSink:
                  storage: S3Access | None = None, mode: Mode = "log",
                  key: Sequence[str] = (), owner: Owner | None = None,
                  clock: Clock | None = None, compaction: Compaction | None = None,
-                 rows_per_file: int = ROWS_PER_FILE) -> None:
+                 rows_per_file: int = ROWS_PER_FILE, errors_table: str | None = None,
+                 write_mode: WriteMode = "merge-on-read", index_path: str | None = None
+                 ) -> None:
         if mode not in ("log", "state"):
             raise SinkError(f"output {name!r}: mode {mode!r} is not 'log' or 'state'")
         if mode == "state" and not key:
@@ -430,6 +463,9 @@ class IcebergSink:
         if mode == "log" and key:
             raise SinkError(f"output {name!r}: key only applies to mode 'state'",
                             hint="drop the key, or use mode: state")
+        if mode == "log" and errors_table is not None:
+            raise SinkError(f"output {name!r}: errors_table only applies to mode 'state'",
+                            hint="drop errors_table: a log keeps its error rows in itself")
         parts = table.split(".")
         if len(parts) < 2 or not all(parts):
             raise SinkError(f"output {name!r}: table {table!r} is not namespace.name",
@@ -457,6 +493,20 @@ class IcebergSink:
         #: manifest list -> its manifests; manifest -> its files (see _referenced)
         self._manifest_lists: dict[str, list[Any]] = {}
         self._manifest_files: dict[str, frozenset[str]] = {}
+        #: state mode: how commits replace rows, and the key index (merge-on-read)
+        self.write_mode: WriteMode = write_mode
+        self._index_path = index_path
+        self._index: KeyIndex | None = None
+        self._index_dir: str | None = None  # a temporary index's directory
+        #: state mode: the log table of the error rows (see the module docstring)
+        self._errors: IcebergSink | None = None
+        if mode == "state":
+            errors_name = errors_table or table + ERRORS_SUFFIX
+            if errors_name == table:
+                raise SinkError(f"output {name!r}: errors_table {errors_name!r} is the table "
+                                "itself", hint="name another table, or drop errors_table")
+            self._errors = IcebergSink(name, catalog, errors_name, storage=storage, clock=clock,
+                                       compaction=compaction)
 
     def __repr__(self) -> str:
         return f"IcebergSink({self.name!r}, {self.access.shown}, table={self.table_name!r})"
@@ -544,6 +594,10 @@ class IcebergSink:
                 with suppress(NamespaceAlreadyExistsError):
                     cat.create_namespace(self.namespace)
                 props = dict(TABLE_PROPERTIES)
+                if self.mode == "state" and self.write_mode == "merge-on-read":
+                    props.update({"write.delete.mode": "merge-on-read",
+                                  "write.update.mode": "merge-on-read",
+                                  "write.merge.mode": "merge-on-read"})
                 table = cat.create_table(self.table_name, schema=want, properties=props)
             except TableAlreadyExistsError:
                 table = self._load()
@@ -552,7 +606,13 @@ class IcebergSink:
             except Exception as exc:
                 raise self._fail(exc, "create") from exc
             self._table = table
+        if self.mode == "state" and ERROR in self._stored(table).names:
+            raise SinkError(f"output {self.name!r}: {self.target} holds error rows beside the "
+                            "current ones (the layout before error rows went to a table of "
+                            "their own)", hint="write the state output to a new table")
         self._evolve(table, want)
+        if self._errors is not None:
+            self._errors.ensure(user_schema)
 
     def _evolve(self, table: Any, want: pa.Schema) -> None:
         from pyiceberg.exceptions import CommitFailedException, ResolveError, ValidationError
@@ -686,6 +746,8 @@ class IcebergSink:
         for d in staged:
             check_descriptor(self.name, "Iceberg", d, _STAGED, {"size": int, "rows": int})
         last: Exception | None = None
+        updates: pa.Table | None = None
+        settle: Callable[[], None] | None = None
         for _ in range(COMMIT_ATTEMPTS):
             table = self._load()
             if table is None:
@@ -702,11 +764,24 @@ class IcebergSink:
             if self.mode == "log":
                 self._append(table, tx, staged, props)
             else:
-                self._apply(table, tx, staged, props)
+                if updates is None:  # the first attempt: the error rows go first
+                    updates = self._read_staged(table, staged)
+                    bad = updates.filter(pc.is_valid(updates.column(ERROR)))
+                    if bad.num_rows:
+                        self._commit_errors(bad, new)
+                        faults.crash_point("after_errors_commit")
+                    updates = updates.filter(pc.is_null(updates.column(ERROR)))
+                settle = self._apply(table, tx, updates, props, head.snapshot_id)
             try:
                 self._commit_tx(table, tx, head.snapshot_id)
             except CommitFailedException as exc:
                 last = exc
+                if settle is not None:  # its files: referenced by no snapshot
+                    loc = self._data(table)
+                    for name in getattr(settle, "written", []):
+                        with suppress(ReclockError):
+                            loc.delete(name)
+                    settle = None
                 continue
             break
         else:
@@ -714,6 +789,12 @@ class IcebergSink:
                 f"output {self.name!r} at {self.target}: {COMMIT_ATTEMPTS} commit attempts lost "
                 f"to concurrent commits (last: {self._scrub(str(last))})",
                 hint="another writer is busy on this table; retry")
+        if settle is not None:
+            try:
+                settle()
+            except Exception as exc:  # the commit is durable; the index names the old snapshot
+                log.warning("output %r: the key index of %s was not updated (%s); the next "
+                            "commit rebuilds it", self.name, self.target, exc)
         if self.mode == "state":
             loc = self._staged_dir(table)
             for d in staged:  # read by the commit, referenced by nothing
@@ -722,6 +803,24 @@ class IcebergSink:
                 except ReclockError as exc:
                     log.warning("output %r: cannot delete staged file %s: %s", self.name,
                                 d["path"], exc)
+
+    def _commit_errors(self, bad: pa.Table, new: SinkState) -> None:
+        """State mode: the error rows of a commit into the errors table,
+        unless an earlier attempt of this commit put them there: only rows at
+        or past that table's upper go in (those below it are there already),
+        and only when ``new`` moves it (the errors table's state is the upper
+        of the last commit that had error rows)."""
+        errs = self._errors
+        assert errs is not None
+        have = errs.state()
+        if have.upper is None and have != SinkState():
+            return  # closed: every error row is there
+        if have.upper is not None and new.upper is not None and have.upper >= new.upper:
+            return
+        if have.upper is not None:
+            bad = bad.filter(pc.greater_equal(bad.column(INTO_TIME), have.upper))
+        staged = errs.stager().stage(f"{self._clock.now()}-err-{uuid.uuid4().hex[:8]}", 0, bad)
+        errs.commit(staged, have, new)
 
     def _commit_tx(self, table: Any, tx: Any, base: int | None) -> None:
         """Send ``tx``'s updates to the catalog with the fence: the table is
@@ -817,18 +916,39 @@ class IcebergSink:
 
         return _without_ids(schema_to_pyarrow(table.schema()))
 
-    def _apply(self, table: Any, tx: Any, staged: list[dict[str, Any]],
-               props: dict[str, str]) -> None:
-        """State mode: the staged updates onto the table, in ``tx`` (a
-        copy-on-write delete of the changed keys' rows, an append of their
-        new rows and of the error rows). The rule of each key's IntoTimes is
-        the Postgres sink's (see the module docstring)."""
+    def _apply(self, table: Any, tx: Any, good: pa.Table, props: dict[str, str],
+               base: int | None) -> Callable[[], None] | None:
+        """State mode: the updates ``good`` (no error rows) onto the table, in
+        ``tx``: merge-on-read (the default: :meth:`_merge_on_read`) or a
+        copy-on-write delete of the changed keys' rows and an append of their
+        new rows. The rule of each key's IntoTimes is the Postgres sink's
+        (see the module docstring). Returns what to run once the catalog
+        commit succeeded (the key index's change), if anything."""
+        if self.write_mode == "merge-on-read":
+            return self._merge_on_read(table, tx, good, props, base)
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-        updates = self._read_staged(table, staged)
+        def held_of(values: list[tuple[Any, ...]]) -> set[Hashable]:
+            return set(_keys_of(self._current(table, values), list(self.key)))
+
+        changed, gone, _ = self._plan(table, good, held_of)
+        if gone:
+            tx.delete(_match_filter(gone, list(self.key)), snapshot_properties=props)
+        arrow = schema_to_pyarrow(tx.table_metadata.schema(), include_field_ids=False)
+        tx.append(changed.cast(pa.schema([arrow.field(f.name) for f in changed.schema])),
+                  snapshot_properties=props)
+        return None
+
+    def _plan(self, table: Any, good: pa.Table,
+              held_of: Callable[[list[tuple[Any, ...]]], set[Hashable]]
+              ) -> tuple[pa.Table, list[tuple[Any, ...]], dict[Hashable, tuple[Any, ...]]]:
+        """What the updates ``good`` do to the state table: the new rows of
+        the keys they leave with a row (in the stored schema), the key values
+        of the keys held before that they change or delete, and every key
+        they touch with its values. ``held_of`` says which of some keys'
+        values the table holds a row for."""
         stored = self._stored(table)
-        errs = updates.filter(pc.is_valid(updates.column(ERROR)))
-        good = updates.filter(pc.is_null(updates.column(ERROR)))
+        updates = good
         user = [f.name for f in stored if f.name not in META_NAMES]
         keys = list(self.key)
         # Each IntoTime's updates summed by value (in time order), and each
@@ -842,8 +962,7 @@ class IcebergSink:
             cols = [net.column(k).to_pylist() for k in keys]
             for k, vals in zip(ks, zip(*cols, strict=True), strict=True):
                 values.setdefault(k, vals)
-        held = set(_keys_of(self._current(table, list(values.values())), keys)) if values \
-            else set()
+        held = held_of(list(values.values())) if values else set()
         # Per key, its IntoTimes in order: the row it is left with (the summed
         # row's index in its IntoTime's table), or None when it is left with none.
         rows: dict[Hashable, tuple[int, int] | None] = {}
@@ -869,15 +988,112 @@ class IcebergSink:
             new = net.take(pa.array(sorted(idx), pa.int64())).select(user)
             new = new.append_column(INTO_TIME, pa.array([t] * new.num_rows, pa.int64()))
             out.append(conform(self.name, new, stored))
-        if errs.num_rows:
-            out.append(conform(self.name, errs.drop_columns([DIFF]), stored))
         gone = [values[k] for k in rows if k in held]
-        if gone:
-            tx.delete(_match_filter(gone, keys), snapshot_properties=props)
         changed = pa.concat_tables(out) if out else stored.empty_table()
-        arrow = schema_to_pyarrow(tx.table_metadata.schema(), include_field_ids=False)
-        tx.append(changed.cast(pa.schema([arrow.field(f.name) for f in changed.schema])),
-                  snapshot_properties=props)
+        return changed, gone, values
+
+    def _key_texts(self, table: Any, rows: pa.Table) -> list[str]:
+        """Each row's key as the key index keeps it: the text of its values,
+        in the stored types (equal keys, equal texts)."""
+        stored = self._stored(table)
+        cols = pa.table({k: rows.column(k).cast(stored.field(k).type) for k in self.key})
+        return [repr(k) for k in _keys_of(cols, list(self.key))]
+
+    def _index_at(self, table: Any) -> KeyIndex:
+        """The key index, describing ``table``'s current snapshot (rebuilt
+        from the table when it describes another)."""
+        if self._index is None:
+            path = self._index_path
+            if path is None:
+                self._index_dir = tempfile.mkdtemp(prefix="reclock-iceberg-keys-")
+                path = os.path.join(self._index_dir, "keys.sqlite")
+            self._index = KeyIndex(path)
+        snap = table.current_snapshot()
+        want = -1 if snap is None else snap.snapshot_id
+        if self._index.snapshot() != want:
+            log.info("output %r: rebuilding the key index of %s at snapshot %s", self.name,
+                     self.target, want)
+            try:
+                rebuild(self._index, table, self.key, partial(self._key_texts, table))
+            except ValueError as exc:
+                raise SinkError(f"output {self.name!r}: {self.target}: {exc}",
+                                hint="write the state output to a new table") from exc
+        return self._index
+
+    def _merge_on_read(self, table: Any, tx: Any, good: pa.Table, props: dict[str, str],
+                       base: int | None) -> Callable[[], None]:
+        """Merge-on-read (see :mod:`reclock.sinks.iceberg_mor`): one data file
+        of the changed keys' new rows and one position-delete file of the
+        rows they replace or delete, in one ``overwrite`` snapshot."""
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+        index = self._index_at(table)
+        hits: dict[str, tuple[str, int]] = {}
+
+        def held_of(values: list[tuple[Any, ...]]) -> set[Hashable]:
+            rows = pa.table({k: pa.array([v[i] for v in values],
+                                         self._stored(table).field(k).type)
+                             for i, k in enumerate(self.key)})
+            texts = self._key_texts(table, rows)
+            hits.update(index.lookup(texts))
+            return {k for k, t in zip(_keys_of(rows, list(self.key)), texts, strict=True)
+                    if t in hits}
+
+        changed, gone, _ = self._plan(table, good, held_of)
+        loc = self._data(table)
+        batch = f"{self._clock.now()}-state-{uuid.uuid4().hex[:10]}"
+        written: list[str] = []
+        data_files, delete_files = [], []
+        gone_rows = pa.table({k: pa.array([v[i] for v in gone],
+                                          self._stored(table).field(k).type)
+                              for i, k in enumerate(self.key)})
+        gone_hits = {t: hits[t] for t in self._key_texts(table, gone_rows)}
+        try:
+            loc.makedirs()
+            if changed.num_rows:
+                name = f"reclock-{batch}-00000-000.parquet"
+                loc.write(name, partial(_write_parquet, changed.cast(self._arrow_ids(table))))
+                written.append(name)
+                data_files.append(parquet_file_to_data_file(
+                    table.io, table.metadata, self._file_uri(loc, name)))
+            if gone_hits:
+                name = f"reclock-{batch}-00001-000.parquet"
+                written.append(name)
+                pairs = list(gone_hits.values())
+                delete_files.append(write_position_deletes(
+                    table.io, self._file_uri(loc, name), [p for p, _ in pairs],
+                    [q for _, q in pairs]))
+            snapshot_id = row_delta(tx, props, add_data=data_files,
+                                    add_deletes=delete_files)
+        except BaseException:
+            for name in written:
+                with suppress(Exception):
+                    loc.delete(name)
+            raise
+        new_keys = self._key_texts(table, changed)
+        base_index = -1 if base is None else base
+
+        def settle() -> None:
+            with index.change(snapshot_id, base_index) as ch:
+                if ch.stale:  # another writer's rebuild: the next commit rebuilds
+                    return
+                ch.delete_keys(gone_hits)
+                if data_files:
+                    ch.add_file(data_files[0].file_path, new_keys)
+                if delete_files:
+                    ch.add_delete_file(delete_files[0].file_path,
+                                       {p for p, _ in gone_hits.values()})
+                ch.done = True
+
+        settle.written = written  # type: ignore[attr-defined]
+        return settle
+
+    def _arrow_ids(self, table: Any) -> pa.Schema:
+        """The table's Arrow schema with its field ids, plain strings."""
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        schema = schema_to_pyarrow(table.schema())
+        return pa.schema([f.with_type(_plain(f.type)) for f in schema])
 
     def _current(self, table: Any, values: list[tuple[Any, ...]]) -> pa.Table:
         """The table's live rows of the keys ``values`` (their key columns only)."""
@@ -885,12 +1101,7 @@ class IcebergSink:
         if table.current_snapshot() is None:
             stored = self._stored(table)
             return pa.table({k: pa.array([], stored.field(k).type) for k in keys})
-        from pyiceberg import expressions as ex
-
-        And: Any = ex.And
-        IsNull: Any = ex.IsNull
-        scan = table.scan(row_filter=And(_match_filter(values, keys), IsNull(ERROR)),
-                          selected_fields=tuple(keys))
+        scan = table.scan(row_filter=_match_filter(values, keys), selected_fields=tuple(keys))
         try:
             return scan.to_arrow()
         except Exception as exc:
@@ -947,18 +1158,15 @@ class IcebergSink:
             data = table.scan().to_arrow()
         except Exception as exc:
             raise self._fail(exc, "read") from exc
-        data = data.cast(_without_ids(data.schema))
-        live = data.filter(pc.is_null(data.column(ERROR)))
+        live = data.cast(_without_ids(data.schema))
         n = live.num_rows
         zeros32 = pa.array([0] * n, pa.int32())
-        live = live.drop_columns([SRC_PART, SRC_OFFSET, SRC_SEQ]).append_column(
-            DIFF, pa.array([1] * n, pa.int64())).append_column(
+        live = live.append_column(DIFF, pa.array([1] * n, pa.int64())).append_column(
             SRC_PART, zeros32).append_column(SRC_OFFSET, pa.array([0] * n, pa.int64())
                                              ).append_column(SRC_SEQ, zeros32)
-        errs = data.filter(pc.is_valid(data.column(ERROR)))
-        if as_of is not None:
-            errs = errs.filter(pc.less_equal(errs.column(INTO_TIME), as_of))
-        errs = errs.append_column(DIFF, pa.array([1] * errs.num_rows, pa.int64()))
+        assert self._errors is not None
+        errs = self._errors.read_updates(as_of)
+        errs = errs.filter(pc.is_valid(errs.column(ERROR)))
         return pa.concat_tables([conform(self.name, live, schema),
                                  conform(self.name, errs, schema)])
 
@@ -1015,6 +1223,9 @@ class IcebergSink:
                     removed.append(f"{sub}/{name}")
         if removed:
             log.info("output %r: removed %d orphan files", self.name, len(removed))
+        if self._errors is not None:
+            removed += [f"{self._errors.table_name}:{p}"
+                        for p in self._errors.vacuum_orphans(grace_seconds)]
         return sorted(removed)
 
     def maintain(self, now_ms: int) -> dict[str, int]:
@@ -1041,6 +1252,9 @@ class IcebergSink:
             expired = self.expire(c.retention_ms, now_ms)
             if expired:
                 done["snapshots_expired"] = expired
+        if self._errors is not None:
+            for k, v in self._errors.maintain(now_ms).items():
+                done[f"errors_{k}"] = v
         return done
 
     def compact(self, target_size: int = COMPACT_TARGET_SIZE, min_files: int = 2,
@@ -1060,6 +1274,8 @@ class IcebergSink:
         head = self._head(table)
         if not head.keys:
             return {}
+        if self.mode == "state" and self.write_mode == "merge-on-read":
+            return self._compact_state(table, head, target_size, min_files, max_files)
         try:
             small = [t.file for t in table.scan().plan_files()
                      if t.file.file_size_in_bytes < target_size and not t.delete_files]
@@ -1120,6 +1336,81 @@ class IcebergSink:
         log.info("output %r: compacted %d files into %d", self.name, merged_n, len(new_files))
         return {"files_compacted": merged_n, "files_written": len(new_files)}
 
+    def _compact_state(self, table: Any, head: _Head, target_size: int, min_files: int,
+                       max_files: int) -> dict[str, int]:
+        """Compaction of a merge-on-read state table: the data files with
+        :data:`PURGE_SHARE` or more of their rows deleted, and the files
+        smaller than ``target_size`` (when at least ``min_files``), are
+        rewritten with only their live rows (their deletes applied) into one
+        file, in one ``replace`` snapshot that also drops the delete files
+        that name no other live file; the state is carried forward and the
+        key index follows. Fenced like a commit."""
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+        index = self._index_at(table)
+        try:
+            sizes = {t.file.file_path: t.file.file_size_in_bytes
+                     for t in table.scan().plan_files()}
+        except Exception as exc:
+            raise self._fail(exc, "plan the compaction of") from exc
+        stats = index.files()
+        purge = [p for p, n, d in stats if n and d / n >= PURGE_SHARE]
+        small = [p for p, n, d in stats
+                 if p not in purge and sizes.get(p, 0) < min(target_size, STATE_SMALL_SIZE)]
+        take = (purge + (small if len(small) >= min_files else []))[:max_files]
+        deletes = index.delete_files()
+        dropped = [d for d, named in deletes.items() if named <= set(take)]
+        if not take and not dropped:
+            return {}
+        if len(take) == 1 and not purge and not dropped:
+            return {}
+        loc = self._data(table)
+        schema = self._arrow_ids(table)
+        parts = []
+        positions = index.positions(take) if take else {}
+        for path in take:
+            live = positions[path]
+            with table.io.new_input(path).open() as src:
+                t = pq.read_table(src)
+            t = conform(self.name, t.cast(_without_ids(t.schema)), _without_ids(schema))
+            parts.append(t.take(pa.array(live, pa.int64())))
+        merged = pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
+        written: list[str] = []
+        added = []
+        if merged.num_rows:
+            batch = f"{self._clock.now()}{_COMPACTED}{uuid.uuid4().hex[:10]}"
+            name = f"reclock-{batch}-00000-000.parquet"
+            loc.write(name, partial(_write_parquet, merged))
+            written.append(name)
+            added.append(parquet_file_to_data_file(table.io, table.metadata,
+                                                   self._file_uri(loc, name)))
+        faults.crash_point("mid_compaction")
+        tx = _transaction(table)
+        props = {**head.keys, KEY_OPERATION: "compact"}
+        snapshot_id = row_delta(tx, props, add_data=added, remove=take + dropped)
+        try:
+            self._commit_tx(table, tx, head.snapshot_id)
+        except CommitFailedException:
+            log.info("output %r: a commit came first; the compaction pass is dropped",
+                     self.name)
+            for name in written:
+                loc.delete(name)
+            return {}
+        faults.crash_point("after_compaction")
+        keys = self._key_texts(table, merged) if merged.num_rows else []
+        with index.change(snapshot_id, -1 if head.snapshot_id is None else head.snapshot_id
+                          ) as ch:
+            if not ch.stale:
+                ch.drop_files(take + dropped)
+                if added:
+                    ch.add_file(added[0].file_path, keys)
+                ch.done = True
+        log.info("output %r: compacted %d files into %d, dropped %d delete files", self.name,
+                 len(take), len(added), len(dropped))
+        return {"files_compacted": len(take), "files_written": len(added),
+                "delete_files_dropped": len(dropped)}
+
     def expire(self, retention_ms: int, now_ms: int | None = None) -> int:
         """Expire the snapshots older than ``retention_ms`` (never the
         current one, nor one a branch or tag names), fenced on the current
@@ -1175,6 +1466,14 @@ class IcebergSink:
         if engine is not None:
             engine.dispose()
         self._catalog = self._table = None
+        if self._errors is not None:
+            self._errors.close()
+        if self._index is not None:
+            self._index.close()
+            self._index = None
+        if self._index_dir is not None:
+            shutil.rmtree(self._index_dir, ignore_errors=True)
+            self._index_dir = None
 
 
 @functools.cache
@@ -1402,6 +1701,14 @@ class IcebergSinkConfig(SinkConfigBase):
     key: tuple[str, ...] = ()
     """With ``mode: state``: the key columns; they must contain the output's
     upstream key (:func:`~reclock.contracts.config.state_key_problem`)."""
+    errors_table: str | None = Setting(default=None, min_length=3,
+                                       pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")
+    """With ``mode: state``: the log table (``namespace.name``) of the error
+    rows; default ``<table>_errors``."""
+    write_mode: Literal["merge-on-read", "copy-on-write"] = "merge-on-read"
+    """With ``mode: state``: how a commit replaces rows: ``merge-on-read``
+    (position-delete files; the key index lives in the state directory) or
+    ``copy-on-write`` (rewrites every data file holding a changed key)."""
     compact: Annotated[CompactConfig | None, BeforeValidator(_compact_switch)] = Setting(
         default_factory=CompactConfig)
     """Compaction and snapshot expiry on a schedule (``compact: off``: never)."""
@@ -1428,6 +1735,11 @@ class IcebergSinkConfig(SinkConfigBase):
             return [problem(("key",), "required with mode: state")]
         if data.get("mode") != "state" and data.get("key"):
             return [problem(("key",), "only applies to mode: state", on_key=True)]
+        if data.get("mode") != "state" and data.get("errors_table"):
+            return [problem(("errors_table",), "only applies to mode: state", on_key=True)]
+        if data.get("errors_table") is not None and data.get("errors_table") == data.get(
+                "table"):
+            return [problem(("errors_table",), "must differ from table")]
         return []
 
     def resolved(self, default: Path, base: Path) -> IcebergSinkConfig:
@@ -1452,7 +1764,10 @@ class IcebergSinkConfig(SinkConfigBase):
             storage = (self.storage or S3StorageConfig()).access()
         return IcebergSink(ctx.name, self.catalog.access(storage), self.table,
                            storage=storage, mode=self.mode, key=self.key, owner=ctx.owner,
-                           compaction=None if self.compact is None else self.compact.settings())
+                           compaction=None if self.compact is None else self.compact.settings(),
+                           errors_table=self.errors_table, write_mode=self.write_mode,
+                           index_path=str(ctx.state_dir / "iceberg-keys"
+                                          / f"{ctx.name}-{self.table}.sqlite"))
 
 
 PLUGIN = SinkPlugin(name="iceberg", config=IcebergSinkConfig)

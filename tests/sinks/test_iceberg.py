@@ -77,11 +77,11 @@ def test_a_state_table_holds_the_sum_of_each_intotime_per_key(tmp_path: Path) ->
     want = {"a": (6, 30), "c": (4, 30), "d": (7, 30)}
     assert _live(s) == want
     assert s.state() == s2
-    # What pyiceberg reads: one row per live key, no retractions, no _diff.
+    # What pyiceberg reads: one row per live key, the user's columns and
+    # _into_time, nothing else.
     seen = _reader(tmp_path)
-    assert "_diff" not in seen.column_names
-    live = seen.filter(pc.is_null(seen.column("_error")))
-    assert sorted(zip(live.column("k").to_pylist(), live.column("v").to_pylist(),
+    assert seen.column_names == [*USER.names, "_into_time"]
+    assert sorted(zip(seen.column("k").to_pylist(), seen.column("v").to_pylist(),
                       strict=True)) == [("a", 6), ("c", 4), ("d", 7)]
     # Compaction of a state table: its small files merged, the rows and state kept.
     s3 = SinkState(36, '"p3"')
@@ -100,8 +100,14 @@ def test_a_state_table_holds_the_sum_of_each_intotime_per_key(tmp_path: Path) ->
     data = tmp_path / "wh" / "lake" / "orders" / "data"
     assert s.expire(0, int(time.time() * 1000) + 1000) >= 4
     table = s._load()
-    held = {t.file.file_path.rsplit("/", 1)[-1] for t in table.scan().plan_files()}
+    held = {f.file_path.rsplit("/", 1)[-1] for t in table.scan().plan_files()
+            for f in (t.file, *t.delete_files)}
     assert {p.name for p in data.glob("*.parquet")} == held
+    # A compaction then rewrites the file whose rows are all deleted, and
+    # drops the delete files: nothing is left.
+    assert s.compact(min_files=2)["delete_files_dropped"] >= 1
+    assert s.expire(0, int(time.time() * 1000) + 2000) >= 1
+    assert list(data.glob("*.parquet")) == [] and _live(s) == {} and s.state() == s4
 
 
 def test_a_state_commit_that_breaks_the_key_is_refused_and_writes_nothing(
@@ -132,6 +138,169 @@ def test_error_rows_of_a_state_table_keep_their_position(tmp_path: Path) -> None
     assert errs.column("_error").to_pylist() == ["malformed JSON"]
     assert _live(s) == {"a": (1, 10)}
     assert s.read_updates(as_of=5).filter(pc.is_valid(pc.field("_error"))).num_rows == 0
+    # The state table holds the current rows alone; the error rows are in
+    # <table>_errors, where pyiceberg reads them with their positions.
+    assert _reader(tmp_path).column_names == [*USER.names, "_into_time"]
+    assert _reader(tmp_path).column("k").to_pylist() == ["a"]
+    side = _reader(tmp_path, "lake.orders_errors")
+    assert side.column("_error").to_pylist() == ["malformed JSON"]
+    assert side.column("_src_offset").to_pylist() == [7]
+
+
+def _model_commits() -> list[tuple[pa.Table, SinkState, SinkState]]:
+    """Three commits with error rows among their updates, and the states
+    they move: the input of the crash test below and of its model."""
+    s1, s2, s3 = SinkState(11, '"p1"'), SinkState(21, '"p2"'), SinkState(31, '"p3"')
+    return [
+        (pa.concat_tables([_rows(["a", "b"], [1, 2], 10, 1),
+                           updates(["x"], 10, offset=3, error="malformed JSON")]),
+         SinkState(), s1),
+        (pa.concat_tables([_rows(["a"], [1], 20, -1), _rows(["a"], [5], 20, 1, offset=1),
+                           updates(["y"], 20, offset=4, error="not a number"),
+                           updates(["z"], 20, offset=5, error="not a number")]), s1, s2),
+        (pa.concat_tables([_rows(["b"], [2], 30, -1), _rows(["c"], [9], 30, 1, offset=1)]),
+         s2, s3),
+    ]
+
+
+_CRASHING_COMMIT = """
+import sys
+import pyarrow as pa
+from reclock.contracts.sink import SinkState
+from tests.sinks.test_iceberg import _model_commits, _sink
+from pathlib import Path
+s = _sink(Path(sys.argv[1]), "state")
+n = int(sys.argv[2])
+batch, expected, new = _model_commits()[n]
+s.commit(s.stager().stage(f"b{n}", 0, batch), expected, new)
+"""
+
+
+def test_a_kill_between_the_errors_commit_and_the_state_commit_loses_and_doubles_nothing(
+        tmp_path: Path) -> None:
+    """A state commit with error rows commits the errors table first: a
+    SIGKILL between the two commits (crash point ``after_errors_commit``)
+    leaves the errors table one commit ahead; the retry of the same commit
+    (as a restarted driver runs it) skips the errors table and lands the
+    rows. Compared with a model: each commit's live rows by key, and its
+    error rows once each."""
+    import os
+    import subprocess
+    import sys
+
+    commits = _model_commits()
+    for n in range(len(commits)):
+        env = {**os.environ, "RECLOCK_CRASH_AT": "after_errors_commit"}
+        run = subprocess.run([sys.executable, "-c", _CRASHING_COMMIT, str(tmp_path), str(n)],
+                             env=env, capture_output=True, text=True)
+        had_errors = bool(pc.sum(pc.is_valid(commits[n][0].column("_error"))).as_py())
+        assert run.returncode == (-9 if had_errors else 0), run.stderr
+        s = _sink(tmp_path, "state")
+        if had_errors:  # the state table did not move; the retry, without the crash
+            assert s.state() == commits[n][1]
+            assert s._errors is not None and s._errors.state() == commits[n][2]
+            s.commit(s.stager().stage(f"b{n}", 0, commits[n][0]), commits[n][1], commits[n][2])
+        assert s.state() == commits[n][2]
+    # The model: the last row of each key across the commits, and every error row once.
+    live: dict[str, tuple[int, int]] = {}
+    errors: list[tuple[int, str]] = []
+    for batch, _, _ in commits:
+        for row in batch.to_pylist():
+            if row["_error"] is not None:
+                errors.append((row["_src_offset"], row["_error"]))
+            elif row["_diff"] > 0:
+                live[row["k"]] = (row["v"], row["_into_time"])
+            elif live.get(row["k"], (None,))[0] == row["v"]:
+                del live[row["k"]]
+    s = _sink(tmp_path, "state")
+    assert _live(s) == live
+    t = s.read_updates()
+    errs = t.filter(pc.is_valid(t.column("_error")))
+    assert sorted(zip(errs.column("_src_offset").to_pylist(), errs.column("_error").to_pylist(),
+                      strict=True)) == sorted(errors)
+    side = _reader(tmp_path, "lake.orders_errors")
+    assert side.num_rows == len(errors)
+    state_rows = _reader(tmp_path)
+    assert sorted(zip(state_rows.column("k").to_pylist(), state_rows.column("v").to_pylist(),
+                      strict=True)) == sorted((k, v) for k, (v, _) in live.items())
+
+
+def test_merge_on_read_commits_write_the_changed_rows_and_position_deletes_only(
+        tmp_path: Path) -> None:
+    """A state commit writes one data file of the changed keys' rows and one
+    position-delete file in the spec's layout (file_path, pos with their
+    reserved field ids, sorted), in ONE snapshot; no other file is written."""
+    s = _sink(tmp_path, "state", index_path=str(tmp_path / "keys.sqlite"))
+    st = s.stager()
+    s1, s2 = SinkState(11, '"p1"'), SinkState(21, '"p2"')
+    s.commit(st.stage("b1", 0, _rows([f"k{i}" for i in range(50)], list(range(50)), 10, 1)),
+             SinkState(), s1)
+    first = s._load().current_snapshot().snapshot_id
+    s.commit(st.stage("b2", 0, pa.concat_tables([
+        _rows(["k7", "k3"], [7, 3], 20, -1), _rows(["k7"], [70], 20, 1, offset=9),
+        _rows(["new"], [1], 20, 1, offset=10)])), s1, s2)
+    table = s._load()
+    snap = table.current_snapshot()
+    assert snap.parent_snapshot_id == first and snap.summary.operation.value == "overwrite"
+    assert snap.summary["added-data-files"] == "1" and snap.summary["added-delete-files"] == "1"
+    assert snap.summary["added-records"] == "2" and snap.summary["added-position-deletes"] == "2"
+    [old] = [t.file.file_path for t in table.scan(snapshot_id=first).plan_files()]
+    tasks = list(table.scan().plan_files())
+    [deletes] = {d.file_path for t in tasks for d in t.delete_files}
+    import pyarrow.parquet as pq
+
+    with table.io.new_input(deletes).open() as f:
+        pd = pq.read_table(f)
+    assert [(f.name, f.metadata[b"PARQUET:field_id"]) for f in pd.schema] == [
+        ("file_path", b"2147483546"), ("pos", b"2147483545")]
+    with table.io.new_input(old).open() as f:
+        ks = pq.read_table(f).column("k").to_pylist()
+    at = sorted([ks.index("k3"), ks.index("k7")])
+    assert pd.to_pylist() == [{"file_path": old, "pos": at[0]}, {"file_path": old, "pos": at[1]}]
+    assert _live(s) == {**{f"k{i}": (i, 10) for i in range(50) if i not in (3, 7)},
+                        "k7": (70, 20), "new": (1, 20)}
+    assert s._index is not None and s._index.snapshot() == snap.snapshot_id
+
+
+def test_a_key_index_that_names_another_snapshot_is_rebuilt_from_the_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key index is never trusted for a snapshot it does not name: after
+    a commit whose index change was lost (as a kill after the catalog commit
+    leaves it), and after commits of another driver of the output (another
+    index), the next commit rebuilds it from the table and lands exactly the
+    rows a model of the updates holds."""
+    from reclock.sinks import iceberg_mor
+
+    a = _sink(tmp_path, "state", index_path=str(tmp_path / "a.sqlite"))
+    st = a.stager()
+    s1, s2, s3, s4 = (SinkState(u, f'"p{u}"') for u in (11, 21, 31, 41))
+    a.commit(st.stage("b1", 0, _rows(["a", "b", "c"], [1, 2, 3], 10, 1)), SinkState(), s1)
+    real = iceberg_mor.Change.delete_keys
+
+    def lost(self: Any, hits: Any) -> None:
+        raise KeyboardInterrupt("killed before the index change")
+
+    monkeypatch.setattr(iceberg_mor.Change, "delete_keys", lost)
+    with pytest.raises(KeyboardInterrupt):
+        a.commit(st.stage("b2", 0, pa.concat_tables([
+            _rows(["a"], [1], 20, -1), _rows(["a"], [5], 20, 1, offset=1)])), s1, s2)
+    monkeypatch.setattr(iceberg_mor.Change, "delete_keys", real)
+    assert a.state() == s2  # the catalog commit landed; the index names s1's snapshot
+    b = _sink(tmp_path, "state", index_path=str(tmp_path / "b.sqlite"))  # another driver
+    b.commit(b.stager().stage("b3", 0, pa.concat_tables([
+        _rows(["b"], [2], 30, -1), _rows(["d"], [4], 30, 1)])), s2, s3)
+    a.commit(st.stage("b4", 0, pa.concat_tables([
+        _rows(["a"], [5], 40, -1), _rows(["a"], [6], 40, 1, offset=1),
+        _rows(["d"], [4], 40, -1), _rows(["d"], [8], 40, 1, offset=2)])), s3, s4)
+    want = {"a": (6, 40), "c": (3, 10), "d": (8, 40)}
+    assert _live(a) == want
+    rows = _reader(tmp_path)
+    assert sorted(rows.column("k").to_pylist()) == sorted(want)
+    # A key that was re-inserted or deleted twice would be refused or doubled:
+    # the rebuilt index holds each live key once, where the table holds it.
+    assert a._index is not None
+    assert sorted(a._index.lookup([repr((k,)) for k in ("a", "b", "c", "d")])) == [
+        repr(("a",)), repr(("c",)), repr(("d",))]
 
 
 @pytest.mark.parametrize("catalog", ["sql", "rest"])
@@ -331,6 +500,13 @@ sources:
              "mode: state}")
     with pytest.raises(Exception, match="table"):
         load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db'}, table: out}")
+    with pytest.raises(Exception, match="errors_table"):
+        load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db'}, table: lake.out, "
+             "errors_table: lake.bad}")
+    with pytest.raises(Exception, match="errors_table"):
+        load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db'}, table: lake.out, "
+             "mode: state, key: [n], errors_table: lake.out}")
+    assert sink.write_mode == "merge-on-read" and sink.errors_table is None
     # The state tables' key rule (reclock.contracts.config.state_key_problem),
     # as for Postgres: Kafka records with the append envelope have no upstream key.
     p = tmp_path / "k.yaml"

@@ -64,6 +64,10 @@ def test_spark_reads_iceberg_log_and_state_tables(tmp_path: Path) -> None:
                                    _updates([_row("k1", 101)], 20, 1, 12)])
         s.commit(s.stager().stage("b2", 0, change), SinkState(11, '"p1"'),
                  SinkState(21, '"p2"'))
+    # The state table's current snapshot applies the update and the delete
+    # by a position-delete file (merge-on-read): Spark must apply it too.
+    summary = state._load().current_snapshot().summary
+    assert summary["total-delete-files"] == "1" and summary["total-position-deletes"] == "2"
     upper = ("sql:SELECT summary['reclock.upper'] AS u FROM reclock.lake.{}.snapshots "
              "ORDER BY committed_at DESC LIMIT 1")
     got = spark_reads([f"sql:SELECT * FROM reclock.lake.{t}" for t in ("log", "state")]
@@ -76,7 +80,7 @@ def test_spark_reads_iceberg_log_and_state_tables(tmp_path: Path) -> None:
         for f in USER:
             assert seen["types"][f.name] == spark_type(f.type), (name, f.name)
         cols = list(seen["types"])
-        if name == "state":
-            assert "_diff" not in cols
+        if name == "state":  # SELECT * is the user's columns and _into_time
+            assert cols == [*USER.names, "_into_time"]
             assert sorted(mine.column("k").to_pylist()) == ["k0", "k1", "k3", "k4", "k5"]
         assert sorted(seen["rows"], key=json.dumps) == rows_of(mine.select(cols))
