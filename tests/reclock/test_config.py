@@ -377,7 +377,7 @@ def test_unknown_key(tmp_path: Path) -> None:
     [line] = errors_of(path)
     assert line == (
         f"{at(path, 10, 'pth')}: sources[0].outputs[1].sink: unknown key 'pth' "
-        "(expected one of: compact, name, path, storage, type)"
+        "(expected one of: compact, key, mode, name, path, storage, type)"
     )
 
 
@@ -815,7 +815,7 @@ def test_redacted_dump(tmp_path: Path) -> None:
                              "registry_url": "https://u:***@registry/", "subject": "s"}
     assert out["sink"] == {"name": None, "type": "file",
                            "path": str(tmp_path / "state/outputs/counter/main"),
-                           "storage": None, "compact": {
+                           "storage": None, "mode": "log", "key": [], "compact": {
                                "every": 600_000, "min_files": 50, "target_size": 128 * 2**20,
                                "retention": 86_400_000, "in_child": True}}
     assert dumped["timestamp_interval"] == 1000 and dumped["state_dir"] == str(tmp_path / "state")

@@ -81,13 +81,14 @@ def test_s3_paths_resolve_to_canonical_uris_and_secrets_never_print(
     monkeypatch.setenv("MY_SECRET", SECRET)
     f = tmp_path / "p.yaml"
     f.write_text("sources:\n  - name: c\n    generator: {kind: counter}\n    outputs:\n"
-                 "      - name: a\n        sink: {type: file, path: 's3a://bkt/lake//a/'}\n"
-                 "      - name: b\n        sink:\n          type: file\n"
-                 "          path: s3://bkt/lake/b\n          storage:\n"
-                 "            endpoint: http://127.0.0.1:9\n            access_key_id: AK\n"
-                 "            secret_access_key: ${MY_SECRET}\n")
+                 "      - name: main\n        sinks:\n"
+                 "          - {name: a, type: file, path: 's3a://bkt/lake//a/'}\n"
+                 "          - name: b\n            type: file\n"
+                 "            path: s3://bkt/lake/b\n            storage:\n"
+                 "              endpoint: http://127.0.0.1:9\n              access_key_id: AK\n"
+                 "              secret_access_key: ${MY_SECRET}\n")
     cfg = load_config(f)
-    a, b = (o.sink for o in cfg.sources[0].outputs)
+    a, b = cfg.sources[0].outputs[0].sinks or ()
     assert a.path == "s3://bkt/lake/a" and b.path == "s3://bkt/lake/b"  # type: ignore[union-attr]
     dumped = str(redacted_dump(cfg))
     access = b.storage.access()  # type: ignore[union-attr]
