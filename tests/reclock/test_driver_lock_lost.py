@@ -79,7 +79,9 @@ def _assert_exactly_once(cfg: Any, total: int | None) -> None:
 
 
 def _events(state: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (state / "progress.jsonl").read_text().splitlines()]
+    """The driver's progress events so far (none before it wrote its log)."""
+    log = state / "progress.jsonl"
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
 
 
 def test_a_store_restart_loses_the_lock_until_it_is_taken_again(

@@ -334,7 +334,7 @@ def _unseen_in_between(tmp_path: Path, spark: Any, url: str, table: str, stopped
     with the driver stopped, or with it running in one transaction (its
     reader reads the changes in between only once all committed: after the
     second change of shape); returns the config and the source's health once
-    it caught up or stalled."""
+    it caught up and runs, or stalled for good."""
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(create)
     cfg = _cfg(tmp_path, url, table, f"      - {{name: {table}, sink: file}}")
@@ -345,8 +345,11 @@ def _unseen_in_between(tmp_path: Path, spark: Any, url: str, table: str, stopped
                 c.execute(stmt)
 
     def caught_up(runners: list[Any]) -> Any:
+        # a change of shape stalls the source for a moment (transient: it
+        # re-opens in the new shape), possibly after its changes are durable
         durable = resumed_past(runners, flushed_lsn(url))
-        wait_for(lambda: durable() or runners[0].health.definite, 90, "durable, or a stall")
+        wait_for(lambda: (durable() and runners[0].health.status == "running")
+                 or runners[0].health.definite, 90, "durable and running, or a stall")
         return runners[0].health
 
     with running(cfg, spark) as runners:
