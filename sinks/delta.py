@@ -2093,8 +2093,9 @@ class DeltaSink:
     def _read_state(self, as_of: int | None) -> pa.Table:
         """The current rows (every one with ``_diff`` 1 and provenance zero:
         a state table keeps no source positions), then the error rows up to
-        ``as_of``; read through delta-rs's DataFusion reader, which applies
-        deletion vectors (its Arrow dataset refuses such tables)."""
+        ``as_of`` and below the output's upper; read through delta-rs's
+        DataFusion reader, which applies deletion vectors (its Arrow dataset
+        refuses such tables)."""
         if not self._exists():
             return pa.schema(META_FIELDS).empty_table()
         current = read_current(self.location)
@@ -2109,6 +2110,12 @@ class DeltaSink:
         errs = self._errors
         if errs is None or not errs._exists():
             return data
+        # the errors table is committed before the state: after a commit that
+        # failed in between it holds rows past the output's upper, which the
+        # output shows once its own commit lands
+        upper = self.state().upper
+        if upper is not None:
+            as_of = upper - 1 if as_of is None else min(as_of, upper - 1)
         return pa.concat_tables([data, conform(self.name, errs.read_updates(as_of), schema)])
 
     def _compact_state(self, target_size: int, min_files: int,

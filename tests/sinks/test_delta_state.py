@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -357,3 +358,80 @@ def test_two_committers_without_the_lock_one_wins_each_round(tmp_path: Path) -> 
         st = SinkState(r + 2, f'"w{winner}"')
         assert sinks[0].state() == st
         assert current(read_current(sinks[0].location)) == model.expected()
+
+
+class Failed(Exception):
+    """A failure between the errors table's commit and the state commit."""
+
+
+def _with_errors(rows: list[tuple[Any, ...]], errors: list[tuple[int, int]]) -> pa.Table:
+    """Updates of ``rows``, then an error row per ``(key, into_time)``."""
+    t = updates(rows) if rows else updates([(0, "x", None, 0, 1)]).slice(0, 0)
+    bad = updates([(k, "bad", None, at, 1) for k, at in errors])
+    bad = bad.set_column(bad.schema.get_field_index("_error"), "_error",
+                         pa.array(["refused"] * bad.num_rows, pa.string()))
+    return pa.concat_tables([t, bad])
+
+
+def _error_rows(sink: DeltaSink, as_of: int | None = None) -> Counter[tuple[int, int]]:
+    got = sink.read_updates(as_of)
+    bad = got.filter(pa.compute.is_valid(got.column("_error")))
+    return Counter(zip(bad.column("k").to_pylist(), bad.column("_into_time").to_pylist(),
+                       strict=True))
+
+
+@pytest.mark.parametrize("retry", ["same", "split"])
+def test_a_failure_between_the_errors_commit_and_the_state_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, retry: str) -> None:
+    """The errors table is committed first; a state commit that then fails
+    (at either crash point, as a transient failure the driver retries) and
+    is retried with the same bounds, or split into smaller commits as a
+    restarted driver's smaller jobs would, leaves every refused row in the
+    output once: the model is the set of refused rows the updates carried."""
+    sink = make(tmp_path / "t")
+    model, rnd = Model(), random.Random(11)
+    refused: Counter[tuple[int, int]] = Counter()
+    errs = [(1001, 1)]
+    st = commit(sink, _with_errors(model.step(rnd, 1, 20), errs), SinkState(), 2)
+    refused.update(errs)
+    t = 2
+    for point in ["state_before_log", "state_logged", "state_before_log"]:
+        a, b = model.step(rnd, t, 20), model.step(rnd, t + 1, 20)
+        ea, eb = [(2000 + t, t)], [(3000 + t, t + 1), (4000 + t, t + 1)]
+        refused.update(ea + eb)
+
+        def fail(name: str, point: str = point) -> None:
+            if name == point:
+                raise Failed(name)
+
+        monkeypatch.setattr(delta_mod.faults, "crash_point", fail)
+        new = SinkState(t + 2, f'"{t + 2}"')
+        with pytest.raises(Failed):
+            sink.commit(sink.stager().stage(f"f{t}", 0, _with_errors(a + b, ea + eb)), st, new)
+        monkeypatch.undo()
+        assert sink._errors is not None and sink._errors.state().upper == t + 2
+        # the output reads as of its own upper: the errors table's rows past
+        # it (the failed commit's) do not show before the commit lands
+        landed = make(tmp_path / "t").state()
+        assert landed.upper is not None
+        assert _error_rows(make(tmp_path / "t")) == Counter(
+            {e: n for e, n in refused.items() if e[1] < landed.upper})
+        if point == "state_logged":  # the log entry landed: the commit happened
+            assert landed == new
+            sink = make(tmp_path / "t")  # a restarted driver
+        elif retry == "same":
+            commit(sink, _with_errors(a + b, ea + eb), st, t + 2)
+        else:
+            mid = commit(sink, _with_errors(a, ea), st, t + 1)
+            commit(sink, _with_errors(b, eb), mid, t + 2)
+        st = SinkState(t + 2, f'"{t + 2}"')
+        assert sink.state() == st
+        assert current(read_current(sink.location)) == model.expected()
+        assert _error_rows(sink) == refused
+        t += 2
+    errs = [(9000, t)]
+    commit(sink, _with_errors(model.step(rnd, t, 20), errs), st, t + 1)
+    refused.update(errs)
+    assert _error_rows(sink) == refused
+    assert current(read_current(sink.location)) == model.expected()
+    assert by_duckdb(tmp_path / "t") == model.expected()
