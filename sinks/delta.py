@@ -1029,6 +1029,8 @@ class DeltaSink:
         #: state mode: the user schema ensure() was given, the key index (opened
         #: at the first commit) and the table of error rows beside the table
         self._user: pa.Schema | None = None
+        #: a state table's Arrow schema (set by ensure())
+        self._stored: pa.Schema | None = None
         self._index: KeyIndex | None = None
         self._errors: DeltaSink | None = None
         if self.holds_state:
@@ -1353,13 +1355,7 @@ class DeltaSink:
         table with type widening)."""
         evo = self._evolution
         assert evo is not None
-        meta = dt.metadata()
-        actions: list[dict[str, Any]] = [{"metaData": {
-            "id": meta.id, "name": meta.name, "description": meta.description,
-            "format": {"provider": "parquet", "options": {}},
-            "schemaString": evo.schema.to_json(),
-            "partitionColumns": list(meta.partition_columns),
-            "configuration": dict(meta.configuration or {}), "createdTime": meta.created_time}}]
+        actions: list[dict[str, Any]] = [_metadata_action(dt, evo.schema)]
         if not evo.widened:
             return actions
         schema = pa.schema(evo.schema.to_arrow())
@@ -1850,8 +1846,10 @@ class DeltaSink:
     def _ensure_state(self, user_schema: pa.Schema) -> None:
         """Create the state table for ``user_schema`` (one log entry of
         reclock's own: protocol with deletion vectors, metadata), or check
-        the existing one has exactly its columns (a state table does not
-        evolve its schema yet)."""
+        the existing one holds its columns: new nullable columns and widened
+        types are the table's evolution, which the next commit makes with
+        its rows (:meth:`_apply_state`), as a log table's (:meth:`_checked`);
+        any other difference is a SinkError naming the columns."""
         missing = [k for k in self.key if k not in user_schema.names]
         if missing:
             raise SinkError(f"output {self.name!r}: key columns {missing} are not among the "
@@ -1867,18 +1865,16 @@ class DeltaSink:
                 os.makedirs(os.path.join(self.location.root, "_delta_log"), exist_ok=True)
                 self._put_entry(0, _create_entry(want, self.compaction))  # or another's
                 dt = self._load()
-            missing_cols, clashes = _compare(dt.schema(), want)
             p = dt.protocol()
-            if missing_cols or clashes:
-                raise SinkError(
-                    f"output {self.name!r} at {self.uri}: the state table's stored schema "
-                    "differs: " + "; ".join(
-                        clashes + [f"column {f.name!r} is missing" for f in missing_cols]),
-                    hint="a state table does not evolve its schema: write to a new path")
             if "deletionVectors" not in (p.writer_features or []):
                 raise SinkError(f"output {self.name!r}: the table at {self.uri} is not a state "
                                 "table (no deletion vectors)",
                                 hint="write a state output to a new path")
+            dt = self._checked(dt, want)
+            # the table's columns, in its order, which every file it gets has
+            # (DuckDB's delta reader misreads a file whose columns differ)
+            self._stored = pa.schema((dt.schema() if self._evolution is None
+                                      else self._evolution.schema).to_arrow())
             self._schema = _staged_schema(user_schema)
             self._fresh = dt
         assert self._errors is not None
@@ -1959,14 +1955,18 @@ class DeltaSink:
             head = self._head
             for attempt in range(COMMIT_ATTEMPTS):
                 head, self._head = self._head, None
+                dt: DeltaTable | None = None
                 if (attempt > 0 or head is None or head.state != expected
-                        or not self._logged(head.version)):
-                    head = self._head_of(self._load())
+                        or self._evolution is not None or not self._logged(head.version)):
+                    dt = self._load()
+                    head = self._head_of(dt)
                 if head.state != expected:
                     raise SinkFenced(
                         f"output {self.name!r} at {self.uri}: durable state is {head.state}, "
                         f"expected {expected}; nothing was written",
                         hint="another pipeline committed this output; re-read its state")
+                evolve = (None if self._evolution is None or dt is None
+                          else _metadata_action(dt, self._evolution.schema))
                 if not head.direct:
                     raise SinkError(f"output {self.name!r}: the state table at {self.uri} "
                                     "has table features reclock does not write",
@@ -1974,12 +1974,16 @@ class DeltaSink:
                 if attempt == 0 and bad.num_rows:
                     self._commit_errors(bad, expected, new)
                 try:
-                    landed = self._apply_state(head, rows, user, version, custom)
+                    landed = self._apply_state(head, rows, user, version, custom, evolve)
                 except sqlite3.DatabaseError as exc:
                     self._reset_index(exc)
                     continue
                 if not landed:
                     continue
+                evo, self._evolution = self._evolution, None
+                if evo is not None:
+                    log.info("output %r: added columns %s, widened %s", self.name,
+                             list(evo.added), list(evo.widened))
                 self._head = _Head(head.version + 1, new, True)
                 break
             else:
@@ -1991,12 +1995,35 @@ class DeltaSink:
         self._housekeep(head.version + 1)
 
     def _apply_state(self, head: _Head, rows: pa.Table, user: list[str], version: int,
-                     custom: dict[str, Any]) -> bool:
+                     custom: dict[str, Any], evolve: dict[str, Any] | None = None) -> bool:
         """One attempt of :meth:`_commit_state` on top of ``head``: whether
-        its log entry landed (False: the version was taken, nothing of it left)."""
+        its log entry landed (False: the version was taken, nothing of it left).
+        ``evolve``: the metaData action of the pending evolution, which the
+        entry carries first; with a widened column, every live file is
+        rewritten in the new type (its rows in their order, so its deletion
+        vector and the key index's positions still hold), a remove of the old
+        file and an add of the new one (``dataChange: false``) in the entry."""
         index = self._index_at(head.version)
         if index is None:
             return False
+        actions: list[dict[str, Any]] = [] if evolve is None else [evolve]
+        written: list[str] = []
+        now = int(time.time() * 1000)
+        # file id -> (its add action, its add in the new type)
+        rewritten: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        evo = self._evolution
+        if evolve is not None and evo is not None and evo.widened:
+            wide = pa.schema(evo.schema.to_arrow())
+            for e in index.files().values():
+                name = (f"part-{self._clock.now()}-widen-{uuid.uuid4().hex[:10]}"
+                        "-00000-000.parquet")
+                t = conform(self.name, self.location.dataset([e.path], wide).to_table(), wide)
+                size = self.location.write(name, partial(_write_parquet, t))
+                written.append(name)
+                st = self.location.stat(name)
+                rewritten[e.id] = (e.add, {**e.add, "path": name, "size": size,
+                                           "modificationTime": st[1] if st else now,
+                                           "dataChange": False})
         found: dict[Any, tuple[int, int]] = {}
         changes = state_changes(self.name, rows, self.key, user,
                                 partial(_held, index, found), self.uri)
@@ -2006,8 +2033,6 @@ class DeltaSink:
         for f, r in old.values():
             by_file.setdefault(f, []).append(r)
         entries = index.files(set(by_file))
-        actions: list[dict[str, Any]] = []
-        written: list[str] = []
         new_dvs = []
         for fid, e in entries.items():
             dv = e.dv | BitMap(by_file[fid])
@@ -2015,18 +2040,22 @@ class DeltaSink:
         if new_dvs:
             name, descs = write_dvs(self.location.root, [dv for _, dv in new_dvs])
             written.append(name)
-        now = int(time.time() * 1000)
         new_adds = []
         for (e, _), desc in zip(new_dvs, descs if new_dvs else [], strict=True):
             actions.append({"remove": _remove_of(e.add, now)})
-            add = {**e.add, "dataChange": True, "deletionVector": desc,
+            add = {**rewritten.get(e.id, (e.add, e.add))[1], "dataChange": True,
+                   "deletionVector": desc,
                    "stats": wide_stats(e.add.get("stats"))}
             actions.append({"add": add})
             new_adds.append(add)
+        for fid, (was, add) in rewritten.items():
+            if fid not in by_file:  # (those are in the entry with their new vector)
+                actions.append({"remove": {**_remove_of(was, now), "dataChange": False}})
+                actions.append({"add": add})
         data_add: dict[str, Any] | None = None
         if changes.upserts.num_rows:
-            table = conform(self.name, _in_microseconds(changes.upserts),
-                            pa.schema(_state_delta_schema(self._user).to_arrow()))
+            assert self._stored is not None
+            table = conform(self.name, _in_microseconds(changes.upserts), self._stored)
             path = (f"part-{self._clock.now()}-state-{uuid.uuid4().hex[:10]}"
                     "-00000-000.parquet")
             size = self.location.write(path, partial(_write_parquet, table))
@@ -2038,6 +2067,8 @@ class DeltaSink:
             actions.append({"add": data_add})
         entry = _state_entry(actions, self.app_id, version, custom, head.version)
         with index.change(head.version + 1) as ch:
+            for fid, (_, add) in rewritten.items():
+                ch.rename_file(fid, add["path"], add)
             ch.retire([e.add.get("deletionVector") for e, _ in new_dvs], now)
             for (e, dv), add in zip(new_dvs, new_adds, strict=True):
                 ch.set_dv(e.id, add, dv)
@@ -2473,6 +2504,17 @@ def _create_entry(schema: Schema, compaction: Compaction | None) -> bytes:
                       "configuration": conf, "createdTime": now}},
     ]
     return "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines).encode()
+
+
+def _metadata_action(dt: DeltaTable, schema: Schema) -> dict[str, Any]:
+    """The metaData action of ``dt`` with ``schema``."""
+    meta = dt.metadata()
+    return {"metaData": {
+        "id": meta.id, "name": meta.name, "description": meta.description,
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": schema.to_json(),
+        "partitionColumns": list(meta.partition_columns),
+        "configuration": dict(meta.configuration or {}), "createdTime": meta.created_time}}
 
 
 def _changes_files(text: str | None) -> bool:

@@ -367,6 +367,12 @@ class Changes:
         self.db.execute("UPDATE files SET add_json = ?, dv = ? WHERE id = ?",
                         (json.dumps(add), dv.serialize(), file_id))
 
+    def rename_file(self, file_id: int, path: str, add: dict[str, Any]) -> None:
+        """File ``file_id`` is now ``path`` (rewritten with its rows in their
+        order: a widened column), with add action ``add``."""
+        self.db.execute("UPDATE files SET path = ?, add_json = ? WHERE id = ?",
+                        (path, json.dumps(add), file_id))
+
     def retire(self, descriptors: Sequence[dict[str, Any] | None], now_ms: int) -> None:
         """Deletion vectors the commit replaces: their files may go once
         no live file uses them and they are past the retention

@@ -435,3 +435,86 @@ def test_a_failure_between_the_errors_commit_and_the_state_commit(
     assert _error_rows(sink) == refused
     assert current(read_current(sink.location)) == model.expected()
     assert by_duckdb(tmp_path / "t") == model.expected()
+
+
+
+def test_a_state_table_gains_a_column_and_widens_one(tmp_path: Path) -> None:
+    """A new nullable column: the commit's log entry carries the new schema,
+    the rows of older files read null there; a widened column (int -> long):
+    that commit rewrites the live files in the new type, keeping their
+    deletion vectors and the key index. The model: each key's row (k, v, c,
+    w, IntoTime), w null where a row's change did not carry it; delta-rs,
+    DuckDB and the key index rebuilt from the table agree with it."""
+    narrow = pa.schema([("k", pa.int64()), ("v", pa.string()), ("c", pa.int32())])
+    added = narrow.append(pa.field("w", pa.string()))
+    wide = pa.schema([("k", pa.int64()), ("v", pa.string()), ("c", pa.int64()),
+                      ("w", pa.string())])
+    path = tmp_path / "t"
+    model: dict[int, tuple[Any, ...]] = {}
+
+    def batch(schema: pa.Schema, rows: list[tuple[Any, ...]], t: int) -> pa.Table:
+        """Updates at IntoTime ``t`` in ``schema``: a retraction of each
+        key's model row, then ``rows`` (``(k, v, c, w)``; ``v`` None: delete)."""
+        out: list[tuple[tuple[Any, ...], int]] = []
+        for r in rows:
+            old = model.pop(r[0], None)
+            if old is not None:
+                out.append((old[:4], -1))
+            if r[1] is not None:
+                out.append((r, 1))
+                model[r[0]] = (*r, t)
+        m = len(out)
+        cols = {n: [row[i] for row, _ in out] for i, n in enumerate(schema.names)}
+        return pa.table({**cols, "_into_time": [t] * m, "_diff": [d for _, d in out],
+                         "_src_part": pa.array([0] * m, pa.int32()),
+                         "_src_offset": list(range(m)),
+                         "_src_seq": pa.array([0] * m, pa.int32()),
+                         "_src_ts": pa.array([None] * m, pa.int64()),
+                         "_error": pa.array([None] * m, pa.string()),
+                         "_raw_key": pa.array([None] * m, pa.binary()),
+                         "_raw_value": pa.array([None] * m, pa.binary())},
+                        schema=output_schema(schema))
+
+    def by_rs() -> list[tuple[Any, ...]]:
+        d = read_current(DeltaSink(NAME, path).location).to_pydict()
+        return sorted(zip(*(d.get(n, [None] * len(d["k"]))
+                            for n in ["k", "v", "c", "w", "_into_time"]), strict=True))
+
+    def by_duck() -> list[tuple[Any, ...]]:
+        return sorted(by_duckdb_query(
+            path, f"SELECT k, v, c, w, _into_time FROM delta_scan('{path}')"))
+
+    sink = DeltaSink(NAME, path, mode="state", key=["k"])
+    sink.ensure(narrow)
+    st = SinkState()
+    for t in (1, 2):
+        rows = [(k, f"v{t}-{k}", k * t, None) for k in range(t * 5)]
+        rows += [(0, None, None, None)] * (t - 1)
+        new = SinkState(t + 1, f'"{t + 1}"')
+        sink.commit(sink.stager().stage(f"n{t}", 0, batch(narrow, rows, t)), st, new)
+        st = new
+    assert by_rs() == sorted(model.values())
+
+    # a new nullable column, met by a restarted driver
+    sink = DeltaSink(NAME, path, mode="state", key=["k"])
+    sink.ensure(added)
+    rows = [(3, "w3", 30, "x3"), (20, "w20", 200, "x20"), (4, None, None, None)]
+    sink.commit(sink.stager().stage("a", 0, batch(added, rows, 3)), st, SinkState(4, '"4"'))
+    st = SinkState(4, '"4"')
+    assert by_rs() == by_duck() == sorted(model.values())
+    assert sink.state() == st
+
+    # a widened column, on the running sink
+    sink.ensure(wide)
+    rows = [(5, "w5", 2**40, None), (2, None, None, None)]
+    sink.commit(sink.stager().stage("w", 0, batch(wide, rows, 4)), st, SinkState(5, '"5"'))
+    st = SinkState(5, '"5"')
+    assert read_current(sink.location).schema.field("c").type == pa.int64()
+    assert by_rs() == by_duck() == sorted(model.values())
+    # the key index goes on naming each live row; rebuilt from the table, it agrees
+    rows = [(k, f"z{k}", k, "z") for k in range(0, 25, 3)]
+    sink.commit(sink.stager().stage("z", 0, batch(wide, rows, 5)), st, SinkState(6, '"6"'))
+    assert by_rs() == by_duck() == sorted(model.values())
+    rebuilt = KeyIndex(str(tmp_path / "u.sqlite"))
+    rebuild(rebuilt, str(path), ["k"], NAME)
+    assert sorted(k for (k,) in rebuilt.db.execute("SELECT k FROM keys")) == sorted(model)
