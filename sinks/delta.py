@@ -180,6 +180,7 @@ from pydantic_core import InitErrorDetails
 from pyroaring import BitMap
 
 from reclock import faults
+from reclock.clients.s3 import put_if_absent
 from reclock.contracts.config import ByteSize, ConfigModel, DurationMs, problem
 from reclock.contracts.encoding import is_nanos
 from reclock.contracts.rows import conform, output_schema, refuse_rows
@@ -224,6 +225,7 @@ from reclock.sinks._store import Location, S3Access, split_uri, store_error
 from reclock.sinks.delta_state import (
     INDEX_NAME,
     KeyIndex,
+    log_names,
     rebuild,
     state_stats,
     wide_stats,
@@ -973,6 +975,7 @@ class DeltaSink:
         owner: Owner | None = None,
         mode: Mode = "log",
         key: tuple[str, ...] | list[str] = (),
+        index_dir: str | Path | None = None,
     ) -> None:
         self.name = name
         self.owner = owner
@@ -1021,11 +1024,14 @@ class DeltaSink:
         #: judged by an earlier vacuum pass
         self._judged = -math.inf
         self._vacuums = 0  # vacuum_orphans passes
-        if self.holds_state and not self.location.local:
-            raise SinkError(
-                f"output {name!r}: mode: state is not available for a table on S3 yet "
-                f"({self.uri}): its commits write deletion vectors, which reclock writes only "
-                "into local tables", hint="use mode: log on S3, or a local path")
+        #: a state table's key index is a local file: beside the table, or
+        #: for a table on S3 in ``index_dir`` (the pipeline's state dir)
+        self._index_dir = (self.location.root if self.location.local and index_dir is None
+                           else None if index_dir is None else os.path.abspath(index_dir))
+        if self.holds_state and self._index_dir is None:
+            raise SinkError(f"output {name!r}: a state table on S3 ({self.uri}) needs a local "
+                            "directory for its key index",
+                            hint="give the sink index_dir (a pipeline gives its state dir)")
         #: state mode: the user schema ensure() was given, the key index (opened
         #: at the first commit) and the table of error rows beside the table
         self._user: pa.Schema | None = None
@@ -1035,8 +1041,11 @@ class DeltaSink:
         self._errors: DeltaSink | None = None
         if self.holds_state:
             self._lazily = False
-            self._errors = DeltaSink(name, os.path.join(self.location.root, ERRORS_DIR),
-                                     lock=False, clock=clock, owner=None)
+            self._errors = DeltaSink(name, self.location.child(ERRORS_DIR)
+                                     if not self.location.local
+                                     else os.path.join(self.location.root, ERRORS_DIR),
+                                     storage=self.location.s3, lock=False, clock=clock,
+                                     owner=None)
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.name!r}, {self.uri!r})"
@@ -1403,9 +1412,10 @@ class DeltaSink:
         return keys
 
     def _head_of(self, dt: DeltaTable) -> _Head:
-        """What snapshot ``dt`` tells a commit on top of it."""
+        """What snapshot ``dt`` tells a commit on top of it (reclock writes the
+        log entries of a local table, and of a state table on S3 too)."""
         return _Head(dt.version(), self._state_of(dt),
-                     self.location.local and _direct_ok(dt))
+                     (self.location.local or self.holds_state) and _direct_ok(dt))
 
     def _logged(self, version: int) -> bool:
         """Whether log entry ``version`` is still there (a table removed and
@@ -1413,7 +1423,20 @@ class DeltaSink:
         return self.location.stat(f"_delta_log/{version:020d}.json") is not None
 
     def _put_entry(self, version: int, entry: bytes) -> bool:
-        """Write log entry ``version`` unless it exists (local tables)."""
+        """Write log entry ``version`` unless it exists: locally a hard link
+        (:func:`create_exclusive`), on S3 a conditional PUT
+        (``If-None-Match: *``, :func:`reclock.clients.s3.put_if_absent`; 412:
+        another writer's entry is there)."""
+        if self.location.s3 is not None:
+            bucket, _, prefix = self.location.root.partition("/")
+            key = f"{prefix}/_delta_log/{version:020d}.json" if prefix else \
+                f"_delta_log/{version:020d}.json"
+            try:
+                return put_if_absent(self.location.s3, bucket, key, entry)
+            except OSError as exc:
+                raise store_error(self.name, self.location.child(f"_delta_log/{version:020d}"
+                                                                 ".json"), exc, "commit to"
+                                  ) from exc
         target = os.path.join(self.location.root, "_delta_log", f"{version:020d}.json")
         try:
             return create_exclusive(target, entry)
@@ -1798,11 +1821,9 @@ class DeltaSink:
         if not old:
             return []
         codes = {z85_encode(uuid.UUID(name[16:52]).bytes): name for name in old}
-        logdir = os.path.join(self.location.root, "_delta_log")
-        for entry in os.listdir(logdir):
+        for entry in log_names(self.location):
             if entry.endswith(".json") and codes:
-                with open(os.path.join(logdir, entry)) as f:
-                    text = f.read()
+                text = self.location.read_text(f"_delta_log/{entry}") or ""
                 for code in [c for c in codes if c in text]:
                     old.discard(codes.pop(code))
         for name in old:
@@ -1862,7 +1883,8 @@ class DeltaSink:
             try:
                 dt = self._open()
             except TableNotFoundError:
-                os.makedirs(os.path.join(self.location.root, "_delta_log"), exist_ok=True)
+                if self.location.local:
+                    os.makedirs(os.path.join(self.location.root, "_delta_log"), exist_ok=True)
                 self._put_entry(0, _create_entry(want, self.compaction))  # or another's
                 dt = self._load()
             p = dt.protocol()
@@ -1887,7 +1909,7 @@ class DeltaSink:
         (someone committed meanwhile)."""
         try:
             if self._index is None:
-                self._index = KeyIndex(os.path.join(self.location.root, INDEX_NAME))
+                self._index = KeyIndex(self._index_path())
             index = self._index
             have = index.version
         except sqlite3.DatabaseError as exc:
@@ -1904,7 +1926,7 @@ class DeltaSink:
             log.info("output %r: rebuilding the key index from the table (it described "
                      "version %s, the table is at %d)", self.name, have, version)
             try:
-                if rebuild(index, self.location.root, self.key, self.name) != version:
+                if rebuild(index, self.location, self.key, self.name) != version:
                     return None
             except OSError as exc:
                 raise self._os_error(exc, "index") from exc
@@ -1927,9 +1949,15 @@ class DeltaSink:
                 self._index.close()
         for suffix in ("", "-wal", "-shm", "-journal"):
             with suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.location.root, INDEX_NAME + suffix))
-        self._index = KeyIndex(os.path.join(self.location.root, INDEX_NAME))
+                os.unlink(self._index_path() + suffix)
+        self._index = KeyIndex(self._index_path())
         return self._index
+
+    def _index_path(self) -> str:
+        """The key index's file (its directory made)."""
+        assert self._index_dir is not None
+        os.makedirs(self._index_dir, exist_ok=True)
+        return os.path.join(self._index_dir, INDEX_NAME)
 
     def _commit_state(self, staged: list[dict[str, Any]], expected: SinkState,
                       new: SinkState) -> None:
@@ -2038,7 +2066,7 @@ class DeltaSink:
             dv = e.dv | BitMap(by_file[fid])
             new_dvs.append((e, dv))
         if new_dvs:
-            name, descs = write_dvs(self.location.root, [dv for _, dv in new_dvs])
+            name, descs = write_dvs(self.location, [dv for _, dv in new_dvs])
             written.append(name)
         new_adds = []
         for (e, _), desc in zip(new_dvs, descs if new_dvs else [], strict=True):
@@ -2189,7 +2217,7 @@ class DeltaSink:
             parts = []
             for fid in take:
                 e = entries[fid]
-                t = pq.read_table(os.path.join(self.location.root, e.path), schema=schema)
+                t = self.location.dataset([e.path], schema).to_table()
                 if e.dv:
                     keep = np.ones(t.num_rows, dtype=bool)
                     keep[np.fromiter(e.dv, dtype=np.int64, count=len(e.dv))] = False
@@ -2747,10 +2775,13 @@ class FileSinkConfig(SinkConfigBase):
         storage = None
         if split_uri(path)[0] == "s3":
             storage = (self.storage or S3StorageConfig()).access()
+        # (a state table on S3 keeps its key index in the state dir)
+        index_dir = (ctx.state_dir / "outputs" / ctx.source / ctx.output
+                     if storage is not None and self.mode == "state" else None)
         return DeltaSink(ctx.name, path, storage=storage, create_lazily=True,
                          checkpoint_aside=True, owner=ctx.owner,
                          compaction=None if self.compact is None else self.compact.settings(),
-                         mode=self.mode, key=tuple(self.key))
+                         mode=self.mode, key=tuple(self.key), index_dir=index_dir)
 
 
 PLUGIN = SinkPlugin(name="delta", aliases=("file",), config=FileSinkConfig)

@@ -280,7 +280,7 @@ def test_state_mode_settings_are_checked(tmp_path: Path) -> None:
         DeltaSink(NAME, tmp_path / "a", mode="state")
     with pytest.raises(SinkError, match="only applies to mode 'state'"):
         DeltaSink(NAME, tmp_path / "a", key=["k"])
-    with pytest.raises(SinkError, match="not available for a table on S3"):
+    with pytest.raises(SinkError, match="needs a local directory for its key index"):
         DeltaSink(NAME, "s3://bucket/x", mode="state", key=["k"])
     with pytest.raises(SinkError, match=r"key columns \['nope'\]"):
         DeltaSink(NAME, tmp_path / "a", mode="state", key=["nope"]).ensure(USER)
