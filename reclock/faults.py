@@ -6,8 +6,12 @@ variable ``RECLOCK_CRASH_AT`` names that point (``point`` or
 with SIGKILL there, exactly as ``kill -9`` would: no cleanup, no flush. With no
 variable set this costs one dictionary lookup.
 
-Points, in commit order: ``after_mint``, ``after_stage``, ``after_sink_commit``
-(between outputs), ``after_upper_advance``, ``after_acknowledge``. Maintenance
+Points, in commit order: ``after_mint``, ``after_stage``, ``state_before_log``
+and ``state_logged`` (inside the commit of a Delta state table,
+:data:`STATE_POINTS`: its key index's transaction is open and the log entry
+not yet written; the log entry is written and the index transaction not yet
+committed), ``after_sink_commit`` (between outputs), ``after_upper_advance``,
+``after_acknowledge``. Maintenance
 points (:data:`MAINTENANCE_POINTS`, passed only when an output compacts its
 files between ticks): ``mid_compaction`` (the compacted files are written, the
 Delta commit that swaps them in is not) and ``after_compaction`` (that commit
@@ -63,9 +67,18 @@ import time
 
 from reclock.core.errors import TransientError
 
+#: The crash points of a Delta state table's commit (``mode: state``, see
+#: :mod:`reclock.sinks.delta_state`): passed only by pipelines with such an
+#: output.
+STATE_POINTS = (
+    "state_before_log",
+    "state_logged",
+)
+
 POINTS = (
     "after_mint",
     "after_stage",
+    *STATE_POINTS,
     "after_sink_commit",
     "after_upper_advance",
     "after_acknowledge",

@@ -180,6 +180,7 @@ from pydantic_core import InitErrorDetails
 from pyroaring import BitMap
 
 from reclock import faults
+from reclock.clients.s3 import put_if_absent
 from reclock.contracts.config import ByteSize, ConfigModel, DurationMs, problem
 from reclock.contracts.encoding import is_nanos
 from reclock.contracts.rows import conform, output_schema, refuse_rows
@@ -224,6 +225,7 @@ from reclock.sinks._store import Location, S3Access, split_uri, store_error
 from reclock.sinks.delta_state import (
     INDEX_NAME,
     KeyIndex,
+    log_names,
     rebuild,
     state_stats,
     wide_stats,
@@ -973,6 +975,7 @@ class DeltaSink:
         owner: Owner | None = None,
         mode: Mode = "log",
         key: tuple[str, ...] | list[str] = (),
+        index_dir: str | Path | None = None,
     ) -> None:
         self.name = name
         self.owner = owner
@@ -1021,20 +1024,28 @@ class DeltaSink:
         #: judged by an earlier vacuum pass
         self._judged = -math.inf
         self._vacuums = 0  # vacuum_orphans passes
-        if self.holds_state and not self.location.local:
-            raise SinkError(
-                f"output {name!r}: mode: state is not available for a table on S3 yet "
-                f"({self.uri}): its commits write deletion vectors, which reclock writes only "
-                "into local tables", hint="use mode: log on S3, or a local path")
+        #: a state table's key index is a local file: beside the table, or
+        #: for a table on S3 in ``index_dir`` (the pipeline's state dir)
+        self._index_dir = (self.location.root if self.location.local and index_dir is None
+                           else None if index_dir is None else os.path.abspath(index_dir))
+        if self.holds_state and self._index_dir is None:
+            raise SinkError(f"output {name!r}: a state table on S3 ({self.uri}) needs a local "
+                            "directory for its key index",
+                            hint="give the sink index_dir (a pipeline gives its state dir)")
         #: state mode: the user schema ensure() was given, the key index (opened
         #: at the first commit) and the table of error rows beside the table
         self._user: pa.Schema | None = None
+        #: a state table's Arrow schema (set by ensure())
+        self._stored: pa.Schema | None = None
         self._index: KeyIndex | None = None
         self._errors: DeltaSink | None = None
         if self.holds_state:
             self._lazily = False
-            self._errors = DeltaSink(name, os.path.join(self.location.root, ERRORS_DIR),
-                                     lock=False, clock=clock, owner=None)
+            self._errors = DeltaSink(name, self.location.child(ERRORS_DIR)
+                                     if not self.location.local
+                                     else os.path.join(self.location.root, ERRORS_DIR),
+                                     storage=self.location.s3, lock=False, clock=clock,
+                                     owner=None)
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.name!r}, {self.uri!r})"
@@ -1353,13 +1364,7 @@ class DeltaSink:
         table with type widening)."""
         evo = self._evolution
         assert evo is not None
-        meta = dt.metadata()
-        actions: list[dict[str, Any]] = [{"metaData": {
-            "id": meta.id, "name": meta.name, "description": meta.description,
-            "format": {"provider": "parquet", "options": {}},
-            "schemaString": evo.schema.to_json(),
-            "partitionColumns": list(meta.partition_columns),
-            "configuration": dict(meta.configuration or {}), "createdTime": meta.created_time}}]
+        actions: list[dict[str, Any]] = [_metadata_action(dt, evo.schema)]
         if not evo.widened:
             return actions
         schema = pa.schema(evo.schema.to_arrow())
@@ -1407,9 +1412,10 @@ class DeltaSink:
         return keys
 
     def _head_of(self, dt: DeltaTable) -> _Head:
-        """What snapshot ``dt`` tells a commit on top of it."""
+        """What snapshot ``dt`` tells a commit on top of it (reclock writes the
+        log entries of a local table, and of a state table on S3 too)."""
         return _Head(dt.version(), self._state_of(dt),
-                     self.location.local and _direct_ok(dt))
+                     (self.location.local or self.holds_state) and _direct_ok(dt))
 
     def _logged(self, version: int) -> bool:
         """Whether log entry ``version`` is still there (a table removed and
@@ -1417,7 +1423,20 @@ class DeltaSink:
         return self.location.stat(f"_delta_log/{version:020d}.json") is not None
 
     def _put_entry(self, version: int, entry: bytes) -> bool:
-        """Write log entry ``version`` unless it exists (local tables)."""
+        """Write log entry ``version`` unless it exists: locally a hard link
+        (:func:`create_exclusive`), on S3 a conditional PUT
+        (``If-None-Match: *``, :func:`reclock.clients.s3.put_if_absent`; 412:
+        another writer's entry is there)."""
+        if self.location.s3 is not None:
+            bucket, _, prefix = self.location.root.partition("/")
+            key = f"{prefix}/_delta_log/{version:020d}.json" if prefix else \
+                f"_delta_log/{version:020d}.json"
+            try:
+                return put_if_absent(self.location.s3, bucket, key, entry)
+            except OSError as exc:
+                raise store_error(self.name, self.location.child(f"_delta_log/{version:020d}"
+                                                                 ".json"), exc, "commit to"
+                                  ) from exc
         target = os.path.join(self.location.root, "_delta_log", f"{version:020d}.json")
         try:
             return create_exclusive(target, entry)
@@ -1802,11 +1821,9 @@ class DeltaSink:
         if not old:
             return []
         codes = {z85_encode(uuid.UUID(name[16:52]).bytes): name for name in old}
-        logdir = os.path.join(self.location.root, "_delta_log")
-        for entry in os.listdir(logdir):
+        for entry in log_names(self.location):
             if entry.endswith(".json") and codes:
-                with open(os.path.join(logdir, entry)) as f:
-                    text = f.read()
+                text = self.location.read_text(f"_delta_log/{entry}") or ""
                 for code in [c for c in codes if c in text]:
                     old.discard(codes.pop(code))
         for name in old:
@@ -1850,8 +1867,10 @@ class DeltaSink:
     def _ensure_state(self, user_schema: pa.Schema) -> None:
         """Create the state table for ``user_schema`` (one log entry of
         reclock's own: protocol with deletion vectors, metadata), or check
-        the existing one has exactly its columns (a state table does not
-        evolve its schema yet)."""
+        the existing one holds its columns: new nullable columns and widened
+        types are the table's evolution, which the next commit makes with
+        its rows (:meth:`_apply_state`), as a log table's (:meth:`_checked`);
+        any other difference is a SinkError naming the columns."""
         missing = [k for k in self.key if k not in user_schema.names]
         if missing:
             raise SinkError(f"output {self.name!r}: key columns {missing} are not among the "
@@ -1864,21 +1883,20 @@ class DeltaSink:
             try:
                 dt = self._open()
             except TableNotFoundError:
-                os.makedirs(os.path.join(self.location.root, "_delta_log"), exist_ok=True)
+                if self.location.local:
+                    os.makedirs(os.path.join(self.location.root, "_delta_log"), exist_ok=True)
                 self._put_entry(0, _create_entry(want, self.compaction))  # or another's
                 dt = self._load()
-            missing_cols, clashes = _compare(dt.schema(), want)
             p = dt.protocol()
-            if missing_cols or clashes:
-                raise SinkError(
-                    f"output {self.name!r} at {self.uri}: the state table's stored schema "
-                    "differs: " + "; ".join(
-                        clashes + [f"column {f.name!r} is missing" for f in missing_cols]),
-                    hint="a state table does not evolve its schema: write to a new path")
             if "deletionVectors" not in (p.writer_features or []):
                 raise SinkError(f"output {self.name!r}: the table at {self.uri} is not a state "
                                 "table (no deletion vectors)",
                                 hint="write a state output to a new path")
+            dt = self._checked(dt, want)
+            # the table's columns, in its order, which every file it gets has
+            # (DuckDB's delta reader misreads a file whose columns differ)
+            self._stored = pa.schema((dt.schema() if self._evolution is None
+                                      else self._evolution.schema).to_arrow())
             self._schema = _staged_schema(user_schema)
             self._fresh = dt
         assert self._errors is not None
@@ -1891,7 +1909,7 @@ class DeltaSink:
         (someone committed meanwhile)."""
         try:
             if self._index is None:
-                self._index = KeyIndex(os.path.join(self.location.root, INDEX_NAME))
+                self._index = KeyIndex(self._index_path())
             index = self._index
             have = index.version
         except sqlite3.DatabaseError as exc:
@@ -1908,7 +1926,7 @@ class DeltaSink:
             log.info("output %r: rebuilding the key index from the table (it described "
                      "version %s, the table is at %d)", self.name, have, version)
             try:
-                if rebuild(index, self.location.root, self.key, self.name) != version:
+                if rebuild(index, self.location, self.key, self.name) != version:
                     return None
             except OSError as exc:
                 raise self._os_error(exc, "index") from exc
@@ -1931,9 +1949,15 @@ class DeltaSink:
                 self._index.close()
         for suffix in ("", "-wal", "-shm", "-journal"):
             with suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.location.root, INDEX_NAME + suffix))
-        self._index = KeyIndex(os.path.join(self.location.root, INDEX_NAME))
+                os.unlink(self._index_path() + suffix)
+        self._index = KeyIndex(self._index_path())
         return self._index
+
+    def _index_path(self) -> str:
+        """The key index's file (its directory made)."""
+        assert self._index_dir is not None
+        os.makedirs(self._index_dir, exist_ok=True)
+        return os.path.join(self._index_dir, INDEX_NAME)
 
     def _commit_state(self, staged: list[dict[str, Any]], expected: SinkState,
                       new: SinkState) -> None:
@@ -1959,14 +1983,18 @@ class DeltaSink:
             head = self._head
             for attempt in range(COMMIT_ATTEMPTS):
                 head, self._head = self._head, None
+                dt: DeltaTable | None = None
                 if (attempt > 0 or head is None or head.state != expected
-                        or not self._logged(head.version)):
-                    head = self._head_of(self._load())
+                        or self._evolution is not None or not self._logged(head.version)):
+                    dt = self._load()
+                    head = self._head_of(dt)
                 if head.state != expected:
                     raise SinkFenced(
                         f"output {self.name!r} at {self.uri}: durable state is {head.state}, "
                         f"expected {expected}; nothing was written",
                         hint="another pipeline committed this output; re-read its state")
+                evolve = (None if self._evolution is None or dt is None
+                          else _metadata_action(dt, self._evolution.schema))
                 if not head.direct:
                     raise SinkError(f"output {self.name!r}: the state table at {self.uri} "
                                     "has table features reclock does not write",
@@ -1974,12 +2002,16 @@ class DeltaSink:
                 if attempt == 0 and bad.num_rows:
                     self._commit_errors(bad, expected, new)
                 try:
-                    landed = self._apply_state(head, rows, user, version, custom)
+                    landed = self._apply_state(head, rows, user, version, custom, evolve)
                 except sqlite3.DatabaseError as exc:
                     self._reset_index(exc)
                     continue
                 if not landed:
                     continue
+                evo, self._evolution = self._evolution, None
+                if evo is not None:
+                    log.info("output %r: added columns %s, widened %s", self.name,
+                             list(evo.added), list(evo.widened))
                 self._head = _Head(head.version + 1, new, True)
                 break
             else:
@@ -1991,12 +2023,35 @@ class DeltaSink:
         self._housekeep(head.version + 1)
 
     def _apply_state(self, head: _Head, rows: pa.Table, user: list[str], version: int,
-                     custom: dict[str, Any]) -> bool:
+                     custom: dict[str, Any], evolve: dict[str, Any] | None = None) -> bool:
         """One attempt of :meth:`_commit_state` on top of ``head``: whether
-        its log entry landed (False: the version was taken, nothing of it left)."""
+        its log entry landed (False: the version was taken, nothing of it left).
+        ``evolve``: the metaData action of the pending evolution, which the
+        entry carries first; with a widened column, every live file is
+        rewritten in the new type (its rows in their order, so its deletion
+        vector and the key index's positions still hold), a remove of the old
+        file and an add of the new one (``dataChange: false``) in the entry."""
         index = self._index_at(head.version)
         if index is None:
             return False
+        actions: list[dict[str, Any]] = [] if evolve is None else [evolve]
+        written: list[str] = []
+        now = int(time.time() * 1000)
+        # file id -> (its add action, its add in the new type)
+        rewritten: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        evo = self._evolution
+        if evolve is not None and evo is not None and evo.widened:
+            wide = pa.schema(evo.schema.to_arrow())
+            for e in index.files().values():
+                name = (f"part-{self._clock.now()}-widen-{uuid.uuid4().hex[:10]}"
+                        "-00000-000.parquet")
+                t = conform(self.name, self.location.dataset([e.path], wide).to_table(), wide)
+                size = self.location.write(name, partial(_write_parquet, t))
+                written.append(name)
+                st = self.location.stat(name)
+                rewritten[e.id] = (e.add, {**e.add, "path": name, "size": size,
+                                           "modificationTime": st[1] if st else now,
+                                           "dataChange": False})
         found: dict[Any, tuple[int, int]] = {}
         changes = state_changes(self.name, rows, self.key, user,
                                 partial(_held, index, found), self.uri)
@@ -2006,27 +2061,29 @@ class DeltaSink:
         for f, r in old.values():
             by_file.setdefault(f, []).append(r)
         entries = index.files(set(by_file))
-        actions: list[dict[str, Any]] = []
-        written: list[str] = []
         new_dvs = []
         for fid, e in entries.items():
             dv = e.dv | BitMap(by_file[fid])
             new_dvs.append((e, dv))
         if new_dvs:
-            name, descs = write_dvs(self.location.root, [dv for _, dv in new_dvs])
+            name, descs = write_dvs(self.location, [dv for _, dv in new_dvs])
             written.append(name)
-        now = int(time.time() * 1000)
         new_adds = []
         for (e, _), desc in zip(new_dvs, descs if new_dvs else [], strict=True):
             actions.append({"remove": _remove_of(e.add, now)})
-            add = {**e.add, "dataChange": True, "deletionVector": desc,
+            add = {**rewritten.get(e.id, (e.add, e.add))[1], "dataChange": True,
+                   "deletionVector": desc,
                    "stats": wide_stats(e.add.get("stats"))}
             actions.append({"add": add})
             new_adds.append(add)
+        for fid, (was, add) in rewritten.items():
+            if fid not in by_file:  # (those are in the entry with their new vector)
+                actions.append({"remove": {**_remove_of(was, now), "dataChange": False}})
+                actions.append({"add": add})
         data_add: dict[str, Any] | None = None
         if changes.upserts.num_rows:
-            table = conform(self.name, _in_microseconds(changes.upserts),
-                            pa.schema(_state_delta_schema(self._user).to_arrow()))
+            assert self._stored is not None
+            table = conform(self.name, _in_microseconds(changes.upserts), self._stored)
             path = (f"part-{self._clock.now()}-state-{uuid.uuid4().hex[:10]}"
                     "-00000-000.parquet")
             size = self.location.write(path, partial(_write_parquet, table))
@@ -2038,6 +2095,8 @@ class DeltaSink:
             actions.append({"add": data_add})
         entry = _state_entry(actions, self.app_id, version, custom, head.version)
         with index.change(head.version + 1) as ch:
+            for fid, (_, add) in rewritten.items():
+                ch.rename_file(fid, add["path"], add)
             ch.retire([e.add.get("deletionVector") for e, _ in new_dvs], now)
             for (e, dv), add in zip(new_dvs, new_adds, strict=True):
                 ch.set_dv(e.id, add, dv)
@@ -2093,8 +2152,9 @@ class DeltaSink:
     def _read_state(self, as_of: int | None) -> pa.Table:
         """The current rows (every one with ``_diff`` 1 and provenance zero:
         a state table keeps no source positions), then the error rows up to
-        ``as_of``; read through delta-rs's DataFusion reader, which applies
-        deletion vectors (its Arrow dataset refuses such tables)."""
+        ``as_of`` and below the output's upper; read through delta-rs's
+        DataFusion reader, which applies deletion vectors (its Arrow dataset
+        refuses such tables)."""
         if not self._exists():
             return pa.schema(META_FIELDS).empty_table()
         current = read_current(self.location)
@@ -2109,6 +2169,12 @@ class DeltaSink:
         errs = self._errors
         if errs is None or not errs._exists():
             return data
+        # the errors table is committed before the state: after a commit that
+        # failed in between it holds rows past the output's upper, which the
+        # output shows once its own commit lands
+        upper = self.state().upper
+        if upper is not None:
+            as_of = upper - 1 if as_of is None else min(as_of, upper - 1)
         return pa.concat_tables([data, conform(self.name, errs.read_updates(as_of), schema)])
 
     def _compact_state(self, target_size: int, min_files: int,
@@ -2151,7 +2217,7 @@ class DeltaSink:
             parts = []
             for fid in take:
                 e = entries[fid]
-                t = pq.read_table(os.path.join(self.location.root, e.path), schema=schema)
+                t = self.location.dataset([e.path], schema).to_table()
                 if e.dv:
                     keep = np.ones(t.num_rows, dtype=bool)
                     keep[np.fromiter(e.dv, dtype=np.int64, count=len(e.dv))] = False
@@ -2468,6 +2534,17 @@ def _create_entry(schema: Schema, compaction: Compaction | None) -> bytes:
     return "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines).encode()
 
 
+def _metadata_action(dt: DeltaTable, schema: Schema) -> dict[str, Any]:
+    """The metaData action of ``dt`` with ``schema``."""
+    meta = dt.metadata()
+    return {"metaData": {
+        "id": meta.id, "name": meta.name, "description": meta.description,
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": schema.to_json(),
+        "partitionColumns": list(meta.partition_columns),
+        "configuration": dict(meta.configuration or {}), "createdTime": meta.created_time}}
+
+
 def _changes_files(text: str | None) -> bool:
     """Whether a log entry adds or removes files (None: it is gone: assume so)."""
     if text is None:
@@ -2698,10 +2775,13 @@ class FileSinkConfig(SinkConfigBase):
         storage = None
         if split_uri(path)[0] == "s3":
             storage = (self.storage or S3StorageConfig()).access()
+        # (a state table on S3 keeps its key index in the state dir)
+        index_dir = (ctx.state_dir / "outputs" / ctx.source / ctx.output
+                     if storage is not None and self.mode == "state" else None)
         return DeltaSink(ctx.name, path, storage=storage, create_lazily=True,
                          checkpoint_aside=True, owner=ctx.owner,
                          compaction=None if self.compact is None else self.compact.settings(),
-                         mode=self.mode, key=tuple(self.key))
+                         mode=self.mode, key=tuple(self.key), index_dir=index_dir)
 
 
 PLUGIN = SinkPlugin(name="delta", aliases=("file",), config=FileSinkConfig)

@@ -49,11 +49,13 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyroaring import BitMap
 
 from reclock.contracts.sink import SinkError
 from reclock.contracts.state_table import key_values
+from reclock.sinks._store import Location
 
 #: RoaringBitmapArray's magic number (Delta PROTOCOL.md).
 DV_MAGIC = 1681511377
@@ -123,9 +125,39 @@ def dv_path(descriptor: dict[str, Any]) -> str:
     return f"{prefix}/{name}" if prefix else name
 
 
-def write_dvs(root: str, vectors: Sequence[BitMap]) -> tuple[str, list[dict[str, Any]]]:
-    """Write ``vectors`` into one new deletion vector file of the table at
-    ``root`` (synced); its name and a descriptor per vector."""
+def _where(where: Location | str) -> Location:
+    """A table's :class:`Location` (a local path: its directory)."""
+    return where if isinstance(where, Location) else Location.of("state table", where)
+
+
+def _input(where: Location, name: str) -> Any:
+    """A readable, seekable binary file ``name`` of the table."""
+    if where.s3 is None:
+        return open(os.path.join(where.root, name), "rb")
+    return where.s3.filesystem().open_input_file(f"{where.root}/{name}")
+
+
+def _parquet(where: Location, name: str, columns: list[str] | None = None) -> pa.Table:
+    if where.s3 is None:
+        return pq.read_table(os.path.join(where.root, name), columns=columns)
+    return pq.read_table(f"{where.root}/{name}", columns=columns,
+                         filesystem=where.s3.filesystem())
+
+
+def log_names(where: Location) -> list[str]:
+    """The names in the table's ``_delta_log``."""
+    if where.s3 is None:
+        return os.listdir(os.path.join(where.root, "_delta_log"))
+    infos = where.s3.filesystem().get_file_info(pafs.FileSelector(
+        f"{where.root}/_delta_log", recursive=False, allow_not_found=True))
+    return [i.base_name for i in infos if i.type == pafs.FileType.File]
+
+
+def write_dvs(where: Location | str, vectors: Sequence[BitMap]
+              ) -> tuple[str, list[dict[str, Any]]]:
+    """Write ``vectors`` into one new deletion vector file of the table
+    (synced, locally); its name and a descriptor per vector."""
+    loc = _where(where)
     u = uuid.uuid4()
     name = f"deletion_vector_{u}.bin"
     blob = bytearray(b"\x01")
@@ -136,7 +168,10 @@ def write_dvs(root: str, vectors: Sequence[BitMap]) -> tuple[str, list[dict[str,
                             "offset": len(blob), "sizeInBytes": len(data),
                             "cardinality": len(v)})
         blob += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
-    path = os.path.join(root, name)
+    if loc.s3 is not None:
+        loc.write(name, lambda f: f.write(bytes(blob)))
+        return name, descriptors
+    path = os.path.join(loc.root, name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         os.write(fd, bytes(blob))
@@ -146,16 +181,19 @@ def write_dvs(root: str, vectors: Sequence[BitMap]) -> tuple[str, list[dict[str,
     return name, descriptors
 
 
-def read_dv(root: str, descriptor: dict[str, Any]) -> BitMap:
+def read_dv(where: Location | str, descriptor: dict[str, Any]) -> BitMap:
     """The positions a deletion vector descriptor names (``u`` and ``i``)."""
+    loc = _where(where)
     kind = descriptor["storageType"]
     if kind == "i":
         return deserialize_dv(z85_decode(str(descriptor["pathOrInlineDv"])))
     if kind == "p":
         path = unquote(str(descriptor["pathOrInlineDv"]).removeprefix("file://"))
+        f = open(path, "rb")  # noqa: SIM115 (closed below)
     else:
-        path = os.path.join(root, dv_path(descriptor))
-    with open(path, "rb") as f:
+        path = loc.child(dv_path(descriptor))
+        f = _input(loc, dv_path(descriptor))
+    with f:
         f.seek(int(descriptor.get("offset") or 1))
         (size,) = struct.unpack(">i", f.read(4))
         data = f.read(size)
@@ -165,29 +203,27 @@ def read_dv(root: str, descriptor: dict[str, Any]) -> BitMap:
     return deserialize_dv(data)
 
 
-def live_files(root: str) -> tuple[int, dict[str, dict[str, Any]]]:
-    """The newest version of the local table at ``root`` and its add actions
-    by path, replayed from the log itself (the newest classic checkpoint,
-    then the JSON entries after it): the deletion vector descriptors with
-    them, which delta-rs does not return."""
-    logdir = os.path.join(root, "_delta_log")
-    names = os.listdir(logdir)
+def live_files(where: Location | str) -> tuple[int, dict[str, dict[str, Any]]]:
+    """The newest version of the table and its add actions by path,
+    replayed from the log itself (the newest classic checkpoint, then the
+    JSON entries after it): the deletion vector descriptors with them,
+    which delta-rs does not return."""
+    loc = _where(where)
+    root = loc.uri
+    names = log_names(loc)
     versions = sorted(int(n[:20]) for n in names if n.endswith(".json") and n[:20].isdigit())
     adds: dict[str, dict[str, Any]] = {}
     start = 0
-    try:
-        with open(os.path.join(logdir, "_last_checkpoint")) as f:
-            cp = int(json.load(f)["version"])
-    except FileNotFoundError:
-        cp = -1
+    last = loc.read_text("_delta_log/_last_checkpoint")
+    cp = -1 if last is None else int(json.loads(last)["version"])
     if cp >= 0:
-        part = os.path.join(logdir, f"{cp:020d}.checkpoint.parquet")
-        if not os.path.exists(part):
+        part = f"_delta_log/{cp:020d}.checkpoint.parquet"
+        if f"{cp:020d}.checkpoint.parquet" not in names:
             raise SinkError(f"the table at {root} has a checkpoint at version {cp} in a form "
                             "reclock does not read (multi-part or V2)",
                             hint="let only reclock write checkpoints of a state table, or "
                                  "re-read the output into a new path")
-        for a in pq.read_table(part, columns=["add"]).column("add").to_pylist():
+        for a in _parquet(loc, part, ["add"]).column("add").to_pylist():
             if a:
                 a["partitionValues"] = dict(a.get("partitionValues") or [])
                 a = {k: v for k, v in a.items() if v is not None}
@@ -199,15 +235,15 @@ def live_files(root: str) -> tuple[int, dict[str, dict[str, Any]]]:
         raise SinkError(f"the log of the table at {root} lacks entries {missing[:3]} after its "
                         "checkpoint", hint="re-read the output into a new path")
     for v in (x for x in versions if x >= start):
-        with open(os.path.join(logdir, f"{v:020d}.json")) as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                doc = json.loads(line)
-                if "remove" in doc:
-                    adds.pop(unquote(doc["remove"]["path"]), None)
-                elif "add" in doc:
-                    adds[unquote(doc["add"]["path"])] = doc["add"]
+        text = loc.read_text(f"_delta_log/{v:020d}.json") or ""
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            doc = json.loads(line)
+            if "remove" in doc:
+                adds.pop(unquote(doc["remove"]["path"]), None)
+            elif "add" in doc:
+                adds[unquote(doc["add"]["path"])] = doc["add"]
     return (versions[-1] if versions else start - 1), adds
 
 
@@ -367,6 +403,12 @@ class Changes:
         self.db.execute("UPDATE files SET add_json = ?, dv = ? WHERE id = ?",
                         (json.dumps(add), dv.serialize(), file_id))
 
+    def rename_file(self, file_id: int, path: str, add: dict[str, Any]) -> None:
+        """File ``file_id`` is now ``path`` (rewritten with its rows in their
+        order: a widened column), with add action ``add``."""
+        self.db.execute("UPDATE files SET path = ?, add_json = ? WHERE id = ?",
+                        (path, json.dumps(add), file_id))
+
     def retire(self, descriptors: Sequence[dict[str, Any] | None], now_ms: int) -> None:
         """Deletion vectors the commit replaces: their files may go once
         no live file uses them and they are past the retention
@@ -409,19 +451,21 @@ def _sort_key(row: tuple[Any, ...]) -> tuple[int, Any]:
     return (0, k) if isinstance(k, int) else (1, k)
 
 
-def rebuild(index: KeyIndex, root: str, key: Sequence[str], output: str) -> int:
-    """Make ``index`` describe the newest version of the local table at
-    ``root`` from the table alone: its add actions (with their deletion
+def rebuild(index: KeyIndex, where: Location | str, key: Sequence[str], output: str) -> int:
+    """Make ``index`` describe the newest version of the table at ``where``
+    (local or on S3) from the table alone: its add actions (with their deletion
     vectors) and each file's key columns, less the deleted rows. Two live
     rows of one key are a SinkError (the table is not a state table of that
     key). Returns the version."""
-    version, adds = live_files(root)
+    loc = _where(where)
+    root = loc.uri
+    version, adds = live_files(loc)
     seen: set[Any] = set()
     with index.change(version) as ch:
         ch.clear()
         for path, add in sorted(adds.items()):
-            dv = read_dv(root, add["deletionVector"]) if add.get("deletionVector") else BitMap()
-            data = pq.read_table(os.path.join(root, path), columns=list(key))
+            dv = read_dv(loc, add["deletionVector"]) if add.get("deletionVector") else BitMap()
+            data = _parquet(loc, path, list(key))
             fid = ch.add_file(path, data.num_rows, add)
             if dv:
                 ch.set_dv(fid, add, dv)

@@ -8,10 +8,10 @@ and a sink:
 
     kafka     none     -> Delta, Postgres log             every record once
     kafka     upsert   -> Delta, Postgres state, Kafka,   the latest value per key
-                          Iceberg state
+                          Iceberg state, Delta state
     kafka     debezium -> Delta (keyed)                   the table's state per key
     postgres  CDC      -> Delta (keyed by the primary key), the table's state per key
-                          Iceberg state
+                          Iceberg state, Delta state
     generator counter  -> Postgres log                    every counter value once
 
 Some values are ones the lane's sink cannot store: a NUL character for
@@ -26,8 +26,9 @@ Faults, in one of two modes:
   failures are armed at random moments through :mod:`reclock.faults` (a
   failed stage, a failed commit, a transient source error).
 * ``run_killed`` (``reclock run`` in processes of its own): each driver
-  process is started with random ``RECLOCK_CRASH_AT`` crash points (SIGKILL
-  at a step of the commit path) and ``RECLOCK_FAIL_AT`` failures (stage,
+  process is started with a random ``RECLOCK_CRASH_AT`` crash point (SIGKILL
+  at a step of the commit path; a Delta state lane's commit points first,
+  :func:`crash_deck`) and ``RECLOCK_FAIL_AT`` failures (stage,
   commit, source, rows the sink refuses, hung tasks, damaged key-state
   files: every point of ``reclock.faults``), and is SIGKILLed from outside
   at a random moment if it lives that long. The Postgres lane is left out of
@@ -79,6 +80,8 @@ LANES = [
     ("gen_pglog", "gen", "none", "pglog"),
     ("up_icestate", "kafka", "upsert", "icestate"),
     ("cdc_icestate", "pg", "cdc", "icestate"),
+    ("up_deltastate", "kafka", "upsert", "deltastate"),
+    ("cdc_deltastate", "pg", "cdc", "deltastate"),
 ]
 
 #: The Kafka sink's ``message.max.bytes`` in the harness; bodies are either
@@ -117,7 +120,7 @@ class Lane:
     name: str
     source: str  # kafka, pg, gen
     envelope: str  # none, upsert, debezium, cdc
-    sink: str  # file, pglog, pgstate, kafka, icestate
+    sink: str  # file, pglog, pgstate, kafka, icestate, deltastate
     topic: str
     sequences: list[int] = field(default_factory=list)
     #: kafka: the record at offset i; pg: the i-th change; (key, ("put", value) or ("delete",))
@@ -231,7 +234,8 @@ def config(tmp: Path, lanes: dict[str, Lane], bootstrap: str, pg_url: str,
                          f"properties: {{message.max.bytes: {KAFKA_SINK_MAX}}}}}",
                 "icestate": f"{{type: iceberg, catalog: {{type: sql, uri: 'sqlite:///{tmp}/"
                             f"iceberg.db', warehouse: '{tmp}/warehouse'}}, "
-                            f"table: gen.{lane.name}, mode: state, key: [id]}}"}[lane.sink]
+                            f"table: gen.{lane.name}, mode: state, key: [id]}}",
+                "deltastate": "{type: delta, mode: state, key: [id]}"}[lane.sink]
         out.append(f"        sink: {sink}")
     return "\n".join(out) + "\n"
 
@@ -513,13 +517,29 @@ def run(tmp: Path, spark: Any, kafka: Any, pg_url: str, seed: int, sequences: in
     return outcome
 
 
-def _driver_env(rng: random.Random, outcome: Outcome, seed: int) -> dict[str, str]:
+def crash_deck(rng: random.Random, lanes: dict[str, Lane]) -> list[str]:
+    """The crash points the drivers are started with, dealt in this order:
+    the Delta state commit's first when a lane has a Delta state output
+    (only such a lane passes them; a small budget of drivers would rarely
+    draw them from all the points), then the others shuffled."""
+    state = [p for p in faults.STATE_POINTS
+             if any(x.sink == "deltastate" for x in lanes.values())]
+    rest = [p for p in faults.POINTS if p not in faults.STATE_POINTS]
+    rng.shuffle(rest)
+    return state + rest
+
+
+def _driver_env(rng: random.Random, outcome: Outcome, seed: int, deck: list[str]
+                ) -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("RECLOCK_CRASH_AT", None)
     env.pop("RECLOCK_FAIL_AT", None)
-    if rng.random() < 0.7:
-        point = rng.choice(faults.POINTS)
-        env["RECLOCK_CRASH_AT"] = f"{point}:{rng.choice([0.05, 0.1, 0.2])}"
+    if rng.random() < 0.7 and deck:
+        point = deck.pop(0)
+        # (a state commit point is passed once per commit of one lane: fewer
+        # times than the others in a driver's few seconds)
+        p = 0.5 if point in faults.STATE_POINTS else rng.choice([0.05, 0.1, 0.2])
+        env["RECLOCK_CRASH_AT"] = f"{point}:{p}"
         env["RECLOCK_CRASH_SEED"] = str(seed)
         outcome.faults[f"crash-point {point}"] += 1
     fails = [p for p in faults.FAIL_POINTS if rng.random() < 0.5]
@@ -557,10 +577,11 @@ def run_killed(tmp: Path, kafka: Any, pg_url: str, seed: int, sequences: int,
 
     writer = threading.Thread(target=write, daemon=True)
     outputs = None
+    deck = crash_deck(rng, drawn)
     try:
         writer.start()
         for i in range(restarts):
-            proc = start_driver(path, _driver_env(rng, outcome, seed * 100 + i))
+            proc = start_driver(path, _driver_env(rng, outcome, seed * 100 + i, deck))
             try:
                 rc = wait_exit(proc, rng.uniform(3.0, 12.0))
                 if rc is None:

@@ -54,3 +54,21 @@ def duckdb() -> Any:
     conn = db.connect()
     conn.execute(f"LOAD '{found[0]}'")
     return conn
+
+
+def duckdb_s3(endpoint: str, key_id: str, secret: str, region: str) -> Any:
+    """A :func:`duckdb` connection that also reads ``s3://`` tables of an S3
+    endpoint over plain http (moto's), through the httpfs extension (a
+    PyPI package too)."""
+    import duckdb as db
+    import duckdb_extension_httpfs
+
+    found = sorted(Path(duckdb_extension_httpfs.__file__).parent.glob(
+        f"extensions/v{db.__version__}/httpfs.duckdb_extension"))
+    assert found, f"duckdb-extension-httpfs has no build for DuckDB {db.__version__}"
+    conn = duckdb()
+    conn.execute(f"LOAD '{found[0]}'")
+    host = endpoint.removeprefix("http://")
+    conn.execute(f"CREATE SECRET (TYPE s3, KEY_ID '{key_id}', SECRET '{secret}', "
+                 f"REGION '{region}', ENDPOINT '{host}', URL_STYLE 'path', USE_SSL false)")
+    return conn

@@ -10,13 +10,18 @@ the core.
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import hmac
 import os
 import re
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pyarrow.fs as pafs
 
@@ -117,6 +122,79 @@ class S3Access:
                     **kw, connect_timeout=10, request_timeout=60,
                     retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=3))
             return fs
+
+
+class PutRefused(OSError):
+    """A conditional PUT that S3 answered with an error other than 412."""
+
+
+def signed_put(access: S3Access, bucket: str, key: str, body: bytes,
+               now: datetime.datetime | None = None) -> tuple[str, dict[str, str]]:
+    """The URL and headers of a PUT of ``body`` as ``key`` of ``bucket``,
+    created only if absent (``If-None-Match: *``), signed with AWS Signature
+    Version 4 (the standard library's hmac and hashlib; the body's SHA-256
+    signed too): path-style at ``access.endpoint``, else the region's
+    virtual-hosted endpoint. ``now``: the signing time (default: now)."""
+    region = access.region or "us-east-1"
+    if access.endpoint:
+        base = urlsplit(access.endpoint if "://" in access.endpoint else
+                        ("http://" if access.allow_http else "https://") + access.endpoint)
+        scheme, host = base.scheme, base.netloc
+        path = f"{base.path.rstrip('/')}/{bucket}/{key}"
+    else:
+        scheme, host = "https", f"{bucket}.s3.{region}.amazonaws.com"
+        path = f"/{key}"
+    if scheme == "http" and not access.allow_http:
+        raise PutRefused(f"S3 endpoint {access.endpoint} is plain http and allow_http is off")
+    if not (access.access_key_id and access.secret_access_key):
+        raise PutRefused(f"no credentials to write s3://{bucket}/{key}: set access_key_id and "
+                         "secret_access_key (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)")
+    canonical_path = quote(path, safe="/-_.~")
+    when = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y%m%dT%H%M%SZ")
+    day = when[:8]
+    digest = hashlib.sha256(body).hexdigest()
+    # (a Content-Type of its own: urllib's default, a form, is parsed and
+    # dropped by some servers)
+    headers = {"content-type": "application/octet-stream", "host": host,
+               "if-none-match": "*", "x-amz-content-sha256": digest, "x-amz-date": when}
+    if access.session_token:
+        headers["x-amz-security-token"] = access.session_token
+    signed = ";".join(sorted(headers))
+    canonical = "\n".join(["PUT", canonical_path, "",
+                           *(f"{k}:{headers[k]}" for k in sorted(headers)), "", signed, digest])
+    scope = f"{day}/{region}/s3/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", when, scope,
+                         hashlib.sha256(canonical.encode()).hexdigest()])
+    k = hmac.new(f"AWS4{access.secret_access_key}".encode(), day.encode(),
+                 hashlib.sha256).digest()
+    for part in (region, "s3", "aws4_request"):
+        k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
+    headers["authorization"] = (f"AWS4-HMAC-SHA256 Credential={access.access_key_id}/"
+                                f"{scope}, SignedHeaders={signed}, Signature={signature}")
+    return f"{scheme}://{host}{canonical_path}", headers
+
+
+def put_if_absent(access: S3Access, bucket: str, key: str, body: bytes,
+                  timeout: float = 60.0) -> bool:
+    """PUT ``body`` as ``key`` of ``bucket`` only if no object has that key
+    (S3's conditional write, which pyarrow's filesystem does not send; see
+    :func:`signed_put`): True when it was written, False when S3 answered
+    412 Precondition Failed (another writer's object is there). Any other
+    answer is a :class:`PutRefused` (an OSError) with S3's error text,
+    which :func:`is_definite` sorts."""
+    url, headers = signed_put(access, bucket, key, body)
+    req = urllib.request.Request(url, data=body, method="PUT", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as answer:
+            answer.read()
+        return True
+    except urllib.error.HTTPError as exc:
+        if exc.code == 412:
+            return False
+        text = exc.read().decode("utf-8", "replace")
+        raise PutRefused(f"PUT s3://{bucket}/{key}: HTTP {exc.code} {explained(text)}"
+                         ) from None
 
 
 _FS_CACHE: dict[S3Access, pafs.FileSystem] = {}

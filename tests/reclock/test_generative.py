@@ -2,10 +2,12 @@
 independent model of the records produced:
 
 * 200 seeded sequences in process, over Kafka (append, upsert, debezium),
-  Postgres CDC and generator sources into Delta, Postgres (log and state) and
-  Kafka, with stage, commit and source failures armed at random moments;
+  Postgres CDC and generator sources into Delta (log and state), Postgres
+  (log and state), Iceberg state and Kafka, with stage, commit and source
+  failures armed at random moments;
 * sequences through ``reclock run`` processes started with random crash
-  points and failures (refused rows too) and SIGKILLed at random moments;
+  points (a Delta state table's commit points among them) and failures
+  (refused rows too) and SIGKILLed at random moments;
 * 200 sequences with changes of the world around the pipeline, with the
   driver running and stopped (tests/world.py): Kafka topics, partitions and
   progress topics, key-state files, registry schema versions, Postgres DDL.
@@ -20,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from reclock import faults
 from tests.generative import Outcome, run, run_killed
 from tests.tally import count
 
@@ -50,6 +53,8 @@ def test_generated_sequences_through_killed_drivers_match_the_model(
     out = run_killed(tmp_path, kafka, cdc_url, SEED + 1, 70, restarts=4)
     _report(f"generative, killed drivers (seed {SEED + 1})", out)
     assert out.faults["sigkill"] + out.faults["crash-point exit"] >= 2, out.faults
+    # the Delta state lane's commit crash points are among those drawn
+    assert {f"crash-point {p}" for p in faults.STATE_POINTS} & set(out.faults), out.faults
 
 
 @pytest.mark.timeout(300)

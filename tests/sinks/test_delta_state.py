@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -279,7 +280,7 @@ def test_state_mode_settings_are_checked(tmp_path: Path) -> None:
         DeltaSink(NAME, tmp_path / "a", mode="state")
     with pytest.raises(SinkError, match="only applies to mode 'state'"):
         DeltaSink(NAME, tmp_path / "a", key=["k"])
-    with pytest.raises(SinkError, match="not available for a table on S3"):
+    with pytest.raises(SinkError, match="needs a local directory for its key index"):
         DeltaSink(NAME, "s3://bucket/x", mode="state", key=["k"])
     with pytest.raises(SinkError, match=r"key columns \['nope'\]"):
         DeltaSink(NAME, tmp_path / "a", mode="state", key=["nope"]).ensure(USER)
@@ -357,3 +358,163 @@ def test_two_committers_without_the_lock_one_wins_each_round(tmp_path: Path) -> 
         st = SinkState(r + 2, f'"w{winner}"')
         assert sinks[0].state() == st
         assert current(read_current(sinks[0].location)) == model.expected()
+
+
+class Failed(Exception):
+    """A failure between the errors table's commit and the state commit."""
+
+
+def _with_errors(rows: list[tuple[Any, ...]], errors: list[tuple[int, int]]) -> pa.Table:
+    """Updates of ``rows``, then an error row per ``(key, into_time)``."""
+    t = updates(rows) if rows else updates([(0, "x", None, 0, 1)]).slice(0, 0)
+    bad = updates([(k, "bad", None, at, 1) for k, at in errors])
+    bad = bad.set_column(bad.schema.get_field_index("_error"), "_error",
+                         pa.array(["refused"] * bad.num_rows, pa.string()))
+    return pa.concat_tables([t, bad])
+
+
+def _error_rows(sink: DeltaSink, as_of: int | None = None) -> Counter[tuple[int, int]]:
+    got = sink.read_updates(as_of)
+    bad = got.filter(pa.compute.is_valid(got.column("_error")))
+    return Counter(zip(bad.column("k").to_pylist(), bad.column("_into_time").to_pylist(),
+                       strict=True))
+
+
+@pytest.mark.parametrize("retry", ["same", "split"])
+def test_a_failure_between_the_errors_commit_and_the_state_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, retry: str) -> None:
+    """The errors table is committed first; a state commit that then fails
+    (at either crash point, as a transient failure the driver retries) and
+    is retried with the same bounds, or split into smaller commits as a
+    restarted driver's smaller jobs would, leaves every refused row in the
+    output once: the model is the set of refused rows the updates carried."""
+    sink = make(tmp_path / "t")
+    model, rnd = Model(), random.Random(11)
+    refused: Counter[tuple[int, int]] = Counter()
+    errs = [(1001, 1)]
+    st = commit(sink, _with_errors(model.step(rnd, 1, 20), errs), SinkState(), 2)
+    refused.update(errs)
+    t = 2
+    for point in ["state_before_log", "state_logged", "state_before_log"]:
+        a, b = model.step(rnd, t, 20), model.step(rnd, t + 1, 20)
+        ea, eb = [(2000 + t, t)], [(3000 + t, t + 1), (4000 + t, t + 1)]
+        refused.update(ea + eb)
+
+        def fail(name: str, point: str = point) -> None:
+            if name == point:
+                raise Failed(name)
+
+        monkeypatch.setattr(delta_mod.faults, "crash_point", fail)
+        new = SinkState(t + 2, f'"{t + 2}"')
+        with pytest.raises(Failed):
+            sink.commit(sink.stager().stage(f"f{t}", 0, _with_errors(a + b, ea + eb)), st, new)
+        monkeypatch.undo()
+        assert sink._errors is not None and sink._errors.state().upper == t + 2
+        # the output reads as of its own upper: the errors table's rows past
+        # it (the failed commit's) do not show before the commit lands
+        landed = make(tmp_path / "t").state()
+        assert landed.upper is not None
+        assert _error_rows(make(tmp_path / "t")) == Counter(
+            {e: n for e, n in refused.items() if e[1] < landed.upper})
+        if point == "state_logged":  # the log entry landed: the commit happened
+            assert landed == new
+            sink = make(tmp_path / "t")  # a restarted driver
+        elif retry == "same":
+            commit(sink, _with_errors(a + b, ea + eb), st, t + 2)
+        else:
+            mid = commit(sink, _with_errors(a, ea), st, t + 1)
+            commit(sink, _with_errors(b, eb), mid, t + 2)
+        st = SinkState(t + 2, f'"{t + 2}"')
+        assert sink.state() == st
+        assert current(read_current(sink.location)) == model.expected()
+        assert _error_rows(sink) == refused
+        t += 2
+    errs = [(9000, t)]
+    commit(sink, _with_errors(model.step(rnd, t, 20), errs), st, t + 1)
+    refused.update(errs)
+    assert _error_rows(sink) == refused
+    assert current(read_current(sink.location)) == model.expected()
+    assert by_duckdb(tmp_path / "t") == model.expected()
+
+
+
+def test_a_state_table_gains_a_column_and_widens_one(tmp_path: Path) -> None:
+    """A new nullable column: the commit's log entry carries the new schema,
+    the rows of older files read null there; a widened column (int -> long):
+    that commit rewrites the live files in the new type, keeping their
+    deletion vectors and the key index. The model: each key's row (k, v, c,
+    w, IntoTime), w null where a row's change did not carry it; delta-rs,
+    DuckDB and the key index rebuilt from the table agree with it."""
+    narrow = pa.schema([("k", pa.int64()), ("v", pa.string()), ("c", pa.int32())])
+    added = narrow.append(pa.field("w", pa.string()))
+    wide = pa.schema([("k", pa.int64()), ("v", pa.string()), ("c", pa.int64()),
+                      ("w", pa.string())])
+    path = tmp_path / "t"
+    model: dict[int, tuple[Any, ...]] = {}
+
+    def batch(schema: pa.Schema, rows: list[tuple[Any, ...]], t: int) -> pa.Table:
+        """Updates at IntoTime ``t`` in ``schema``: a retraction of each
+        key's model row, then ``rows`` (``(k, v, c, w)``; ``v`` None: delete)."""
+        out: list[tuple[tuple[Any, ...], int]] = []
+        for r in rows:
+            old = model.pop(r[0], None)
+            if old is not None:
+                out.append((old[:4], -1))
+            if r[1] is not None:
+                out.append((r, 1))
+                model[r[0]] = (*r, t)
+        m = len(out)
+        cols = {n: [row[i] for row, _ in out] for i, n in enumerate(schema.names)}
+        return pa.table({**cols, "_into_time": [t] * m, "_diff": [d for _, d in out],
+                         "_src_part": pa.array([0] * m, pa.int32()),
+                         "_src_offset": list(range(m)),
+                         "_src_seq": pa.array([0] * m, pa.int32()),
+                         "_src_ts": pa.array([None] * m, pa.int64()),
+                         "_error": pa.array([None] * m, pa.string()),
+                         "_raw_key": pa.array([None] * m, pa.binary()),
+                         "_raw_value": pa.array([None] * m, pa.binary())},
+                        schema=output_schema(schema))
+
+    def by_rs() -> list[tuple[Any, ...]]:
+        d = read_current(DeltaSink(NAME, path).location).to_pydict()
+        return sorted(zip(*(d.get(n, [None] * len(d["k"]))
+                            for n in ["k", "v", "c", "w", "_into_time"]), strict=True))
+
+    def by_duck() -> list[tuple[Any, ...]]:
+        return sorted(by_duckdb_query(
+            path, f"SELECT k, v, c, w, _into_time FROM delta_scan('{path}')"))
+
+    sink = DeltaSink(NAME, path, mode="state", key=["k"])
+    sink.ensure(narrow)
+    st = SinkState()
+    for t in (1, 2):
+        rows = [(k, f"v{t}-{k}", k * t, None) for k in range(t * 5)]
+        rows += [(0, None, None, None)] * (t - 1)
+        new = SinkState(t + 1, f'"{t + 1}"')
+        sink.commit(sink.stager().stage(f"n{t}", 0, batch(narrow, rows, t)), st, new)
+        st = new
+    assert by_rs() == sorted(model.values())
+
+    # a new nullable column, met by a restarted driver
+    sink = DeltaSink(NAME, path, mode="state", key=["k"])
+    sink.ensure(added)
+    rows = [(3, "w3", 30, "x3"), (20, "w20", 200, "x20"), (4, None, None, None)]
+    sink.commit(sink.stager().stage("a", 0, batch(added, rows, 3)), st, SinkState(4, '"4"'))
+    st = SinkState(4, '"4"')
+    assert by_rs() == by_duck() == sorted(model.values())
+    assert sink.state() == st
+
+    # a widened column, on the running sink
+    sink.ensure(wide)
+    rows = [(5, "w5", 2**40, None), (2, None, None, None)]
+    sink.commit(sink.stager().stage("w", 0, batch(wide, rows, 4)), st, SinkState(5, '"5"'))
+    st = SinkState(5, '"5"')
+    assert read_current(sink.location).schema.field("c").type == pa.int64()
+    assert by_rs() == by_duck() == sorted(model.values())
+    # the key index goes on naming each live row; rebuilt from the table, it agrees
+    rows = [(k, f"z{k}", k, "z") for k in range(0, 25, 3)]
+    sink.commit(sink.stager().stage("z", 0, batch(wide, rows, 5)), st, SinkState(6, '"6"'))
+    assert by_rs() == by_duck() == sorted(model.values())
+    rebuilt = KeyIndex(str(tmp_path / "u.sqlite"))
+    rebuild(rebuilt, str(path), ["k"], NAME)
+    assert sorted(k for (k,) in rebuilt.db.execute("SELECT k FROM keys")) == sorted(model)

@@ -1,10 +1,11 @@
 """A Postgres CDC table into a Delta and an Iceberg ``mode: state`` table
-(two sinks of one output), killed with SIGKILL while a writer inserts,
-updates, deletes and changes primary keys: at quiescence the Delta table,
-read by delta-rs, by DuckDB and by the peer Spark (delta-spark), and the
-Iceberg table, read by pyiceberg and by the peer Spark (Iceberg's runtime
-on the sink's SQL catalog), equal the Postgres table (the upstream itself
-is the model), with the types Spark gives the columns."""
+(two sinks of one output), killed at each crash point of the Delta state
+commit and with SIGKILL while a writer inserts, updates, deletes and changes
+primary keys: at quiescence the Delta table, read by delta-rs, by DuckDB and
+by the peer Spark (delta-spark), and the Iceberg table, read by pyiceberg
+and by the peer Spark (Iceberg's runtime on the sink's SQL catalog), equal
+the Postgres table (the upstream itself is the model), with the types Spark
+gives the columns."""
 
 from __future__ import annotations
 
@@ -23,10 +24,18 @@ import psycopg
 import pytest
 from pyiceberg.catalog import load_catalog
 
+from reclock import faults
 from reclock.core.time import Lsn
 from reclock.sinks.delta import Compaction, DeltaSink, read_current
 from tests.peers import spark_reads
-from tests.running import close_driver, start_driver, stop_driver, wait_exit, wait_running
+from tests.running import (
+    close_driver,
+    crash_env,
+    start_driver,
+    stop_driver,
+    wait_exit,
+    wait_running,
+)
 from tests.sinks.test_delta_state import by_duckdb_query
 from tests.sources.cdc import flushed_lsn
 
@@ -151,26 +160,31 @@ def test_cdc_into_a_delta_state_table_survives_sigkill_and_reads_alike_everywher
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     writer = Writer(cdc_url, seed=42)
     rnd = random.Random(9)
-    kills = 0
-    for _ in range(3):
-        proc = start_driver(path, env)
+    kills = crash_exits = 0
+    # each crash point of the state commit (RECLOCK_CRASH_AT, it fires at 30%
+    # each time it is passed), then a SIGKILL from outside at a random moment
+    for i, point in enumerate([*faults.STATE_POINTS, None]):
+        proc = start_driver(path, crash_env(env, point, 0.3, i))
         try:
             assert wait_running(state, proc), "the driver did not start"
-            t0 = time.monotonic()
-            before = (_held(out) if (out / "_delta_log").exists() else None,
-                      _ice_held(catalog, warehouse))
-            # each run is killed once both sinks committed something new
-            # (not only during the initial snapshot), at a random moment after
-            while time.monotonic() - t0 < 120:
-                now = (_held(out) if (out / "_delta_log").exists() else None,
-                       _ice_held(catalog, warehouse))
-                if all(n is not None and (b is None or n > b)
-                       for n, b in zip(now, before, strict=True)):
-                    break
-                time.sleep(0.2)
-            time.sleep(rnd.uniform(0.5, 3.0))
-            proc.send_signal(signal.SIGKILL)
-            kills += wait_exit(proc, 60) == -signal.SIGKILL
+            if point is None:
+                t0 = time.monotonic()
+                before = (_held(out) if (out / "_delta_log").exists() else None,
+                          _ice_held(catalog, warehouse))
+                # killed once both sinks committed something new (not only
+                # during the initial snapshot), at a random moment after
+                while time.monotonic() - t0 < 120:
+                    now = (_held(out) if (out / "_delta_log").exists() else None,
+                           _ice_held(catalog, warehouse))
+                    if all(n is not None and (b is None or n > b)
+                           for n, b in zip(now, before, strict=True)):
+                        break
+                    time.sleep(0.2)
+                time.sleep(rnd.uniform(0.5, 3.0))
+                proc.send_signal(signal.SIGKILL)
+                kills += wait_exit(proc, 60) == -signal.SIGKILL
+            else:
+                crash_exits += wait_exit(proc, 60) == -signal.SIGKILL
         finally:
             close_driver(proc)
     txns = writer.stop()
@@ -184,7 +198,7 @@ def test_cdc_into_a_delta_state_table_survives_sigkill_and_reads_alike_everywher
                              f"driver: {err[-4000:]}") from None
     rc, err = stop_driver(proc)
     assert rc == 0 and "Traceback" not in err, err[-3000:]
-    assert kills == 3 and txns > 50, (kills, txns)
+    assert (kills, crash_exits) == (1, 2) and txns > 50, (kills, crash_exits, txns)
     with psycopg.connect(cdc_url) as c:
         upstream = sorted(tuple(_plain(v) for v in r)
                           for r in c.execute(f"select {COLUMNS} from people"))
