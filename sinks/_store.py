@@ -36,9 +36,11 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from pydantic import SecretStr
 
 from reclock.clients.s3 import S3Access as S3Access  # (its home; re-exported for the sink)
 from reclock.clients.s3 import explained, is_definite
+from reclock.contracts.config import ConfigModel
 from reclock.contracts.sink import SinkError
 from reclock.core.errors import ReclockError, TransientError
 from reclock.sinks._fs import atomic_write, fsync_dir, sink_os_error
@@ -250,3 +252,38 @@ def store_error(output: str, where: str, exc: BaseException, doing: str) -> Recl
                              hint="the object store is unreachable or busy; retrying")
     err.__cause__ = exc
     return err
+
+
+class S3StorageConfig(ConfigModel):
+    """How to reach the S3-compatible store of an ``s3://`` output (a Delta
+    table, an Iceberg warehouse: the ``storage`` block of their sinks). Every
+    setting left out comes from the driver's standard ``AWS_*`` environment
+    variables (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_ALLOW_HTTP``); the
+    driver ships what it resolved to its executors with the job. Write secrets
+    as ``${VAR}`` references: they are never printed."""
+
+    endpoint: str | None = None
+    """Endpoint URL of an S3-compatible store (MinIO, R2, a local test
+    server), e.g. ``http://minio:9000``; AWS itself needs none."""
+    region: str | None = None
+    """Region of the bucket."""
+    access_key_id: str | None = None
+    """Access key id."""
+    secret_access_key: SecretStr | None = None
+    """Secret access key (write ``${AWS_SECRET_ACCESS_KEY}``, never the key)."""
+    session_token: SecretStr | None = None
+    """Session token of temporary credentials."""
+    allow_http: bool | None = None
+    """Allow plain HTTP (default: only when ``endpoint`` starts with ``http://``)."""
+
+    def access(self) -> S3Access:
+        return S3Access.resolve({
+            "endpoint": self.endpoint, "region": self.region,
+            "access_key_id": self.access_key_id,
+            "secret_access_key": _unwrap(self.secret_access_key),
+            "session_token": _unwrap(self.session_token), "allow_http": self.allow_http})
+
+
+def _unwrap(secret: SecretStr | None) -> str | None:
+    return None if secret is None else secret.get_secret_value()

@@ -174,7 +174,7 @@ from deltalake.transaction import (
     RemoveAction,
     Transaction,
 )
-from pydantic import AfterValidator, BeforeValidator, SecretStr
+from pydantic import AfterValidator, BeforeValidator
 from pydantic import Field as Setting
 from pydantic_core import InitErrorDetails
 from pyroaring import BitMap
@@ -196,6 +196,7 @@ from reclock.contracts.sink import (
 from reclock.contracts.state_table import (
     Mode,
     check_state_settings,
+    refuse_null_keys,
     state_changes,
     state_check_raw,
     state_key_of,
@@ -221,7 +222,7 @@ from reclock.sinks._fs import (
     exclusive_lock,
     sink_os_error,
 )
-from reclock.sinks._store import Location, S3Access, split_uri, store_error
+from reclock.sinks._store import Location, S3Access, S3StorageConfig, split_uri, store_error
 from reclock.sinks.delta_state import (
     INDEX_NAME,
     KeyIndex,
@@ -364,17 +365,7 @@ class DeltaStager:
                                             "nanoseconds, which Delta (microseconds) cannot "
                                             "store exactly")
         if self.key:
-            # A tombstone (an upsert intent, _diff 0) carries the envelope's
-            # key alone: only a wholly null key is refused there.
-            tomb = pc.equal(table.column(DIFF), 0)
-            nulls = [pc.is_null(table.column(k)) for k in self.key]
-            whole = nulls[0]
-            for more in nulls[1:]:
-                whole = pc.and_(whole, more)
-            for k, null in zip(self.key, nulls, strict=True):
-                table = refuse_rows(table, pc.if_else(tomb, whole, null),
-                                    f"key column {k!r} is null: a state table keeps one row "
-                                    "per key")
+            table = refuse_null_keys(table, self.key)
         return table
 
     def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:
@@ -2604,40 +2595,6 @@ def read_current(location: Location) -> pa.Table:
 
 
 # -- configuration ----------------------------------------------------------------
-
-
-class S3StorageConfig(ConfigModel):
-    """How to reach the S3-compatible store of an ``s3://`` output. Every
-    setting left out comes from the driver's standard ``AWS_*`` environment
-    variables (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``,
-    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_ALLOW_HTTP``); the
-    driver ships what it resolved to its executors with the job. Write secrets
-    as ``${VAR}`` references: they are never printed."""
-
-    endpoint: str | None = None
-    """Endpoint URL of an S3-compatible store (MinIO, R2, a local test
-    server), e.g. ``http://minio:9000``; AWS itself needs none."""
-    region: str | None = None
-    """Region of the bucket."""
-    access_key_id: str | None = None
-    """Access key id."""
-    secret_access_key: SecretStr | None = None
-    """Secret access key (write ``${AWS_SECRET_ACCESS_KEY}``, never the key)."""
-    session_token: SecretStr | None = None
-    """Session token of temporary credentials."""
-    allow_http: bool | None = None
-    """Allow plain HTTP (default: only when ``endpoint`` starts with ``http://``)."""
-
-    def access(self) -> S3Access:
-        return S3Access.resolve({
-            "endpoint": self.endpoint, "region": self.region,
-            "access_key_id": self.access_key_id,
-            "secret_access_key": _unwrap(self.secret_access_key),
-            "session_token": _unwrap(self.session_token), "allow_http": self.allow_http})
-
-
-def _unwrap(secret: SecretStr | None) -> str | None:
-    return None if secret is None else secret.get_secret_value()
 
 
 def _path_text(value: Any) -> Any:

@@ -137,6 +137,7 @@ from reclock.contracts.sink import (
     SinkPlugin,
     SinkState,
 )
+from reclock.contracts.state_table import refuse_null_keys, state_check_raw, state_key_of
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import (
     DIFF,
@@ -153,7 +154,7 @@ from reclock.core.secrets import MASK, Secret, register
 from reclock.core.secrets import scrub as _scrub
 from reclock.core.urls import URL_SECRET, url_secrets
 from reclock.sinks._fs import check_descriptor, check_stage_args
-from reclock.sinks._store import Location, S3Access, split_uri
+from reclock.sinks._store import Location, S3Access, S3StorageConfig, split_uri
 from reclock.sinks.iceberg_mor import KeyIndex, rebuild, row_delta, write_position_deletes
 
 log = logging.getLogger("reclock.sinks.iceberg")
@@ -349,15 +350,7 @@ class IcebergStager:
                                             "nanoseconds, which Iceberg (microseconds) cannot "
                                             "store exactly")
         if self.mode == "state" and self.key:
-            tomb = pc.equal(table.column(DIFF), 0)
-            nulls = [pc.is_null(table.column(k)) for k in self.key]
-            whole = nulls[0]
-            for more in nulls[1:]:
-                whole = pc.and_(whole, more)
-            for k, null in zip(self.key, nulls, strict=True):
-                table = refuse_rows(table, pc.if_else(tomb, whole, null),
-                                    f"key column {k!r} is null: a state table keeps one row "
-                                    "per key, and a null key names none")
+            table = refuse_null_keys(table, self.key)
         return table
 
     def stage(self, batch_id: str, part: int, table: pa.Table) -> list[dict[str, Any]]:
@@ -1622,32 +1615,6 @@ def _fileio_props(s3: S3Access) -> dict[str, str]:
     return props
 
 
-class S3StorageConfig(ConfigModel):
-    """How to reach an ``s3://`` warehouse. Every setting left out comes from
-    the driver's ``AWS_*`` environment variables; write secrets as ``${VAR}``
-    references: they are never printed."""
-
-    endpoint: str | None = None
-    """Endpoint URL of an S3-compatible store (MinIO, a local test server)."""
-    region: str | None = None
-    """Region of the bucket."""
-    access_key_id: str | None = None
-    """Access key id."""
-    secret_access_key: SecretStr | None = None
-    """Secret access key (write ``${AWS_SECRET_ACCESS_KEY}``, never the key)."""
-    session_token: SecretStr | None = None
-    """Session token of temporary credentials."""
-
-    def access(self) -> S3Access:
-        return S3Access.resolve({
-            "endpoint": self.endpoint, "region": self.region,
-            "access_key_id": self.access_key_id,
-            "secret_access_key": None if self.secret_access_key is None
-            else self.secret_access_key.get_secret_value(),
-            "session_token": None if self.session_token is None
-            else self.session_token.get_secret_value()})
-
-
 class CompactConfig(ConfigModel):
     """When the driver compacts an Iceberg output's small files and expires
     its old snapshots (neither changes its rows nor its state)."""
@@ -1724,15 +1691,13 @@ class IcebergSinkConfig(SinkConfigBase):
 
     @classmethod
     def state_key_of(cls, raw: Mapping[str, Any]) -> tuple[str, ...] | None:
-        key = raw.get("key")
-        if raw.get("mode") != "state" or not isinstance(key, Sequence) or isinstance(key, str):
-            return None
-        return tuple(str(k) for k in key)
+        return state_key_of(raw)
 
     @classmethod
     def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
-        if data.get("mode") == "state" and not data.get("key"):
-            return [problem(("key",), "required with mode: state")]
+        found = state_check_raw(data)
+        if found:
+            return found
         if data.get("mode") != "state" and data.get("key"):
             return [problem(("key",), "only applies to mode: state", on_key=True)]
         if data.get("mode") != "state" and data.get("errors_table"):

@@ -179,6 +179,7 @@ from reclock.contracts.sink import (
 from reclock.contracts.state_table import (
     Mode,
     check_state_settings,
+    refuse_null_keys,
     state_check_raw,
     state_key_of,
 )
@@ -551,18 +552,7 @@ class PostgresStager:
             data = refuse_rows(data, hit, f"column {f.name!r} holds a NUL character, which "
                                           "PostgreSQL text and jsonb cannot store")
         if self.mode == "state" and self.key:
-            # A tombstone (an upsert intent, _diff 0) carries the envelope's
-            # key alone: a state key containing it has other columns, null
-            # there. It stores nothing; only a wholly null key is refused.
-            tomb = pc.equal(data.column(DIFF), 0)
-            nulls = [pc.is_null(data.column(k)) for k in self.key]
-            whole = nulls[0]
-            for more in nulls[1:]:
-                whole = pc.and_(whole, more)
-            for k, null in zip(self.key, nulls, strict=True):
-                data = refuse_rows(data, pc.if_else(tomb, whole, null),
-                                   f"key column {k!r} is null: a state table keeps one row "
-                                   "per key")
+            data = refuse_null_keys(data, self.key)
         return data
 
     def _check_state_rows(self, data: pa.Table) -> None:

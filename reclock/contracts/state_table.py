@@ -31,6 +31,7 @@ from pydantic_core import InitErrorDetails
 
 from reclock.contracts.config import problem
 from reclock.contracts.consolidate import normalize_floats, row_keys
+from reclock.contracts.rows import refuse_rows
 from reclock.contracts.sink import SinkError
 from reclock.core.columns import DIFF, ERROR, INTO_TIME, SRC_OFFSET, SRC_PART, SRC_SEQ
 
@@ -67,6 +68,26 @@ def state_check_raw(data: Mapping[str, Any]) -> list[InitErrorDetails]:
     if data.get("mode") == "state" and not data.get("key"):
         return [problem(("key",), "required with mode: state")]
     return []
+
+
+def refuse_null_keys(table: pa.Table, key: Sequence[str]) -> pa.Table:
+    """``table`` with the rows whose state key is null turned into error rows
+    (a state table keeps one row per key, and a null key names none). A
+    tombstone (an upsert intent, ``_diff`` 0) carries the envelope's key
+    alone, so a state key containing it has other columns, null there: it
+    stores nothing, and only a wholly null key is refused."""
+    if not key:
+        return table
+    tomb = pc.equal(table.column(DIFF), 0)
+    nulls = [pc.is_null(table.column(k)) for k in key]
+    whole = nulls[0]
+    for more in nulls[1:]:
+        whole = pc.and_(whole, more)
+    for k, null in zip(key, nulls, strict=True):
+        table = refuse_rows(table, pc.if_else(tomb, whole, null),
+                            f"key column {k!r} is null: a state table keeps one row per key, "
+                            "and a null key names none")
+    return table
 
 
 def key_values(table: pa.Table, key: Sequence[str]) -> list[Any]:

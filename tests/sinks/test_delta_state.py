@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 import reclock.sinks.delta as delta_mod
 from reclock.contracts.rows import output_schema
 from reclock.contracts.sink import SinkError, SinkFenced, SinkState
+from reclock.core.errors import TransientError
 from reclock.sinks.delta import DeltaSink, read_current
 from reclock.sinks.delta_state import INDEX_NAME, KeyIndex, rebuild
 from tests.peers import duckdb
@@ -323,15 +325,23 @@ def test_a_delta_state_output_in_a_pipeline_needs_a_key_the_upstream_keeps(
 
 def _race(sink: DeltaSink, w: int, r: int, expected: SinkState, barrier: Any,
           outcome: dict[int, str]) -> None:
-    """Committer ``w`` of round ``r``: stage its row, wait for the other, commit."""
+    """Committer ``w`` of round ``r``: stage its row, wait for the other,
+    commit (again after a transient error, as the driver does)."""
     staged = sink.stager().stage(f"w{w}r{r}", 0, updates([(w * 1000 + r, f"w{w}", None,
                                                             r + 1, 1)]))
     barrier.wait()
-    try:
-        sink.commit(staged, expected, SinkState(r + 2, f'"w{w}"'))
-        outcome[w] = "ok"
-    except SinkFenced:
-        outcome[w] = "fenced"
+    for _ in range(50):
+        try:
+            sink.commit(staged, expected, SinkState(r + 2, f'"w{w}"'))
+            outcome[w] = "ok"
+        except SinkFenced:
+            outcome[w] = "fenced"
+        except TransientError:
+            # the other committer holds the key index (SQLite busy): retried,
+            # as the driver retries a transient error
+            time.sleep(0.05)
+            continue
+        return
 
 
 def test_two_committers_without_the_lock_one_wins_each_round(tmp_path: Path) -> None:

@@ -907,12 +907,13 @@ def test_a_tombstone_passes_the_screen_of_a_key_containing_the_envelopes(
     s.ensure(USER)
     screened = s.stager().screen(intents([("a", None, 10, 0), ("b", 1, 10, 1)]).set_column(
         1, "v", pa.array([None, None], pa.int64())))
-    assert screened.column("_error").to_pylist() == [None, "key column 'v' is null: a state "
-                                                     "table keeps one row per key"]
+    assert screened.column("_error").to_pylist() == [
+        None, "key column 'v' is null: a state table keeps one row per key, and a null key "
+              "names none"]
     nokey = s.stager().screen(intents([("x", None, 10, 0)]).set_column(
         0, "k", pa.array([None], pa.string())))
-    assert nokey.column("_error").to_pylist() == ["key column 'k' is null: a state table "
-                                                  "keeps one row per key"]
+    assert nokey.column("_error").to_pylist() == [
+        "key column 'k' is null: a state table keeps one row per key, and a null key names none"]
 
 
 def test_state_mode_staging_checks(pg_url: str, tmp_path: Path) -> None:
