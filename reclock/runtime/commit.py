@@ -60,7 +60,7 @@ import pyarrow as pa
 from reclock import faults
 from reclock.contracts.sink import SinkState, Superseded
 from reclock.core.bindings import Bindings
-from reclock.core.errors import LockTaken
+from reclock.core.errors import BindingError, LockTaken
 from reclock.core.frontier import Antichain
 from reclock.core.secrets import scrub
 from reclock.runtime.dataplane import TaskResult
@@ -209,12 +209,20 @@ class Committer:
         self._path: CommitPath | None = None
         self._rounds = (0, 0)  # (tick, rounds begun in it)
 
-    def open(self) -> dict[str, str]:
+    def open(self, bindings: Bindings[Any] | None = None) -> dict[str, str]:
         """At the source's open: each output's durable state, which its next
         commit is fenced on (checked against the ledger, unless a
         re-snapshot rebuilds the output), and a keyed output's key state for
         it. Per keyed output, what became of its key state (``reset``,
-        ``reused`` or ``rebuilt``)."""
+        ``reused`` or ``rebuilt``). ``bindings``: the source's, as just read
+        (a slot that cannot be read is parked at a state derived from them).
+
+        A sink that cannot be opened while others can is parked (see
+        :meth:`park`) at a state never ahead of its durable one: the state
+        this driver last knew it at, or, for one not read yet in this run,
+        the upper the ledger recorded for it (:meth:`_provisional`). A slot
+        the ledger knows nothing of may hold nothing or anything: the source
+        stalls until it can be read, as it always has."""
         self.ledger.read()
         taken = self.resnapshots.taken
         keys: dict[str, str] = {}
@@ -230,22 +238,48 @@ class Committer:
                     keys[out.key] = self.keyed.open(out, resnapshot=out.index in taken)
                 out.parked_until = None  # (opened: back in the jobs)
             except Exception as exc:
-                # A sink that cannot be opened while others can is parked
-                # with the state this driver last knew it at (never ahead of
-                # its durable one). One not read yet in this run: for a
-                # source that reads any range again, the upper the ledger
-                # recorded (behind the durable one at most; none: from the
-                # start), which only holds the resumption frontier back; for
-                # another source, whose resumption decides what upstream
-                # keeps, the source waits for it (it stalls, as before).
                 read, out.upsert = out.state, None
-                unknown = known.progress is None
-                out.state = (SinkState(self.ledger.known.get(out.key, 0))
-                             if unknown and self.site.source.replayable else known)
-                if (unknown and not self.site.source.replayable) or not self.park(out, exc):
+                parked = known if known.progress is not None else self._provisional(
+                    out, bindings)
+                if parked is None:
+                    raise
+                out.state = parked
+                if not self.park(out, exc):
                     out.state = read  # (as a source that stalls has always left it)
                     raise
         return keys
+
+    def _provisional(self, out: OutputRuntime, bindings: Bindings[Any] | None
+                     ) -> SinkState | None:
+        """The state to park slot ``out`` at when it cannot be read at the
+        source's first open in this run: the upper the ledger recorded for
+        it, which is at most its durable one (the ledger is written after
+        the commit). None: the source must wait for it.
+
+        That state only holds the resumption frontier back (the meet of the
+        slots' uppers), so the source never acknowledges past what the slot
+        holds. A replayable source reads any range again, so a slot the
+        ledger does not know is parked at 0 (read from the start once it is
+        back). For a source that is not replayable, the slot's state also
+        tells the source what the output holds (whether it needs a
+        snapshot): it is parked only when the ledger knows its upper, with
+        the progress the bindings give at that upper (at most the progress
+        the slot committed with it, so it claims no more than it holds); an
+        upstream position released before that (the ledger lags the
+        acknowledgements) is behind every slot's durable state, so the
+        source resumes from what upstream still retains."""
+        known = self.ledger.known
+        if self.site.source.replayable:
+            return SinkState(known.get(out.key, 0))
+        if out.key not in known or bindings is None or not len(bindings):
+            return None
+        upper = known[out.key]
+        try:
+            held = bindings.source_upper_at(upper if upper is not None
+                                            else Antichain.empty())
+        except BindingError:
+            return None
+        return SinkState(upper, held.encode_json())
 
     def close(self) -> None:
         """The source stops: the ledger records the outputs' uppers as they stand."""

@@ -330,8 +330,8 @@ class SourceRunner:
         self.resnapshots.take()
         taken = self.resnapshots.taken
         self.keyed.clear_spill()
-        keys = self.commits.open()
         b = self.operator.bindings  # just read back by the operator
+        keys = self.commits.open(b)
         initial = self.source.initial_frontier()
         if b.last is not None:
             resume = b.source_upper_at(resume_into(self.outputs))

@@ -402,6 +402,123 @@ def test_a_failing_sink_stalls_only_itself_and_catches_up_after_a_kill(
     assert reports[0].ok, [(o.output, o.breaches) for o in reports[0].outputs]
 
 
+def _slot_flush(url: str) -> int:
+    """The CDC slot's ``confirmed_flush_lsn``: what was acknowledged upstream."""
+    from reclock.core.time import Lsn
+
+    with psycopg.connect(url) as c:
+        [(flush,)] = c.execute("select confirmed_flush_lsn::text from pg_replication_slots "
+                               "where database = current_database() and not temporary"
+                               ).fetchall()
+    return int(Lsn.parse(flush))
+
+
+def test_a_cdc_sink_unreachable_when_the_driver_starts_stalls_only_itself(
+        tmp_path: Path, cdc_url: str, pg_url: str, pg_admin_url: str) -> None:
+    """A CDC source is killed, and started again while its PostgreSQL sinks'
+    database refuses connections: the table whose other sink (Delta) can be
+    read goes on landing changes there, and the output whose only sink is
+    away waits, both parked at the upper the driver's ledger recorded;
+    upstream, the slot is not advanced past what the parked sinks hold. Once
+    the database is back they catch up. Each sink ends equal to the upstream
+    tables (read there: the model), every row once."""
+    from tests.sources.cdc import flushed_lsn, output_rows, source_rows
+
+    with psycopg.connect(cdc_url, autocommit=True) as c:
+        c.execute("create table acct (id int primary key, owner text, bal int)")
+        c.execute("create table memo (id int primary key, body text)")
+        c.execute("insert into acct select i, 'o' || i, i * 10 from generate_series(1, 200) i")
+        c.execute("insert into memo select i, 'm' || i from generate_series(1, 50) i")
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path}/state
+timestamp_interval: 200ms
+max_retry_backoff: 1s
+spark: {{master: "local[2]"}}
+sources:
+  - name: bank
+    postgres: {{dsn: "{cdc_url}", tables: [acct, memo]}}
+    outputs:
+      - name: acct
+        sinks:
+          - delta
+          - {{type: postgres, dsn: "{pg_url}", table: acct_copy, mode: state, key: [id]}}
+      - name: memo
+        sink: {{type: postgres, dsn: "{pg_url}", table: memo_copy, mode: state, key: [id]}}
+""")
+    state = tmp_path / "state"
+    db = pg_url.rsplit("/", 1)[1]
+    cfg = load_config(path)
+
+    def lake() -> list[tuple[Any, ...]]:
+        pipe = Pipeline(cfg)
+        try:
+            src = cfg.sources[0]
+            return output_rows(pipe.sink(src, src.outputs[0], "delta").read_updates(),
+                               ["id", "owner", "bal"])
+        finally:
+            pipe.close()
+
+    def outs() -> dict[str, dict[str, Any]]:
+        src = status_sources(state).get("bank") or {}
+        return {o["name"]: o for o in src.get("outputs", [])}
+
+    acct, memo = "select id, owner, bal from acct", "select id, body from memo"
+    proc = start_driver(path)
+    try:
+        assert wait_running(state, proc)
+        wait_for(lambda: source_rows(pg_url, acct.replace("acct", "acct_copy"))
+                 == source_rows(cdc_url, acct)
+                 and source_rows(pg_url, memo.replace("memo", "memo_copy"))
+                 == source_rows(cdc_url, memo) if _has_tables(pg_url) else False,
+                 120, "the snapshot in every sink")
+        proc.kill()
+        proc.wait()
+    finally:
+        close_driver(proc)
+    _allow(pg_admin_url, db, False)
+    proc = start_driver(path)
+    try:
+        assert wait_running(state, proc)
+        before = flushed_lsn(cdc_url)
+        with psycopg.connect(cdc_url, autocommit=True) as c:
+            c.execute("update acct set bal = bal + 1, owner = owner || 'x' where id % 3 = 0")
+            c.execute("delete from acct where id % 7 = 0")
+            c.execute("insert into acct select i, 'n' || i, i from generate_series(201, 260) i")
+            c.execute("update acct set id = id + 1000 where id between 10 and 20")
+            c.execute("update memo set body = body || 'y' where id < 10")
+        want = source_rows(cdc_url, acct)
+        wait_for(lambda: lake() == want, 120,
+                 lambda: f"the Delta sink to land the changes alone: {outs()}")
+        wait_for(lambda: {n: (o.get("health") or {}).get("status") for n, o in outs().items()}
+                 == {"acct.delta": "running", "acct.postgres": "stalled", "memo": "stalled"},
+                 60, lambda: f"the PostgreSQL sinks parked, the Delta one running: {outs()}")
+        error = outs()["memo"]["health"]["error"]
+        assert error.startswith("source 'bank' output 'memo'"), error
+        assert _slot_flush(cdc_url) <= before  # nothing acknowledged past the parked sinks
+        _allow(pg_admin_url, db, True)
+        wait_for(lambda: source_rows(pg_url, acct.replace("acct", "acct_copy")) == want
+                 and source_rows(pg_url, memo.replace("memo", "memo_copy"))
+                 == source_rows(cdc_url, memo), 120,
+                 lambda: f"the PostgreSQL sinks to catch up: {outs()}")
+        wait_for(lambda: {(o.get("health") or {}).get("status") for o in outs().values()}
+                 == {"running"}, 60, lambda: f"every sink running: {outs()}")
+    finally:
+        _allow(pg_admin_url, db, True)
+        rc, err = stop_driver(proc)
+    assert rc == 0, err
+    assert lake() == want
+    assert _slot_flush(cdc_url) > before  # acknowledged once every sink holds the changes
+    [report] = verify_pipeline(cfg)
+    assert report.ok, [(o.output, o.breaches, o.samples) for o in report.outputs]
+
+
+def _has_tables(url: str) -> bool:
+    with psycopg.connect(url) as c:
+        return c.execute("select count(*) from information_schema.tables "
+                         "where table_name in ('acct_copy', 'memo_copy')").fetchone() == (2,)
+
+
 # -- a single-sink pipeline written before sinks: existed resumes unchanged --------------------
 
 #: the last commit before ``sinks:``: a state directory its driver wrote must
