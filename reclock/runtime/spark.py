@@ -47,7 +47,13 @@ def spark_session(
     app_name: str = "reclock",
     conf: Mapping[str, str] | None = None,
 ) -> Any:
-    """Get or create the process's SparkSession with reclock's defaults."""
+    """Get or create the process's SparkSession with reclock's defaults; the
+    driver JVM maps a class-data-sharing archive of Spark's classes, made
+    in the background by the first driver that finds none
+    (:mod:`reclock.runtime.cds`)."""
+    from reclock.runtime import cds
+
+    pending = cds.prepare()
     os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent.parent / "conf"))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -59,6 +65,8 @@ def spark_session(
         builder = builder.config(k, v)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(merged.get("reclock.log_level", "ERROR"))
+    if pending is not None:
+        cds.make_in_background(pending)
     if not master.startswith("local"):
         # Executors in other processes (or on other machines) import this
         # very code: ship it, so that driver and executors never differ.
