@@ -602,8 +602,12 @@ def test_a_postgres_table_lands_as_debezium_events_a_consumer_folds_to_the_table
     """A Postgres CDC table (its primary key the sink's key) into Debezium
     events in registry Protobuf: after inserts, updates, deletes and primary
     key changes (a swap within one statement included), a minimal Debezium
-    consumer (c/u put ``after``, d removes the key) holds ``SELECT *`` of the
-    table: the upstream itself is the model."""
+    consumer (r/c/u put ``after``, d removes the key) holds ``SELECT *`` of
+    the table: the upstream itself is the model. The rows of the initial
+    snapshot come as Debezium's snapshots send theirs: each a read (``op``
+    ``r``, no ``before``) marked ``source.snapshot`` ``"true"``, the last
+    one ``"last"``, and each key's first event; every later change is
+    ``c``, ``u`` or ``d`` with ``source.snapshot`` ``"false"``."""
     import psycopg
 
     from tests.sources.cdc import flushed_lsn, resumed_past
@@ -651,14 +655,24 @@ sources:
     read = Reader("protobuf", registry.url)
     state: dict[int, tuple[Any, Any]] = {}
     ops: dict[str, int] = {}
+    first: dict[int, str] = {}  # each key's first op
+    marks: list[str] = []  # source.snapshot of the reads
     for m in plain_records(kafka.bootstrap, out):
         key = int(read(m.key(), out, True)["id"])
         event = read(m.value(), out, False)
         if event is None:
             assert key not in state  # the tombstone after its delete
             continue
-        ops[event["op"]] = ops.get(event["op"], 0) + 1
-        if event["op"] == "d":
+        op, snapshot = event["op"], event["source"]["snapshot"]
+        ops[op] = ops.get(op, 0) + 1
+        first.setdefault(key, op)
+        if op == "r":
+            assert not event.get("before") and key not in state, event
+            assert event["source"]["src_part"] < 0, event  # a snapshot chunk's position
+            marks.append(snapshot)
+        else:
+            assert snapshot == "false", event
+        if op == "d":
             assert int(event["before"]["id"]) == key
             del state[key]
         else:
@@ -666,7 +680,10 @@ sources:
             n = after.get("n")
             state[key] = (after.get("v"), None if n is None else int(n))
     assert state == upstream
-    assert set(ops) == {"c", "u", "d"}, ops
+    assert set(ops) == {"r", "c", "u", "d"}, ops
+    # the snapshot: the 20 rows the table held, each read once, before any change of it
+    assert ops["r"] == 20 and {k for k, op in first.items() if op == "r"} == set(range(1, 21))
+    assert sorted(marks) == ["last"] + ["true"] * 19, marks
 
 
 @pytest.mark.timeout(600)
