@@ -154,7 +154,13 @@ from reclock.core.secrets import MASK, Secret, register
 from reclock.core.secrets import scrub as _scrub
 from reclock.core.urls import URL_SECRET, url_secrets
 from reclock.sinks._fs import check_descriptor, check_stage_args
-from reclock.sinks._store import Location, S3Access, S3StorageConfig, split_uri
+from reclock.sinks._store import (
+    AwsAccessConfig,
+    Location,
+    S3Access,
+    S3StorageConfig,
+    split_uri,
+)
 from reclock.sinks.iceberg_mor import KeyIndex, rebuild, row_delta, write_position_deletes
 
 log = logging.getLogger("reclock.sinks.iceberg")
@@ -1564,31 +1570,64 @@ CATALOG_PROPERTIES = Secret(_property_secrets, _shown_properties)
 class CatalogConfig(ConfigModel):
     """The Iceberg catalog that holds the table (pyiceberg's catalogs)."""
 
-    type: Literal["sql", "rest"]
+    type: Literal["sql", "rest", "glue"]
     """``sql``: pyiceberg's SQL catalog, a SQLite file or a PostgreSQL
-    database (``uri``); ``rest``: an Iceberg REST catalog."""
+    database (``uri``); ``rest``: an Iceberg REST catalog; ``glue``: the
+    AWS Glue Data Catalog (pyiceberg's ``GlueCatalog``, reached as ``glue``
+    says)."""
     name: str = Setting(default="reclock", min_length=1)
     """The catalog's name (default ``reclock``). A SQL catalog keeps it with
     each table: other engines reading the same catalog database (Spark's
     JDBC catalog, pyiceberg) must use the same name to see the tables."""
-    uri: Annotated[str, URL_SECRET] = Setting(min_length=1)
+    uri: Annotated[str | None, URL_SECRET] = Setting(default=None, min_length=1)
     """``sqlite:////abs/catalog.db``, ``postgresql+psycopg://user:${PW}@host/db``
     (SQLAlchemy URLs; psycopg 3), or the REST catalog's ``https://...``. A
-    password in it is never printed."""
+    password in it is never printed. Required for ``sql`` and ``rest``; a
+    Glue catalog has none (its endpoint goes in ``glue``)."""
     warehouse: str | None = None
     """Where new tables' files go: a local directory (``/abs/wh`` or
     ``file:///abs/wh``) or ``s3://bucket/prefix``; for a REST catalog, the
-    warehouse name it knows (optional)."""
+    warehouse name it knows (optional); for Glue, ``s3://bucket/prefix``
+    (tables go to ``<warehouse>/<namespace>.db/<name>``)."""
     credential: SecretStr | None = None
     """REST: the OAuth2 client credential ``id:secret``."""
     token: SecretStr | None = None
     """REST: a bearer token."""
+    glue: AwsAccessConfig | None = None
+    """Glue: endpoint, region and credentials of the Glue service (the
+    fields of ``storage``, without ``allow_http``). Absent: the sink's
+    ``storage`` block's, which suits AWS (no endpoint) and one endpoint
+    serving both (LocalStack, moto). Settings given nowhere are left to the
+    AWS SDK (``AWS_ENDPOINT_URL_GLUE``, ``AWS_REGION``, the credential
+    chain)."""
     properties: Annotated[dict[str, str], CATALOG_PROPERTIES] = Setting(default_factory=dict)
     """Any other pyiceberg catalog property, passed through (e.g.
-    ``oauth2-server-uri``, ``scope``, ``header.X-Iceberg-Access-Delegation``)."""
+    ``oauth2-server-uri``, ``scope``, ``header.X-Iceberg-Access-Delegation``;
+    Glue: ``glue.id``, the account id of another account's catalog)."""
 
-    def access(self, storage: S3Access | None) -> CatalogAccess:
-        props: dict[str, str] = {**self.properties, "type": self.type, "uri": self.uri}
+    @classmethod
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        kind = data.get("type")
+        if kind in ("sql", "rest") and not data.get("uri"):
+            return [problem(("uri",), f"required for a {kind} catalog")]
+        if kind == "glue" and data.get("uri") is not None:
+            return [problem(("uri",), "a glue catalog has no uri: put its endpoint in "
+                                      "glue: {endpoint: ...}", on_key=True)]
+        if kind != "glue" and data.get("glue") is not None:
+            return [problem(("glue",), "only applies to type: glue", on_key=True)]
+        return []
+
+    def access(self, storage: S3Access | None,
+               storage_given: Mapping[str, str] | None = None) -> CatalogAccess:
+        """pyiceberg's properties. ``storage``: how the warehouse is reached
+        (its FileIO); ``storage_given``: the ``storage`` block's settings as
+        written (:meth:`AwsAccessConfig.given`), what a Glue catalog without
+        a ``glue`` block is reached with."""
+        from reclock.core.urls import mask_url
+
+        props: dict[str, str] = {**self.properties, "type": self.type}
+        if self.uri is not None:
+            props["uri"] = self.uri
         if self.warehouse is not None:
             wh = self.warehouse
             props["warehouse"] = f"file://{wh}" if wh.startswith("/") else wh
@@ -1598,10 +1637,18 @@ class CatalogConfig(ConfigModel):
             props["token"] = self.token.get_secret_value()
         if storage is not None:
             props.update(_fileio_props(storage))
-        from reclock.core.urls import mask_url
-
-        return CatalogAccess(self.type, props, f"{self.type} catalog {mask_url(self.uri)}",
-                             self.name)
+        if self.type != "glue":
+            return CatalogAccess(self.type, props,
+                                 f"{self.type} catalog {mask_url(self.uri or '')}", self.name)
+        glue = self.glue.given() if self.glue is not None else dict(storage_given or {})
+        for key, prop in (("endpoint", "glue.endpoint"), ("region", "glue.region"),
+                          ("access_key_id", "glue.access-key-id"),
+                          ("secret_access_key", "glue.secret-access-key"),
+                          ("session_token", "glue.session-token")):
+            if glue.get(key):
+                props[prop] = glue[key]
+        where = glue.get("endpoint") or glue.get("region") or "of the AWS account"
+        return CatalogAccess("glue", props, f"glue catalog {mask_url(where)}", self.name)
 
 
 def _fileio_props(s3: S3Access) -> dict[str, str]:
@@ -1647,15 +1694,16 @@ def _compact_switch(value: Any) -> Any:
 
 
 class IcebergSinkConfig(SinkConfigBase):
-    """An Apache Iceberg table in a SQL or REST catalog: data and the
+    """An Apache Iceberg table in a SQL, REST or Glue catalog: data and the
     output's upper committed in one snapshot, fenced by the catalog."""
 
     type: Literal["iceberg"] = "iceberg"
     """``iceberg``."""
     catalog: CatalogConfig
     """The catalog: ``{type: sql, uri: sqlite:////abs/cat.db, warehouse: /abs/wh}``,
-    ``{type: sql, uri: postgresql+psycopg://..., warehouse: s3://bucket/wh}`` or
-    ``{type: rest, uri: https://..., credential: ${ID_SECRET}}``."""
+    ``{type: sql, uri: postgresql+psycopg://..., warehouse: s3://bucket/wh}``,
+    ``{type: rest, uri: https://..., credential: ${ID_SECRET}}`` or
+    ``{type: glue, warehouse: s3://bucket/wh}``."""
     table: str = Setting(min_length=3, pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")
     """``namespace.name`` (created with the namespace when absent)."""
     storage: S3StorageConfig | None = None
@@ -1687,6 +1735,15 @@ class IcebergSinkConfig(SinkConfigBase):
         cat = raw.get("catalog")
         if not isinstance(raw.get("table"), str) or not isinstance(cat, Mapping):
             return None
+        if cat.get("type") == "glue":
+            # one Glue catalog per account, region (and endpoint)
+            glue: Any = cat.get("glue") if cat.get("glue") is not None else raw.get("storage")
+            glue = glue if isinstance(glue, Mapping) else {}
+            props: Any = cat.get("properties")
+            props = props if isinstance(props, Mapping) else {}
+            where = ":".join(str(x or "") for x in (glue.get("endpoint"), glue.get("region"),
+                                                     props.get("glue.id")))
+            return ("iceberg", f"glue:{where}", str(raw["table"]))
         return ("iceberg", str(cat.get("uri")), str(raw["table"]))
 
     @classmethod
@@ -1712,7 +1769,8 @@ class IcebergSinkConfig(SinkConfigBase):
         resolve against the YAML file's directory."""
         cat = self.catalog
         update: dict[str, Any] = {}
-        if cat.uri.startswith("sqlite:///") and not cat.uri.startswith("sqlite:////"):
+        if (cat.uri is not None and cat.uri.startswith("sqlite:///")
+                and not cat.uri.startswith("sqlite:////")):
             rel = cat.uri[len("sqlite:///"):]
             update["uri"] = f"sqlite:///{(base / rel).resolve()}"
         wh = cat.warehouse
@@ -1727,7 +1785,8 @@ class IcebergSinkConfig(SinkConfigBase):
         wh = self.catalog.warehouse or ""
         if self.storage is not None or wh.lower().startswith(("s3://", "s3a://")):
             storage = (self.storage or S3StorageConfig()).access()
-        return IcebergSink(ctx.name, self.catalog.access(storage), self.table,
+        given = self.storage.given() if self.storage is not None else None
+        return IcebergSink(ctx.name, self.catalog.access(storage, given), self.table,
                            storage=storage, mode=self.mode, key=self.key, owner=ctx.owner,
                            compaction=None if self.compact is None else self.compact.settings(),
                            errors_table=self.errors_table, write_mode=self.write_mode,
