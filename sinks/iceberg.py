@@ -1,7 +1,7 @@
 """Apache Iceberg persist sink: one output is one Iceberg table in a catalog
-(pyiceberg's SQL catalog on SQLite or PostgreSQL, or a REST catalog), its
-files in a local warehouse or under an ``s3://`` prefix (pyiceberg's
-``PyArrowFileIO``).
+(pyiceberg's SQL catalog on SQLite or PostgreSQL, a REST catalog, or the
+AWS Glue Data Catalog), its files in a local warehouse or under an
+``s3://`` prefix (pyiceberg's ``PyArrowFileIO``).
 
 Layout of an output (``<location>`` is the table's location in the catalog)::
 
@@ -37,8 +37,14 @@ Fencing. The catalog commit carries the requirements ``assert-table-uuid``
 and ``assert-ref-snapshot-id(main = s)``: the catalog applies it only if the
 table's current snapshot is still s, the one whose state was checked (the
 SQL catalog: an ``UPDATE ... WHERE metadata_location = <s's>``; a REST
-catalog checks the requirements itself). So check + commit is a
-compare-and-swap on the state, across machines. pyiceberg's own
+catalog checks the requirements itself; pyiceberg's Glue catalog reads the
+Glue table, checks the requirements against it and sends ``UpdateTable``
+with the ``VersionId`` it read, which Glue refuses with
+``ConcurrentModificationException`` once another commit moved the table on:
+a ``CommitFailedException`` like the others). So check + commit is a
+compare-and-swap on the state, across machines. (moto's Glue, 5.2.5, does
+not enforce ``VersionId``: there a writer landing between that read and
+the update is overwritten; tests/gluelock.py adds the lock for the tests.) pyiceberg's own
 ``Transaction.commit_transaction`` is not used for it: it retries a failed
 commit by rebasing the new snapshot on whatever the table holds then, which
 would let a zombie's rows in after another driver's commit (pyiceberg
@@ -536,6 +542,12 @@ class IcebergSink:
 
             try:
                 self._catalog = load_catalog(self.access.name, **self.access.properties)
+            except ModuleNotFoundError as exc:
+                if exc.name != "boto3":
+                    raise self._fail(exc, "open the catalog of") from exc
+                raise SinkError(f"output {self.name!r}: cannot open {self.target}: a Glue "
+                                "catalog needs boto3, which is not installed",
+                                hint="pip install 'reclock[glue]' (or boto3)") from exc
             except Exception as exc:
                 raise self._fail(exc, "open the catalog of") from exc
         return self._catalog

@@ -125,7 +125,8 @@ def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
     """An Iceberg table: a SQLite catalog and a local warehouse, a
     PostgreSQL catalog (psycopg 3) and an S3 warehouse (moto), a REST
     catalog (tests/icebergrest.py) with a bearer token, or an AWS Glue
-    catalog and an S3 warehouse (both moto's, one server)."""
+    catalog and an S3 warehouse (both moto's, one server; a state table,
+    whose errors table is a second Glue table)."""
     def make(tmp_path: Path, request: Any) -> Target:
         from reclock.sinks._store import S3Access
         from reclock.sinks.iceberg import CatalogConfig, IcebergSink
@@ -181,13 +182,12 @@ KINDS = {"delta": _delta, "delta-s3": _delta_s3, "postgres-log": _postgres("log"
          "iceberg-s3-pg": _iceberg("log", "s3-pg"),
          "iceberg-state-s3-pg": _iceberg("state", "s3-pg"),
          "iceberg-rest": _iceberg("state", "rest"),
-         "iceberg-glue": _iceberg("log", "glue"),
-         "iceberg-state-glue": _iceberg("state", "glue")}
+         "iceberg-glue": _iceberg("state", "glue")}
 
 
 #: The kinds that need a real peer (PostgreSQL, Kafka, moto's server).
 PEER_KINDS = {"delta-s3", "postgres-log", "postgres-state", "kafka", "kafka-avro-upsert",
-              "iceberg-s3-pg", "iceberg-state-s3-pg", "iceberg-glue", "iceberg-state-glue"}
+              "iceberg-s3-pg", "iceberg-state-s3-pg", "iceberg-glue"}
 
 
 def _params(kinds: Iterable[str]) -> list[Any]:
