@@ -268,6 +268,51 @@ def test_debezium_events_fold_to_the_upstream_rows(
     again.close()
 
 
+def test_a_resnapshot_sends_its_new_rows_as_reads_and_its_corrections_as_changes(
+    kafka: KafkaCluster, tmp_path: Path
+) -> None:
+    """Rows at negative ``_src_part`` are a snapshot's: a snapshot's rows
+    (chunk parts ``-1 - chunk``) are reads (``r``, ``source.snapshot``
+    ``"true"``, the commit's last ``"last"``); a re-snapshot
+    (``reclock resnapshot``: what it retracts at ``RESNAPSHOT_PART``, what
+    it reads at chunk parts) sends a row it did not hold as a read, a row
+    it found changed as ``u`` and one gone as ``d`` (changes a consumer
+    applies as such), and nothing for a row it found as it was; streamed
+    changes (part 0) are ``c``/``u``/``d``, every one ``"false"``."""
+    from reclock.core.columns import RESNAPSHOT_PART
+
+    topic = f"dbz-snap-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    sink = make_sink(kafka, tmp_path, topic, None, "json", "debezium")
+    sink.ensure(USER)
+
+    def at(spec: list[tuple[str, int, int, int, int]], parts: list[int]) -> pa.Table:
+        t = rows(spec)
+        return t.set_column(t.schema.get_field_index("_src_part"), "_src_part",
+                            pa.array(parts, pa.int32()))
+
+    snapshot = at([("a", 1, 1, 10, 0), ("b", 2, 1, 10, 0), ("c", 3, 1, 10, 0)], [-1, -1, -2])
+    stream = rows([("d", 4, 1, 20, 5), ("a", 1, -1, 20, 6), ("a", 9, 1, 20, 6)])
+    resnap = at([("a", 9, -1, 30, 0), ("b", 2, -1, 30, 0), ("c", 3, -1, 30, 0),
+                 ("d", 4, -1, 30, 0),  # the retractions of what the output held ...
+                 ("a", 9, 1, 30, 0), ("b", 7, 1, 30, 0), ("d", 4, 1, 30, 0),  # ... the rows read
+                 ("e", 5, 1, 30, 0)], [RESNAPSHOT_PART] * 4 + [-1] * 4)
+    state = SinkState()
+    for i, t in enumerate((snapshot, stream, resnap)):
+        new = SinkState(11 + 10 * i, f'"p{i}"')
+        sink.commit(sink.stager().stage(f"b{i}", 0, t), state, new)
+        state = new
+    got = []
+    for m in plain_records(kafka.bootstrap, topic):
+        if m.value() is not None:
+            event = json.loads(m.value())
+            got.append((json.loads(m.key())["k"], event["op"], event["source"]["snapshot"]))
+    assert got == [("a", "r", "true"), ("b", "r", "true"), ("c", "r", "last"),
+                   ("d", "c", "false"), ("a", "u", "false"),
+                   ("b", "u", "false"), ("c", "d", "false"), ("e", "r", "last")], got
+    sink.close()
+
+
 def test_log_envelope_in_avro_round_trips(
     kafka: KafkaCluster, tmp_path: Path, registry: RegistryServer
 ) -> None:
