@@ -202,6 +202,13 @@ STATE_SMALL_SIZE = 16 * 2**20
 #: One compaction pass merges at most this many files.
 COMPACT_MAX_FILES = 5_000
 
+#: Attempts of each Glue call (boto3's standard retry mode, exponential
+#: backoff): pyiceberg's default, 10, holds a commit up to a minute and
+#: more against an unreachable endpoint (77 s measured), where the driver's
+#: own retry of a transient error would do; ``properties: {glue.max-retries:
+#: N}`` sets another.
+GLUE_MAX_RETRIES = 3
+
 #: The properties of a table the sink creates: deletes are copy-on-write
 #: (what pyiceberg writes; a merge-on-read state table says merge-on-read,
 #: which Spark's own writes to it then follow too); pyiceberg's own commit retries off (reclock
@@ -434,7 +441,7 @@ class CatalogAccess:
     never shown: ``repr`` names the type and the masked URI)."""
 
     kind: str
-    properties: dict[str, str] = field(repr=False)
+    properties: dict[str, Any] = field(repr=False)
     shown: str = ""
     #: the catalog's name: the SQL catalog keeps it with every table (its
     #: ``catalog_name`` column), so every engine reading the catalog names it alike
@@ -1627,6 +1634,11 @@ class CatalogConfig(ConfigModel):
                                       "glue: {endpoint: ...}", on_key=True)]
         if kind != "glue" and data.get("glue") is not None:
             return [problem(("glue",), "only applies to type: glue", on_key=True)]
+        props = data.get("properties")
+        retries = props.get("glue.max-retries") if isinstance(props, Mapping) else None
+        if retries is not None and not re.fullmatch(r"\s*[1-9][0-9]*\s*", str(retries)):
+            return [problem(("properties", "glue.max-retries"), "must be a whole number of "
+                                                                "attempts, at least 1")]
         return []
 
     def access(self, storage: S3Access | None,
@@ -1637,7 +1649,7 @@ class CatalogConfig(ConfigModel):
         a ``glue`` block is reached with."""
         from reclock.core.urls import mask_url
 
-        props: dict[str, str] = {**self.properties, "type": self.type}
+        props: dict[str, Any] = {**self.properties, "type": self.type}
         if self.uri is not None:
             props["uri"] = self.uri
         if self.warehouse is not None:
@@ -1652,6 +1664,9 @@ class CatalogConfig(ConfigModel):
         if self.type != "glue":
             return CatalogAccess(self.type, props,
                                  f"{self.type} catalog {mask_url(self.uri or '')}", self.name)
+        # boto3's retries, a number (pyiceberg passes the property on as given)
+        props["glue.max-retries"] = int(self.properties.get("glue.max-retries",
+                                                            GLUE_MAX_RETRIES))
         glue = self.glue.given() if self.glue is not None else dict(storage_given or {})
         for key, prop in (("endpoint", "glue.endpoint"), ("region", "glue.region"),
                           ("access_key_id", "glue.access-key-id"),

@@ -570,6 +570,22 @@ def test_secrets_are_masked(tmp_path: Path) -> None:
         server.close()
 
 
+def test_an_unreachable_glue_catalog_is_transient_and_keeps_its_secret() -> None:
+    from reclock.core.errors import TransientError
+    from reclock.sinks._store import AwsAccessConfig
+
+    cat = CatalogConfig(type="glue", warehouse="s3://b/wh", properties={"glue.max-retries": "1"},
+                        glue=AwsAccessConfig(endpoint="http://127.0.0.1:9", region="us-east-1",
+                                             access_key_id="AKIA1",
+                                             secret_access_key=SecretStr("gl0e-s3cret")))
+    s = IcebergSink(NAME, cat.access(None), "lake.t")
+    assert repr(s) == "IcebergSink('shop.orders', glue catalog http://127.0.0.1:9, table='lake.t')"
+    with pytest.raises(TransientError) as err:
+        s.ensure(USER)
+    assert "glue catalog http://127.0.0.1:9" in str(err.value)
+    assert "gl0e-s3cret" not in str(err.value)
+
+
 def test_the_configuration_block(tmp_path: Path) -> None:
     from reclock.config import load_config
 
@@ -612,6 +628,9 @@ sources:
     assert access.properties["glue.region"] == "eu-west-1"
     assert access.properties["glue.secret-access-key"] == "gl0e-s3cret"
     assert "gl0e-s3cret" in access.secrets() and "gl0e-s3cret" not in repr(glue)
+    tuned = load("{type: iceberg, catalog: {type: glue, properties: {glue.max-retries: '5'}}, "
+                 "table: lake.out}").sources[0].outputs[0].sink
+    assert tuned.catalog.access(None).properties["glue.max-retries"] == 5
     inherit = load("{type: iceberg, catalog: {type: glue, warehouse: 's3://b/wh'}, "
                    "table: lake.out, storage: {endpoint: 'http://127.0.0.1:9', region: "
                    "us-east-2}}").sources[0].outputs[0].sink
@@ -624,6 +643,10 @@ sources:
         load("{type: iceberg, catalog: {type: sql}, table: lake.out}")
     with pytest.raises(Exception, match="only applies to type: glue"):
         load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db', glue: {}}, "
+             "table: lake.out}")
+    assert access.properties["glue.max-retries"] == 3  # (boto3 takes a number)
+    with pytest.raises(Exception, match="must be a whole number of attempts"):
+        load("{type: iceberg, catalog: {type: glue, properties: {glue.max-retries: many}}, "
              "table: lake.out}")
     with pytest.raises(Exception, match="allow_http"):
         load("{type: iceberg, catalog: {type: glue, glue: {allow_http: true}}, "
