@@ -254,14 +254,12 @@ def store_error(output: str, where: str, exc: BaseException, doing: str) -> Recl
     return err
 
 
-class S3StorageConfig(ConfigModel):
-    """How to reach the S3-compatible store of an ``s3://`` output (a Delta
-    table, an Iceberg warehouse: the ``storage`` block of their sinks). Every
-    setting left out comes from the driver's standard ``AWS_*`` environment
-    variables (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``,
-    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_ALLOW_HTTP``); the
-    driver ships what it resolved to its executors with the job. Write secrets
-    as ``${VAR}`` references: they are never printed."""
+class AwsAccessConfig(ConfigModel):
+    """How to reach an AWS service or an S3-compatible one: endpoint, region
+    and credentials. The ``storage`` block of the Delta and Iceberg sinks
+    (:class:`S3StorageConfig`) and the Iceberg sink's ``catalog.glue`` block
+    (AWS Glue). Write secrets as ``${VAR}`` references: they are never
+    printed."""
 
     endpoint: str | None = None
     """Endpoint URL of an S3-compatible store (MinIO, R2, a local test
@@ -274,15 +272,30 @@ class S3StorageConfig(ConfigModel):
     """Secret access key (write ``${AWS_SECRET_ACCESS_KEY}``, never the key)."""
     session_token: SecretStr | None = None
     """Session token of temporary credentials."""
+
+    def given(self) -> dict[str, str]:
+        """The settings written (secrets unwrapped), by field name."""
+        out = {"endpoint": self.endpoint, "region": self.region,
+               "access_key_id": self.access_key_id,
+               "secret_access_key": _unwrap(self.secret_access_key),
+               "session_token": _unwrap(self.session_token)}
+        return {k: v for k, v in out.items() if v}
+
+
+class S3StorageConfig(AwsAccessConfig):
+    """How to reach the S3-compatible store of an ``s3://`` output (a Delta
+    table, an Iceberg warehouse: the ``storage`` block of their sinks). Every
+    setting left out comes from the driver's standard ``AWS_*`` environment
+    variables (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_ALLOW_HTTP``); the
+    driver ships what it resolved to its executors with the job. Write secrets
+    as ``${VAR}`` references: they are never printed."""
+
     allow_http: bool | None = None
     """Allow plain HTTP (default: only when ``endpoint`` starts with ``http://``)."""
 
     def access(self) -> S3Access:
-        return S3Access.resolve({
-            "endpoint": self.endpoint, "region": self.region,
-            "access_key_id": self.access_key_id,
-            "secret_access_key": _unwrap(self.secret_access_key),
-            "session_token": _unwrap(self.session_token), "allow_http": self.allow_http})
+        return S3Access.resolve({**self.given(), "allow_http": self.allow_http})
 
 
 def _unwrap(secret: SecretStr | None) -> str | None:

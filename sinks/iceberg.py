@@ -1,7 +1,7 @@
 """Apache Iceberg persist sink: one output is one Iceberg table in a catalog
-(pyiceberg's SQL catalog on SQLite or PostgreSQL, or a REST catalog), its
-files in a local warehouse or under an ``s3://`` prefix (pyiceberg's
-``PyArrowFileIO``).
+(pyiceberg's SQL catalog on SQLite or PostgreSQL, a REST catalog, or the
+AWS Glue Data Catalog), its files in a local warehouse or under an
+``s3://`` prefix (pyiceberg's ``PyArrowFileIO``).
 
 Layout of an output (``<location>`` is the table's location in the catalog)::
 
@@ -37,8 +37,14 @@ Fencing. The catalog commit carries the requirements ``assert-table-uuid``
 and ``assert-ref-snapshot-id(main = s)``: the catalog applies it only if the
 table's current snapshot is still s, the one whose state was checked (the
 SQL catalog: an ``UPDATE ... WHERE metadata_location = <s's>``; a REST
-catalog checks the requirements itself). So check + commit is a
-compare-and-swap on the state, across machines. pyiceberg's own
+catalog checks the requirements itself; pyiceberg's Glue catalog reads the
+Glue table, checks the requirements against it and sends ``UpdateTable``
+with the ``VersionId`` it read, which Glue refuses with
+``ConcurrentModificationException`` once another commit moved the table on:
+a ``CommitFailedException`` like the others). So check + commit is a
+compare-and-swap on the state, across machines. (moto's Glue, 5.2.5, does
+not enforce ``VersionId``: there a writer landing between that read and
+the update is overwritten; tests/gluelock.py adds the lock for the tests.) pyiceberg's own
 ``Transaction.commit_transaction`` is not used for it: it retries a failed
 commit by rebasing the new snapshot on whatever the table holds then, which
 would let a zombie's rows in after another driver's commit (pyiceberg
@@ -154,7 +160,13 @@ from reclock.core.secrets import MASK, Secret, register
 from reclock.core.secrets import scrub as _scrub
 from reclock.core.urls import URL_SECRET, url_secrets
 from reclock.sinks._fs import check_descriptor, check_stage_args
-from reclock.sinks._store import Location, S3Access, S3StorageConfig, split_uri
+from reclock.sinks._store import (
+    AwsAccessConfig,
+    Location,
+    S3Access,
+    S3StorageConfig,
+    split_uri,
+)
 from reclock.sinks.iceberg_mor import KeyIndex, rebuild, row_delta, write_position_deletes
 
 log = logging.getLogger("reclock.sinks.iceberg")
@@ -189,6 +201,13 @@ PURGE_SHARE = 0.3
 STATE_SMALL_SIZE = 16 * 2**20
 #: One compaction pass merges at most this many files.
 COMPACT_MAX_FILES = 5_000
+
+#: Attempts of each Glue call (boto3's standard retry mode, exponential
+#: backoff): pyiceberg's default, 10, holds a commit up to a minute and
+#: more against an unreachable endpoint (77 s measured), where the driver's
+#: own retry of a transient error would do; ``properties: {glue.max-retries:
+#: N}`` sets another.
+GLUE_MAX_RETRIES = 3
 
 #: The properties of a table the sink creates: deletes are copy-on-write
 #: (what pyiceberg writes; a merge-on-read state table says merge-on-read,
@@ -422,7 +441,7 @@ class CatalogAccess:
     never shown: ``repr`` names the type and the masked URI)."""
 
     kind: str
-    properties: dict[str, str] = field(repr=False)
+    properties: dict[str, Any] = field(repr=False)
     shown: str = ""
     #: the catalog's name: the SQL catalog keeps it with every table (its
     #: ``catalog_name`` column), so every engine reading the catalog names it alike
@@ -530,6 +549,12 @@ class IcebergSink:
 
             try:
                 self._catalog = load_catalog(self.access.name, **self.access.properties)
+            except ModuleNotFoundError as exc:
+                if exc.name != "boto3":
+                    raise self._fail(exc, "open the catalog of") from exc
+                raise SinkError(f"output {self.name!r}: cannot open {self.target}: a Glue "
+                                "catalog needs boto3, which is not installed",
+                                hint="pip install 'reclock[glue]' (or boto3)") from exc
             except Exception as exc:
                 raise self._fail(exc, "open the catalog of") from exc
         return self._catalog
@@ -1564,31 +1589,69 @@ CATALOG_PROPERTIES = Secret(_property_secrets, _shown_properties)
 class CatalogConfig(ConfigModel):
     """The Iceberg catalog that holds the table (pyiceberg's catalogs)."""
 
-    type: Literal["sql", "rest"]
+    type: Literal["sql", "rest", "glue"]
     """``sql``: pyiceberg's SQL catalog, a SQLite file or a PostgreSQL
-    database (``uri``); ``rest``: an Iceberg REST catalog."""
+    database (``uri``); ``rest``: an Iceberg REST catalog; ``glue``: the
+    AWS Glue Data Catalog (pyiceberg's ``GlueCatalog``, reached as ``glue``
+    says)."""
     name: str = Setting(default="reclock", min_length=1)
     """The catalog's name (default ``reclock``). A SQL catalog keeps it with
     each table: other engines reading the same catalog database (Spark's
     JDBC catalog, pyiceberg) must use the same name to see the tables."""
-    uri: Annotated[str, URL_SECRET] = Setting(min_length=1)
+    uri: Annotated[str | None, URL_SECRET] = Setting(default=None, min_length=1)
     """``sqlite:////abs/catalog.db``, ``postgresql+psycopg://user:${PW}@host/db``
     (SQLAlchemy URLs; psycopg 3), or the REST catalog's ``https://...``. A
-    password in it is never printed."""
+    password in it is never printed. Required for ``sql`` and ``rest``; a
+    Glue catalog has none (its endpoint goes in ``glue``)."""
     warehouse: str | None = None
     """Where new tables' files go: a local directory (``/abs/wh`` or
     ``file:///abs/wh``) or ``s3://bucket/prefix``; for a REST catalog, the
-    warehouse name it knows (optional)."""
+    warehouse name it knows (optional); for Glue, ``s3://bucket/prefix``
+    (tables go to ``<warehouse>/<namespace>.db/<name>``)."""
     credential: SecretStr | None = None
     """REST: the OAuth2 client credential ``id:secret``."""
     token: SecretStr | None = None
     """REST: a bearer token."""
+    glue: AwsAccessConfig | None = None
+    """Glue: endpoint, region and credentials of the Glue service (the
+    fields of ``storage``, without ``allow_http``). Absent: the sink's
+    ``storage`` block's, which suits AWS (no endpoint) and one endpoint
+    serving both (LocalStack, moto). Settings given nowhere are left to the
+    AWS SDK (``AWS_ENDPOINT_URL_GLUE``, ``AWS_REGION``, the credential
+    chain)."""
     properties: Annotated[dict[str, str], CATALOG_PROPERTIES] = Setting(default_factory=dict)
     """Any other pyiceberg catalog property, passed through (e.g.
-    ``oauth2-server-uri``, ``scope``, ``header.X-Iceberg-Access-Delegation``)."""
+    ``oauth2-server-uri``, ``scope``, ``header.X-Iceberg-Access-Delegation``;
+    Glue: ``glue.id``, the account id of another account's catalog)."""
 
-    def access(self, storage: S3Access | None) -> CatalogAccess:
-        props: dict[str, str] = {**self.properties, "type": self.type, "uri": self.uri}
+    @classmethod
+    def check_raw(cls, data: Mapping[str, Any]) -> list[InitErrorDetails]:
+        kind = data.get("type")
+        if kind in ("sql", "rest") and not data.get("uri"):
+            return [problem(("uri",), f"required for a {kind} catalog")]
+        if kind == "glue" and data.get("uri") is not None:
+            return [problem(("uri",), "a glue catalog has no uri: put its endpoint in "
+                                      "glue: {endpoint: ...}", on_key=True)]
+        if kind != "glue" and data.get("glue") is not None:
+            return [problem(("glue",), "only applies to type: glue", on_key=True)]
+        props = data.get("properties")
+        retries = props.get("glue.max-retries") if isinstance(props, Mapping) else None
+        if retries is not None and not re.fullmatch(r"\s*[1-9][0-9]*\s*", str(retries)):
+            return [problem(("properties", "glue.max-retries"), "must be a whole number of "
+                                                                "attempts, at least 1")]
+        return []
+
+    def access(self, storage: S3Access | None,
+               storage_given: Mapping[str, str] | None = None) -> CatalogAccess:
+        """pyiceberg's properties. ``storage``: how the warehouse is reached
+        (its FileIO); ``storage_given``: the ``storage`` block's settings as
+        written (:meth:`AwsAccessConfig.given`), what a Glue catalog without
+        a ``glue`` block is reached with."""
+        from reclock.core.urls import mask_url
+
+        props: dict[str, Any] = {**self.properties, "type": self.type}
+        if self.uri is not None:
+            props["uri"] = self.uri
         if self.warehouse is not None:
             wh = self.warehouse
             props["warehouse"] = f"file://{wh}" if wh.startswith("/") else wh
@@ -1598,10 +1661,21 @@ class CatalogConfig(ConfigModel):
             props["token"] = self.token.get_secret_value()
         if storage is not None:
             props.update(_fileio_props(storage))
-        from reclock.core.urls import mask_url
-
-        return CatalogAccess(self.type, props, f"{self.type} catalog {mask_url(self.uri)}",
-                             self.name)
+        if self.type != "glue":
+            return CatalogAccess(self.type, props,
+                                 f"{self.type} catalog {mask_url(self.uri or '')}", self.name)
+        # boto3's retries, a number (pyiceberg passes the property on as given)
+        props["glue.max-retries"] = int(self.properties.get("glue.max-retries",
+                                                            GLUE_MAX_RETRIES))
+        glue = self.glue.given() if self.glue is not None else dict(storage_given or {})
+        for key, prop in (("endpoint", "glue.endpoint"), ("region", "glue.region"),
+                          ("access_key_id", "glue.access-key-id"),
+                          ("secret_access_key", "glue.secret-access-key"),
+                          ("session_token", "glue.session-token")):
+            if glue.get(key):
+                props[prop] = glue[key]
+        where = glue.get("endpoint") or glue.get("region") or "of the AWS account"
+        return CatalogAccess("glue", props, f"glue catalog {mask_url(where)}", self.name)
 
 
 def _fileio_props(s3: S3Access) -> dict[str, str]:
@@ -1647,15 +1721,16 @@ def _compact_switch(value: Any) -> Any:
 
 
 class IcebergSinkConfig(SinkConfigBase):
-    """An Apache Iceberg table in a SQL or REST catalog: data and the
+    """An Apache Iceberg table in a SQL, REST or Glue catalog: data and the
     output's upper committed in one snapshot, fenced by the catalog."""
 
     type: Literal["iceberg"] = "iceberg"
     """``iceberg``."""
     catalog: CatalogConfig
     """The catalog: ``{type: sql, uri: sqlite:////abs/cat.db, warehouse: /abs/wh}``,
-    ``{type: sql, uri: postgresql+psycopg://..., warehouse: s3://bucket/wh}`` or
-    ``{type: rest, uri: https://..., credential: ${ID_SECRET}}``."""
+    ``{type: sql, uri: postgresql+psycopg://..., warehouse: s3://bucket/wh}``,
+    ``{type: rest, uri: https://..., credential: ${ID_SECRET}}`` or
+    ``{type: glue, warehouse: s3://bucket/wh}``."""
     table: str = Setting(min_length=3, pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")
     """``namespace.name`` (created with the namespace when absent)."""
     storage: S3StorageConfig | None = None
@@ -1687,6 +1762,15 @@ class IcebergSinkConfig(SinkConfigBase):
         cat = raw.get("catalog")
         if not isinstance(raw.get("table"), str) or not isinstance(cat, Mapping):
             return None
+        if cat.get("type") == "glue":
+            # one Glue catalog per account, region (and endpoint)
+            glue: Any = cat.get("glue") if cat.get("glue") is not None else raw.get("storage")
+            glue = glue if isinstance(glue, Mapping) else {}
+            props: Any = cat.get("properties")
+            props = props if isinstance(props, Mapping) else {}
+            where = ":".join(str(x or "") for x in (glue.get("endpoint"), glue.get("region"),
+                                                     props.get("glue.id")))
+            return ("iceberg", f"glue:{where}", str(raw["table"]))
         return ("iceberg", str(cat.get("uri")), str(raw["table"]))
 
     @classmethod
@@ -1712,7 +1796,8 @@ class IcebergSinkConfig(SinkConfigBase):
         resolve against the YAML file's directory."""
         cat = self.catalog
         update: dict[str, Any] = {}
-        if cat.uri.startswith("sqlite:///") and not cat.uri.startswith("sqlite:////"):
+        if (cat.uri is not None and cat.uri.startswith("sqlite:///")
+                and not cat.uri.startswith("sqlite:////")):
             rel = cat.uri[len("sqlite:///"):]
             update["uri"] = f"sqlite:///{(base / rel).resolve()}"
         wh = cat.warehouse
@@ -1727,7 +1812,8 @@ class IcebergSinkConfig(SinkConfigBase):
         wh = self.catalog.warehouse or ""
         if self.storage is not None or wh.lower().startswith(("s3://", "s3a://")):
             storage = (self.storage or S3StorageConfig()).access()
-        return IcebergSink(ctx.name, self.catalog.access(storage), self.table,
+        given = self.storage.given() if self.storage is not None else None
+        return IcebergSink(ctx.name, self.catalog.access(storage, given), self.table,
                            storage=storage, mode=self.mode, key=self.key, owner=ctx.owner,
                            compaction=None if self.compact is None else self.compact.settings(),
                            errors_table=self.errors_table, write_mode=self.write_mode,

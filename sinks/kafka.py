@@ -757,9 +757,29 @@ def _version() -> str:
         return "unknown"
 
 
+def _op(before: dict[str, Any] | None, after: dict[str, Any] | None,
+        pos: tuple[int, int, int, int | None]) -> str:
+    """A Debezium event's ``op``: ``r`` (read) for a row a snapshot read, as
+    Debezium marks the rows of its snapshots; else ``c`` (no row before),
+    ``u`` (a row before and after) or ``d`` (no row after).
+
+    A snapshot's rows are those at a negative ``_src_part``
+    (:mod:`reclock.core.columns`): a CDC source's snapshot chunks (Postgres:
+    ``-1 - chunk``), and what ``reclock resnapshot`` inserts. Only an event
+    that inserts a row is a read: a key whose row a re-snapshot found
+    changed (``u``) or gone (``d``) is a change a consumer must apply as
+    such."""
+    if before is not None and after is not None:
+        return "u"
+    if after is None:
+        return "d"
+    return "r" if pos[0] < 0 else "c"
+
+
 def _event(before: dict[str, Any] | None, after: dict[str, Any] | None, op: str, into: int,
            env: Envelope, pos: tuple[int, int, int, int | None]) -> dict[str, Any]:
-    """A Debezium-shaped change event (plain document)."""
+    """A Debezium-shaped change event (plain document); ``source.snapshot``
+    is ``"false"`` (:meth:`KafkaSink._consolidated` marks the reads)."""
     part, offset, seq, ts = pos
     return {
         "before": before, "after": after, "op": op, "ts_ms": into,
@@ -1423,8 +1443,12 @@ class KafkaSink:
         what remains is at most one image retracted (the key's old row) and one
         inserted (its new row), each once. Upsert: the new row as the key's
         value, or a tombstone (null value) when only the old one is left.
-        Debezium: an event ``c`` (no old row), ``u`` (both) or ``d`` (no new
-        row, then a tombstone). Anything else (a key left with two rows, or a
+        Debezium: an event ``r`` (a new row a snapshot read: :func:`_op`),
+        ``c`` (no old row), ``u`` (both) or ``d`` (no new row, then a
+        tombstone); the reads carry ``source.snapshot`` ``"true"``, the
+        commit's last one ``"last"`` (a CDC table's snapshot is read in one
+        job, so it lands in one commit), every other event ``"false"``, as
+        Debezium's snapshots mark theirs. Anything else (a key left with two rows, or a
         row counted twice) is a SinkError naming the key, the IntoTime and the
         positions: the output's upstream key must be part of the sink's key
         (checked when the configuration is loaded). Error rows pass as staged."""
@@ -1447,6 +1471,7 @@ class KafkaSink:
         out = list(errors)
         env = self._envelope()
         value_codec, key_codec = env.codecs(user)
+        events: list[tuple[bytes, dict[str, Any]]] = []  # debezium: (key, event), in order
         for (into, key), images in sorted(groups.items(), key=lambda kv: kv[0][0]):
             live = {v: c for v, c in images.items() if c[0] != 0}
             if not live:
@@ -1467,9 +1492,15 @@ class KafkaSink:
                 continue
             before = json.loads(minus[0]) if minus else None
             after = json.loads(plus[0]) if plus else None
-            op = "u" if before is not None and after is not None else ("c" if after else "d")
             pos = live[plus[0] if plus else minus[0]][1]
-            doc = _event(before, after, op, into, env, pos)
+            events.append((key, _event(before, after, _op(before, after, pos), into, env, pos)))
+        reads = [doc for _, doc in events if doc["op"] == "r"]
+        for doc in reads:
+            doc["source"]["snapshot"] = "true"
+        if reads:
+            reads[-1]["source"]["snapshot"] = "last"
+        for key, doc in events:
+            op = doc["op"]
             try:
                 value = value_codec.encode(doc, self.topic)
             except _value_errors() as exc:

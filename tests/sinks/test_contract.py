@@ -1,6 +1,6 @@
 """The sink contract (reclock/contracts/sink.py), once, for every sink: Delta, Postgres
 (log and state tables), Kafka (a JSON log, and registry Avro upserts), Iceberg
-(log and state tables; SQLite, PostgreSQL and REST catalogs) and the console.
+(log and state tables; SQLite, PostgreSQL, REST and Glue catalogs) and the console.
 Each sink's own test module keeps only what is its own (its storage layout, its
 concurrency, its types).
 
@@ -123,8 +123,10 @@ def _console(tmp_path: Path, request: Any) -> Target:
 
 def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
     """An Iceberg table: a SQLite catalog and a local warehouse, a
-    PostgreSQL catalog (psycopg 3) and an S3 warehouse (moto), or a REST
-    catalog (tests/icebergrest.py) with a bearer token."""
+    PostgreSQL catalog (psycopg 3) and an S3 warehouse (moto), a REST
+    catalog (tests/icebergrest.py) with a bearer token, or an AWS Glue
+    catalog and an S3 warehouse (both moto's, one server; a state table,
+    whose errors table is a second Glue table)."""
     def make(tmp_path: Path, request: Any) -> Target:
         from reclock.sinks._store import S3Access
         from reclock.sinks.iceberg import CatalogConfig, IcebergSink
@@ -143,6 +145,15 @@ def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
             cat = CatalogConfig(type="rest", uri=server.url,
                                 token=SecretStr("contract-token-77"))
             storage = None
+        elif where == "glue":
+            # moto's Glue and S3 (one server), reached as the storage block says
+            s3 = request.getfixturevalue("s3")
+            env = s3.env()
+            storage = S3Access.resolve(env=env)
+            cat = CatalogConfig(type="glue", warehouse=f"s3://{s3.bucket()}/wh")
+            given = {"endpoint": env["AWS_ENDPOINT_URL"], "region": env["AWS_REGION"],
+                     "access_key_id": env["AWS_ACCESS_KEY_ID"],
+                     "secret_access_key": env["AWS_SECRET_ACCESS_KEY"]}
         else:
             s3 = request.getfixturevalue("s3")
             url = request.getfixturevalue("pg_url").replace("postgresql://",
@@ -151,7 +162,7 @@ def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
                                 warehouse=f"s3://{s3.bucket()}/wh")
             storage = S3Access.resolve(env=s3.env())
         table = f"lake.orders_{uuid.uuid4().hex[:8]}"
-        access = cat.access(storage)
+        access = cat.access(storage, given if where == "glue" else None)
 
         def staged_exists(s: PersistSink, d: dict[str, Any]) -> bool:
             sink: IcebergSink = s  # type: ignore[assignment]
@@ -170,12 +181,13 @@ KINDS = {"delta": _delta, "delta-s3": _delta_s3, "postgres-log": _postgres("log"
          "iceberg-log": _iceberg("log"), "iceberg-state": _iceberg("state"),
          "iceberg-s3-pg": _iceberg("log", "s3-pg"),
          "iceberg-state-s3-pg": _iceberg("state", "s3-pg"),
-         "iceberg-rest": _iceberg("state", "rest")}
+         "iceberg-rest": _iceberg("state", "rest"),
+         "iceberg-glue": _iceberg("state", "glue")}
 
 
-#: The kinds that need a real peer (PostgreSQL, Kafka).
+#: The kinds that need a real peer (PostgreSQL, Kafka, moto's server).
 PEER_KINDS = {"delta-s3", "postgres-log", "postgres-state", "kafka", "kafka-avro-upsert",
-              "iceberg-s3-pg", "iceberg-state-s3-pg"}
+              "iceberg-s3-pg", "iceberg-state-s3-pg", "iceberg-glue"}
 
 
 def _params(kinds: Iterable[str]) -> list[Any]:

@@ -38,6 +38,27 @@ def _sink(tmp: Path, mode: str = "log", table: str = "lake.orders", **kw: Any) -
     return s
 
 
+def _glue_sinks(request: Any, n: int, endpoint: str | None = None) -> list[IcebergSink]:
+    """``n`` sinks of one output in a Glue catalog (``endpoint``: its
+    server; default moto's, which also serves the S3 warehouse)."""
+    import uuid
+
+    from reclock.sinks._store import S3Access
+
+    s3 = request.getfixturevalue("s3")
+    env = s3.env()
+    storage = S3Access.resolve(env=env)
+    access = CatalogConfig(type="glue", warehouse=f"s3://{s3.bucket()}/wh").access(
+        storage, {"endpoint": endpoint or env["AWS_ENDPOINT_URL"],
+                  "region": env["AWS_REGION"], "access_key_id": env["AWS_ACCESS_KEY_ID"],
+                  "secret_access_key": env["AWS_SECRET_ACCESS_KEY"]})
+    table = f"lake.orders_{uuid.uuid4().hex[:8]}"
+    sinks = [IcebergSink(NAME, access, table, storage=storage) for _ in range(n)]
+    for s in sinks:
+        s.ensure(USER)
+    return sinks
+
+
 def _rows(keys: list[str], values: list[int], into: int, diff: int, offset: int = 0
           ) -> pa.Table:
     t = updates(keys, into, diff=diff, offset=offset)
@@ -303,17 +324,19 @@ def test_a_key_index_that_names_another_snapshot_is_rebuilt_from_the_table(
         repr(("a",)), repr(("c",)), repr(("d",))]
 
 
-@pytest.mark.parametrize("catalog", ["sql", "rest"])
+@pytest.mark.parametrize("catalog", ["sql", "rest", "glue"])
 def test_racing_committers_fence_each_other_and_lose_nothing(
         tmp_path: Path, catalog: str, request: Any) -> None:
     """Four writers of one output (four sink objects, as four drivers) race
     every round from the same state: exactly one commit lands per round, the
     others are fenced (by the SQL catalog's compare-and-swap, or the REST
-    catalog's 409 on the snapshot requirement), and the table holds exactly
-    the winners' rows."""
+    catalog's 409 on the snapshot requirement, or Glue's version lock:
+    moto's Glue with the lock moto lacks, tests/gluelock.py), and the table
+    holds exactly the winners' rows."""
+    rounds = 5
     if catalog == "sql":
         sinks = [_sink(tmp_path) for _ in range(4)]
-    else:
+    elif catalog == "rest":
         from tests.icebergrest import RestCatalog
 
         server = RestCatalog(tmp_path, "race-token")
@@ -323,12 +346,17 @@ def test_racing_committers_fence_each_other_and_lose_nothing(
         sinks = [IcebergSink(NAME, access, "lake.orders") for _ in range(4)]
         for s in sinks:
             s.ensure(USER)
+    else:  # (each commit is a dozen Glue and S3 calls: fewer rounds)
+        rounds = 3
+        lock = request.getfixturevalue("glue_lock")
+        before = lock.refusals()
+        sinks = _glue_sinks(request, 4, lock.endpoint)
     barrier = threading.Barrier(4)
     outcomes: dict[int, list[str]] = {}
 
     def race(who: int) -> None:
         s = sinks[who]
-        for r in range(5):
+        for r in range(rounds):
             expected = s.state()
             staged = s.stager().stage(f"w{who}r{r}", 0, updates([f"w{who}r{r}"], r))
             barrier.wait()
@@ -344,13 +372,82 @@ def test_racing_committers_fence_each_other_and_lose_nothing(
         t.start()
     for t in threads:
         t.join()
-    assert all(len(outcomes.get(r, [])) == 1 for r in range(5)), outcomes
+    assert all(len(outcomes.get(r, [])) == 1 for r in range(rounds)), outcomes
     rows = sorted(sinks[0].read_updates().column("k").to_pylist())
-    assert rows == sorted(w for r in range(5) for w in outcomes[r])
-    assert sinks[0].state() == SinkState(5, f'"{outcomes[4][0]}"')
+    assert rows == sorted(w for r in range(rounds) for w in outcomes[r])
+    assert sinks[0].state() == SinkState(rounds, f'"{outcomes[rounds - 1][0]}"')
     if catalog == "rest":  # commits reached the catalog and lost there (409), not only the check
         commits = [p for m, p in server.requests if m == "POST" and p.endswith("/orders")]
         assert len(commits) > 5, commits
+    if catalog == "glue":  # updates reached Glue and lost to its version lock
+        assert lock.refusals() > before
+
+
+@pytest.fixture(scope="module")
+def glue_lock(tmp_path_factory: Any) -> Any:
+    """moto's server with Glue's UpdateTable version lock (tests/gluelock.py)."""
+    from tests.gluelock import GlueLockServer
+
+    server = GlueLockServer(tmp_path_factory.mktemp("gluelock") / "server.log")
+    yield server
+    server.close()
+
+
+def _between_read_and_update(sink: IcebergSink, other: IcebergSink, staged: list[Any],
+                             expected: SinkState, new: SinkState) -> None:
+    """Have ``other`` commit once, just before ``sink``'s next Glue
+    ``UpdateTable`` is sent: after the sink (and pyiceberg's GlueCatalog)
+    read the table and checked the state and the requirements against it."""
+    fired: list[bool] = []
+
+    def hook(**_: Any) -> None:
+        if not fired:
+            fired.append(True)
+            other.commit(staged, expected, new)
+
+    sink._cat().glue.meta.events.register("before-call.glue.UpdateTable", hook)
+
+
+def test_a_writer_between_the_glue_read_and_update_is_fenced_by_the_version_lock(
+        request: Any, glue_lock: Any) -> None:
+    """A Glue catalog: another writer commits after this one read the table
+    (its state checked, pyiceberg's requirements met) and before its
+    ``UpdateTable``: Glue refuses the update (the version it read is gone),
+    the commit is :class:`SinkFenced`, and the table holds the other
+    writer's commit and nothing of this one's. On moto's own Glue (no
+    lock) the same commit would succeed and overwrite the other's
+    (:func:`test_moto_glue_ignores_the_update_version`)."""
+    a, b = _glue_sinks(request, 2, glue_lock.endpoint)
+    s1 = SinkState(10, '"p10"')
+    a.commit(a.stager().stage("a0", 0, updates(["a"], 5)), SinkState(), s1)
+    theirs = b.stager().stage("b1", 0, updates(["b"], 15, offset=1))
+    _between_read_and_update(a, b, theirs, s1, SinkState(20, '"b20"'))
+    before = glue_lock.refusals()
+    mine = a.stager().stage("a1", 0, updates(["z"], 15, offset=2))
+    with pytest.raises(SinkFenced):
+        a.commit(mine, s1, SinkState(20, '"a20"'))
+    assert glue_lock.refusals() == before + 1
+    assert b.state() == SinkState(20, '"b20"') and a.state() == SinkState(20, '"b20"')
+    assert sorted(a.read_updates().column("k").to_pylist()) == ["a", "b"]
+
+
+def test_moto_glue_ignores_the_update_version(s3: Any) -> None:
+    """Why tests/gluelock.py exists: moto's Glue (5.2.5) applies an
+    ``UpdateTable`` whose ``VersionId`` is not the table's (AWS Glue
+    refuses it with ConcurrentModificationException). When this fails,
+    moto enforces the lock and the racing tests can use moto's server."""
+    import boto3
+
+    env = s3.env()
+    glue = boto3.client("glue", endpoint_url=env["AWS_ENDPOINT_URL"],
+                        region_name=env["AWS_REGION"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    db = f"lock_{time.monotonic_ns()}"
+    glue.create_database(DatabaseInput={"Name": db})
+    glue.create_table(DatabaseName=db, TableInput={"Name": "t"})
+    glue.update_table(DatabaseName=db, TableInput={"Name": "t"}, VersionId="1")
+    glue.update_table(DatabaseName=db, TableInput={"Name": "t"}, VersionId="1")  # stale
+    assert glue.get_table(DatabaseName=db, Name="t")["Table"]["VersionId"] == "3"
 
 
 def test_a_commit_over_another_writers_snapshot_goes_through(tmp_path: Path) -> None:
@@ -473,6 +570,22 @@ def test_secrets_are_masked(tmp_path: Path) -> None:
         server.close()
 
 
+def test_an_unreachable_glue_catalog_is_transient_and_keeps_its_secret() -> None:
+    from reclock.core.errors import TransientError
+    from reclock.sinks._store import AwsAccessConfig
+
+    cat = CatalogConfig(type="glue", warehouse="s3://b/wh", properties={"glue.max-retries": "1"},
+                        glue=AwsAccessConfig(endpoint="http://127.0.0.1:9", region="us-east-1",
+                                             access_key_id="AKIA1",
+                                             secret_access_key=SecretStr("gl0e-s3cret")))
+    s = IcebergSink(NAME, cat.access(None), "lake.t")
+    assert repr(s) == "IcebergSink('shop.orders', glue catalog http://127.0.0.1:9, table='lake.t')"
+    with pytest.raises(TransientError) as err:
+        s.ensure(USER)
+    assert "glue catalog http://127.0.0.1:9" in str(err.value)
+    assert "gl0e-s3cret" not in str(err.value)
+
+
 def test_the_configuration_block(tmp_path: Path) -> None:
     from reclock.config import load_config
 
@@ -507,6 +620,37 @@ sources:
         load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db'}, table: lake.out, "
              "mode: state, key: [n], errors_table: lake.out}")
     assert sink.write_mode == "merge-on-read" and sink.errors_table is None
+    # Glue: no uri; its endpoint, region and credentials in glue (else the storage block's)
+    glue = load("{type: iceberg, catalog: {type: glue, warehouse: 's3://b/wh', glue: {region: "
+                "eu-west-1, access_key_id: AKIA1, secret_access_key: gl0e-s3cret}}, "
+                "table: lake.out, storage: {region: us-east-2}}").sources[0].outputs[0].sink
+    access = glue.catalog.access(None, glue.storage.given())
+    assert access.properties["glue.region"] == "eu-west-1"
+    assert access.properties["glue.secret-access-key"] == "gl0e-s3cret"
+    assert "gl0e-s3cret" in access.secrets() and "gl0e-s3cret" not in repr(glue)
+    tuned = load("{type: iceberg, catalog: {type: glue, properties: {glue.max-retries: '5'}}, "
+                 "table: lake.out}").sources[0].outputs[0].sink
+    assert tuned.catalog.access(None).properties["glue.max-retries"] == 5
+    inherit = load("{type: iceberg, catalog: {type: glue, warehouse: 's3://b/wh'}, "
+                   "table: lake.out, storage: {endpoint: 'http://127.0.0.1:9', region: "
+                   "us-east-2}}").sources[0].outputs[0].sink
+    access = inherit.catalog.access(None, inherit.storage.given())
+    assert access.properties["glue.endpoint"] == "http://127.0.0.1:9"
+    assert access.properties["glue.region"] == "us-east-2" and access.kind == "glue"
+    with pytest.raises(Exception, match="a glue catalog has no uri"):
+        load("{type: iceberg, catalog: {type: glue, uri: 'http://x'}, table: lake.out}")
+    with pytest.raises(Exception, match="required for a sql catalog"):
+        load("{type: iceberg, catalog: {type: sql}, table: lake.out}")
+    with pytest.raises(Exception, match="only applies to type: glue"):
+        load("{type: iceberg, catalog: {type: sql, uri: 'sqlite:///c.db', glue: {}}, "
+             "table: lake.out}")
+    assert access.properties["glue.max-retries"] == 3  # (boto3 takes a number)
+    with pytest.raises(Exception, match="must be a whole number of attempts"):
+        load("{type: iceberg, catalog: {type: glue, properties: {glue.max-retries: many}}, "
+             "table: lake.out}")
+    with pytest.raises(Exception, match="allow_http"):
+        load("{type: iceberg, catalog: {type: glue, glue: {allow_http: true}}, "
+             "table: lake.out}")
     # The state tables' key rule (reclock.contracts.config.state_key_problem),
     # as for Postgres: Kafka records with the append envelope have no upstream key.
     p = tmp_path / "k.yaml"

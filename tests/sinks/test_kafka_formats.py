@@ -268,6 +268,51 @@ def test_debezium_events_fold_to_the_upstream_rows(
     again.close()
 
 
+def test_a_resnapshot_sends_its_new_rows_as_reads_and_its_corrections_as_changes(
+    kafka: KafkaCluster, tmp_path: Path
+) -> None:
+    """Rows at negative ``_src_part`` are a snapshot's: a snapshot's rows
+    (chunk parts ``-1 - chunk``) are reads (``r``, ``source.snapshot``
+    ``"true"``, the commit's last ``"last"``); a re-snapshot
+    (``reclock resnapshot``: what it retracts at ``RESNAPSHOT_PART``, what
+    it reads at chunk parts) sends a row it did not hold as a read, a row
+    it found changed as ``u`` and one gone as ``d`` (changes a consumer
+    applies as such), and nothing for a row it found as it was; streamed
+    changes (part 0) are ``c``/``u``/``d``, every one ``"false"``."""
+    from reclock.core.columns import RESNAPSHOT_PART
+
+    topic = f"dbz-snap-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    sink = make_sink(kafka, tmp_path, topic, None, "json", "debezium")
+    sink.ensure(USER)
+
+    def at(spec: list[tuple[str, int, int, int, int]], parts: list[int]) -> pa.Table:
+        t = rows(spec)
+        return t.set_column(t.schema.get_field_index("_src_part"), "_src_part",
+                            pa.array(parts, pa.int32()))
+
+    snapshot = at([("a", 1, 1, 10, 0), ("b", 2, 1, 10, 0), ("c", 3, 1, 10, 0)], [-1, -1, -2])
+    stream = rows([("d", 4, 1, 20, 5), ("a", 1, -1, 20, 6), ("a", 9, 1, 20, 6)])
+    resnap = at([("a", 9, -1, 30, 0), ("b", 2, -1, 30, 0), ("c", 3, -1, 30, 0),
+                 ("d", 4, -1, 30, 0),  # the retractions of what the output held ...
+                 ("a", 9, 1, 30, 0), ("b", 7, 1, 30, 0), ("d", 4, 1, 30, 0),  # ... the rows read
+                 ("e", 5, 1, 30, 0)], [RESNAPSHOT_PART] * 4 + [-1] * 4)
+    state = SinkState()
+    for i, t in enumerate((snapshot, stream, resnap)):
+        new = SinkState(11 + 10 * i, f'"p{i}"')
+        sink.commit(sink.stager().stage(f"b{i}", 0, t), state, new)
+        state = new
+    got = []
+    for m in plain_records(kafka.bootstrap, topic):
+        if m.value() is not None:
+            event = json.loads(m.value())
+            got.append((json.loads(m.key())["k"], event["op"], event["source"]["snapshot"]))
+    assert got == [("a", "r", "true"), ("b", "r", "true"), ("c", "r", "last"),
+                   ("d", "c", "false"), ("a", "u", "false"),
+                   ("b", "u", "false"), ("c", "d", "false"), ("e", "r", "last")], got
+    sink.close()
+
+
 def test_log_envelope_in_avro_round_trips(
     kafka: KafkaCluster, tmp_path: Path, registry: RegistryServer
 ) -> None:
@@ -602,8 +647,12 @@ def test_a_postgres_table_lands_as_debezium_events_a_consumer_folds_to_the_table
     """A Postgres CDC table (its primary key the sink's key) into Debezium
     events in registry Protobuf: after inserts, updates, deletes and primary
     key changes (a swap within one statement included), a minimal Debezium
-    consumer (c/u put ``after``, d removes the key) holds ``SELECT *`` of the
-    table: the upstream itself is the model."""
+    consumer (r/c/u put ``after``, d removes the key) holds ``SELECT *`` of
+    the table: the upstream itself is the model. The rows of the initial
+    snapshot come as Debezium's snapshots send theirs: each a read (``op``
+    ``r``, no ``before``) marked ``source.snapshot`` ``"true"``, the last
+    one ``"last"``, and each key's first event; every later change is
+    ``c``, ``u`` or ``d`` with ``source.snapshot`` ``"false"``."""
     import psycopg
 
     from tests.sources.cdc import flushed_lsn, resumed_past
@@ -651,14 +700,24 @@ sources:
     read = Reader("protobuf", registry.url)
     state: dict[int, tuple[Any, Any]] = {}
     ops: dict[str, int] = {}
+    first: dict[int, str] = {}  # each key's first op
+    marks: list[str] = []  # source.snapshot of the reads
     for m in plain_records(kafka.bootstrap, out):
         key = int(read(m.key(), out, True)["id"])
         event = read(m.value(), out, False)
         if event is None:
             assert key not in state  # the tombstone after its delete
             continue
-        ops[event["op"]] = ops.get(event["op"], 0) + 1
-        if event["op"] == "d":
+        op, snapshot = event["op"], event["source"]["snapshot"]
+        ops[op] = ops.get(op, 0) + 1
+        first.setdefault(key, op)
+        if op == "r":
+            assert not event.get("before") and key not in state, event
+            assert event["source"]["src_part"] < 0, event  # a snapshot chunk's position
+            marks.append(snapshot)
+        else:
+            assert snapshot == "false", event
+        if op == "d":
             assert int(event["before"]["id"]) == key
             del state[key]
         else:
@@ -666,7 +725,10 @@ sources:
             n = after.get("n")
             state[key] = (after.get("v"), None if n is None else int(n))
     assert state == upstream
-    assert set(ops) == {"c", "u", "d"}, ops
+    assert set(ops) == {"r", "c", "u", "d"}, ops
+    # the snapshot: the 20 rows the table held, each read once, before any change of it
+    assert ops["r"] == 20 and {k for k, op in first.items() if op == "r"} == set(range(1, 21))
+    assert sorted(marks) == ["last"] + ["true"] * 19, marks
 
 
 @pytest.mark.timeout(600)
