@@ -93,14 +93,32 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _early_spark(path: str) -> Any:
+    """Spark's JVM started now, in the background, as the file's ``spark``
+    block asks, while the file is checked and the plug-ins imported
+    (:class:`~reclock.runtime.spark.EarlySession`); None when the block
+    does not read plainly or ``RECLOCK_EARLY_SPARK=off``."""
+    if os.environ.get("RECLOCK_EARLY_SPARK", "on").lower() in ("off", "0", "false", "no"):
+        return None
+    from reclock.config.loader import spark_view
+
+    view = spark_view(path)
+    if view is None:
+        return None
+    from reclock.runtime.spark import EarlySession
+
+    return EarlySession(*view)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    early = _early_spark(args.file)
     from reclock.pipeline import run
 
     cfg = _load(args.file)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     install_log_filter()
     sys.stderr.write(f"reclock: running {len(cfg.sources)} source(s); state in {cfg.state_dir}\n")
-    runners = run(cfg, duration=args.duration)
+    runners = run(cfg, duration=args.duration, early=early)
     # The run is over and is only shutting down now. Python puts the default
     # handlers back while it finalizes, so a stop request arriving then (a
     # supervisor's SIGTERM racing the pipeline's own end) would kill the

@@ -60,6 +60,7 @@ from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.resnapshot import Requests
 from reclock.runtime.shapes import raw_user_schema
 from reclock.runtime.snapshot_progress import describe as describe_snapshot
+from reclock.runtime.spark import EarlySession
 from reclock.runtime.status import PipelineStatus
 
 log = logging.getLogger("reclock")
@@ -405,10 +406,13 @@ def run(
     on_ready: Callable[[list[SourceRunner]], None] | None = None,
     use_spark: bool = True,
     install_signals: bool = True,
+    early: EarlySession | None = None,
 ) -> Runners:
     """Run every source until stopped (Ctrl-C, SIGTERM, ``duration``, ``stop``)
     or until every source finished. Returns the runners (for tests), with
-    ``http_url`` set when the configuration enables the HTTP endpoint."""
+    ``http_url`` set when the configuration enables the HTTP endpoint.
+    ``early``: a session started while the file was read, used if it was
+    started as ``cfg`` asks (:class:`~reclock.runtime.spark.EarlySession`)."""
     pipe = Pipeline(cfg, clock)
     install_log_filter()  # every record a root handler writes is scrubbed of secrets
     stop = stop or threading.Event()
@@ -428,7 +432,8 @@ def run(
         pipe.close()
         raise
     try:
-        return _run(pipe, cfg, spark, duration, stop, out, on_ready, use_spark, handler, watch)
+        return _run(pipe, cfg, spark, duration, stop, out, on_ready, use_spark, handler, watch,
+                    early)
     finally:
         release()
 
@@ -473,7 +478,8 @@ def _lock(pipe: Pipeline) -> tuple[Callable[[], None], LockWatch | None]:
 def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float | None,
          stop: threading.Event, out: TextIO | None,
          on_ready: Callable[[list[SourceRunner]], None] | None, use_spark: bool,
-         handler: Callable[..., None] | None, watch: LockWatch | None) -> Runners:
+         handler: Callable[..., None] | None, watch: LockWatch | None,
+         early: EarlySession | None = None) -> Runners:
     dropped: list[str] = []
     built: list[BuiltSource] = []
     # Sources and outputs first: what the configuration refuses once the
@@ -489,7 +495,10 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
     if use_spark and spark is None:
         from reclock.runtime.spark import spark_session
 
-        spark = spark_session(cfg.spark.master, cfg.spark.app_name, cfg.spark.conf)
+        wanted = (cfg.spark.master, cfg.spark.app_name, cfg.spark.conf)
+        spark = early.take(*wanted) if early is not None else None
+        if spark is None:
+            spark = spark_session(*wanted)
         if signal.getsignal(signal.SIGINT) is not handler and handler is not None:
             # PySpark's SparkContext installs its own SIGINT handler (cancel
             # every job, raise KeyboardInterrupt); Ctrl-C stops reclock cleanly.

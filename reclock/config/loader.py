@@ -601,6 +601,49 @@ def quick_view(path: str | Path, env: Mapping[str, str] | None = None) -> QuickV
                      cast(tuple[str, ...], names))
 
 
+def spark_view(path: str | Path, env: Mapping[str, str] | None = None
+               ) -> tuple[str, str, dict[str, str]] | None:
+    """The ``spark`` block's master, application name and settings as the
+    pipeline file at ``path`` gives them (the defaults where it is silent),
+    read without validating the file, so that ``reclock run`` can start
+    Spark's JVM while the rest of the file is checked. Only a hint: the
+    session is used if the validated configuration names the same three,
+    and made again otherwise. None when the block does not read plainly."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        if len(text) > MAX_YAML_BYTES:
+            return None
+        loader = LineLoader(text)
+        try:
+            raw = loader.load_tracked()
+        finally:
+            loader.dispose()
+    except (OSError, UnicodeDecodeError, RecursionError, yaml.YAMLError):
+        return None
+    if loader.problems or not isinstance(raw, dict):
+        return None
+    block = raw.get("spark", {})
+    if not isinstance(block, dict):
+        return None
+    data, problems = _substituted({"spark": block}, env)
+    block = data["spark"]
+    master, app, conf = (block.get("master", "local[*]"), block.get("app_name", "reclock"),
+                         block.get("conf", {}))
+    if problems or not isinstance(master, str) or not isinstance(app, str) or not isinstance(
+            conf, dict):
+        return None
+    plain: dict[str, str] = {}
+    for k, v in conf.items():
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        elif isinstance(v, int | float):
+            v = str(v)
+        if not isinstance(k, str) or not isinstance(v, str):
+            return None
+        plain[k] = v
+    return master, app, plain
+
+
 def _char_at(text: str, mark: yaml.Mark | None) -> str:
     """The character at ``mark`` in ``text`` ("" when out of range)."""
     if mark is None:

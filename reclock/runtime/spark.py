@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import threading
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -72,6 +73,47 @@ def spark_session(
         # very code: ship it, so that driver and executors never differ.
         session.sparkContext.addPyFile(str(package_zip()))
     return session
+
+
+class EarlySession:
+    """A session started in a background thread while the driver reads and
+    checks its configuration, imports its plug-ins and opens its sources:
+    the JVM's start (seconds) overlaps that work instead of following it.
+    ``(master, app_name, conf)`` come from an unvalidated read of the file
+    (:func:`reclock.config.loader.spark_view`); :meth:`take` hands the
+    session over only if the validated configuration names the same.
+
+    The thread is a daemon, and Spark's JVM exits when this process does
+    (it watches its standard input), so a driver that stops before taking
+    the session (a configuration error, an interrupt) leaves nothing behind.
+    Started outside the main thread, PySpark installs no SIGINT handler."""
+
+    def __init__(self, master: str, app_name: str, conf: Mapping[str, str]) -> None:
+        self.args = (master, app_name, dict(conf))
+        self._session: Any = None
+        self._failed = False
+        self._thread = threading.Thread(target=self._start, name="reclock-spark-start",
+                                        daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self._session = spark_session(*self.args)
+        except BaseException:  # (the driver's own start reports what went wrong)
+            self._failed = True
+
+    def take(self, master: str, app_name: str, conf: Mapping[str, str]) -> Any | None:
+        """The session, once started, if it was started as the validated
+        configuration asks; otherwise None (a session started otherwise is
+        stopped first, so that the caller's start makes a new one)."""
+        self._thread.join()
+        if self._failed or self._session is None:
+            return None
+        if (master, app_name, dict(conf)) == self.args:
+            return self._session
+        self._session.stop()
+        self._session = None
+        return None
 
 
 _ZIP: Path | None = None
