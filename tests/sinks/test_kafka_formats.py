@@ -32,12 +32,12 @@ from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from reclock.clients.schema_registry import RegistryHandle
 from reclock.config import load_config
 from reclock.contracts.consolidate import consolidate
 from reclock.contracts.rows import output_schema
 from reclock.contracts.sink import SinkError, SinkState
 from reclock.pipeline import Pipeline
-from reclock.sinks._kafka_formats import Registry
 from reclock.sinks.kafka import KafkaSink
 from tests.kafkabroker import KafkaCluster
 from tests.registry import RegistryServer, registry_server
@@ -98,7 +98,7 @@ def make_sink(kafka: KafkaCluster, tmp_path: Path, topic: str, reg: RegistryServ
     return KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
                      staging_dir=tmp_path / "staging", timeout_s=10.0, format=fmt,
                      envelope=envelope, key=("k",),
-                     registry=None if reg is None else Registry(reg.url), **kw)
+                     registry=None if reg is None else RegistryHandle.writer(reg.url), **kw)
 
 
 def commit_all(sink: KafkaSink, commits: list[list[tuple[str, int | None, int, int, int]]]
@@ -275,7 +275,7 @@ def test_log_envelope_in_avro_round_trips(
     kafka.create_topic(topic, 1)
     sink = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
                      staging_dir=tmp_path / "staging", timeout_s=10.0, format="avro",
-                     registry=Registry(registry.url), key_columns=["k"])
+                     registry=RegistryHandle.writer(registry.url), key_columns=["k"])
     sink.ensure(USER)
     commit_all(sink, COMMITS[:2])
     read = Reader("avro", registry.url)
@@ -327,7 +327,7 @@ def test_values_a_format_cannot_hold_are_error_rows(
     user = pa.schema([("k", pa.string()), ("n", pa.uint64())])
     sink = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
                      staging_dir=tmp_path / "staging", timeout_s=10.0, format="avro",
-                     registry=Registry(registry.url), envelope="upsert", key=("k",))
+                     registry=RegistryHandle.writer(registry.url), envelope="upsert", key=("k",))
     sink.ensure(user)
     base = rows([("a", 1, 1, 10, 0), ("b", 2, 1, 10, 1), ("c", 3, 1, 10, 2)])
     table = pa.table({"k": base.column("k"), "n": pa.array([1, 2**64 - 1, 3], pa.uint64()),
@@ -394,7 +394,8 @@ def crash_commit(bootstrap: str, topic: str, staging: str, url: str,
                  staged: list[dict[str, Any]], expected: SinkState, new: SinkState) -> None:
     """Child process: commit ``staged``, dying by SIGKILL after half the records."""
     s = CrashingSink(NAME, bootstrap_servers=bootstrap, topic=topic, staging_dir=staging,
-                     format="avro", registry=Registry(url), envelope="upsert", key=("k",))
+                     format="avro", registry=RegistryHandle.writer(url), envelope="upsert",
+                     key=("k",))
     s.crash_at = ("produced", 6)  # of 12
     s.ensure(USER)
     s.commit(staged, expected, new)
@@ -582,13 +583,39 @@ def test_the_sink_block_is_checked_when_the_file_loads(
     assert problem in str(info.value)
 
 
+def test_the_registry_block_makes_the_writers_client_settings() -> None:
+    """The sink's ``registry:`` block becomes a writer's handle: basic auth,
+    the CA file, the timeout in whole seconds (at least one) and the
+    client's own request retries; every handle of the same settings in a
+    process (a codec's pickled copy too) shares one client, other
+    credentials get their own."""
+    from reclock.sinks.kafka import RegistryConfig
+
+    block = RegistryConfig.model_validate({
+        "url": "https://registry:8081", "username": "writer", "password": "pw-1",
+        "ca_location": "/etc/ssl/ca.pem", "timeout": 1500})
+    handle = block.registry()
+    assert handle._conf() == {"url": "https://registry:8081", "timeout": 1.0,
+                              "basic.auth.user.info": "writer:pw-1",
+                              "ssl.ca.location": "/etc/ssl/ca.pem"}
+    assert "pw-1" not in repr(handle)
+    short = RegistryConfig.model_validate({"url": "http://r:8081", "timeout": 200}).registry()
+    assert short._conf() == {"url": "http://r:8081", "timeout": 1.0}
+    plain = RegistryHandle.writer("http://r:8081")
+    copy = pickle.loads(pickle.dumps(plain))
+    assert copy is not plain and copy.shared_client() is plain.shared_client()
+    other = RegistryHandle.writer("http://r:8081", user="u", password="p")
+    assert other.shared_client() is not plain.shared_client()
+
+
 def test_an_unreachable_registry_is_transient(kafka: KafkaCluster, tmp_path: Path) -> None:
     from reclock.core.errors import TransientError
 
     topic = f"noreg-{uuid.uuid4().hex[:8]}"
     sink = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
                      staging_dir=tmp_path / "staging", timeout_s=10.0, format="avro",
-                     registry=Registry("http://127.0.0.1:9", "u", "s3cret-pw", timeout_s=1),
+                     registry=RegistryHandle.writer("http://127.0.0.1:9", user="u",
+                                                    password="s3cret-pw", timeout=1),
                      envelope="upsert", key=("k",))
     with pytest.raises(TransientError, match="schema registry") as info:
         sink.ensure(USER)
@@ -794,16 +821,18 @@ def test_registry_credentials_are_sent_and_a_refusal_is_definite(
     with registry_server(auth=("writer", "right-pw")) as reg:
         good = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
                          staging_dir=tmp_path / "staging", timeout_s=10.0, format="avro",
-                         registry=Registry(reg.url, "writer", "right-pw"), envelope="upsert",
-                         key=("k",))
+                         registry=RegistryHandle.writer(reg.url, user="writer",
+                                                        password="right-pw"),
+                         envelope="upsert", key=("k",))
         good.ensure(USER)
         commit_all(good, COMMITS[:1])
         assert {f"{topic}-key", f"{topic}-value"} <= set(reg.subjects)
         good.close()
         bad = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
                         staging_dir=tmp_path / "staging", timeout_s=10.0, format="avro",
-                        registry=Registry(reg.url, "writer", "wrong-pw"), envelope="upsert",
-                        key=("k",))
+                        registry=RegistryHandle.writer(reg.url, user="writer",
+                                                       password="wrong-pw"),
+                        envelope="upsert", key=("k",))
         with pytest.raises(SinkError, match="schema registry") as info:
             bad.ensure(USER)
         assert "wrong-pw" not in str(info.value) and "wrong-pw" not in repr(bad.stager())
