@@ -46,8 +46,10 @@ Every field of a nullable Arrow field is optional: a union with ``null``
 ``null`` in JSON Schema. A Protobuf list or map has no null: a null list is
 written as an empty one, and reads back as an empty one.
 
-The registry client (confluent-kafka's ``SchemaRegistryClient``) is made
-lazily in each process that serializes (executors stage, the driver
+The registry is reached through
+:class:`~reclock.clients.schema_registry.RegistryHandle` (made by
+:meth:`~reclock.clients.schema_registry.RegistryHandle.writer`), whose client
+is made lazily in each process that serializes (executors stage, the driver
 produces): a :class:`Codec` pickles as its description only.
 """
 
@@ -61,11 +63,11 @@ import math
 import re
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
+from reclock.clients.schema_registry import RegistryHandle
 from reclock.contracts.encoding import is_binary, is_listlike
 
 #: Formats the sink writes; the last three through a schema registry.
@@ -80,41 +82,6 @@ _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 class ValueRefused(ValueError):
     """A value the format cannot hold (a row that becomes an error row)."""
-
-
-@dataclass(frozen=True)
-class Registry:
-    """Where the schemas live: a Confluent-compatible schema registry."""
-
-    url: str
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    ca_location: str | None = None
-    timeout_s: float = 30.0
-
-    def client_conf(self) -> dict[str, Any]:
-        conf: dict[str, Any] = {"url": self.url, "timeout": max(1, int(self.timeout_s))}
-        if self.username is not None:
-            conf["basic.auth.user.info"] = f"{self.username}:{self.password or ''}"
-        if self.ca_location is not None:
-            conf["ssl.ca.location"] = self.ca_location
-        return conf
-
-
-_clients: dict[Registry, Any] = {}
-_clients_lock = threading.Lock()
-
-
-def registry_client(reg: Registry) -> Any:
-    """This process's client of ``reg`` (made on first use, shared by every
-    codec of the process: it caches schemas and ids)."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient
-
-    with _clients_lock:
-        client = _clients.get(reg)
-        if client is None:
-            client = _clients[reg] = SchemaRegistryClient(reg.client_conf())
-        return client
 
 
 # -- which schemas a format can hold -------------------------------------------------------
@@ -578,7 +545,7 @@ class Codec:
     registry client and the serializers are made on first use in each
     process."""
 
-    def __init__(self, fmt: str, schema: pa.Schema, *, registry: Registry | None = None,
+    def __init__(self, fmt: str, schema: pa.Schema, *, registry: RegistryHandle | None = None,
                  subject: str | None = None, name: str = "Value",
                  namespace: str = "reclock", is_key: bool = False) -> None:
         if fmt in REGISTRY_FORMATS and (registry is None or subject is None):
@@ -632,52 +599,35 @@ class Codec:
         ser = getattr(self._local, "ser", None)
         if ser is not None:
             return ser  # type: ignore[no-any-return]
-        assert self.registry is not None
-        client = registry_client(self.registry)
-        subject = self.subject
-        conf = {"auto.register.schemas": True, "subject.name.strategy": lambda ctx, rec: subject}
+        assert self.registry is not None and self.subject is not None
         if self.fmt == "avro":
-            from confluent_kafka.schema_registry.avro import AvroSerializer
-
-            ser = AvroSerializer(client, json.dumps(self.avro_schema()), conf=conf)
+            schema: Any = json.dumps(self.avro_schema())
         elif self.fmt == "json_schema":
-            from confluent_kafka.schema_registry.json_schema import JSONSerializer
-
-            ser = JSONSerializer(json.dumps(self.json_schema()), client, conf=conf)
+            schema = json.dumps(self.json_schema())
         else:
-            from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
-
-            ser = ProtobufSerializer(self._message_class(), client,
-                                     {**conf, "use.deprecated.format": False})
-        self._local.ser = ser
-        return ser  # type: ignore[no-any-return]
+            schema = self._message_class()
+        ser = self._local.ser = self.registry.serializer(self.fmt, schema, self.subject)
+        return ser
 
     def _deserializer(self) -> Callable[[Any, Any], Any]:
         de = getattr(self._local, "de", None)
         if de is not None:
             return de  # type: ignore[no-any-return]
         assert self.registry is not None
-        client = registry_client(self.registry)
-        if self.fmt == "avro":
-            from confluent_kafka.schema_registry.avro import AvroDeserializer
-
-            de = AvroDeserializer(client)
-        elif self.fmt == "json_schema":
-            from confluent_kafka.schema_registry.json_schema import JSONDeserializer
-
-            de = JSONDeserializer(None, schema_registry_client=client)
+        if self.fmt == "protobuf":
+            de = self._protobuf_reader(self.registry)
         else:
-            de = self._protobuf_reader(client)
+            de = self.registry.deserializer(self.fmt)
         self._local.de = de
         return de
 
-    def _protobuf_reader(self, client: Any) -> Callable[[Any, Any], Any]:
+    def _protobuf_reader(self, registry: RegistryHandle) -> Callable[[Any, Any], Any]:
         """Protobuf records are parsed with the message class of the schema
         that wrote them (from the registry, by the record's schema id), so a
         record written before the columns changed reads by field name."""
-        from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
         from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+        client = registry.shared_client()
         readers: dict[int, Any] = {}
 
         def read(data: bytes, ctx: Any) -> Any:
@@ -686,13 +636,14 @@ class Codec:
             sid = int.from_bytes(data[1:5], "big")
             if sid not in readers:
                 text = client.get_schema(sid, fmt="serialized").schema_str
+                if text is None:
+                    raise ValueError(f"schema id {sid}: the registry answered no schema text")
                 fd = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text))
                 pool = descriptor_pool.DescriptorPool()
                 pool.Add(fd)
                 cls = message_factory.GetMessageClass(
                     pool.FindMessageTypeByName(f"{fd.package}.{fd.message_type[0].name}"))
-                readers[sid] = ProtobufDeserializer(cls, {"use.deprecated.format": False},
-                                                    client)
+                readers[sid] = registry.deserializer("protobuf", cls)
             return readers[sid](data, ctx)
 
         return read
@@ -701,17 +652,12 @@ class Codec:
         """Register the schema under the subject (the driver does this before
         any record is staged, so an incompatible schema is refused at once);
         its id. Registry errors are raised as the client raises them."""
-        from confluent_kafka.schema_registry import Schema
-
         assert self.registry is not None and self.subject is not None
-        kind = {"avro": "AVRO", "json_schema": "JSON", "protobuf": "PROTOBUF"}[self.fmt]
-        client = registry_client(self.registry)
         if self.fmt == "protobuf":
             # the serializer registers it: the same call the producer makes
             self._serializer()(self._message_class()(), self._ctx(topic))
-            return int(client.lookup_schema(self.subject, Schema(self.schema_text(), kind))
-                       .schema_id)
-        return int(client.register_schema(self.subject, Schema(self.schema_text(), kind)))
+            return self.registry.lookup(self.subject, self.schema_text(), self.fmt)
+        return self.registry.register(self.subject, self.schema_text(), self.fmt)
 
     def encode(self, doc: Mapping[str, Any], topic: str) -> bytes:
         """The record of plain document ``doc``; :class:`ValueRefused` (or

@@ -161,6 +161,7 @@ from confluent_kafka.cimpl import NewTopic
 from pydantic import Field, SecretStr
 from pydantic_core import InitErrorDetails
 
+from reclock.clients.schema_registry import RegistryHandle, topic_subject
 from reclock.contracts.config import KAFKA_TOPIC_PATTERN, ConfigModel, DurationMs, problem
 from reclock.contracts.encoding import from_json, is_binary, is_listlike, to_json, write_ipc
 from reclock.contracts.rows import REFUSED_RAW_MAX, conform, output_schema, refuse_rows
@@ -205,7 +206,6 @@ from reclock.sinks._kafka_formats import (
     FORMATS,
     REGISTRY_FORMATS,
     Codec,
-    Registry,
     ValueRefused,
     schema_problems,
 )
@@ -541,7 +541,7 @@ class Envelope:
 
     kind: str = "log"
     format: str = "json"
-    registry: Registry | None = None
+    registry: RegistryHandle | None = None
     topic: str = ""
     key: tuple[str, ...] = ()
     value_subject: str | None = None
@@ -977,7 +977,7 @@ class KafkaSink:
         owner: Owner | None = None,
         envelope: str = "log",
         key: Sequence[str] = (),
-        registry: Registry | None = None,
+        registry: RegistryHandle | None = None,
         subject: str | None = None,
         key_subject: str | None = None,
     ) -> None:
@@ -1009,8 +1009,8 @@ class KafkaSink:
         self.key = tuple(key)
         self.key_columns = tuple(key_columns) if envelope == "log" else self.key
         self.registry = registry
-        self.value_subject = subject or f"{topic}-value"
-        self.key_subject = key_subject or f"{topic}-key"
+        self.value_subject = subject or topic_subject(topic)
+        self.key_subject = key_subject or topic_subject(topic, is_key=True)
         self.staging_root = staging_root(staging_dir, name)
         self.timeout_s = timeout_s
         self._properties = dict(properties or {})
@@ -2042,10 +2042,11 @@ class RegistryConfig(ConfigModel):
     timeout: DurationMs = Field(default=int(DEFAULT_TIMEOUT_S * 1000), gt=0)
     """Bound on one registry request."""
 
-    def registry(self) -> Registry:
-        return Registry(self.url, self.username,
-                        None if self.password is None else self.password.get_secret_value(),
-                        self.ca_location, self.timeout / 1000.0)
+    def registry(self) -> RegistryHandle:
+        return RegistryHandle.writer(
+            self.url, user=self.username,
+            password=None if self.password is None else self.password.get_secret_value(),
+            ca_location=self.ca_location, timeout=self.timeout / 1000.0)
 
 
 class KafkaSinkConfig(SinkConfigBase):

@@ -275,6 +275,12 @@ class KafkaCluster:
         self._wait(self.admin().create_topics([new], operation_timeout=30), "create topic")
         self.wait_leaders(topic)
 
+    def new_topic(self, prefix: str, partitions: int = 1) -> str:
+        """A topic of its own for one test, ``<prefix>-<8 hex digits>``, created."""
+        topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.create_topic(topic, partitions)
+        return topic
+
     def add_partitions(self, topic: str, total: int) -> None:
         """CreatePartitions: the topic grows to ``total`` partitions."""
         self._wait(self.admin().create_partitions([NewPartitions(topic, total)],
@@ -340,7 +346,7 @@ def read_committed(bootstrap: str, topic: str, timeout: float = 120.0) -> list[A
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"plain-{uuid.uuid4().hex}",
                   "isolation.level": "read_committed", "enable.partition.eof": True,
                   "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                  "log_level": 0})
+                  "fetch.wait.max.ms": 10, "log_level": 0})
     try:
         parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
         c.assign([TopicPartition(topic, p, 0) for p in parts])

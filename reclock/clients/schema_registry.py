@@ -31,6 +31,19 @@ guarantees the formats rely on:
   *list* is read afresh at every :meth:`RegistryHandle.versions` call (the
   driver re-reads it at every open), through a client of its own so that
   no cached answer of an earlier open hides a reset subject.
+
+The Kafka sink writes through the same handle (:meth:`RegistryHandle.writer`):
+it registers its record schemas (:meth:`RegistryHandle.register`,
+:meth:`RegistryHandle.lookup`) and serializes with confluent-kafka's own
+serializers (:meth:`RegistryHandle.serializer`, under a subject it names
+itself, by default Confluent's TopicNameStrategy: :func:`topic_subject`),
+on a client shared by every handle of the same settings in the process
+(:meth:`RegistryHandle.shared_client`: the client caches registrations, so
+a task's codecs do not ask the registry again for a schema another task of
+the process registered). The writing calls raise the client's own errors
+(``SchemaRegistryError``, httpx's): the sink sorts them into its own
+definite and transient errors. An https registry's CA file is
+``ca_location``.
 """
 
 from __future__ import annotations
@@ -38,8 +51,9 @@ from __future__ import annotations
 import os
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -50,8 +64,14 @@ from reclock.core.secrets import register as register_secret
 
 T = TypeVar("T")
 
-#: the request retries of the client (the data plane retries beyond them)
-_CLIENT_RETRIES = {"max.retries": 2, "retries.wait.ms": 100, "retries.max.wait.ms": 1000}
+#: the request retries of the readers' client (the data plane retries beyond them)
+READ_RETRIES: Mapping[str, int] = MappingProxyType(
+    {"max.retries": 2, "retries.wait.ms": 100, "retries.max.wait.ms": 1000})
+#: no retry settings: the client's own (3 retries, 1 s to 20 s apart), the writer's
+CLIENT_DEFAULT_RETRIES: Mapping[str, int] = MappingProxyType({})
+#: the schema types of the registry, by the sink's format names
+SCHEMA_TYPES: Mapping[str, str] = MappingProxyType(
+    {"avro": "AVRO", "json_schema": "JSON", "protobuf": "PROTOBUF"})
 
 
 class RegistryConfigError(DefiniteError, ValueError):
@@ -86,6 +106,12 @@ class Fetched:
     references: tuple[Reference, ...] = ()
 
 
+def topic_subject(topic: str, is_key: bool = False) -> str:
+    """The subject of a topic's value (or key) schema by Confluent's
+    TopicNameStrategy: ``<topic>-value``, ``<topic>-key``."""
+    return f"{topic}-{'key' if is_key else 'value'}"
+
+
 def _quote(subject: str) -> str:
     return urllib.parse.quote(subject, safe="")
 
@@ -101,7 +127,9 @@ class RegistryHandle:
     module docstring)."""
 
     def __init__(self, url: str, timeout: float = 10.0, *, user: str | None = None,
-                 password: str | None = None, fmt: str | None = None) -> None:
+                 password: str | None = None, fmt: str | None = None,
+                 ca_location: str | None = None,
+                 retries: Mapping[str, int] = READ_RETRIES) -> None:
         try:
             parts = urllib.parse.urlsplit(url)
             ok = parts.scheme in ("http", "https") and bool(parts.hostname)
@@ -133,6 +161,10 @@ class RegistryHandle:
         #: base64 ``FileDescriptorProto``, what a reader needs; a registry
         #: answers .proto text otherwise), None for the others
         self.fmt = fmt
+        #: a CA certificate file (or directory) for an https registry
+        self.ca_location = ca_location
+        #: the client's request retries (its ``max.retries``, ``retries.*``)
+        self.retries = dict(retries)
         self._user = user
         self._password = password
         self._client: SchemaRegistryClient | None = None
@@ -155,10 +187,21 @@ class RegistryHandle:
         self._lock = threading.Lock()
 
     # -- the client (per process) ----------------------------------------------------------
+    @classmethod
+    def writer(cls, url: str, *, user: str | None = None, password: str | None = None,
+               ca_location: str | None = None, timeout: float = 30.0) -> RegistryHandle:
+        """A handle to register schemas and serialize records with (the Kafka
+        sink's): the client's own request retries (the sink's data plane
+        retries beyond them), ``timeout`` in whole seconds, at least one."""
+        return cls(url, max(1, int(timeout)), user=user, password=password,
+                   ca_location=ca_location, retries=CLIENT_DEFAULT_RETRIES)
+
     def _conf(self) -> dict[str, Any]:
-        conf: dict[str, Any] = {"url": self.url, "timeout": self.timeout, **_CLIENT_RETRIES}
+        conf: dict[str, Any] = {"url": self.url, "timeout": self.timeout, **self.retries}
         if self._user is not None:
             conf["basic.auth.user.info"] = f"{self._user}:{self._password or ''}"
+        if self.ca_location is not None:
+            conf["ssl.ca.location"] = self.ca_location
         return conf
 
     def client(self) -> SchemaRegistryClient:
@@ -169,6 +212,18 @@ class RegistryHandle:
                 self._client = SchemaRegistryClient(self._conf())
                 self._pid = os.getpid()
             return self._client
+
+    def shared_client(self) -> SchemaRegistryClient:
+        """This process's client of the handle's settings, one for every
+        handle with the same settings (made on first use; a forked process
+        makes its own). The writers use it: its caches of registrations and
+        ids then serve every codec of the process."""
+        key = (os.getpid(), tuple(sorted(self._conf().items())))
+        with _shared_lock:
+            client = _shared.get(key)
+            if client is None:
+                client = _shared[key] = SchemaRegistryClient(self._conf())
+            return client
 
     def _call(self, path: str, fn: Callable[[], T]) -> T:
         """``fn()`` (the client's ``GET path``), its failures sorted into
@@ -280,3 +335,69 @@ class RegistryHandle:
                 yield ref, dep
 
         yield from walk(fetched.references)
+
+    # -- the writers' API ------------------------------------------------------------------
+    def register(self, subject: str, text: str, fmt: str) -> int:
+        """Register schema ``text`` of format ``fmt`` (``avro``, ``protobuf``,
+        ``json_schema``) under ``subject``; its id. The client's errors are
+        raised as it raises them."""
+        from confluent_kafka.schema_registry import Schema
+
+        return int(self.shared_client().register_schema(subject,
+                                                        Schema(text, SCHEMA_TYPES[fmt])))
+
+    def lookup(self, subject: str, text: str, fmt: str) -> int:
+        """The id of schema ``text`` of format ``fmt``, registered under
+        ``subject`` (the client's errors as it raises them: a 404 when it is
+        not)."""
+        from confluent_kafka.schema_registry import Schema
+
+        got = self.shared_client().lookup_schema(subject, Schema(text, SCHEMA_TYPES[fmt]))
+        return _id(got.schema_id)
+
+    def serializer(self, fmt: str, schema: Any, subject: str) -> Callable[[Any, Any], bytes]:
+        """confluent-kafka's serializer of ``fmt``, on the shared client: it
+        registers ``schema`` (the Avro or JSON Schema text; for Protobuf, the
+        message class) under ``subject`` whatever the topic, on its first
+        record, and writes Confluent's wire format."""
+        conf: dict[str, Any] = {"auto.register.schemas": True,
+                                "subject.name.strategy": lambda ctx, rec: subject}
+        client = self.shared_client()
+        if fmt == "avro":
+            from confluent_kafka.schema_registry.avro import AvroSerializer
+
+            return AvroSerializer(client, schema, conf=conf)  # type: ignore[no-any-return]
+        if fmt == "json_schema":
+            from confluent_kafka.schema_registry.json_schema import JSONSerializer
+
+            return JSONSerializer(schema, client, conf=conf)  # type: ignore[no-any-return]
+        if fmt == "protobuf":
+            from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+            return ProtobufSerializer(  # type: ignore[no-any-return]
+                schema, client, {**conf, "use.deprecated.format": False})
+        raise ValueError(f"format {fmt} has no registry serializer")
+
+    def deserializer(self, fmt: str, message_class: Any = None) -> Callable[[Any, Any], Any]:
+        """confluent-kafka's deserializer of ``fmt`` on the shared client: the
+        writer's schema by the id each record carries (Protobuf: records of
+        ``message_class``)."""
+        client = self.shared_client()
+        if fmt == "avro":
+            from confluent_kafka.schema_registry.avro import AvroDeserializer
+
+            return AvroDeserializer(client)  # type: ignore[no-any-return]
+        if fmt == "json_schema":
+            from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+
+            return JSONDeserializer(None, schema_registry_client=client)  # type: ignore[no-any-return]
+        if fmt == "protobuf":
+            from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+
+            return ProtobufDeserializer(  # type: ignore[no-any-return]
+                message_class, {"use.deprecated.format": False}, client)
+        raise ValueError(f"format {fmt} has no registry deserializer")
+
+
+_shared: dict[tuple[int, tuple[tuple[str, Any], ...]], SchemaRegistryClient] = {}
+_shared_lock = threading.Lock()

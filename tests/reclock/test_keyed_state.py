@@ -23,7 +23,7 @@ from reclock.config import load_config
 from reclock.pipeline import Pipeline
 from reclock.runtime.upsert_state import UpsertState
 from reclock.verify import verify_pipeline
-from tests.running import running, wait_for
+from tests.running import kafka_upsert_source, running, wait_for
 
 
 def _meta(n: int, diff: list[int], t0: int = 10) -> dict[str, pa.Array]:
@@ -105,15 +105,7 @@ def upsert_pipeline(tmp_path: Path, bootstrap: str, topic: str) -> Path:
 state_dir: {tmp_path}/state
 timestamp_interval: 200ms
 sources:
-  - name: up
-    kafka: {{bootstrap_servers: "{bootstrap}", topic: {topic}, timeout: 5s}}
-    outputs:
-      - name: up
-        format: {{type: json, schema: {{body: string}}}}
-        key_format: {{type: json, schema: {{id: int64}}}}
-        envelope: {{type: upsert, key: [id]}}
-        sink: file
-""")
+{kafka_upsert_source("up", bootstrap, topic)}""")
     return path
 
 

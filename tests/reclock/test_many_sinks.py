@@ -19,32 +19,30 @@ import psycopg
 import pytest
 
 from reclock.cli import main
-from reclock.config import ConfigError, load_config
+from reclock.config import load_config
 from reclock.pipeline import Pipeline, run
 from reclock.verify import verify_pipeline
 from tests.running import (
     close_driver,
+    config_errors,
+    counter_source,
+    kv_source,
+    read_updates,
+    request_resnapshot,
     start_driver,
     status_sources,
     stop_driver,
     wait_for,
     wait_running,
 )
+from tests.sources.cdc import execute
 from tests.sources.test_generator_kv import generate, replay
 
 # -- configuration: checked when the file loads, before anything starts ------------------------
 
 
-def _errors(tmp_path: Path, text: str) -> list[tuple[int | None, str | None, str]]:
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(textwrap.dedent(text).lstrip("\n"))
-    with pytest.raises(ConfigError) as info:
-        load_config(path, env={})
-    return [(i.line, i.path, i.message) for i in info.value.issues]
-
-
 def test_sink_and_sinks_names_and_targets_are_checked_at_load(tmp_path: Path) -> None:
-    assert _errors(tmp_path, """
+    assert config_errors(tmp_path, """
         sources:
           - name: a
             generator: {kind: counter}
@@ -93,7 +91,7 @@ def test_sink_and_sinks_names_and_targets_are_checked_at_load(tmp_path: Path) ->
          "sources[5].outputs[0].sinks[0], line 28)"),
     ]
     # a sink of one output against a sink of another, and a state key per sink
-    assert _errors(tmp_path, """
+    assert config_errors(tmp_path, """
         sources:
           - name: a
             generator: {kind: counter}
@@ -190,23 +188,14 @@ TOTAL, KEYS, EVERY, SIZE, SEED = 3_000, 200, 7, 12, 5
 
 
 def _kv(tmp_path: Path, pg_url: str) -> Path:
+    sinks = (f'sinks: [delta, {{type: postgres, dsn: "{pg_url}", table: kv_state, '
+             "mode: state, key: [key]}]")
     path = tmp_path / "pipeline.yaml"
     path.write_text(f"""
 state_dir: {tmp_path}/state
 timestamp_interval: 200ms
 sources:
-  - name: kv
-    generator: {{kind: key-value, keys: {KEYS}, seed: {SEED}, rate: 2000,
-                 max_records: {TOTAL}, delete_every: {EVERY}, value_size: {SIZE}}}
-    outputs:
-      - name: state
-        format: {{type: json, schema: {{n: int64, payload: string}}}}
-        key_format: {{type: json, schema: {{key: int64}}}}
-        envelope: {{type: upsert, key: [key]}}
-        sinks:
-          - delta
-          - {{type: postgres, dsn: "{pg_url}", table: kv_state, mode: state, key: [key]}}
-""")
+{kv_source(KEYS, SEED, 2000, TOTAL, EVERY, SIZE, sinks)}""")
     return path
 
 
@@ -276,6 +265,7 @@ N = 8_000
 
 
 def _counter(tmp_path: Path, pg_url: str) -> Path:
+    sinks = f'[delta, {{type: postgres, dsn: "{pg_url}", table: log}}]'
     path = tmp_path / "pipeline.yaml"
     path.write_text(f"""
 state_dir: {tmp_path}/state
@@ -283,14 +273,7 @@ timestamp_interval: 200ms
 max_retry_backoff: 1s
 spark: {{master: "local[2]"}}
 sources:
-  - name: counter
-    generator: {{kind: counter, rate: 400, max_records: {N}}}
-    outputs:
-      - name: value
-        format: {{type: json, schema: {{n: int64, payload: string}}}}
-        sinks:
-          - delta
-          - {{type: postgres, dsn: "{pg_url}", table: log}}
+{counter_source(400, N, None, sinks=sinks)}
 """)
     return path
 
@@ -388,12 +371,7 @@ def test_a_failing_sink_stalls_only_itself_and_catches_up_after_a_kill(
         pg = Counter(n for (n,) in c.execute("select n from log where _diff = 1"))
         assert c.execute("select count(*) from log where _diff <> 1 or _error is not null"
                          ).fetchone() == (0,)
-    pipe = Pipeline(cfg)
-    try:
-        src = cfg.sources[0]
-        lake = pipe.sink(src, src.outputs[0], "delta").read_updates()
-    finally:
-        pipe.close()
+    lake = read_updates(cfg, "counter", "value", "delta")
     assert set(lake.column("_diff").to_pylist()) == {1}
     model = Counter(range(N))
     assert pg == model, (len(pg), sorted((pg - model).items())[:5], sorted(model - pg)[:5])
@@ -557,16 +535,7 @@ state_dir: {tmp_path}/state
 timestamp_interval: 200ms
 spark: {{master: "local[2]"}}
 sources:
-  - name: kv
-    generator: {{kind: key-value, keys: {KEYS}, seed: {SEED}, rate: 300,
-                 max_records: {OLD_TOTAL}, delete_every: {EVERY}, value_size: {SIZE}}}
-    outputs:
-      - name: state
-        format: {{type: json, schema: {{n: int64, payload: string}}}}
-        key_format: {{type: json, schema: {{key: int64}}}}
-        envelope: {{type: upsert, key: [key]}}
-        sink: file
-""")
+{kv_source(KEYS, SEED, 300, OLD_TOTAL, EVERY, SIZE)}""")
     state = tmp_path / "state"
     proc = subprocess.Popen([sys.executable, "-m", "reclock.cli", "run", str(path)],
                             env={**os.environ, "PYTHONPATH": str(old),
@@ -624,6 +593,31 @@ sources:
 # -- a PostgreSQL CDC table into Delta, and PostgreSQL and Iceberg state tables --------------
 
 
+#: the CDC tests' upstream table: 300 accounts
+ACCT = ("create table acct (id int primary key, owner text, bal int)",
+        "insert into acct select i, 'o' || i, i * 10 from generate_series(1, 300) i")
+
+
+def _bank(tmp_path: Path, cdc_url: str, sinks: str, create: bool = True) -> Any:
+    """The loaded config of source ``bank`` reading table ``acct`` (made
+    first, unless ``create`` is false) into output ``acct`` with ``sinks``
+    (the YAML after ``sinks:``)."""
+    if create:
+        execute(cdc_url, *ACCT)
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+state_dir: {tmp_path}/state
+timestamp_interval: 200ms
+sources:
+  - name: bank
+    postgres: {{dsn: "{cdc_url}", tables: [acct]}}
+    outputs:
+      - name: acct
+        sinks: {sinks}
+""")
+    return load_config(path)
+
+
 def test_a_cdc_table_lands_in_delta_and_postgres_and_iceberg_state_tables_equal_to_upstream(
         tmp_path: Path, spark: Any, cdc_url: str) -> None:
     """One CDC output, three sinks: its snapshot and then inserts, updates,
@@ -634,25 +628,11 @@ def test_a_cdc_table_lands_in_delta_and_postgres_and_iceberg_state_tables_equal_
     from tests.running import running
     from tests.sources.cdc import flushed_lsn, output_rows, resumed_past, source_rows
 
-    with psycopg.connect(cdc_url, autocommit=True) as c:
-        c.execute("create table acct (id int primary key, owner text, bal int)")
-        c.execute("insert into acct select i, 'o' || i, i * 10 from generate_series(1, 300) i")
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(f"""
-state_dir: {tmp_path}/state
-timestamp_interval: 200ms
-sources:
-  - name: bank
-    postgres: {{dsn: "{cdc_url}", tables: [acct]}}
-    outputs:
-      - name: acct
-        sinks:
+    cfg = _bank(tmp_path, cdc_url, f"""
           - delta
           - {{type: postgres, dsn: "{cdc_url}", table: acct_copy, mode: state, key: [id]}}
           - {{type: iceberg, catalog: {{type: sql, uri: "sqlite:///{tmp_path}/iceberg.db",
-             warehouse: "{tmp_path}/warehouse"}}, table: bank.acct, mode: state, key: [id]}}
-""")
-    cfg = load_config(path)
+             warehouse: "{tmp_path}/warehouse"}}, table: bank.acct, mode: state, key: [id]}}""")
     with running(cfg, spark) as runners:
         wait_for(lambda: all((o.state.upper or 0) > 0 for o in runners[0].outputs), 90,
                  "the snapshot in both sinks")
@@ -667,12 +647,7 @@ sources:
         assert [o.health.status for o in runners[0].outputs] == ["running"] * 3
     want = source_rows(cdc_url, "select id, owner, bal from acct")
     assert len(want) == 300 - 42 + 100
-    pipe = Pipeline(cfg)
-    try:
-        src = cfg.sources[0]
-        lake = pipe.sink(src, src.outputs[0], "delta").read_updates()
-    finally:
-        pipe.close()
+    lake = read_updates(cfg, "bank", "acct", "delta")
     assert output_rows(lake, ["id", "owner", "bal"]) == want
     assert source_rows(cdc_url, "select id, owner, bal from acct_copy") == want
     from pyiceberg.catalog import load_catalog
@@ -713,14 +688,9 @@ sources:
 """)
     cfg = load_config(path)
     lake = tmp_path / "state" / "outputs" / "gen"
-    src = cfg.sources[0]
 
     def counts(sink: str) -> Counter[tuple[Any, ...]]:
-        pipe = Pipeline(cfg)
-        try:
-            return held(pipe.sink(src, src.outputs[0], sink).read_updates(), ["n"])[0]
-        finally:
-            pipe.close()
+        return held(read_updates(cfg, "gen", "n", sink), ["n"])[0]
 
     def once(sink: str) -> bool:
         c = counts(sink)
@@ -731,11 +701,7 @@ sources:
         damage(lake / "n.a", lambda t: t.delete("n % 3 = 1"))
         damage(lake / "n.b", lambda t: t.delete("n % 5 = 0"))
         assert not once("a") and not once("b")
-        pipe = Pipeline(cfg)
-        try:
-            pipe.request_resnapshot("gen", "n")
-        finally:
-            pipe.close()
+        request_resnapshot(cfg, "gen", "n")
         requests = Requests(tmp_path / "state", "gen")
         wait_for(lambda: not requests.pending(), 90, "the re-snapshot of both sinks")
         assert [o.health.status for o in runners[0].outputs] == ["running"] * 2
@@ -761,16 +727,8 @@ state_dir: {tmp_path}/state
 timestamp_interval: 200ms
 max_retry_backoff: 1s
 sources:
-  - name: kv
-    generator: {{kind: key-value, keys: {KEYS}, seed: {SEED}, rate: 200,
-                 max_records: {TOTAL}, delete_every: {EVERY}, value_size: {SIZE}}}
-    outputs:
-      - name: state
-        format: {{type: json, schema: {{n: int64, payload: string}}}}
-        key_format: {{type: json, schema: {{key: int64}}}}
-        envelope: {{type: upsert, key: [key]}}
-        sinks: [{{type: delta, name: a}}, {{type: delta, name: b}}]
-""")
+{kv_source(KEYS, SEED, 200, TOTAL, EVERY, SIZE,
+           "sinks: [{type: delta, name: a}, {type: delta, name: b}]")}""")
     cfg = load_config(path)
 
     def stalled() -> list[dict[str, Any]]:
@@ -820,23 +778,10 @@ def test_a_sink_added_to_a_cdc_output_takes_a_snapshot_the_other_does_not_hold_t
     from tests.running import running
     from tests.sources.cdc import flushed_lsn, output_rows, resumed_past, source_rows
 
-    with psycopg.connect(cdc_url, autocommit=True) as c:
-        c.execute("create table acct (id int primary key, owner text, bal int)")
-        c.execute("insert into acct select i, 'o' || i, i * 10 from generate_series(1, 300) i")
-    path = tmp_path / "pipeline.yaml"
+    execute(cdc_url, *ACCT)
 
     def pipeline(sinks: str) -> Any:
-        path.write_text(f"""
-state_dir: {tmp_path}/state
-timestamp_interval: 200ms
-sources:
-  - name: bank
-    postgres: {{dsn: "{cdc_url}", tables: [acct]}}
-    outputs:
-      - name: acct
-        sinks: {sinks}
-""")
-        return load_config(path)
+        return _bank(tmp_path, cdc_url, sinks, create=False)
 
     for cfg, change in ((pipeline("[delta]"), "update acct set bal = bal + 1 where id < 50"),
                         (pipeline("[delta, {type: delta, name: copy}]"),
@@ -846,13 +791,8 @@ sources:
                 c.execute(change)
             wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 90, "the sinks to catch up")
     want = source_rows(cdc_url, "select id, owner, bal from acct")
-    pipe = Pipeline(cfg)
-    try:
-        src = cfg.sources[0]
-        for name in ("delta", "copy"):
-            lake = pipe.sink(src, src.outputs[0], name).read_updates()
-            assert output_rows(lake, ["id", "owner", "bal"]) == want, name
-    finally:
-        pipe.close()
+    for name in ("delta", "copy"):
+        lake = read_updates(cfg, "bank", "acct", name)
+        assert output_rows(lake, ["id", "owner", "bal"]) == want, name
     [report] = verify_pipeline(cfg)
     assert report.ok, [(o.output, o.breaches, o.samples) for o in report.outputs]

@@ -97,7 +97,7 @@ def _kafka(tmp_path: Path, request: Any) -> Target:
 
 def _kafka_avro_upsert(tmp_path: Path, request: Any) -> Target:
     """Registry Avro records of the current row per key (tombstones for deletes)."""
-    from reclock.sinks._kafka_formats import Registry
+    from reclock.clients.schema_registry import RegistryHandle
     from reclock.sinks.kafka import KafkaSink
     from tests.registry import RegistryServer
 
@@ -108,8 +108,8 @@ def _kafka_avro_upsert(tmp_path: Path, request: Any) -> Target:
     kafka.create_topic(topic, 2)
     return Target("kafka-avro-upsert", lambda owner: KafkaSink(
         NAME, bootstrap_servers=kafka.bootstrap, topic=topic, staging_dir=tmp_path / "staging",
-        timeout_s=10.0, format="avro", registry=Registry(registry.url), envelope="upsert",
-        key=("k",), owner=owner),
+        timeout_s=10.0, format="avro", registry=RegistryHandle.writer(registry.url),
+        envelope="upsert", key=("k",), owner=owner),
         lambda s, d: (s.staging_root / d["path"]).exists())  # type: ignore[attr-defined]
 
 

@@ -167,14 +167,13 @@ class Killed(BaseException):
     pass
 
 
-@pytest.mark.parametrize("point", ["state_before_log", "state_logged"])
-def test_a_crash_in_a_commit_loses_and_doubles_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
-    """Killed before the log entry: nothing happened; after it, before the
-    key index caught up: the commit happened, and the next commit rebuilds
-    the index from the table."""
-    sink = make(tmp_path / "t")
-    model, rnd = Model(), random.Random(3)
+def killed_second_commit(sink: DeltaSink, model: Model, rnd: random.Random, point: str,
+                         monkeypatch: pytest.MonkeyPatch
+                         ) -> tuple[SinkState, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Commits the model's first step (30 rows, upper 2), then kills the
+    commit of its second (upper 3) at crash point ``point``; (the state of
+    the first commit, the rows the model held then, the killed commit's
+    updates)."""
     st = commit(sink, updates(model.step(rnd, 1, 30)), SinkState(), 2)
     before = model.expected()
     rows = model.step(rnd, 2, 30)
@@ -187,6 +186,18 @@ def test_a_crash_in_a_commit_loses_and_doubles_nothing(
     with pytest.raises(Killed):
         commit(sink, updates(rows), st, 3)
     monkeypatch.undo()
+    return st, before, rows
+
+
+@pytest.mark.parametrize("point", ["state_before_log", "state_logged"])
+def test_a_crash_in_a_commit_loses_and_doubles_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    """Killed before the log entry: nothing happened; after it, before the
+    key index caught up: the commit happened, and the next commit rebuilds
+    the index from the table."""
+    sink = make(tmp_path / "t")
+    model, rnd = Model(), random.Random(3)
+    st, before, rows = killed_second_commit(sink, model, rnd, point, monkeypatch)
     fresh = make(tmp_path / "t")  # the restarted driver
     landed = fresh.state()
     if point == "state_before_log":

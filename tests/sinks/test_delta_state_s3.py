@@ -25,10 +25,10 @@ from tests.s3server import KEY_ID, REGION, SECRET
 from tests.sinks.test_delta_state import (
     NAME,
     USER,
-    Killed,
     Model,
     commit,
     current,
+    killed_second_commit,
     updates,
 )
 
@@ -113,18 +113,7 @@ def test_a_crash_around_the_log_entry_on_s3_loses_and_doubles_nothing(
     uri = f"s3://{s3.bucket()}/lake/crash"
     sink = _sink(s3, uri, tmp_path / "i")
     model, rnd = Model(), random.Random(23)
-    st = commit(sink, updates(model.step(rnd, 1, 30)), SinkState(), 2)
-    before = model.expected()
-    rows = model.step(rnd, 2, 30)
-
-    def crash(name: str) -> None:
-        if name == point:
-            raise Killed
-
-    monkeypatch.setattr(delta_mod.faults, "crash_point", crash)
-    with pytest.raises(Killed):
-        commit(sink, updates(rows), st, 3)
-    monkeypatch.undo()
+    st, before, rows = killed_second_commit(sink, model, rnd, point, monkeypatch)
     fresh = _sink(s3, uri, tmp_path / "i")  # the restarted driver, same index file
     landed = fresh.state()
     if point == "state_before_log":

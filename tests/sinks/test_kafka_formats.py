@@ -25,23 +25,23 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from reclock.clients.schema_registry import RegistryHandle
 from reclock.config import load_config
 from reclock.contracts.consolidate import consolidate
 from reclock.contracts.rows import output_schema
 from reclock.contracts.sink import SinkError, SinkState
 from reclock.pipeline import Pipeline
-from reclock.sinks._kafka_formats import Registry
 from reclock.sinks.kafka import KafkaSink
-from tests.kafkabroker import KafkaCluster
+from tests.kafkabroker import KafkaCluster, read_committed
 from tests.registry import RegistryServer, registry_server
-from tests.running import running, wait_for
+from tests.running import kafka_upsert_source, running, snapshot_durable, wait_for
 
 NAME = "src.orders"
 USER = pa.schema([("k", pa.string()), ("v", pa.int64()), ("tags", pa.list_(pa.string()))])
@@ -93,12 +93,18 @@ def model(commits: list[list[tuple[str, int | None, int, int, int]]]) -> dict[st
     return state
 
 
-def make_sink(kafka: KafkaCluster, tmp_path: Path, topic: str, reg: RegistryServer | None,
-              fmt: str, envelope: str, **kw: Any) -> KafkaSink:
-    return KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
-                     staging_dir=tmp_path / "staging", timeout_s=10.0, format=fmt,
-                     envelope=envelope, key=("k",),
-                     registry=None if reg is None else Registry(reg.url), **kw)
+def make_sink(kafka: KafkaCluster, tmp_path: Path, topic: str,
+              reg: RegistryServer | RegistryHandle | None, fmt: str = "avro",
+              envelope: str = "upsert", **kw: Any) -> KafkaSink:
+    """The tests' sink on ``topic``: keyed by ``k`` unless the envelope is
+    log; ``reg`` a registry server (a writer's handle of its URL) or a
+    handle; ``kw`` overrides the rest."""
+    registry = (RegistryHandle.writer(reg.url) if isinstance(reg, RegistryServer) else reg)
+    settings: dict[str, Any] = {
+        "staging_dir": tmp_path / "staging", "timeout_s": 10.0, "format": fmt,
+        "envelope": envelope, "key": ("k",) if envelope != "log" else (),
+        "registry": registry, **kw}
+    return KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic, **settings)
 
 
 def commit_all(sink: KafkaSink, commits: list[list[tuple[str, int | None, int, int, int]]]
@@ -110,31 +116,6 @@ def commit_all(sink: KafkaSink, commits: list[list[tuple[str, int | None, int, i
         sink.commit(staged, state, new)
         state = new
     return state
-
-
-def plain_records(bootstrap: str, topic: str) -> list[Any]:
-    """Every record a plain read_committed consumer gets, in each partition's order."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
-                  "isolation.level": "read_committed", "enable.partition.eof": True,
-                  "enable.auto.commit": False, "fetch.wait.max.ms": 10})
-    try:
-        parts = sorted(c.list_topics(topic, timeout=5).topics[topic].partitions)
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        pending, out = set(parts), []
-        deadline = time.monotonic() + 20
-        while pending and time.monotonic() < deadline:
-            m = c.poll(0.2)
-            if m is None:
-                continue
-            if m.error():
-                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                pending.discard(m.partition())
-                continue
-            out.append(m)
-        assert not pending, f"did not reach the end of {topic}"
-        return out
-    finally:
-        c.close()
 
 
 class Reader:
@@ -182,8 +163,7 @@ FORMATS = ["avro", "protobuf", "json_schema", "json"]
 def test_upsert_records_fold_to_the_upstream_rows(
     kafka: KafkaCluster, tmp_path: Path, registry: RegistryServer, fmt: str
 ) -> None:
-    topic = f"up-{fmt.replace('_', '')}-{uuid.uuid4().hex[:8]}"
-    kafka.create_topic(topic, 2)
+    topic = kafka.new_topic(f"up-{fmt.replace('_', '')}", 2)
     sink = make_sink(kafka, tmp_path, topic, None if fmt == "json" else registry, fmt, "upsert")
     sink.ensure(USER)
     commit_all(sink, COMMITS)
@@ -192,7 +172,7 @@ def test_upsert_records_fold_to_the_upstream_rows(
     read = Reader(fmt, None if fmt == "json" else registry.url)
     folded: dict[str, int | None] = {}
     tombstones = []
-    for m in plain_records(kafka.bootstrap, topic):
+    for m in read_committed(kafka.bootstrap, topic):
         k = read(m.key(), topic, key=True)["k"]
         value = read(m.value(), topic, key=False)
         if value is None:
@@ -222,8 +202,7 @@ def test_upsert_records_fold_to_the_upstream_rows(
 def test_debezium_events_fold_to_the_upstream_rows(
     kafka: KafkaCluster, tmp_path: Path, registry: RegistryServer, fmt: str
 ) -> None:
-    topic = f"dbz-{fmt.replace('_', '')}-{uuid.uuid4().hex[:8]}"
-    kafka.create_topic(topic, 1)
+    topic = kafka.new_topic(f"dbz-{fmt.replace('_', '')}")
     sink = make_sink(kafka, tmp_path, topic, None if fmt == "json" else registry, fmt,
                      "debezium")
     sink.ensure(USER)
@@ -234,7 +213,7 @@ def test_debezium_events_fold_to_the_upstream_rows(
     read = Reader(fmt, None if fmt == "json" else registry.url)
     state: dict[str, int | None] = {}
     ops = []
-    for m in plain_records(kafka.bootstrap, topic):
+    for m in read_committed(kafka.bootstrap, topic):
         k = read(m.key(), topic, key=True)["k"]
         event = read(m.value(), topic, key=False)
         if event is None:
@@ -303,7 +282,7 @@ def test_a_resnapshot_sends_its_new_rows_as_reads_and_its_corrections_as_changes
         sink.commit(sink.stager().stage(f"b{i}", 0, t), state, new)
         state = new
     got = []
-    for m in plain_records(kafka.bootstrap, topic):
+    for m in read_committed(kafka.bootstrap, topic):
         if m.value() is not None:
             event = json.loads(m.value())
             got.append((json.loads(m.key())["k"], event["op"], event["source"]["snapshot"]))
@@ -316,16 +295,13 @@ def test_a_resnapshot_sends_its_new_rows_as_reads_and_its_corrections_as_changes
 def test_log_envelope_in_avro_round_trips(
     kafka: KafkaCluster, tmp_path: Path, registry: RegistryServer
 ) -> None:
-    topic = f"log-avro-{uuid.uuid4().hex[:8]}"
-    kafka.create_topic(topic, 1)
-    sink = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
-                     staging_dir=tmp_path / "staging", timeout_s=10.0, format="avro",
-                     registry=Registry(registry.url), key_columns=["k"])
+    topic = kafka.new_topic("log-avro")
+    sink = make_sink(kafka, tmp_path, topic, registry, "avro", "log", key_columns=["k"])
     sink.ensure(USER)
     commit_all(sink, COMMITS[:2])
     read = Reader("avro", registry.url)
     recs = [(read(m.key(), topic, True), read(m.value(), topic, False))
-            for m in plain_records(kafka.bootstrap, topic)]
+            for m in read_committed(kafka.bootstrap, topic)]
     assert len(recs) == sum(len(c) for c in COMMITS[:2])
     assert all(k == {"k": v["k"]} for k, v in recs)
     assert {"_diff", "_into_time", "_src_offset"} <= set(recs[0][1])
@@ -339,8 +315,7 @@ def test_log_envelope_in_avro_round_trips(
 def test_a_column_added_registers_a_new_version_and_old_records_still_read(
     kafka: KafkaCluster, tmp_path: Path, registry: RegistryServer, fmt: str
 ) -> None:
-    topic = f"evo-{fmt}-{uuid.uuid4().hex[:8]}"
-    kafka.create_topic(topic, 1)
+    topic = kafka.new_topic(f"evo-{fmt}")
     sink = make_sink(kafka, tmp_path, topic, registry, fmt, "upsert")
     sink.ensure(USER)
     state = commit_all(sink, COMMITS[:1])
@@ -367,12 +342,9 @@ def test_values_a_format_cannot_hold_are_error_rows(
 ) -> None:
     """Avro has no unsigned 64-bit type: a value above a long's range is an
     error row with its position; the rest of the batch lands."""
-    topic = f"bad-{uuid.uuid4().hex[:8]}"
-    kafka.create_topic(topic, 1)
+    topic = kafka.new_topic("bad")
     user = pa.schema([("k", pa.string()), ("n", pa.uint64())])
-    sink = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
-                     staging_dir=tmp_path / "staging", timeout_s=10.0, format="avro",
-                     registry=Registry(registry.url), envelope="upsert", key=("k",))
+    sink = make_sink(kafka, tmp_path, topic, registry)
     sink.ensure(user)
     base = rows([("a", 1, 1, 10, 0), ("b", 2, 1, 10, 1), ("c", 3, 1, 10, 2)])
     table = pa.table({"k": base.column("k"), "n": pa.array([1, 2**64 - 1, 3], pa.uint64()),
@@ -389,22 +361,21 @@ def test_values_a_format_cannot_hold_are_error_rows(
     assert sorted(ok.column("k").to_pylist()) == ["a", "c"]
     read = Reader("avro", registry.url)
     assert sorted(read(m.value(), topic, False)["n"]
-                  for m in plain_records(kafka.bootstrap, topic)) == [1, 3]
+                  for m in read_committed(kafka.bootstrap, topic)) == [1, 3]
     sink.close()
 
 
 def test_updates_that_leave_a_key_two_rows_are_refused(
     kafka: KafkaCluster, tmp_path: Path, registry: RegistryServer
 ) -> None:
-    topic = f"two-{uuid.uuid4().hex[:8]}"
-    kafka.create_topic(topic, 1)
+    topic = kafka.new_topic("two")
     sink = make_sink(kafka, tmp_path, topic, registry, "avro", "upsert")
     sink.ensure(USER)
     staged = sink.stager().stage("b0", 0, rows([("a", 1, 1, 10, 0), ("a", 2, 1, 10, 1)]))
     with pytest.raises(SinkError, match=r"key \{'k': 'a'\} at IntoTime 10 do not leave it one"):
         sink.commit(staged, SinkState(), SinkState(11, '"x"'))
     assert sink.state() == SinkState()
-    assert plain_records(kafka.bootstrap, topic) == []
+    assert read_committed(kafka.bootstrap, topic) == []
     sink.close()
 
 
@@ -439,7 +410,8 @@ def crash_commit(bootstrap: str, topic: str, staging: str, url: str,
                  staged: list[dict[str, Any]], expected: SinkState, new: SinkState) -> None:
     """Child process: commit ``staged``, dying by SIGKILL after half the records."""
     s = CrashingSink(NAME, bootstrap_servers=bootstrap, topic=topic, staging_dir=staging,
-                     format="avro", registry=Registry(url), envelope="upsert", key=("k",))
+                     format="avro", registry=RegistryHandle.writer(url), envelope="upsert",
+                     key=("k",))
     s.crash_at = ("produced", 6)  # of 12
     s.ensure(USER)
     s.commit(staged, expected, new)
@@ -448,8 +420,7 @@ def crash_commit(bootstrap: str, topic: str, staging: str, url: str,
 def test_kill_9_mid_commit_loses_and_doubles_nothing(
     kafka: KafkaCluster, tmp_path: Path, registry: RegistryServer
 ) -> None:
-    topic = f"kill-{uuid.uuid4().hex[:8]}"
-    kafka.create_topic(topic, 2)
+    topic = kafka.new_topic("kill", 2)
     sink = make_sink(kafka, tmp_path, topic, registry, "avro", "upsert")
     sink.ensure(USER)
     s1 = commit_all(sink, COMMITS[:1])
@@ -466,7 +437,7 @@ def test_kill_9_mid_commit_loses_and_doubles_nothing(
 
     def seen() -> list[tuple[str, int | None]]:
         out = []
-        for m in plain_records(kafka.bootstrap, topic):
+        for m in read_committed(kafka.bootstrap, topic):
             value = read(m.value(), topic, False)
             out.append((read(m.key(), topic, True)["k"], None if value is None else value["v"]))
         return sorted(out, key=str)
@@ -564,7 +535,7 @@ sources:
     folded: dict[int, dict[str, Any]] = {}
     tombstones = 0
     per_key: dict[int, int] = {}
-    for m in plain_records(kafka.bootstrap, out):
+    for m in read_committed(kafka.bootstrap, out):
         key = read(m.key(), out, True)
         value = read(m.value(), out, False)
         per_key[key["id"]] = per_key.get(key["id"], 0) + 1
@@ -627,14 +598,38 @@ def test_the_sink_block_is_checked_when_the_file_loads(
     assert problem in str(info.value)
 
 
+def test_the_registry_block_makes_the_writers_client_settings() -> None:
+    """The sink's ``registry:`` block becomes a writer's handle: basic auth,
+    the CA file, the timeout in whole seconds (at least one) and the
+    client's own request retries; every handle of the same settings in a
+    process (a codec's pickled copy too) shares one client, other
+    credentials get their own."""
+    from reclock.sinks.kafka import RegistryConfig
+
+    block = RegistryConfig.model_validate({
+        "url": "https://registry:8081", "username": "writer", "password": "pw-1",
+        "ca_location": "/etc/ssl/ca.pem", "timeout": 1500})
+    handle = block.registry()
+    assert handle._conf() == {"url": "https://registry:8081", "timeout": 1.0,
+                              "basic.auth.user.info": "writer:pw-1",
+                              "ssl.ca.location": "/etc/ssl/ca.pem"}
+    assert "pw-1" not in repr(handle)
+    short = RegistryConfig.model_validate({"url": "http://r:8081", "timeout": 200}).registry()
+    assert short._conf() == {"url": "http://r:8081", "timeout": 1.0}
+    plain = RegistryHandle.writer("http://r:8081")
+    copy = pickle.loads(pickle.dumps(plain))
+    assert copy is not plain and copy.shared_client() is plain.shared_client()
+    other = RegistryHandle.writer("http://r:8081", user="u", password="p")
+    assert other.shared_client() is not plain.shared_client()
+
+
 def test_an_unreachable_registry_is_transient(kafka: KafkaCluster, tmp_path: Path) -> None:
     from reclock.core.errors import TransientError
 
     topic = f"noreg-{uuid.uuid4().hex[:8]}"
-    sink = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
-                     staging_dir=tmp_path / "staging", timeout_s=10.0, format="avro",
-                     registry=Registry("http://127.0.0.1:9", "u", "s3cret-pw", timeout_s=1),
-                     envelope="upsert", key=("k",))
+    unreachable = RegistryHandle.writer("http://127.0.0.1:9", user="u", password="s3cret-pw",
+                                        timeout=1)
+    sink = make_sink(kafka, tmp_path, topic, unreachable)
     with pytest.raises(TransientError, match="schema registry") as info:
         sink.ensure(USER)
     assert "s3cret-pw" not in str(info.value) and "s3cret-pw" not in repr(sink.stager())
@@ -655,16 +650,16 @@ def test_a_postgres_table_lands_as_debezium_events_a_consumer_folds_to_the_table
     ``c``, ``u`` or ``d`` with ``source.snapshot`` ``"false"``."""
     import psycopg
 
-    from tests.sources.cdc import flushed_lsn, resumed_past
+    from tests.sources.cdc import execute, flushed_lsn, resumed_past
 
     table = f"dbz_{uuid.uuid4().hex[:6]}"
     out = f"{table}-events"
     kafka.create_topic(out, 2)
-    with psycopg.connect(cdc_url, autocommit=True) as c:
-        c.execute(f"create table {table} (id int, v text, n bigint, "
-                  f"constraint {table}_pk primary key (id) deferrable initially immediate)")
-        c.execute(f"alter table {table} replica identity full")
-        c.execute(f"insert into {table} select i, 'v' || i, i * 10 from generate_series(1, 20) i")
+    execute(cdc_url,
+            f"create table {table} (id int, v text, n bigint, "
+            f"constraint {table}_pk primary key (id) deferrable initially immediate)",
+            f"alter table {table} replica identity full",
+            f"insert into {table} select i, 'v' || i, i * 10 from generate_series(1, 20) i")
     path = tmp_path / "p.yaml"
     path.write_text(f"""
 state_dir: {tmp_path}/state
@@ -680,8 +675,7 @@ sources:
 """)
     cfg = load_config(path)
     with running(cfg, spark) as runners:
-        wait_for(lambda: runners[0].status().get("resume") not in (None, ["0/0"]), 90,
-                 "the snapshot to be durable")
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute(f"update {table} set v = v || '!' where id % 3 = 0")
             c.execute(f"delete from {table} where id in (4, 5)")
@@ -702,7 +696,7 @@ sources:
     ops: dict[str, int] = {}
     first: dict[int, str] = {}  # each key's first op
     marks: list[str] = []  # source.snapshot of the reads
-    for m in plain_records(kafka.bootstrap, out):
+    for m in read_committed(kafka.bootstrap, out):
         key = int(read(m.key(), out, True)["id"])
         event = read(m.value(), out, False)
         if event is None:
@@ -774,6 +768,9 @@ def test_kill_9_of_the_driver_loses_and_doubles_no_upsert_record(
                   value=None if v is None else json.dumps(v).encode())
     assert p.flush(30) == 0
     state = tmp_path / "state"
+    sink = (f'sink: {{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {out}, '
+            f'format: avro, registry: {{url: "{registry.url}"}}, envelope: upsert, key: [id], '
+            "timeout: 5s}")
     path = tmp_path / "p.yaml"
     path.write_text(f"""
 state_dir: {state}
@@ -784,23 +781,13 @@ spark:
   conf:
     spark.driver.extraJavaOptions: "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 sources:
-  - name: up
-    kafka: {{bootstrap_servers: "{kafka.bootstrap}", topic: {src}, timeout: 5s}}
-    outputs:
-      - name: up
-        format: {{type: json, schema: {{body: string}}}}
-        key_format: {{type: json, schema: {{id: int64}}}}
-        envelope: {{type: upsert, key: [id]}}
-        sink: {{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {out},
-                format: avro, registry: {{url: "{registry.url}"}}, envelope: upsert,
-                key: [id], timeout: 5s}}
-""")
+{kafka_upsert_source("up", kafka.bootstrap, src, sink)}""")
     read = Reader("avro", registry.url)
 
     def fold() -> tuple[dict[int, str], dict[int, list[str | None]]]:
         held: dict[int, str] = {}
         history: dict[int, list[str | None]] = {}
-        for m in plain_records(kafka.bootstrap, out):
+        for m in read_committed(kafka.bootstrap, out):
             key = read(m.key(), out, True)["id"]
             value = read(m.value(), out, False)
             history.setdefault(key, []).append(None if value is None else value["body"])
@@ -851,21 +838,16 @@ sources:
 def test_registry_credentials_are_sent_and_a_refusal_is_definite(
     kafka: KafkaCluster, tmp_path: Path
 ) -> None:
-    topic = f"auth-{uuid.uuid4().hex[:8]}"
-    kafka.create_topic(topic, 1)
+    topic = kafka.new_topic("auth")
     with registry_server(auth=("writer", "right-pw")) as reg:
-        good = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
-                         staging_dir=tmp_path / "staging", timeout_s=10.0, format="avro",
-                         registry=Registry(reg.url, "writer", "right-pw"), envelope="upsert",
-                         key=("k",))
+        good = make_sink(kafka, tmp_path, topic,
+                         RegistryHandle.writer(reg.url, user="writer", password="right-pw"))
         good.ensure(USER)
         commit_all(good, COMMITS[:1])
         assert {f"{topic}-key", f"{topic}-value"} <= set(reg.subjects)
         good.close()
-        bad = KafkaSink(NAME, bootstrap_servers=kafka.bootstrap, topic=topic,
-                        staging_dir=tmp_path / "staging", timeout_s=10.0, format="avro",
-                        registry=Registry(reg.url, "writer", "wrong-pw"), envelope="upsert",
-                        key=("k",))
+        bad = make_sink(kafka, tmp_path, topic,
+                        RegistryHandle.writer(reg.url, user="writer", password="wrong-pw"))
         with pytest.raises(SinkError, match="schema registry") as info:
             bad.ensure(USER)
         assert "wrong-pw" not in str(info.value) and "wrong-pw" not in repr(bad.stager())

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
 import reclock.sinks.kafka as kafka_mod
 from reclock.contracts.rows import output_schema
@@ -40,7 +40,7 @@ from reclock.sinks.kafka import (
     ProgressRecord,
     resolve_chain,
 )
-from tests.kafkabroker import KafkaCluster
+from tests.kafkabroker import KafkaCluster, read_committed
 from tests.sinks.rows import SCHEMA, USER, updates
 
 NAME = "orders.main"
@@ -83,33 +83,6 @@ def sink(topics: Topics) -> Iterator[KafkaSink]:
     s.close()
 
 
-def raw_records(bootstrap: str, topic: str) -> list[Any]:
-    """Every record a plain read_committed consumer gets from ``topic``."""
-    c = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
-        "isolation.level": "read_committed", "enable.partition.eof": True,
-        "enable.auto.commit": False, "fetch.wait.max.ms": 10,
-    })
-    try:
-        parts = sorted(c.list_topics(topic, timeout=5).topics[topic].partitions)
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        pending, out = set(parts), []
-        deadline = time.monotonic() + 10
-        while pending and time.monotonic() < deadline:
-            m = c.poll(0.2)
-            if m is None:
-                continue
-            if m.error():
-                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                pending.discard(m.partition())
-                continue
-            out.append(m)
-        assert not pending, f"did not reach the end of {topic} {pending}"
-        return out
-    finally:
-        c.close()
-
-
 def keys(table: pa.Table) -> list[str]:
     return sorted(table.column("k").to_pylist())
 
@@ -138,7 +111,7 @@ def test_staged_rows_round_trip_through_the_topic(topics: Topics, sink: KafkaSin
     assert os.listdir(sink.staging_root) == []  # staged files go once committed
 
     # What any Kafka consumer sees: JSON key and value, batch and output headers.
-    recs = raw_records(topics.kafka.bootstrap, topics.topic)
+    recs = read_committed(topics.kafka.bootstrap, topics.topic)
     assert len(recs) == 3
     for m in recs:
         value = json.loads(m.value())
@@ -148,7 +121,7 @@ def test_staged_rows_round_trip_through_the_topic(topics: Topics, sink: KafkaSin
         assert headers[HEADER_OUTPUT] == NAME.encode()
         assert len(headers[HEADER_BATCH]) == 32
     assert len({dict(m.headers())[HEADER_BATCH] for m in recs}) == 1  # one transaction
-    assert raw_records(topics.kafka.bootstrap, topics.errors) == []
+    assert read_committed(topics.kafka.bootstrap, topics.errors) == []
 
 
 def test_state_is_read_back_by_a_new_sink_object(topics: Topics, sink: KafkaSink) -> None:
@@ -164,7 +137,7 @@ def test_state_is_read_back_by_a_new_sink_object(topics: Topics, sink: KafkaSink
     assert fresh.read_updates().schema == SCHEMA
     assert keys(fresh.read_updates(as_of=1000)) == ["a"]
     # The progress records: partition 0, keyed by the output, naming their batch.
-    progress = raw_records(topics.kafka.bootstrap, topics.progress)
+    progress = read_committed(topics.kafka.bootstrap, topics.progress)
     docs = [json.loads(m.value()) for m in progress]
     assert [m.key() for m in progress] == [NAME.encode()] * 2
     assert [d["upper"] for d in docs] == [1000, 2000]
@@ -285,12 +258,12 @@ def test_chain_whose_start_expired_trusts_the_oldest_record() -> None:
 def test_stale_expected_is_fenced_and_nothing_is_written(topics: Topics, sink: KafkaSink) -> None:
     s1 = SinkState(1000, None)
     sink.commit(stage(sink, "b1", updates(["a"], 500)), SinkState(), s1)
-    before = {t: len(raw_records(topics.kafka.bootstrap, t))
+    before = {t: len(read_committed(topics.kafka.bootstrap, t))
               for t in (topics.topic, topics.errors, topics.progress)}
     staged = stage(sink, "b2", updates(["b"], 1500, offset=1))
     with pytest.raises(SinkFenced, match="nothing was written"):
         sink.commit(staged, SinkState(), SinkState(2000, None))
-    after = {t: len(raw_records(topics.kafka.bootstrap, t)) for t in before}
+    after = {t: len(read_committed(topics.kafka.bootstrap, t)) for t in before}
     assert after == before
     assert sink.state() == s1
     assert os.listdir(sink.staging_root) == ["b2-00000.arrow"]  # kept for a retry
@@ -337,7 +310,8 @@ def test_a_zombie_with_the_same_transactional_id_is_fenced(topics: Topics) -> No
         assert keys(reader.read_updates()) == ["a", "b", "c"]
     # A plain read_committed consumer sees each committed row once, and none
     # of the zombie's: Kafka fenced it.
-    seen = [json.loads(m.value())["k"] for m in raw_records(topics.kafka.bootstrap, topics.topic)]
+    seen = [json.loads(m.value())["k"]
+            for m in read_committed(topics.kafka.bootstrap, topics.topic)]
     assert sorted(seen) == ["a", "b", "c"]
     zombie.close()
     live.close()
@@ -392,7 +366,8 @@ def test_crash_mid_transaction_then_a_retry_writes_each_row_once(
     assert after.state() == s1
     assert keys(after.read_updates()) == ["a"]
     # Kafka hides the dead transaction's records from read_committed consumers.
-    plain = [json.loads(m.value())["k"] for m in raw_records(topics.kafka.bootstrap, topics.topic)]
+    plain = [json.loads(m.value())["k"]
+             for m in read_committed(topics.kafka.bootstrap, topics.topic)]
     assert plain == ["a"]
 
     after.ensure(USER)
@@ -414,11 +389,12 @@ def test_crash_after_the_progress_record_is_all_or_nothing(
     # Kafka aborts the transaction: nothing committed, no rows for anyone.
     assert after.state() == SinkState()
     assert after.read_updates().num_rows == 0
-    assert raw_records(topics.kafka.bootstrap, topics.topic) == []
+    assert read_committed(topics.kafka.bootstrap, topics.topic) == []
     after.ensure(USER)
     after.commit(staged, SinkState(), s1)  # the driver's retry
     assert after.state() == s1 and keys(after.read_updates()) == ["a", "b", "c"]
-    plain = [json.loads(m.value())["k"] for m in raw_records(topics.kafka.bootstrap, topics.topic)]
+    plain = [json.loads(m.value())["k"]
+             for m in read_committed(topics.kafka.bootstrap, topics.topic)]
     assert sorted(plain) == ["a", "b", "c"]
     after.close()
 
@@ -435,9 +411,9 @@ def test_error_rows_go_to_the_errors_topic(topics: Topics, sink: KafkaSink) -> N
     assert [(d["rows"], d["errors"]) for d in staged] == [(2, 0), (0, 2)]
     sink.commit(staged, SinkState(), SinkState(1000, None))
 
-    data = raw_records(topics.kafka.bootstrap, topics.topic)
+    data = read_committed(topics.kafka.bootstrap, topics.topic)
     assert sorted(json.loads(m.value())["k"] for m in data) == ["a", "b"]
-    errors = raw_records(topics.kafka.bootstrap, topics.errors)
+    errors = read_committed(topics.kafka.bootstrap, topics.errors)
     assert len(errors) == 2
     docs = sorted((json.loads(m.value()) for m in errors), key=lambda d: d["_src_offset"])
     assert [d["_error"] for d in docs] == ["bad json: line 1"] * 2
@@ -607,12 +583,12 @@ def test_read_committed_consumers_see_no_open_or_aborted_transaction(
     p.begin_transaction()
     p.produce(topic, b"open", partition=0)
     p.flush(10)
-    assert raw_records(kafka.bootstrap, topic) == []
+    assert read_committed(kafka.bootstrap, topic) == []
     p.abort_transaction(10)
     p.begin_transaction()
     p.produce(topic, b"committed", partition=0)
     p.commit_transaction(10)
-    got = raw_records(kafka.bootstrap, topic)
+    got = read_committed(kafka.bootstrap, topic)
     assert [(m.value(), m.offset()) for m in got] == [(b"committed", 2)]  # 1: abort marker
 
 
@@ -648,7 +624,7 @@ def test_a_data_topic_thinned_behind_the_sinks_back_is_refused_loudly(
     sink.commit(stage(sink, "b1", updates(["a", "b"], 500)), SinkState(), s1)
     sink.commit(stage(sink, "b2", updates(["c"], 1500, offset=2)), s1, s2)
     assert keys(sink.read_updates()) == ["a", "b", "c"]
-    held = {m.partition(): m.offset() for m in raw_records(topics.kafka.bootstrap, topics.topic)}
+    held = {m.partition(): m.offset() for m in read_committed(topics.kafka.bootstrap, topics.topic)}
     part = min(held)
     topics.kafka.delete_records(topics.topic, part, held[part] + 1)  # retention took a record
     fresh = topics.sink()

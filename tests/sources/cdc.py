@@ -125,6 +125,13 @@ def resumed_past(runners: list[Any], lsn: int) -> Callable[[], bool]:
     return check
 
 
+def execute(url: str, *statements: str) -> None:
+    """Runs ``statements`` upstream, each in a transaction of its own."""
+    with psycopg.connect(url, autocommit=True) as c:
+        for statement in statements:
+            c.execute(statement)
+
+
 def source_rows(url: str, query: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as c:
         return sorted(c.execute(query).fetchall(), key=repr)

@@ -18,7 +18,13 @@ import pytest
 
 from reclock.config import load_config
 from tests.registry import RegistryServer, avro_values, delete_subject, registry_server
-from tests.running import durable, read_updates, running, wait_for
+from tests.running import (
+    all_durable,
+    read_updates,
+    running,
+    running_again,
+    stalled_with,
+)
 from tests.sources.test_kafka_source import produce
 
 V1 = {"type": "record", "name": "User", "fields": [
@@ -72,30 +78,6 @@ def _send(kafka: Any, registry: RegistryServer, topic: str, subject: str,
             [(0, None, v) for v in avro_values(registry.url, subject, schema, records)])
 
 
-def _all_durable(runners: list[Any], n: int) -> None:
-    wait_for(lambda: durable(runners[0]) == {0: n}, 90,
-             lambda: f"{n} records durable (health {runners[0].health})")
-
-
-def _running_again(runners: list[Any]) -> None:
-    """The source is back to running: the tick that made the records durable
-    sets the health when it returns, just after the commit the test saw."""
-    wait_for(lambda: runners[0].health.status == "running", 30,
-             lambda: f"the source running again (health {runners[0].health})")
-
-
-def _stalled(runners: list[Any], *words: str) -> Any:
-    def check() -> bool:
-        h = runners[0].health
-        return h.status == "stalled" and all(w in f"{h.error} {h.hint}" for w in words)
-
-    try:
-        wait_for(check, 60, f"a stall naming {words}")
-    except AssertionError:
-        raise AssertionError(runners[0].health) from None
-    return runners[0].health
-
-
 def _output(cfg: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(data rows by _src_offset, error rows) of the output."""
     t = read_updates(cfg, "users", "users")
@@ -121,15 +103,15 @@ def test_a_new_optional_field_evolves_the_output(tmp_path: Path, spark: Any, kaf
           for i in range(3, 7)]
     _send(kafka, registry, topic, subject, V1, v1)
     with running(cfg, spark) as runners:
-        _all_durable(runners, 3)
+        all_durable(runners, 3)
         if not stopped:
             _send(kafka, registry, topic, subject, V2, v2)
-            _all_durable(runners, 7)
-            _running_again(runners)
+            all_durable(runners, 7)
+            running_again(runners)
     if stopped:
         _send(kafka, registry, topic, subject, V2, v2)
         with running(cfg, spark) as runners:
-            _all_durable(runners, 7)
+            all_durable(runners, 7)
     good, bad = _output(cfg)
     assert bad == []
     cols = ["id", "name", "score", "email"]
@@ -138,7 +120,7 @@ def test_a_new_optional_field_evolves_the_output(tmp_path: Path, spark: Any, kaf
     # a v1 record written after v2 (an old producer) lands too
     _send(kafka, registry, topic, subject, V1, [{"id": 9, "name": "old", "score": 9}])
     with running(cfg, spark) as runners:
-        _all_durable(runners, 8)
+        all_durable(runners, 8)
     good, bad = _output(cfg)
     assert bad == [] and {c: good[-1][c] for c in cols} == {
         "id": 9, "name": "old", "score": 9, "email": None}
@@ -152,14 +134,14 @@ def test_int_promoted_to_long_widens_the_output(tmp_path: Path, spark: Any, kafk
     v2 = [{"id": 2, "name": "b", "score": 2**40}, {"id": 3, "name": "c", "score": -5}]
     _send(kafka, registry, topic, subject, V1, v1)
     with running(cfg, spark) as runners:
-        _all_durable(runners, 1)
+        all_durable(runners, 1)
         if not stopped:
             _send(kafka, registry, topic, subject, V2_LONG, v2)
-            _all_durable(runners, 3)
+            all_durable(runners, 3)
     if stopped:
         _send(kafka, registry, topic, subject, V2_LONG, v2)
         with running(cfg, spark) as runners:
-            _all_durable(runners, 3)
+            all_durable(runners, 3)
     good, bad = _output(cfg)
     assert bad == []
     assert [(r["id"], r["score"]) for r in good] == [(1, 7), (2, 2**40), (3, -5)]
@@ -173,9 +155,9 @@ def test_an_incompatible_version_is_a_definite_error_under_every_policy(
     cfg, topic, subject = _setup(tmp_path, kafka, registry, policy)
     _send(kafka, registry, topic, subject, V1, [{"id": 1, "name": "a", "score": 1}])
     with running(cfg, spark) as runners:
-        _all_durable(runners, 1)
+        all_durable(runners, 1)
         _send(kafka, registry, topic, subject, V3_BAD, [{"id": 2, "name": "b", "score": "x"}])
-        h = _stalled(runners, repr(subject), "'score'", "no common type", "resnapshot")
+        h = stalled_with(runners, repr(subject), "'score'", "no common type", "resnapshot")
         assert h.definite
     good, bad = _output(cfg)
     assert [r["id"] for r in good] == [1] and bad == []  # what was accepted stays
@@ -189,10 +171,10 @@ def test_freeze_keeps_the_columns_and_counts_what_it_drops(
           {"id": 3, "name": "c", "score": 3, "email": None}]
     _send(kafka, registry, topic, subject, V1, v1)
     with running(cfg, spark) as runners:
-        _all_durable(runners, 1)
+        all_durable(runners, 1)
         _send(kafka, registry, topic, subject, V2, v2)
-        _all_durable(runners, 3)
-        _running_again(runners)
+        all_durable(runners, 3)
+        running_again(runners)
         assert runners[0].outputs[0].dropped.counts == {"email": 1}  # one non-null value
         status = runners[0].status()["outputs"][0]
         assert status["dropped_values"] == {"email": 1}
@@ -200,7 +182,7 @@ def test_freeze_keeps_the_columns_and_counts_what_it_drops(
     _send(kafka, registry, topic, subject, V2, [{"id": 4, "name": "d", "score": 4,
                                                  "email": "d@x"}])
     with running(cfg, spark) as runners:
-        _all_durable(runners, 4)
+        all_durable(runners, 4)
         assert runners[0].outputs[0].dropped.counts == {"email": 1}
     good, bad = _output(cfg)
     assert bad == [] and "email" not in good[0]
@@ -217,11 +199,11 @@ def test_freeze_makes_a_value_its_column_cannot_hold_an_error_row(
     cfg, topic, subject = _setup(tmp_path, kafka, registry, "freeze")
     _send(kafka, registry, topic, subject, V1, [{"id": 1, "name": "a", "score": 1}])
     with running(cfg, spark) as runners:
-        _all_durable(runners, 1)
+        all_durable(runners, 1)
     _send(kafka, registry, topic, subject, V2_LONG, [{"id": 2, "name": "b", "score": 2},
                                                      {"id": 3, "name": "c", "score": 2**40}])
     with running(cfg, spark) as runners:
-        _all_durable(runners, 3)
+        all_durable(runners, 3)
     good, bad = _output(cfg)
     assert [(r["id"], r["score"]) for r in good] == [(1, 1), (2, 2)]
     assert [(r["_src_offset"], str(2**40) in r["_error"], "'score'" in r["_error"])
@@ -235,13 +217,13 @@ def test_fail_names_the_change_and_the_way_out(tmp_path: Path, spark: Any, kafka
     cfg, topic, subject = _setup(tmp_path, kafka, registry, "fail")
     _send(kafka, registry, topic, subject, V1, [{"id": 1, "name": "a", "score": 1}])
     with running(cfg, spark) as runners:
-        _all_durable(runners, 1)
+        all_durable(runners, 1)
         _send(kafka, registry, topic, subject, V2, [{"id": 2, "name": "b", "score": 2,
                                                      "email": "b@x"}])
-        h = _stalled(runners, "schema_change is fail", "schema_change: evolve")
+        h = stalled_with(runners, "schema_change is fail", "schema_change: evolve")
         assert h.definite
     with running(cfg, spark) as runners:  # stopped across it: the same at the open
-        h = _stalled(runners, "'email' added upstream", "schema_change is fail")
+        h = stalled_with(runners, "'email' added upstream", "schema_change is fail")
     good, _ = _output(cfg)
     assert [r["id"] for r in good] == [1]
     # switching the output to evolve takes the change, losing nothing
@@ -249,7 +231,7 @@ def test_fail_names_the_change_and_the_way_out(tmp_path: Path, spark: Any, kafka
     path.write_text(path.read_text().replace("schema_change: fail", "schema_change: evolve"))
     cfg = load_config(path)
     with running(cfg, spark) as runners:
-        _all_durable(runners, 2)
+        all_durable(runners, 2)
     good, bad = _output(cfg)
     assert bad == [] and [(r["id"], r["email"]) for r in good] == [(1, None), (2, "b@x")]
 
@@ -259,21 +241,21 @@ def test_a_reset_subject_is_named_and_refused_when_it_does_not_fit(
     cfg, topic, subject = _setup(tmp_path, kafka, registry)
     _send(kafka, registry, topic, subject, V1, [{"id": 1, "name": "a", "score": 1}])
     with running(cfg, spark) as runners:
-        _all_durable(runners, 1)
+        all_durable(runners, 1)
     # deleted and registered again with a compatible schema: carried on, named
     delete_subject(registry.url, subject, permanent=True)
     _send(kafka, registry, topic, subject, V2, [{"id": 2, "name": "b", "score": 2,
                                                  "email": "e"}])
     with running(cfg, spark) as runners:
-        _all_durable(runners, 2)
+        all_durable(runners, 2)
     events = (tmp_path / "state" / "progress.jsonl").read_text()
     assert f"schema registry subject '{subject}' was reset" in events
     # ... and again with one that does not fit what the output took
     delete_subject(registry.url, subject, permanent=True)
     _send(kafka, registry, topic, subject, V3_BAD, [{"id": 3, "name": "c", "score": "x"}])
     with running(cfg, spark) as runners:
-        h = _stalled(runners, repr(subject), "deleted and registered again", "'score'",
-                     "resnapshot")
+        h = stalled_with(runners, repr(subject), "deleted and registered again", "'score'",
+                         "resnapshot")
         assert h.definite
     good, bad = _output(cfg)
     assert bad == [] and [(r["id"], r["email"]) for r in good] == [(1, None), (2, "e")]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 
 from reclock import faults
-from reclock.config import ConfigError, load_config
+from reclock.config import load_config
 from reclock.contracts.source import ReadTask
 from reclock.core.clock import SystemClock
 from reclock.core.errors import DefiniteError
@@ -34,7 +33,7 @@ from reclock.sources.generator import (
     GeneratorSpec,
 )
 from reclock.verify import verify_pipeline
-from tests.running import read_updates, running, wait_for
+from tests.running import config_errors, kv_source, read_updates, running, wait_for
 
 M64 = (1 << 64) - 1
 Record = tuple[bytes, bytes | None]
@@ -170,14 +169,6 @@ def test_one_output_only() -> None:
 # -- configuration ----------------------------------------------------------------------------
 
 
-def config_errors(tmp_path: Path, text: str) -> list[tuple[int | None, str | None, str]]:
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(textwrap.dedent(text).lstrip("\n"))
-    with pytest.raises(ConfigError) as info:
-        load_config(path, env={})
-    return [(i.line, i.path, i.message) for i in info.value.issues]
-
-
 def test_config_errors_are_located(tmp_path: Path) -> None:
     assert config_errors(tmp_path, """
         sources:
@@ -217,16 +208,7 @@ PIPELINE = f"""
 timestamp_interval: 200ms
 spark: {{max_bytes_per_settle: 16KiB}}
 sources:
-  - name: kv
-    generator: {{kind: key-value, keys: {KEYS}, seed: {SEED}, rate: 1000,
-                 max_records: {TOTAL}, delete_every: {EVERY}, value_size: {SIZE}}}
-    outputs:
-      - name: state
-        format: {{type: json, schema: {{n: int64, payload: string}}}}
-        key_format: {{type: json, schema: {{key: int64}}}}
-        envelope: {{type: upsert, key: [key]}}
-        sink: file
-"""
+{kv_source(KEYS, SEED, 1000, TOTAL, EVERY, SIZE)}"""
 
 
 def test_an_upsert_output_ends_equal_to_the_replayed_records(tmp_path: Path, spark: Any) -> None:

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 from reclock.config import load_config
-from tests.running import read_updates, running, wait_for
+from tests.running import read_updates, running, stalled_with, wait_for
 from tests.sources.cdc import output_rows
 from tests.sources.mycdc import binlog_pos, connect, passed, source_rows
 
@@ -48,18 +48,6 @@ def _caught_up(runners: list[Any], url: str) -> None:
              or runners[0].health.definite, 90,
              lambda: f"the changes to be durable (health {runners[0].health})")
     assert runners[0].health.status == "running", runners[0].health
-
-
-def _stalled_with(runners: list[Any], *words: str) -> Any:
-    def check() -> bool:
-        h = runners[0].health
-        return h.status == "stalled" and all(w in f"{h.error} {h.hint}" for w in words)
-
-    try:
-        wait_for(check, 60, f"a stall naming {words}")
-    except AssertionError:
-        raise AssertionError(runners[0].health) from None
-    return runners[0].health
 
 
 CHANGES = ("update shop set note = 'n2b' where id = 2",  # before the drop
@@ -131,13 +119,13 @@ def test_fail_names_the_change_and_the_way_out(tmp_path: Path, spark: Any, mysql
         _caught_up(runners, mysql_url)
         if not stopped:
             _sql(mysql_url, *changes)
-            h = _stalled_with(runners, "'b' dropped upstream", "schema_change is fail",
-                              "schema_change: evolve")
+            h = stalled_with(runners, "'b' dropped upstream", "schema_change is fail",
+                             "schema_change: evolve")
             assert h.definite
     if stopped:
         _sql(mysql_url, *changes)
         with running(cfg, spark) as runners:
-            h = _stalled_with(runners, "'b' dropped upstream", "schema_change is fail")
+            h = stalled_with(runners, "'b' dropped upstream", "schema_change is fail")
             assert h.definite
     assert output_rows(read_updates(cfg, "db", "fl"), ["id", "a", "b"]) == [(1, 1, "one")]
     cfg = _cfg(tmp_path, mysql_url, "fl", "evolve")  # taking it loses nothing

@@ -16,7 +16,7 @@ import pytest
 from reclock.config import load_config
 from reclock.contracts.consolidate import consolidate
 from reclock.verify import verify_pipeline
-from tests.running import read_updates, running, wait_for
+from tests.running import read_updates, running, snapshot_durable, stalled_with, wait_for
 from tests.sources.cdc import Writer, create_schema, flushed_lsn, resumed_past, source_rows
 from tests.sources.test_pg_source import _rows
 from tests.tally import count
@@ -36,23 +36,6 @@ sources:
     return load_config(path)
 
 
-def _stalled_with(runners: list[Any], *words: str) -> Any:
-    def check() -> bool:
-        h = runners[0].health
-        return h.status == "stalled" and all(w in f"{h.error} {h.hint}" for w in words)
-
-    try:
-        wait_for(check, 60, f"a stall naming {words}")
-    except AssertionError:
-        raise AssertionError(runners[0].health) from None
-    return runners[0].health
-
-
-def _snapshot_durable(runners: list[Any]) -> None:
-    wait_for(lambda: runners[0].status().get("resume") not in (None, ["0/0"]), 90,
-             "the snapshot to be durable")
-
-
 def test_wal_level_not_logical_is_named_with_the_fix(tmp_path: Path, spark: Any) -> None:
     from tests.pgcluster import PgCluster
 
@@ -62,7 +45,7 @@ def test_wal_level_not_logical_is_named_with_the_fix(tmp_path: Path, spark: Any)
             c.execute("create table t (id int primary key)")
         cfg = _cfg(tmp_path, replica.url, "t", "      - {name: t, sink: file}")
         with running(cfg, spark) as runners:
-            h = _stalled_with(runners, "wal_level", "logical", "postgresql.conf")
+            h = stalled_with(runners, "wal_level", "logical", "postgresql.conf")
             assert h.definite
     finally:
         replica.stop()
@@ -78,7 +61,7 @@ def test_role_without_replication_is_named(tmp_path: Path, spark: Any, cdc_url: 
     cfg = _cfg(tmp_path, url, "t", "      - {name: t, sink: file}")
     try:
         with running(cfg, spark) as runners:
-            _stalled_with(runners, role, "may not use replication", "REPLICATION")
+            stalled_with(runners, role, "may not use replication", "REPLICATION")
     finally:
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute(f"drop owned by {role}")
@@ -91,12 +74,12 @@ def test_missing_replica_identity_and_missing_tables(tmp_path: Path, spark: Any,
         c.execute("create table nokey (x int)")
     cfg = _cfg(tmp_path, cdc_url, "nokey", "      - {name: nokey, sink: file}")
     with running(cfg, spark) as runners:
-        _stalled_with(runners, '"public"."nokey"', "no replica identity",
-                      "REPLICA IDENTITY FULL")
+        stalled_with(runners, '"public"."nokey"', "no replica identity",
+                     "REPLICA IDENTITY FULL")
     cfg = _cfg(tmp_path, cdc_url, "nokey, ghost",
                "      - {name: nokey, sink: file}\n      - {name: ghost, sink: file}")
     with running(cfg, spark) as runners:
-        _stalled_with(runners, '"public"."ghost"', "do not exist")
+        stalled_with(runners, '"public"."ghost"', "do not exist")
 
 
 def test_toasted_values_an_update_did_not_send(tmp_path: Path, spark: Any, cdc_url: str
@@ -117,7 +100,7 @@ def test_toasted_values_an_update_did_not_send(tmp_path: Path, spark: Any, cdc_u
     cfg = _cfg(tmp_path, cdc_url, "docs, docs_full",
                "      - {name: docs, sink: file}\n      - {name: docs_full, sink: file}")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url, autocommit=True) as c:
             for t in ("docs", "docs_full"):
                 c.execute(f"update {t} set flag = 1")  # body and note are not sent
@@ -146,7 +129,7 @@ sources:
         wait_for(lambda: runners[0].health.status == "running", 60, "the source")
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute("update docs set flag = 4 where id = 2")
-        h = _stalled_with(runners, "(2,)", "['body']", "unchanged", "snapshot")
+        h = stalled_with(runners, "(2,)", "['body']", "unchanged", "snapshot")
         assert h.definite
 
 
@@ -162,7 +145,7 @@ def test_truncate_retracts_a_keyed_table_and_names_a_diff_log(tmp_path: Path, sp
                f"      - {{name: kept, sink: {{type: postgres, dsn: '{cdc_url}', "
                "table: kept_replica, mode: state, key: [id]}}")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url) as c:  # one transaction: the order inside it counts
             c.execute("insert into kept values (11, 'a'), (12, 'b')")
             c.execute("truncate kept")
@@ -181,7 +164,7 @@ def test_truncate_retracts_a_keyed_table_and_names_a_diff_log(tmp_path: Path, sp
     with psycopg.connect(cdc_url, autocommit=True) as c:
         c.execute("insert into kept select i, 'w' || i from generate_series(30, 34) i")
     with running(log_cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute("truncate kept")
             c.execute("insert into kept values (1, 'last')")
@@ -198,10 +181,10 @@ def test_truncate_retracts_a_keyed_table_and_names_a_diff_log(tmp_path: Path, sp
     full_cfg = _cfg(tmp_path / "full", cdc_url, "logged", "      - {name: logged, sink: file}",
                     extra=", slot: logged, publication: logged")
     with running(full_cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute("truncate logged")
-        _stalled_with(runners, '"public"."logged"', "truncated", "primary key", "publish")
+        stalled_with(runners, '"public"."logged"', "truncated", "primary key", "publish")
     assert read_updates(full_cfg, "db", "logged").num_rows == 10  # what was accepted stays
 
 
@@ -213,7 +196,7 @@ def test_schema_changes_evolve_the_output_or_name_the_column(tmp_path: Path, spa
         c.execute("insert into evo values (1, 1, 'one', 1)")
     cfg = _cfg(tmp_path, cdc_url, "evo", "      - {name: evo, sink: file}")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute("insert into evo values (2, 2, 'two', 2)")
             c.execute("alter table evo add column d text")
@@ -225,7 +208,7 @@ def test_schema_changes_evolve_the_output_or_name_the_column(tmp_path: Path, spa
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute("alter table evo alter column a type text")  # no type holds both
             c.execute("insert into evo (id, a, c) values (5, 'five', 5)")
-        h = _stalled_with(runners, "'evo'", "'a'", "changed type")
+        h = stalled_with(runners, "'evo'", "'a'", "changed type")
         assert h.definite
     rows = sorted((r["id"], r["a"], r["b"], r["c"], r["d"])
                   for r in read_updates(cfg, "db", "evo").to_pylist())
@@ -241,7 +224,7 @@ def test_slot_dropped_behind_the_back_and_reclock_drop(tmp_path: Path, spark: An
     cfg = _cfg(tmp_path, cdc_url, "t", "      - {name: t, sink: file}",
                extra=", slot: victim, drop_slot: true")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url, autocommit=True) as c:
             for _ in range(100):
                 c.execute("select pg_terminate_backend(active_pid) from pg_replication_slots "
@@ -251,7 +234,7 @@ def test_slot_dropped_behind_the_back_and_reclock_drop(tmp_path: Path, spark: An
                     break
                 except psycopg.errors.ObjectInUse:
                     time.sleep(0.05)
-        h = _stalled_with(runners, "'victim'", "dropped behind reclock's back", "snapshot")
+        h = stalled_with(runners, "'victim'", "dropped behind reclock's back", "snapshot")
         assert h.definite
     # `reclock drop` with drop_slot: true drops the slot (here: a new one)
     with psycopg.connect(cdc_url, autocommit=True) as c:
@@ -282,7 +265,7 @@ def test_database_restart_stalls_then_recovers(tmp_path: Path, spark: Any, cdc_u
                f'      - name: acct\n        sink: {{type: postgres, dsn: "{cdc_url}", '
                "table: replica, mode: state, key: [id]}")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         seen: set[str] = set()
         pg_logical.restart()
         wait_for(lambda: seen.add(runners[0].health.status) or "stalled" in seen, 60,
@@ -308,7 +291,7 @@ def test_tables_of_an_existing_publication(tmp_path: Path, spark: Any, cdc_url: 
                "      - {name: a, sink: file}\n      - {name: c, sink: file}",
                extra=", publication: mine")
     with running(cfg, spark) as runners:  # c is not published: named, with the fix
-        _stalled_with(runners, "'mine'", '"public"."c"', "ALTER PUBLICATION mine ADD TABLE")
+        stalled_with(runners, "'mine'", '"public"."c"', "ALTER PUBLICATION mine ADD TABLE")
     path = tmp_path / "pub.yaml"
     path.write_text(f"""
 state_dir: {tmp_path}/state2
@@ -322,7 +305,7 @@ sources:
 """)
     cfg = load_config(path)
     with running(cfg, spark) as runners:  # no tables listed: the publication's
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute("insert into b values (2, 'y')")
         wait_for(resumed_past(runners, flushed_lsn(cdc_url)), 60, "the stream")
@@ -361,7 +344,7 @@ sources:
 """)
     cfg = load_config(path)
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url, autocommit=True) as c:
             for s, t in ((odd_schema, odd_table), (odd_schema, "orders"), ("public", "orders")):
                 c.execute(psycopg.sql.SQL("update {} set v = %s where id = 1").format(
@@ -391,7 +374,7 @@ sources:
       - {{name: orders, sink: file}}
 """)
         with running(load_config(path), spark) as runners:
-            health = _stalled_with(runners, *words)
+            health = stalled_with(runners, *words)
             assert health.definite and f"publication {pub!r}" in (health.error or "")
     count("bad input: hostile table names (Postgres CDC)", inputs_tried=5, records_checked=9)
 
@@ -454,5 +437,5 @@ def test_a_slot_advanced_by_something_else_is_a_definite_error(
     with psycopg.connect(cdc_url, autocommit=True) as c:
         c.execute("select pg_replication_slot_advance('shared', %s::pg_lsn)", (lsn_text(past),))
     with running(cfg, spark) as runners:  # ... because another reader confirmed it
-        h = _stalled_with(runners, "shared", "advanced it", "postgres.slot")
+        h = stalled_with(runners, "shared", "advanced it", "postgres.slot")
         assert h.definite

@@ -12,7 +12,14 @@ import psycopg
 import pyarrow.compute as pc
 import pytest
 
-from tests.running import read_updates, running, wait_for
+from tests.running import (
+    read_updates,
+    request_resnapshot,
+    running,
+    snapshot_durable,
+    stalled_with,
+    wait_for,
+)
 from tests.sources.cdc import (
     drop_source_state,
     flushed_lsn,
@@ -20,7 +27,7 @@ from tests.sources.cdc import (
     resumed_past,
     source_rows,
 )
-from tests.sources.test_pg_faults import _cfg, _snapshot_durable, _stalled_with
+from tests.sources.test_pg_faults import _cfg
 
 
 def _caught_up(runners: list[Any], url: str) -> None:
@@ -46,7 +53,7 @@ def test_rename_while_stopped_keeps_every_value(tmp_path: Path, spark: Any, cdc_
         c.execute("insert into ren values (1, 1, 'one'), (2, 2, 'two'), (4, 4, 'four')")
     cfg = _cfg(tmp_path, cdc_url, "ren", "      - {name: ren, sink: file}")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         _caught_up(runners, cdc_url)
     with psycopg.connect(cdc_url, autocommit=True) as c:  # the driver is stopped
         c.execute("update ren set b = 'uno' where id = 1")
@@ -75,7 +82,7 @@ def test_rename_while_running_keeps_every_value(tmp_path: Path, spark: Any, cdc_
         c.execute("insert into ren values (1, 1, 'one'), (2, 2, 'two')")
     cfg = _cfg(tmp_path, cdc_url, "ren", "      - {name: ren, sink: file}")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute("update ren set b = 'uno' where id = 1")
             c.execute("alter table ren rename column b to c")
@@ -115,7 +122,7 @@ def test_add_drop_and_widen_evolve_the_output(tmp_path: Path, spark: Any, cdc_ur
             c.execute("delete from shop where id = 3")
 
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         if not stopped:
             change()
         _caught_up(runners, cdc_url)
@@ -149,15 +156,15 @@ def test_a_dropped_column_of_a_diff_log_is_named(tmp_path: Path, spark: Any, cdc
             c.execute("update dl set v = 'b' where id = 1")
 
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         if not stopped:
             change()
-            h = _stalled_with(runners, '"public"."dl"', "['w']", "diff log", "primary key")
+            h = stalled_with(runners, '"public"."dl"', "['w']", "diff log", "primary key")
             assert h.definite
     if stopped:
         change()
         with running(cfg, spark) as runners:
-            h = _stalled_with(runners, '"public"."dl"', "['w']", "diff log", "primary key")
+            h = stalled_with(runners, '"public"."dl"', "['w']", "diff log", "primary key")
             assert h.definite
     # what was accepted stays, every row once
     assert output_rows(read_updates(cfg, "db", "dl"), ["id", "v", "w"]) == [(1, "a", "x")]
@@ -177,11 +184,11 @@ def test_the_way_out_of_a_refused_drop_reads_the_table_in_its_shape_now(
         c.execute("insert into wo values (1, 'a', 'x'), (2, 'b', 'y')")
     cfg = _cfg(tmp_path, cdc_url, "wo", "      - {name: wo, sink: file}")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute("alter table wo drop column w")
             c.execute("update wo set v = 'b2' where id = 2")
-        _stalled_with(runners, '"public"."wo"', "['w']", "drop the output and the source's state")
+        stalled_with(runners, '"public"."wo"', "['w']", "drop the output and the source's state")
         with psycopg.connect(cdc_url, autocommit=True) as c:  # while it is stalled
             c.execute("alter table wo add column t text")
             c.execute("insert into wo values (3, 'c', 't3')")
@@ -189,7 +196,7 @@ def test_the_way_out_of_a_refused_drop_reads_the_table_in_its_shape_now(
             c.execute("update wo set v = 'a2' where id = 1")
     drop_source_state(cfg, "db")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute("insert into wo values (4, 'd')")
         _caught_up(runners, cdc_url)
@@ -205,7 +212,7 @@ def test_freeze_keeps_the_columns_and_counts_what_it_drops(tmp_path: Path, spark
         c.execute("insert into fz values (1, 1)")
     cfg = _policy_cfg(tmp_path, cdc_url, "fz", "freeze")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute("alter table fz add column tag text")
             c.execute("insert into fz values (2, 2, 't2'), (3, 3, null)")
@@ -235,16 +242,16 @@ def test_fail_names_each_change_and_the_way_out(tmp_path: Path, spark: Any, cdc_
         c.execute("insert into fl values (1, 1, 'one')")
     cfg = _policy_cfg(tmp_path, cdc_url, "fl", "fail")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
     with psycopg.connect(cdc_url, autocommit=True) as c:  # stopped: a rename
         c.execute("alter table fl rename column b to c")
         c.execute("insert into fl values (2, 2, 'two')")
     with running(cfg, spark) as runners:
-        h = _stalled_with(runners, "'b' renamed upstream", "now named 'c'",
-                          "schema_change is fail", "schema_change: evolve")
+        h = stalled_with(runners, "'b' renamed upstream", "now named 'c'",
+                         "schema_change is fail", "schema_change: evolve")
         assert h.definite
     with running(cfg, spark) as runners:  # still refused: nothing was taken
-        _stalled_with(runners, "'b' renamed upstream")
+        stalled_with(runners, "'b' renamed upstream")
     cfg = _policy_cfg(tmp_path, cdc_url, "fl", "evolve")
     with running(cfg, spark) as runners:
         _caught_up(runners, cdc_url)
@@ -266,7 +273,7 @@ def test_widened_then_renamed_while_running_widens_the_output(
         c.execute("insert into wr values (1, 1, 'one')")
     cfg = _cfg(tmp_path, cdc_url, "wr", "      - {name: wr, sink: file}")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url) as c, c.transaction():  # read after it all committed
             c.execute("alter table wr alter column n type bigint")
             c.execute("insert into wr values (2, 2 ^ 40, 'two')")
@@ -303,14 +310,14 @@ def test_a_column_added_with_a_default_to_a_diff_log_is_named(
     words = ('"public"."ad"', "['d']", "with a default", "diff log",
              "drop the output and the source's state")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         if not stopped:
             change()
-            assert _stalled_with(runners, *words).definite
+            assert stalled_with(runners, *words).definite
     if stopped:
         change()
         with running(cfg, spark) as runners:
-            assert _stalled_with(runners, *words).definite
+            assert stalled_with(runners, *words).definite
     assert output_rows(read_updates(cfg, "db", "ad"), ["id", "v"]) == [(1, "a"), (2, "b")]
 
 
@@ -323,7 +330,7 @@ def test_a_column_added_with_a_default_is_null_on_earlier_rows_of_a_keyed_output
         c.execute("insert into akd values (1, 'a'), (2, 'b')")
     cfg = _cfg(tmp_path, cdc_url, "akd", "      - {name: akd, sink: file}")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         with psycopg.connect(cdc_url, autocommit=True) as c:
             c.execute("alter table akd add column d text default 'dflt'")
             c.execute("update akd set v = 'b2' where id = 2")
@@ -358,7 +365,7 @@ def _unseen_in_between(tmp_path: Path, spark: Any, url: str, table: str, stopped
         return runners[0].health
 
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
         if not stopped:
             change()
             return cfg, caught_up(runners)
@@ -477,7 +484,6 @@ def test_a_new_snapshot_reads_a_column_no_change_carried_yet(tmp_path: Path, spa
     yet, is not an output column (the first change that carries it names
     it); a new snapshot of the output (``reclock resnapshot``) reads the
     table as it is, that column too, under its name now."""
-    from reclock.pipeline import Pipeline
     from reclock.runtime.resnapshot import Requests
 
     with psycopg.connect(cdc_url, autocommit=True) as c:
@@ -485,17 +491,13 @@ def test_a_new_snapshot_reads_a_column_no_change_carried_yet(tmp_path: Path, spa
         c.execute("insert into ns values (1, 'a'), (2, 'b')")
     cfg = _cfg(tmp_path, cdc_url, "ns", "      - {name: ns, sink: file}")
     with running(cfg, spark) as runners:
-        _snapshot_durable(runners)
+        snapshot_durable(runners)
     with psycopg.connect(cdc_url, autocommit=True) as c:  # the driver is stopped
         c.execute("alter table ns add column d int default 5")
     with running(cfg, spark) as runners:
         _caught_up(runners, cdc_url)
     assert _user_columns(read_updates(cfg, "db", "ns")) == ["id", "v"]
-    pipe = Pipeline(cfg)
-    try:
-        pipe.request_resnapshot("db", "ns")
-    finally:
-        pipe.close()
+    request_resnapshot(cfg, "db", "ns")
     requests = Requests(tmp_path / "state", "db")
     with running(cfg, spark) as runners:
         wait_for(lambda: not requests.pending(), 90,

@@ -35,7 +35,13 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, ti
 
 from reclock.config import load_config
 from tests.registry import RegistryServer, registry_server
-from tests.running import durable, read_updates, running, wait_for
+from tests.running import (
+    all_durable,
+    read_updates,
+    running,
+    running_again,
+    stalled_with,
+)
 from tests.sources.test_kafka_source import produce
 
 UTC = dt.UTC
@@ -71,30 +77,6 @@ sources:
         sink: delta{extra}
 """)
     return load_config(path), topic
-
-
-def _all_durable(runners: list[Any], n: int) -> None:
-    wait_for(lambda: durable(runners[0]) == {0: n}, 90,
-             lambda: f"{n} records durable (health {runners[0].health})")
-
-
-def _running_again(runners: list[Any]) -> None:
-    """The source is back to running: the tick that made the records durable
-    sets the health when it returns, just after the commit the test saw."""
-    wait_for(lambda: runners[0].health.status == "running", 30,
-             lambda: f"the source running again (health {runners[0].health})")
-
-
-def _stalled(runners: list[Any], *words: str) -> Any:
-    def check() -> bool:
-        h = runners[0].health
-        return h.status == "stalled" and all(w in f"{h.error} {h.hint}" for w in words)
-
-    try:
-        wait_for(check, 60, f"a stall naming {words}")
-    except AssertionError:
-        raise AssertionError(runners[0].health) from None
-    return runners[0].health
 
 
 def _output(cfg: Any) -> tuple[pa.Table, list[dict[str, Any]], list[dict[str, Any]]]:
@@ -302,7 +284,7 @@ def test_a_registry_encoded_topic_lands_with_its_types(
     _produce(kafka, topic, pairs[:2] + bad + pairs[2:])
     n = len(pairs) + len(bad)
     with running(cfg, spark) as runners:
-        _all_durable(runners, n)
+        all_durable(runners, n)
     table, good, errors = _output(cfg)
     # every good record once, each column holding what the producer wrote
     cols = ["order_id", *rows[0][1]]
@@ -381,18 +363,18 @@ def test_a_new_optional_field_evolves_the_output(
     ser1 = _evolving_producer(client, kind, topic, "v1")
     _produce(kafka, topic, [(None, ser1(r)) for r in v1])
     with running(cfg, spark) as runners:
-        _all_durable(runners, 3)
+        all_durable(runners, 3)
         ser2 = _evolving_producer(client, kind, topic, "v2")
         _produce(kafka, topic, [(None, ser2(r)) for r in v2])
-        _all_durable(runners, 6)
-        _running_again(runners)
+        all_durable(runners, 6)
+        running_again(runners)
     # stopped and started again (the union rebuilt from what was recorded),
     # an old producer's v1 record and a v2 one land too
     later = [{"id": 6, "name": "old", "score": 6}, {"id": 7, "name": "new", "score": 7,
                                                      "email": "7@x"}]
     _produce(kafka, topic, [(None, ser1(later[0])), (None, ser2(later[1]))])
     with running(cfg, spark) as runners:
-        _all_durable(runners, 8)
+        all_durable(runners, 8)
     table, good, bad = _output(cfg)
     assert bad == []
     cols = ["id", "name", "score", "email"]
@@ -409,11 +391,11 @@ def test_an_incompatible_version_is_a_definite_error(
     ser1 = _evolving_producer(client, kind, topic, "v1")
     _produce(kafka, topic, [(None, ser1({"id": 1, "name": "a", "score": 1}))])
     with running(cfg, spark) as runners:
-        _all_durable(runners, 1)
+        all_durable(runners, 1)
         bad = _evolving_producer(client, kind, topic, "bad")
         _produce(kafka, topic, [(None, bad({"id": 2, "name": "b", "score": "x"}))])
-        h = _stalled(runners, f"'{topic}-value'", "'score'", "no type holds both",
-                     "resnapshot")
+        h = stalled_with(runners, f"'{topic}-value'", "'score'", "no type holds both",
+                         "resnapshot")
         assert h.definite
     _, good, errors = _output(cfg)
     assert [r["id"] for r in good] == [1] and errors == []  # what was accepted stays
