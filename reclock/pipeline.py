@@ -493,12 +493,15 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
     events = ProgressLog(pipe.state_dir / "progress.jsonl" if cfg.progress_log else None,
                          pipe.clock)
     if use_spark and spark is None:
-        from reclock.runtime.spark import spark_session
+        from reclock.runtime.spark import spark_session, warm_workers
 
         wanted = (cfg.spark.master, cfg.spark.app_name, cfg.spark.conf)
         spark = early.take(*wanted) if early is not None else None
         if spark is None:
             spark = spark_session(*wanted)
+        # (while the sources open and wait for their first binding)
+        warm_workers(spark, sorted({"reclock.runtime.dataplane"} | {
+            type(x).__module__ for b in built for x in (b.source, *(o.sink for o in b.outputs))}))
         if signal.getsignal(signal.SIGINT) is not handler and handler is not None:
             # PySpark's SparkContext installs its own SIGINT handler (cancel
             # every job, raise KeyboardInterrupt); Ctrl-C stops reclock cleanly.

@@ -18,12 +18,15 @@ storage when executors run on other machines).
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import logging
 import os
 import sys
 import tempfile
 import threading
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +117,53 @@ class EarlySession:
         self._session.stop()
         self._session = None
         return None
+
+
+#: the FAIR pool and job group of :func:`warm_workers`' job
+WARM_POOL = "reclock-warmup"
+
+
+def warm_workers(session: Any, modules: Sequence[str]) -> threading.Thread:
+    """Start Spark's Python workers now, in a background job of one task
+    per core that imports ``modules`` (the data plane, the pipeline's
+    connectors and sinks), instead of in the first job of the first source:
+    a cold worker (Python's start, PySpark's daemon, the imports) takes
+    about a second, which would otherwise delay the first durable data by
+    as much. Workers are reused (``spark.python.worker.reuse``), so the
+    sources' tasks run in the warmed ones. The job runs while the sources
+    open and wait for their first binding; it never fails the driver.
+    ``RECLOCK_WARM_WORKERS=off``: no such job."""
+    sc = session.sparkContext
+    names = tuple(modules)
+    if os.environ.get("RECLOCK_WARM_WORKERS", "on").lower() in ("off", "0", "false", "no"):
+        names = ()
+
+    def run() -> None:
+        if not names:
+            return
+        try:
+            sc.setLocalProperty("spark.scheduler.pool", WARM_POOL)
+            sc.setJobGroup(WARM_POOL, "reclock: starting the Python workers")
+            n = max(1, sc.defaultParallelism)
+            sc.parallelize(range(n), n).foreach(_ImportAll(names))
+        except Exception as exc:  # (a stopped session, a worker that cannot start)
+            logging.getLogger(__name__).debug("warming Spark's Python workers: %s", exc)
+
+    thread = threading.Thread(target=run, name="reclock-warm-workers", daemon=True)
+    thread.start()
+    return thread
+
+
+class _ImportAll:
+    """A task's function: import the named modules (shipped by reference)."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+
+    def __call__(self, _item: object) -> None:
+        for name in self.names:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
 
 
 _ZIP: Path | None = None
