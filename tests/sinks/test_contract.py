@@ -1,11 +1,12 @@
 """The sink contract (reclock/contracts/sink.py), once, for every sink: Delta, Postgres
 (log and state tables), Kafka (a JSON log, and registry Avro upserts), Iceberg
-(log and state tables; SQLite, PostgreSQL and REST catalogs) and the console.
+(log and state tables; SQLite, PostgreSQL and REST catalogs: the in-process
+one of tests/icebergrest.py and Apache Iceberg's own server) and the console.
 Each sink's own test module keeps only what is its own (its storage layout, its
 concurrency, its types).
 
 Every sink, against a real peer (a Delta table on disk and on a local S3 endpoint, the private
-PostgreSQL cluster, the shared Kafka broker):
+PostgreSQL cluster, the shared Kafka broker, Iceberg's REST catalog server):
 
 * a new output has the initial state, and reads back empty;
 * staged rows become visible only on commit, and a new sink object for the
@@ -123,8 +124,10 @@ def _console(tmp_path: Path, request: Any) -> Target:
 
 def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
     """An Iceberg table: a SQLite catalog and a local warehouse, a
-    PostgreSQL catalog (psycopg 3) and an S3 warehouse (moto), or a REST
-    catalog (tests/icebergrest.py) with a bearer token."""
+    PostgreSQL catalog (psycopg 3) and an S3 warehouse (moto), a REST
+    catalog (tests/icebergrest.py's in-process one) with a bearer token, or
+    Apache Iceberg's own REST catalog server (``rest-java``: the run's, its
+    warehouse on disk)."""
     def make(tmp_path: Path, request: Any) -> Target:
         from reclock.sinks._store import S3Access
         from reclock.sinks.iceberg import CatalogConfig, IcebergSink
@@ -142,6 +145,9 @@ def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
             request.addfinalizer(server.close)
             cat = CatalogConfig(type="rest", uri=server.url,
                                 token=SecretStr("contract-token-77"))
+            storage = None
+        elif where == "rest-java":
+            cat = CatalogConfig(type="rest", uri=request.getfixturevalue("iceberg_rest").url)
             storage = None
         else:
             s3 = request.getfixturevalue("s3")
@@ -170,12 +176,13 @@ KINDS = {"delta": _delta, "delta-s3": _delta_s3, "postgres-log": _postgres("log"
          "iceberg-log": _iceberg("log"), "iceberg-state": _iceberg("state"),
          "iceberg-s3-pg": _iceberg("log", "s3-pg"),
          "iceberg-state-s3-pg": _iceberg("state", "s3-pg"),
-         "iceberg-rest": _iceberg("state", "rest")}
+         "iceberg-rest": _iceberg("state", "rest"),
+         "iceberg-rest-java": _iceberg("state", "rest-java")}
 
 
-#: The kinds that need a real peer (PostgreSQL, Kafka).
+#: The kinds that need a real peer (PostgreSQL, Kafka, Iceberg's REST catalog server).
 PEER_KINDS = {"delta-s3", "postgres-log", "postgres-state", "kafka", "kafka-avro-upsert",
-              "iceberg-s3-pg", "iceberg-state-s3-pg"}
+              "iceberg-s3-pg", "iceberg-state-s3-pg", "iceberg-rest-java"}
 
 
 def _params(kinds: Iterable[str]) -> list[Any]:
