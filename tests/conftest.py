@@ -6,6 +6,9 @@
 * ``kafka`` -- a real single-node Apache Kafka broker (KRaft) for the run;
   ``kafka_cluster`` -- a real 3-node cluster for the failover tests
   (see tests/kafkabroker.py; tests/setup.sh fetches the jars).
+* ``iceberg_rest`` -- Apache Iceberg's own REST catalog server for the run,
+  started on first use (see tests/icebergrest.py; tests/setup.sh fetches the
+  jars).
 * ``sqlite_url`` -- a SQLite file in a temporary directory.
 * ``store_url`` -- parametrized over both.
 
@@ -102,6 +105,12 @@ def _mariadb_server() -> Any:
     return MariaDB().start()
 
 
+def _iceberg_rest_server() -> Any:
+    from tests.icebergrest import IcebergRestServer
+
+    return IcebergRestServer().start()
+
+
 def _spark_cds() -> None:
     from tests import spark_cds
 
@@ -127,6 +136,7 @@ _PEERS: dict[str, tuple[Callable[[], Any], str | None]] = {
     "kafka": (_kafka_broker, "close"),
     "pg_logical": (_pg_cluster, "stop"),
     "mariadb": (_mariadb_server, "stop"),
+    "iceberg_rest": (_iceberg_rest_server, "close"),
     "spark_cds": (_spark_cds, None),  # every Spark driver maps the archive
 }
 
@@ -151,6 +161,17 @@ def spark() -> Iterator[object]:
     session = spark_session("local[2]", "reclock-tests", {"spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def iceberg_rest() -> Iterator[object]:
+    """Apache Iceberg's own REST catalog server (the apache/iceberg-rest-fixture
+    image's, over a JDBC catalog on SQLite) for the whole run, on a free port
+    with its warehouse in a temporary directory; tests use tables of their
+    own names (see tests/icebergrest.py)."""
+    server = _warm("iceberg_rest")
+    yield server
+    server.close()
 
 
 @pytest.fixture(scope="session")
@@ -237,8 +258,10 @@ def mysql_url(mariadb: Any) -> Iterator[str]:
         mariadb.execute(f"DROP DATABASE IF EXISTS `{name}`")
 
 
-#: Fixtures that start or reach a real peer (PostgreSQL, Kafka, Spark, MariaDB).
-PEERS = frozenset({"pg_admin_url", "pg_logical", "spark", "kafka", "kafka_cluster", "mariadb"})
+#: Fixtures that start or reach a real peer (PostgreSQL, Kafka, Spark, MariaDB,
+#: Iceberg's REST catalog server).
+PEERS = frozenset({"pg_admin_url", "pg_logical", "spark", "kafka", "kafka_cluster", "mariadb",
+                   "iceberg_rest"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -257,9 +280,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """With tests that start Spark selected, every Spark driver the run starts
     maps a class-data-sharing archive of Spark's classes (tests/spark_cds.py).
     The archive and the peers this process's tests use (a Kafka broker, the
-    PostgreSQL cluster, MariaDB) are made in the background while the unit
-    tests run; their fixtures wait for them. Under xdist, a worker makes
-    those of its lane (tests/lanes.py)."""
+    PostgreSQL cluster, MariaDB, Iceberg's REST catalog server) are made in
+    the background while the unit tests run; their fixtures wait for them.
+    Under xdist, a worker makes those of its lane (tests/lanes.py)."""
     lanes.publish(session.config, session.items)
     mine = lanes.runs_here(session.config, session.items)
     integration = [i for i in mine if i.get_closest_marker("integration")]

@@ -1,25 +1,123 @@
-"""An Iceberg REST catalog for the tests: an in-process HTTP server that
-speaks the part of the REST catalog API a writer uses (config, namespaces,
-create, load and commit tables), over a pyiceberg SQL catalog on SQLite.
+"""Iceberg REST catalogs for the tests.
+
+:class:`IcebergRestServer` is Apache Iceberg's own REST catalog server, the
+one the ``apache/iceberg-rest-fixture`` image runs
+(``org.apache.iceberg.rest.RESTCatalogServer``, Iceberg 1.11.0), over a JDBC
+catalog on SQLite: a real peer, whose requirement checks are Iceberg's
+(``CatalogHandlers``), not ours. Its jars come from Maven Central through
+``tests/iceberg-rest/pom.xml``; ``tests/setup.sh`` resolves them once into
+``$RECLOCK_CACHE/iceberg-rest/libs``. It checks no credentials.
+
+:class:`RestCatalog` is an in-process HTTP server that speaks the part of the
+REST catalog API a writer uses (config, namespaces, create, load and commit
+tables), over a pyiceberg SQL catalog on SQLite, and records the requests.
 
 A commit (``POST .../tables/{table}``) checks the request's requirements
 against the table's current metadata and applies its updates, as a REST
 catalog does: a requirement that does not hold is ``409`` (pyiceberg's
 ``CommitFailedException``). Every request must carry ``Authorization:
 Bearer <token>`` (``401`` otherwise), so a test sees the sink's credentials
-arrive. No Docker, no JVM: no REST catalog server can run here otherwise.
+arrive.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
 import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
+
+
+def libs_dir() -> Path:
+    """The REST catalog server's jars, as tests/setup.sh left them."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    cache = Path(os.environ.get("RECLOCK_CACHE") or Path(base) / "reclock")
+    libs = cache / "iceberg-rest" / "libs"
+    if not any(libs.glob("iceberg-open-api-*-test-fixtures.jar")):
+        raise RuntimeError(f"Apache Iceberg's REST catalog server is not in {libs}: run "
+                           "`bash tests/setup.sh` (it resolves tests/iceberg-rest/pom.xml "
+                           "with Maven)")
+    return libs
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class IcebergRestServer:
+    """Iceberg's ``RESTCatalogServer`` in a JVM of its own on a free port,
+    its catalog (a SQLite file) and warehouse in a temporary directory:
+    ``start()`` -> ``url``; ``close()`` stops it and removes the directory.
+    Tests share one server per run: each uses tables of its own names."""
+
+    MAIN = "org.apache.iceberg.rest.RESTCatalogServer"
+    #: Starts fast (C1 only), small heap: a catalog of a few small tables.
+    JVM = ("-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="reclock-iceberg-rest-"))
+        self.warehouse = self.dir / "warehouse"
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = self.dir / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> IcebergRestServer:
+        libs = libs_dir()
+        self.warehouse.mkdir()
+        # The server reads its catalog's properties from CATALOG_* variables
+        # (the prefix dropped, "__" -> "-", "_" -> ".", lowercased), as the
+        # image documents: these make catalog-impl=JdbcCatalog, uri, warehouse
+        # and rest.port.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CATALOG_")}
+        env.update({"CATALOG_CATALOG__IMPL": "org.apache.iceberg.jdbc.JdbcCatalog",
+                    "CATALOG_URI": f"jdbc:sqlite:{self.dir / 'catalog.db'}",
+                    "CATALOG_JDBC_STRICT__MODE": "true",
+                    "CATALOG_WAREHOUSE": str(self.warehouse),
+                    "CATALOG_REST_PORT": str(self.port)})
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                ["java", *self.JVM, "-Djava.awt.headless=true", "-cp", f"{libs}/*", self.MAIN],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Iceberg's REST catalog server exited with "
+                                   f"{self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/v1/config", timeout=2) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"Iceberg's REST catalog server did not answer on "
+                                   f"{self.url} within {timeout} s")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class RestCatalog:

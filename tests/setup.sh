@@ -15,7 +15,9 @@
 #   * Java 17+ and Maven: Apache Kafka's broker jars are resolved once from
 #     tests/broker/pom.xml into $RECLOCK_CACHE/kafka-broker (default
 #     ~/.cache/reclock), and the tests start real KRaft brokers from them
-#     (tests/kafkabroker.py).
+#     (tests/kafkabroker.py); Apache Iceberg's REST catalog server likewise,
+#     from tests/iceberg-rest/pom.xml into $RECLOCK_CACHE/iceberg-rest
+#     (tests/icebergrest.py).
 #   * promtool (Debian's prometheus package), which checks and unit-tests
 #     the alert rules in examples/monitoring/ (tests/test_monitoring.py).
 #   * A second Spark (PySpark 4.1.4 in $RECLOCK_CACHE/spark-peer) with
@@ -104,27 +106,35 @@ if [ "${java_major%%.*}" -lt 17 ] 2>/dev/null; then
     exit 1
 fi
 
-POM=tests/broker/pom.xml
-DEST="$CACHE/kafka-broker"
-STAMP="$DEST/pom.sha256"
-want=$(sha256sum "$POM" | cut -d' ' -f1)
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -d "$DEST/libs" ]; then
-    say "Kafka broker jars: cached in $DEST/libs ($(ls "$DEST/libs" | wc -l) jars)"
-else
-    say "Kafka broker jars: resolving $POM with Maven into $DEST/libs"
+resolve_jars() {  # resolve_jars POM NAME WHAT: POM's dependencies into $CACHE/NAME/libs
+    local pom="$1" dest="$CACHE/$2" what="$3" want tmp
+    want=$(sha256sum "$pom" | cut -d' ' -f1)
+    if [ -f "$dest/pom.sha256" ] && [ "$(cat "$dest/pom.sha256")" = "$want" ] \
+            && [ -d "$dest/libs" ]; then
+        say "$what jars: cached in $dest/libs ($(ls "$dest/libs" | wc -l) jars)"
+        return
+    fi
+    say "$what jars: resolving $pom with Maven into $dest/libs"
     mkdir -p "$CACHE"
-    tmp=$(mktemp -d "$CACHE/kafka-broker.XXXXXX")
-    if ! mvn -B -Dstyle.color=never -f "$POM" dependency:copy-dependencies \
+    tmp=$(mktemp -d "$CACHE/$2.XXXXXX")
+    if ! mvn -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies \
             -DoutputDirectory="$tmp/libs" -Dmdep.useBaseVersion=true > "$tmp/mvn.log" 2>&1; then
         tail -n 40 "$tmp/mvn.log" >&2
-        say "Maven could not resolve $POM (is Maven Central reachable?)" >&2
+        say "Maven could not resolve $pom (is Maven Central reachable?)" >&2
         exit 1
     fi
     echo "$want" > "$tmp/pom.sha256"
-    rm -rf "$DEST"
-    mv "$tmp" "$DEST"
-    say "Kafka broker jars: $(ls "$DEST/libs" | wc -l) jars"
-fi
+    rm -rf "$dest"
+    mv "$tmp" "$dest"
+    say "$what jars: $(ls "$dest/libs" | wc -l) jars"
+}
+
+resolve_jars tests/broker/pom.xml kafka-broker "Kafka broker"
+
+# 3b. Apache Iceberg's own REST catalog server (the apache/iceberg-rest-fixture
+#     image's server, over a JDBC catalog on SQLite), which the Iceberg sink's
+#     REST catalog tests run against (tests/icebergrest.py)
+resolve_jars tests/iceberg-rest/pom.xml iceberg-rest "Iceberg REST catalog server"
 
 # 4. A second Spark, with delta-spark and Iceberg's Spark runtime, for the
 #    interoperability tests (tests/sinks/test_delta_interop.py and the Iceberg

@@ -1,11 +1,13 @@
 """The sink contract (reclock/contracts/sink.py), once, for every sink: Delta, Postgres
 (log and state tables), Kafka (a JSON log, and registry Avro upserts), Iceberg
-(log and state tables; SQLite, PostgreSQL, REST and Glue catalogs) and the console.
+(log and state tables; SQLite, PostgreSQL, REST and Glue catalogs: the REST
+ones the in-process one of tests/icebergrest.py and Apache Iceberg's own
+server) and the console.
 Each sink's own test module keeps only what is its own (its storage layout, its
 concurrency, its types).
 
 Every sink, against a real peer (a Delta table on disk and on a local S3 endpoint, the private
-PostgreSQL cluster, the shared Kafka broker):
+PostgreSQL cluster, the shared Kafka broker, Iceberg's REST catalog server):
 
 * a new output has the initial state, and reads back empty;
 * staged rows become visible only on commit, and a new sink object for the
@@ -124,9 +126,12 @@ def _console(tmp_path: Path, request: Any) -> Target:
 def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
     """An Iceberg table: a SQLite catalog and a local warehouse, a
     PostgreSQL catalog (psycopg 3) and an S3 warehouse (moto), a REST
-    catalog (tests/icebergrest.py) with a bearer token, or an AWS Glue
-    catalog and an S3 warehouse (both moto's, one server; a state table,
-    whose errors table is a second Glue table)."""
+    catalog (tests/icebergrest.py's in-process one) with a bearer token,
+    Apache Iceberg's own REST catalog server (``rest-java``: the run's, its
+    warehouse on disk), or an AWS Glue catalog and an S3 warehouse (both
+    moto's, one server; a state table, whose errors table is a second Glue
+    table)."""
+
     def make(tmp_path: Path, request: Any) -> Target:
         from reclock.sinks._store import S3Access
         from reclock.sinks.iceberg import CatalogConfig, IcebergSink
@@ -154,6 +159,9 @@ def _iceberg(mode: str, where: str = "local") -> Callable[[Path, Any], Target]:
             given = {"endpoint": env["AWS_ENDPOINT_URL"], "region": env["AWS_REGION"],
                      "access_key_id": env["AWS_ACCESS_KEY_ID"],
                      "secret_access_key": env["AWS_SECRET_ACCESS_KEY"]}
+        elif where == "rest-java":
+            cat = CatalogConfig(type="rest", uri=request.getfixturevalue("iceberg_rest").url)
+            storage = None
         else:
             s3 = request.getfixturevalue("s3")
             url = request.getfixturevalue("pg_url").replace("postgresql://",
@@ -182,12 +190,14 @@ KINDS = {"delta": _delta, "delta-s3": _delta_s3, "postgres-log": _postgres("log"
          "iceberg-s3-pg": _iceberg("log", "s3-pg"),
          "iceberg-state-s3-pg": _iceberg("state", "s3-pg"),
          "iceberg-rest": _iceberg("state", "rest"),
-         "iceberg-glue": _iceberg("state", "glue")}
+         "iceberg-glue": _iceberg("state", "glue"),
+         "iceberg-rest-java": _iceberg("state", "rest-java")}
 
 
-#: The kinds that need a real peer (PostgreSQL, Kafka, moto's server).
+#: The kinds that need a real peer (PostgreSQL, Kafka, moto's server, Iceberg's
+#: REST catalog server).
 PEER_KINDS = {"delta-s3", "postgres-log", "postgres-state", "kafka", "kafka-avro-upsert",
-              "iceberg-s3-pg", "iceberg-state-s3-pg", "iceberg-glue"}
+              "iceberg-s3-pg", "iceberg-state-s3-pg", "iceberg-glue", "iceberg-rest-java"}
 
 
 def _params(kinds: Iterable[str]) -> list[Any]:

@@ -7,8 +7,10 @@ configuration block, and what a plain pyiceberg reader sees."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -324,26 +326,66 @@ def test_a_key_index_that_names_another_snapshot_is_rebuilt_from_the_table(
         repr(("a",)), repr(("c",)), repr(("d",))]
 
 
-@pytest.mark.parametrize("catalog", ["sql", "rest", "glue"])
-def test_racing_committers_fence_each_other_and_lose_nothing(
-        tmp_path: Path, catalog: str, request: Any) -> None:
-    """Four writers of one output (four sink objects, as four drivers) race
-    every round from the same state: exactly one commit lands per round, the
-    others are fenced (by the SQL catalog's compare-and-swap, or the REST
-    catalog's 409 on the snapshot requirement, or Glue's version lock:
-    moto's Glue with the lock moto lacks, tests/gluelock.py), and the table
-    holds exactly the winners' rows."""
-    rounds = 5
-    if catalog == "sql":
-        sinks = [_sink(tmp_path) for _ in range(4)]
-    elif catalog == "rest":
+def _refusals(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The commits a REST catalog refused (its 409s, pyiceberg's
+    CommitFailedException), as the catalog worded them: every REST catalog
+    object's ``commit_table`` is watched, and still does the commit."""
+    from pyiceberg.catalog.rest import RestCatalog as PyRestCatalog
+    from pyiceberg.exceptions import CommitFailedException
+
+    refused: list[str] = []
+    real = PyRestCatalog.commit_table
+
+    def watched(self: Any, table: Any, requirements: Any, updates: Any) -> Any:
+        try:
+            return real(self, table, requirements, updates)
+        except CommitFailedException as exc:
+            refused.append(str(exc))
+            raise
+
+    monkeypatch.setattr(PyRestCatalog, "commit_table", watched)
+    return refused
+
+
+def _rest_access(catalog: str, tmp_path: Path, request: Any) -> tuple[Any, Any]:
+    """A REST catalog's access and its server: the in-process one of
+    tests/icebergrest.py (``rest``, for this test), or Apache Iceberg's own
+    server (``rest-java``, the run's)."""
+    if catalog == "rest":
         from tests.icebergrest import RestCatalog
 
         server = RestCatalog(tmp_path, "race-token")
         request.addfinalizer(server.close)
-        access = CatalogConfig(type="rest", uri=server.url,
-                               token=SecretStr("race-token")).access(None)
-        sinks = [IcebergSink(NAME, access, "lake.orders") for _ in range(4)]
+        return CatalogConfig(type="rest", uri=server.url,
+                             token=SecretStr("race-token")).access(None), server
+    server = request.getfixturevalue("iceberg_rest")
+    return CatalogConfig(type="rest", uri=server.url).access(None), server
+
+
+#: Iceberg's words for a failed assert-ref-snapshot-id (CatalogHandlers), and
+#: pyiceberg's (the SQL catalog behind tests/icebergrest.py's server).
+_MAIN_MOVED = r"(?i)branch main has changed|branch main was created concurrently"
+
+
+@pytest.mark.parametrize("catalog", ["sql", "rest", "glue",
+                                     pytest.param("rest-java", marks=pytest.mark.integration)])
+def test_racing_committers_fence_each_other_and_lose_nothing(
+        tmp_path: Path, catalog: str, request: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four writers of one output (four sink objects, as four drivers) race
+    every round from the same state: exactly one commit lands per round, the
+    others are fenced (by the SQL catalog's compare-and-swap, or the REST
+    catalog's 409 on the snapshot requirement: the in-process one, or
+    Apache Iceberg's own server; or Glue's version lock: moto's Glue with the
+    lock moto lacks, tests/gluelock.py), and the table holds exactly the
+    winners' rows."""
+    refused = _refusals(monkeypatch)
+    rounds = 5
+    if catalog == "sql":
+        sinks = [_sink(tmp_path) for _ in range(4)]
+    elif catalog.startswith("rest"):
+        access, server = _rest_access(catalog, tmp_path, request)
+        table = f"lake.race_{uuid.uuid4().hex[:8]}"
+        sinks = [IcebergSink(NAME, access, table) for _ in range(4)]
         for s in sinks:
             s.ensure(USER)
     else:  # (each commit is a dozen Glue and S3 calls: fewer rounds)
@@ -353,34 +395,86 @@ def test_racing_committers_fence_each_other_and_lose_nothing(
         sinks = _glue_sinks(request, 4, lock.endpoint)
     barrier = threading.Barrier(4)
     outcomes: dict[int, list[str]] = {}
+    errors: list[BaseException] = []
 
     def race(who: int) -> None:
         s = sinks[who]
-        for r in range(rounds):
-            expected = s.state()
-            staged = s.stager().stage(f"w{who}r{r}", 0, updates([f"w{who}r{r}"], r))
-            barrier.wait()
-            try:
-                s.commit(staged, expected, SinkState(r + 1, f'"w{who}r{r}"'))
-                outcomes.setdefault(r, []).append(f"w{who}r{r}")
-            except SinkFenced:
-                pass
-            barrier.wait()
+        try:
+            for r in range(rounds):
+                expected = s.state()
+                staged = s.stager().stage(f"w{who}r{r}", 0, updates([f"w{who}r{r}"], r))
+                barrier.wait()
+                try:
+                    s.commit(staged, expected, SinkState(r + 1, f'"w{who}r{r}"'))
+                    outcomes.setdefault(r, []).append(f"w{who}r{r}")
+                except SinkFenced:
+                    pass
+                barrier.wait()
+        except threading.BrokenBarrierError:
+            pass  # another writer failed: its error is the test's
+        except BaseException as exc:  # handed to the test; the other writers stop
+            errors.append(exc)
+            barrier.abort()
 
     threads = [threading.Thread(target=race, args=(w,)) for w in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert not errors, errors
     assert all(len(outcomes.get(r, [])) == 1 for r in range(rounds)), outcomes
     rows = sorted(sinks[0].read_updates().column("k").to_pylist())
     assert rows == sorted(w for r in range(rounds) for w in outcomes[r])
     assert sinks[0].state() == SinkState(rounds, f'"{outcomes[rounds - 1][0]}"')
-    if catalog == "rest":  # commits reached the catalog and lost there (409), not only the check
-        commits = [p for m, p in server.requests if m == "POST" and p.endswith("/orders")]
-        assert len(commits) > 5, commits
+    if catalog.startswith("rest"):  # commits reached the catalog and lost there (409)
+        assert refused, "no commit was refused by the catalog"
+        assert all(re.search(_MAIN_MOVED, text) for text in refused), refused
+    if catalog == "rest":
+        commits = [p for m, p in server.requests if m == "POST" and "/tables/race_" in p]
+        assert len(commits) == rounds + len(refused), commits
     if catalog == "glue":  # updates reached Glue and lost to its version lock
         assert lock.refusals() > before
+
+
+@pytest.mark.parametrize("catalog", ["rest", pytest.param("rest-java",
+                                                          marks=pytest.mark.integration)])
+def test_a_writer_behind_another_is_refused_by_the_rest_catalog(
+        tmp_path: Path, catalog: str, request: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two writers of one table read the same state; the second's commit
+    request reaches the catalog only after the first's landed (its request
+    is held until then), so the sink's own check passed and only the
+    catalog's ``assert-ref-snapshot-id`` requirement stands between them: the
+    catalog refuses it (409), the second writer finds the state moved and is
+    fenced, and the table holds the first writer's rows and state alone."""
+    refused = _refusals(monkeypatch)
+    access, _server = _rest_access(catalog, tmp_path, request)
+    table = f"lake.fence_{uuid.uuid4().hex[:8]}"
+    first, second = IcebergSink(NAME, access, table), IcebergSink(NAME, access, table)
+    for s in (first, second):
+        s.ensure(USER)
+    start = SinkState(11, '"p11"')
+    first.commit(first.stager().stage("b0", 0, updates(["a"], 10)), SinkState(), start)
+    assert first.state() == second.state() == start
+    cat = second._cat()
+    send = cat.commit_table  # the watched one: a refusal is recorded
+    sent: list[int] = []
+
+    def held_until_the_first_lands(tbl: Any, requirements: Any, upd: Any) -> Any:
+        if not sent:
+            first.commit(first.stager().stage("b1", 0, updates(["first"], 20, offset=1)),
+                         start, SinkState(21, '"first"'))
+        sent.append(1)
+        return send(tbl, requirements, upd)
+
+    monkeypatch.setattr(cat, "commit_table", held_until_the_first_lands)
+    with pytest.raises(SinkFenced, match="expected"):
+        second.commit(second.stager().stage("b1", 0, updates(["second"], 20, offset=1)),
+                      start, SinkState(21, '"second"'))
+    assert len(sent) == 1 and len(refused) == 1, (sent, refused)
+    assert re.search(_MAIN_MOVED, refused[0]), refused
+    reader = IcebergSink(NAME, access, table)
+    assert reader.state() == SinkState(21, '"first"')
+    assert sorted(reader.read_updates().column("k").to_pylist()) == ["a", "first"]
 
 
 @pytest.fixture(scope="module")
