@@ -76,11 +76,12 @@ after a crash between the two finds the errors table's upper at (or past)
 the new one and skips that commit (rows below the errors table's upper are
 there already), so nothing is lost or doubled. :meth:`IcebergSink.state`
 reads the main table only. A commit reads the staged updates, sums each
-IntoTime's updates per key as the Postgres sink's state tables do (the
-same rule: a key's IntoTime must retract exactly the row it has, if any,
-and leave at most one; else a :class:`~reclock.contracts.sink.SinkError`
-naming the key, and nothing is written), then writes, in one catalog
-commit of one snapshot carrying the new state (``write_mode``):
+IntoTime's updates per key by the rule every state table shares
+(:func:`~reclock.contracts.state_table.state_changes`: a key's IntoTime
+must retract exactly the row it has, if any, and leave at most one; else a
+:class:`~reclock.contracts.sink.SinkError` naming the key, and nothing is
+written), then writes, in one catalog commit of one snapshot carrying the
+new state (``write_mode``):
 
 * ``merge-on-read`` (the default): one data file of the changed keys' new
   rows and one position-delete file of the rows they replace or delete,
@@ -125,7 +126,7 @@ from pydantic_core import InitErrorDetails
 
 from reclock import faults
 from reclock.contracts.config import ByteSize, ConfigModel, DurationMs, problem
-from reclock.contracts.consolidate import COUNT, consolidate, row_keys
+from reclock.contracts.consolidate import row_keys
 from reclock.contracts.encoding import is_nanos
 from reclock.contracts.rows import conform, output_schema, refuse_rows
 from reclock.contracts.sink import (
@@ -137,7 +138,13 @@ from reclock.contracts.sink import (
     SinkPlugin,
     SinkState,
 )
-from reclock.contracts.state_table import refuse_null_keys, state_check_raw, state_key_of
+from reclock.contracts.state_table import (
+    key_values,
+    refuse_null_keys,
+    state_changes,
+    state_check_raw,
+    state_key_of,
+)
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import (
     DIFF,
@@ -921,69 +928,54 @@ class IcebergSink:
             return self._merge_on_read(table, tx, good, props, base)
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-        def held_of(values: list[tuple[Any, ...]]) -> set[Hashable]:
-            return set(_keys_of(self._current(table, values), list(self.key)))
+        keys = list(self.key)
 
-        changed, gone, _ = self._plan(table, good, held_of)
+        def held_of(values: list[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+            have = set(_keys_of(self._current(table, values), keys))
+            asked = _keys_of(self._key_rows(table, values), keys)
+            return {v for v, a in zip(values, asked, strict=True) if a in have}
+
+        changed, gone = self._plan(table, good, held_of)
         if gone:
-            tx.delete(_match_filter(gone, list(self.key)), snapshot_properties=props)
+            tx.delete(_match_filter(gone, keys), snapshot_properties=props)
         arrow = schema_to_pyarrow(tx.table_metadata.schema(), include_field_ids=False)
         tx.append(changed.cast(pa.schema([arrow.field(f.name) for f in changed.schema])),
                   snapshot_properties=props)
         return None
 
     def _plan(self, table: Any, good: pa.Table,
-              held_of: Callable[[list[tuple[Any, ...]]], set[Hashable]]
-              ) -> tuple[pa.Table, list[tuple[Any, ...]], dict[Hashable, tuple[Any, ...]]]:
-        """What the updates ``good`` do to the state table: the new rows of
-        the keys they leave with a row (in the stored schema), the key values
-        of the keys held before that they change or delete, and every key
-        they touch with its values. ``held_of`` says which of some keys'
-        values the table holds a row for."""
+              held_of: Callable[[list[tuple[Any, ...]]], set[tuple[Any, ...]]]
+              ) -> tuple[pa.Table, list[tuple[Any, ...]]]:
+        """What the updates ``good`` do to the state table, by the shared rule
+        (:func:`~reclock.contracts.state_table.state_changes`): the new rows
+        of the keys they leave with a row (in the stored schema), and the key
+        values of the keys held before that they change or delete.
+        ``held_of`` says which of some keys' values the table holds a row for."""
         stored = self._stored(table)
-        updates = good
         user = [f.name for f in stored if f.name not in META_NAMES]
-        keys = list(self.key)
-        # Each IntoTime's updates summed by value (in time order), and each
-        # summed row's key.
-        nets = []
-        for t in sorted(set(good.column(INTO_TIME).to_pylist())):
-            net = consolidate(good.filter(pc.equal(good.column(INTO_TIME), t)), None, user)
-            nets.append((t, net, _keys_of(net, keys)))
-        values: dict[Hashable, tuple[Any, ...]] = {}
-        for _, net, ks in nets:
-            cols = [net.column(k).to_pylist() for k in keys]
-            for k, vals in zip(ks, zip(*cols, strict=True), strict=True):
-                values.setdefault(k, vals)
-        held = held_of(list(values.values())) if values else set()
-        # Per key, its IntoTimes in order: the row it is left with (the summed
-        # row's index in its IntoTime's table), or None when it is left with none.
-        rows: dict[Hashable, tuple[int, int] | None] = {}
-        for n, (t, net, ks) in enumerate(nets):
-            counts = net.column(COUNT).to_pylist()
-            per: dict[Hashable, list[int]] = {}
-            for i, k in enumerate(ks):
-                per.setdefault(k, []).append(i)
-            for k, idx in per.items():
-                before = (rows[k] is not None) if k in rows else k in held
-                ins = [i for i in idx if counts[i] > 0]
-                dels = len(idx) - len(ins)
-                if len(ins) > 1 or dels != int(before) or any(abs(counts[i]) > 1 for i in idx):
-                    self._refuse(updates, values[k], t, before, dels, len(ins), keys)
-                rows[k] = (n, ins[0]) if ins else None
-        picked: dict[int, list[int]] = {}
-        for v in rows.values():
-            if v is not None:
-                picked.setdefault(v[0], []).append(v[1])
-        out = []
-        for n, idx in sorted(picked.items()):
-            t, net, _ = nets[n]
-            new = net.take(pa.array(sorted(idx), pa.int64())).select(user)
-            new = new.append_column(INTO_TIME, pa.array([t] * new.num_rows, pa.int64()))
-            out.append(conform(self.name, new, stored))
-        gone = [values[k] for k in rows if k in held]
-        changed = pa.concat_tables(out) if out else stored.empty_table()
-        return changed, gone, values
+        # each key (as state_changes names it) -> its values in ``good``
+        values_of: dict[Any, tuple[Any, ...]] = {}
+        cols = [good.column(k).to_pylist() for k in self.key]
+        for k, vals in zip(key_values(good, self.key), zip(*cols, strict=True), strict=True):
+            values_of.setdefault(k, vals)
+        had: set[Any] = set()
+
+        def held(keys: list[Any]) -> set[Any]:
+            values = [values_of[k] for k in keys]
+            have = held_of(values) if values else set()
+            had.update(k for k, v in zip(keys, values, strict=True) if v in have)
+            return had
+
+        changes = state_changes(self.name, good, self.key, user, held, self.target)
+        gone = [values_of[k] for k in changes.upsert_keys if k in had]
+        gone += [values_of[k] for k in changes.deletes]
+        return conform(self.name, changes.upserts, stored), gone
+
+    def _key_rows(self, table: Any, values: list[tuple[Any, ...]]) -> pa.Table:
+        """The key columns holding ``values``, in the stored types."""
+        stored = self._stored(table)
+        return pa.table({k: pa.array([v[i] for v in values], stored.field(k).type)
+                         for i, k in enumerate(self.key)})
 
     def _key_texts(self, table: Any, rows: pa.Table) -> list[str]:
         """Each row's key as the key index keeps it: the text of its values,
@@ -1023,24 +1015,17 @@ class IcebergSink:
         index = self._index_at(table)
         hits: dict[str, tuple[str, int]] = {}
 
-        def held_of(values: list[tuple[Any, ...]]) -> set[Hashable]:
-            rows = pa.table({k: pa.array([v[i] for v in values],
-                                         self._stored(table).field(k).type)
-                             for i, k in enumerate(self.key)})
-            texts = self._key_texts(table, rows)
+        def held_of(values: list[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+            texts = self._key_texts(table, self._key_rows(table, values))
             hits.update(index.lookup(texts))
-            return {k for k, t in zip(_keys_of(rows, list(self.key)), texts, strict=True)
-                    if t in hits}
+            return {v for v, t in zip(values, texts, strict=True) if t in hits}
 
-        changed, gone, _ = self._plan(table, good, held_of)
+        changed, gone = self._plan(table, good, held_of)
         loc = self._data(table)
         batch = f"{self._clock.now()}-state-{uuid.uuid4().hex[:10]}"
         written: list[str] = []
         data_files, delete_files = [], []
-        gone_rows = pa.table({k: pa.array([v[i] for v in gone],
-                                          self._stored(table).field(k).type)
-                              for i, k in enumerate(self.key)})
-        gone_hits = {t: hits[t] for t in self._key_texts(table, gone_rows)}
+        gone_hits = {t: hits[t] for t in self._key_texts(table, self._key_rows(table, gone))}
         try:
             loc.makedirs()
             if changed.num_rows:
@@ -1099,31 +1084,6 @@ class IcebergSink:
             return scan.to_arrow()
         except Exception as exc:
             raise self._fail(exc, "read the keys of") from exc
-
-    def _refuse(self, updates: pa.Table, key: tuple[Any, ...], into: int, before: bool,
-                dels: int, ins: int, keys: list[str]) -> None:
-        """Raise the SinkError of a state commit whose updates leave a key
-        with more than one row or a negative count (as the Postgres sink)."""
-        good = updates.filter(pc.and_(pc.is_null(updates.column(ERROR)),
-                                      pc.equal(updates.column(INTO_TIME), into)))
-        cols = [good.column(k).to_pylist() for k in keys]
-        at = [i for i, vals in enumerate(zip(*cols, strict=True)) if vals == key][:8]
-        pos = good.take(pa.array(at, pa.int64()))
-        positions = ", ".join(
-            f"{d:+d} at partition {p} offset {o} seq {q}" for d, p, o, q in zip(
-                pos.column(DIFF).to_pylist(), pos.column(SRC_PART).to_pylist(),
-                pos.column(SRC_OFFSET).to_pylist(), pos.column(SRC_SEQ).to_pylist(),
-                strict=True))
-        value = ", ".join(f"{k}={v!r}" for k, v in zip(keys, key, strict=True))
-        raise SinkError(
-            f"output {self.name!r}: the updates of IntoTime {into} leave key ({value}) of "
-            f"{self.target} with {'a negative count' if dels > int(before) else 'several rows'} "
-            f"(it had {'a row' if before else 'no row'}; they retract {dels} and insert {ins} "
-            f"distinct rows; updates: {positions}); a state table holds one row per key, so "
-            "nothing was written",
-            hint="the updates do not keep one row per key: the upstream broke the key the "
-                 "output relies on, or something else changed the table. Keep the update log "
-                 "(mode: log), or key the table by the output's upstream key")
 
     # -- reading ---------------------------------------------------------------------------
     def read_updates(self, as_of: int | None = None) -> pa.Table:
