@@ -222,12 +222,21 @@ from reclock.sinks._fs import (
     exclusive_lock,
     sink_os_error,
 )
+from reclock.sinks._keyindex import KeyIndex
 from reclock.sinks._store import Location, S3Access, S3StorageConfig, split_uri, store_error
 from reclock.sinks.delta_state import (
     INDEX_NAME,
-    KeyIndex,
+    add_file,
+    dv_files_in_use,
+    file_entries,
+    forget_retired,
+    live_fraction,
     log_names,
     rebuild,
+    rename_file,
+    retire,
+    retired,
+    set_dv,
     state_stats,
     wide_stats,
     write_dvs,
@@ -1806,7 +1815,7 @@ class DeltaSink:
         index = self._index_at(self._head_of(self._load()).version)
         if index is None:
             return []
-        known = index.dv_files_in_use() | set(index.retired(2**62))
+        known = dv_files_in_use(index) | set(retired(index, 2**62))
         old = {name for name, _, mtime in listed if _DV_FILE.fullmatch(name)
                and name not in known and mtime < before}
         if not old:
@@ -1830,12 +1839,12 @@ class DeltaSink:
         index = self._index_at(self._head_of(self._load()).version)
         if index is None:
             return []
-        in_use = index.dv_files_in_use()
-        due = [p for p in index.retired(int(time.time() * 1000) - retention_ms)
+        in_use = dv_files_in_use(index)
+        due = [p for p in retired(index, int(time.time() * 1000) - retention_ms)
                if p not in in_use]
         for p in due:
             self.location.delete(p)
-        index.forget_retired(due)
+        forget_retired(index, due)
         return due
 
     def _set_retention(self, hours: int) -> None:
@@ -2033,7 +2042,7 @@ class DeltaSink:
         evo = self._evolution
         if evolve is not None and evo is not None and evo.widened:
             wide = pa.schema(evo.schema.to_arrow())
-            for e in index.files().values():
+            for e in file_entries(index).values():
                 name = (f"part-{self._clock.now()}-widen-{uuid.uuid4().hex[:10]}"
                         "-00000-000.parquet")
                 t = conform(self.name, self.location.dataset([e.path], wide).to_table(), wide)
@@ -2051,7 +2060,7 @@ class DeltaSink:
         by_file: dict[int, list[int]] = {}
         for f, r in old.values():
             by_file.setdefault(f, []).append(r)
-        entries = index.files(set(by_file))
+        entries = file_entries(index, set(by_file))
         new_dvs = []
         for fid, e in entries.items():
             dv = e.dv | BitMap(by_file[fid])
@@ -2087,13 +2096,13 @@ class DeltaSink:
         entry = _state_entry(actions, self.app_id, version, custom, head.version)
         with index.change(head.version + 1) as ch:
             for fid, (_, add) in rewritten.items():
-                ch.rename_file(fid, add["path"], add)
-            ch.retire([e.add.get("deletionVector") for e, _ in new_dvs], now)
+                rename_file(ch, fid, add["path"], add)
+            retire(ch, [e.add.get("deletionVector") for e, _ in new_dvs], now)
             for (e, dv), add in zip(new_dvs, new_adds, strict=True):
-                ch.set_dv(e.id, add, dv)
+                set_dv(ch, e.id, add, dv)
             ch.delete_keys(changes.deletes)
             if data_add is not None:
-                fid = ch.add_file(data_add["path"], changes.upserts.num_rows, data_add)
+                fid = add_file(ch, data_add["path"], changes.upserts.num_rows, data_add)
                 ch.put_keys(changes.upsert_keys, fid,
                             range(changes.upserts.num_rows))
             faults.crash_point("state_before_log")
@@ -2185,8 +2194,8 @@ class DeltaSink:
             index = self._index_at(head.version)
             if index is None:
                 return {}
-            stats = index.live_fraction()
-            entries = index.files()
+            stats = live_fraction(index)
+            entries = file_entries(index)
             small = [i for i, _, n, d in stats if n - d < STATE_SMALL_ROWS]
             purge = [i for i, _, n, d in stats
                      if n and d / n >= STATE_PURGE_SHARE and n - d >= STATE_SMALL_ROWS]
@@ -2233,8 +2242,8 @@ class DeltaSink:
             entry = _state_entry(actions, self.app_id, txn, custom, head.version,
                                  operation="OPTIMIZE")
             with index.change(head.version + 1) as ch:
-                ch.retire([entries[i].add.get("deletionVector") for i in take], now)
-                nid = 0 if add is None else ch.add_file(new_path, merged.num_rows, add)
+                retire(ch, [entries[i].add.get("deletionVector") for i in take], now)
+                nid = 0 if add is None else add_file(ch, new_path, merged.num_rows, add)
                 moves, base = [], 0
                 for i, part in zip(take, parts, strict=True):
                     moves.append((i, nid, base, entries[i].dv))

@@ -21,7 +21,8 @@ its CRC-32 big endian); a descriptor (``storageType: u``, the uuid in Z85,
 the offset of the size field, the bitmap's size and cardinality) points at
 each.
 
-The key index (:class:`KeyIndex`): a SQLite file beside the table
+The key index (:class:`~reclock.sinks._keyindex.KeyIndex`, shared with the
+Iceberg sink; its Delta parts here): a SQLite file beside the table
 (``_reclock_keys.sqlite``, a name Delta's VACUUM leaves alone) mapping each
 live key to the file and row position of its current row, and each data
 file to its add action and current deletion vector, with the table version
@@ -37,12 +38,10 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import struct
 import uuid
 import zlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -55,18 +54,14 @@ from pyroaring import BitMap
 
 from reclock.contracts.sink import SinkError
 from reclock.contracts.state_table import key_values
+from reclock.sinks._keyindex import LOOKUP_CHUNK, Changes
+from reclock.sinks._keyindex import KeyIndex as KeyIndex
 from reclock.sinks._store import Location
 
 #: RoaringBitmapArray's magic number (Delta PROTOCOL.md).
 DV_MAGIC = 1681511377
 #: The key index's file name, in the table's directory.
 INDEX_NAME = "_reclock_keys.sqlite"
-#: How long a commit waits for another process's transaction on the key index.
-BUSY_TIMEOUT_S = 30.0
-#: The key index's page cache (KiB).
-CACHE_KIB = 512 * 1024
-#: Keys looked up per SQL statement (SQLite's default variable limit is 32766).
-LOOKUP_CHUNK = 4000
 
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
@@ -257,198 +252,80 @@ class FileEntry:
     dv: BitMap  # its deleted positions
 
 
-class KeyIndex:
-    """Each live key's row (file, position), and each data file's add action
-    and deletion vector, as of table version :attr:`version` (module
-    docstring). One writer at a time (the sink's commit lock)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        # (a second committer waits for the first one's transaction)
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                                  timeout=BUSY_TIMEOUT_S)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        # a commit probes and writes keys spread over the whole table: keep
-        # the B-tree's inner pages and many leaves cached (the default is 2 MiB)
-        self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-        self.db.executescript(
-            "CREATE TABLE IF NOT EXISTS keys (k PRIMARY KEY, f INTEGER NOT NULL, "
-            "  r INTEGER NOT NULL) WITHOUT ROWID;"
-            "CREATE TABLE IF NOT EXISTS files (id INTEGER PRIMARY KEY, path TEXT UNIQUE, "
-            "  rows INTEGER NOT NULL, add_json TEXT NOT NULL, dv BLOB, moved_to INTEGER, "
-            "  base INTEGER, dropped BLOB);"
-            "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value);"
-            "CREATE TABLE IF NOT EXISTS retired (path TEXT PRIMARY KEY, at INTEGER NOT NULL);")
-
-    @property
-    def version(self) -> int | None:
-        row = self.db.execute("SELECT value FROM meta WHERE name = 'version'").fetchone()
-        return None if row is None else int(row[0])
-
-    def close(self) -> None:
-        self.db.close()
-
-    def lookup(self, keys: list[Any]) -> dict[Any, tuple[int, int]]:
-        """(file id, position) of each of ``keys`` that has a row, in the
-        live file that holds it now (see :meth:`Changes.move_files`)."""
-        out: dict[Any, tuple[int, int]] = {}
-        for i in range(0, len(keys), LOOKUP_CHUNK):
-            chunk = keys[i:i + LOOKUP_CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for k, f, r in self.db.execute(f"SELECT k, f, r FROM keys WHERE k IN ({marks})",
-                                           chunk):
-                out[k] = (f, r)
-        moves: dict[int, tuple[int, int, BitMap] | None] = {}
-        while True:
-            ask = sorted({f for f, _ in out.values()} - set(moves))
-            if not ask:
-                break
-            for f in ask:
-                moves[f] = None
-            for i in range(0, len(ask), LOOKUP_CHUNK):
-                chunk = ask[i:i + LOOKUP_CHUNK]
-                for f, to, base, dropped in self.db.execute(
-                        "SELECT id, moved_to, base, dropped FROM files WHERE moved_to IS NOT "
-                        f"NULL AND id IN ({','.join('?' * len(chunk))})", chunk):
-                    moves[f] = (to, base, BitMap.deserialize(dropped) if dropped else BitMap())
-            moved = {k: at for k, at in out.items() if moves.get(at[0]) is not None}
-            if not moved:
-                break
-            for k, (f, r) in moved.items():
-                to, base, dropped = moves[f]  # type: ignore[misc]
-                # the live rows of the moved file, in order, from ``base`` on
-                out[k] = (to, base + r - dropped.rank(r))
-        return out
-
-    def files(self, ids: set[int] | None = None) -> dict[int, FileEntry]:
-        """The data files (those of ``ids`` only, if given)."""
-        if ids is None:
-            rows = self.db.execute("SELECT id, path, add_json, dv FROM files "
-                                   "WHERE moved_to IS NULL").fetchall()
-        else:
-            rows = []
-            wanted = sorted(ids)
-            for i in range(0, len(wanted), LOOKUP_CHUNK):
-                chunk = wanted[i:i + LOOKUP_CHUNK]
-                rows += self.db.execute(
-                    "SELECT id, path, add_json, dv FROM files WHERE id IN "
-                    f"({','.join('?' * len(chunk))})", chunk).fetchall()
-        return {i: FileEntry(i, p, json.loads(a), BitMap.deserialize(d) if d else BitMap())
-                for i, p, a, d in rows}
-
-    def dv_files_in_use(self) -> set[str]:
-        """The deletion vector files the live data files' vectors are in."""
-        out = set()
-        for (a,) in self.db.execute("SELECT add_json FROM files WHERE dv IS NOT NULL "
-                                    "AND moved_to IS NULL"):
-            d = json.loads(a).get("deletionVector")
-            if d and d.get("storageType") == "u":
-                out.add(dv_path(d))
-        return out
-
-    def retired(self, before_ms: int) -> list[str]:
-        """Deletion vector files that no live file has used since ``before_ms``."""
-        return [p for (p,) in self.db.execute("SELECT path FROM retired WHERE at < ?",
-                                              (before_ms,))]
-
-    def forget_retired(self, paths: Sequence[str]) -> None:
-        self.db.executemany("DELETE FROM retired WHERE path = ?", [(p,) for p in paths])
-
-    def mark(self, version: int) -> None:
-        """Say the index describes ``version`` (a version that changed no file)."""
-        self.db.execute("INSERT OR REPLACE INTO meta VALUES ('version', ?)", (version,))
-
-    def live_fraction(self) -> list[tuple[int, str, int, int]]:
-        """(id, path, rows, deleted) of every file."""
-        out = []
-        for i, p, n, d in self.db.execute("SELECT id, path, rows, dv FROM files "
-                                          "WHERE moved_to IS NULL"):
-            out.append((i, p, n, len(BitMap.deserialize(d)) if d else 0))
-        return out
-
-    @contextmanager
-    def change(self, version: int) -> Iterator[Changes]:
-        """A transaction that makes the index describe ``version``, committed
-        when the block ends normally and the block's ``Changes.done`` is set
-        (the log entry exists), rolled back otherwise."""
-        self.db.execute("BEGIN IMMEDIATE")
-        ch = Changes(self.db)
-        try:
-            yield ch
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        if not ch.done:
-            self.db.execute("ROLLBACK")
-            return
-        self.db.execute("INSERT OR REPLACE INTO meta VALUES ('version', ?)", (version,))
-        self.db.execute("COMMIT")
+# -- the key index's Delta parts (the index itself: :mod:`reclock.sinks._keyindex`) ----------
 
 
-class Changes:
-    """The writes of one :meth:`KeyIndex.change` transaction."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-        self.done = False
-
-    def add_file(self, path: str, rows: int, add: dict[str, Any]) -> int:
-        cur = self.db.execute("INSERT INTO files (path, rows, add_json, dv) VALUES (?, ?, ?, "
-                              "NULL)", (path, rows, json.dumps(add)))
-        assert cur.lastrowid is not None
-        return cur.lastrowid
-
-    def set_dv(self, file_id: int, add: dict[str, Any], dv: BitMap) -> None:
-        self.db.execute("UPDATE files SET add_json = ?, dv = ? WHERE id = ?",
-                        (json.dumps(add), dv.serialize(), file_id))
-
-    def rename_file(self, file_id: int, path: str, add: dict[str, Any]) -> None:
-        """File ``file_id`` is now ``path`` (rewritten with its rows in their
-        order: a widened column), with add action ``add``."""
-        self.db.execute("UPDATE files SET path = ?, add_json = ? WHERE id = ?",
-                        (path, json.dumps(add), file_id))
-
-    def retire(self, descriptors: Sequence[dict[str, Any] | None], now_ms: int) -> None:
-        """Deletion vectors the commit replaces: their files may go once
-        no live file uses them and they are past the retention
-        (:meth:`KeyIndex.retired`)."""
-        paths = {dv_path(d) for d in descriptors if d and d.get("storageType") == "u"}
-        self.db.executemany("INSERT OR REPLACE INTO retired VALUES (?, ?)",
-                            [(p, now_ms) for p in paths])
-
-    def move_files(self, moves: Sequence[tuple[int, int, int, BitMap]]) -> None:
-        """Compaction: the live rows of each file ``(old, new, base, dropped)``
-        are now rows ``base, base + 1, ...`` of file ``new`` in their order
-        (``dropped``: the old file's deleted positions; ``new`` 0: no live
-        row was left). The keys keep naming the old file; :meth:`KeyIndex.lookup`
-        follows the move, so a compaction writes a row per file, not per key."""
-        self.db.executemany(
-            "UPDATE files SET moved_to = ?, base = ?, dropped = ?, dv = NULL WHERE id = ?",
-            [(new, base, dropped.serialize(), old) for old, new, base, dropped in moves])
-
-    def put_keys(self, keys: Sequence[Any], file_id: int, positions: Sequence[int]) -> None:
-        """Each key's row is now at ``positions`` of ``file_id`` (written in
-        key order: neighbouring keys share B-tree pages)."""
-        rows = sorted(zip(keys, [file_id] * len(keys), positions, strict=True),
-                      key=_sort_key)
-        self.db.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)", rows)
-
-    def delete_keys(self, keys: Sequence[Any]) -> None:
-        self.db.executemany("DELETE FROM keys WHERE k = ?",
-                            [(k,) for k in sorted(keys, key=lambda k: _sort_key((k,)))])
-
-    def clear(self) -> None:
-        """Forget the keys and files (not the retired vectors: their files
-        still wait for their retention)."""
-        self.db.execute("DELETE FROM keys")
-        self.db.execute("DELETE FROM files")
+def file_entries(index: KeyIndex, ids: set[int] | None = None) -> dict[int, FileEntry]:
+    """The live data files (those of ``ids`` only, if given: moved ones too)."""
+    if ids is None:
+        rows = index.db.execute("SELECT id, path, add_json, dv FROM files "
+                                "WHERE moved_to IS NULL").fetchall()
+    else:
+        rows = []
+        wanted = sorted(ids)
+        for i in range(0, len(wanted), LOOKUP_CHUNK):
+            chunk = wanted[i:i + LOOKUP_CHUNK]
+            rows += index.db.execute(
+                "SELECT id, path, add_json, dv FROM files WHERE id IN "
+                f"({','.join('?' * len(chunk))})", chunk).fetchall()
+    return {i: FileEntry(i, p, json.loads(a), BitMap.deserialize(d) if d else BitMap())
+            for i, p, a, d in rows}
 
 
-def _sort_key(row: tuple[Any, ...]) -> tuple[int, Any]:
-    """SQLite's order of keys: integers before texts."""
-    k = row[0]
-    return (0, k) if isinstance(k, int) else (1, k)
+def dv_files_in_use(index: KeyIndex) -> set[str]:
+    """The deletion vector files the live data files' vectors are in."""
+    out = set()
+    for (a,) in index.db.execute("SELECT add_json FROM files WHERE dv IS NOT NULL "
+                                 "AND moved_to IS NULL"):
+        d = json.loads(a).get("deletionVector")
+        if d and d.get("storageType") == "u":
+            out.add(dv_path(d))
+    return out
+
+
+def retired(index: KeyIndex, before_ms: int) -> list[str]:
+    """Deletion vector files that no live file has used since ``before_ms``."""
+    return [p for (p,) in index.db.execute("SELECT path FROM retired WHERE at < ?",
+                                           (before_ms,))]
+
+
+def forget_retired(index: KeyIndex, paths: Sequence[str]) -> None:
+    index.db.executemany("DELETE FROM retired WHERE path = ?", [(p,) for p in paths])
+
+
+def live_fraction(index: KeyIndex) -> list[tuple[int, str, int, int]]:
+    """(id, path, rows, deleted) of every live file."""
+    out = []
+    for i, p, n, d in index.db.execute("SELECT id, path, rows, dv FROM files "
+                                       "WHERE moved_to IS NULL"):
+        out.append((i, p, n, len(BitMap.deserialize(d)) if d else 0))
+    return out
+
+
+def add_file(ch: Changes, path: str, rows: int, add: dict[str, Any]) -> int:
+    """A new data file of ``rows`` rows with add action ``add``; its id."""
+    return ch.add_file(path, rows, add_json=json.dumps(add))
+
+
+def set_dv(ch: Changes, file_id: int, add: dict[str, Any], dv: BitMap) -> None:
+    """File ``file_id``'s deletion vector is now ``dv`` (add action ``add``)."""
+    ch.db.execute("UPDATE files SET add_json = ?, dv = ? WHERE id = ?",
+                  (json.dumps(add), dv.serialize(), file_id))
+
+
+def rename_file(ch: Changes, file_id: int, path: str, add: dict[str, Any]) -> None:
+    """File ``file_id`` is now ``path`` (rewritten with its rows in their
+    order: a widened column), with add action ``add``."""
+    ch.db.execute("UPDATE files SET path = ?, add_json = ? WHERE id = ?",
+                  (path, json.dumps(add), file_id))
+
+
+def retire(ch: Changes, descriptors: Sequence[dict[str, Any] | None], now_ms: int) -> None:
+    """Deletion vectors the commit replaces: their files may go once no
+    live file uses them and they are past the retention (:func:`retired`)."""
+    paths = {dv_path(d) for d in descriptors if d and d.get("storageType") == "u"}
+    ch.db.executemany("INSERT OR REPLACE INTO retired VALUES (?, ?)",
+                      [(p, now_ms) for p in paths])
 
 
 def rebuild(index: KeyIndex, where: Location | str, key: Sequence[str], output: str) -> int:
@@ -466,9 +343,9 @@ def rebuild(index: KeyIndex, where: Location | str, key: Sequence[str], output: 
         for path, add in sorted(adds.items()):
             dv = read_dv(loc, add["deletionVector"]) if add.get("deletionVector") else BitMap()
             data = _parquet(loc, path, list(key))
-            fid = ch.add_file(path, data.num_rows, add)
+            fid = add_file(ch, path, data.num_rows, add)
             if dv:
-                ch.set_dv(fid, add, dv)
+                set_dv(ch, fid, add, dv)
                 keep = BitMap(range(data.num_rows)) - dv
                 positions = list(keep)
                 data = data.take(pa.array(positions, pa.int64()))

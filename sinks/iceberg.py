@@ -161,8 +161,20 @@ from reclock.core.secrets import MASK, Secret, register
 from reclock.core.secrets import scrub as _scrub
 from reclock.core.urls import URL_SECRET, url_secrets
 from reclock.sinks._fs import check_descriptor, check_stage_args
+from reclock.sinks._keyindex import KeyIndex
 from reclock.sinks._store import Location, S3Access, S3StorageConfig, split_uri
-from reclock.sinks.iceberg_mor import KeyIndex, rebuild, row_delta, write_position_deletes
+from reclock.sinks.iceberg_mor import (
+    add_delete_file,
+    add_keyed_file,
+    count_deleted,
+    delete_files,
+    drop_files,
+    file_stats,
+    lookup_paths,
+    rebuild,
+    row_delta,
+    write_position_deletes,
+)
 
 log = logging.getLogger("reclock.sinks.iceberg")
 
@@ -995,15 +1007,17 @@ class IcebergSink:
             self._index = KeyIndex(path)
         snap = table.current_snapshot()
         want = -1 if snap is None else snap.snapshot_id
-        if self._index.snapshot() != want:
+
+        def rebuilt(index: KeyIndex) -> None:
             log.info("output %r: rebuilding the key index of %s at snapshot %s", self.name,
                      self.target, want)
             try:
-                rebuild(self._index, table, self.key, partial(self._key_texts, table))
+                rebuild(index, table, self.key, partial(self._key_texts, table))
             except ValueError as exc:
                 raise SinkError(f"output {self.name!r}: {self.target}: {exc}",
                                 hint="write the state output to a new table") from exc
-        return self._index
+
+        return self._index.at(want, rebuilt)
 
     def _merge_on_read(self, table: Any, tx: Any, good: pa.Table, props: dict[str, str],
                        base: int | None) -> Callable[[], None]:
@@ -1017,7 +1031,7 @@ class IcebergSink:
 
         def held_of(values: list[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
             texts = self._key_texts(table, self._key_rows(table, values))
-            hits.update(index.lookup(texts))
+            hits.update(lookup_paths(index, texts))
             return {v for v, t in zip(values, texts, strict=True) if t in hits}
 
         changed, gone = self._plan(table, good, held_of)
@@ -1055,12 +1069,13 @@ class IcebergSink:
             with index.change(snapshot_id, base_index) as ch:
                 if ch.stale:  # another writer's rebuild: the next commit rebuilds
                     return
-                ch.delete_keys(gone_hits)
+                ch.delete_keys(list(gone_hits))
+                count_deleted(ch, gone_hits)
                 if data_files:
-                    ch.add_file(data_files[0].file_path, new_keys)
+                    add_keyed_file(ch, data_files[0].file_path, new_keys)
                 if delete_files:
-                    ch.add_delete_file(delete_files[0].file_path,
-                                       {p for p, _ in gone_hits.values()})
+                    add_delete_file(ch, delete_files[0].file_path,
+                                    {p for p, _ in gone_hits.values()})
                 ch.done = True
 
         settle.written = written  # type: ignore[attr-defined]
@@ -1307,12 +1322,12 @@ class IcebergSink:
                      for t in table.scan().plan_files()}
         except Exception as exc:
             raise self._fail(exc, "plan the compaction of") from exc
-        stats = index.files()
+        stats = file_stats(index)
         purge = [p for p, n, d in stats if n and d / n >= PURGE_SHARE]
         small = [p for p, n, d in stats
                  if p not in purge and sizes.get(p, 0) < min(target_size, STATE_SMALL_SIZE)]
         take = (purge + (small if len(small) >= min_files else []))[:max_files]
-        deletes = index.delete_files()
+        deletes = delete_files(index)
         dropped = [d for d, named in deletes.items() if named <= set(take)]
         if not take and not dropped:
             return {}
@@ -1355,9 +1370,9 @@ class IcebergSink:
         with index.change(snapshot_id, -1 if head.snapshot_id is None else head.snapshot_id
                           ) as ch:
             if not ch.stale:
-                ch.drop_files(take + dropped)
+                drop_files(ch, take + dropped)
                 if added:
-                    ch.add_file(added[0].file_path, keys)
+                    add_keyed_file(ch, added[0].file_path, keys)
                 ch.done = True
         log.info("output %r: compacted %d files into %d, dropped %d delete files", self.name,
                  len(take), len(added), len(dropped))

@@ -259,7 +259,7 @@ def test_merge_on_read_commits_write_the_changed_rows_and_position_deletes_only(
     assert pd.to_pylist() == [{"file_path": old, "pos": at[0]}, {"file_path": old, "pos": at[1]}]
     assert _live(s) == {**{f"k{i}": (i, 10) for i in range(50) if i not in (3, 7)},
                         "k7": (70, 20), "new": (1, 20)}
-    assert s._index is not None and s._index.snapshot() == snap.snapshot_id
+    assert s._index is not None and s._index.version == snap.snapshot_id
 
 
 def test_a_key_index_that_names_another_snapshot_is_rebuilt_from_the_table(
