@@ -181,7 +181,7 @@ from pyroaring import BitMap
 
 from reclock import faults
 from reclock.clients.s3 import put_if_absent
-from reclock.contracts.config import ByteSize, ConfigModel, DurationMs, problem
+from reclock.contracts.config import DurationMs, problem
 from reclock.contracts.encoding import is_nanos
 from reclock.contracts.rows import conform, output_schema, refuse_rows
 from reclock.contracts.sink import (
@@ -215,6 +215,14 @@ from reclock.core.columns import (
 from reclock.core.errors import ReclockError, TransientError
 from reclock.core.schema_change import widens
 from reclock.sinks._apart import run_apart
+from reclock.sinks._compaction import (
+    COMPACT_MAX_FILES,
+    COMPACT_TARGET_SIZE,
+    FIRST_PASS_MS,
+    compact_switch,
+)
+from reclock.sinks._compaction import CompactConfig as LakeCompactConfig
+from reclock.sinks._compaction import Compaction as LakeCompaction
 from reclock.sinks._fs import (
     check_descriptor,
     check_stage_args,
@@ -269,19 +277,9 @@ FULL_VACUUM_EVERY = 60
 #: files to expire even when this sink's compactions left none waiting.
 EXPIRY_CHECK_EVERY = 6
 
-#: Compaction defaults (the file sink's ``compact`` block): a pass every 10
-#: minutes when at least 50 files are below 128 MiB; removed files kept a day.
-COMPACT_EVERY_MS = 10 * 60_000
-COMPACT_MIN_FILES = 50
-COMPACT_TARGET_SIZE = 128 * 2**20
+#: Files a compaction removed are kept a day (the rest of the ``compact``
+#: block's defaults: :mod:`reclock.sinks._compaction`).
 RETENTION_MS = 24 * 3600_000
-#: The first compaction pass of a sink runs this long after its first
-#: maintenance call (or ``every`` after it, if shorter).
-FIRST_PASS_MS = 60_000
-#: At most this many files are merged by one pass, so that a pass over a
-#: table that never was compacted keeps the source's tick short; the next
-#: pass follows on the next tick while enough small files are left.
-COMPACT_MAX_FILES = 5_000
 #: Rows per Parquet row group of a compacted file (what a reader can skip).
 COMPACT_ROW_GROUP = 128 * 1024
 #: Small files read ahead while compacting (an object store's latency).
@@ -486,13 +484,10 @@ class FileStats:
 
 
 @dataclass(frozen=True)
-class Compaction:
+class Compaction(LakeCompaction):
     """When :meth:`DeltaSink.maintain` compacts an output, and how long the
     files a compaction removed are kept (the file sink's ``compact`` block)."""
 
-    every_ms: int = COMPACT_EVERY_MS
-    min_files: int = COMPACT_MIN_FILES
-    target_size: int = COMPACT_TARGET_SIZE
     retention_ms: int = RETENTION_MS
     #: maintenance (merges, table reads) in short-lived child processes
     #: (``sinks/_apart.py``)
@@ -2616,27 +2611,18 @@ def _check_target(value: str | None) -> str | None:
     return value
 
 
-class CompactConfig(ConfigModel):
+class CompactConfig(LakeCompactConfig):
     """When the driver compacts a file output's small files, and how long it
     keeps the files a compaction replaced. An output commits every
     ``timestamp_interval``, so without compaction its table gathers a small
     file per commit (tens of thousands a day) and every reader slows down.
     Compaction merges them into files of about ``target_size`` between two
     ticks of the source (the source waits meanwhile); it changes neither the
-    rows nor the output's upper and progress."""
+    rows nor the output's upper and progress. While a pass leaves
+    ``min_files`` small files behind (one pass merges at most 5,000), the
+    next one follows on the next tick; small files are merged in runs of at
+    most ``target_size`` bytes, in IntoTime order."""
 
-    every: DurationMs = Setting(default=COMPACT_EVERY_MS, ge=1000)
-    """How often the output is checked (default ``10m``). The first check runs
-    a minute after the pipeline starts (or ``every`` after, if shorter); while
-    a pass leaves ``min_files`` small files behind (one pass merges at most
-    5,000), the next one follows on the next tick."""
-    min_files: int = Setting(default=COMPACT_MIN_FILES, ge=2)
-    """Compact once at least this many files are smaller than ``target_size``
-    (default 50)."""
-    target_size: ByteSize = Setting(default=COMPACT_TARGET_SIZE, ge=2**20)
-    """The size of the merged files (default ``128MiB``; ``64MB``, ``1GiB`` or
-    a number of bytes): small files are merged in runs of at most this many
-    bytes, in IntoTime order."""
     retention: DurationMs = Setting(default=RETENTION_MS, ge=3_600_000)
     """How long the files a compaction replaced are kept (default ``1d``, at
     least ``1h``, at most ``30d``; rounded up to whole hours), so that readers
@@ -2660,16 +2646,6 @@ class CompactConfig(ConfigModel):
                           self.in_child, spread=True)
 
 
-def _compact_switch(value: Any) -> Any:
-    """``compact: off`` (YAML reads it as false) or ``null``: no compaction;
-    ``true``: the defaults."""
-    if value is False or value is None:
-        return None
-    if value is True:
-        return {}
-    return value
-
-
 class FileSinkConfig(SinkConfigBase):
     """A durable table (a Delta table: Parquet files and a log) in a local
     directory or under an ``s3://`` prefix; data and the output's upper are
@@ -2687,7 +2663,7 @@ class FileSinkConfig(SinkConfigBase):
     storage: S3StorageConfig | None = None
     """For an ``s3://`` path: endpoint, region and credentials (all optional;
     the ``AWS_*`` environment variables otherwise)."""
-    compact: Annotated[CompactConfig | None, BeforeValidator(_compact_switch)] = Setting(
+    compact: Annotated[CompactConfig | None, BeforeValidator(compact_switch)] = Setting(
         default_factory=CompactConfig)
     """Merge the output's small files on a schedule: ``{every: 10m, min_files:
     50, target_size: 128MiB, retention: 1d}`` (the default; give only the keys

@@ -125,7 +125,7 @@ from pydantic import Field as Setting
 from pydantic_core import InitErrorDetails
 
 from reclock import faults
-from reclock.contracts.config import ByteSize, ConfigModel, DurationMs, problem
+from reclock.contracts.config import ConfigModel, DurationMs, problem
 from reclock.contracts.consolidate import row_keys
 from reclock.contracts.encoding import is_nanos
 from reclock.contracts.rows import conform, output_schema, refuse_rows
@@ -160,6 +160,14 @@ from reclock.core.errors import ReclockError, TransientError
 from reclock.core.secrets import MASK, Secret, register
 from reclock.core.secrets import scrub as _scrub
 from reclock.core.urls import URL_SECRET, url_secrets
+from reclock.sinks._compaction import (
+    COMPACT_MAX_FILES,
+    COMPACT_TARGET_SIZE,
+    FIRST_PASS_MS,
+    compact_switch,
+)
+from reclock.sinks._compaction import CompactConfig as LakeCompactConfig
+from reclock.sinks._compaction import Compaction as LakeCompaction
 from reclock.sinks._fs import check_descriptor, check_stage_args
 from reclock.sinks._keyindex import KeyIndex
 from reclock.sinks._store import Location, S3Access, S3StorageConfig, split_uri
@@ -185,9 +193,6 @@ _MAX_FILES_PER_PART = 1000  # the three digits of {n:03d}
 COMMIT_ATTEMPTS = 8
 #: Staged files no snapshot references are deleted once older than this.
 ORPHAN_GRACE_SECONDS = 6 * 3600.0
-COMPACT_EVERY_MS = 10 * 60_000
-COMPACT_MIN_FILES = 50
-COMPACT_TARGET_SIZE = 128 * 2**20
 #: Snapshots older than this (but never the current one) are expired, and
 #: the data files only they referenced deleted. Ten minutes, not Delta's
 #: day: every commit writes the table's metadata file anew, listing every
@@ -197,8 +202,6 @@ COMPACT_TARGET_SIZE = 128 * 2**20
 RETENTION_MS = 10 * 60_000
 #: Expiry runs once the oldest snapshot is this much past the retention.
 EXPIRE_SLACK_MS = 60_000
-#: The first maintenance pass runs this long after the first call.
-FIRST_PASS_MS = 60_000
 #: A merge-on-read state table's compaction rewrites a data file once this
 #: share of its rows is deleted.
 PURGE_SHARE = 0.3
@@ -206,8 +209,6 @@ PURGE_SHARE = 0.3
 #: each commit adds one, of the rows it changed; the larger ones are left
 #: until their deletes add up.
 STATE_SMALL_SIZE = 16 * 2**20
-#: One compaction pass merges at most this many files.
-COMPACT_MAX_FILES = 5_000
 
 #: The properties of a table the sink creates: deletes are copy-on-write
 #: (what pyiceberg writes; a merge-on-read state table says merge-on-read,
@@ -416,12 +417,9 @@ def _write_parquet(table: pa.Table, f: BinaryIO) -> None:
 
 
 @dataclass(frozen=True)
-class Compaction:
+class Compaction(LakeCompaction):
     """When and how :meth:`IcebergSink.maintain` compacts and expires."""
 
-    every_ms: int = COMPACT_EVERY_MS
-    min_files: int = COMPACT_MIN_FILES
-    target_size: int = COMPACT_TARGET_SIZE
     retention_ms: int = RETENTION_MS
 
 
@@ -1590,17 +1588,10 @@ def _fileio_props(s3: S3Access) -> dict[str, str]:
     return props
 
 
-class CompactConfig(ConfigModel):
+class CompactConfig(LakeCompactConfig):
     """When the driver compacts an Iceberg output's small files and expires
     its old snapshots (neither changes its rows nor its state)."""
 
-    every: DurationMs = Setting(default=COMPACT_EVERY_MS, ge=1000)
-    """How often (default ``10m``; the first pass a minute after the start)."""
-    min_files: int = Setting(default=COMPACT_MIN_FILES, ge=2)
-    """Compact once at least this many data files are smaller than
-    ``target_size`` (default 50)."""
-    target_size: ByteSize = Setting(default=COMPACT_TARGET_SIZE, ge=2**20)
-    """The size of the merged files (default ``128MiB``)."""
     retention: DurationMs = Setting(default=RETENTION_MS, ge=60_000)
     """Snapshots older than this are expired (default ``10m``, at least a
     minute; never the current one), checked on every tick, and the data
@@ -1611,14 +1602,6 @@ class CompactConfig(ConfigModel):
 
     def settings(self) -> Compaction:
         return Compaction(self.every, self.min_files, self.target_size, self.retention)
-
-
-def _compact_switch(value: Any) -> Any:
-    if value is False or value is None:
-        return None
-    if value is True:
-        return {}
-    return value
 
 
 class IcebergSinkConfig(SinkConfigBase):
@@ -1651,7 +1634,7 @@ class IcebergSinkConfig(SinkConfigBase):
     """With ``mode: state``: how a commit replaces rows: ``merge-on-read``
     (position-delete files; the key index lives in the state directory) or
     ``copy-on-write`` (rewrites every data file holding a changed key)."""
-    compact: Annotated[CompactConfig | None, BeforeValidator(_compact_switch)] = Setting(
+    compact: Annotated[CompactConfig | None, BeforeValidator(compact_switch)] = Setting(
         default_factory=CompactConfig)
     """Compaction and snapshot expiry on a schedule (``compact: off``: never)."""
 
