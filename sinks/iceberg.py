@@ -940,10 +940,9 @@ class IcebergSink:
 
         keys = list(self.key)
 
-        def held_of(values: list[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+        def held_of(values: list[tuple[Any, ...]]) -> list[bool]:
             have = set(_keys_of(self._current(table, values), keys))
-            asked = _keys_of(self._key_rows(table, values), keys)
-            return {v for v, a in zip(values, asked, strict=True) if a in have}
+            return [a in have for a in _keys_of(self._key_rows(table, values), keys)]
 
         changed, gone = self._plan(table, good, held_of)
         if gone:
@@ -954,13 +953,14 @@ class IcebergSink:
         return None
 
     def _plan(self, table: Any, good: pa.Table,
-              held_of: Callable[[list[tuple[Any, ...]]], set[tuple[Any, ...]]]
+              held_of: Callable[[list[tuple[Any, ...]]], list[bool]]
               ) -> tuple[pa.Table, list[tuple[Any, ...]]]:
         """What the updates ``good`` do to the state table, by the shared rule
         (:func:`~reclock.contracts.state_table.state_changes`): the new rows
         of the keys they leave with a row (in the stored schema), and the key
         values of the keys held before that they change or delete.
-        ``held_of`` says which of some keys' values the table holds a row for."""
+        ``held_of`` says, for some keys' values, whether the table holds a
+        row for each (values may be unhashable: lists, structs)."""
         stored = self._stored(table)
         user = [f.name for f in stored if f.name not in META_NAMES]
         # each key (as state_changes names it) -> its values in ``good``
@@ -972,8 +972,8 @@ class IcebergSink:
 
         def held(keys: list[Any]) -> set[Any]:
             values = [values_of[k] for k in keys]
-            have = held_of(values) if values else set()
-            had.update(k for k, v in zip(keys, values, strict=True) if v in have)
+            have = held_of(values) if values else []
+            had.update(k for k, h in zip(keys, have, strict=True) if h)
             return had
 
         changes = state_changes(self.name, good, self.key, user, held, self.target)
@@ -1027,10 +1027,10 @@ class IcebergSink:
         index = self._index_at(table)
         hits: dict[str, tuple[str, int]] = {}
 
-        def held_of(values: list[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+        def held_of(values: list[tuple[Any, ...]]) -> list[bool]:
             texts = self._key_texts(table, self._key_rows(table, values))
             hits.update(lookup_paths(index, texts))
-            return {v for v, t in zip(values, texts, strict=True) if t in hits}
+            return [t in hits for t in texts]
 
         changed, gone = self._plan(table, good, held_of)
         loc = self._data(table)
