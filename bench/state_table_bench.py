@@ -56,6 +56,7 @@ import pyarrow.parquet as pq
 from reclock.contracts.rows import output_schema
 from reclock.contracts.sink import SinkState
 from reclock.sinks import delta as delta_mod
+from reclock.sinks import delta_state
 from reclock.sinks.delta import Compaction, DeltaSink
 from reclock.sinks.delta_state import dv_path, state_stats
 
@@ -74,7 +75,7 @@ def bulk_load(sink: DeltaSink, keys: int) -> float:
     t0 = time.monotonic()
     sink.ensure(USER)
     actions = []
-    table_schema = pa.schema(delta_mod._state_delta_schema(USER).to_arrow())
+    table_schema = pa.schema(delta_state._state_delta_schema(USER).to_arrow())
     for i, start in enumerate(range(0, keys, FILE_ROWS)):
         k = np.arange(start, min(keys, start + FILE_ROWS), dtype=np.int64)
         t = pa.table({"k": k, "v": pa.array([f"v0-{x}" for x in k.tolist()]),
@@ -88,7 +89,7 @@ def bulk_load(sink: DeltaSink, keys: int) -> float:
                                 "stats": state_stats(t)}})
     custom = {delta_mod.KEY_OUTPUT: sink.name, delta_mod.KEY_UPPER: 1,
               delta_mod.KEY_PROGRESS: '"load"'}
-    assert sink._put_entry(1, delta_mod._state_entry(actions, sink.app_id, 1, custom, 0))
+    assert sink._put_entry(1, delta_state._state_entry(actions, sink.app_id, 1, custom, 0))
     return time.monotonic() - t0
 
 

@@ -149,7 +149,6 @@ import math
 import os
 import random
 import re
-import sqlite3
 import threading
 import time
 import uuid
@@ -161,11 +160,10 @@ from pathlib import Path
 from typing import Annotated, Any, BinaryIO, ClassVar, Literal, ParamSpec, TypeVar
 from urllib.parse import unquote
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, Field, QueryBuilder, Schema, TableFeatures
+from deltalake import DeltaTable, Field, Schema, TableFeatures
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import (
     AddAction,
@@ -177,13 +175,12 @@ from deltalake.transaction import (
 from pydantic import AfterValidator, BeforeValidator
 from pydantic import Field as Setting
 from pydantic_core import InitErrorDetails
-from pyroaring import BitMap
 
 from reclock import faults
 from reclock.clients.s3 import put_if_absent
-from reclock.contracts.config import ByteSize, ConfigModel, DurationMs, problem
+from reclock.contracts.config import DurationMs, problem
 from reclock.contracts.encoding import is_nanos
-from reclock.contracts.rows import conform, output_schema, refuse_rows
+from reclock.contracts.rows import conform, refuse_rows
 from reclock.contracts.sink import (
     Owner,
     SinkConfigBase,
@@ -197,47 +194,69 @@ from reclock.contracts.state_table import (
     Mode,
     check_state_settings,
     refuse_null_keys,
-    state_changes,
     state_check_raw,
     state_key_of,
 )
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import (
-    DIFF,
     ERROR,
     INTO_TIME,
     META_FIELDS,
     META_NAMES,
     SRC_OFFSET,
-    SRC_PART,
-    SRC_SEQ,
 )
-from reclock.core.errors import ReclockError, TransientError
+from reclock.core.errors import ReclockError
 from reclock.core.schema_change import widens
 from reclock.sinks._apart import run_apart
+from reclock.sinks._compaction import (
+    COMPACT_MAX_FILES,
+    COMPACT_TARGET_SIZE,
+    FIRST_PASS_MS,
+    compact_switch,
+)
+from reclock.sinks._compaction import CompactConfig as LakeCompactConfig
+from reclock.sinks._compaction import Compaction as LakeCompaction
+from reclock.sinks._deltalog import (
+    _COMPACTED,
+    _ENGINE,
+    _STAGED,
+    CLOSED,
+    COMMIT_ATTEMPTS,
+    KEY_MAINTENANCE,
+    KEY_OUTPUT,
+    KEY_PIPELINE,
+    KEY_PIPELINE_STATE,
+    KEY_PROGRESS,
+    KEY_UPPER,
+    RETENTION_PROPERTY,
+    _check_descriptor,
+    _decode_txn,
+    _delta_schema,
+    _encode_txn,
+    _Evolution,
+    _Head,
+    _in_microseconds,
+    _interval,
+    _metadata_action,
+    _write_parquet,
+)
+from reclock.sinks._deltalog import dictionary_columns as dictionary_columns
 from reclock.sinks._fs import (
-    check_descriptor,
     check_stage_args,
     create_exclusive,
     exclusive_lock,
     sink_os_error,
 )
+from reclock.sinks._keyindex import KeyIndex
 from reclock.sinks._store import Location, S3Access, S3StorageConfig, split_uri, store_error
 from reclock.sinks.delta_state import (
-    INDEX_NAME,
-    KeyIndex,
-    log_names,
-    rebuild,
-    state_stats,
-    wide_stats,
-    write_dvs,
-    z85_encode,
+    StateTable,
+    _staged_schema,
 )
+from reclock.sinks.delta_state import read_current as read_current
 
 log = logging.getLogger("reclock.sinks.delta")
 
-#: Transaction version standing for the empty frontier (a closed output).
-CLOSED = 2**63 - 1
 #: At most this many rows per Parquet file.
 ROWS_PER_FILE = 1_000_000
 #: Write a checkpoint when the log has grown this many versions past the last.
@@ -249,8 +268,6 @@ ROWS_PER_FILE = 1_000_000
 CHECKPOINT_INTERVAL = 25
 #: Clean up expired log files after every this-many checkpoints.
 CLEANUP_EVERY_CHECKPOINTS = 10
-#: Attempts when unrelated commits race ours (ours unchanged each time).
-COMMIT_ATTEMPTS = 8
 #: Default age before an unreferenced staged file counts as an orphan.
 ORPHAN_GRACE_SECONDS = 6 * 3600.0
 #: Every this-many-th orphan vacuum of a sink (and its first) reads the
@@ -260,19 +277,9 @@ FULL_VACUUM_EVERY = 60
 #: files to expire even when this sink's compactions left none waiting.
 EXPIRY_CHECK_EVERY = 6
 
-#: Compaction defaults (the file sink's ``compact`` block): a pass every 10
-#: minutes when at least 50 files are below 128 MiB; removed files kept a day.
-COMPACT_EVERY_MS = 10 * 60_000
-COMPACT_MIN_FILES = 50
-COMPACT_TARGET_SIZE = 128 * 2**20
+#: Files a compaction removed are kept a day (the rest of the ``compact``
+#: block's defaults: :mod:`reclock.sinks._compaction`).
 RETENTION_MS = 24 * 3600_000
-#: The first compaction pass of a sink runs this long after its first
-#: maintenance call (or ``every`` after it, if shorter).
-FIRST_PASS_MS = 60_000
-#: At most this many files are merged by one pass, so that a pass over a
-#: table that never was compacted keeps the source's tick short; the next
-#: pass follows on the next tick while enough small files are left.
-COMPACT_MAX_FILES = 5_000
 #: Rows per Parquet row group of a compacted file (what a reader can skip).
 COMPACT_ROW_GROUP = 128 * 1024
 #: Small files read ahead while compacting (an object store's latency).
@@ -282,30 +289,10 @@ LOCK_NAME = "_reclock.lock"
 #: A state table's error rows: a log table in this directory of the table's
 #: (a name Delta's VACUUM leaves alone).
 ERRORS_DIR = "_errors"
-#: State tables: a compaction rewrites a file once this share of its rows is
-#: deleted, and merges files of fewer live rows than this (when there are
-#: ``min_files`` of them), at most this many live rows a pass (the next pass
-#: follows on the next tick).
-STATE_PURGE_SHARE = 0.3
-STATE_SMALL_ROWS = 100_000
-STATE_PASS_ROWS = 1_000_000
-KEY_UPPER = "reclock.upper"
-KEY_PROGRESS = "reclock.progress"
-KEY_OUTPUT = "reclock.output"
-#: commitInfo keys naming the pipeline that committed (:class:`~reclock.contracts.sink.Owner`)
-KEY_PIPELINE = "reclock.pipeline"
-KEY_PIPELINE_STATE = "reclock.pipeline_state"
-#: commitInfo key of maintenance commits: ``compact``, ``expire``, ``retention``.
-KEY_MAINTENANCE = "reclock.maintenance"
-RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
 
-# Batch ids become part of file names: keep them to characters that need no
-# escaping in a path or in the Delta log's URL-encoded paths.
-_STAGED = re.compile(r"part-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet")
 _STAGED_TMP = re.compile(r"\.part-[A-Za-z0-9_.-]+-\d{5,}-\d{3}\.parquet\.[0-9a-f]+\.tmp")
 _MAX_FILES_PER_PART = 1000  # the three digits of {n:03d}
 # Temp files of the log entries reclock writes (reclock.sinks._fs.create_exclusive).
-_DV_FILE = re.compile(r"deletion_vector_[0-9a-f-]{36}\.bin")
 _LOG_TMP = re.compile(r"\.\d{20}\.json\.[0-9a-f]{32}\.tmp")
 
 # The names in ``_delta_log`` that make a directory a table for delta-rs:
@@ -401,37 +388,10 @@ class DeltaStager:
         return staged
 
 
-def _write_parquet(table: pa.Table, f: BinaryIO) -> None:
-    pq.write_table(table, f, use_dictionary=dictionary_columns(table))
 
 
-#: Rows sampled per column to choose its encoding, and the share of distinct
-#: values below which it is dictionary-encoded.
-DICT_SAMPLE, DICT_DISTINCT = 2048, 0.5
 
 
-def dictionary_columns(table: pa.Table) -> list[str]:
-    """The columns worth a dictionary: few distinct values in an even sample.
-
-    Parquet writers dictionary-encode every column by default and fall back to
-    plain encoding once a column's dictionary page grows too large. For
-    high-cardinality columns (ids, offsets, timestamps, free text) that costs
-    the whole dictionary build for nothing: 2-3x the write time of the file
-    here, with a larger file. Low-cardinality ones (the IntoTime, diffs,
-    partitions, enum-like strings) keep it, and their dictionary's run-length
-    encoding makes them nearly free."""
-    n = table.num_rows
-    step = max(1, n // DICT_SAMPLE)
-    sample = table.take(pa.array(range(0, n, step))) if step > 1 else table
-    m = sample.num_rows
-    out = []
-    for f in sample.schema:
-        if pa.types.is_nested(f.type):
-            continue
-        col = sample.column(f.name)
-        if m == 0 or pc.count_distinct(col, mode="all").as_py() <= DICT_DISTINCT * m:
-            out.append(f.name)
-    return out
 
 
 def stats(table: pa.Table) -> str:
@@ -477,13 +437,10 @@ class FileStats:
 
 
 @dataclass(frozen=True)
-class Compaction:
+class Compaction(LakeCompaction):
     """When :meth:`DeltaSink.maintain` compacts an output, and how long the
     files a compaction removed are kept (the file sink's ``compact`` block)."""
 
-    every_ms: int = COMPACT_EVERY_MS
-    min_files: int = COMPACT_MIN_FILES
-    target_size: int = COMPACT_TARGET_SIZE
     retention_ms: int = RETENTION_MS
     #: maintenance (merges, table reads) in short-lived child processes
     #: (``sinks/_apart.py``)
@@ -770,19 +727,10 @@ def _can_merge(dt: DeltaTable) -> bool:
         "delta.columnMapping.mode", "none") == "none"
 
 
-# Part of the names of the files compactions write.
-_COMPACTED = "-compact-"
 # Names of data files a compaction reads (plain names, no escaping needed).
 _PLAIN = re.compile(r"[A-Za-z0-9_.=-]+\.parquet")
 
 
-@dataclass(frozen=True)
-class _Head:
-    """A version of the table and what a commit right after it needs."""
-
-    version: int
-    state: SinkState  # the output's state as of ``version``
-    direct: bool  # the next log entry may be written by reclock itself
 
 
 #: Writer features a blind append of reclock's own honours by what it writes
@@ -792,8 +740,6 @@ class _Head:
 #: delta-rs, which knows them.
 _DIRECT_FEATURES = frozenset({"appendOnly", "invariants", "timestampNtz", "changeDataFeed",
                               "deletionVectors", "vacuumProtocolCheck"})
-#: ``engineInfo`` of reclock's own log entries.
-_ENGINE = "reclock"
 
 
 def _direct_ok(dt: DeltaTable) -> bool:
@@ -930,7 +876,7 @@ def _bounded(method: Callable[_P, _R]) -> Callable[_P, _R]:
     return call
 
 
-class DeltaSink:
+class DeltaSink(StateTable):
     """A :class:`~reclock.contracts.sink.PersistSink` backed by a Delta table at ``path``
     (a local directory or ``s3://bucket/prefix``; ``storage`` says how to
     reach S3, by default from the ``AWS_*`` environment variables).
@@ -982,7 +928,7 @@ class DeltaSink:
         self._clock: Clock = clock or SystemClock()  # ms; file ages compare in seconds
         self._schema: pa.Schema | None = None  # cached stored schema, for stager()
         self._fresh: DeltaTable | None = None  # snapshot loaded by ensure(), used once
-        self.compaction = compaction
+        self.compaction: Compaction | None = compaction
         self._maintain_at: int | None = None  # clock ms of the next maintenance pass
         self._retention_set = False  # the table's retention property checked once
         self._passes = 0  # maintenance passes run
@@ -1796,47 +1742,7 @@ class DeltaSink:
                  len(present), hours)
         return sorted(present)
 
-    def _orphan_dvs(self, listed: list[tuple[str, int, float]], before: float) -> list[str]:
-        """Delete a state table's deletion vector files last written before
-        ``before`` that no commit references: neither a live file (the key
-        index) nor a replaced vector waiting for its retention, nor any log
-        entry still present (older versions read it). A commit killed
-        between writing its vectors and its log entry leaves such a file.
-        The caller holds the lock."""
-        index = self._index_at(self._head_of(self._load()).version)
-        if index is None:
-            return []
-        known = index.dv_files_in_use() | set(index.retired(2**62))
-        old = {name for name, _, mtime in listed if _DV_FILE.fullmatch(name)
-               and name not in known and mtime < before}
-        if not old:
-            return []
-        codes = {z85_encode(uuid.UUID(name[16:52]).bytes): name for name in old}
-        for entry in log_names(self.location):
-            if entry.endswith(".json") and codes:
-                text = self.location.read_text(f"_delta_log/{entry}") or ""
-                for code in [c for c in codes if c in text]:
-                    old.discard(codes.pop(code))
-        for name in old:
-            self.location.delete(name)
-        return sorted(old)
 
-    def _expire_dvs(self, retention_ms: int) -> list[str]:
-        """A state table's deletion vector files that no live data file uses
-        and that none has used for ``retention_ms`` (older versions, for
-        time travel, still may until then); deleted, their names. delta-rs's
-        vacuum does not know them: its remove actions name data files. The
-        caller holds the lock."""
-        index = self._index_at(self._head_of(self._load()).version)
-        if index is None:
-            return []
-        in_use = index.dv_files_in_use()
-        due = [p for p in index.retired(int(time.time() * 1000) - retention_ms)
-               if p not in in_use]
-        for p in due:
-            self.location.delete(p)
-        index.forget_retired(due)
-        return due
 
     def _set_retention(self, hours: int) -> None:
         """Set the table's ``delta.deletedFileRetentionDuration`` to ``hours``
@@ -1854,407 +1760,15 @@ class DeltaSink:
     def close(self) -> None:
         """Nothing to release: every call opens what it needs."""
 
-    # -- state mode ------------------------------------------------------------------------
-    def _ensure_state(self, user_schema: pa.Schema) -> None:
-        """Create the state table for ``user_schema`` (one log entry of
-        reclock's own: protocol with deletion vectors, metadata), or check
-        the existing one holds its columns: new nullable columns and widened
-        types are the table's evolution, which the next commit makes with
-        its rows (:meth:`_apply_state`), as a log table's (:meth:`_checked`);
-        any other difference is a SinkError naming the columns."""
-        missing = [k for k in self.key if k not in user_schema.names]
-        if missing:
-            raise SinkError(f"output {self.name!r}: key columns {missing} are not among the "
-                            f"output's columns {user_schema.names}",
-                            hint="set key to columns the output has")
-        self._user = user_schema
-        want = _state_delta_schema(user_schema)
-        self.location.makedirs()
-        with self._locked():
-            try:
-                dt = self._open()
-            except TableNotFoundError:
-                if self.location.local:
-                    os.makedirs(os.path.join(self.location.root, "_delta_log"), exist_ok=True)
-                self._put_entry(0, _create_entry(want, self.compaction))  # or another's
-                dt = self._load()
-            p = dt.protocol()
-            if "deletionVectors" not in (p.writer_features or []):
-                raise SinkError(f"output {self.name!r}: the table at {self.uri} is not a state "
-                                "table (no deletion vectors)",
-                                hint="write a state output to a new path")
-            dt = self._checked(dt, want)
-            # the table's columns, in its order, which every file it gets has
-            # (DuckDB's delta reader misreads a file whose columns differ)
-            self._stored = pa.schema((dt.schema() if self._evolution is None
-                                      else self._evolution.schema).to_arrow())
-            self._schema = _staged_schema(user_schema)
-            self._fresh = dt
-        assert self._errors is not None
-        self._errors.ensure(user_schema)
 
-    def _index_at(self, version: int) -> KeyIndex | None:
-        """The key index, describing ``version`` (rebuilt from the table when
-        it describes another one and the log entries in between changed
-        files); None when the table's newest version is not ``version``
-        (someone committed meanwhile)."""
-        try:
-            if self._index is None:
-                self._index = KeyIndex(self._index_path())
-            index = self._index
-            have = index.version
-        except sqlite3.DatabaseError as exc:
-            index = self._reset_index(exc)
-            have = None
-        if have is not None and have > version and self._logged(have):
-            return None  # another committer moved the table on: retry from its version
-        if have is not None and have < version and all(
-                not _changes_files(self.location.read_text(f"_delta_log/{v:020d}.json"))
-                for v in range(have + 1, version + 1)):
-            index.mark(version)  # maintenance commits, a retention change: no file moved
-            have = version
-        if have != version:
-            log.info("output %r: rebuilding the key index from the table (it described "
-                     "version %s, the table is at %d)", self.name, have, version)
-            try:
-                if rebuild(index, self.location, self.key, self.name) != version:
-                    return None
-            except OSError as exc:
-                raise self._os_error(exc, "index") from exc
-        return index
 
-    def _reset_index(self, exc: sqlite3.DatabaseError) -> KeyIndex:
-        """A new, empty key index in place of a damaged one (rebuilt next).
-        An index that is busy (another process's commit holds it: a second
-        driver without the local lock) or unreadable for a reason of the
-        system's is not damaged: a :class:`TransientError`, and it stays."""
-        if isinstance(exc, sqlite3.OperationalError):
-            raise TransientError(
-                f"output {self.name!r}: cannot use the key index of {self.uri}: {exc}",
-                hint="another process is committing to this table, or the disk failed; "
-                     "retried") from exc
-        log.warning("output %r: the key index is damaged (%s): rebuilding it from the table",
-                    self.name, exc)
-        if self._index is not None:
-            with suppress(sqlite3.Error):
-                self._index.close()
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            with suppress(FileNotFoundError):
-                os.unlink(self._index_path() + suffix)
-        self._index = KeyIndex(self._index_path())
-        return self._index
 
-    def _index_path(self) -> str:
-        """The key index's file (its directory made)."""
-        assert self._index_dir is not None
-        os.makedirs(self._index_dir, exist_ok=True)
-        return os.path.join(self._index_dir, INDEX_NAME)
 
-    def _commit_state(self, staged: list[dict[str, Any]], expected: SinkState,
-                      new: SinkState) -> None:
-        """:meth:`commit` of a state table (module docstring of
-        :mod:`reclock.sinks.delta_state`): the staged updates consolidated
-        per key (:func:`~reclock.contracts.state_table.state_changes`); their
-        error rows committed to the errors table first; then one log entry
-        v+1, created only if absent, holding the new rows' file, a remove and
-        an add per file whose rows they replace or delete (its new deletion
-        vector), the txn and the progress. The key index follows in a SQLite
-        transaction committed only once the entry exists."""
-        version = _encode_txn(new.upper)
-        files = [_check_descriptor(self.name, d) for d in staged]
-        custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(version),
-                  KEY_PROGRESS: new.progress, **self._owner_keys()}
-        assert self._user is not None, "ensure() first"
-        user = self._user.names
-        with self._locked():
-            data = self._read_staged(files)
-            bad = data.filter(pc.is_valid(data.column(ERROR)))
-            rows = data.filter(pc.is_null(data.column(ERROR)))
-            _check_state_diffs(self.name, rows)
-            head = self._head
-            for attempt in range(COMMIT_ATTEMPTS):
-                head, self._head = self._head, None
-                dt: DeltaTable | None = None
-                if (attempt > 0 or head is None or head.state != expected
-                        or self._evolution is not None or not self._logged(head.version)):
-                    dt = self._load()
-                    head = self._head_of(dt)
-                if head.state != expected:
-                    raise SinkFenced(
-                        f"output {self.name!r} at {self.uri}: durable state is {head.state}, "
-                        f"expected {expected}; nothing was written",
-                        hint="another pipeline committed this output; re-read its state")
-                evolve = (None if self._evolution is None or dt is None
-                          else _metadata_action(dt, self._evolution.schema))
-                if not head.direct:
-                    raise SinkError(f"output {self.name!r}: the state table at {self.uri} "
-                                    "has table features reclock does not write",
-                                    hint="write the state output to a new path")
-                if attempt == 0 and bad.num_rows:
-                    self._commit_errors(bad, expected, new)
-                try:
-                    landed = self._apply_state(head, rows, user, version, custom, evolve)
-                except sqlite3.DatabaseError as exc:
-                    self._reset_index(exc)
-                    continue
-                if not landed:
-                    continue
-                evo, self._evolution = self._evolution, None
-                if evo is not None:
-                    log.info("output %r: added columns %s, widened %s", self.name,
-                             list(evo.added), list(evo.widened))
-                self._head = _Head(head.version + 1, new, True)
-                break
-            else:
-                raise SinkFenced(
-                    f"output {self.name!r} at {self.uri}: {COMMIT_ATTEMPTS} commit attempts "
-                    "lost to concurrent commits", hint="another writer is busy on this table")
-        for d in files:
-            self.location.delete(d["path"])
-        self._housekeep(head.version + 1)
 
-    def _apply_state(self, head: _Head, rows: pa.Table, user: list[str], version: int,
-                     custom: dict[str, Any], evolve: dict[str, Any] | None = None) -> bool:
-        """One attempt of :meth:`_commit_state` on top of ``head``: whether
-        its log entry landed (False: the version was taken, nothing of it left).
-        ``evolve``: the metaData action of the pending evolution, which the
-        entry carries first; with a widened column, every live file is
-        rewritten in the new type (its rows in their order, so its deletion
-        vector and the key index's positions still hold), a remove of the old
-        file and an add of the new one (``dataChange: false``) in the entry."""
-        index = self._index_at(head.version)
-        if index is None:
-            return False
-        actions: list[dict[str, Any]] = [] if evolve is None else [evolve]
-        written: list[str] = []
-        now = int(time.time() * 1000)
-        # file id -> (its add action, its add in the new type)
-        rewritten: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
-        evo = self._evolution
-        if evolve is not None and evo is not None and evo.widened:
-            wide = pa.schema(evo.schema.to_arrow())
-            for e in index.files().values():
-                name = (f"part-{self._clock.now()}-widen-{uuid.uuid4().hex[:10]}"
-                        "-00000-000.parquet")
-                t = conform(self.name, self.location.dataset([e.path], wide).to_table(), wide)
-                size = self.location.write(name, partial(_write_parquet, t))
-                written.append(name)
-                st = self.location.stat(name)
-                rewritten[e.id] = (e.add, {**e.add, "path": name, "size": size,
-                                           "modificationTime": st[1] if st else now,
-                                           "dataChange": False})
-        found: dict[Any, tuple[int, int]] = {}
-        changes = state_changes(self.name, rows, self.key, user,
-                                partial(_held, index, found), self.uri)
-        changed = set(changes.upsert_keys).union(changes.deletes)
-        old = {k: at for k, at in found.items() if k in changed}
-        by_file: dict[int, list[int]] = {}
-        for f, r in old.values():
-            by_file.setdefault(f, []).append(r)
-        entries = index.files(set(by_file))
-        new_dvs = []
-        for fid, e in entries.items():
-            dv = e.dv | BitMap(by_file[fid])
-            new_dvs.append((e, dv))
-        if new_dvs:
-            name, descs = write_dvs(self.location, [dv for _, dv in new_dvs])
-            written.append(name)
-        new_adds = []
-        for (e, _), desc in zip(new_dvs, descs if new_dvs else [], strict=True):
-            actions.append({"remove": _remove_of(e.add, now)})
-            add = {**rewritten.get(e.id, (e.add, e.add))[1], "dataChange": True,
-                   "deletionVector": desc,
-                   "stats": wide_stats(e.add.get("stats"))}
-            actions.append({"add": add})
-            new_adds.append(add)
-        for fid, (was, add) in rewritten.items():
-            if fid not in by_file:  # (those are in the entry with their new vector)
-                actions.append({"remove": {**_remove_of(was, now), "dataChange": False}})
-                actions.append({"add": add})
-        data_add: dict[str, Any] | None = None
-        if changes.upserts.num_rows:
-            assert self._stored is not None
-            table = conform(self.name, _in_microseconds(changes.upserts), self._stored)
-            path = (f"part-{self._clock.now()}-state-{uuid.uuid4().hex[:10]}"
-                    "-00000-000.parquet")
-            size = self.location.write(path, partial(_write_parquet, table))
-            written.append(path)
-            st = self.location.stat(path)
-            data_add = {"path": path, "partitionValues": {}, "size": size,
-                        "modificationTime": st[1] if st else now, "dataChange": True,
-                        "stats": state_stats(table)}
-            actions.append({"add": data_add})
-        entry = _state_entry(actions, self.app_id, version, custom, head.version)
-        with index.change(head.version + 1) as ch:
-            for fid, (_, add) in rewritten.items():
-                ch.rename_file(fid, add["path"], add)
-            ch.retire([e.add.get("deletionVector") for e, _ in new_dvs], now)
-            for (e, dv), add in zip(new_dvs, new_adds, strict=True):
-                ch.set_dv(e.id, add, dv)
-            ch.delete_keys(changes.deletes)
-            if data_add is not None:
-                fid = ch.add_file(data_add["path"], changes.upserts.num_rows, data_add)
-                ch.put_keys(changes.upsert_keys, fid,
-                            range(changes.upserts.num_rows))
-            faults.crash_point("state_before_log")
-            if self._put_entry(head.version + 1, entry):
-                # a crash here leaves the index at v: rebuilt at the next commit
-                faults.crash_point("state_logged")
-                ch.done = True
-        if not ch.done:
-            for name in written:
-                self.location.delete(name)
-            return False
-        return True
 
-    def _read_staged(self, files: list[dict[str, Any]]) -> pa.Table:
-        """The rows of the staged files, each checked to be there with its size."""
-        schema = self._schema
-        assert schema is not None
-        tables = []
-        for d in files:
-            st = self.location.stat(d["path"])
-            if st is None or st[0] != d["size"]:
-                raise SinkError(
-                    f"output {self.name!r}: staged file {self.location.child(d['path'])} is "
-                    + ("gone" if st is None else f"{st[0]} bytes, staged as {d['size']}"),
-                    hint="restage the batch")
-            tables.append(conform(self.name, self.location.dataset([d["path"]], schema)
-                                  .to_table(), schema))
-        return pa.concat_tables(tables) if tables else schema.empty_table()
 
-    def _commit_errors(self, bad: pa.Table, expected: SinkState, new: SinkState) -> None:
-        """The error rows of a state commit into the errors table, unless an
-        earlier attempt of this commit put them there: only rows at or past
-        that table's upper go in (what is below it is there already), and
-        only when ``new`` moves it."""
-        errs = self._errors
-        assert errs is not None
-        have = errs.state()
-        if have.upper is not None and new.upper is not None and have.upper >= new.upper:
-            return
-        if have.upper is None and have != SinkState():
-            return  # closed
-        if have.upper is not None:
-            bad = bad.filter(pc.greater_equal(bad.column(INTO_TIME), have.upper))
-        staged = errs.stager().stage(f"{self._clock.now()}-err-{uuid.uuid4().hex[:8]}", 0, bad)
-        errs.commit(staged, have, SinkState(new.upper, new.progress))
 
-    def _read_state(self, as_of: int | None) -> pa.Table:
-        """The current rows (every one with ``_diff`` 1 and provenance zero:
-        a state table keeps no source positions), then the error rows up to
-        ``as_of`` and below the output's upper; read through delta-rs's
-        DataFusion reader, which applies deletion vectors (its Arrow dataset
-        refuses such tables)."""
-        if not self._exists():
-            return pa.schema(META_FIELDS).empty_table()
-        current = read_current(self.location)
-        user = self._user or pa.schema([f for f in current.schema if f.name != INTO_TIME])
-        schema = output_schema(pa.schema([f.with_type(storage_type(f.type)) for f in user]))
-        n = current.num_rows
-        zeros32 = pa.array([0] * n, pa.int32())
-        extra = {DIFF: pa.array([1] * n, pa.int64()), SRC_PART: zeros32,
-                 SRC_OFFSET: pa.array([0] * n, pa.int64()), SRC_SEQ: zeros32}
-        data = conform(self.name, pa.table(
-            {**{c: current.column(c) for c in current.column_names}, **extra}), schema)
-        errs = self._errors
-        if errs is None or not errs._exists():
-            return data
-        # the errors table is committed before the state: after a commit that
-        # failed in between it holds rows past the output's upper, which the
-        # output shows once its own commit lands
-        upper = self.state().upper
-        if upper is not None:
-            as_of = upper - 1 if as_of is None else min(as_of, upper - 1)
-        return pa.concat_tables([data, conform(self.name, errs.read_updates(as_of), schema)])
 
-    def _compact_state(self, target_size: int, min_files: int,
-                       max_files: int) -> dict[str, int]:
-        """Compaction of a state table: the files smaller than ``target_size``
-        (when at least ``min_files``) and the files whose deleted share is
-        :data:`STATE_PURGE_SHARE` or more are rewritten with only their live
-        rows, in one log entry that removes them (with their deletion
-        vectors) and adds the new files (``dataChange: false``), carrying
-        the output's txn and progress; the key index follows as in a commit."""
-        with self._locked():
-            dt = self._load()
-            head = self._head_of(dt)
-            txn = dt.transaction_version(self.app_id)
-            if txn is None or not head.direct:
-                return {}
-            index = self._index_at(head.version)
-            if index is None:
-                return {}
-            stats = index.live_fraction()
-            entries = index.files()
-            small = [i for i, _, n, d in stats if n - d < STATE_SMALL_ROWS]
-            purge = [i for i, _, n, d in stats
-                     if n and d / n >= STATE_PURGE_SHARE and n - d >= STATE_SMALL_ROWS]
-            candidates = purge + (small if len(small) >= min_files else [])
-            live = {i: n - d for i, _, n, d in stats}
-            take: list[int] = []
-            rows_taken = 0
-            for i in candidates[:max_files]:
-                if take and rows_taken + live[i] > STATE_PASS_ROWS:
-                    break
-                take.append(i)
-                rows_taken += live[i]
-            if len(take) < 2 and not purge:
-                return {}
-            schema = pa.schema(dt.schema().to_arrow())
-            batch = f"{self._clock.now()}{_COMPACTED}{uuid.uuid4().hex[:10]}"
-            now = int(time.time() * 1000)
-            actions: list[dict[str, Any]] = []
-            parts = []
-            for fid in take:
-                e = entries[fid]
-                t = self.location.dataset([e.path], schema).to_table()
-                if e.dv:
-                    keep = np.ones(t.num_rows, dtype=bool)
-                    keep[np.fromiter(e.dv, dtype=np.int64, count=len(e.dv))] = False
-                    t = t.filter(pa.array(keep))
-                parts.append(t)
-                actions.append({"remove": {**_remove_of(e.add, now), "dataChange": False}})
-            merged = pa.concat_tables(parts)
-            written = []
-            add: dict[str, Any] | None = None
-            new_path = f"part-{batch}-00000-000.parquet"
-            if merged.num_rows:
-                size = self.location.write(new_path, partial(_write_parquet, merged))
-                written.append(new_path)
-                st = self.location.stat(new_path)
-                add = {"path": new_path, "partitionValues": {}, "size": size,
-                       "modificationTime": st[1] if st else now, "dataChange": False,
-                       "stats": state_stats(merged)}
-                actions.append({"add": add})
-            custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(txn),
-                      KEY_PROGRESS: head.state.progress, KEY_MAINTENANCE: "compact",
-                      **self._owner_keys()}
-            entry = _state_entry(actions, self.app_id, txn, custom, head.version,
-                                 operation="OPTIMIZE")
-            with index.change(head.version + 1) as ch:
-                ch.retire([entries[i].add.get("deletionVector") for i in take], now)
-                nid = 0 if add is None else ch.add_file(new_path, merged.num_rows, add)
-                moves, base = [], 0
-                for i, part in zip(take, parts, strict=True):
-                    moves.append((i, nid, base, entries[i].dv))
-                    base += part.num_rows
-                ch.move_files(moves)
-                if self._put_entry(head.version + 1, entry):
-                    ch.done = True
-            if not ch.done:
-                for name in written:
-                    self.location.delete(name)
-                return {}
-            if self._head is not None and self._head.version == head.version:
-                self._head = _Head(head.version + 1, self._head.state, True)
-        removed = sum(int(entries[i].add["size"]) for i in take)
-        log.info("output %r: compacted %d state files into %d", self.name, len(take),
-                 len(written))
-        self._housekeep(head.version + 1)
-        return {"files_removed": len(take), "files_added": len(written),
-                "bytes_removed": removed, "bytes_added": int(add["size"]) if add else 0,
-                "files_left": len(candidates) - len(take)}
 
     # -- helpers ---------------------------------------------------------------------------
     def _open(self) -> DeltaTable:
@@ -2305,9 +1819,6 @@ class DeltaSink:
 DEFAULT_RETENTION_HOURS = 168
 
 
-def _interval(hours: int) -> str:
-    """A Delta interval property value of ``hours`` hours."""
-    return f"interval {hours} hours"
 
 
 def _runs(files: list[_Small], target_size: int) -> list[list[_Small]]:
@@ -2327,21 +1838,10 @@ def _runs(files: list[_Small], target_size: int) -> list[list[_Small]]:
     return [r for r in runs if len(r) > 1]
 
 
-def _encode_txn(upper: int | None) -> int:
-    if upper is None:
-        return CLOSED
-    if not 0 <= upper < CLOSED:
-        raise ValueError(f"upper {upper} out of range [0, 2**63 - 1)")
-    return upper
 
 
-def _decode_txn(version: int) -> int | None:
-    return None if version == CLOSED else version
 
 
-def _check_descriptor(output: str, d: dict[str, Any]) -> dict[str, Any]:
-    check_descriptor(output, "Delta", d, _STAGED, {"size": int, "stats": str})
-    return d
 
 
 def _text(value: Any) -> str | None:
@@ -2364,53 +1864,12 @@ def _scan_commit(text: str, app_id: str) -> tuple[dict[str, Any], int | None]:
     return info, ours
 
 
-def _delta_schema(user_schema: pa.Schema) -> Schema:
-    """The Delta schema of an output of ``user_schema``: reclock's columns
-    added, types as Delta stores them."""
-    return Schema.from_arrow(output_schema(pa.schema(
-        [f.with_type(storage_type(f.type)) for f in user_schema])))
 
 
-def storage_type(t: pa.DataType) -> pa.DataType:
-    """The type a column of Arrow type ``t`` is stored as: Delta has no time
-    of day, duration or unsigned types. Times and durations are stored as
-    int64 microseconds, unsigned integers as the next wider signed type
-    (uint64 as decimal(20,0)), float16 as float32; lists element-wise.
-    Timestamps are stored in microseconds (Delta's own unit: a nanosecond
-    table needs a reader feature most readers lack)."""
-    if pa.types.is_time(t) or pa.types.is_duration(t):
-        return pa.int64()
-    if pa.types.is_timestamp(t) and t.unit == "ns":
-        return pa.timestamp("us", tz=t.tz)
-    if pa.types.is_unsigned_integer(t):
-        return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(t.bit_width,
-                                                                   pa.decimal128(20, 0))
-    if pa.types.is_float16(t):
-        return pa.float32()
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return pa.list_(storage_type(t.value_type))
-    return t
 
 
-def _micro(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_timestamp(t) and t.unit == "ns":
-        return pa.timestamp("us", tz=t.tz)
-    if pa.types.is_time(t):
-        return pa.time64("us")
-    if pa.types.is_duration(t):
-        return pa.duration("us")
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return pa.list_(_micro(t.value_type))
-    return t
 
 
-def _in_microseconds(table: pa.Table) -> pa.Table:
-    """Times and durations in microseconds, so that they store as int64 µs."""
-    for i, f in enumerate(table.schema):
-        m = _micro(f.type)
-        if m != f.type:
-            table = table.set_column(i, f.with_type(m), table.column(i).cast(m))
-    return table
 
 
 def _type_of(field: Field) -> Any:
@@ -2430,15 +1889,6 @@ def _arrow_of(field: Field) -> pa.DataType:
     return pa.schema(Schema([field]).to_arrow()).field(0).type
 
 
-@dataclass(frozen=True)
-class _Evolution:
-    """What the next commit changes in the table's schema: ``schema`` is the
-    whole new one; columns ``added``; columns ``widened`` (their files are
-    rewritten in the new type by that commit)."""
-
-    schema: Schema
-    added: tuple[str, ...]
-    widened: tuple[str, ...]
 
 
 def _compare(have: Schema, want: Schema) -> tuple[list[Field], list[str]]:
@@ -2487,111 +1937,24 @@ def _delta_error(output: str, where: Location, exc: DeltaError, doing: str) -> R
 # -- state tables (mode: state) ------------------------------------------------------
 
 
-def _staged_schema(user: pa.Schema) -> pa.Schema:
-    """What a state output's stager writes: the update rows, as a log's."""
-    return pa.schema(_delta_schema(user).to_arrow())
 
 
-def _state_delta_schema(user: pa.Schema) -> Schema:
-    """A state table's Delta schema: the user columns as Delta stores them,
-    then ``_into_time`` (the IntoTime of the row's last change)."""
-    return Schema.from_arrow(pa.schema(
-        [*(f.with_type(storage_type(f.type)) for f in user),
-         pa.field(INTO_TIME, pa.int64(), nullable=False)]))
 
 
-def _create_entry(schema: Schema, compaction: Compaction | None) -> bytes:
-    """Log entry 0 of a state table: reader 3 / writer 7 with the
-    ``deletionVectors`` feature (and ``invariants``, which its NOT NULL
-    ``_into_time`` implies, and ``timestampNtz`` when a column needs it)."""
-    ntz = any(pa.types.is_timestamp(f.type) and f.type.tz is None
-              for f in pa.schema(schema.to_arrow()))
-    reader = ["deletionVectors", *(["timestampNtz"] if ntz else [])]
-    writer = ["deletionVectors", "invariants", *(["timestampNtz"] if ntz else [])]
-    conf = {"delta.enableDeletionVectors": "true"}
-    if compaction is not None:
-        conf[RETENTION_PROPERTY] = _interval(compaction.removes_kept_hours)
-    now = int(time.time() * 1000)
-    lines = [
-        {"commitInfo": {"timestamp": now, "operation": "CREATE TABLE",
-                        "operationParameters": {"mode": "ErrorIfExists"},
-                        "engineInfo": _ENGINE, "clientVersion": _ENGINE}},
-        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": reader,
-                      "writerFeatures": writer}},
-        {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
-                      "schemaString": schema.to_json(), "partitionColumns": [],
-                      "configuration": conf, "createdTime": now}},
-    ]
-    return "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines).encode()
 
 
-def _metadata_action(dt: DeltaTable, schema: Schema) -> dict[str, Any]:
-    """The metaData action of ``dt`` with ``schema``."""
-    meta = dt.metadata()
-    return {"metaData": {
-        "id": meta.id, "name": meta.name, "description": meta.description,
-        "format": {"provider": "parquet", "options": {}},
-        "schemaString": schema.to_json(),
-        "partitionColumns": list(meta.partition_columns),
-        "configuration": dict(meta.configuration or {}), "createdTime": meta.created_time}}
 
 
-def _changes_files(text: str | None) -> bool:
-    """Whether a log entry adds or removes files (None: it is gone: assume so)."""
-    if text is None:
-        return True
-    return any(line.lstrip()[:8] in ('{"add":', '{"remove') or '"add"' in line[:10]
-               or '"remove"' in line[:12] for line in text.splitlines())
 
 
-def _held(index: KeyIndex, found: dict[Any, tuple[int, int]], keys: list[Any]) -> set[Any]:
-    """Which of ``keys`` have a row (their places go into ``found``)."""
-    found.update(index.lookup(keys))
-    return set(found)
 
 
-def _check_state_diffs(output: str, rows: pa.Table) -> None:
-    bad = pc.sum(pc.invert(pc.is_in(rows.column(DIFF), pa.array([-1, 1], pa.int64()))))
-    if (bad.as_py() or 0) > 0:
-        raise SinkError(
-            f"output {output!r}: {bad.as_py()} rows have a _diff other than -1 or 1; a state "
-            "table applies retractions (-1) and insertions (+1) only",
-            hint="write consolidated updates (an upsert or debezium envelope)")
 
 
-def _remove_of(add: dict[str, Any], now: int) -> dict[str, Any]:
-    """The remove action of the logical file ``add`` (its deletion vector
-    included: it names which version of the file goes)."""
-    r = {"path": add["path"], "deletionTimestamp": now, "dataChange": True,
-         "extendedFileMetadata": True, "partitionValues": add.get("partitionValues") or {},
-         "size": add["size"]}
-    if add.get("deletionVector"):
-        r["deletionVector"] = add["deletionVector"]
-    return r
 
 
-def _state_entry(actions: list[dict[str, Any]], app_id: str, txn: int, custom: Mapping[str, Any],
-                 read_version: int, operation: str = "MERGE") -> bytes:
-    """A state table's log entry: commitInfo, ``actions`` (Delta's own field
-    names), the output's txn."""
-    now = int(time.time() * 1000)
-    info = {"timestamp": now, "operation": operation,
-            "operationParameters": {"reclock": "state"}, "readVersion": read_version,
-            "isBlindAppend": False, "engineInfo": _ENGINE, "clientVersion": _ENGINE, **custom}
-    lines: list[dict[str, Any]] = [{"commitInfo": info}, *actions,
-                                   {"txn": {"appId": app_id, "version": txn, "lastUpdated": now}}]
-    return "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines).encode()
 
 
-def read_current(location: Location) -> pa.Table:
-    """The live rows of a state table (deletion vectors applied), through
-    delta-rs's DataFusion reader."""
-    dt = DeltaTable(location.uri, storage_options=location.storage_options())
-    reader = QueryBuilder().register("t", dt).execute("SELECT * FROM t")
-    table = pa.table(reader.read_all())
-    # DataFusion answers strings and binaries as views: back to the plain types
-    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
-    return table.cast(pa.schema([f.with_type(plain.get(f.type, f.type)) for f in table.schema]))
 
 
 # -- configuration ----------------------------------------------------------------
@@ -2607,27 +1970,18 @@ def _check_target(value: str | None) -> str | None:
     return value
 
 
-class CompactConfig(ConfigModel):
+class CompactConfig(LakeCompactConfig):
     """When the driver compacts a file output's small files, and how long it
     keeps the files a compaction replaced. An output commits every
     ``timestamp_interval``, so without compaction its table gathers a small
     file per commit (tens of thousands a day) and every reader slows down.
     Compaction merges them into files of about ``target_size`` between two
     ticks of the source (the source waits meanwhile); it changes neither the
-    rows nor the output's upper and progress."""
+    rows nor the output's upper and progress. While a pass leaves
+    ``min_files`` small files behind (one pass merges at most 5,000), the
+    next one follows on the next tick; small files are merged in runs of at
+    most ``target_size`` bytes, in IntoTime order."""
 
-    every: DurationMs = Setting(default=COMPACT_EVERY_MS, ge=1000)
-    """How often the output is checked (default ``10m``). The first check runs
-    a minute after the pipeline starts (or ``every`` after, if shorter); while
-    a pass leaves ``min_files`` small files behind (one pass merges at most
-    5,000), the next one follows on the next tick."""
-    min_files: int = Setting(default=COMPACT_MIN_FILES, ge=2)
-    """Compact once at least this many files are smaller than ``target_size``
-    (default 50)."""
-    target_size: ByteSize = Setting(default=COMPACT_TARGET_SIZE, ge=2**20)
-    """The size of the merged files (default ``128MiB``; ``64MB``, ``1GiB`` or
-    a number of bytes): small files are merged in runs of at most this many
-    bytes, in IntoTime order."""
     retention: DurationMs = Setting(default=RETENTION_MS, ge=3_600_000)
     """How long the files a compaction replaced are kept (default ``1d``, at
     least ``1h``, at most ``30d``; rounded up to whole hours), so that readers
@@ -2651,16 +2005,6 @@ class CompactConfig(ConfigModel):
                           self.in_child, spread=True)
 
 
-def _compact_switch(value: Any) -> Any:
-    """``compact: off`` (YAML reads it as false) or ``null``: no compaction;
-    ``true``: the defaults."""
-    if value is False or value is None:
-        return None
-    if value is True:
-        return {}
-    return value
-
-
 class FileSinkConfig(SinkConfigBase):
     """A durable table (a Delta table: Parquet files and a log) in a local
     directory or under an ``s3://`` prefix; data and the output's upper are
@@ -2678,7 +2022,7 @@ class FileSinkConfig(SinkConfigBase):
     storage: S3StorageConfig | None = None
     """For an ``s3://`` path: endpoint, region and credentials (all optional;
     the ``AWS_*`` environment variables otherwise)."""
-    compact: Annotated[CompactConfig | None, BeforeValidator(_compact_switch)] = Setting(
+    compact: Annotated[CompactConfig | None, BeforeValidator(compact_switch)] = Setting(
         default_factory=CompactConfig)
     """Merge the output's small files on a schedule: ``{every: 10m, min_files:
     50, target_size: 128MiB, retention: 1d}`` (the default; give only the keys

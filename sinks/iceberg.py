@@ -82,11 +82,12 @@ after a crash between the two finds the errors table's upper at (or past)
 the new one and skips that commit (rows below the errors table's upper are
 there already), so nothing is lost or doubled. :meth:`IcebergSink.state`
 reads the main table only. A commit reads the staged updates, sums each
-IntoTime's updates per key as the Postgres sink's state tables do (the
-same rule: a key's IntoTime must retract exactly the row it has, if any,
-and leave at most one; else a :class:`~reclock.contracts.sink.SinkError`
-naming the key, and nothing is written), then writes, in one catalog
-commit of one snapshot carrying the new state (``write_mode``):
+IntoTime's updates per key by the rule every state table shares
+(:func:`~reclock.contracts.state_table.state_changes`: a key's IntoTime
+must retract exactly the row it has, if any, and leave at most one; else a
+:class:`~reclock.contracts.sink.SinkError` naming the key, and nothing is
+written), then writes, in one catalog commit of one snapshot carrying the
+new state (``write_mode``):
 
 * ``merge-on-read`` (the default): one data file of the changed keys' new
   rows and one position-delete file of the rows they replace or delete,
@@ -130,8 +131,8 @@ from pydantic import Field as Setting
 from pydantic_core import InitErrorDetails
 
 from reclock import faults
-from reclock.contracts.config import ByteSize, ConfigModel, DurationMs, problem
-from reclock.contracts.consolidate import COUNT, consolidate, row_keys
+from reclock.contracts.config import ConfigModel, DurationMs, problem
+from reclock.contracts.consolidate import row_keys
 from reclock.contracts.encoding import is_nanos
 from reclock.contracts.rows import conform, output_schema, refuse_rows
 from reclock.contracts.sink import (
@@ -143,7 +144,13 @@ from reclock.contracts.sink import (
     SinkPlugin,
     SinkState,
 )
-from reclock.contracts.state_table import refuse_null_keys, state_check_raw, state_key_of
+from reclock.contracts.state_table import (
+    key_values,
+    refuse_null_keys,
+    state_changes,
+    state_check_raw,
+    state_key_of,
+)
 from reclock.core.clock import Clock, SystemClock
 from reclock.core.columns import (
     DIFF,
@@ -159,7 +166,16 @@ from reclock.core.errors import ReclockError, TransientError
 from reclock.core.secrets import MASK, Secret, register
 from reclock.core.secrets import scrub as _scrub
 from reclock.core.urls import URL_SECRET, url_secrets
+from reclock.sinks._compaction import (
+    COMPACT_MAX_FILES,
+    COMPACT_TARGET_SIZE,
+    FIRST_PASS_MS,
+    compact_switch,
+)
+from reclock.sinks._compaction import CompactConfig as LakeCompactConfig
+from reclock.sinks._compaction import Compaction as LakeCompaction
 from reclock.sinks._fs import check_descriptor, check_stage_args
+from reclock.sinks._keyindex import KeyIndex
 from reclock.sinks._store import (
     AwsAccessConfig,
     Location,
@@ -167,7 +183,18 @@ from reclock.sinks._store import (
     S3StorageConfig,
     split_uri,
 )
-from reclock.sinks.iceberg_mor import KeyIndex, rebuild, row_delta, write_position_deletes
+from reclock.sinks.iceberg_mor import (
+    add_delete_file,
+    add_keyed_file,
+    count_deleted,
+    delete_files,
+    drop_files,
+    file_stats,
+    lookup_paths,
+    rebuild,
+    row_delta,
+    write_position_deletes,
+)
 
 log = logging.getLogger("reclock.sinks.iceberg")
 
@@ -178,9 +205,6 @@ _MAX_FILES_PER_PART = 1000  # the three digits of {n:03d}
 COMMIT_ATTEMPTS = 8
 #: Staged files no snapshot references are deleted once older than this.
 ORPHAN_GRACE_SECONDS = 6 * 3600.0
-COMPACT_EVERY_MS = 10 * 60_000
-COMPACT_MIN_FILES = 50
-COMPACT_TARGET_SIZE = 128 * 2**20
 #: Snapshots older than this (but never the current one) are expired, and
 #: the data files only they referenced deleted. Ten minutes, not Delta's
 #: day: every commit writes the table's metadata file anew, listing every
@@ -190,8 +214,6 @@ COMPACT_TARGET_SIZE = 128 * 2**20
 RETENTION_MS = 10 * 60_000
 #: Expiry runs once the oldest snapshot is this much past the retention.
 EXPIRE_SLACK_MS = 60_000
-#: The first maintenance pass runs this long after the first call.
-FIRST_PASS_MS = 60_000
 #: A merge-on-read state table's compaction rewrites a data file once this
 #: share of its rows is deleted.
 PURGE_SHARE = 0.3
@@ -199,8 +221,6 @@ PURGE_SHARE = 0.3
 #: each commit adds one, of the rows it changed; the larger ones are left
 #: until their deletes add up.
 STATE_SMALL_SIZE = 16 * 2**20
-#: One compaction pass merges at most this many files.
-COMPACT_MAX_FILES = 5_000
 
 #: Attempts of each Glue call (boto3's standard retry mode, exponential
 #: backoff): pyiceberg's default, 10, holds a commit up to a minute and
@@ -416,12 +436,9 @@ def _write_parquet(table: pa.Table, f: BinaryIO) -> None:
 
 
 @dataclass(frozen=True)
-class Compaction:
+class Compaction(LakeCompaction):
     """When and how :meth:`IcebergSink.maintain` compacts and expires."""
 
-    every_ms: int = COMPACT_EVERY_MS
-    min_files: int = COMPACT_MIN_FILES
-    target_size: int = COMPACT_TARGET_SIZE
     retention_ms: int = RETENTION_MS
 
 
@@ -946,69 +963,54 @@ class IcebergSink:
             return self._merge_on_read(table, tx, good, props, base)
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-        def held_of(values: list[tuple[Any, ...]]) -> set[Hashable]:
-            return set(_keys_of(self._current(table, values), list(self.key)))
+        keys = list(self.key)
 
-        changed, gone, _ = self._plan(table, good, held_of)
+        def held_of(values: list[tuple[Any, ...]]) -> list[bool]:
+            have = set(_keys_of(self._current(table, values), keys))
+            return [a in have for a in _keys_of(self._key_rows(table, values), keys)]
+
+        changed, gone = self._plan(table, good, held_of)
         if gone:
-            tx.delete(_match_filter(gone, list(self.key)), snapshot_properties=props)
+            tx.delete(_match_filter(gone, keys), snapshot_properties=props)
         arrow = schema_to_pyarrow(tx.table_metadata.schema(), include_field_ids=False)
         tx.append(changed.cast(pa.schema([arrow.field(f.name) for f in changed.schema])),
                   snapshot_properties=props)
         return None
 
     def _plan(self, table: Any, good: pa.Table,
-              held_of: Callable[[list[tuple[Any, ...]]], set[Hashable]]
-              ) -> tuple[pa.Table, list[tuple[Any, ...]], dict[Hashable, tuple[Any, ...]]]:
-        """What the updates ``good`` do to the state table: the new rows of
-        the keys they leave with a row (in the stored schema), the key values
-        of the keys held before that they change or delete, and every key
-        they touch with its values. ``held_of`` says which of some keys'
-        values the table holds a row for."""
+              held_of: Callable[[list[tuple[Any, ...]]], list[bool]]
+              ) -> tuple[pa.Table, list[tuple[Any, ...]]]:
+        """What the updates ``good`` do to the state table, by the shared rule
+        (:func:`~reclock.contracts.state_table.state_changes`): the new rows
+        of the keys they leave with a row (in the stored schema), and the key
+        values of the keys held before that they change or delete.
+        ``held_of`` says, for some keys' values, whether the table holds a
+        row for each (values may be unhashable: lists, structs)."""
         stored = self._stored(table)
-        updates = good
         user = [f.name for f in stored if f.name not in META_NAMES]
-        keys = list(self.key)
-        # Each IntoTime's updates summed by value (in time order), and each
-        # summed row's key.
-        nets = []
-        for t in sorted(set(good.column(INTO_TIME).to_pylist())):
-            net = consolidate(good.filter(pc.equal(good.column(INTO_TIME), t)), None, user)
-            nets.append((t, net, _keys_of(net, keys)))
-        values: dict[Hashable, tuple[Any, ...]] = {}
-        for _, net, ks in nets:
-            cols = [net.column(k).to_pylist() for k in keys]
-            for k, vals in zip(ks, zip(*cols, strict=True), strict=True):
-                values.setdefault(k, vals)
-        held = held_of(list(values.values())) if values else set()
-        # Per key, its IntoTimes in order: the row it is left with (the summed
-        # row's index in its IntoTime's table), or None when it is left with none.
-        rows: dict[Hashable, tuple[int, int] | None] = {}
-        for n, (t, net, ks) in enumerate(nets):
-            counts = net.column(COUNT).to_pylist()
-            per: dict[Hashable, list[int]] = {}
-            for i, k in enumerate(ks):
-                per.setdefault(k, []).append(i)
-            for k, idx in per.items():
-                before = (rows[k] is not None) if k in rows else k in held
-                ins = [i for i in idx if counts[i] > 0]
-                dels = len(idx) - len(ins)
-                if len(ins) > 1 or dels != int(before) or any(abs(counts[i]) > 1 for i in idx):
-                    self._refuse(updates, values[k], t, before, dels, len(ins), keys)
-                rows[k] = (n, ins[0]) if ins else None
-        picked: dict[int, list[int]] = {}
-        for v in rows.values():
-            if v is not None:
-                picked.setdefault(v[0], []).append(v[1])
-        out = []
-        for n, idx in sorted(picked.items()):
-            t, net, _ = nets[n]
-            new = net.take(pa.array(sorted(idx), pa.int64())).select(user)
-            new = new.append_column(INTO_TIME, pa.array([t] * new.num_rows, pa.int64()))
-            out.append(conform(self.name, new, stored))
-        gone = [values[k] for k in rows if k in held]
-        changed = pa.concat_tables(out) if out else stored.empty_table()
-        return changed, gone, values
+        # each key (as state_changes names it) -> its values in ``good``
+        values_of: dict[Any, tuple[Any, ...]] = {}
+        cols = [good.column(k).to_pylist() for k in self.key]
+        for k, vals in zip(key_values(good, self.key), zip(*cols, strict=True), strict=True):
+            values_of.setdefault(k, vals)
+        had: set[Any] = set()
+
+        def held(keys: list[Any]) -> set[Any]:
+            values = [values_of[k] for k in keys]
+            have = held_of(values) if values else []
+            had.update(k for k, h in zip(keys, have, strict=True) if h)
+            return had
+
+        changes = state_changes(self.name, good, self.key, user, held, self.target)
+        gone = [values_of[k] for k in changes.upsert_keys if k in had]
+        gone += [values_of[k] for k in changes.deletes]
+        return conform(self.name, changes.upserts, stored), gone
+
+    def _key_rows(self, table: Any, values: list[tuple[Any, ...]]) -> pa.Table:
+        """The key columns holding ``values``, in the stored types."""
+        stored = self._stored(table)
+        return pa.table({k: pa.array([v[i] for v in values], stored.field(k).type)
+                         for i, k in enumerate(self.key)})
 
     def _key_texts(self, table: Any, rows: pa.Table) -> list[str]:
         """Each row's key as the key index keeps it: the text of its values,
@@ -1028,15 +1030,17 @@ class IcebergSink:
             self._index = KeyIndex(path)
         snap = table.current_snapshot()
         want = -1 if snap is None else snap.snapshot_id
-        if self._index.snapshot() != want:
+
+        def rebuilt(index: KeyIndex) -> None:
             log.info("output %r: rebuilding the key index of %s at snapshot %s", self.name,
                      self.target, want)
             try:
-                rebuild(self._index, table, self.key, partial(self._key_texts, table))
+                rebuild(index, table, self.key, partial(self._key_texts, table))
             except ValueError as exc:
                 raise SinkError(f"output {self.name!r}: {self.target}: {exc}",
                                 hint="write the state output to a new table") from exc
-        return self._index
+
+        return self._index.at(want, rebuilt)
 
     def _merge_on_read(self, table: Any, tx: Any, good: pa.Table, props: dict[str, str],
                        base: int | None) -> Callable[[], None]:
@@ -1048,24 +1052,17 @@ class IcebergSink:
         index = self._index_at(table)
         hits: dict[str, tuple[str, int]] = {}
 
-        def held_of(values: list[tuple[Any, ...]]) -> set[Hashable]:
-            rows = pa.table({k: pa.array([v[i] for v in values],
-                                         self._stored(table).field(k).type)
-                             for i, k in enumerate(self.key)})
-            texts = self._key_texts(table, rows)
-            hits.update(index.lookup(texts))
-            return {k for k, t in zip(_keys_of(rows, list(self.key)), texts, strict=True)
-                    if t in hits}
+        def held_of(values: list[tuple[Any, ...]]) -> list[bool]:
+            texts = self._key_texts(table, self._key_rows(table, values))
+            hits.update(lookup_paths(index, texts))
+            return [t in hits for t in texts]
 
-        changed, gone, _ = self._plan(table, good, held_of)
+        changed, gone = self._plan(table, good, held_of)
         loc = self._data(table)
         batch = f"{self._clock.now()}-state-{uuid.uuid4().hex[:10]}"
         written: list[str] = []
         data_files, delete_files = [], []
-        gone_rows = pa.table({k: pa.array([v[i] for v in gone],
-                                          self._stored(table).field(k).type)
-                              for i, k in enumerate(self.key)})
-        gone_hits = {t: hits[t] for t in self._key_texts(table, gone_rows)}
+        gone_hits = {t: hits[t] for t in self._key_texts(table, self._key_rows(table, gone))}
         try:
             loc.makedirs()
             if changed.num_rows:
@@ -1095,12 +1092,13 @@ class IcebergSink:
             with index.change(snapshot_id, base_index) as ch:
                 if ch.stale:  # another writer's rebuild: the next commit rebuilds
                     return
-                ch.delete_keys(gone_hits)
+                ch.delete_keys(list(gone_hits))
+                count_deleted(ch, gone_hits)
                 if data_files:
-                    ch.add_file(data_files[0].file_path, new_keys)
+                    add_keyed_file(ch, data_files[0].file_path, new_keys)
                 if delete_files:
-                    ch.add_delete_file(delete_files[0].file_path,
-                                       {p for p, _ in gone_hits.values()})
+                    add_delete_file(ch, delete_files[0].file_path,
+                                    {p for p, _ in gone_hits.values()})
                 ch.done = True
 
         settle.written = written  # type: ignore[attr-defined]
@@ -1124,31 +1122,6 @@ class IcebergSink:
             return scan.to_arrow()
         except Exception as exc:
             raise self._fail(exc, "read the keys of") from exc
-
-    def _refuse(self, updates: pa.Table, key: tuple[Any, ...], into: int, before: bool,
-                dels: int, ins: int, keys: list[str]) -> None:
-        """Raise the SinkError of a state commit whose updates leave a key
-        with more than one row or a negative count (as the Postgres sink)."""
-        good = updates.filter(pc.and_(pc.is_null(updates.column(ERROR)),
-                                      pc.equal(updates.column(INTO_TIME), into)))
-        cols = [good.column(k).to_pylist() for k in keys]
-        at = [i for i, vals in enumerate(zip(*cols, strict=True)) if vals == key][:8]
-        pos = good.take(pa.array(at, pa.int64()))
-        positions = ", ".join(
-            f"{d:+d} at partition {p} offset {o} seq {q}" for d, p, o, q in zip(
-                pos.column(DIFF).to_pylist(), pos.column(SRC_PART).to_pylist(),
-                pos.column(SRC_OFFSET).to_pylist(), pos.column(SRC_SEQ).to_pylist(),
-                strict=True))
-        value = ", ".join(f"{k}={v!r}" for k, v in zip(keys, key, strict=True))
-        raise SinkError(
-            f"output {self.name!r}: the updates of IntoTime {into} leave key ({value}) of "
-            f"{self.target} with {'a negative count' if dels > int(before) else 'several rows'} "
-            f"(it had {'a row' if before else 'no row'}; they retract {dels} and insert {ins} "
-            f"distinct rows; updates: {positions}); a state table holds one row per key, so "
-            "nothing was written",
-            hint="the updates do not keep one row per key: the upstream broke the key the "
-                 "output relies on, or something else changed the table. Keep the update log "
-                 "(mode: log), or key the table by the output's upstream key")
 
     # -- reading ---------------------------------------------------------------------------
     def read_updates(self, as_of: int | None = None) -> pa.Table:
@@ -1372,12 +1345,12 @@ class IcebergSink:
                      for t in table.scan().plan_files()}
         except Exception as exc:
             raise self._fail(exc, "plan the compaction of") from exc
-        stats = index.files()
+        stats = file_stats(index)
         purge = [p for p, n, d in stats if n and d / n >= PURGE_SHARE]
         small = [p for p, n, d in stats
                  if p not in purge and sizes.get(p, 0) < min(target_size, STATE_SMALL_SIZE)]
         take = (purge + (small if len(small) >= min_files else []))[:max_files]
-        deletes = index.delete_files()
+        deletes = delete_files(index)
         dropped = [d for d, named in deletes.items() if named <= set(take)]
         if not take and not dropped:
             return {}
@@ -1420,9 +1393,9 @@ class IcebergSink:
         with index.change(snapshot_id, -1 if head.snapshot_id is None else head.snapshot_id
                           ) as ch:
             if not ch.stale:
-                ch.drop_files(take + dropped)
+                drop_files(ch, take + dropped)
                 if added:
-                    ch.add_file(added[0].file_path, keys)
+                    add_keyed_file(ch, added[0].file_path, keys)
                 ch.done = True
         log.info("output %r: compacted %d files into %d, dropped %d delete files", self.name,
                  len(take), len(added), len(dropped))
@@ -1689,17 +1662,10 @@ def _fileio_props(s3: S3Access) -> dict[str, str]:
     return props
 
 
-class CompactConfig(ConfigModel):
+class CompactConfig(LakeCompactConfig):
     """When the driver compacts an Iceberg output's small files and expires
     its old snapshots (neither changes its rows nor its state)."""
 
-    every: DurationMs = Setting(default=COMPACT_EVERY_MS, ge=1000)
-    """How often (default ``10m``; the first pass a minute after the start)."""
-    min_files: int = Setting(default=COMPACT_MIN_FILES, ge=2)
-    """Compact once at least this many data files are smaller than
-    ``target_size`` (default 50)."""
-    target_size: ByteSize = Setting(default=COMPACT_TARGET_SIZE, ge=2**20)
-    """The size of the merged files (default ``128MiB``)."""
     retention: DurationMs = Setting(default=RETENTION_MS, ge=60_000)
     """Snapshots older than this are expired (default ``10m``, at least a
     minute; never the current one), checked on every tick, and the data
@@ -1710,14 +1676,6 @@ class CompactConfig(ConfigModel):
 
     def settings(self) -> Compaction:
         return Compaction(self.every, self.min_files, self.target_size, self.retention)
-
-
-def _compact_switch(value: Any) -> Any:
-    if value is False or value is None:
-        return None
-    if value is True:
-        return {}
-    return value
 
 
 class IcebergSinkConfig(SinkConfigBase):
@@ -1751,7 +1709,7 @@ class IcebergSinkConfig(SinkConfigBase):
     """With ``mode: state``: how a commit replaces rows: ``merge-on-read``
     (position-delete files; the key index lives in the state directory) or
     ``copy-on-write`` (rewrites every data file holding a changed key)."""
-    compact: Annotated[CompactConfig | None, BeforeValidator(_compact_switch)] = Setting(
+    compact: Annotated[CompactConfig | None, BeforeValidator(compact_switch)] = Setting(
         default_factory=CompactConfig)
     """Compaction and snapshot expiry on a schedule (``compact: off``: never)."""
 

@@ -22,7 +22,8 @@ class writes the manifest list and the ``AddSnapshotUpdate`` and
 ``SetSnapshotRefUpdate``; the sink sends them fenced by
 ``assert-ref-snapshot-id``.
 
-The key index (:class:`KeyIndex`): a SQLite file mapping each live key to
+The key index (:class:`~reclock.sinks._keyindex.KeyIndex`, shared with the
+Delta sink; its Iceberg parts here): a SQLite file mapping each live key to
 the data file and row position of its current row, each data file to its
 row count and deleted rows, each delete file to the data files it names,
 with the snapshot id it describes. It is written in a SQLite transaction
@@ -35,14 +36,14 @@ files name). It is never trusted for a snapshot it does not name.
 
 from __future__ import annotations
 
-import os
-import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from reclock.sinks._keyindex import Changes
+from reclock.sinks._keyindex import KeyIndex as KeyIndex
 
 #: Field ids of a position-delete file's columns (Iceberg spec, reserved ids).
 FILE_PATH_ID = 2147483546
@@ -54,8 +55,6 @@ POSITION_DELETE_SCHEMA = pa.schema([
     pa.field("pos", pa.int64(), nullable=False,
              metadata={b"PARQUET:field_id": str(POS_ID).encode()}),
 ])
-#: Keys looked up per SQL statement (below SQLite's variable limit).
-LOOKUP_CHUNK = 4000
 
 
 def write_position_deletes(io: Any, uri: str, paths: Sequence[str], positions: Sequence[int]
@@ -198,157 +197,70 @@ def row_delta(tx: Any, props: dict[str, str], *, add_data: Iterable[Any] = (),
 # -- the key index ---------------------------------------------------------------------------
 
 
-class KeyIndex:
-    """The key index of a state table (see the module docstring), in the
-    SQLite file ``path``. Keys are the text of the key's values (the
-    caller's canonical form, equal for equal keys)."""
-
-    def __init__(self, path: str) -> None:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self.path = path
-        self.db = sqlite3.connect(path, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL: a WAL transaction is atomic, and its durability against a
-        # power loss does not matter: an index that lost its last change
-        # names an older snapshot, and is rebuilt.
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript("""
-            CREATE TABLE IF NOT EXISTS meta (snapshot INTEGER);
-            CREATE TABLE IF NOT EXISTS files (id INTEGER PRIMARY KEY, path TEXT UNIQUE,
-                                              rows INTEGER, deleted INTEGER);
-            CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, file INTEGER, pos INTEGER)
-                WITHOUT ROWID;
-            CREATE TABLE IF NOT EXISTS deletes (path TEXT, file INTEGER);
-        """)
-
-    def close(self) -> None:
-        self.db.close()
-
-    def snapshot(self) -> int | None:
-        """The snapshot the index describes (None: none, or empty)."""
-        row = self.db.execute("SELECT snapshot FROM meta").fetchone()
-        return None if row is None else row[0]
-
-    def lookup(self, keys: Sequence[str]) -> dict[str, tuple[str, int]]:
-        """The data file path and row position of each of ``keys`` held."""
-        out: dict[str, tuple[str, int]] = {}
-        for i in range(0, len(keys), LOOKUP_CHUNK):
-            chunk = keys[i:i + LOOKUP_CHUNK]
-            q = ",".join("?" * len(chunk))
-            for k, path, pos in self.db.execute(
-                    f"SELECT k.key, f.path, k.pos FROM keys k JOIN files f ON f.id = k.file "
-                    f"WHERE k.key IN ({q})", chunk):
-                out[k] = (path, pos)
-        return out
-
-    def positions(self, paths: Sequence[str]) -> dict[str, list[int]]:
-        """The row positions of the live keys of each data file of ``paths``,
-        in order: one scan of the keys (no index by file: it would cost every
-        commit, for compactions only)."""
-        ids = {i: p for i, p in self.db.execute(
-            f"SELECT id, path FROM files WHERE path IN ({','.join('?' * len(paths))})",
-            list(paths))}
-        out: dict[str, list[int]] = {p: [] for p in paths}
-        for f, pos in self.db.execute("SELECT file, pos FROM keys"):
-            p = ids.get(f)
-            if p is not None:
-                out[p].append(pos)
-        for v in out.values():
-            v.sort()
-        return out
-
-    def files(self) -> list[tuple[str, int, int]]:
-        """Each data file: its path, rows, and rows deleted."""
-        return list(self.db.execute("SELECT path, rows, deleted FROM files ORDER BY id"))
-
-    def delete_files(self) -> dict[str, set[str]]:
-        """Each delete file: the data files it names."""
-        out: dict[str, set[str]] = {}
-        for d, p in self.db.execute("SELECT d.path, f.path FROM deletes d "
-                                    "LEFT JOIN files f ON f.id = d.file"):
-            out.setdefault(d, set())
-            if p is not None:
-                out[d].add(p)
-        return out
-
-    @contextmanager
-    def change(self, snapshot: int, base: int | None = None) -> Iterator[Change]:
-        """A change of the index to describe ``snapshot``: applied if the
-        block sets ``done``, rolled back otherwise. With ``base``: only if
-        the index still describes ``base`` (else ``stale`` is set, and the
-        block must change nothing)."""
-        self.db.execute("BEGIN IMMEDIATE")
-        ch = Change(self.db)
-        ch.stale = base is not None and self.snapshot() != base
-        try:
-            yield ch
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        if ch.done:
-            self.db.execute("DELETE FROM meta")
-            self.db.execute("INSERT INTO meta VALUES (?)", (snapshot,))
-            self.db.execute("COMMIT")
-        else:
-            self.db.execute("ROLLBACK")
-
-    def reset(self) -> None:
-        """Forget everything (before a rebuild)."""
-        self.db.executescript("BEGIN; DELETE FROM meta; DELETE FROM files; DELETE FROM keys; "
-                              "DELETE FROM deletes; COMMIT;")
+#: The transaction of a key index change (its name here before the index was shared).
+Change = Changes
 
 
-class Change:
-    """The statements of one :meth:`KeyIndex.change`."""
+def lookup_paths(index: KeyIndex, keys: Sequence[str]) -> dict[str, tuple[str, int]]:
+    """The data file path and row position of each of ``keys`` held."""
+    found = index.lookup(keys)
+    paths = index.paths([f for f, _ in found.values()])
+    return {k: (paths[f], r) for k, (f, r) in found.items()}
 
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-        self.done = False
-        self.stale = False
 
-    def delete_keys(self, hits: dict[str, tuple[str, int]]) -> None:
-        """Drop the keys of ``hits`` (as :meth:`KeyIndex.lookup` found them)
-        and count their rows deleted in their files."""
-        keys = list(hits)
-        for i in range(0, len(keys), LOOKUP_CHUNK):
-            chunk = keys[i:i + LOOKUP_CHUNK]
-            self.db.execute(f"DELETE FROM keys WHERE key IN ({','.join('?' * len(chunk))})",
-                            chunk)
-        per: dict[str, int] = {}
-        for path, _ in hits.values():
-            per[path] = per.get(path, 0) + 1
-        self.db.executemany("UPDATE files SET deleted = deleted + ? WHERE path = ?",
-                            [(n, p) for p, n in per.items()])
+def file_stats(index: KeyIndex) -> list[tuple[str, int, int]]:
+    """Each data file: its path, rows, and rows deleted."""
+    return list(index.db.execute("SELECT path, rows, deleted FROM files ORDER BY id"))
 
-    def add_file(self, path: str, keys: Sequence[str], positions: Sequence[int] | None = None,
-                 rows: int | None = None) -> None:
-        """A data file of ``rows`` rows (default: ``len(keys)``) whose live
-        keys are ``keys`` at ``positions`` (default: 0, 1, ...)."""
-        n = len(keys) if rows is None else rows
-        cur = self.db.execute("INSERT INTO files (path, rows, deleted) VALUES (?, ?, ?)",
-                              (path, n, n - len(keys)))
-        fid = cur.lastrowid
-        pos = range(len(keys)) if positions is None else positions
-        self.db.executemany("INSERT INTO keys VALUES (?, ?, ?)",
-                            zip(keys, [fid] * len(keys), pos, strict=True))
 
-    def add_delete_file(self, path: str, data_paths: Iterable[str]) -> None:
-        """A delete file naming rows of ``data_paths`` (files it names that
-        are gone are remembered as NULL: the delete file no longer applies
-        to them)."""
-        self.db.executemany("INSERT INTO deletes (path, file) VALUES "
-                            "(?, (SELECT id FROM files WHERE path = ?))",
-                            [(path, p) for p in set(data_paths)])
+def delete_files(index: KeyIndex) -> dict[str, set[str]]:
+    """Each delete file: the data files it names."""
+    out: dict[str, set[str]] = {}
+    for d, p in index.db.execute("SELECT d.path, f.path FROM deletes d "
+                                 "LEFT JOIN files f ON f.id = d.file"):
+        out.setdefault(d, set())
+        if p is not None:
+            out[d].add(p)
+    return out
 
-    def drop_files(self, paths: Iterable[str]) -> None:
-        """Forget data files (their keys too) and delete files."""
-        for p in paths:
-            row = self.db.execute("SELECT id FROM files WHERE path = ?", (p,)).fetchone()
-            if row is not None:
-                self.db.execute("DELETE FROM keys WHERE file = ?", (row[0],))
-                self.db.execute("DELETE FROM files WHERE id = ?", (row[0],))
-                self.db.execute("UPDATE deletes SET file = NULL WHERE file = ?", (row[0],))
-            self.db.execute("DELETE FROM deletes WHERE path = ?", (p,))
+
+def count_deleted(ch: Changes, hits: dict[str, tuple[str, int]]) -> None:
+    """Count the rows of ``hits`` (as :func:`lookup_paths` found them)
+    deleted in their files."""
+    per: dict[str, int] = {}
+    for path, _ in hits.values():
+        per[path] = per.get(path, 0) + 1
+    ch.db.executemany("UPDATE files SET deleted = deleted + ? WHERE path = ?",
+                      [(n, p) for p, n in per.items()])
+
+
+def add_keyed_file(ch: Changes, path: str, keys: Sequence[str],
+                   positions: Sequence[int] | None = None, rows: int | None = None) -> None:
+    """A data file of ``rows`` rows (default: ``len(keys)``) whose live
+    keys are ``keys`` at ``positions`` (default: 0, 1, ...)."""
+    n = len(keys) if rows is None else rows
+    fid = ch.add_file(path, n, deleted=n - len(keys))
+    ch.put_keys(keys, fid, range(len(keys)) if positions is None else positions)
+
+
+def add_delete_file(ch: Changes, path: str, data_paths: Iterable[str]) -> None:
+    """A delete file naming rows of ``data_paths`` (files it names that
+    are gone are remembered as NULL: the delete file no longer applies
+    to them)."""
+    ch.db.executemany("INSERT INTO deletes (path, file) VALUES "
+                      "(?, (SELECT id FROM files WHERE path = ?))",
+                      [(path, p) for p in set(data_paths)])
+
+
+def drop_files(ch: Changes, paths: Iterable[str]) -> None:
+    """Forget data files (their keys too) and delete files."""
+    for p in paths:
+        row = ch.db.execute("SELECT id FROM files WHERE path = ?", (p,)).fetchone()
+        if row is not None:
+            ch.db.execute("DELETE FROM keys WHERE f = ?", (row[0],))
+            ch.db.execute("DELETE FROM files WHERE id = ?", (row[0],))
+            ch.db.execute("UPDATE deletes SET file = NULL WHERE file = ?", (row[0],))
+        ch.db.execute("DELETE FROM deletes WHERE path = ?", (p,))
 
 
 def rebuild(index: KeyIndex, table: Any, key_columns: Sequence[str],
@@ -360,7 +272,6 @@ def rebuild(index: KeyIndex, table: Any, key_columns: Sequence[str],
     from pyiceberg.manifest import DataFileContent
 
     snap = table.current_snapshot()
-    index.reset()
     tasks = [] if snap is None else list(table.scan(snapshot_id=snap.snapshot_id).plan_files())
     deleted: dict[str, set[int]] = {}
     names: dict[str, set[str]] = {}
@@ -375,6 +286,7 @@ def rebuild(index: KeyIndex, table: Any, key_columns: Sequence[str],
             for path, pos in per.items():
                 deleted.setdefault(path, set()).update(pos.to_pylist())
     with index.change(-1 if snap is None else snap.snapshot_id) as ch:
+        ch.clear()
         for t in tasks:
             path = t.file.file_path
             with table.io.new_input(path).open() as f:
@@ -382,7 +294,7 @@ def rebuild(index: KeyIndex, table: Any, key_columns: Sequence[str],
             gone = deleted.get(path, set())
             keep = [i for i in range(cols.num_rows) if i not in gone]
             keys = keys_of(cols.take(pa.array(keep, pa.int64())))
-            ch.add_file(path, keys, keep, rows=cols.num_rows)
+            add_keyed_file(ch, path, keys, keep, rows=cols.num_rows)
         for d, paths in names.items():
-            ch.add_delete_file(d, paths)
+            add_delete_file(ch, d, paths)
         ch.done = True

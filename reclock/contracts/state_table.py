@@ -1,6 +1,6 @@
 """State tables: an output kept as one row per key (``mode: state``), not as
 its update log. What the sinks that keep one share (the Postgres sink does
-its consolidation in SQL; the Delta sink, and lake sinks after it, here):
+its consolidation in SQL; the Delta and Iceberg sinks here):
 
 * the settings checks (:func:`check_state_settings`, :func:`state_key_of`,
   :func:`state_check_raw`);
