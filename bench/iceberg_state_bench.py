@@ -35,9 +35,9 @@ One command::
    iceberg``: merge-on-read, no write distribution). Its sustained rate =
    changes / MERGE time (the first batch, a warm-up, left out).
 
-Targets (PASS/FAIL): freshness p99 <= 3 intervals; data and delete bytes
-written per changed row bounded (<= 4 x the stored bytes of a row: no
-rewrite of unchanged rows); reclock's sustained rate (changes / busy time)
+Targets (PASS/FAIL), the Delta bench's: freshness p99 <= 3 intervals; data
+and delete bytes written per changed row bounded (<= 1 KiB: no file
+rewrite per commit); reclock's sustained rate (changes / busy time)
 >= 2x Spark's. The end state is checked against the model of the changes
 (every live key, a sample of values), Spark's row count too (exit 1 on a
 mismatch).
@@ -75,11 +75,13 @@ from bench.state_ticks import (
 from reclock.contracts.sink import SinkState
 from reclock.sinks.iceberg import CatalogConfig, Compaction, IcebergSink
 
-#: Data and delete bytes a commit may write per changed row, in stored bytes
-#: per live row of the table: its new row and its position delete, with
-#: room for a small file's Parquet overhead; rewriting unchanged rows grows
-#: past it with the table.
-BOUND_ROWS_PER_ROW = 4
+#: Data and delete bytes a commit may write per changed row: the Delta
+#: bench's target (no file rewrite per commit: at 10M keys a rewrite of the
+#: files a tick's random keys touch is the whole table, 3 KiB per changed
+#: row). Not the stored bytes of a row times a factor: the loaded rows
+#: (sequential keys) compress to a few bytes, the changed rows (random keys)
+#: do not.
+BOUND_BYTES = 1024
 LOAD_ROWS = 1_000_000
 
 RECLOCK_SETTINGS = ("mode: state, write_mode: merge-on-read (one data + one position-delete "
@@ -123,17 +125,23 @@ def local(uri: str) -> str:
 
 def commit_bytes(sink: IcebergSink) -> tuple[int, int]:
     """The bytes the commit just made wrote: (its data and delete files,
-    everything: those, its new manifests, its manifest list, the table's
-    new metadata file)."""
+    everything: those, its new manifests, its manifest lists, the table's
+    new metadata file). A copy-on-write commit makes two snapshots (a
+    delete and an append), both carrying its upper."""
     table = sink._table
-    snap = table.current_snapshot()
-    files = int(snap.summary.get("added-files-size", "0"))
-    total = files + os.path.getsize(local(snap.manifest_list))
-    total += os.path.getsize(local(table.metadata_location))
-    for m in snap.manifests(table.io):
-        if m.added_snapshot_id == snap.snapshot_id:
-            total += m.manifest_length
-    return files, total
+    head = table.current_snapshot()
+    upper = head.summary["reclock.upper"]
+    files = total = 0
+    snap = head
+    while snap is not None and snap.summary.get("reclock.upper") == upper:
+        files += int(snap.summary.get("added-files-size", "0"))
+        total += os.path.getsize(local(snap.manifest_list))
+        for m in snap.manifests(table.io):
+            if m.added_snapshot_id == snap.snapshot_id:
+                total += m.manifest_length
+        parent = snap.parent_snapshot_id
+        snap = None if parent is None else table.metadata.snapshot_by_id(parent)
+    return files, files + total + os.path.getsize(local(table.metadata_location))
 
 
 def run_reclock(root: Path, args: argparse.Namespace, changes_dir: Path) -> dict[str, Any]:
@@ -141,7 +149,7 @@ def run_reclock(root: Path, args: argparse.Namespace, changes_dir: Path) -> dict
     index_path = str(root / "keys.sqlite")
     sink = IcebergSink("bench.state", cat.access(None), "bench.state", mode="state", key=("k",),
                        write_mode=args.write_mode, index_path=index_path,
-                       compaction=Compaction())
+                       compaction=None if args.no_compact else Compaction())
     sink.ensure(USER)
     t0 = time.monotonic()
     state = bulk_load(sink, args.keys)
@@ -232,6 +240,9 @@ def main() -> int:
     add_load_args(ap)
     ap.add_argument("--write-mode", choices=["merge-on-read", "copy-on-write"],
                     default="merge-on-read")
+    ap.add_argument("--no-compact", action="store_true",
+                    help="no compaction or expiry between ticks (a diagnostic: the commit "
+                         "path alone; the driver compacts by default)")
     args = ap.parse_args()
     if args.quick:
         args.keys, args.rate, args.ticks, args.spark_batches = 200_000, 2_000, 30, 4
@@ -253,7 +264,7 @@ def main() -> int:
     changed = max(1, sum(t.changed))
     per_row = sum(r["files_bytes"]) / changed
     per_row_all = sum(t.written) / changed
-    bound = BOUND_ROWS_PER_ROW * r["row_bytes"]
+    maint = [b - x - c for b, x, c in zip(t.busy, t.stage, t.commit, strict=True)]
     rate = sum(t.changed) / sum(t.busy)
     n = min(args.spark_batches, args.ticks)
     rows = [
@@ -267,12 +278,13 @@ def main() -> int:
         ("freshness p50 / p99 (target p99 <= 3 intervals)",
          f"{pct(t.fresh, 50):.2f} / {p99:.2f} s", "PASS" if p99 <= 3 * args.interval else "FAIL"),
         ("freshness max", f"{max(t.fresh):.2f} s", ""),
-        (f"data + delete bytes per changed row (<= {BOUND_ROWS_PER_ROW} x "
-         f"{r['row_bytes']:.0f} B a stored row)",
-         f"{per_row:.0f} B", "PASS" if per_row <= bound else "FAIL"),
+        ("data + delete bytes per changed row (target <= 1 KiB)",
+         f"{per_row:.0f} B", "PASS" if per_row <= BOUND_BYTES else "FAIL"),
         ("all bytes per changed row (+ manifests, metadata file)", f"{per_row_all:.0f} B", ""),
         ("reclock sustained rate (changes / busy time)", f"{rate:,.0f}/s", ""),
+        ("stored bytes per row after the load", f"{r['row_bytes']:.1f} B", ""),
         ("compaction passes / files they merged", f"{len(t.passes)} / {sum(t.passes)}", ""),
+        ("longest maintenance between two ticks", f"{max(maint):.2f} s", ""),
         ("data files / delete files at the end", f"{r['data_files']} / {r['delete_files']}",
          ""),
     ]
@@ -292,7 +304,14 @@ def main() -> int:
     width = max(len(a) for a, _, _ in rows)
     for a, b, c in rows:
         print(f"{a:<{width}}  {b:>34}  {c}")
-    print(f"reclock: {RECLOCK_SETTINGS}")
+    settings = RECLOCK_SETTINGS
+    if args.write_mode != "merge-on-read":
+        settings = settings.replace("merge-on-read (one data + one position-delete file a "
+                                    "commit)", args.write_mode)
+    if args.no_compact:
+        settings = settings.replace("on the driver's default schedule (first pass after 60 s)",
+                                    "OFF (--no-compact)")
+    print(f"reclock: {settings}")
     if s is not None:
         print(f"Spark:   {SPARK_SETTINGS}")
         print(f"(reclock's wall time runs on the {args.interval:g} s schedule from the first "
