@@ -265,6 +265,7 @@ def main() -> int:
     per_row = sum(r["files_bytes"]) / changed
     per_row_all = sum(t.written) / changed
     maint = [b - x - c for b, x, c in zip(t.busy, t.stage, t.commit, strict=True)]
+    durable = [c - a for c, a in zip(t.commit, t.after, strict=True)]
     rate = sum(t.changed) / sum(t.busy)
     n = min(args.spark_batches, args.ticks)
     rows = [
@@ -275,6 +276,8 @@ def main() -> int:
         ("key index rebuilt from the table", f"{r['index_s']:.1f} s", ""),
         ("stage p50 / commit p50 / commit p99",
          f"{pct(t.stage, 50):.3f} / {pct(t.commit, 50):.3f} / {pct(t.commit, 99):.3f} s", ""),
+        ("commit: until durable p50 / after (key index) p50",
+         f"{pct(durable, 50):.3f} / {pct(t.after, 50):.3f} s", ""),
         ("freshness p50 / p99 (target p99 <= 3 intervals)",
          f"{pct(t.fresh, 50):.2f} / {p99:.2f} s", "PASS" if p99 <= 3 * args.interval else "FAIL"),
         ("freshness max", f"{max(t.fresh):.2f} s", ""),

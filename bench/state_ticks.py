@@ -145,6 +145,7 @@ class Ticks:
     busy: list[float] = field(default_factory=list)  # stage + commit + maintenance
     stage: list[float] = field(default_factory=list)
     commit: list[float] = field(default_factory=list)
+    after: list[float] = field(default_factory=list)  # the commit's work once durable
     written: list[int] = field(default_factory=list)  # bytes the commit wrote
     changed: list[int] = field(default_factory=list)
     passes: list[int] = field(default_factory=list)  # files each compaction pass merged
@@ -184,19 +185,22 @@ def run_ticks(sink: Any, state: SinkState, gen: Changes, args: argparse.Namespac
         b1 = time.monotonic()
         new = SinkState(into + 1, f'"{tick}"')
         sink.commit(staged, state, new)
-        done_at = time.time() if durable is None else durable()
+        returned = time.time()
+        done_at = returned if durable is None else durable()
         state = new
         b2 = time.monotonic()
+        out.written.append(written())  # this commit's, before maintenance adds to the table
+        b3 = time.monotonic()
         done = sink.maintain(int(time.time() * 1000))
         if done.get(compacted):
             out.passes.append(done[compacted])
         out.fresh.append(done_at - due)
-        out.busy.append(time.monotonic() - b0)
+        out.busy.append(time.monotonic() - b0 - (b3 - b2))  # (not the counting of bytes)
         out.stage.append(b1 - b0)
         out.commit.append(b2 - b1)
+        out.after.append(returned - done_at)
         if tick == args.spark_batches - 1:
             out.spark_wall = done_at - start
-        out.written.append(written())
         out.changed.append(len(upd) + len(dele) + len(ins))
         if tick % 10 == 0:
             print(f"  tick {tick}: stage {b1 - b0:.3f} s, commit {b2 - b1:.3f} s, "
