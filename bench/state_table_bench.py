@@ -16,8 +16,10 @@ One command::
    key at most once per batch) with IntoTime = the tick's scheduled time,
    staged and committed by the sink in this process (staging stands for the
    executors' work), the sink's maintenance (compaction) between ticks as
-   the driver runs it. Freshness of a change = its commit's end - its
-   IntoTime; a tick that overruns delays the next ones, so it shows up.
+   the driver runs it (the loop of ``bench/state_ticks.py``, which
+   ``bench/iceberg_state_bench.py`` shares). Freshness of a change = its
+   commit's end - its IntoTime; a tick that overruns (its commit or the
+   maintenance after it) delays the next ones, so it shows up.
    Bytes rewritten per changed row = (the new data file + the commit's
    deletion vector file + its log entry) / changes.
 3. **Spark**: the peer Spark (``$RECLOCK_CACHE/spark-peer``, PySpark 4.1.4, delta-spark
@@ -30,9 +32,6 @@ One command::
 Targets (PASS/FAIL): freshness p99 <= 3 intervals; bytes rewritten per
 changed row bounded (<= 1 KiB: no file rewrite per commit); reclock's
 sustained rate >= 2x Spark's.
-
-The retractions of updates and deletes carry placeholder values: a state
-table removes the key's row whatever its other columns hold.
 """
 
 from __future__ import annotations
@@ -51,23 +50,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from reclock.contracts.rows import output_schema
-from reclock.contracts.sink import SinkState
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.state_ticks import USER, Changes, add_load_args, pct, peer_dir, run_ticks
 from reclock.sinks import delta as delta_mod
 from reclock.sinks import delta_state
 from reclock.sinks.delta import Compaction, DeltaSink
 from reclock.sinks.delta_state import dv_path, state_stats
 
-USER = pa.schema([("k", pa.int64()), ("v", pa.string()), ("n", pa.float64())])
-SCHEMA = output_schema(USER)
 FILE_ROWS = 1_000_000
-
-
-def peer_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.environ.get("RECLOCK_CACHE") or Path(base) / "reclock") / "spark-peer"
 
 
 def bulk_load(sink: DeltaSink, keys: int) -> float:
@@ -91,61 +83,6 @@ def bulk_load(sink: DeltaSink, keys: int) -> float:
               delta_mod.KEY_PROGRESS: '"load"'}
     assert sink._put_entry(1, delta_state._state_entry(actions, sink.app_id, 1, custom, 0))
     return time.monotonic() - t0
-
-
-class Changes:
-    """Random changes over the live keys (a bitmap of them)."""
-
-    def __init__(self, keys: int, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.live = np.ones(keys * 2, dtype=bool)
-        self.live[keys:] = False
-        self.next = keys
-        self.last = np.zeros(keys * 2, dtype=np.int32)  # the tick of each key's row (0: load)
-
-    def batch(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(updated keys, deleted keys, inserted keys)."""
-        inserts = np.arange(self.next, self.next + n // 10, dtype=np.int64)
-        self.next += len(inserts)
-        want = n - len(inserts)
-        pick = np.unique(self.rng.integers(0, self.next - len(inserts), int(want * 1.3)))
-        pick = pick[self.live[pick]]
-        self.rng.shuffle(pick)
-        pick = pick[:want]
-        cut = len(pick) * 8 // 9
-        updates, deletes = pick[:cut], pick[cut:]
-        self.live[deletes] = False
-        self.live[inserts] = True
-        return updates, deletes, inserts
-
-    def settle(self, tick: int, updates: np.ndarray, inserts: np.ndarray) -> None:
-        self.last[updates] = tick
-        self.last[inserts] = tick
-
-
-def reclock_rows(tick: int, into: int, upd: np.ndarray, dele: np.ndarray,
-                 ins: np.ndarray) -> pa.Table:
-    minus = np.concatenate([upd, dele])
-    plus = np.concatenate([upd, ins])
-    k = np.concatenate([minus, plus])
-    m = len(k)
-    v = ["old"] * len(minus) + [f"v{tick}-{x}" for x in plus.tolist()]
-    return pa.table({
-        "k": k, "v": v, "n": k / 7.0, "_into_time": np.full(m, into, dtype=np.int64),
-        "_diff": np.concatenate([np.full(len(minus), -1), np.ones(len(plus))]).astype(np.int64),
-        "_src_part": pa.array(np.zeros(m, dtype=np.int32)),
-        "_src_offset": np.arange(m, dtype=np.int64),
-        "_src_seq": pa.array(np.zeros(m, dtype=np.int32)),
-        "_src_ts": pa.nulls(m, pa.int64()), "_error": pa.nulls(m, pa.string()),
-        "_raw_key": pa.nulls(m, pa.binary()), "_raw_value": pa.nulls(m, pa.binary())},
-        schema=SCHEMA)
-
-
-def spark_rows(tick: int, upd: np.ndarray, dele: np.ndarray, ins: np.ndarray) -> pa.Table:
-    k = np.concatenate([upd, dele, ins])
-    ops = ["u"] * len(upd) + ["d"] * len(dele) + ["i"] * len(ins)
-    return pa.table({"k": k, "v": [f"v{tick}-{x}" for x in k.tolist()], "n": k / 7.0,
-                     "op": ops})
 
 
 def commit_bytes(sink: DeltaSink, version: int, seen_dvs: set[str]) -> int:
@@ -178,51 +115,19 @@ def run_reclock(root: Path, args: argparse.Namespace, changes_dir: Path) -> dict
     with sink._locked():
         assert sink._index_at(1) is not None
     index_s = time.monotonic() - t0
-    state = sink.state()
     gen = Changes(args.keys, seed=1)
-    spark_live = 0
-    passes: list[int] = []
-    fresh, busy, written, changed, stage_s, commit_s = [], [], [], [], [], []
     seen: set[str] = set()
-    interval = args.interval
-    start = time.time() + 0.5
-    for tick in range(args.ticks):
-        due = start + tick * interval
-        if time.time() < due:
-            time.sleep(due - time.time())
-        into = int(due * 1000)
-        upd, dele, ins = gen.batch(args.rate)
-        gen.settle(tick, upd, ins)
-        if tick == args.spark_batches - 1:
-            spark_live = int(gen.live.sum())
-        if tick < args.spark_batches:
-            pq.write_table(spark_rows(tick, upd, dele, ins),
-                           changes_dir / f"batch-{tick:05d}.parquet")
-        b0 = time.monotonic()
-        staged = sink.stager().stage(f"t{tick}", 0, reclock_rows(tick, into, upd, dele, ins))
-        b1 = time.monotonic()
-        new = SinkState(into + 1, f'"{tick}"')
-        sink.commit(staged, state, new)
-        state = new
-        b2 = time.monotonic()
-        done = sink.maintain(int(time.time() * 1000))
-        if done.get("files_removed"):
-            passes.append(done["files_removed"])
-        fresh.append(time.time() - due)
-        busy.append(time.monotonic() - b0)
-        stage_s.append(b1 - b0)
-        commit_s.append(b2 - b1)
+
+    def written() -> int:
         assert sink._head is not None
-        written.append(commit_bytes(sink, sink._head.version, seen))
-        changed.append(len(upd) + len(dele) + len(ins))
-        if tick % 10 == 0:
-            print(f"  tick {tick}: stage {b1 - b0:.3f} s, commit {b2 - b1:.3f} s, "
-                  f"freshness {fresh[-1]:.2f} s", file=sys.stderr, flush=True)
+        return commit_bytes(sink, sink._head.version, seen)
+
+    t = run_ticks(sink, sink.state(), gen, args, changes_dir, written=written)
     files = len(list((root / "reclock").glob("*.parquet")))
     check(sink, gen)
-    return {"spark_live": spark_live, "load_s": load_s, "index_s": index_s, "fresh": fresh,
-            "busy": busy, "bytes": written, "changed": changed, "stage": stage_s,
-            "commit": commit_s, "files": files, "passes": passes}
+    return {"spark_live": t.spark_live, "load_s": load_s, "index_s": index_s,
+            "fresh": t.fresh, "busy": t.busy, "bytes": t.written, "changed": t.changed,
+            "stage": t.stage, "commit": t.commit, "files": files, "passes": t.passes}
 
 
 def check(sink: DeltaSink, gen: Changes) -> None:
@@ -238,9 +143,8 @@ def check(sink: DeltaSink, gen: Changes) -> None:
     sample = rng.choice(len(keys), min(2000, len(keys)), replace=False)
     for k, v in zip(keys[sample].tolist(), table.column("v").take(pa.array(sample))
                     .to_pylist(), strict=True):
-        t = int(gen.last[k])
-        if v != (f"v0-{k}" if t == 0 else f"v{t}-{k}"):
-            print(f"MISMATCH: key {k} holds {v!r}, its last change was at tick {t}")
+        if v != gen.value(k):
+            print(f"MISMATCH: key {k} holds {v!r}, the model {gen.value(k)!r}")
             raise SystemExit(1)
 
 
@@ -264,20 +168,10 @@ def run_spark(root: Path, args: argparse.Namespace, changes_dir: Path) -> dict[s
     return {"load_s": loaded["load_s"], "batches": merged["batches"], "rows": merged["rows"]}
 
 
-def pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(np.array(xs), q)) if xs else float("nan")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="200k keys, 2,000 changes/s, 30 ticks")
-    ap.add_argument("--keys", type=int, default=10_000_000)
-    ap.add_argument("--rate", type=int, default=10_000, help="changes per interval")
-    ap.add_argument("--interval", type=float, default=1.0)
-    ap.add_argument("--ticks", type=int, default=120)
-    ap.add_argument("--spark-batches", type=int, default=6)
-    ap.add_argument("--no-spark", action="store_true")
-    ap.add_argument("--dir", default=None, help="where the tables go (a temp dir by default)")
+    add_load_args(ap)
     args = ap.parse_args()
     if args.quick:
         args.keys, args.rate, args.ticks, args.spark_batches = 200_000, 2_000, 30, 4
