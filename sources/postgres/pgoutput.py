@@ -24,15 +24,28 @@ pgoutput messages (protocol version 1; text-format tuples)::
 
 Tuple columns are ``None`` (NULL), :data:`UNCHANGED_TOAST` (a TOASTed value
 the update did not change and the server did not send), or the value's text
-form as ``bytes``. Everything here is pure: no connection, no state.
+form as ``bytes``. Everything here is pure: no connection, no state. A
+frame that does not follow the protocol (truncated, an unknown tag, a
+negative length or count, a name that is not UTF-8) is a
+:class:`ProtocolError`.
+
+:func:`native` is the C twin of this module
+(``sources/postgres/_pgoutput_native.c``): its ``parse_frame`` returns the
+same dataclasses (tests/sources/test_pgoutput_native.py fuzzes the two
+against each other), and its ``Decoder`` turns batches of frames into the
+source's column buffers (see ``PostgresReader`` in source.py).
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from reclock.core.errors import DefiniteError
+
+log = logging.getLogger("reclock.postgres")
 
 
 class ProtocolError(DefiniteError):
@@ -166,6 +179,8 @@ class _Reader:
         self.pos = 0
 
     def take(self, n: int) -> bytes:
+        if n < 0:
+            raise ProtocolError(f"negative length {n} at {self.pos}")
         if self.pos + n > len(self.buf):
             raise ProtocolError(f"message truncated: wanted {n} bytes at {self.pos} of "
                                 f"{len(self.buf)}")
@@ -195,12 +210,20 @@ class _Reader:
         end = self.buf.find(b"\0", self.pos)
         if end < 0:
             raise ProtocolError("unterminated string")
-        s = self.buf[self.pos:end].decode("utf-8")
+        try:
+            s = self.buf[self.pos:end].decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError(f"string at {self.pos} is not UTF-8") from None
         self.pos = end + 1
         return s
 
+    def count(self, n: int) -> int:
+        if n < 0:
+            raise ProtocolError(f"negative column count {n}")
+        return n
+
     def tuple(self) -> Tuple:
-        n = self.i16()
+        n = self.count(self.i16())
         out: list[Value] = []
         for _ in range(n):
             kind = self.take(1)
@@ -226,7 +249,7 @@ def parse_message(data: bytes) -> Message:
     if tag == b"R":
         relid, ns, name, ident = r.u32(), r.string(), r.string(), chr(r.u8())
         cols = []
-        for _ in range(r.i16()):
+        for _ in range(r.count(r.i16())):
             flags = r.u8()
             cname = r.string()
             cols.append(Column(cname, r.u32(), r.i32(), bool(flags & 1)))
@@ -261,6 +284,8 @@ def parse_message(data: bytes) -> Message:
     if tag == b"T":
         n = r.i32()
         opts = r.u8()
+        if n < 0:
+            raise ProtocolError(f"negative relation count {n}")
         return Truncate(tuple(r.u32() for _ in range(n)), bool(opts & 1), bool(opts & 2))
     if tag == b"M":
         flags = r.u8()
@@ -291,3 +316,31 @@ def standby_status(written: int, flushed: int, applied: int, now_us: int,
     """A standby status update ('r') reporting LSNs; ``now_us`` is Unix time in us."""
     return b"r" + struct.pack("!QQQqB", written, flushed, applied, now_us - PG_EPOCH_US,
                               1 if reply else 0)
+
+
+_native: Any = None  # the C module once loaded and initialized; False if it cannot be
+
+
+def native() -> Any:
+    """``reclock.sources.postgres._pgoutput_native``, initialized with this
+    module's error and dataclasses, or None where it was not built (no C
+    compiler at install) or cannot load: the callers then use this module."""
+    global _native
+    if _native is None:
+        try:
+            from reclock.clients.native import load_extension
+
+            mod = load_extension("reclock.sources.postgres", "_pgoutput_native")
+            if mod is None:
+                raise ImportError("reclock.sources.postgres._pgoutput_native was not built "
+                                  "(no C compiler?)")
+            mod.init(ProtocolError, UNCHANGED_TOAST, {
+                c.__name__: c for c in (XLogData, Keepalive, Begin, Commit, Relation, Column,
+                                        TypeInfo, Origin, Insert, Update, Delete, Truncate,
+                                        LogicalMessage)})
+            _native = mod
+        except (ImportError, OSError) as exc:
+            log.warning("the native pgoutput decoder is unavailable (%s); decoding in Python",
+                        exc)
+            _native = False
+    return _native or None

@@ -92,7 +92,7 @@ import re
 import select
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +146,8 @@ log = logging.getLogger("reclock.postgres")
 
 #: Rows per output buffered in a task before they become one Arrow batch.
 BATCH_ROWS = 50_000
+#: CopyData frames handed to the decoder at once (what has arrived, at most this)
+FRAMES_PER_BATCH = 4096
 #: Assumed WAL bytes per change when bounding a job far behind (a change is
 #: rarely smaller), so a job reads at most ~max_job changes.
 WAL_BYTES_PER_CHANGE = 64
@@ -969,6 +971,34 @@ class _Buffer:
             arrays.append(arr)
         return arrays
 
+    def take_native(self, taken: tuple[Any, ...]) -> pa.RecordBatch:
+        """The batch of the C decoder's ``Decoder.take()`` buffers for this
+        output (see sources/postgres/_pgoutput_native.c): the same columns
+        as :meth:`take` makes of the rows it was given."""
+        (n, cols, diff, off, seq, ts, ts_valid, ts_nulls, u_offs, u_vals, u_valid,
+         u_nulls) = taken
+
+        def col(t: pa.DataType, nulls: int, valid: bytes, *bufs: bytes) -> pa.Array:
+            validity = pa.py_buffer(valid) if nulls else None
+            return pa.Array.from_buffers(t, n, [validity, *map(pa.py_buffer, bufs)],
+                                         null_count=nulls)
+
+        arrays = self._converted([col(pa.binary(), nulls, valid, offsets, data)
+                                  for offsets, data, valid, nulls in cols])
+        names = [c.name for c in self.table.columns]
+        arrays += [col(pa.int32(), 0, b"", bytes(4 * n)), col(pa.int64(), 0, b"", off),
+                   col(pa.int32(), 0, b"", seq), col(pa.int64(), ts_nulls, ts_valid, ts),
+                   col(pa.int64(), 0, b"", diff)]
+        names += [SRC_PART, SRC_OFFSET, SRC_SEQ, SRC_TS, SRC_DIFF]
+        if u_nulls < n:
+            values = pa.Array.from_buffers(pa.int32(), len(u_vals) // 4,
+                                           [None, pa.py_buffer(u_vals)])
+            arrays.append(pa.Array.from_buffers(
+                pa.list_(pa.int32()), n, [pa.py_buffer(u_valid), pa.py_buffer(u_offs)],
+                null_count=u_nulls, children=[values]))
+            names.append(SRC_UNCHANGED)
+        return pa.RecordBatch.from_arrays(arrays, names=names)
+
     def take(self, binary: bool) -> pa.RecordBatch:
         t = self.table
         arrays = self._converted([pa.array(vals, pa.binary() if binary else pa.string())
@@ -999,6 +1029,128 @@ class _Layout:
     key_pos: list[int]  # tuple indexes of the output's key columns
 
 
+def _commit_ms(commit_ts: int) -> int:
+    """A Begin's commit time (us since 2000-01-01) in ms since the Unix epoch."""
+    us = commit_ts + po.PG_EPOCH_US
+    if us >= 2**63:  # (the C decoder's int64 cannot hold it either)
+        raise po.ProtocolError(f"commit time {commit_ts} is out of range")
+    return us // 1000
+
+
+class _NativeRows:
+    """Rows the Python path appends (``_Buffer.add``) into the C decoder's
+    buffers of one output."""
+
+    __slots__ = ("dec", "ncols", "output")
+
+    def __init__(self, dec: Any, output: int, ncols: int) -> None:
+        self.dec, self.output, self.ncols = dec, output, ncols
+
+    def add(self, values: Sequence[Any], diff: int, part: int, off: int, seq: int,
+            ts: int | None, unchanged: list[int] | None = None) -> None:
+        self.dec.add_row(self.output, self.ncols, values, diff, off, seq, ts, unchanged)
+
+
+class _Decoding:
+    """The state of one replication task's decode: the relation messages
+    met, the layouts built from them, the outputs' buffers (in Python, or
+    in the C decoder ``dec`` when it decodes)."""
+
+    def __init__(self, reader: PostgresReader, params: dict[str, Any], spec: StreamSpec
+                 ) -> None:
+        self.reader = reader
+        self.params = params
+        self.end = spec.end
+        self.by_name = {(t.schema, t.name): i for i, t in enumerate(reader.tables)}
+        self.snap_at = dict(spec.snapshot_at)
+        self.layouts: dict[int, _Layout] = {}
+        #: relation messages whose layout is not built yet
+        self.rels: dict[int, po.Relation] = {}
+        self.bufs: dict[int, _Buffer] = {}
+        self.dec: Any = None
+
+    def layout(self, relid: int, commit_lsn: int) -> _Layout | None:
+        """How a change of ``relid`` in a transaction committing at
+        ``commit_lsn`` maps onto its output; None when the relation is
+        no output's table, or the output drops the change (it commits
+        before the output's snapshot point). The layout is built from
+        the relation message in force only when a change is taken: one
+        from before a snapshot point may name columns the output never
+        had (added and dropped again before the snapshot was taken)."""
+        lay = self.layouts.get(relid)
+        if lay is not None:
+            return lay
+        rel = self.rels.get(relid)
+        i = None if rel is None else self.by_name.get((rel.namespace, rel.name))
+        if rel is None or i is None or commit_lsn < self.snap_at.get(i, 0):
+            return None
+        lay = self.layouts[relid] = self.reader._layout(self.params, i, rel)
+        del self.rels[relid]
+        self.bufs.setdefault(i, _Buffer(self.reader.tables[i])).types = lay.types
+        if self.dec is not None:
+            self.dec.layout(relid, i, len(lay.pos), lay.pos, lay.key_pos,
+                            lay.table.envelope == "none")
+        return lay
+
+    def skip(self, relid: int, lay: _Layout | None) -> None:
+        """The C decoder skips ``relid``'s changes (advancing the position)
+        for as long as :meth:`layout` would return None for them: until a
+        relation message for it (no output's table, or no message yet), or
+        until its output's snapshot point."""
+        rel = self.rels.get(relid)
+        i = lay.output if lay is not None else \
+            None if rel is None else self.by_name.get((rel.namespace, rel.name))
+        self.dec.skip(relid, 2**64 - 1 if i is None else self.snap_at.get(i, 0))
+
+    def relation(self, m: po.Relation, commit_lsn: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+        i = self.by_name.get((m.namespace, m.name))
+        if i is not None and i in self.bufs and self.pending(i):
+            yield i, self.take(i)  # rows of the previous layout
+        self.layouts.pop(m.relid, None)
+        if self.dec is not None:
+            self.dec.forget(m.relid)
+        self.rels[m.relid] = m
+        self.layout(m.relid, commit_lsn)  # (now, when its changes are taken)
+
+    def truncate(self, m: po.Truncate, commit_lsn: int, seq: int, ts: int | None) -> None:
+        hit = [lay for r in m.relids if (lay := self.layout(r, commit_lsn)) is not None
+               and commit_lsn >= self.snap_at.get(lay.output, 0)]
+        diff_logs = [lay.table for lay in hit if lay.table.envelope != "upsert"]
+        if diff_logs:
+            names = ", ".join(t.qualified for t in diff_logs)
+            raise DefiniteError(
+                f"{self.reader.who}: {names} truncated at LSN {lsn_text(commit_lsn)}: "
+                "their outputs are diff logs (REPLICA IDENTITY FULL or none) and "
+                "cannot retract rows they were never sent one by one",
+                hint="drop and re-create these outputs (a new snapshot), give the "
+                     "tables a primary key (keyed outputs take truncates), or leave "
+                     "truncate out of the publication (publish = 'insert, update, "
+                     "delete')")
+        for lay in hit:  # keyed: the driver's key state retracts every row
+            self.sink(lay.output).add([None] * len(lay.pos), TRUNCATED, 0, commit_lsn,
+                                      2 * seq, ts)
+
+    def sink(self, output: int) -> _Buffer | _NativeRows:
+        """Where rows of ``output`` are appended."""
+        if self.dec is None:
+            return self.bufs[output]
+        return _NativeRows(self.dec, output, len(self.reader.tables[output].columns))
+
+    def pending(self, output: int) -> int:
+        return len(self.bufs[output]) if self.dec is None else int(self.dec.pending(output))
+
+    def take(self, output: int) -> pa.RecordBatch:
+        buf = self.bufs[output]
+        return buf.take(binary=True) if self.dec is None else \
+            buf.take_native(self.dec.take(output))
+
+    def rest(self) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """The rows still held, per output."""
+        for i in self.bufs:
+            if self.pending(i):
+                yield i, self.take(i)
+
+
 @dataclass(frozen=True)
 class PostgresReader:
     """Executor side: replication ranges and snapshot chunks."""
@@ -1009,6 +1161,7 @@ class PostgresReader:
     publication: str
     tables: tuple[PgTable, ...]
     timeout_s: float
+    native: bool = True  # decode with the C decoder where it is built
 
     @property
     def who(self) -> str:
@@ -1112,126 +1265,159 @@ class PostgresReader:
             raise TransientError(f"{self.who}: cannot start replication: {msg}",
                                  hint="retried with backoff")
 
-    def _frames(self, conn: Connection, end: int) -> Iterator[po.XLogData]:
-        """XLogData frames until the walsender has decoded past ``end``."""
+    def _batches(self, conn: Connection, end: int) -> Iterator[list[bytes]]:
+        """The replication stream's CopyData frames, in batches of what has
+        arrived (at most :data:`FRAMES_PER_BATCH`), so that the decoder is
+        called per batch, not per frame."""
         pg = conn.pgconn
         last_data = time.monotonic()
         while True:
-            n, data = pg.get_copy_data(1)
-            if n == 0:
-                ready, _, _ = select.select([pg.socket], [], [], 1.0)
-                if not ready and time.monotonic() - last_data > self.timeout_s:
-                    raise TransientError(
-                        f"{self.who}: the replication stream sent nothing for "
-                        f"{self.timeout_s:.0f} s before reaching LSN {lsn_text(end)}",
-                        hint="the server may be overloaded; retried")
-                pg.consume_input()
-                continue
-            if n < 0:
+            frames: list[bytes] = []
+            ended = False
+            while len(frames) < FRAMES_PER_BATCH:
+                n, data = pg.get_copy_data(1)
+                if n == 0:
+                    break
+                if n < 0:
+                    ended = True
+                    break
+                frames.append(bytes(data))
+            if frames:
+                last_data = time.monotonic()
+                yield frames  # (what came before the end may reach `end`)
+            if ended:
                 msg = pg.error_message.decode(errors="replace").strip()
                 raise TransientError(f"{self.who}: the replication stream ended: {msg}",
                                      hint="the server restarted or the connection broke; "
                                           "retried with backoff")
-            last_data = time.monotonic()
-            frame = po.parse_frame(bytes(data))
-            if isinstance(frame, po.Keepalive):
-                # Reply to every keepalive (confirming nothing), so that the
-                # walsender sends the next one when it catches up again.
-                now_us = int(time.time() * 1_000_000)
-                pg.put_copy_data(po.standby_status(0, 0, 0, now_us))
-                pg.flush()
-                if frame.wal_end >= end:
-                    return
+            if frames:
                 continue
-            yield frame
+            ready, _, _ = select.select([pg.socket], [], [], 1.0)
+            if not ready and time.monotonic() - last_data > self.timeout_s:
+                raise TransientError(
+                    f"{self.who}: the replication stream sent nothing for "
+                    f"{self.timeout_s:.0f} s before reaching LSN {lsn_text(end)}",
+                    hint="the server may be overloaded; retried")
+            pg.consume_input()
+
+    @staticmethod
+    def _reply(conn: Connection) -> None:
+        """Answer a keepalive (confirming nothing), so that the walsender
+        sends the next one when it catches up again."""
+        now_us = int(time.time() * 1_000_000)
+        conn.pgconn.put_copy_data(po.standby_status(0, 0, 0, now_us))
+        conn.pgconn.flush()
 
     def _stream(self, spec: StreamSpec) -> Iterator[tuple[int, pa.RecordBatch]]:
         params, secrets = parse_dsn(self.dsn, self.who)
-        by_name = {(t.schema, t.name): i for i, t in enumerate(self.tables)}
-        snap_at = dict(spec.snapshot_at)
-        layouts: dict[int, _Layout] = {}
-        #: relation messages whose layout is not built yet
-        rels: dict[int, po.Relation] = {}
-        bufs: dict[int, _Buffer] = {}
-
-        def layout(relid: int, commit_lsn: int) -> _Layout | None:
-            """How a change of ``relid`` in a transaction committing at
-            ``commit_lsn`` maps onto its output; None when the relation is
-            no output's table, or the output drops the change (it commits
-            before the output's snapshot point). The layout is built from
-            the relation message in force only when a change is taken: one
-            from before a snapshot point may name columns the output never
-            had (added and dropped again before the snapshot was taken)."""
-            lay = layouts.get(relid)
-            if lay is not None:
-                return lay
-            rel = rels.get(relid)
-            i = None if rel is None else by_name.get((rel.namespace, rel.name))
-            if rel is None or i is None or commit_lsn < snap_at.get(i, 0):
-                return None
-            lay = layouts[relid] = self._layout(params, i, rel)
-            del rels[relid]
-            bufs.setdefault(i, _Buffer(self.tables[i])).types = lay.types
-            return lay
-
+        st = _Decoding(self, params, spec)
         conn = self._start(params, secrets, spec.start)
+        try:
+            yield from self.decode(st, self._batches(conn, spec.end), lambda: self._reply(conn))
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+        yield from st.rest()
+
+    def decode(self, st: _Decoding, batches: Iterable[list[bytes]],
+               reply: Callable[[], None]) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """Decode the frames of ``batches`` (``'w'`` and ``'k'`` CopyData)
+        into ``st``'s outputs, yielding full batches, until a transaction
+        commits at or after the task's end (stop before it) or a keepalive
+        reports that the walsender has decoded past it; ``reply`` answers a
+        keepalive. The rows still held after it are ``st.rest()``. The C
+        decoder (:func:`pgoutput.native`) does it where it is built and
+        ``native`` is set, the Python parser otherwise: both give the same
+        rows (tests/sources/test_pgoutput_native.py)."""
+        nat = po.native() if self.native else None
+        if nat is None:
+            yield from self._decode_python(st, batches, reply)
+        else:
+            yield from self._decode_native(st, batches, reply, nat)
+
+    def _decode_python(self, st: _Decoding, batches: Iterable[list[bytes]],
+                       reply: Callable[[], None]) -> Iterator[tuple[int, pa.RecordBatch]]:
         commit_lsn = 0
         ts: int | None = None
         seq = 0
-        try:
-            for frame in self._frames(conn, spec.end):
+        for frames in batches:
+            for data in frames:
+                frame = po.parse_frame(data)
+                if isinstance(frame, po.Keepalive):
+                    reply()
+                    if frame.wal_end >= st.end:
+                        return
+                    continue
                 m = frame.message
                 if isinstance(m, po.Begin):
-                    if m.final_lsn >= spec.end:
-                        break  # this and every later transaction commit at or after `end`
+                    if m.final_lsn >= st.end:
+                        return  # this and every later transaction commit at or after `end`
                     commit_lsn = m.final_lsn
-                    ts = (m.commit_ts + po.PG_EPOCH_US) // 1000
+                    ts = _commit_ms(m.commit_ts)
                     seq = 0
                     continue
                 if isinstance(m, po.Relation):
-                    i = by_name.get((m.namespace, m.name))
-                    if i is not None and i in bufs and len(bufs[i]):
-                        yield i, bufs[i].take(binary=True)  # rows of the previous layout
-                    layouts.pop(m.relid, None)
-                    rels[m.relid] = m
-                    layout(m.relid, commit_lsn)  # (now, when its changes are taken)
+                    yield from st.relation(m, commit_lsn)
                     continue
                 if isinstance(m, po.Insert | po.Update | po.Delete):
-                    lay = layout(m.relid, commit_lsn)
-                    if lay is None or commit_lsn < snap_at.get(lay.output, 0):
+                    lay = st.layout(m.relid, commit_lsn)
+                    if lay is None or commit_lsn < st.snap_at.get(lay.output, 0):
                         seq += 1
                         continue
-                    buf = bufs[lay.output]
+                    buf = st.bufs[lay.output]
                     self._change(lay, m, buf, commit_lsn, seq, ts)
                     seq += 1
                     if len(buf) >= BATCH_ROWS:
                         yield lay.output, buf.take(binary=True)
                     continue
                 if isinstance(m, po.Truncate):
-                    hit = [lay for r in m.relids if (lay := layout(r, commit_lsn)) is not None
-                           and commit_lsn >= snap_at.get(lay.output, 0)]
-                    diff_logs = [lay.table for lay in hit if lay.table.envelope != "upsert"]
-                    if diff_logs:
-                        names = ", ".join(t.qualified for t in diff_logs)
-                        raise DefiniteError(
-                            f"{self.who}: {names} truncated at LSN {lsn_text(commit_lsn)}: "
-                            "their outputs are diff logs (REPLICA IDENTITY FULL or none) and "
-                            "cannot retract rows they were never sent one by one",
-                            hint="drop and re-create these outputs (a new snapshot), give the "
-                                 "tables a primary key (keyed outputs take truncates), or leave "
-                                 "truncate out of the publication (publish = 'insert, update, "
-                                 "delete')")
-                    for lay in hit:  # keyed: the driver's key state retracts every row
-                        buf = bufs[lay.output]
-                        buf.add([None] * len(lay.pos), TRUNCATED, 0, commit_lsn, 2 * seq, ts)
+                    st.truncate(m, commit_lsn, seq, ts)
                     seq += 1
                     continue
-        finally:
-            with contextlib.suppress(psycopg.Error):
-                conn.close()
-        for i, buf in bufs.items():
-            if len(buf):
-                yield i, buf.take(binary=True)
+
+    def _decode_native(self, st: _Decoding, batches: Iterable[list[bytes]],
+                       reply: Callable[[], None], nat: Any
+                       ) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """As :meth:`_decode_python`, with the C decoder taking Begin,
+        Commit and the changes of relations with a layout, and handing
+        every other frame back here (keepalives, relation and truncate
+        messages, the first change of a relation, and changes the Python
+        path turns into errors), handled as the Python path does."""
+        dec = st.dec = nat.Decoder(st.end, BATCH_ROWS)
+        for frames in batches:
+            i = 0
+            while True:
+                i, kind, obj = dec.feed(frames, i)
+                if kind == nat.DONE:
+                    break
+                if kind == nat.END:
+                    return  # a transaction commits at or after `end`
+                if kind == nat.FULL:
+                    yield obj, st.take(obj)
+                    continue
+                i += 1
+                if isinstance(obj, po.Keepalive):
+                    reply()
+                    if obj.wal_end >= st.end:
+                        return
+                    continue
+                m = obj.message
+                lsn = dec.commit_lsn
+                if isinstance(m, po.Relation):
+                    yield from st.relation(m, lsn)
+                elif isinstance(m, po.Insert | po.Update | po.Delete):
+                    lay = st.layout(m.relid, lsn)
+                    if lay is None or lsn < st.snap_at.get(lay.output, 0):
+                        st.skip(m.relid, lay)
+                    else:
+                        self._change(lay, m, st.sink(lay.output), lsn, dec.seq, dec.ts)
+                    dec.seq += 1
+                    if lay is not None and dec.pending(lay.output) >= BATCH_ROWS:
+                        yield lay.output, st.take(lay.output)
+                elif isinstance(m, po.Truncate):
+                    st.truncate(m, lsn, dec.seq, dec.ts)
+                    dec.seq += 1
+                # (type, origin and logical messages: nothing to do)
 
     def _layout(self, params: dict[str, Any], i: int, rel: po.Relation) -> _Layout:
         """How the columns of relation message ``rel`` map onto output
@@ -1337,7 +1523,8 @@ class PostgresReader:
             raise pg_error(exc, f"{self.who}: cannot read the catalog") from None
         return {str(r[0]): (int(r[1]), int(r[2]), int(r[3])) for r in rows}
 
-    def _change(self, lay: _Layout, m: po.Insert | po.Update | po.Delete, buf: _Buffer,
+    def _change(self, lay: _Layout, m: po.Insert | po.Update | po.Delete,
+                buf: _Buffer | _NativeRows,
                 lsn: int, seq: int, ts: int | None) -> None:
         t = lay.table
         pos = lay.pos

@@ -22,8 +22,11 @@ decimal128 would round). ``infinity``/``-infinity`` timestamps and dates map
 to the smallest/largest value Arrow can hold; a numeric ``NaN`` in a
 constrained column, and any text that does not parse, is a
 :class:`~reclock.core.errors.DefiniteError` naming the table, the column and the
-value. Vectorized casts do the work; only columns whose cast fails, and
-bytea, times and arrays, fall back to per-value conversion.
+value. Whole-column conversions do the work (Arrow's casts; bytea's hex
+decoded with numpy; times cast as timestamps on 1970-01-01); only a column
+one of them refuses (its per-value pass finds and names the value, or
+takes what only it reads: ``24:00:00``, ``infinity``), and arrays, are
+converted value by value.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -160,6 +164,72 @@ def _py_bool(v: str) -> bool:
     raise ValueError("is not a boolean")
 
 
+#: hex digit -> its value; 255 for every other byte
+_HEX = np.full(256, 255, np.uint8)
+for _i, _c in enumerate(b"0123456789abcdef"):
+    _HEX[_c] = _i
+for _i, _c in enumerate(b"ABCDEF"):
+    _HEX[_c] = 10 + _i
+
+
+def _bytea_column(arr: pa.Array) -> pa.Array | None:
+    """A string column of bytea hex forms (``\\x0a1b``) as binary, decoded
+    for the whole column at once; None when a value is not a hex form (the
+    per-value pass then names it), or when values are long: numpy's passes
+    over the bytes then cost more than ``bytes.fromhex`` per value (on
+    2026-11-27: 5x faster at 4-byte values, 3x at 16, 3x slower at 1 KiB)."""
+    n = len(arr)
+    if arr.nbytes > 256 * (n - arr.null_count) + 4 * (n + 1):
+        return None
+    validity, offs, data = arr.buffers()
+    offsets = np.frombuffer(offs, np.int32, n + 1, arr.offset * 4).astype(np.int64)
+    raw = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
+    if arr.null_count:
+        bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
+        valid = bits[arr.offset:arr.offset + n].astype(bool)
+    else:
+        valid = np.ones(n, bool)
+    starts = offsets[:-1][valid]
+    lens = np.diff(offsets)[valid]
+    if (lens < 2).any() or (lens % 2).any():
+        return None
+    if not ((raw[starts] == ord("\\")) & (raw[starts + 1] == ord("x"))).all():
+        return None
+    hex_lens = lens - 2
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    if (np.diff(offsets)[~valid] != 0).any():
+        return None  # a null slot with bytes (Arrow allows it; nothing here makes one)
+    # every value's hex digits: the column's bytes without each value's "\x"
+    keep = np.ones(hi - lo, bool)
+    keep[starts - lo] = False
+    keep[starts - lo + 1] = False
+    nibbles = _HEX[raw[lo:hi][keep]]
+    if (nibbles == 255).any():
+        return None
+    out = (nibbles[0::2] << 4) | nibbles[1::2]
+    out_lens = np.zeros(n, np.int64)
+    out_lens[valid] = hex_lens // 2
+    new_offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(out_lens, out=new_offsets[1:])
+    mask = None
+    if arr.null_count:
+        mask = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
+    return pa.Array.from_buffers(pa.binary(), n, [mask, pa.py_buffer(new_offsets.tobytes()),
+                                                  pa.py_buffer(out.tobytes())],
+                                 null_count=arr.null_count)
+
+
+def _time_column(arr: pa.Array) -> pa.Array | None:
+    """A string column of times (``HH:MM:SS[.ffffff]``) as time64[us], cast
+    for the whole column as timestamps on 1970-01-01; None when Arrow
+    refuses one (``24:00:00``, or not a time: the per-value pass)."""
+    try:
+        stamps = pc.binary_join_element_wise("1970-01-01 ", arr, "").cast(pa.timestamp("us"))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    return stamps.cast(pa.int64()).view(pa.time64("us"))
+
+
 def _per_value(values: Sequence[str | None], fn: Callable[[str], Any], typ: pa.DataType,
                where: str) -> pa.Array:
     out: list[Any] = []
@@ -192,13 +262,15 @@ def convert(values: Sequence[str | None] | pa.Array, pgtype: PgType, where: str)
     if typ == pa.string():
         return arr
     if typ == pa.binary():
-        return _per_value(arr.to_pylist(), _py_bytea, typ, where)
+        got = _bytea_column(arr)
+        return got if got is not None else _per_value(arr.to_pylist(), _py_bytea, typ, where)
     if typ == pa.bool_():
         if pc.all(pc.is_in(arr.drop_null(), pa.array(["t", "f"]))).as_py() is not False:
             return pc.equal(arr, "t")
         return _per_value(arr.to_pylist(), _py_bool, typ, where)
     if pa.types.is_time(typ):
-        return _per_value(arr.to_pylist(), _py_time, typ, where)
+        got = _time_column(arr)
+        return got if got is not None else _per_value(arr.to_pylist(), _py_time, typ, where)
     try:
         return arr.cast(typ)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
