@@ -33,20 +33,26 @@ sources:
 """
 
 
-def _run(tmp_path: Path, retention: str, seconds: float) -> tuple[Any, list[int]]:
-    """Run the pipeline; the largest number of bindings its operator held
-    after each tick (the first tick's open reads the whole store)."""
+def _run(tmp_path: Path, retention: str, seconds: float, minted: int = 0
+         ) -> tuple[Any, list[int]]:
+    """Run the pipeline for ``seconds``, or until its operator minted
+    ``minted`` bindings (a loaded machine mints fewer in a given time); the
+    largest number of bindings its operator held after each tick (the first
+    tick's open reads the whole store)."""
     path = tmp_path / "pipeline.yaml"
     path.write_text(PIPELINE.format(retention=retention))
     cfg = load_config(path)
     held: list[int] = []
     done = threading.Event()
+    stop = threading.Event()
 
     def sample(runner: Any) -> None:
         while not done.wait(0.01):
             op = runner.operator
             if op is not None and runner.ticks >= 2:
                 held.append(len(op.bindings))
+                if minted and op.retained >= minted:
+                    stop.set()
 
     def ready(runners: list[Any]) -> None:
         threading.Thread(target=sample, args=(runners[0],), daemon=True).start()
@@ -55,7 +61,7 @@ def _run(tmp_path: Path, retention: str, seconds: float) -> tuple[Any, list[int]
         with pytest.MonkeyPatch.context() as m:
             m.setattr(housekeeping, "COMPACT_EVERY_TICKS", 5)
             runners = run(cfg, use_spark=False, out=None, install_signals=False,
-                          duration=seconds, on_ready=ready)
+                          duration=seconds, on_ready=ready, stop=stop)
     finally:
         done.set()
     return runners[0], held
@@ -64,7 +70,7 @@ def _run(tmp_path: Path, retention: str, seconds: float) -> tuple[Any, list[int]
 def test_the_driver_holds_what_it_reads_and_the_store_what_is_retained(
         tmp_path: Path) -> None:
     # 1. Everything retained: the store grows, the driver's memory does not.
-    r1, held = _run(tmp_path, "1h", 3.0)
+    r1, held = _run(tmp_path, "1h", 60.0, minted=20)
     cfg = load_config(tmp_path / "pipeline.yaml")
     pipe = Pipeline(cfg)
     stored = pipe.store.read("c")
