@@ -24,10 +24,13 @@ from tests.kafkabroker import cache_dir
 READER = Path(__file__).resolve().parent / "spark_peer.py"
 
 
-def spark_reads(items: list[str], catalogs: tuple[str, ...] = ()) -> dict[str, Any]:
+def spark_reads(items: list[str], catalogs: tuple[str, ...] = (),
+                s3: dict[str, str] | None = None) -> dict[str, Any]:
     """What Spark reads for each item (a Delta path, ``iceberg:<metadata>``,
     ``sql:<query>``; see tests/spark_peer.py), by item. ``catalogs``:
-    ``NAME=JDBC_URL,WAREHOUSE`` Iceberg JDBC catalogs the queries may name."""
+    ``NAME=JDBC_URL,WAREHOUSE`` Iceberg JDBC catalogs the queries may name;
+    ``s3``: the S3 endpoint's environment (``tests/s3server.py``'s ``env()``)
+    their ``s3://`` warehouses are read at."""
     peer = cache_dir() / "spark-peer"
     py = peer / "bin" / "python"
     if not (peer / "ready").exists():
@@ -37,6 +40,9 @@ def spark_reads(items: list[str], catalogs: tuple[str, ...] = ()) -> dict[str, A
     args = [str(py), str(READER), "--ivy", str(peer / "ivy")]
     for c in catalogs:
         args += ["--catalog", c]
+    if s3 is not None:
+        args += ["--s3", ",".join(s3[k] for k in ("AWS_ENDPOINT_URL", "AWS_REGION",
+                                                  "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"))]
     done = subprocess.run([*args, *items], capture_output=True, text=True, env=env,
                           timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -21,6 +21,9 @@ For each it prints, as one JSON document on stdout:
 ``--catalog NAME=JDBC_URL,WAREHOUSE`` makes an Iceberg JDBC catalog ``NAME``
 over the database pyiceberg's SQL catalog keeps (SQLite or PostgreSQL: the
 two share one table layout), as a Spark user of such a catalog would.
+``--s3 ENDPOINT,REGION,KEY_ID,SECRET`` has those catalogs read an ``s3://``
+warehouse through Iceberg's own S3FileIO (``iceberg-aws-bundle``), path-style,
+at that endpoint (moto's server in the tests).
 ``--resolve`` only resolves the packages into the Ivy cache (``--ivy``).
 """
 
@@ -35,12 +38,14 @@ import sys
 #: delta-spark 4.3 and Iceberg 1.12's runtime are both built for Spark 4.1
 DELTA = "io.delta:delta-spark_2.13:4.3.1"
 ICEBERG = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0"
+#: Iceberg's S3FileIO and the AWS SDK it needs (no Hadoop S3A: Iceberg reads S3 itself)
+ICEBERG_AWS = "org.apache.iceberg:iceberg-aws-bundle:1.12.0"
 #: the JDBC drivers of the catalogs an Iceberg JDBC catalog can live in
 JDBC = "org.xerial:sqlite-jdbc:3.54.1.0,org.postgresql:postgresql:42.7.14"
-PACKAGES = f"{DELTA},{ICEBERG},{JDBC}"
+PACKAGES = f"{DELTA},{ICEBERG},{ICEBERG_AWS},{JDBC}"
 
 
-def session(ivy: str, catalogs: list[str]):  # type: ignore[no-untyped-def]
+def session(ivy: str, catalogs: list[str], s3: str | None = None):  # type: ignore[no-untyped-def]
     from pyspark.sql import SparkSession
 
     jars = sorted(glob.glob(os.path.join(ivy, "jars", "*.jar")))
@@ -62,7 +67,14 @@ def session(ivy: str, catalogs: list[str]):  # type: ignore[no-untyped-def]
         b = (b.config(prefix, "org.apache.iceberg.spark.SparkCatalog")
              .config(f"{prefix}.type", "jdbc").config(f"{prefix}.uri", uri)
              .config(f"{prefix}.warehouse", warehouse))
-    wanted = ("delta-spark", "iceberg-spark", "sqlite-jdbc")
+        if s3:
+            endpoint, region, key, secret = s3.split(",", 3)
+            for k, v in (("io-impl", "org.apache.iceberg.aws.s3.S3FileIO"),
+                         ("s3.endpoint", endpoint), ("s3.path-style-access", "true"),
+                         ("s3.access-key-id", key), ("s3.secret-access-key", secret),
+                         ("client.region", region)):
+                b = b.config(f"{prefix}.{k}", v)
+    wanted = ("delta-spark", "iceberg-spark", "iceberg-aws-bundle", "sqlite-jdbc")
     if all(any(name in j for j in jars) for name in wanted):
         b = b.config("spark.jars", ",".join(jars))
     else:
@@ -124,10 +136,11 @@ def main() -> int:
     ap.add_argument("--ivy", required=True)
     ap.add_argument("--resolve", action="store_true")
     ap.add_argument("--catalog", action="append", default=[])
+    ap.add_argument("--s3")
     ap.add_argument("paths", nargs="*")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = session(args.ivy, args.catalog)
+    spark = session(args.ivy, args.catalog, args.s3)
     try:
         if not args.resolve:
             spark.sparkContext.setLogLevel("ERROR")

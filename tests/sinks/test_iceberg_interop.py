@@ -84,3 +84,41 @@ def test_spark_reads_iceberg_log_and_state_tables(tmp_path: Path) -> None:
             assert cols == [*USER.names, "_into_time"]
             assert sorted(mine.column("k").to_pylist()) == ["k0", "k1", "k3", "k4", "k5"]
         assert sorted(seen["rows"], key=json.dumps) == rows_of(mine.select(cols))
+
+
+def test_spark_reads_an_iceberg_state_table_in_a_postgres_catalog_on_s3(
+        tmp_path: Path, s3: Any, pg_url: str) -> None:
+    """A state table in a PostgreSQL SQL catalog, its warehouse on S3
+    (moto's server): Spark reads it through Iceberg's JDBC catalog on the same
+    database and Iceberg's own S3FileIO, and gets the current rows (the
+    position deletes applied) that pyiceberg reads, and the upper."""
+    from reclock.sinks._store import S3Access
+
+    env, bucket = s3.env(), s3.bucket()
+    storage = S3Access.resolve(env=env)
+    cat = CatalogConfig(type="sql", uri=pg_url.replace("postgresql://", "postgresql+psycopg://"),
+                        warehouse=f"s3://{bucket}/wh").access(storage)
+    state = IcebergSink("shop.state", cat, "lake.state", storage=storage, mode="state",
+                        key=("k",))
+    state.ensure(USER)
+    first = [_row(f"k{i}", i) for i in range(6)]
+    state.commit(state.stager().stage("b1", 0, _updates(first, 10, 1, 0)), SinkState(),
+                 SinkState(11, '"p1"'))
+    change = pa.concat_tables([_updates([first[1], first[2]], 20, -1, 10),
+                               _updates([_row("k1", 101)], 20, 1, 12)])
+    state.commit(state.stager().stage("b2", 0, change), SinkState(11, '"p1"'),
+                 SinkState(21, '"p2"'))
+    user, rest = pg_url[len("postgresql://"):].split("@", 1)
+    name, _, password = user.partition(":")
+    jdbc = f"jdbc:postgresql://{rest}?user={name}" + (f"&password={password}" if password else "")
+    query = "sql:SELECT * FROM reclock.lake.state"
+    upper = ("sql:SELECT summary['reclock.upper'] AS u FROM reclock.lake.state.snapshots "
+             "ORDER BY committed_at DESC LIMIT 1")
+    got = spark_reads([query, upper], (f"reclock={jdbc},s3://{bucket}/wh",), s3=env)
+    assert got[upper]["rows"] == [["21"]]
+    seen = got[query]
+    cols = list(seen["types"])
+    assert cols == [*USER.names, "_into_time"]
+    mine = state._load().scan().to_arrow()
+    assert sorted(mine.column("k").to_pylist()) == ["k0", "k1", "k3", "k4", "k5"]
+    assert sorted(seen["rows"], key=json.dumps) == rows_of(mine.select(cols))
