@@ -93,8 +93,10 @@ new state (``write_mode``):
   rows and one position-delete file of the rows they replace or delete,
   located by the key index (:mod:`reclock.sinks.iceberg_mor`), in one
   ``overwrite`` snapshot of reclock's own producer; compaction rewrites
-  the files with many deleted rows (their deletes applied) and the small
-  ones, and drops the delete files that name no live file;
+  the files with many deleted rows (their deletes applied) and merges
+  those of few live rows, in passes of at most :data:`STATE_PASS_ROWS`
+  rows, moving their entries in the key index file by file, and drops
+  the delete files that name no live file;
 * ``copy-on-write``: pyiceberg's delete of the changed keys' rows (it
   rewrites each data file holding one) and an append of their new rows.
 

@@ -25,8 +25,11 @@ class writes the manifest list and the ``AddSnapshotUpdate`` and
 The key index (:class:`~reclock.sinks._keyindex.KeyIndex`, shared with the
 Delta sink; its Iceberg parts here): a SQLite file mapping each live key to
 the data file and row position of its current row, each data file to its
-row count and deleted rows, each delete file to the data files it names,
-with the snapshot id it describes. It is written in a SQLite transaction
+row count and deleted positions (a Roaring bitmap), each delete file to
+the data files it names, with the snapshot id it describes. A compaction
+moves the live rows of the files it rewrites into a new one and records
+the move per file (:func:`compacted`), not per key: a lookup follows it.
+It is written in a SQLite transaction
 committed only once the catalog commit succeeded; after a crash in between,
 or when another writer moved the table, it names another snapshot than the
 table's current one and is rebuilt from the table (:func:`rebuild`: the
