@@ -13,7 +13,8 @@ table's and is rebuilt from the table (the sink's ``rebuild``, passed to
 
 * ``files``: each data file (``path``, ``rows``); the Delta sink keeps its
   add action (``add_json``) and deletion vector (``dv``) with it, the
-  Iceberg sink the count of its deleted rows (``deleted``); a compaction
+  Iceberg sink its deleted positions (``dv``, a Roaring bitmap) and their
+  count (``deleted``); a compaction
   may *move* a file's live rows into another (``moved_to``, ``base``,
   ``dropped``: :meth:`Changes.move_files`), followed by :meth:`KeyIndex.lookup`;
 * ``retired``: Delta's replaced deletion vector files waiting for their
@@ -110,6 +111,10 @@ class KeyIndex:
         """Say the index describes ``version`` (a version that changed no file)."""
         self.db.execute("INSERT OR REPLACE INTO meta VALUES ('version', ?)", (version,))
 
+    def forget(self) -> None:
+        """Say the index describes no version (it is rebuilt before use)."""
+        self.db.execute("DELETE FROM meta WHERE name = 'version'")
+
     def at(self, version: int, rebuild: Callable[[KeyIndex], object]) -> KeyIndex:
         """The index, describing ``version``: ``rebuild(self)`` makes it
         describe the table anew when it names another."""
@@ -161,22 +166,6 @@ class KeyIndex:
             out.update(self.db.execute(
                 f"SELECT id, path FROM files WHERE id IN ({','.join('?' * len(chunk))})",
                 chunk))
-        return out
-
-    def positions(self, paths: Sequence[str]) -> dict[str, list[int]]:
-        """The row positions of the live keys of each data file of ``paths``
-        (files no compaction moved), in order: one scan of the keys (no index
-        by file: it would cost every commit, for compactions only)."""
-        ids = {i: p for i, p in self.db.execute(
-            f"SELECT id, path FROM files WHERE path IN ({','.join('?' * len(paths))})",
-            list(paths))}
-        out: dict[str, list[int]] = {p: [] for p in paths}
-        for f, pos in self.db.execute("SELECT f, r FROM keys"):
-            p = ids.get(f)
-            if p is not None:
-                out[p].append(pos)
-        for v in out.values():
-            v.sort()
         return out
 
     @contextmanager

@@ -93,8 +93,10 @@ new state (``write_mode``):
   rows and one position-delete file of the rows they replace or delete,
   located by the key index (:mod:`reclock.sinks.iceberg_mor`), in one
   ``overwrite`` snapshot of reclock's own producer; compaction rewrites
-  the files with many deleted rows (their deletes applied) and the small
-  ones, and drops the delete files that name no live file;
+  the files with many deleted rows (their deletes applied) and merges
+  those of few live rows, in passes of at most :data:`STATE_PASS_ROWS`
+  rows, moving their entries in the key index file by file, and drops
+  the delete files that name no live file;
 * ``copy-on-write``: pyiceberg's delete of the changed keys' rows (it
   rewrites each data file holding one) and an append of their new rows.
 
@@ -123,6 +125,7 @@ from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO, ClassVar, Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -186,11 +189,12 @@ from reclock.sinks._store import (
 from reclock.sinks.iceberg_mor import (
     add_delete_file,
     add_keyed_file,
-    count_deleted,
+    compacted,
     delete_files,
-    drop_files,
-    file_stats,
+    live_files,
     lookup_paths,
+    mark_deleted,
+    of_another_layout,
     rebuild,
     row_delta,
     write_position_deletes,
@@ -215,12 +219,18 @@ RETENTION_MS = 10 * 60_000
 #: Expiry runs once the oldest snapshot is this much past the retention.
 EXPIRE_SLACK_MS = 60_000
 #: A merge-on-read state table's compaction rewrites a data file once this
-#: share of its rows is deleted.
+#: share of its rows is deleted (the Delta sink's state tables' rule,
+#: :data:`reclock.sinks.delta_state.STATE_PURGE_SHARE`) ...
 PURGE_SHARE = 0.3
-#: ... and merges its data files smaller than this (when enough pile up):
-#: each commit adds one, of the rows it changed; the larger ones are left
-#: until their deletes add up.
-STATE_SMALL_SIZE = 16 * 2**20
+#: ... and merges its data files of fewer live rows than this (when
+#: ``min_files`` of them pile up): each commit adds one, of the rows it
+#: changed; a file of more live rows is left alone, however many small
+#: files there are, until its deletes add up ...
+STATE_SMALL_ROWS = 100_000
+#: ... at most this many live rows a pass (a pass that leaves ``min_files``
+#: candidates is followed by the next on the next tick), so that no pass
+#: costs time in proportion to the table.
+STATE_PASS_ROWS = 1_000_000
 
 #: Attempts of each Glue call (boto3's standard retry mode, exponential
 #: backoff): pyiceberg's default, 10, holds a commit up to a minute and
@@ -1028,6 +1038,8 @@ class IcebergSink:
                 self._index_dir = tempfile.mkdtemp(prefix="reclock-iceberg-keys-")
                 path = os.path.join(self._index_dir, "keys.sqlite")
             self._index = KeyIndex(path)
+            if of_another_layout(self._index):
+                self._index.forget()
         snap = table.current_snapshot()
         want = -1 if snap is None else snap.snapshot_id
 
@@ -1093,7 +1105,7 @@ class IcebergSink:
                 if ch.stale:  # another writer's rebuild: the next commit rebuilds
                     return
                 ch.delete_keys(list(gone_hits))
-                count_deleted(ch, gone_hits)
+                mark_deleted(ch, gone_hits)
                 if data_files:
                     add_keyed_file(ch, data_files[0].file_path, new_keys)
                 if delete_files:
@@ -1237,6 +1249,8 @@ class IcebergSink:
         if now_ms >= self._maintain_at:
             self._maintain_at = now_ms + c.every_ms
             done = self.compact(c.target_size, c.min_files)
+            if done.pop("files_left", 0) >= c.min_files:
+                self._maintain_at = now_ms  # catching up: the next pass on the next tick
         snaps = self._table.metadata.snapshots if self._table is not None else []
         if snaps and now_ms - min(s.timestamp_ms for s in snaps) > (
                 c.retention_ms + EXPIRE_SLACK_MS):
@@ -1329,43 +1343,66 @@ class IcebergSink:
 
     def _compact_state(self, table: Any, head: _Head, target_size: int, min_files: int,
                        max_files: int) -> dict[str, int]:
-        """Compaction of a merge-on-read state table: the data files with
-        :data:`PURGE_SHARE` or more of their rows deleted, and the files
-        smaller than ``target_size`` (when at least ``min_files``), are
-        rewritten with only their live rows (their deletes applied) into one
-        file, in one ``replace`` snapshot that also drops the delete files
-        that name no other live file; the state is carried forward and the
-        key index follows. Fenced like a commit."""
+        """Compaction of a merge-on-read state table, in bounded passes (the
+        Delta sink's state tables' rule): the data files with
+        :data:`PURGE_SHARE` or more of their rows deleted (and at least
+        :data:`STATE_SMALL_ROWS` live), the files of no live row, and the
+        files of fewer than :data:`STATE_SMALL_ROWS` live rows (when at least
+        ``min_files``), oldest first, at most :data:`STATE_PASS_ROWS` live
+        rows and ``max_files`` files a pass, are rewritten with only their
+        live rows (their deletes applied) into one file, in one snapshot
+        that also drops the delete files that name no other live file; the
+        state is carried forward. The key index records, per rewritten file,
+        where its live rows went (:func:`~reclock.sinks.iceberg_mor.compacted`),
+        rewriting no key. Fenced like a commit; after a kill between the
+        catalog commit and the index's change the index names the older
+        snapshot and is rebuilt. ``target_size``: unused (the row limits
+        bound a pass)."""
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
         index = self._index_at(table)
-        try:
-            sizes = {t.file.file_path: t.file.file_size_in_bytes
-                     for t in table.scan().plan_files()}
-        except Exception as exc:
-            raise self._fail(exc, "plan the compaction of") from exc
-        stats = file_stats(index)
-        purge = [p for p, n, d in stats if n and d / n >= PURGE_SHARE]
-        small = [p for p, n, d in stats
-                 if p not in purge and sizes.get(p, 0) < min(target_size, STATE_SMALL_SIZE)]
-        take = (purge + (small if len(small) >= min_files else []))[:max_files]
-        deletes = delete_files(index)
-        dropped = [d for d, named in deletes.items() if named <= set(take)]
-        if not take and not dropped:
-            return {}
-        if len(take) == 1 and not purge and not dropped:
+        files = live_files(index)
+        live = {i: n - len(dv) for i, _, n, dv in files}
+        empty = [i for i, _, n, dv in files if live[i] == 0]
+        purge = [i for i, _, n, dv in files
+                 if live[i] >= STATE_SMALL_ROWS and len(dv) / n >= PURGE_SHARE]
+        small = [i for i, _, n, dv in files if 0 < live[i] < STATE_SMALL_ROWS]
+        candidates = empty + purge + (small if len(small) >= min_files else [])
+        take: list[int] = []
+        rows_taken = 0
+        for i in candidates[:max_files]:
+            if take and rows_taken + live[i] > STATE_PASS_ROWS:
+                break
+            take.append(i)
+            rows_taken += live[i]
+        by_id = {i: (p, n, dv) for i, p, n, dv in files}
+        taken = {by_id[i][0] for i in take}
+        dropped = [d for d, named in delete_files(index).items() if named <= taken]
+        if not dropped and (not take or (len(take) == 1 and not empty and not purge)):
             return {}
         loc = self._data(table)
         schema = self._arrow_ids(table)
         parts = []
-        positions = index.positions(take) if take else {}
-        for path in take:
-            live = positions[path]
+        for i in take:
+            path, n, dv = by_id[i]
+            if live[i] == 0:
+                parts.append(schema.empty_table())
+                continue
             with table.io.new_input(path).open() as src:
                 t = pq.read_table(src)
+            if t.num_rows != n:  # not the file the index knows
+                log.warning("output %r: data file %s of %s holds %d rows, its key index %d: "
+                            "the pass is dropped and the index rebuilt", self.name, path,
+                            self.target, t.num_rows, n)
+                index.forget()
+                return {}
             t = conform(self.name, t.cast(_without_ids(t.schema)), _without_ids(schema))
-            parts.append(t.take(pa.array(live, pa.int64())))
+            if dv:
+                keep = np.ones(n, dtype=bool)
+                keep[np.fromiter(dv, dtype=np.int64, count=len(dv))] = False
+                t = t.filter(pa.array(keep))
+            parts.append(t)
         merged = pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
         written: list[str] = []
         added = []
@@ -1379,7 +1416,7 @@ class IcebergSink:
         faults.crash_point("mid_compaction")
         tx = _transaction(table)
         props = {**head.keys, KEY_OPERATION: "compact"}
-        snapshot_id = row_delta(tx, props, add_data=added, remove=take + dropped)
+        snapshot_id = row_delta(tx, props, add_data=added, remove=sorted(taken) + dropped)
         try:
             self._commit_tx(table, tx, head.snapshot_id)
         except CommitFailedException:
@@ -1389,18 +1426,22 @@ class IcebergSink:
                 loc.delete(name)
             return {}
         faults.crash_point("after_compaction")
-        keys = self._key_texts(table, merged) if merged.num_rows else []
         with index.change(snapshot_id, -1 if head.snapshot_id is None else head.snapshot_id
                           ) as ch:
             if not ch.stale:
-                drop_files(ch, take + dropped)
-                if added:
-                    add_keyed_file(ch, added[0].file_path, keys)
+                new = ch.add_file(added[0].file_path, merged.num_rows) if added else 0
+                moves, base = [], 0
+                for i, part in zip(take, parts, strict=True):
+                    moves.append((i, new, base, by_id[i][2]))
+                    base += part.num_rows
+                compacted(ch, moves, dropped)
                 ch.done = True
-        log.info("output %r: compacted %d files into %d, dropped %d delete files", self.name,
-                 len(take), len(added), len(dropped))
+        left = len(candidates) - len(take)
+        log.info("output %r: compacted %d files (%d live rows) into %d, dropped %d delete "
+                 "files; %d candidates left", self.name, len(take), merged.num_rows,
+                 len(added), len(dropped), left)
         return {"files_compacted": len(take), "files_written": len(added),
-                "delete_files_dropped": len(dropped)}
+                "delete_files_dropped": len(dropped), "files_left": left}
 
     def expire(self, retention_ms: int, now_ms: int | None = None) -> int:
         """Expire the snapshots older than ``retention_ms`` (never the

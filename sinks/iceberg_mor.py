@@ -25,8 +25,11 @@ class writes the manifest list and the ``AddSnapshotUpdate`` and
 The key index (:class:`~reclock.sinks._keyindex.KeyIndex`, shared with the
 Delta sink; its Iceberg parts here): a SQLite file mapping each live key to
 the data file and row position of its current row, each data file to its
-row count and deleted rows, each delete file to the data files it names,
-with the snapshot id it describes. It is written in a SQLite transaction
+row count and deleted positions (a Roaring bitmap), each delete file to
+the data files it names, with the snapshot id it describes. A compaction
+moves the live rows of the files it rewrites into a new one and records
+the move per file (:func:`compacted`), not per key: a lookup follows it.
+It is written in a SQLite transaction
 committed only once the catalog commit succeeded; after a crash in between,
 or when another writer moved the table, it names another snapshot than the
 table's current one and is rebuilt from the table (:func:`rebuild`: the
@@ -41,6 +44,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyroaring import BitMap
 
 from reclock.sinks._keyindex import Changes
 from reclock.sinks._keyindex import KeyIndex as KeyIndex
@@ -208,13 +212,16 @@ def lookup_paths(index: KeyIndex, keys: Sequence[str]) -> dict[str, tuple[str, i
     return {k: (paths[f], r) for k, (f, r) in found.items()}
 
 
-def file_stats(index: KeyIndex) -> list[tuple[str, int, int]]:
-    """Each data file: its path, rows, and rows deleted."""
-    return list(index.db.execute("SELECT path, rows, deleted FROM files ORDER BY id"))
+def live_files(index: KeyIndex) -> list[tuple[int, str, int, BitMap]]:
+    """Each live data file (none a compaction moved), oldest first: its id,
+    path, rows, and deleted positions."""
+    return [(i, p, n, BitMap.deserialize(d) if d else BitMap())
+            for i, p, n, d in index.db.execute(
+                "SELECT id, path, rows, dv FROM files WHERE moved_to IS NULL ORDER BY id")]
 
 
 def delete_files(index: KeyIndex) -> dict[str, set[str]]:
-    """Each delete file: the data files it names."""
+    """Each delete file: the live data files it names."""
     out: dict[str, set[str]] = {}
     for d, p in index.db.execute("SELECT d.path, f.path FROM deletes d "
                                  "LEFT JOIN files f ON f.id = d.file"):
@@ -224,23 +231,46 @@ def delete_files(index: KeyIndex) -> dict[str, set[str]]:
     return out
 
 
-def count_deleted(ch: Changes, hits: dict[str, tuple[str, int]]) -> None:
-    """Count the rows of ``hits`` (as :func:`lookup_paths` found them)
-    deleted in their files."""
-    per: dict[str, int] = {}
-    for path, _ in hits.values():
-        per[path] = per.get(path, 0) + 1
-    ch.db.executemany("UPDATE files SET deleted = deleted + ? WHERE path = ?",
-                      [(n, p) for p, n in per.items()])
+def of_another_layout(index: KeyIndex) -> bool:
+    """Whether ``index`` was written before it kept each data file's
+    deleted positions (only their count): then it cannot say which rows a
+    compaction moves, and is rebuilt."""
+    return index.db.execute("SELECT 1 FROM files WHERE moved_to IS NULL AND deleted > 0 "
+                            "AND dv IS NULL LIMIT 1").fetchone() is not None
+
+
+def mark_deleted(ch: Changes, hits: dict[str, tuple[str, int]]) -> None:
+    """The rows of ``hits`` (as :func:`lookup_paths` found them) are
+    deleted in their files: added to each file's deleted positions (a
+    Roaring bitmap, as a Delta file's deletion vector: what a compaction
+    drops and :meth:`~reclock.sinks._keyindex.Changes.move_files` records)
+    and count."""
+    per: dict[str, list[int]] = {}
+    for path, pos in hits.values():
+        per.setdefault(path, []).append(pos)
+    out = []
+    for path, positions in per.items():
+        row = ch.db.execute("SELECT dv FROM files WHERE path = ?", (path,)).fetchone()
+        dv = BitMap.deserialize(row[0]) if row is not None and row[0] else BitMap()
+        dv.update(positions)
+        out.append((len(dv), dv.serialize(), path))
+    ch.db.executemany("UPDATE files SET deleted = ?, dv = ? WHERE path = ?", out)
 
 
 def add_keyed_file(ch: Changes, path: str, keys: Sequence[str],
-                   positions: Sequence[int] | None = None, rows: int | None = None) -> None:
+                   positions: Sequence[int] | None = None, rows: int | None = None,
+                   deleted: BitMap | None = None) -> int:
     """A data file of ``rows`` rows (default: ``len(keys)``) whose live
-    keys are ``keys`` at ``positions`` (default: 0, 1, ...)."""
+    keys are ``keys`` at ``positions`` (default: 0, 1, ...), and whose other
+    rows (``deleted``: their positions; needed when there are any) are
+    deleted; its id."""
     n = len(keys) if rows is None else rows
     fid = ch.add_file(path, n, deleted=n - len(keys))
+    if n != len(keys):
+        assert deleted is not None and len(deleted) == n - len(keys), path
+        ch.db.execute("UPDATE files SET dv = ? WHERE id = ?", (deleted.serialize(), fid))
     ch.put_keys(keys, fid, range(len(keys)) if positions is None else positions)
+    return fid
 
 
 def add_delete_file(ch: Changes, path: str, data_paths: Iterable[str]) -> None:
@@ -248,19 +278,21 @@ def add_delete_file(ch: Changes, path: str, data_paths: Iterable[str]) -> None:
     are gone are remembered as NULL: the delete file no longer applies
     to them)."""
     ch.db.executemany("INSERT INTO deletes (path, file) VALUES "
-                      "(?, (SELECT id FROM files WHERE path = ?))",
+                      "(?, (SELECT id FROM files WHERE moved_to IS NULL AND path = ?))",
                       [(path, p) for p in set(data_paths)])
 
 
-def drop_files(ch: Changes, paths: Iterable[str]) -> None:
-    """Forget data files (their keys too) and delete files."""
-    for p in paths:
-        row = ch.db.execute("SELECT id FROM files WHERE path = ?", (p,)).fetchone()
-        if row is not None:
-            ch.db.execute("DELETE FROM keys WHERE f = ?", (row[0],))
-            ch.db.execute("DELETE FROM files WHERE id = ?", (row[0],))
-            ch.db.execute("UPDATE deletes SET file = NULL WHERE file = ?", (row[0],))
-        ch.db.execute("DELETE FROM deletes WHERE path = ?", (p,))
+def compacted(ch: Changes, moves: Sequence[tuple[int, int, int, BitMap]],
+              dropped: Iterable[str]) -> None:
+    """A compaction: the live rows of each data file ``(old, new, base,
+    deleted)`` moved to rows ``base, base + 1, ...`` of file ``new``
+    (:meth:`~reclock.sinks._keyindex.Changes.move_files`: its keys are not
+    rewritten; no delete file applies to the old file any more), and the
+    delete files ``dropped`` are gone."""
+    ch.move_files(moves)
+    ch.db.executemany("UPDATE deletes SET file = NULL WHERE file = ?",
+                      [(old,) for old, _, _, _ in moves])
+    ch.db.executemany("DELETE FROM deletes WHERE path = ?", [(p,) for p in dropped])
 
 
 def rebuild(index: KeyIndex, table: Any, key_columns: Sequence[str],
@@ -294,7 +326,8 @@ def rebuild(index: KeyIndex, table: Any, key_columns: Sequence[str],
             gone = deleted.get(path, set())
             keep = [i for i in range(cols.num_rows) if i not in gone]
             keys = keys_of(cols.take(pa.array(keep, pa.int64())))
-            add_keyed_file(ch, path, keys, keep, rows=cols.num_rows)
+            add_keyed_file(ch, path, keys, keep, rows=cols.num_rows,
+                           deleted=BitMap(p for p in gone if p < cols.num_rows))
         for d, paths in names.items():
             add_delete_file(ch, d, paths)
         ch.done = True

@@ -356,6 +356,140 @@ def test_a_key_index_that_names_another_snapshot_is_rebuilt_from_the_table(
         repr(("a",)), repr(("c",)), repr(("d",))]
 
 
+def test_state_compaction_merges_small_files_in_bounded_passes_and_moves_the_index(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merge-on-read state table of three large mostly-live files and many
+    small commit files: compaction merges only the small ones (however many
+    there are), at most the row cap a pass; a file with enough of its rows
+    deleted is rewritten, one pass at a time. The key index moves each
+    rewritten file's rows (rewriting no key), and still finds every key of a
+    model of the updates where the table holds it (the same as an index
+    rebuilt from the table). A kill after a compaction's catalog commit
+    leaves the index naming the older snapshot: the next commit rebuilds it
+    and lands exactly the model. (Limits scaled down: 40 live rows make a
+    file large, 100 rows a pass.)"""
+    import random
+
+    from reclock import faults
+    from reclock.sinks import iceberg
+    from reclock.sinks.iceberg_mor import KeyIndex, lookup_paths, rebuild
+
+    monkeypatch.setattr(iceberg, "STATE_SMALL_ROWS", 40, raising=False)
+    monkeypatch.setattr(iceberg, "STATE_PASS_ROWS", 100, raising=False)
+    s = _sink(tmp_path, "state", index_path=str(tmp_path / "keys.sqlite"))
+    st = s.stager()
+    rng = random.Random(7)
+    model: dict[str, tuple[int, int]] = {}
+    state = SinkState()
+    n_batch = 0
+
+    def commit(into: int, update: list[str], delete: list[str], insert: list[str]) -> None:
+        nonlocal state, n_batch
+        parts, off = [], 0
+        for k in update + delete:
+            v, _ = model[k]
+            parts.append(_rows([k], [v], into, -1, offset=off))
+            off += 1
+        for k in update + insert:
+            v = rng.randrange(10**6)
+            parts.append(_rows([k], [v], into, 1, offset=off))
+            off += 1
+            model[k] = (v, into)
+        for k in delete:
+            del model[k]
+        n_batch += 1
+        new = SinkState(into + 1, f'"p{into}"')
+        s.commit(st.stage(f"b{n_batch}", 0, pa.concat_tables(parts)), state, new)
+        state = new
+
+    def plan() -> set[str]:
+        return {t.file.file_path for t in s._load().scan().plan_files()}
+
+    def live_rows(paths: set[str]) -> int:
+        return sum(t.file.record_count - sum(d.record_count for d in t.delete_files)
+                   for t in s._load().scan().plan_files() if t.file.file_path in paths)
+
+    # Three large files (200 keys each; the bulk load of a table).
+    for b in range(3):
+        commit(10 + b, [], [], [f"k{b * 200 + i:03d}" for i in range(200)])
+    large = plan()
+    assert len(large) == 3
+    # Twenty commits of a few random changes: twenty small files.
+    recent: set[str] = set()
+    for t in range(20):
+        keys = rng.sample(sorted(model), 5)
+        ins = [f"n{t:02d}{i}" for i in range(3)]
+        commit(100 + t, keys[:4], keys[4:], ins)
+        recent.update(keys[:4] + ins)
+        recent.discard(keys[4])
+    assert len(plan()) == 23
+    # The first pass takes small files only, oldest first, within the row cap.
+    before = plan()
+    done = s.compact(min_files=5)
+    after = plan()
+    merged = before - after
+    assert large <= after and merged and not merged & large
+    assert done["files_compacted"] == len(merged) >= 2 and done["files_left"] >= 1
+    [new_file] = after - before
+    assert live_rows({new_file}) <= 100
+    # Passes go on while enough small files are left, each within the cap.
+    for _ in range(5):
+        before = plan()
+        if not s.compact(min_files=5):
+            break
+        added = plan() - before
+        assert large <= plan() and live_rows(added) <= 100
+    assert large <= plan() and len(plan() - large) < 3 + 5
+    # Changes to the keys the merged files hold: those files, 30 % deleted and
+    # more, are rewritten (a move of moved rows), one a pass under the cap.
+    for t in range(12):
+        keys = rng.sample(sorted(recent & set(model)), 6)
+        commit(200 + t, keys[:5], keys[5:], [])
+    for _ in range(6):
+        if not s.compact(min_files=5):
+            break
+    assert large <= plan()
+    # The index finds every key of the model where the table holds it, and
+    # no other: as an index rebuilt from the table does.
+    table = s._load()
+    texts = {repr((k,)): k for k in [*model, "k000", "n000", "gone"]}
+    assert s._index is not None and s._index.version == table.current_snapshot().snapshot_id
+    found = lookup_paths(s._index, sorted(texts))
+    assert sorted(texts[t] for t in found) == sorted(model)
+    fresh = KeyIndex(str(tmp_path / "fresh.sqlite"))
+    rebuild(fresh, table, ("k",), lambda rows: s._key_texts(table, rows))
+    assert lookup_paths(fresh, sorted(texts)) == found
+    import pyarrow.parquet as pq
+
+    held: dict[str, list[Any]] = {}
+    for text, (path, pos) in found.items():
+        if path not in held:
+            with table.io.new_input(path).open() as f:
+                held[path] = pq.read_table(f).column("k").to_pylist()
+        assert held[path][pos] == texts[text]
+    assert _live(s) == model
+    # A kill after a compaction's catalog commit, before the index's change.
+    for t in range(8):
+        keys = rng.sample(sorted(model), 6)
+        commit(300 + t, keys[:5], keys[5:], [f"m{t}"])
+    real = faults.crash_point
+
+    def killed(name: str) -> None:
+        if name == "after_compaction":
+            raise KeyboardInterrupt("killed after the compaction's commit")
+        real(name)
+
+    monkeypatch.setattr(faults, "crash_point", killed)
+    with pytest.raises(KeyboardInterrupt):
+        s.compact(min_files=5)
+    monkeypatch.setattr(faults, "crash_point", real)
+    assert s._index.version != s._load().current_snapshot().snapshot_id
+    keys = rng.sample(sorted(model), 6)
+    commit(400, keys[:5], keys[5:], ["last"])
+    assert _live(s) == model and s.state() == state
+    assert sorted(_reader(tmp_path).column("k").to_pylist()) == sorted(model)
+
+
 def _refusals(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The commits a REST catalog refused (its 409s, pyiceberg's
     CommitFailedException), as the catalog worded them: every REST catalog
