@@ -60,7 +60,7 @@ from reclock.runtime.progress_log import ProgressLog
 from reclock.runtime.resnapshot import Requests
 from reclock.runtime.shapes import raw_user_schema
 from reclock.runtime.snapshot_progress import describe as describe_snapshot
-from reclock.runtime.spark import EarlySession
+from reclock.runtime.spark import EarlySession, WarmWorkers
 from reclock.runtime.status import PipelineStatus
 
 log = logging.getLogger("reclock")
@@ -482,6 +482,7 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
          early: EarlySession | None = None) -> Runners:
     dropped: list[str] = []
     built: list[BuiltSource] = []
+    warm: WarmWorkers | None = None
     # Sources and outputs first: what the configuration refuses once the
     # sources describe their outputs (a state table's key, typed columns)
     # is said before Spark takes its seconds to start.
@@ -500,7 +501,7 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
         if spark is None:
             spark = spark_session(*wanted)
         # (while the sources open and wait for their first binding)
-        warm_workers(spark, sorted({"reclock.runtime.dataplane"} | {
+        warm = warm_workers(spark, sorted({"reclock.runtime.dataplane"} | {
             type(x).__module__ for b in built for x in (b.source, *(o.sink for o in b.outputs))}))
         if signal.getsignal(signal.SIGINT) is not handler and handler is not None:
             # PySpark's SparkContext installs its own SIGINT handler (cancel
@@ -575,6 +576,8 @@ def _run(pipe: Pipeline, cfg: PipelineConfig, spark: Any | None, duration: float
             r.stop()
         for r in runners:
             r.join(timeout=60)
+        if warm is not None:
+            warm.wait()
         write_status(status_path, runners, dropped, pipe.clock, runners.http_url, final=True,
                      config=cfg.fingerprint)
         if server is not None:

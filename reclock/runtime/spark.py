@@ -123,8 +123,8 @@ class EarlySession:
 WARM_POOL = "reclock-warmup"
 
 
-def warm_workers(session: Any, modules: Sequence[str]) -> threading.Thread:
-    """Start Spark's Python workers now, in a background job of one task
+class WarmWorkers:
+    """Spark's Python workers started now, in a background job of one task
     per core that imports ``modules`` (the data plane, the pipeline's
     connectors and sinks), instead of in the first job of the first source:
     a cold worker (Python's start, PySpark's daemon, the imports) takes
@@ -132,26 +132,46 @@ def warm_workers(session: Any, modules: Sequence[str]) -> threading.Thread:
     as much. Workers are reused (``spark.python.worker.reuse``), so the
     sources' tasks run in the warmed ones. The job runs while the sources
     open and wait for their first binding; it never fails the driver.
-    ``RECLOCK_WARM_WORKERS=off``: no such job."""
-    sc = session.sparkContext
-    names = tuple(modules)
-    if os.environ.get("RECLOCK_WARM_WORKERS", "on").lower() in ("off", "0", "false", "no"):
-        names = ()
+    ``RECLOCK_WARM_WORKERS=off``: no such job.
 
-    def run() -> None:
-        if not names:
+    A driver that stops calls :meth:`wait` first: a task of the job that
+    ends after this process has gone leaves Spark's JVM unable to report
+    it (an error on stderr)."""
+
+    def __init__(self, session: Any, modules: Sequence[str]) -> None:
+        self.sc = session.sparkContext
+        self.names = tuple(modules)
+        if os.environ.get("RECLOCK_WARM_WORKERS", "on").lower() in ("off", "0", "false", "no"):
+            self.names = ()
+        self._thread = threading.Thread(target=self._run, name="reclock-warm-workers",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        if not self.names:
             return
+        sc = self.sc
         try:
             sc.setLocalProperty("spark.scheduler.pool", WARM_POOL)
             sc.setJobGroup(WARM_POOL, "reclock: starting the Python workers")
             n = max(1, sc.defaultParallelism)
-            sc.parallelize(range(n), n).foreach(_ImportAll(names))
+            sc.parallelize(range(n), n).foreach(_ImportAll(self.names))
         except Exception as exc:  # (a stopped session, a worker that cannot start)
             logging.getLogger(__name__).debug("warming Spark's Python workers: %s", exc)
 
-    thread = threading.Thread(target=run, name="reclock-warm-workers", daemon=True)
-    thread.start()
-    return thread
+    def wait(self, timeout_s: float = 30.0) -> None:
+        """Until the job ended (cancelled after ``timeout_s``; then a little
+        longer, for its tasks to report)."""
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                self.sc.cancelJobGroup(WARM_POOL)
+            self._thread.join(5.0)
+
+
+def warm_workers(session: Any, modules: Sequence[str]) -> WarmWorkers:
+    """Start :class:`WarmWorkers` (see there)."""
+    return WarmWorkers(session, modules)
 
 
 class _ImportAll:

@@ -26,7 +26,7 @@ _SCRIPT = textwrap.dedent("""
     s = spark_session("local[2]", "validated", {"spark.sql.shuffle.partitions": "3"})
     again = EarlySession("local[2]", "validated", {"spark.sql.shuffle.partitions": "3"})
     same = again.take("local[2]", "validated", {"spark.sql.shuffle.partitions": "3"})
-    warm_workers(s, ["reclock.runtime.cds"]).join()
+    warm_workers(s, ["reclock.runtime.cds"]).wait()
     sc = s.sparkContext
     seen = sc.parallelize(range(4), 2).map(
         lambda _: "reclock.runtime.cds" in sys.modules).collect()
