@@ -568,16 +568,12 @@ class QuickView:
     sources: tuple[str, ...]
 
 
-def quick_view(path: str | Path, env: Mapping[str, str] | None = None) -> QuickView | None:
-    """The fingerprint, state directory and source names of the pipeline file
-    at ``path``, read without validating it (no model is built: ``reclock
-    status`` of a running driver needs seconds less at many sources). To be
-    trusted only where a driver's status carries the same fingerprint: that
-    driver validated this very document. None when the file does not read
-    plainly (then validate it)."""
+def _plain_document(path: Path) -> dict[str, Any] | None:
+    """The pipeline file at ``path`` as YAML gives it, unvalidated and before
+    ``${VAR}`` substitution; None when it does not read plainly (unreadable,
+    too large, not YAML, not a mapping, or problems the loader reports)."""
     try:
-        p = Path(path)
-        text = p.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
         if len(text) > MAX_YAML_BYTES:
             return None
         loader = LineLoader(text)
@@ -588,6 +584,20 @@ def quick_view(path: str | Path, env: Mapping[str, str] | None = None) -> QuickV
     except (OSError, UnicodeDecodeError, RecursionError, yaml.YAMLError):
         return None
     if loader.problems or not isinstance(raw, dict):
+        return None
+    return raw
+
+
+def quick_view(path: str | Path, env: Mapping[str, str] | None = None) -> QuickView | None:
+    """The fingerprint, state directory and source names of the pipeline file
+    at ``path``, read without validating it (no model is built: ``reclock
+    status`` of a running driver needs seconds less at many sources). To be
+    trusted only where a driver's status carries the same fingerprint: that
+    driver validated this very document. None when the file does not read
+    plainly (then validate it)."""
+    p = Path(path)
+    raw = _plain_document(p)
+    if raw is None:
         return None
     data, problems = _substituted(raw, env)
     sd, sources = data.get("state_dir", str(DEFAULT_STATE_DIR)), data.get("sources")
@@ -609,18 +619,8 @@ def spark_view(path: str | Path, env: Mapping[str, str] | None = None
     Spark's JVM while the rest of the file is checked. Only a hint: the
     session is used if the validated configuration names the same three,
     and made again otherwise. None when the block does not read plainly."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-        if len(text) > MAX_YAML_BYTES:
-            return None
-        loader = LineLoader(text)
-        try:
-            raw = loader.load_tracked()
-        finally:
-            loader.dispose()
-    except (OSError, UnicodeDecodeError, RecursionError, yaml.YAMLError):
-        return None
-    if loader.problems or not isinstance(raw, dict):
+    raw = _plain_document(Path(path))
+    if raw is None:
         return None
     block = raw.get("spark", {})
     if not isinstance(block, dict):
