@@ -123,8 +123,10 @@ class _Carry:
 
 
 def _plain(t: pa.Table) -> bool:
-    """A slice without truncations and without unchanged columns to fill."""
-    if pc.any(pc.equal(t.column(DIFF), TRUNCATED)).as_py():
+    """A slice without truncations, without unchanged columns to fill, and
+    with a ``_diff`` in every row."""
+    diff = t.column(DIFF)
+    if diff.null_count or pc.any(pc.equal(diff, TRUNCATED)).as_py():
         return False
     if SRC_UNCHANGED not in t.column_names:
         return True

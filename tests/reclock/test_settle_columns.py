@@ -71,7 +71,7 @@ def _model_batches(rng: random.Random, batches: int, positions: int, unsent: boo
             r = rng.random()
             if r < 0.04:
                 k, s = key()
-                emit(_diff=1, k=k, s=s, v="bad", _error="cannot decode")
+                emit(_diff=rng.choice([0, 1]), k=k, s=s, v="bad", _error="cannot decode")
             elif unsent and r < 0.12 and state and (free := [
                     (k, s) for k in range(12, 40) for s in "xy" if (k, s) not in state]):
                 old = rng.choice(sorted(state))
