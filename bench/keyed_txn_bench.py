@@ -208,8 +208,8 @@ def main() -> int:
                      f"{'PASS' if ok else 'FAIL'} (one _into_time: {r['times'] == 1})"])
     print(table(f"One transaction of {args.rows:,} rows on a keyed table "
                 "(Postgres CDC -> Delta, local[2])",
-                ["variant", "rows", "land s", "rows/s", "driver CPU s", "driver MiB", "JVM MiB", "worker MiB",
-                 "driver+JVM < 1 GiB"], rows))
+                ["variant", "rows", "land s", "rows/s", "driver CPU s", "driver MiB", "JVM MiB",
+                 "worker MiB", "driver+JVM < 1 GiB"], rows))
     return 0
 
 
