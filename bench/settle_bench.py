@@ -19,7 +19,9 @@ two ways, measured in the same run, and the intents per CPU second (the
 process's own) are the figures to compare; the load average is printed
 with them. ``--rows-only`` measures the intent-by-intent way alone, and
 runs against code that has no other (``PYTHONPATH`` at an older checkout:
-its ``settle`` takes no ``vectorised``).
+its ``settle`` takes no ``vectorised``). Both ways must give as many
+updates and leave as many keys (in ``insert`` and ``update``: the keys
+written); the script exits 1 otherwise.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def main() -> int:
     args = ap.parse_args()
     n = args.rows
     rng = np.random.default_rng(7)
+    failed = False
     print(f"settling {n:,} intents; load average before: {os.getloadavg()}")
     print(f"{'scenario':8} {'way':8} {'s':>7} {'intents/s':>11} {'CPU s':>7} "
           f"{'intents/CPU s':>13} {'updates':>10}")
@@ -92,6 +95,7 @@ def main() -> int:
         else:
             ids, diffs = np.arange(n), np.ones(n, np.int64)
         speed = {}
+        got: dict[str, tuple[int, int]] = {}  # (updates, keys held after)
         for way in ("rows",) if args.rows_only else ("rows", "columns"):
             with tempfile.TemporaryDirectory(prefix="reclock-settle-") as d:
                 st = UpsertState(["id", "v"], ("id",), SqliteKeys(Path(d) / "k.sqlite"))
@@ -100,14 +104,20 @@ def main() -> int:
                 ki = intents(ids, diffs, 2)
                 dt, cpu, rows = settle(st, ki, None if args.rows_only else way == "columns",
                                        "1")
+                got[way] = (rows, len(st.store))
                 st.store.close()
             speed[way] = n / dt
             print(f"{scenario:8} {way:8} {dt:7.2f} {n / dt:11,.0f} {cpu:7.2f} {n / cpu:13,.0f} "
                   f"{rows:10,}", flush=True)
+        keys = len(set(held.tolist()) | set(ids[diffs == 1].tolist())
+                   - set(ids[diffs == 0].tolist())) if scenario != "mixed" else None
+        if len(set(got.values())) != 1 or (keys is not None and got["rows"][1] != keys):
+            print(f"MISMATCH: {scenario}: (updates, keys held) {got}, expected keys {keys}")
+            failed = True
         if not args.rows_only:
             print(f"{scenario:8} columns/rows (wall): {speed['columns'] / speed['rows']:.1f}x")
     print(f"load average after: {os.getloadavg()}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
