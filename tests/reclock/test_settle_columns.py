@@ -23,7 +23,15 @@ import pyarrow as pa
 import pytest
 
 from reclock.runtime import upsert_state
-from reclock.runtime.keystate import KeyedIntents, MemoryKeys, SqliteKeys, hashable, split_intents
+from reclock.runtime.keystate import (
+    KeyedIntents,
+    MemoryKeys,
+    SqliteKeys,
+    canonical,
+    canonical_keys,
+    hashable,
+    split_intents,
+)
 from reclock.runtime.upsert_state import UpsertState
 
 pytestmark = pytest.mark.unit
@@ -200,3 +208,19 @@ def test_an_equal_value_changes_nothing_and_a_key_repeated_in_a_slice_settles_in
                    (15, 1, 2, "d", None)]
     st.commit("two")
     assert {k: v[2] for k, v in st.rows.items()} == {(1, "x"): "a", (2, "x"): "d"}
+
+
+def test_canonical_keys_of_whole_columns_are_those_of_each_value() -> None:
+    """Keys of integers, strings, booleans and bytes take a shortcut (their
+    tuples' repr); they must be exactly :func:`canonical`'s, which the key
+    store and the buckets are keyed by."""
+    t = pa.table({"i": pa.array([1, None, -7, 2**62], pa.int64()),
+                  "s": ["a", None, "it's \"q\"", "é\n\x00"],
+                  "b": [True, None, False, True],
+                  "y": pa.array([b"\x00", None, b"'", b""], pa.binary()),
+                  "f": [0.0, -0.0, math.nan, None],
+                  "l": pa.array([[1.5], None, [math.nan], []], pa.list_(pa.float64()))})
+    for key in [("i",), ("s",), ("i", "s", "b", "y"), ("f",), ("i", "l")]:
+        each = [canonical(vals) for vals in zip(*(t.column(k).to_pylist() for k in key),
+                                                strict=True)]
+        assert canonical_keys(t, key) == each
