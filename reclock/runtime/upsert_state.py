@@ -151,15 +151,19 @@ def _same_rows(cols: list[pa.Array], a: np.ndarray[Any, Any], b: np.ndarray[Any,
                 or pa.types.is_large_string(typ) or pa.types.is_binary(typ)
                 or pa.types.is_large_binary(typ) or pa.types.is_temporal(typ)
                 or pa.types.is_decimal(typ) or pa.types.is_floating(typ)):
-            eq = pc.equal(x, y)
-            if pa.types.is_floating(typ):
-                eq = pc.or_(eq, pc.and_(pc.is_nan(x), pc.is_nan(y)))
-            eq = pc.or_(pc.fill_null(eq, False), pc.and_(pc.is_null(x), pc.is_null(y)))
-            out &= eq.to_numpy(zero_copy_only=False)
-        else:
-            out &= np.fromiter((hashable(p) == hashable(q) for p, q in
-                                zip(x.to_pylist(), y.to_pylist(), strict=True)),
-                               bool, count=len(a))
+            try:
+                eq = pc.equal(x, y)
+            except pa.ArrowNotImplementedError:  # (intervals): compared in Python below
+                pass
+            else:
+                if pa.types.is_floating(typ):
+                    eq = pc.or_(eq, pc.and_(pc.is_nan(x), pc.is_nan(y)))
+                eq = pc.or_(pc.fill_null(eq, False), pc.and_(pc.is_null(x), pc.is_null(y)))
+                out &= eq.to_numpy(zero_copy_only=False)
+                continue
+        out &= np.fromiter((hashable(p) == hashable(q) for p, q in
+                            zip(x.to_pylist(), y.to_pylist(), strict=True)),
+                           bool, count=len(a))
     return out
 
 
@@ -326,9 +330,9 @@ class UpsertState:
         """The updates of one slice of intents (in position order, without
         truncations or unchanged columns) computed in whole columns: the
         same updates and changes as :meth:`_slice_rows`, which settles one
-        intent after the other. None (nothing looked at changed): the
-        store's rows of the slice's keys do not convert to the columns'
-        types, and the slice is to be settled intent by intent.
+        intent after the other. None (and nothing changed): the store's
+        rows of the slice's keys do not convert to the columns' types, and
+        the slice is to be settled intent by intent.
 
         Each intent's previous value is that of the intent before it of the
         same key in the slice, or, for a key's first intent, its row in the

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,10 @@ from reclock.runtime.upsert_state import UpsertState
 
 pytestmark = pytest.mark.unit
 
-COLS = ["k", "s", "v", "f", "tags"]
+COLS = ["k", "s", "v", "f", "tags", "ts"]
 KEY = ("k", "s")
 USER = [("k", pa.int64()), ("s", pa.string()), ("v", pa.string()), ("f", pa.float64()),
-        ("tags", pa.list_(pa.string()))]
+        ("tags", pa.list_(pa.string())), ("ts", pa.timestamp("us", tz="UTC"))]
 META = [("_into_time", pa.int64()), ("_diff", pa.int64()), ("_src_part", pa.int32()),
         ("_src_offset", pa.int64()), ("_src_seq", pa.int32()), ("_src_ts", pa.int64()),
         ("_error", pa.string()), ("_raw_key", pa.binary()), ("_raw_value", pa.binary())]
@@ -47,6 +48,7 @@ SCHEMA = pa.schema(USER + META)
 INTENTS = SCHEMA.append(pa.field("_unchanged", pa.list_(pa.int32())))
 FLOATS = [0.0, -0.0, 1.5, math.nan, None]
 TAGS: list[list[str] | None] = [[], ["a"], ["a", "b"], None]
+ATS = [None, datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)]
 
 Row = tuple[Any, ...]
 
@@ -86,15 +88,16 @@ def _model_batches(rng: random.Random, batches: int, positions: int, unsent: boo
                 kept = state.pop(old)
                 new = rng.choice(free)
                 emit(_diff=0, k=old[0], s=old[1])
-                emit(_diff=1, k=new[0], s=new[1], v=None, f=9.0, tags=["moved"],
-                     _unchanged=[2])
-                state[new] = (new[0], new[1], kept[2], 9.0, ["moved"])
+                emit(_diff=1, k=new[0], s=new[1], v=None, f=9.0, tags=["moved"], ts=None,
+                     _unchanged=[2, 5])
+                state[new] = (new[0], new[1], kept[2], 9.0, ["moved"], kept[5])
             elif unsent and r < 0.18 and state:
                 k, s = rng.choice(sorted(state))
                 f = rng.choice(FLOATS)
-                emit(_diff=1, k=k, s=s, v=None, f=f, tags=None, _unchanged=[2, 4])
+                at_ = rng.choice(ATS)
+                emit(_diff=1, k=k, s=s, v=None, f=f, tags=None, ts=at_, _unchanged=[2, 4])
                 cur = state[(k, s)]
-                state[(k, s)] = (k, s, cur[2], f, cur[4])
+                state[(k, s)] = (k, s, cur[2], f, cur[4], at_)
             else:
                 for _ in range(rng.randrange(1, 4)):
                     k, s = key()
@@ -103,7 +106,7 @@ def _model_batches(rng: random.Random, batches: int, positions: int, unsent: boo
                         state.pop((k, s), None)
                     else:
                         row = (k, s, rng.choice(["p", "q", None]), rng.choice(FLOATS),
-                               rng.choice(TAGS))
+                               rng.choice(TAGS), rng.choice(ATS))
                         emit(_diff=1, **dict(zip(COLS, row, strict=True)))
                         state[(k, s)] = row
             rows.extend(here)
