@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -183,12 +184,19 @@ class KeyedState:
         (the caller stages each before the next is settled)."""
         settings = self.site.settings
         held: list[pa.Table] = []
+        rows, spent, t0 = 0, 0.0, time.perf_counter()  # (staging excluded)
         for updates in keys.settle(intents, output_schema(out.user_schema),
                                    settings.spark.max_bytes_per_settle):
             held.append(updates)
+            rows += updates.num_rows
             if sum(t.nbytes for t in held) >= settings.spark.max_bytes_per_stage:
+                spent += time.perf_counter() - t0
                 yield pa.concat_tables(held)
+                t0 = time.perf_counter()
                 held = []
+        spent += time.perf_counter() - t0
+        log.debug("source %s: output %s: %d updates settled in %.2f s",
+                  self.site.name, out.key, rows, spent)
         if held:
             yield pa.concat_tables(held)
 

@@ -271,6 +271,7 @@ class MemoryKeys(KeyStore):
 
 
 _CHUNK = 500  # keys per lookup statement (SQLite allows 32,766 variables)
+_PREFIXES = [f"{b:02x}:" for b in range(KEY_BUCKETS)]  # of stored keys, by bucket
 
 
 class CacheShares:
@@ -566,6 +567,13 @@ class SqliteKeys(KeyStore):
     def _stored(key: str) -> str:
         return f"{key_bucket(key):02x}:{key}"
 
+    @staticmethod
+    def _stored_all(keys: Iterable[str]) -> list[str]:
+        """:meth:`_stored` of each of ``keys`` (inlined: a call per key costs
+        as much as the rest)."""
+        crc, pre = zlib.crc32, _PREFIXES
+        return [pre[crc(k.encode("utf-8", "surrogatepass")) % KEY_BUCKETS] + k for k in keys]
+
     def _ranges(self, buckets: frozenset[int]) -> Iterator[tuple[str, str]]:
         for b in sorted(buckets):
             yield f"{b:02x}:", f"{b:02x};"  # ';' follows ':'
@@ -576,15 +584,24 @@ class SqliteKeys(KeyStore):
             self.conn.execute("BEGIN")
 
     def lookup(self, keys: Iterable[str]) -> dict[str, tuple[Any, ...]]:
-        ks = [self._stored(k) for k in keys]
-        out: dict[str, tuple[Any, ...]] = {}
+        # in key order: the statements read neighbouring pages of the B-tree
+        ks = sorted(self._stored_all(keys))
+        found: list[tuple[str, bytes]] = []
         with self._guard():
             for i in range(0, len(ks), _CHUNK):
                 part = ks[i:i + _CHUNK]
                 q = f"SELECT key, row FROM keys WHERE key IN ({','.join('?' * len(part))})"
-                for k, blob in self.conn.execute(q, part):
-                    out[k[3:]] = self._row(blob)
-        return out
+                found.extend(self.conn.execute(q, part))
+        try:
+            rows = [pickle.loads(blob) for _k, blob in found]
+        except Exception:  # which one, and why: as _row says
+            rows = [self._row(blob) for _k, blob in found]
+        if not all(type(row) is tuple for row in rows):
+            for row in rows:
+                if not isinstance(row, tuple):
+                    raise KeyStateDamaged(
+                        self.path, f"a stored row decodes to a {type(row).__name__}")
+        return {k[3:]: row for (k, _b), row in zip(found, rows, strict=True)}
 
     def live(self, buckets: frozenset[int]) -> Iterator[tuple[str, tuple[Any, ...]]]:
         with self._guard():
@@ -604,13 +621,16 @@ class SqliteKeys(KeyStore):
             elif cleared:
                 self.conn.executemany("DELETE FROM keys WHERE key >= ? AND key < ?",
                                       self._ranges(cleared))
-            gone = [(self._stored(k),) for k, row in changes.items() if row is None]
+            # in key order: each statement writes next to the one before
+            gone = sorted(self._stored_all(k for k, row in changes.items() if row is None))
             if gone:
-                self.conn.executemany("DELETE FROM keys WHERE key = ?", gone)
+                self.conn.executemany("DELETE FROM keys WHERE key = ?", ((k,) for k in gone))
+            kept = [(k, row) for k, row in changes.items() if row is not None]
+            dumps = pickle.dumps
             self.conn.executemany(
                 "INSERT OR REPLACE INTO keys (key, row) VALUES (?, ?)",
-                ((self._stored(k), pickle.dumps(row, protocol=5))
-                 for k, row in changes.items() if row is not None))
+                sorted(zip(self._stored_all(k for k, _r in kept),
+                           [dumps(row, protocol=5) for _k, row in kept], strict=True)))
 
     def commit(self, marker: str | None) -> None:
         with self._guard():
@@ -783,9 +803,21 @@ def _read_file(path: str) -> pa.Table:
 
 
 def canonical_keys(table: pa.Table, key: Iterable[str]) -> list[str]:
-    """Each row's canonical key (:func:`canonical`)."""
-    cols = [table.column(k).to_pylist() for k in key]
+    """Each row's canonical key (:func:`canonical`). Keys of integers,
+    strings, booleans and bytes are their own :func:`hashable` forms: their
+    tuples' ``repr`` is taken as it is (without a Python call per value)."""
+    names = list(key)
+    cols = [table.column(k).to_pylist() for k in names]
+    if all(_plain_key(table.schema.field(k).type) for k in names):
+        return list(map(repr, zip(*cols, strict=True)))
     return [canonical(vals) for vals in zip(*cols, strict=True)]
+
+
+def _plain_key(typ: pa.DataType) -> bool:
+    """Whether every value of ``typ`` is its own :func:`hashable` form."""
+    return bool(pa.types.is_integer(typ) or pa.types.is_string(typ)
+                or pa.types.is_boolean(typ) or pa.types.is_large_string(typ)
+                or pa.types.is_binary(typ) or pa.types.is_large_binary(typ))
 
 
 class IntentWriter:
