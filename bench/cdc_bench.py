@@ -506,7 +506,7 @@ def main() -> int:
                 rows, left=(0, 1, 2, 3, 6)))
     print()
     print(table(f"Freshness, commit -> durable (reclock: in the sink, timestamp_interval "
-                f"{args.interval} ms; Debezium: in Kafka, its defaults)",
+                f"{args.interval} ms; Debezium: in Kafka, its throughput settings)",
                 ("contender", "writers", "probes", "p50 ms", "p99 ms", "target p50 <", ""),
                 fresh))
     if snaps:
