@@ -68,3 +68,20 @@ def compact_switch(value: Any) -> Any:
     if value is True:
         return {}
     return value
+
+
+def bounded_pass(candidates: list[int], live: dict[int, int], max_files: int,
+                 max_rows: int) -> list[int]:
+    """The files a state table's compaction pass takes: ``candidates`` in
+    order, at most ``max_files`` of them, stopping before the one that would
+    bring the live rows taken (``live``, by file) past ``max_rows`` (the
+    first is always taken), so that no pass costs time in proportion to the
+    table; the rest wait for the next pass."""
+    take: list[int] = []
+    rows = 0
+    for i in candidates[:max_files]:
+        if take and rows + live[i] > max_rows:
+            break
+        take.append(i)
+        rows += live[i]
+    return take

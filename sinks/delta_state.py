@@ -79,6 +79,7 @@ from reclock.core.columns import (
     SRC_SEQ,
 )
 from reclock.core.errors import ReclockError, TransientError
+from reclock.sinks._compaction import bounded_pass
 from reclock.sinks._deltalog import (
     _COMPACTED,
     _ENGINE,
@@ -765,12 +766,7 @@ class StateTable:
             table = conform(self.name, _in_microseconds(changes.upserts), self._stored)
             path = (f"part-{self._clock.now()}-state-{uuid.uuid4().hex[:10]}"
                     "-00000-000.parquet")
-            size = self.location.write(path, partial(_write_parquet, table))
-            written.append(path)
-            st = self.location.stat(path)
-            data_add = {"path": path, "partitionValues": {}, "size": size,
-                        "modificationTime": st[1] if st else now, "dataChange": True,
-                        "stats": state_stats(table)}
+            data_add = self._write_state_file(path, table, now, written, data_change=True)
             actions.append({"add": data_add})
         entry = _state_entry(actions, self.app_id, version, custom, head.version)
         with index.change(head.version + 1) as ch:
@@ -810,6 +806,19 @@ class StateTable:
             tables.append(conform(self.name, self.location.dataset([d["path"]], schema)
                                   .to_table(), schema))
         return pa.concat_tables(tables) if tables else schema.empty_table()
+
+    def _write_state_file(self, path: str, table: pa.Table, now: int, written: list[str], *,
+                          data_change: bool) -> dict[str, Any]:
+        """Write ``table`` as the data file ``path`` of the state table, noted
+        in ``written`` (what a failed commit removes) once it is there, and
+        return its ``add`` action (``data_change``: False for a compaction's
+        rewrite of rows already there)."""
+        size = self.location.write(path, partial(_write_parquet, table))
+        written.append(path)
+        st = self.location.stat(path)
+        return {"path": path, "partitionValues": {}, "size": size,
+                "modificationTime": st[1] if st else now, "dataChange": data_change,
+                "stats": state_stats(table)}
 
     def _commit_errors(self, bad: pa.Table, expected: SinkState, new: SinkState) -> None:
         """The error rows of a state commit into the errors table, unless an
@@ -880,13 +889,7 @@ class StateTable:
                      if n and d / n >= STATE_PURGE_SHARE and n - d >= STATE_SMALL_ROWS]
             candidates = purge + (small if len(small) >= min_files else [])
             live = {i: n - d for i, _, n, d in stats}
-            take: list[int] = []
-            rows_taken = 0
-            for i in candidates[:max_files]:
-                if take and rows_taken + live[i] > STATE_PASS_ROWS:
-                    break
-                take.append(i)
-                rows_taken += live[i]
+            take = bounded_pass(candidates, live, max_files, STATE_PASS_ROWS)
             if len(take) < 2 and not purge:
                 return {}
             schema = pa.schema(dt.schema().to_arrow())
@@ -904,16 +907,12 @@ class StateTable:
                 parts.append(t)
                 actions.append({"remove": {**_remove_of(e.add, now), "dataChange": False}})
             merged = pa.concat_tables(parts)
-            written = []
+            written: list[str] = []
             add: dict[str, Any] | None = None
             new_path = f"part-{batch}-00000-000.parquet"
             if merged.num_rows:
-                size = self.location.write(new_path, partial(_write_parquet, merged))
-                written.append(new_path)
-                st = self.location.stat(new_path)
-                add = {"path": new_path, "partitionValues": {}, "size": size,
-                       "modificationTime": st[1] if st else now, "dataChange": False,
-                       "stats": state_stats(merged)}
+                add = self._write_state_file(new_path, merged, now, written,
+                                             data_change=False)
                 actions.append({"add": add})
             custom = {KEY_OUTPUT: self.name, KEY_UPPER: _decode_txn(txn),
                       KEY_PROGRESS: head.state.progress, KEY_MAINTENANCE: "compact",

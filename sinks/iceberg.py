@@ -173,6 +173,7 @@ from reclock.sinks._compaction import (
     COMPACT_MAX_FILES,
     COMPACT_TARGET_SIZE,
     FIRST_PASS_MS,
+    bounded_pass,
     compact_switch,
 )
 from reclock.sinks._compaction import CompactConfig as LakeCompactConfig
@@ -1369,13 +1370,7 @@ class IcebergSink:
                  if live[i] >= STATE_SMALL_ROWS and len(dv) / n >= PURGE_SHARE]
         small = [i for i, _, n, dv in files if 0 < live[i] < STATE_SMALL_ROWS]
         candidates = empty + purge + (small if len(small) >= min_files else [])
-        take: list[int] = []
-        rows_taken = 0
-        for i in candidates[:max_files]:
-            if take and rows_taken + live[i] > STATE_PASS_ROWS:
-                break
-            take.append(i)
-            rows_taken += live[i]
+        take = bounded_pass(candidates, live, max_files, STATE_PASS_ROWS)
         by_id = {i: (p, n, dv) for i, p, n, dv in files}
         taken = {by_id[i][0] for i in take}
         dropped = [d for d, named in delete_files(index).items() if named <= taken]
